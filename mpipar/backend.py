@@ -1,0 +1,181 @@
+"""Backends: which ranks this process hosts, and the communicator between them.
+
+* ``sim`` (the default without a launcher; registered by the ``simulator`` package): the
+  process hosts every rank of every mesh. ``python -m simulator -n N`` fixes the world to N.
+* ``reference`` (``python -m simulator --reference``): one big device; no communication.
+* ``mpi``: one process per rank over mpi4py (selected when an MPI launcher is detected).
+* ``nccl``: like ``mpi`` with CuPy arrays and NCCL collectives (selected when CUDA is usable).
+
+``MPIPAR_BACKEND=sim|mpi|nccl|reference`` overrides the choice. Backends outside mpipar
+register through the ``mpipar.backends`` entry-point group, so mpipar never imports them by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from mpipar.comm import Communicator
+    from mpipar.mesh import ProcessMesh
+
+
+class Backend(ABC):
+    """Where ranks live and how they talk."""
+
+    name: str = "abstract"
+    reference: bool = False
+    """True for the one-big-device oracle: tensors are dense, placements are ignored."""
+    shape_only: bool = False
+    """True when tensors carry shapes but no data (planning at scale)."""
+
+    @property
+    @abstractmethod
+    def comm(self) -> Communicator: ...
+
+    @property
+    def xp(self) -> Any:
+        """The array module local shards live in (NumPy, or CuPy under NCCL)."""
+        return np
+
+    @abstractmethod
+    def hosted_ranks(self, mesh: ProcessMesh) -> tuple[int, ...]:
+        """The ranks of ``mesh`` this process hosts, in mesh order."""
+
+    @property
+    @abstractmethod
+    def rank(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def world_size(self) -> int: ...
+
+    def world_group(self) -> tuple[int, ...]:
+        return tuple(range(self.world_size))
+
+    def hosts(self, rank: int) -> bool:
+        return True
+
+    def validate_mesh(self, mesh: ProcessMesh) -> None:
+        """Refuse a mesh that names ranks outside the world."""
+        ws = self.world_size
+        bad = [r for r in mesh.process_ids if r >= ws]
+        if bad:
+            raise ValueError(
+                f"ProcessMesh {mesh.process_ids} names process {bad[0]}, but the world has {ws} "
+                f"ranks (0..{ws - 1}) under the {self.name} backend; launch with more ranks "
+                f"(python -m simulator -n {max(mesh.process_ids) + 1} ... or mpiexec -n "
+                f"{max(mesh.process_ids) + 1} ...) or build a smaller mesh"
+            )
+
+    def describe(self) -> str:
+        return f"{self.name} (world size {self.world_size})"
+
+
+_factories: dict[str, Callable[[], Backend]] = {}
+_current: Backend | None = None
+_plugins_loaded = False
+
+
+def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+    """Make ``factory`` selectable as ``MPIPAR_BACKEND=name``."""
+    _factories[name] = factory
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    # mpipar's own runtime backends.
+    register_backend("mpi", _lazy("mpipar.runtime.mpi", "MPIBackend"))
+    register_backend("nccl", _lazy("mpipar.runtime.nccl", "NCCLBackend"))
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="mpipar.backends"):
+        hook = ep.load()
+        hook()
+
+
+def _lazy(module: str, cls: str) -> Callable[[], Backend]:
+    def make() -> Backend:
+        import importlib
+
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            raise RuntimeError(f"backend module {module} is not available: {exc}") from exc
+        return getattr(mod, cls)()
+
+    return make
+
+
+MPI_LAUNCH_VARS = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+
+def launched_by_mpi() -> bool:
+    """True when an MPI launcher (mpiexec/mpirun of MPICH, Open MPI, ...) started this process."""
+    return any(v in os.environ for v in MPI_LAUNCH_VARS)
+
+
+def _auto_name() -> str:
+    name = os.environ.get("MPIPAR_BACKEND", "").strip().lower()
+    if name:
+        return name
+    if launched_by_mpi():
+        from mpipar import xp as _xp
+
+        return "nccl" if _xp.cuda_usable() else "mpi"
+    return "sim"
+
+
+def create_backend(name: str) -> Backend:
+    _load_plugins()
+    if name not in _factories:
+        raise ValueError(
+            f"unknown mpipar backend {name!r}; registered: {sorted(_factories)} "
+            "(is the project installed with `pip install -e .`? the simulator registers through "
+            "an entry point)"
+        )
+    return _factories[name]()
+
+
+def current_backend() -> Backend:
+    """The backend of this process, chosen on first use."""
+    global _current
+    if _current is None:
+        _current = create_backend(_auto_name())
+    return _current
+
+
+def set_backend(backend: Backend | str) -> Backend:
+    """Install ``backend`` (an instance or a registered name) for the rest of the process."""
+    global _current
+    _current = create_backend(backend) if isinstance(backend, str) else backend
+    return _current
+
+
+@contextlib.contextmanager
+def use_backend(backend: Backend | str) -> Iterator[Backend]:
+    """Run a block under another backend (tests compare modes this way)."""
+    global _current
+    saved = _current
+    try:
+        yield set_backend(backend)
+    finally:
+        _current = saved
+
+
+def get_rank() -> int:
+    """This process's rank under MPI; 0 in the simulator."""
+    return current_backend().rank
+
+
+def get_world_size() -> int:
+    """The number of processes under MPI; the virtual world's size in the simulator."""
+    return current_backend().world_size

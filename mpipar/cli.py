@@ -1,0 +1,82 @@
+"""The ``mpipar`` command.
+
+    mpipar reshard --shape 8 6 --mesh 2x2 --src "S(0)S(1)" --dst "S(1)S(0)" [--dst-mesh 4:4,5,6,7]
+    mpipar info
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+
+def _parse_mesh(text: str, names: str | None) -> object:
+    """``2x2`` (ids 0..3), ``2x2:4,5,6,7`` (explicit ids) or ``4`` ."""
+    from mpipar.mesh import ProcessMesh
+
+    dims_part, _, ids_part = text.partition(":")
+    try:
+        dims = [int(x) for x in dims_part.lower().split("x")]
+        count = int(np.prod(dims))
+        ids = [int(x) for x in ids_part.split(",")] if ids_part else list(range(count))
+    except ValueError:
+        raise SystemExit(f"mpipar: cannot read mesh {text!r}; write e.g. 2x2 or 2x2:4,5,6,7") from None
+    if len(ids) != count:
+        raise SystemExit(f"mpipar: mesh {text!r} has {count} positions but {len(ids)} ids")
+    dim_names = names.split(",") if names else None
+    return ProcessMesh(np.array(ids).reshape(dims), dim_names=dim_names)
+
+
+def _cmd_reshard(ns: argparse.Namespace) -> int:
+    from mpipar.placement import parse_placements
+    from mpipar.reshard import plan_reshard
+    from mpipar.spec import DistSpec
+
+    src_mesh = _parse_mesh(ns.mesh, ns.names)
+    dst_mesh = _parse_mesh(ns.dst_mesh, ns.names) if ns.dst_mesh else src_mesh
+    src = DistSpec(ns.shape, src_mesh, parse_placements(ns.src))  # type: ignore[arg-type]
+    dst = DistSpec(ns.shape, dst_mesh, parse_placements(ns.dst))  # type: ignore[arg-type]
+    itemsize = np.dtype(ns.dtype).itemsize
+    plan = plan_reshard(src, dst)
+    print(plan.format(itemsize))
+    total = plan.bytes_per_rank(itemsize)
+    tensor_bytes = src.numel * itemsize
+    ratio = f" ({total / tensor_bytes:.3f} x tensor)" if tensor_bytes else ""
+    print(f"bytes received per rank: {total:g}{ratio}")
+    return 0
+
+
+def _cmd_info(ns: argparse.Namespace) -> int:
+    import mpipar
+    from mpipar.backend import current_backend
+
+    print(f"mpipar {mpipar.__version__}, backend: {current_backend().describe()}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mpipar", description="mpipar tools")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("reshard", help="print the plan that reshards a tensor between two layouts")
+    p.add_argument("--shape", type=int, nargs="+", required=True, help="global tensor shape")
+    p.add_argument("--mesh", required=True, help="source mesh: 2x2, or 2x2:0,1,2,3 with ids")
+    p.add_argument("--dst-mesh", default=None, help="destination mesh when it differs")
+    p.add_argument("--names", default=None, help="axis names, comma separated")
+    p.add_argument("--src", required=True, help='source placements, e.g. "S(0)S(1)"')
+    p.add_argument("--dst", required=True, help='destination placements, e.g. "RR"')
+    p.add_argument("--dtype", default="float32")
+    p.set_defaults(func=_cmd_reshard)
+    p = sub.add_parser("info", help="print the version and the backend this process would use")
+    p.set_defaults(func=_cmd_info)
+    ns = parser.parse_args(argv)
+    try:
+        return int(ns.func(ns))
+    except ValueError as exc:
+        print(f"mpipar: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""The Communicator interface: collectives over rank groups on the buffers this process hosts.
+
+Every method takes a rank ``group`` (process ids, in the order that defines chunk and member
+positions) and the buffers of the members this process hosts, keyed by rank, and returns the
+results of those members. Under MPI a process hosts one member; in the simulator it hosts all
+of them and a single call computes everything. Shapes a member cannot know from its own input
+(uneven pieces it is about to receive) are passed in: the reshard plan knows them on every rank.
+
+Implementations override the ``_``-prefixed methods; the public ones record one
+``CommEvent`` per call into every active ``CommDebugMode`` (and into the tracer, if any).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Array = Any  # numpy.ndarray or cupy.ndarray
+Shape = tuple[int, ...]
+Group = tuple[int, ...]
+
+REDUCE_OPS = ("sum", "avg", "max", "min")
+
+
+@dataclass(frozen=True)
+class CommEvent:
+    """One collective call on one rank group (or one point-to-point transfer)."""
+
+    op: str
+    ranks: tuple[int, ...]
+    input_nbytes: int
+    output_nbytes: int
+    dtype: str
+    reduce_type: str | None = None
+    context: str = ""
+    """Why the step ran: the reshard step and, for op inputs, the op and rule that asked."""
+
+    def __str__(self) -> str:
+        rt = f"({self.reduce_type})" if self.reduce_type else ""
+        why = f"  # {self.context}" if self.context else ""
+        return f"{self.op}{rt} ranks={list(self.ranks)} in={self.input_nbytes}B out={self.output_nbytes}B{why}"
+
+
+# Recorders (CommDebugMode instances, tracers) register here; the base class feeds them.
+_recorders: list[Any] = []
+_context: list[str] = []
+
+
+@contextlib.contextmanager
+def comm_context(reason: str) -> Iterator[None]:
+    """Label every communication event recorded inside with ``reason`` (nesting joins with ' / ')."""
+    _context.append(reason)
+    try:
+        yield
+    finally:
+        _context.pop()
+
+
+def current_context() -> str:
+    return " / ".join(_context)
+
+
+def _nbytes(arrays: Sequence[Array]) -> int:
+    return int(sum(int(a.nbytes) for a in arrays))
+
+
+def _dtype_name(arrays: Sequence[Array], fallback: Any = None) -> str:
+    for a in arrays:
+        return str(a.dtype)
+    return str(np.dtype(fallback)) if fallback is not None else ""
+
+
+@dataclass
+class PointToPoint:
+    """One point-to-point transfer inside ``Communicator.exchange``."""
+
+    src: int
+    dst: int
+    tag: int
+    shape: Shape
+    dtype: Any
+    data: Array | None = field(default=None, repr=False)
+
+
+class Communicator(ABC):
+    """Collectives over rank groups. See the module docstring for the calling convention."""
+
+    name = "abstract"
+
+    # ------------------------------------------------------------------ recording
+    def _record(
+        self,
+        op: str,
+        ranks: Sequence[int],
+        inputs: Sequence[Array],
+        outputs: Sequence[Array],
+        reduce_type: str | None = None,
+        dtype: Any = None,
+    ) -> None:
+        if not _recorders:
+            return
+        event = CommEvent(
+            op=op,
+            ranks=tuple(int(r) for r in ranks),
+            input_nbytes=_nbytes(inputs),
+            output_nbytes=_nbytes(outputs),
+            dtype=_dtype_name(list(inputs) + list(outputs), dtype),
+            reduce_type=reduce_type,
+            context=current_context(),
+        )
+        for rec in list(_recorders):
+            rec.record(event)
+
+    @staticmethod
+    def _first(group: Group, hosted: Mapping[int, Any]) -> int | None:
+        """The first member of ``group`` this process hosts: whose buffers an event reports."""
+        for r in group:
+            if r in hosted:
+                return r
+        return None
+
+    # ------------------------------------------------------------------ public API
+    def all_reduce(self, group: Group, bufs: Mapping[int, Array], op: str = "sum") -> dict[int, Array]:
+        """Every member gets the reduction (in group order) of all members' buffers."""
+        _check_op(op)
+        out = self._all_reduce(tuple(group), bufs, op)
+        m = self._first(group, bufs)
+        if m is not None:
+            self._record("all_reduce", group, [bufs[m]], [out[m]], op)
+        return out
+
+    def all_gather(self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]) -> dict[int, list[Array]]:
+        """Every member gets the list of all members' buffers (``shapes[i]`` is member i's)."""
+        out = self._all_gather(tuple(group), bufs, [tuple(s) for s in shapes])
+        m = self._first(group, bufs)
+        if m is not None:
+            self._record("all_gather", group, [bufs[m]], out[m])
+        return out
+
+    def reduce_scatter(
+        self, group: Group, chunks: Mapping[int, Sequence[Array]], op: str = "sum"
+    ) -> dict[int, Array]:
+        """Member i gets the reduction over members of their ``chunks[member][i]``."""
+        _check_op(op)
+        out = self._reduce_scatter(tuple(group), chunks, op)
+        m = self._first(group, chunks)
+        if m is not None:
+            self._record("reduce_scatter", group, list(chunks[m]), [out[m]], op)
+        return out
+
+    def all_to_all(
+        self,
+        group: Group,
+        chunks: Mapping[int, Sequence[Array]],
+        recv_shapes: Mapping[int, Sequence[Shape]],
+    ) -> dict[int, list[Array]]:
+        """Member r sends ``chunks[r][j]`` to member j; gets a list indexed by sender."""
+        out = self._all_to_all(tuple(group), chunks, recv_shapes)
+        m = self._first(group, chunks)
+        if m is not None:
+            self._record("all_to_all", group, list(chunks[m]), out[m])
+        return out
+
+    def broadcast(
+        self, group: Group, bufs: Mapping[int, Array | None], root: int, shape: Shape, dtype: Any
+    ) -> dict[int, Array]:
+        """Every member gets the ``root`` member's buffer (non-roots may pass None)."""
+        if root not in group:
+            raise ValueError(f"broadcast root {root} is not in group {list(group)}")
+        out = self._broadcast(tuple(group), bufs, root, tuple(shape), np.dtype(dtype))
+        m = self._first(group, bufs)
+        if m is not None:
+            inputs = [bufs[root]] if root in bufs and bufs[root] is not None else []
+            self._record("broadcast", group, inputs, [out[m]], dtype=dtype)
+        return out
+
+    def reduce(self, group: Group, bufs: Mapping[int, Array], op: str, root: int) -> dict[int, Array]:
+        """The ``root`` member gets the reduction (in group order); the result has only root."""
+        _check_op(op)
+        if root not in group:
+            raise ValueError(f"reduce root {root} is not in group {list(group)}")
+        out = self._reduce(tuple(group), bufs, op, root)
+        m = self._first(group, bufs)
+        if m is not None:
+            self._record("reduce", group, [bufs[m]], list(out.values()), op)
+        return out
+
+    def exchange(self, transfers: Sequence[PointToPoint], hosted: Sequence[int]) -> dict[tuple[int, int, int], Array]:
+        """Run a batch of point-to-point transfers without deadlock.
+
+        ``transfers`` lists every transfer any hosted rank takes part in; those whose sender
+        is hosted carry ``data``. Returns the received arrays of hosted receivers, keyed
+        ``(src, dst, tag)``. A transfer to oneself is a local copy, not a message.
+        """
+        hosted_set = set(hosted)
+        local = {}
+        remote = []
+        for t in transfers:
+            if t.src == t.dst:
+                if t.src in hosted_set:
+                    local[(t.src, t.dst, t.tag)] = t.data
+            else:
+                remote.append(t)
+        out = self._exchange(remote, hosted_set)
+        for t in remote:
+            if t.src in hosted_set:
+                self._record("send", (t.src, t.dst), [t.data], [t.data])
+            elif t.dst in hosted_set:
+                self._record("send", (t.src, t.dst), [], [out[(t.src, t.dst, t.tag)]])
+        out.update(local)
+        return out
+
+    def send(self, src: int, dst: int, buf: Array, tag: int = 0) -> None:
+        """Blocking-safe send (buffered until the matching ``recv``)."""
+        self._send(src, dst, buf, tag)
+        self._record("send", (src, dst), [buf], [buf])
+
+    def recv(self, src: int, dst: int, shape: Shape, dtype: Any, tag: int = 0) -> Array:
+        return self._recv(src, dst, tuple(shape), np.dtype(dtype), tag)
+
+    def barrier(self, group: Group) -> None:
+        self._barrier(tuple(group))
+
+    # ------------------------------------------------------------------ to implement
+    @abstractmethod
+    def _all_reduce(self, group: Group, bufs: Mapping[int, Array], op: str) -> dict[int, Array]: ...
+
+    @abstractmethod
+    def _all_gather(
+        self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]
+    ) -> dict[int, list[Array]]: ...
+
+    @abstractmethod
+    def _reduce_scatter(self, group: Group, chunks: Mapping[int, Sequence[Array]], op: str) -> dict[int, Array]: ...
+
+    @abstractmethod
+    def _all_to_all(
+        self, group: Group, chunks: Mapping[int, Sequence[Array]], recv_shapes: Mapping[int, Sequence[Shape]]
+    ) -> dict[int, list[Array]]: ...
+
+    @abstractmethod
+    def _broadcast(
+        self, group: Group, bufs: Mapping[int, Array | None], root: int, shape: Shape, dtype: np.dtype
+    ) -> dict[int, Array]: ...
+
+    @abstractmethod
+    def _reduce(self, group: Group, bufs: Mapping[int, Array], op: str, root: int) -> dict[int, Array]: ...
+
+    @abstractmethod
+    def _exchange(self, transfers: Sequence[PointToPoint], hosted: set[int]) -> dict[tuple[int, int, int], Array]: ...
+
+    @abstractmethod
+    def _send(self, src: int, dst: int, buf: Array, tag: int) -> None: ...
+
+    @abstractmethod
+    def _recv(self, src: int, dst: int, shape: Shape, dtype: np.dtype, tag: int) -> Array: ...
+
+    @abstractmethod
+    def _barrier(self, group: Group) -> None: ...
+
+
+class NoCommunicator(Communicator):
+    """The communicator of the one-big-device reference: any call is a bug, so it raises."""
+
+    name = "none"
+
+    def _fail(self, *_: Any, **__: Any) -> Any:
+        raise RuntimeError(
+            "communication requested in --reference mode, where every tensor is one dense array; "
+            "this is a bug in mpipar (please report it with the script that triggered it)"
+        )
+
+    _all_reduce = _all_gather = _reduce_scatter = _all_to_all = _fail  # type: ignore[assignment]
+    _broadcast = _reduce = _exchange = _send = _recv = _barrier = _fail  # type: ignore[assignment]
+
+
+def _check_op(op: str) -> None:
+    if op not in REDUCE_OPS:
+        raise ValueError(f"reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
+
+
+def reduce_arrays(arrays: Sequence[Array], op: str, xp: Any = np) -> Array:
+    """Reduce in the given (group) order: the one summation order every backend uses."""
+    acc = arrays[0].copy()
+    if op in ("sum", "avg"):
+        for a in arrays[1:]:
+            acc += a
+        if op == "avg":
+            if np.issubdtype(acc.dtype, np.integer):
+                acc //= len(arrays)
+            else:
+                acc /= acc.dtype.type(len(arrays))
+    elif op == "max":
+        for a in arrays[1:]:
+            xp.maximum(acc, a, out=acc)
+    else:
+        for a in arrays[1:]:
+            xp.minimum(acc, a, out=acc)
+    return acc

@@ -1,0 +1,250 @@
+"""ProcessMesh: an N-d array of process ids with named axes.
+
+A mesh is the coordinate system placements refer to: placement ``i`` of a tensor says what
+happens along mesh axis ``i``. "Axis" always means a mesh axis here; "dim" a tensor dimension.
+
+    >>> mesh = ProcessMesh([[2, 4, 5], [0, 1, 3]], dim_names=["x", "y"])
+    >>> mesh.coordinate(1)
+    (1, 1)
+    >>> mesh.rank_group(axis="y", rank=1)
+    (0, 1, 3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+
+class ProcessMesh:
+    """An N-d mesh of process ids. Equality and hash are by value (shape, ids, names)."""
+
+    __slots__ = ("_ids", "_dim_names", "__dict__")
+
+    def __init__(self, mesh: Any, dim_names: Sequence[str] | None = None) -> None:
+        if isinstance(mesh, ProcessMesh):
+            ids = mesh._ids
+            dim_names = dim_names if dim_names is not None else mesh.dim_names
+        else:
+            ids = _as_id_array(mesh)
+        if dim_names is None:
+            dim_names = [f"d{i}" for i in range(ids.ndim)]
+        dim_names = [str(n) for n in dim_names]
+        if len(dim_names) != ids.ndim:
+            raise ValueError(
+                f"ProcessMesh of shape {list(ids.shape)} has {ids.ndim} axes but "
+                f"{len(dim_names)} dim_names {dim_names} were given; give one name per axis"
+            )
+        if len(set(dim_names)) != len(dim_names):
+            raise ValueError(f"ProcessMesh dim_names {dim_names} contain a duplicate name")
+        flat = ids.reshape(-1)
+        if flat.size == 0:
+            raise ValueError(f"ProcessMesh of shape {list(ids.shape)} has no process")
+        if (flat < 0).any():
+            raise ValueError(f"ProcessMesh process ids must be >= 0, got {flat.tolist()}")
+        uniq, counts = np.unique(flat, return_counts=True)
+        if (counts > 1).any():
+            dups = uniq[counts > 1].tolist()
+            raise ValueError(
+                f"ProcessMesh {ids.tolist()} names process id(s) {dups} more than once; "
+                "every process may appear in a mesh only once"
+            )
+        ids = ids.copy()
+        ids.flags.writeable = False
+        self._ids = ids
+        self._dim_names = tuple(dim_names)
+        # Lazily imported to keep mesh.py free of a backend dependency at import time.
+        from mpipar.backend import current_backend
+
+        current_backend().validate_mesh(self)
+
+    # ----------------------------------------------------------------------- basic views
+    @property
+    def shape(self) -> list[int]:
+        return list(self._ids.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self._ids.ndim
+
+    @property
+    def size(self) -> int:
+        return int(self._ids.size)
+
+    @property
+    def dim_names(self) -> list[str]:
+        return list(self._dim_names)
+
+    @property
+    def process_ids(self) -> list[int]:
+        return self._ids.reshape(-1).tolist()
+
+    @property
+    def mesh(self) -> np.ndarray:
+        """The id array (read-only)."""
+        return self._ids
+
+    @cached_property
+    def _id_tuple(self) -> tuple[int, ...]:
+        return tuple(self.process_ids)
+
+    @cached_property
+    def _coords(self) -> dict[int, tuple[int, ...]]:
+        return {
+            int(pid): tuple(int(c) for c in idx) for idx, pid in np.ndenumerate(self._ids)
+        }
+
+    def axis_index(self, axis: int | str) -> int:
+        """Normalise an axis given by index or by name."""
+        if isinstance(axis, str):
+            if axis not in self._dim_names:
+                raise ValueError(f"mesh {self} has no axis named {axis!r}; axes are {self.dim_names}")
+            return self._dim_names.index(axis)
+        if not isinstance(axis, (int, np.integer)) or not -self.ndim <= axis < self.ndim:
+            raise ValueError(f"mesh {self} has no axis {axis!r}; it has {self.ndim} axes")
+        return int(axis) % self.ndim
+
+    def get_dim_size(self, axis: int | str) -> int:
+        return self._ids.shape[self.axis_index(axis)]
+
+    def contains(self, rank: int) -> bool:
+        return rank in self._coords
+
+    def __contains__(self, rank: object) -> bool:
+        return isinstance(rank, (int, np.integer)) and int(rank) in self._coords
+
+    def coordinate(self, rank: int) -> tuple[int, ...]:
+        """The coordinate of ``rank`` in the mesh."""
+        try:
+            return self._coords[int(rank)]
+        except KeyError:
+            raise ValueError(f"process {rank} is not in mesh {self}") from None
+
+    def rank_at(self, coord: Sequence[int]) -> int:
+        return int(self._ids[tuple(coord)])
+
+    def rank_group(self, axis: int | str, rank: int) -> tuple[int, ...]:
+        """The ranks along mesh ``axis`` through ``rank`` (in axis order)."""
+        a = self.axis_index(axis)
+        coord = list(self.coordinate(rank))
+        return tuple(self.rank_at(coord[:a] + [i] + coord[a + 1 :]) for i in range(self.shape[a]))
+
+    def groups(self, axes: Sequence[int]) -> list[tuple[int, ...]]:
+        """Partition the mesh into the rank groups spanned by ``axes``.
+
+        Members of a group share their coordinates on every other axis; inside a group,
+        members are ordered row-major over ``axes`` taken in the given order (the flattened
+        group a collective over several axes runs on).
+        """
+        axes = [self.axis_index(a) for a in axes]
+        others = [a for a in range(self.ndim) if a not in axes]
+        moved = np.transpose(self._ids, others + axes)
+        return [tuple(int(x) for x in g.reshape(-1)) for g in moved.reshape(-1, _prod(self.shape[a] for a in axes))]
+
+    # --------------------------------------------------------------------- sub-meshes
+    def __getitem__(self, index: Any) -> ProcessMesh:
+        sub = self._ids[index]
+        if np.ndim(sub) == 0:
+            return ProcessMesh([int(sub)], dim_names=[self._dim_names[-1]])
+        kept = _kept_axes(self.ndim, index)
+        return ProcessMesh(sub, dim_names=[self._dim_names[a] for a in kept])
+
+    def get_mesh_with_dim(self, dim_name: str, index: int | None = None) -> ProcessMesh:
+        """Paddle's helper: the mesh with ``dim_name`` moved first, or its ``index``-th slice."""
+        a = self.axis_index(dim_name)
+        order = [a] + [i for i in range(self.ndim) if i != a]
+        names = [self._dim_names[i] for i in order]
+        moved = ProcessMesh(np.transpose(self._ids, order), dim_names=names)
+        return moved if index is None else moved[index]
+
+    def get_submesh_with_dim(self, dim_name: str) -> ProcessMesh:
+        """The 1-d mesh along ``dim_name`` through this process (rank 0's under the simulator)."""
+        from mpipar.backend import current_backend
+
+        hosted = current_backend().hosted_ranks(self)
+        rank = hosted[0] if hosted else self.process_ids[0]
+        return ProcessMesh(list(self.rank_group(dim_name, rank)), dim_names=[dim_name])
+
+    # --------------------------------------------------------------------- value object
+    def _key(self) -> tuple[Any, ...]:
+        return (tuple(self._ids.shape), self._id_tuple, self._dim_names)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProcessMesh) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def same_layout(self, other: ProcessMesh) -> bool:
+        """Same shape and ids; names ignored (reshard treats such meshes as one)."""
+        return self._ids.shape == other._ids.shape and self._id_tuple == other._id_tuple
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.process_ids)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"ProcessMesh({self._ids.tolist()}, dim_names={list(self._dim_names)})"
+
+    def __str__(self) -> str:
+        axes = ",".join(f"{n}={s}" for n, s in zip(self._dim_names, self._ids.shape, strict=True))
+        return f"mesh[{axes}]{self._ids.tolist()}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ProcessMesh, (self._ids.tolist(), list(self._dim_names)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shape": self.shape, "process_ids": self.process_ids, "dim_names": self.dim_names}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessMesh:
+        ids = np.asarray(data["process_ids"], dtype=np.int64).reshape(data["shape"])
+        return cls(ids, dim_names=data["dim_names"])
+
+
+def _prod(values: Any) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def _as_id_array(mesh: Any) -> np.ndarray:
+    try:
+        arr = np.asarray(mesh)
+    except ValueError as exc:  # ragged nested lists
+        raise ValueError(f"ProcessMesh ids {mesh!r} are not a rectangular array: {exc}") from None
+    if arr.ndim == 0 or arr.dtype == object:
+        raise ValueError(f"ProcessMesh needs a rectangular list or array of process ids, got {mesh!r}")
+    if np.issubdtype(arr.dtype, np.floating) and np.all(np.mod(arr, 1) == 0):
+        arr = arr.astype(np.int64)
+    if not np.issubdtype(arr.dtype, np.integer) and arr.size:
+        raise ValueError(f"ProcessMesh ids must be integers, got {mesh!r}")
+    return arr.astype(np.int64)
+
+
+def _kept_axes(ndim: int, index: Any) -> list[int]:
+    """Which mesh axes survive numpy basic indexing by ``index`` (ints drop an axis)."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    kept: list[int] = []
+    axis = 0
+    for item in index:
+        if item is Ellipsis:
+            rest = ndim - axis - (len(index) - index.index(Ellipsis) - 1)
+            kept.extend(range(axis, axis + rest))
+            axis += rest
+        elif isinstance(item, (int, np.integer)):
+            axis += 1
+        elif isinstance(item, slice):
+            kept.append(axis)
+            axis += 1
+        else:
+            raise ValueError(f"ProcessMesh index {index!r}: only ints, slices and ... are supported")
+    kept.extend(range(axis, ndim))
+    return kept

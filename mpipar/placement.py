@@ -1,0 +1,154 @@
+"""Placements: what a tensor looks like along one mesh axis.
+
+* ``Shard(d)``: tensor dim ``d`` is split across the axis (chunking rule in ``spec.py``).
+* ``Replicate()``: every rank along the axis holds the same value.
+* ``Partial(op)``: every rank holds a partial value; reducing them with ``op`` over the axis
+  gives the value. ``op`` is one of sum, avg, max, min.
+
+Each has a readable ``repr`` (``Shard(dim=0)``) and a compact ``str`` (``S(0)``, ``R``,
+``P(sum)``); ``parse_placements`` reads the compact form back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+REDUCE_TYPES = ("sum", "avg", "max", "min")
+
+
+class ReduceType:
+    """Paddle's names for the reduce types (``dist.ReduceType.kRedSum`` ...)."""
+
+    kRedSum = "sum"
+    kRedAvg = "avg"
+    kRedMax = "max"
+    kRedMin = "min"
+
+
+class Placement:
+    """Base of the three placements."""
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return False
+
+    def is_replicated(self) -> bool:
+        return False
+
+    def is_partial(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Shard(Placement):
+    dim: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int):
+            raise TypeError(f"Shard(dim) needs an int tensor dim, got {self.dim!r}")
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return dim is None or dim == self.dim
+
+    def get_dim(self) -> int:
+        return self.dim
+
+    def __repr__(self) -> str:
+        return f"Shard(dim={self.dim})"
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True)
+class Replicate(Placement):
+    def is_replicated(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "Replicate()"
+
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True)
+class Partial(Placement):
+    reduce_type: str = "sum"
+
+    def __post_init__(self) -> None:
+        rt = self.reduce_type
+        # Accept Paddle's enum-like spellings ("kRedSum", "ReduceType.kRedSum").
+        if isinstance(rt, str):
+            norm = rt.rsplit(".", 1)[-1]
+            norm = {"kRedSum": "sum", "kRedAvg": "avg", "kRedMax": "max", "kRedMin": "min"}.get(norm, norm)
+            object.__setattr__(self, "reduce_type", norm)
+        if self.reduce_type not in REDUCE_TYPES:
+            raise ValueError(
+                f"Partial reduce_type must be one of {', '.join(REDUCE_TYPES)}, got {rt!r}"
+            )
+
+    def is_partial(self) -> bool:
+        return True
+
+    @property
+    def linear(self) -> bool:
+        """sum and avg commute with each other and with linear ops; max and min do not."""
+        return self.reduce_type in ("sum", "avg")
+
+    def __repr__(self) -> str:
+        return f"Partial(reduce_type={self.reduce_type!r})"
+
+    def __str__(self) -> str:
+        return f"P({self.reduce_type})"
+
+
+_TOKEN = re.compile(r"\s*(?:S\(\s*(-?\d+)\s*\)|R|P(?:\(\s*(\w+)\s*\))?)\s*,?")
+
+
+def parse_placements(text: str) -> list[Placement]:
+    """Read placements written compactly: ``"S(0)R"``, ``"[S(1), P(sum)]"``, ``"P"``."""
+    body = text.strip()
+    if body.startswith("[") and body.endswith("]"):
+        body = body[1:-1]
+    out: list[Placement] = []
+    pos = 0
+    while pos < len(body):
+        if body[pos:].strip() == "":
+            break
+        m = _TOKEN.match(body, pos)
+        if not m or m.end() == pos:
+            raise ValueError(f"cannot parse placements {text!r} at position {pos}: {body[pos:]!r}")
+        token = m.group(0).strip().rstrip(",").strip()
+        if token.startswith("S"):
+            out.append(Shard(int(m.group(1))))
+        elif token == "R":
+            out.append(Replicate())
+        else:
+            out.append(Partial(m.group(2) or "sum"))
+        pos = m.end()
+    return out
+
+
+def placements_str(placements: Sequence[Placement]) -> str:
+    """Compact form of a placement list: ``S(0)R``."""
+    return "".join(str(p) for p in placements)
+
+
+def check_placements(placements: object, what: str = "placements") -> list[Placement]:
+    """Return ``placements`` as a list, refusing anything that is not a placement."""
+    if isinstance(placements, str):
+        return parse_placements(placements)
+    if isinstance(placements, Placement):
+        raise TypeError(f"{what} must be a list with one placement per mesh axis, got {placements!r}")
+    try:
+        items = list(placements)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"{what} must be a list of placements, got {placements!r}") from None
+    for i, p in enumerate(items):
+        if not isinstance(p, Placement):
+            raise TypeError(
+                f"{what}[{i}] is {p!r}; use dist.Shard(dim), dist.Replicate() or dist.Partial()"
+            )
+    return items

@@ -1,0 +1,199 @@
+"""Run a reshard plan on the shards this process hosts, through the backend's communicator.
+
+Each step is interpreted with boxes (``spec.py``): a rank's new local array is cut from, or
+assembled into, the box its destination spec gives it. Collectives run once per rank group
+that has a hosted member; in the simulator that is every group, under MPI only this rank's.
+Local arrays are never written in place (results are marked read-only), which is what lets
+the simulator hand one gathered or reduced array to every member of a group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from mpipar.backend import Backend
+from mpipar.comm import PointToPoint, comm_context
+from mpipar.reshard.planner import ReshardPlan, ReshardStep
+from mpipar.placement import Replicate, Shard
+from mpipar.spec import Box, box_intersect, box_relative, box_shape
+
+Array = Any
+Shards = dict[int, Array]
+
+
+def freeze(array: Array) -> Array:
+    """Mark a NumPy array read-only (local shards are values, never mutated in place)."""
+    if isinstance(array, np.ndarray) and array.flags.writeable:
+        array.flags.writeable = False
+    return array
+
+
+def identity_fill(op: str, dtype: np.dtype) -> Any:
+    """The neutral element of a reduction: what a rank holding nothing contributes."""
+    if op in ("sum", "avg"):
+        return 0
+    if dtype == np.bool_:
+        return op == "min"
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return info.min if op == "max" else info.max
+    return -np.inf if op == "max" else np.inf
+
+
+def execute_plan(plan: ReshardPlan, shards: Mapping[int, Array], dtype: Any, backend: Backend) -> Shards:
+    """Apply ``plan`` to the hosted ``shards`` (keyed by rank) and return the new ones."""
+    current: Shards = dict(shards)
+    dtype = np.dtype(dtype)
+    label = f"reshard {plan.src.placements_str} -> {plan.dst.placements_str}"
+    for step in plan.steps:
+        with comm_context(f"{label}: {step.describe()}"):
+            current = _RUNNERS[step.kind](step, current, dtype, backend)
+        for r in current:
+            freeze(current[r])
+    return current
+
+
+def _groups(step: ReshardStep, current: Shards) -> list[tuple[int, ...]]:
+    return [g for g in step.src.mesh.groups(step.axes) if any(r in current for r in g)]
+
+
+def _run_slice(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
+    src, dst = step.src.boxes, step.dst.boxes
+    return {r: a[box_relative(dst[r], src[r])] for r, a in current.items()}
+
+
+def _run_partial(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
+    (axis,) = step.axes
+    op = step.reduce_type or "sum"
+    before = step.src.placements[axis]
+    mesh = step.src.mesh
+    xp = backend.xp
+    out: Shards = {}
+    for r, a in current.items():
+        coord = mesh.coordinate(r)
+        if isinstance(before, Replicate):
+            # sum: one rank of the axis keeps the value so the sum is exact; others hold zero.
+            out[r] = xp.zeros_like(a) if op == "sum" and coord[axis] != 0 else a
+        else:
+            assert isinstance(before, Shard)
+            dst_box, src_box = step.dst.boxes[r], step.src.boxes[r]
+            padded = xp.full(box_shape(dst_box), identity_fill(op, dtype), dtype=dtype)
+            # avg over k ranks of k * x gives x back (exact up to one rounding).
+            padded[box_relative(src_box, dst_box)] = a * dtype.type(mesh.shape[axis]) if op == "avg" else a
+            out[r] = padded
+    return out
+
+
+def _run_all_reduce(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
+    out: Shards = {}
+    for group in _groups(step, current):
+        res = backend.comm.all_reduce(group, {r: current[r] for r in group if r in current}, step.reduce_type or "sum")
+        out.update(res)
+    return out
+
+
+def _run_reduce_scatter(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
+    src, dst = step.src.boxes, step.dst.boxes
+    out: Shards = {}
+    for group in _groups(step, current):
+        chunks = {r: [current[r][box_relative(dst[m], src[r])] for m in group] for r in group if r in current}
+        out.update(backend.comm.reduce_scatter(group, chunks, step.reduce_type or "sum"))
+    return out
+
+
+def _assemble(box: Box, pieces: list[tuple[Box, Array]], dtype: np.dtype, xp: Any) -> Array:
+    out = xp.empty(box_shape(box), dtype=dtype)
+    for piece_box, data in pieces:
+        out[box_relative(piece_box, box)] = data
+    return out
+
+
+def _run_all_gather(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
+    src, dst = step.src.boxes, step.dst.boxes
+    out: Shards = {}
+    for group in _groups(step, current):
+        shapes = [box_shape(src[m]) for m in group]
+        res = backend.comm.all_gather(group, {r: current[r] for r in group if r in current}, shapes)
+        # Members that received the very same list (the simulator shares it) share one result.
+        assembled: dict[int, Array] = {}
+        for r, gathered in res.items():
+            key = id(gathered)
+            if key not in assembled:
+                assembled[key] = _assemble(dst[r], list(zip((src[m] for m in group), gathered, strict=True)), dtype, backend.xp)
+            out[r] = assembled[key]
+    return out
+
+
+def _overlap_shape(a: Box, b: Box) -> tuple[int, ...]:
+    inter = box_intersect(a, b)
+    return box_shape(inter) if inter is not None else (0,) * len(a)
+
+
+def _run_all_to_all(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
+    src, dst = step.src.boxes, step.dst.boxes
+    xp = backend.xp
+    out: Shards = {}
+    for group in _groups(step, current):
+        chunks: dict[int, list[Array]] = {}
+        recv_shapes: dict[int, list[tuple[int, ...]]] = {}
+        for r in group:
+            if r not in current:
+                continue
+            row = []
+            for m in group:
+                inter = box_intersect(src[r], dst[m])
+                row.append(
+                    current[r][box_relative(inter, src[r])] if inter is not None else xp.empty((0,) * len(src[r]), dtype=dtype)
+                )
+            chunks[r] = row
+            recv_shapes[r] = [_overlap_shape(src[m], dst[r]) for m in group]
+        res = backend.comm.all_to_all(group, chunks, recv_shapes)
+        for r, received in res.items():
+            pieces = []
+            for m, data in zip(group, received, strict=True):
+                inter = box_intersect(src[m], dst[r])
+                if inter is not None:
+                    pieces.append((inter, data))
+            out[r] = _assemble(dst[r], pieces, dtype, xp)
+    return out
+
+
+def _run_transfer(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
+    src_boxes, dst_boxes = step.src.boxes, step.dst.boxes
+    receivers = backend.hosted_ranks(step.dst.mesh)
+    recv_set = set(receivers)
+    transfers: list[PointToPoint] = []
+    per_pair: dict[tuple[int, int], int] = {}
+    placed: list[tuple[PointToPoint, Box]] = []
+    for piece in step.pieces:
+        if piece.src not in current and piece.dst not in recv_set:
+            continue
+        tag = per_pair.get((piece.src, piece.dst), 0)
+        per_pair[(piece.src, piece.dst)] = tag + 1
+        data = None
+        if piece.src in current:
+            data = current[piece.src][box_relative(piece.box, src_boxes[piece.src])]
+        t = PointToPoint(piece.src, piece.dst, tag, box_shape(piece.box), dtype, data)
+        transfers.append(t)
+        placed.append((t, piece.box))
+    hosted = sorted(set(current) | recv_set)
+    got = backend.comm.exchange(transfers, hosted)
+    by_dst: dict[int, list[tuple[Box, Array]]] = {r: [] for r in receivers}
+    for t, box in placed:
+        if t.dst in recv_set:
+            by_dst[t.dst].append((box, got[(t.src, t.dst, t.tag)]))
+    return {r: _assemble(dst_boxes[r], by_dst[r], dtype, backend.xp) for r in receivers}
+
+
+_RUNNERS = {
+    "slice": _run_slice,
+    "partial": _run_partial,
+    "all_reduce": _run_all_reduce,
+    "reduce_scatter": _run_reduce_scatter,
+    "all_gather": _run_all_gather,
+    "all_to_all": _run_all_to_all,
+    "transfer": _run_transfer,
+}

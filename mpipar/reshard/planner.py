@@ -1,0 +1,389 @@
+"""The reshard planner: a pure function from (source spec, destination spec) to a list of steps.
+
+Same mesh
+---------
+The planner searches (Dijkstra) over placement states of the mesh axes that must change,
+where one edge is one collective over a *group* of mesh axes taken together (the flattened
+group of their ranks), or one local step. The cost of a path is the bytes a rank receives,
+summed over steps (the most loaded rank of each step), then the number of collectives,
+then the number of steps. Grouping axes is what beats going axis by axis:
+
+    transition (one axis, n ranks, T = tensor bytes)   step             bytes received per rank
+    S(i) -> R                                          all_gather       (n-1)/n * T
+    P    -> R                                          all_reduce       2 (n-1)/n * T   (ring)
+    P    -> S(i)                                       reduce_scatter   (n-1)/n * T
+    S(i) -> S(j)                                       all_to_all       (n-1)/n * T/n
+    R    -> S(i)                                       slice            0
+    R    -> P, S(i) -> P                               partial          0
+
+    2x2 mesh            axis by axis                     grouped (this planner)
+    [P, P] -> [R, R]    all_reduce x2: 2 T               all_reduce over 4 ranks: 1.5 T
+    [S0,S1] -> [S1,S0]  all_to_all x2: 0.5 T..0.75 T     one exchange over 4 ranks: 0.25 T
+
+Moves (G = the group's axes, s = the current placements):
+
+* ``all_reduce``:     s[G] all Partial(op)              -> Replicate on G
+* ``reduce_scatter``: s[G] all Partial(op)              -> the destination's Shard on G
+* ``all_gather``:     s[G] all Shard                    -> Replicate on G
+* ``all_to_all``:     s[G] all Shard                    -> the destination's (other) Shard on G
+* ``slice``:          s[G] all Replicate                -> the destination's Shard on G (local)
+* ``partial``:        s[a] Replicate or Shard           -> the destination's Partial (local)
+
+A move on G is legal only when the data each rank needs is inside its group: for every
+tensor dim d that G shards (before or after), no axis outside G may shard d *inside* G's
+split (at a higher axis index, see the nesting rule in ``spec.py``). The search only moves
+axes that change, closed under that rule, so a path always exists: reduce, gather innermost
+first, slice outermost first, then make partials.
+
+Different meshes
+----------------
+Size-reducing steps run on the sender, size-increasing ones on the receiver: the source is
+resharded on its mesh to a form with no Partial and as little replication as possible
+(reduce_scatter instead of all_reduce; local slices of replicas), then each destination rank
+receives exactly the boxes it lacks by point-to-point ``transfer`` (each element crosses the
+link once), then the destination's replication and Partial are restored on its mesh
+(all_gather, local partial).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from mpipar.placement import Partial, Placement, Replicate, Shard
+from mpipar.spec import Box, DistSpec, box_intersect, box_numel
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+LOCAL_KINDS = ("slice", "partial")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One point-to-point piece of a cross-mesh transfer: ``box`` goes from ``src`` to ``dst``."""
+
+    src: int
+    dst: int
+    box: Box
+
+
+@dataclass(frozen=True)
+class ReshardStep:
+    """One step of a plan. ``src``/``dst`` are the specs before and after it."""
+
+    kind: str
+    src: DistSpec
+    dst: DistSpec
+    axes: tuple[int, ...] = ()
+    reduce_type: str | None = None
+    recv_elems: float = 0.0
+    """Elements received by the most loaded rank (ring formulas for reductions)."""
+    pieces: tuple[Piece, ...] = field(default=(), repr=False)
+
+    @property
+    def is_comm(self) -> bool:
+        return self.kind in COLLECTIVES or self.kind == "transfer"
+
+    def bytes_per_rank(self, itemsize: int) -> float:
+        return self.recv_elems * itemsize
+
+    def axes_str(self) -> str:
+        names = self.src.mesh.dim_names
+        return ",".join(names[a] for a in self.axes)
+
+    def describe(self) -> str:
+        """``all_gather on x: S(0)R -> RR``."""
+        rt = f"({self.reduce_type})" if self.reduce_type else ""
+        if self.kind == "transfer":
+            n_msgs = sum(1 for p in self.pieces if p.src != p.dst)
+            return (
+                f"transfer {self.src.mesh.process_ids} -> {self.dst.mesh.process_ids}: "
+                f"{self.src.placements_str} -> {self.dst.placements_str} ({n_msgs} messages)"
+            )
+        return f"{self.kind}{rt} on {self.axes_str()}: {self.src.placements_str} -> {self.dst.placements_str}"
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+@dataclass(frozen=True)
+class ReshardPlan:
+    src: DistSpec
+    dst: DistSpec
+    steps: tuple[ReshardStep, ...]
+
+    @property
+    def comm_steps(self) -> tuple[ReshardStep, ...]:
+        return tuple(s for s in self.steps if s.is_comm)
+
+    def recv_elems_per_rank(self) -> float:
+        return sum(s.recv_elems for s in self.steps)
+
+    def bytes_per_rank(self, itemsize: int) -> float:
+        return self.recv_elems_per_rank() * itemsize
+
+    def format(self, itemsize: int | None = None) -> str:
+        """The plan as text, one line per step (golden-tested)."""
+        head = f"{self.src.placements_str} -> {self.dst.placements_str}"
+        if not self.src.mesh.same_layout(self.dst.mesh):
+            head = f"{self.src.mesh.process_ids}:{self.src.placements_str} -> {self.dst.mesh.process_ids}:{self.dst.placements_str}"
+        lines = [f"reshard {list(self.src.shape)} {head}"]
+        if not self.steps:
+            lines.append("  (no step)")
+        for i, s in enumerate(self.steps, 1):
+            cost = ""
+            if s.is_comm:
+                amount = s.bytes_per_rank(itemsize) if itemsize else s.recv_elems
+                unit = "B" if itemsize else "elems"
+                cost = f"  [{_num(amount)} {unit}/rank]"
+            lines.append(f"  {i}. {s.describe()}{cost}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.2f}"
+
+
+# =============================================================================== public entry
+def plan_reshard(src: DistSpec, dst: DistSpec) -> ReshardPlan:
+    """Plan the conversion of a tensor laid out as ``src`` into ``dst`` (cached, pure)."""
+    if src.shape != dst.shape:
+        raise ValueError(f"reshard cannot change the shape: source {src} vs destination {dst}")
+    return _plan_cached(src, dst)
+
+
+@lru_cache(maxsize=8192)
+def _plan_cached(src: DistSpec, dst: DistSpec) -> ReshardPlan:
+    if src.mesh.same_layout(dst.mesh):
+        return ReshardPlan(src, dst, _plan_same_mesh(src, dst.with_mesh(src.mesh)))
+    return ReshardPlan(src, dst, _plan_cross_mesh(src, dst))
+
+
+# ========================================================================= same-mesh search
+State = tuple[Placement, ...]
+
+
+def _legal(shape: tuple[int, ...], before: State, after: State, group: Sequence[int]) -> bool:
+    """The nesting rule: no outside axis shards a dim G touches at a higher axis index."""
+    gset = set(group)
+    for d in range(len(shape)):
+        touching = [
+            a for a in group if (isinstance(before[a], Shard) and before[a].dim == d)
+            or (isinstance(after[a], Shard) and after[a].dim == d)
+        ]
+        if not touching:
+            continue
+        first = min(touching)
+        for a, p in enumerate(before):
+            if a > first and a not in gset and isinstance(p, Shard) and p.dim == d:
+                return False
+    return True
+
+
+def _active_axes(shape: tuple[int, ...], src: State, dst: State) -> tuple[int, ...]:
+    active = {a for a in range(len(src)) if src[a] != dst[a]}
+    changed = True
+    while changed:
+        changed = False
+        for d in range(len(shape)):
+            touching = [a for a in active if any(isinstance(p, Shard) and p.dim == d for p in (src[a], dst[a]))]
+            if not touching:
+                continue
+            first = min(touching)
+            for a in range(len(src)):
+                if a > first and a not in active and any(
+                    isinstance(p, Shard) and p.dim == d for p in (src[a], dst[a])
+                ):
+                    active.add(a)
+                    changed = True
+    return tuple(sorted(active))
+
+
+def _subsets(axes: Sequence[int]) -> Iterator[tuple[int, ...]]:
+    for k in range(1, len(axes) + 1):
+        yield from itertools.combinations(axes, k)
+
+
+def _moves(
+    shape: tuple[int, ...], state: State, dst: State, active: Sequence[int]
+) -> Iterator[tuple[str, tuple[int, ...], State, str | None]]:
+    """Candidate (kind, axes, next_state, reduce_type) from ``state``."""
+    for group in _subsets(active):
+        ps = [state[a] for a in group]
+        if all(isinstance(p, Partial) for p in ps):
+            ops = {p.reduce_type for p in ps}  # type: ignore[union-attr]
+            if len(ops) == 1:
+                op = ops.pop()
+                nxt = list(state)
+                for a in group:
+                    nxt[a] = Replicate()
+                yield "all_reduce", group, tuple(nxt), op
+                if all(isinstance(dst[a], Shard) for a in group):
+                    nxt = list(state)
+                    for a in group:
+                        nxt[a] = dst[a]
+                    yield "reduce_scatter", group, tuple(nxt), op
+        elif all(isinstance(p, Shard) for p in ps):
+            nxt = list(state)
+            for a in group:
+                nxt[a] = Replicate()
+            yield "all_gather", group, tuple(nxt), None
+            if all(isinstance(dst[a], Shard) and dst[a] != state[a] for a in group):
+                nxt = list(state)
+                for a in group:
+                    nxt[a] = dst[a]
+                yield "all_to_all", group, tuple(nxt), None
+        elif all(isinstance(p, Replicate) for p in ps):
+            if all(isinstance(dst[a], Shard) for a in group):
+                nxt = list(state)
+                for a in group:
+                    nxt[a] = dst[a]
+                yield "slice", group, tuple(nxt), None
+    for a in active:
+        if isinstance(dst[a], Partial) and isinstance(state[a], (Replicate, Shard)):
+            nxt = list(state)
+            nxt[a] = dst[a]
+            yield "partial", (a,), tuple(nxt), dst[a].reduce_type  # type: ignore[union-attr]
+
+
+def _recv_elems(kind: str, before: DistSpec, after: DistSpec, group: Sequence[int]) -> float:
+    """Elements received by the most loaded rank in one step."""
+    if kind in LOCAL_KINDS:
+        return 0.0
+    n = 1
+    for a in group:
+        n *= before.mesh.shape[a]
+    worst = 0.0
+    for r, b_before in before.boxes.items():
+        b_after = after.boxes[r]
+        if kind == "all_reduce":
+            v = 2.0 * (n - 1) / n * box_numel(b_before)
+        elif kind == "reduce_scatter":
+            v = float((n - 1) * box_numel(b_after))
+        elif kind == "all_gather":
+            v = float(box_numel(b_after) - box_numel(b_before))
+        else:  # all_to_all
+            overlap = box_intersect(b_before, b_after)
+            v = float(box_numel(b_after) - (box_numel(overlap) if overlap else 0))
+        worst = max(worst, v)
+    return worst
+
+
+def _plan_same_mesh(src: DistSpec, dst: DistSpec) -> tuple[ReshardStep, ...]:
+    start, goal = src.placements, dst.placements
+    if start == goal:
+        return ()
+    shape, mesh = src.shape, src.mesh
+    active = _active_axes(shape, start, goal)
+    counter = itertools.count()
+    # cost = (received elements, collectives, steps)
+    frontier: list[tuple[tuple[float, int, int], int, State]] = [((0.0, 0, 0), next(counter), start)]
+    best: dict[State, tuple[float, int, int]] = {start: (0.0, 0, 0)}
+    parent: dict[State, tuple[State, ReshardStep]] = {}
+    while frontier:
+        cost, _, state = heapq.heappop(frontier)
+        if state == goal:
+            break
+        if cost > best.get(state, cost):
+            continue
+        before = DistSpec(shape, mesh, state)
+        for kind, group, nxt, op in _moves(shape, state, goal, active):
+            if not _legal(shape, state, nxt, group):
+                continue
+            after = DistSpec(shape, mesh, nxt)
+            recv = _recv_elems(kind, before, after, group)
+            is_comm = kind in COLLECTIVES
+            new_cost = (cost[0] + recv, cost[1] + int(is_comm), cost[2] + 1)
+            if new_cost < best.get(nxt, (float("inf"), 0, 0)):
+                best[nxt] = new_cost
+                parent[nxt] = (state, ReshardStep(kind, before, after, tuple(group), op, recv))
+                heapq.heappush(frontier, (new_cost, next(counter), nxt))
+    if goal not in parent:
+        raise AssertionError(f"reshard planner found no path from {src} to {dst}")  # a path always exists
+    steps: list[ReshardStep] = []
+    state = goal
+    while state != start:
+        prev, step = parent[state]
+        steps.append(step)
+        state = prev
+    return tuple(reversed(steps))
+
+
+# ======================================================================== cross-mesh plans
+def _spread(spec: DistSpec, prefer: Sequence[Placement] | None) -> DistSpec:
+    """The least replicated, partial-free layout of ``spec`` on its own mesh.
+
+    Every Replicate or Partial axis becomes a Shard of a tensor dim that still has at least as
+    many elements as the axis has ranks, preferring the dim ``prefer`` shards on that axis (so
+    sender and receiver chunks line up), else the longest one. Partial axes that cannot be
+    split become Replicate (they must be reduced before leaving the mesh).
+    """
+    mesh = spec.mesh
+    pls = list(spec.placements)
+    for a, p in enumerate(pls):
+        if isinstance(p, Shard):
+            continue
+        k = mesh.shape[a]
+        cur = DistSpec(spec.shape, mesh, [q if not isinstance(q, Partial) else Replicate() for q in pls])
+        extents = [e - s for s, e in cur.box_at([0] * mesh.ndim)]
+        candidates: list[int] = []
+        if prefer is not None and a < len(prefer) and isinstance(prefer[a], Shard):
+            candidates.append(prefer[a].dim)  # type: ignore[union-attr]
+        candidates += sorted(range(len(spec.shape)), key=lambda d: (-extents[d], d))
+        chosen: Placement = Replicate()
+        for d in candidates:
+            if extents[d] < k:
+                continue
+            trial = list(pls)
+            trial[a] = Shard(d)
+            if _legal(spec.shape, tuple(pls), tuple(trial), (a,)):
+                chosen = Shard(d)
+                break
+        pls[a] = chosen
+    return DistSpec(spec.shape, mesh, pls)
+
+
+def _transfer_step(src: DistSpec, dst: DistSpec) -> ReshardStep:
+    """Point-to-point pieces taking every destination box from the source cells."""
+    cells = src.cells
+    pieces: list[Piece] = []
+    demand: dict[Box, int] = {}
+    recv_by_rank: dict[int, int] = {}
+    for r in dst.mesh.process_ids:
+        need = dst.boxes[r]
+        got = 0
+        for cell, holders in cells.items():
+            part = box_intersect(cell, need)
+            if part is None:
+                continue
+            if r in holders:
+                sender = r
+            else:
+                i = demand.get(cell, 0)
+                demand[cell] = i + 1
+                sender = holders[i % len(holders)]
+            pieces.append(Piece(sender, r, part))
+            if sender != r:
+                got += box_numel(part)
+        recv_by_rank[r] = got
+    recv = float(max(recv_by_rank.values(), default=0))
+    return ReshardStep("transfer", src, dst, (), None, recv, tuple(pieces))
+
+
+def _plan_cross_mesh(src: DistSpec, dst: DistSpec) -> tuple[ReshardStep, ...]:
+    same_ndim = src.mesh.ndim == dst.mesh.ndim
+    send_form = _spread(src, dst.placements if same_ndim else None)
+    recv_form = _spread(
+        DistSpec(dst.shape, dst.mesh, [p if not isinstance(p, Partial) else Replicate() for p in dst.placements]),
+        send_form.placements if same_ndim else None,
+    )
+    steps = list(_plan_same_mesh(src, send_form))
+    steps.append(_transfer_step(send_form, recv_form))
+    steps.extend(_plan_same_mesh(recv_form, dst))
+    return tuple(steps)
+

@@ -1,0 +1,260 @@
+"""DistSpec: the global shape, mesh and placements of a distributed tensor, and the chunking rule.
+
+The chunking rule (every path in mpipar honours it)
+---------------------------------------------------
+A tensor dim of size ``n`` split over a mesh axis of size ``k`` gives chunk ``i`` the
+half-open range ``[start_i, start_i + len_i)`` with::
+
+    len_i = n // k + (1 if i < n % k else 0)      # the first n % k chunks are one longer
+
+(NumPy's ``array_split``). Chunks may be empty when ``n < k``.
+
+Several mesh axes sharding one dim nest in increasing axis order: the lowest-index axis
+splits the dim first, each later axis splits the chunk it is given. On a 2x2 mesh with
+placements ``[Shard(0), Shard(0)]`` and a dim of size 5::
+
+    coord (x, y)   outer chunk (x)   inner chunk (y)   rows
+    (0, 0)         [0, 3)            [0, 2)            0 1
+    (0, 1)         [0, 3)            [2, 3)            2
+    (1, 0)         [3, 5)            [3, 4)            3
+    (1, 1)         [3, 5)            [4, 5)            4
+
+Partial placements of one spec must commute: sum and avg may mix; max and min each stand
+alone. The global value is the local values reduced over every Partial axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from mpipar.mesh import ProcessMesh
+from mpipar.placement import Partial, Placement, Replicate, Shard, check_placements, placements_str
+
+Box = tuple[tuple[int, int], ...]
+"""A box of a tensor: one half-open ``(start, stop)`` range per tensor dim."""
+
+
+def chunk_range(size: int, parts: int, index: int) -> tuple[int, int]:
+    """The ``index``-th of ``parts`` chunks of ``range(size)`` under the chunking rule."""
+    base, extra = divmod(size, parts)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+def box_shape(box: Box) -> tuple[int, ...]:
+    return tuple(e - s for s, e in box)
+
+
+def box_numel(box: Box) -> int:
+    out = 1
+    for s, e in box:
+        out *= e - s
+    return out
+
+
+def box_intersect(a: Box, b: Box) -> Box | None:
+    """The overlap of two boxes, or None when they do not overlap (an empty box is None)."""
+    out = []
+    for (s1, e1), (s2, e2) in zip(a, b, strict=True):
+        s, e = max(s1, s2), min(e1, e2)
+        if s >= e:
+            return None
+        out.append((s, e))
+    return tuple(out)
+
+
+def box_relative(inner: Box, outer: Box) -> tuple[slice, ...]:
+    """Slices that cut ``inner`` out of an array holding ``outer``."""
+    return tuple(slice(s - os, e - os) for (s, e), (os, _) in zip(inner, outer, strict=True))
+
+
+def full_box(shape: Sequence[int]) -> Box:
+    return tuple((0, int(n)) for n in shape)
+
+
+@dataclass(frozen=True)
+class DistSpec:
+    """Global ``shape``, ``mesh`` and one placement per mesh axis. A value object."""
+
+    shape: tuple[int, ...]
+    mesh: ProcessMesh
+    placements: tuple[Placement, ...]
+
+    def __init__(self, shape: Sequence[int], mesh: ProcessMesh, placements: Sequence[Placement]) -> None:
+        if not isinstance(mesh, ProcessMesh):
+            raise TypeError(f"DistSpec mesh must be a dist.ProcessMesh, got {type(mesh).__name__}")
+        try:
+            shape_t = tuple(int(n) for n in shape)
+        except (TypeError, ValueError):
+            raise TypeError(f"DistSpec shape must be a sequence of ints, got {shape!r}") from None
+        if any(n < 0 for n in shape_t):
+            raise ValueError(f"DistSpec shape {list(shape_t)} has a negative size")
+        pls = check_placements(placements)
+        if len(pls) != mesh.ndim:
+            raise ValueError(
+                f"{len(pls)} placements {placements_str(pls)} given for mesh {mesh} with "
+                f"{mesh.ndim} axes {mesh.dim_names}; give exactly one placement per mesh axis"
+            )
+        norm: list[Placement] = []
+        for axis, p in enumerate(pls):
+            if isinstance(p, Shard):
+                d = p.dim + len(shape_t) if p.dim < 0 else p.dim
+                if not 0 <= d < len(shape_t):
+                    raise ValueError(
+                        f"placement Shard({p.dim}) on mesh axis {axis} ({mesh.dim_names[axis]!r}) "
+                        f"names tensor dim {p.dim}, but the tensor of shape {list(shape_t)} has "
+                        f"{len(shape_t)} dims"
+                    )
+                p = Shard(d)
+            norm.append(p)
+        partial_types = {p.reduce_type for p in norm if isinstance(p, Partial)}
+        if len(partial_types) > 1 and not partial_types <= {"sum", "avg"}:
+            raise ValueError(
+                f"placements {placements_str(norm)} mix Partial reduce types {sorted(partial_types)} "
+                "that do not commute; only sum and avg may be mixed in one spec"
+            )
+        object.__setattr__(self, "shape", shape_t)
+        object.__setattr__(self, "mesh", mesh)
+        object.__setattr__(self, "placements", tuple(norm))
+
+    # --------------------------------------------------------------- Paddle's notation
+    @classmethod
+    def from_dims_mapping(
+        cls,
+        shape: Sequence[int],
+        mesh: ProcessMesh,
+        dims_mapping: Sequence[int],
+        partial_dims: Sequence[int] = (),
+        partial_type: str = "sum",
+    ) -> DistSpec:
+        """Build from Paddle's ``dims_mapping`` (mesh axis sharding each tensor dim, or -1)."""
+        if len(dims_mapping) != len(shape):
+            raise ValueError(
+                f"dims_mapping {list(dims_mapping)} has {len(dims_mapping)} entries for a tensor "
+                f"of shape {list(shape)}; give one per tensor dim"
+            )
+        pls: list[Placement] = [Replicate()] * mesh.ndim
+        for dim, axis in enumerate(dims_mapping):
+            if axis == -1 or axis is None:
+                continue
+            if not 0 <= axis < mesh.ndim:
+                raise ValueError(f"dims_mapping {list(dims_mapping)}: mesh {mesh} has no axis {axis}")
+            if not pls[axis].is_replicated():
+                raise ValueError(f"dims_mapping {list(dims_mapping)} uses mesh axis {axis} twice")
+            pls[axis] = Shard(dim)
+        for axis in partial_dims:
+            if not 0 <= axis < mesh.ndim or not pls[axis].is_replicated():
+                raise ValueError(
+                    f"partial_dims {list(partial_dims)}: axis {axis} is out of range or already shards a dim"
+                )
+            pls[axis] = Partial(partial_type)
+        return cls(shape, mesh, pls)
+
+    @property
+    def dims_mapping(self) -> list[int]:
+        out = [-1] * len(self.shape)
+        for axis, p in enumerate(self.placements):
+            if isinstance(p, Shard):
+                if out[p.dim] != -1:
+                    raise ValueError(
+                        f"{self} shards tensor dim {p.dim} over several mesh axes; Paddle's "
+                        "dims_mapping cannot express nested sharding"
+                    )
+                out[p.dim] = axis
+        return out
+
+    @property
+    def partial_dims(self) -> list[int]:
+        return [a for a, p in enumerate(self.placements) if isinstance(p, Partial)]
+
+    # ----------------------------------------------------------------------- structure
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @cached_property
+    def numel(self) -> int:
+        return box_numel(full_box(self.shape))
+
+    def shard_axes(self, dim: int) -> tuple[int, ...]:
+        """Mesh axes sharding tensor ``dim``, outermost first."""
+        return tuple(a for a, p in enumerate(self.placements) if isinstance(p, Shard) and p.dim == dim)
+
+    @cached_property
+    def partial_axes(self) -> tuple[int, ...]:
+        return tuple(a for a, p in enumerate(self.placements) if isinstance(p, Partial))
+
+    @property
+    def is_partial(self) -> bool:
+        return bool(self.partial_axes)
+
+    @property
+    def is_replicated(self) -> bool:
+        return all(isinstance(p, Replicate) for p in self.placements)
+
+    def box_at(self, coord: Sequence[int]) -> Box:
+        """The global box held at mesh coordinate ``coord``."""
+        box = []
+        for d, n in enumerate(self.shape):
+            start, stop = 0, n
+            for a in self.shard_axes(d):
+                s, e = chunk_range(stop - start, self.mesh.shape[a], coord[a])
+                start, stop = start + s, start + e
+            box.append((start, stop))
+        return tuple(box)
+
+    @cached_property
+    def boxes(self) -> dict[int, Box]:
+        """Every rank's global box, keyed by process id."""
+        return {r: self.box_at(self.mesh.coordinate(r)) for r in self.mesh.process_ids}
+
+    def local_box(self, rank: int) -> Box:
+        try:
+            return self.boxes[rank]
+        except KeyError:
+            raise ValueError(f"process {rank} is not in mesh {self.mesh} of {self}") from None
+
+    def local_shape(self, rank: int) -> tuple[int, ...]:
+        return box_shape(self.local_box(rank))
+
+    @cached_property
+    def max_local_numel(self) -> int:
+        return max(box_numel(b) for b in self.boxes.values())
+
+    @cached_property
+    def cells(self) -> dict[Box, tuple[int, ...]]:
+        """The distinct boxes and the ranks holding each (its replicas), in mesh order."""
+        out: dict[Box, list[int]] = {}
+        for r, b in self.boxes.items():
+            out.setdefault(b, []).append(r)
+        return {b: tuple(rs) for b, rs in out.items()}
+
+    # ------------------------------------------------------------------------ variants
+    def with_placements(self, placements: Sequence[Placement]) -> DistSpec:
+        return DistSpec(self.shape, self.mesh, placements)
+
+    def with_mesh(self, mesh: ProcessMesh, placements: Sequence[Placement] | None = None) -> DistSpec:
+        return DistSpec(self.shape, mesh, self.placements if placements is None else placements)
+
+    # ------------------------------------------------------------------------ printing
+    @property
+    def placements_str(self) -> str:
+        return placements_str(self.placements)
+
+    def __repr__(self) -> str:
+        return f"DistSpec(shape={list(self.shape)}, mesh={self.mesh!r}, placements={list(self.placements)!r})"
+
+    def __str__(self) -> str:
+        return f"{list(self.shape)}@{self.mesh}:{self.placements_str}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "mesh": self.mesh.to_dict(), "placements": self.placements_str}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DistSpec:
+        from mpipar.placement import parse_placements
+
+        return cls(data["shape"], ProcessMesh.from_dict(data["mesh"]), parse_placements(data["placements"]))

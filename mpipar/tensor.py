@@ -1,0 +1,443 @@
+"""Tensors: dense values, and distributed tensors holding the shards of the hosted ranks.
+
+One class serves both, because the seeds mark tensors *in place*
+(``dist.shard_tensor(self.linear1.weight, mesh, [Shard(1)])`` with the result dropped): a
+dense ``Tensor`` becomes distributed by being marked, and a ``Parameter`` stays a
+``Parameter``. ``isinstance(t, DistTensor)`` is true exactly for distributed ones.
+
+Storage
+-------
+* dense: ``_value`` is the whole array, held by every process.
+* distributed: ``_spec`` (global shape, mesh, placements) and ``_shards = {rank: array}``
+  for the ranks this process hosts (all of them in the simulator, one under MPI, none when
+  the process is outside the mesh).
+* under ``--reference`` (one big device): ``_spec`` keeps the placements the script asked
+  for, but ``_value`` holds the whole global array and nothing is ever communicated.
+
+Arrays held by a tensor are read-only; operations build new arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mpipar.backend import current_backend
+from mpipar.mesh import ProcessMesh
+from mpipar.placement import Partial, Placement, Replicate, check_placements
+from mpipar.reshard.executor import execute_plan, freeze
+from mpipar.reshard.planner import plan_reshard
+from mpipar.spec import DistSpec, box_relative
+from mpipar.xp import to_numpy
+
+Array = Any
+
+
+class Shape(tuple):
+    """A tuple of ints that also compares equal to a list (Paddle's ``.shape`` is a list)."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = tuple.__hash__
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+class _DistTensorMeta(type):
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, Tensor) and obj.is_dist
+
+
+class DistTensor(metaclass=_DistTensorMeta):
+    """``isinstance(t, DistTensor)``: ``t`` is a distributed ``Tensor``. Not constructed directly."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("build distributed tensors with dist.shard_tensor(data, mesh, placements)")
+
+
+class Tensor:
+    """A dense or distributed tensor (see the module docstring)."""
+
+    _value: Array | None
+    _spec: DistSpec | None
+    _shards: dict[int, Array]
+
+    def __init__(
+        self,
+        data: Any = None,
+        dtype: Any = None,
+        stop_gradient: bool = True,
+        name: str | None = None,
+    ) -> None:
+        self._spec = None
+        self._shards = {}
+        self._value = None
+        if data is not None:
+            self._value = freeze(_as_array(data, dtype, copy=True))
+            self._dtype = self._value.dtype
+            self._shape = Shape(self._value.shape)
+        else:
+            self._dtype = np.dtype(dtype or np.float32)
+            self._shape = Shape(())
+        self.stop_gradient = stop_gradient
+        self.name = name
+        self.grad: Tensor | None = None
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def _from_shards(
+        cls, spec: DistSpec, shards: Mapping[int, Array], dtype: Any, like: Tensor | None = None
+    ) -> Tensor:
+        t = cls.__new__(cls)
+        Tensor.__init__(t, None, dtype=dtype)
+        t._set_dist(spec, dict(shards), np.dtype(dtype))
+        if like is not None:
+            t.stop_gradient = like.stop_gradient
+        return t
+
+    @classmethod
+    def _from_reference(cls, spec: DistSpec, value: Array) -> Tensor:
+        t = cls.__new__(cls)
+        Tensor.__init__(t, None, dtype=value.dtype)
+        t._spec = spec
+        t._value = freeze(value)
+        t._dtype = value.dtype
+        t._shape = Shape(spec.shape)
+        return t
+
+    def _set_dist(self, spec: DistSpec, shards: dict[int, Array], dtype: np.dtype) -> None:
+        self._spec = spec
+        self._shards = {r: freeze(a) for r, a in shards.items()}
+        self._value = None
+        self._dtype = dtype
+        self._shape = Shape(spec.shape)
+
+    def _take_storage(self, other: Tensor) -> None:
+        """Become ``other``'s value and layout (used by in-place marking)."""
+        self._spec = other._spec
+        self._shards = other._shards
+        self._value = other._value
+        self._dtype = other._dtype
+        self._shape = other._shape
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def shape(self) -> Shape:
+        """The global shape."""
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    def dim(self) -> int:
+        return self.ndim
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self._shape, dtype=np.int64))
+
+    def numel(self) -> int:
+        return self.size
+
+    @property
+    def is_dist(self) -> bool:
+        return self._spec is not None
+
+    def is_dense(self) -> bool:
+        return self._spec is None
+
+    @property
+    def spec(self) -> DistSpec:
+        if self._spec is None:
+            raise ValueError(f"{self._label()} is dense: it has no DistSpec (mark it with dist.shard_tensor)")
+        return self._spec
+
+    @property
+    def process_mesh(self) -> ProcessMesh | None:
+        return self._spec.mesh if self._spec is not None else None
+
+    @property
+    def placements(self) -> list[Placement] | None:
+        return list(self._spec.placements) if self._spec is not None else None
+
+    @property
+    def hosted_ranks(self) -> tuple[int, ...]:
+        """Ranks whose shard this process holds (empty for dense tensors)."""
+        return tuple(self._shards)
+
+    def _label(self) -> str:
+        kind = "DistTensor" if self.is_dist else "Tensor"
+        name = f" {self.name!r}" if self.name else ""
+        return f"{kind}{name} of shape {list(self._shape)}"
+
+    # ------------------------------------------------------------------ values
+    def local_tensor(self, rank: int | None = None) -> Array:
+        """The shard of hosted ``rank`` (this process's only rank when omitted)."""
+        if self._value is not None:  # dense, or one big device under --reference
+            return self._value
+        if rank is None:
+            if len(self._shards) != 1:
+                raise ValueError(
+                    f"{self._label()} has shards of ranks {list(self._shards)} in this process; "
+                    "pass the rank: local_tensor(rank)"
+                )
+            return next(iter(self._shards.values()))
+        try:
+            return self._shards[rank]
+        except KeyError:
+            raise ValueError(
+                f"rank {rank} holds no shard of {self._label()} on {self.spec.mesh} in this process; "
+                f"hosted ranks here: {list(self._shards)}"
+            ) from None
+
+    def _local_value(self) -> Array:
+        return self.local_tensor()
+
+    def full_tensor(self) -> np.ndarray:
+        """The global value as a NumPy array, on every process (a collective under MPI)."""
+        if self._value is not None:
+            return np.array(to_numpy(self._value))
+        spec = self.spec
+        backend = current_backend()
+        replicated = spec.with_placements([Replicate()] * spec.mesh.ndim)
+        shards = execute_plan(plan_reshard(spec, replicated), self._shards, self._dtype, backend)
+        value = next(iter(shards.values())) if shards else None
+        world = backend.world_group()
+        if not set(world) <= set(spec.mesh.process_ids):
+            root = spec.mesh.process_ids[0]
+            hosted = {r: (value if r in shards else None) for r in world if backend.hosts(r)}
+            got = backend.comm.broadcast(world, hosted, root, spec.shape, self._dtype)
+            value = next(iter(got.values()))
+        assert value is not None
+        return np.array(to_numpy(value))
+
+    def numpy(self) -> np.ndarray:
+        return self.full_tensor()
+
+    def item(self) -> Any:
+        value = self.full_tensor()
+        if value.size != 1:
+            raise ValueError(f"item() needs a tensor with one element; {self._label()} has {value.size}")
+        return value.reshape(()).item()
+
+    def tolist(self) -> Any:
+        return self.full_tensor().tolist()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        value = self.full_tensor()
+        return value.astype(dtype) if dtype is not None else value
+
+    def __format__(self, spec: str) -> str:
+        if spec and self.size == 1:
+            return format(self.item(), spec)
+        return repr(self) if not spec else format(str(self), spec)
+
+    def __repr__(self) -> str:
+        if self._spec is not None:
+            return (
+                f"DistTensor(shape={list(self._shape)}, dtype={self._dtype}, mesh={self._spec.mesh}, "
+                f"placements={list(self._spec.placements)!r})"
+            )
+        return f"Tensor(shape={list(self._shape)}, dtype={self._dtype}, value={np.asarray(to_numpy(self._value))!r})"
+
+
+class Parameter(Tensor):
+    """A trainable tensor (``stop_gradient`` False). Marking it keeps it a Parameter."""
+
+    def __init__(self, data: Any = None, dtype: Any = None, name: str | None = None, trainable: bool = True) -> None:
+        super().__init__(data, dtype=dtype, stop_gradient=not trainable, name=name)
+
+    @property
+    def trainable(self) -> bool:
+        return not self.stop_gradient
+
+    @trainable.setter
+    def trainable(self, value: bool) -> None:
+        self.stop_gradient = not value
+
+
+# ======================================================================== marking & resharding
+def _as_array(data: Any, dtype: Any, copy: bool) -> np.ndarray:
+    if isinstance(data, Tensor):
+        data = data.full_tensor()
+    try:
+        arr = np.array(data, dtype=dtype, copy=copy) if copy else np.asarray(data, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"cannot make a tensor from {type(data).__name__}: {exc}") from None
+    if arr.dtype == object:
+        raise TypeError(f"cannot make a tensor from {data!r}: it is not a rectangular numeric array")
+    return arr
+
+
+def _shards_from_global(spec: DistSpec, value: np.ndarray) -> dict[int, Array]:
+    """Cut the hosted shards of ``spec`` out of the global ``value`` (no communication)."""
+    backend = current_backend()
+    xp = backend.xp
+    no_partial = spec.with_placements([Replicate() if isinstance(p, Partial) else p for p in spec.placements])
+    full = tuple((0, n) for n in spec.shape)
+    source = freeze(xp.asarray(value))
+    shards = {r: source[box_relative(no_partial.boxes[r], full)] for r in backend.hosted_ranks(spec.mesh)}
+    if no_partial == spec:
+        return shards
+    # Replicate -> Partial is local: the planner's partial steps split the value exactly.
+    return execute_plan(plan_reshard(no_partial, spec), shards, value.dtype, backend)
+
+
+def shard_tensor(
+    data: Any,
+    mesh: ProcessMesh,
+    placements: Sequence[Placement],
+    dtype: Any = None,
+    stop_gradient: bool | None = None,
+) -> Tensor:
+    """Distribute ``data`` over ``mesh`` with ``placements`` (one per mesh axis).
+
+    ``data`` is a NumPy array, a nested list or a ``Tensor``. A ``Tensor`` is marked in place
+    (and returned): it keeps its identity, so a ``Parameter`` stays a ``Parameter`` and the
+    seeds' ``dist.shard_tensor(x, mesh, [dist.Shard(0)])`` without assignment works. A
+    distributed tensor is resharded to the new layout. Partial placements split the value so
+    that reducing the shards gives it back (sum: the first rank of the axis holds it, the
+    others zero; avg, max, min: every rank holds it).
+    """
+    if not isinstance(mesh, ProcessMesh):
+        raise TypeError(f"shard_tensor mesh must be a dist.ProcessMesh, got {type(mesh).__name__}")
+    pls = check_placements(placements, "shard_tensor placements")
+    backend = current_backend()
+    if isinstance(data, Tensor):
+        target = data
+        if dtype is not None and np.dtype(dtype) != data.dtype:
+            raise ValueError(
+                f"shard_tensor marks {data._label()} in place and cannot change its dtype "
+                f"{data.dtype} to {np.dtype(dtype)}; cast it first"
+            )
+        spec = DistSpec(data.shape, mesh, pls)
+        if data.is_dist:
+            target._take_storage(reshard(data, mesh, pls))
+        elif backend.reference:
+            target._take_storage(Tensor._from_reference(spec, data._value))
+        else:
+            target._set_dist(spec, _shards_from_global(spec, data._value), data.dtype)
+    else:
+        value = _as_array(data, dtype, copy=True)
+        spec = DistSpec(value.shape, mesh, pls)
+        if backend.reference:
+            target = Tensor._from_reference(spec, value)
+        else:
+            target = Tensor._from_shards(spec, _shards_from_global(spec, value), value.dtype)
+    if stop_gradient is not None:
+        target.stop_gradient = stop_gradient
+    return target
+
+
+def reshard(tensor: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) -> Tensor:
+    """A new tensor with ``tensor``'s value laid out as ``placements`` on ``mesh``.
+
+    Same mesh or another one (other processes, other shape), any placements, uneven sizes.
+    A dense tensor is distributed (every process holds its value, so no communication).
+    """
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"reshard needs a dist tensor, got {type(tensor).__name__}")
+    if not isinstance(mesh, ProcessMesh):
+        raise TypeError(f"reshard mesh must be a dist.ProcessMesh, got {type(mesh).__name__}")
+    pls = check_placements(placements, "reshard placements")
+    dst = DistSpec(tensor.shape, mesh, pls)
+    backend = current_backend()
+    if backend.reference:
+        assert tensor._value is not None
+        out = Tensor._from_reference(dst, tensor._value)
+    elif not tensor.is_dist:
+        out = Tensor._from_shards(dst, _shards_from_global(dst, np.asarray(tensor._value)), tensor.dtype)
+    else:
+        plan = plan_reshard(tensor.spec, dst)
+        shards = execute_plan(plan, tensor._shards, tensor.dtype, backend)
+        out = Tensor._from_shards(dst, shards, tensor.dtype)
+    out.stop_gradient = tensor.stop_gradient
+    return out
+
+
+def dtensor_from_local(
+    local: Array | Mapping[int, Array] | Callable[[int], Array],
+    mesh: ProcessMesh,
+    placements: Sequence[Placement],
+    shape: Sequence[int] | None = None,
+) -> Tensor:
+    """Assemble a distributed tensor from its local shards, without communication.
+
+    ``local``: the shard of this process's rank (under MPI), a ``{rank: array}`` dict
+    covering the hosted ranks, or a function ``rank -> array``. ``shape`` is the global
+    shape; when omitted, every Shard is assumed even (local size x ranks). Each shard must
+    have exactly the shape the chunking rule gives its rank.
+    """
+    pls = check_placements(placements, "dtensor_from_local placements")
+    backend = current_backend()
+    hosted = backend.hosted_ranks(mesh)
+    if callable(local) and not hasattr(local, "shape"):
+        given = {r: local(r) for r in hosted}
+    elif isinstance(local, Mapping):
+        missing = [r for r in hosted if r not in local]
+        if missing:
+            raise ValueError(f"dtensor_from_local: no shard given for hosted rank(s) {missing} of {mesh}")
+        given = {r: local[r] for r in hosted}
+    else:
+        given = {r: local for r in hosted}
+    arrays = {r: np.asarray(a) if not hasattr(a, "__cuda_array_interface__") else a for r, a in given.items()}
+    if shape is None:
+        if not arrays:
+            raise ValueError("dtensor_from_local needs shape= when this process hosts no rank of the mesh")
+        sample = next(iter(arrays.values()))
+        guess = list(sample.shape)
+        for a, p in enumerate(pls):
+            if p.is_shard():
+                guess[p.dim] *= mesh.shape[a]  # type: ignore[attr-defined]
+        shape = guess
+    spec = DistSpec(shape, mesh, pls)
+    dtype = None
+    for r, a in arrays.items():
+        expected = spec.local_shape(r)
+        if tuple(a.shape) != expected:
+            raise ValueError(
+                f"dtensor_from_local: the shard of rank {r} has shape {list(a.shape)}, but global shape "
+                f"{list(spec.shape)} with placements {spec.placements_str} on {mesh} gives rank {r} "
+                f"a shard of shape {list(expected)} (chunking rule: first n % k chunks one longer)"
+            )
+        if dtype is None:
+            dtype = a.dtype
+        elif a.dtype != dtype:
+            raise ValueError(f"dtensor_from_local: shards have different dtypes {dtype} and {a.dtype} (rank {r})")
+    if backend.reference:
+        raise ValueError("dtensor_from_local builds from per-rank shards, which --reference mode does not have")
+    return Tensor._from_shards(spec, {r: np.array(a) for r, a in arrays.items()}, dtype or np.float32)
+
+
+def to_tensor(data: Any, dtype: Any = None, stop_gradient: bool = True) -> Tensor:
+    """A dense tensor (Paddle's ``paddle.to_tensor``)."""
+    return Tensor(data, dtype=dtype, stop_gradient=stop_gradient)

@@ -1,0 +1,36 @@
+"""``python -m simulator``: run a script on virtual ranks, or as the one-big-device reference.
+
+    python -m simulator -n 8 train.py [args]     # a world of 8 virtual ranks, one process
+    python -m simulator --reference train.py     # one big device: no placement, no communication
+    python -m simulator train.py                 # every rank of every mesh the script builds
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from simulator.backend import ReferenceBackend, SimBackend
+from simulator.launch import run_script
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m simulator",
+        description="Run an mpipar script on virtual ranks in one process, or as one big device.",
+    )
+    parser.add_argument("-n", "--nprocs", type=int, default=None, help="size of the virtual world")
+    parser.add_argument(
+        "--reference", action="store_true", help="run as one big device (the equivalence oracle)"
+    )
+    parser.add_argument("script", help="the Python script to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    ns = parser.parse_args(argv)
+    if ns.nprocs is not None and ns.nprocs < 1:
+        parser.error(f"-n must be at least 1, got {ns.nprocs}")
+    backend = ReferenceBackend(ns.nprocs) if ns.reference else SimBackend(ns.nprocs)
+    run_script(ns.script, ns.args, backend)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

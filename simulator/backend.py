@@ -1,0 +1,68 @@
+"""The simulator's backends: virtual ranks in one process, and the one-big-device reference.
+
+Registered with mpipar through the ``mpipar.backends`` entry point (see ``pyproject.toml``),
+so ``mpipar`` never imports this package by name.
+"""
+
+from __future__ import annotations
+
+from mpipar.backend import Backend, register_backend
+from mpipar.comm import Communicator, NoCommunicator
+from mpipar.mesh import ProcessMesh
+from simulator.virtual_comm import VirtualCommunicator
+
+
+class SimBackend(Backend):
+    """Hosts every rank of every mesh. ``world_size=None`` grows the world with the meshes built."""
+
+    name = "sim"
+
+    def __init__(self, world_size: int | None = None) -> None:
+        if world_size is not None and world_size < 1:
+            raise ValueError(f"the simulator needs at least one rank, got -n {world_size}")
+        self._fixed = world_size
+        self._seen = 0
+        self._comm: Communicator = VirtualCommunicator()
+
+    @property
+    def comm(self) -> Communicator:
+        return self._comm
+
+    def hosted_ranks(self, mesh: ProcessMesh) -> tuple[int, ...]:
+        return tuple(mesh.process_ids)
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return self._fixed if self._fixed is not None else max(self._seen, 1)
+
+    def validate_mesh(self, mesh: ProcessMesh) -> None:
+        if self._fixed is not None:
+            super().validate_mesh(mesh)
+        self._seen = max(self._seen, max(mesh.process_ids) + 1)
+
+    def describe(self) -> str:
+        size = self._fixed if self._fixed is not None else "grows with the meshes"
+        return f"simulator, every rank in this process (world size {size})"
+
+
+class ReferenceBackend(SimBackend):
+    """One big device: tensors are dense, placements are kept as labels only, nothing moves."""
+
+    name = "reference"
+    reference = True
+
+    def __init__(self, world_size: int | None = None) -> None:
+        super().__init__(world_size)
+        self._comm = NoCommunicator()
+
+    def describe(self) -> str:
+        return "reference: one big device, no communication"
+
+
+def register() -> None:
+    register_backend("sim", SimBackend)
+    register_backend("reference", ReferenceBackend)
