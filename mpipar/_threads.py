@@ -28,7 +28,7 @@ def limit_loaded_blas() -> None:
     if not under_mpi_launcher():
         return
     try:
-        from threadpoolctl import threadpool_limits  # noqa: PLC0415
+        from threadpoolctl import threadpool_limits
     except ImportError:
         return
     threadpool_limits(limits=1)

@@ -22,7 +22,7 @@ import numpy as np
 class ProcessMesh:
     """An N-d mesh of process ids. Equality and hash are by value (shape, ids, names)."""
 
-    __slots__ = ("_ids", "_dim_names", "__dict__")
+    __slots__ = ("__dict__", "_dim_names", "_ids")
 
     def __init__(self, mesh: Any, dim_names: Sequence[str] | None = None) -> None:
         if isinstance(mesh, ProcessMesh):
@@ -130,7 +130,7 @@ class ProcessMesh:
         """The ranks along mesh ``axis`` through ``rank`` (in axis order)."""
         a = self.axis_index(axis)
         coord = list(self.coordinate(rank))
-        return tuple(self.rank_at(coord[:a] + [i] + coord[a + 1 :]) for i in range(self.shape[a]))
+        return tuple(self.rank_at([*coord[:a], i, *coord[a + 1 :]]) for i in range(self.shape[a]))
 
     def groups(self, axes: Sequence[int]) -> list[tuple[int, ...]]:
         """Partition the mesh into the rank groups spanned by ``axes``.

@@ -292,7 +292,9 @@ def _as_array(data: Any, dtype: Any, copy: bool) -> np.ndarray:
     try:
         arr = np.array(data, dtype=dtype, copy=copy) if copy else np.asarray(data, dtype=dtype)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"cannot make a tensor from {type(data).__name__}: {exc}") from None
+        raise TypeError(
+            f"cannot make a tensor from {type(data).__name__}: it is not a rectangular numeric array ({exc})"
+        ) from None
     if arr.dtype == object:
         raise TypeError(f"cannot make a tensor from {data!r}: it is not a rectangular numeric array")
     return arr
@@ -310,6 +312,14 @@ def _shards_from_global(spec: DistSpec, value: np.ndarray) -> dict[int, Array]:
         return shards
     # Replicate -> Partial is local: the planner's partial steps split the value exactly.
     return execute_plan(plan_reshard(no_partial, spec), shards, value.dtype, backend)
+
+
+def _spec_for(what: str, shape: Sequence[int], mesh: ProcessMesh, placements: list[Placement]) -> DistSpec:
+    """Build a spec, prefixing any error with the tensor it was meant for."""
+    try:
+        return DistSpec(shape, mesh, placements)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
 
 
 def shard_tensor(
@@ -339,7 +349,7 @@ def shard_tensor(
                 f"shard_tensor marks {data._label()} in place and cannot change its dtype "
                 f"{data.dtype} to {np.dtype(dtype)}; cast it first"
             )
-        spec = DistSpec(data.shape, mesh, pls)
+        spec = _spec_for(f"shard_tensor of {data._label()}", data.shape, mesh, pls)
         if data.is_dist:
             target._take_storage(reshard(data, mesh, pls))
         elif backend.reference:
@@ -348,7 +358,7 @@ def shard_tensor(
             target._set_dist(spec, _shards_from_global(spec, data._value), data.dtype)
     else:
         value = _as_array(data, dtype, copy=True)
-        spec = DistSpec(value.shape, mesh, pls)
+        spec = _spec_for(f"shard_tensor of an array of shape {list(value.shape)}", value.shape, mesh, pls)
         if backend.reference:
             target = Tensor._from_reference(spec, value)
         else:
@@ -369,7 +379,7 @@ def reshard(tensor: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) 
     if not isinstance(mesh, ProcessMesh):
         raise TypeError(f"reshard mesh must be a dist.ProcessMesh, got {type(mesh).__name__}")
     pls = check_placements(placements, "reshard placements")
-    dst = DistSpec(tensor.shape, mesh, pls)
+    dst = _spec_for(f"reshard of {tensor._label()}", tensor.shape, mesh, pls)
     backend = current_backend()
     if backend.reference:
         assert tensor._value is not None

@@ -16,7 +16,7 @@ import numpy as np
 def cuda_usable() -> bool:
     """True when CuPy imports and sees at least one CUDA device."""
     try:
-        import cupy  # noqa: PLC0415 - optional, GPU-only dependency
+        import cupy
 
         return bool(cupy.cuda.is_available()) and cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # any import or driver failure means: no usable GPU
@@ -29,7 +29,7 @@ def array_module(array: Any) -> Any:
         return np
     mod = type(array).__module__.split(".", 1)[0]
     if mod == "cupy":
-        import cupy  # noqa: PLC0415
+        import cupy
 
         return cupy
     return np

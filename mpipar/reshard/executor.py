@@ -16,8 +16,8 @@ import numpy as np
 
 from mpipar.backend import Backend
 from mpipar.comm import PointToPoint, comm_context
-from mpipar.reshard.planner import ReshardPlan, ReshardStep
 from mpipar.placement import Replicate, Shard
+from mpipar.reshard.planner import ReshardPlan, ReshardStep
 from mpipar.spec import Box, box_intersect, box_relative, box_shape
 
 Array = Any

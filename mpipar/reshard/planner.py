@@ -185,6 +185,12 @@ def _legal(shape: tuple[int, ...], before: State, after: State, group: Sequence[
     return True
 
 
+def _partials_commute(state: State) -> bool:
+    """Intermediate states obey the spec rule: only sum and avg partials may mix."""
+    ops = {p.reduce_type for p in state if isinstance(p, Partial)}
+    return len(ops) <= 1 or ops <= {"sum", "avg"}
+
+
 def _active_axes(shape: tuple[int, ...], src: State, dst: State) -> tuple[int, ...]:
     active = {a for a in range(len(src)) if src[a] != dst[a]}
     changed = True
@@ -238,12 +244,11 @@ def _moves(
                 for a in group:
                     nxt[a] = dst[a]
                 yield "all_to_all", group, tuple(nxt), None
-        elif all(isinstance(p, Replicate) for p in ps):
-            if all(isinstance(dst[a], Shard) for a in group):
-                nxt = list(state)
-                for a in group:
-                    nxt[a] = dst[a]
-                yield "slice", group, tuple(nxt), None
+        elif all(isinstance(p, Replicate) for p in ps) and all(isinstance(dst[a], Shard) for a in group):
+            nxt = list(state)
+            for a in group:
+                nxt[a] = dst[a]
+            yield "slice", group, tuple(nxt), None
     for a in active:
         if isinstance(dst[a], Partial) and isinstance(state[a], (Replicate, Shard)):
             nxt = list(state)
@@ -293,7 +298,7 @@ def _plan_same_mesh(src: DistSpec, dst: DistSpec) -> tuple[ReshardStep, ...]:
             continue
         before = DistSpec(shape, mesh, state)
         for kind, group, nxt, op in _moves(shape, state, goal, active):
-            if not _legal(shape, state, nxt, group):
+            if not _legal(shape, state, nxt, group) or not _partials_commute(nxt):
                 continue
             after = DistSpec(shape, mesh, nxt)
             recv = _recv_elems(kind, before, after, group)
