@@ -284,21 +284,48 @@ def _check_op(op: str) -> None:
         raise ValueError(f"reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
 
 
+_BLOCK_ELEMS = 1 << 15  # 128-256 KiB per operand block: all operands of a block stay in cache
+
+
 def reduce_arrays(arrays: Sequence[Array], op: str, xp: Any = np) -> Array:
-    """Reduce in the given (group) order: the one summation order every backend uses."""
-    acc = arrays[0].copy()
+    """Reduce in the given (group) order: the one summation order every backend uses.
+
+    Element ``i`` of the result is always ``((a0[i] + a1[i]) + a2[i]) + ...`` (or the max/min
+    chain), however the work is split. Large contiguous NumPy inputs are reduced block by
+    block so each input is read once from memory instead of once per partial sum.
+    """
+    first = arrays[0]
+    if (
+        xp is np
+        and len(arrays) > 2
+        and first.size > 4 * _BLOCK_ELEMS
+        and all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
+    ):
+        flat = [a.reshape(-1) for a in arrays]
+        out = np.empty_like(flat[0])
+        for start in range(0, out.size, _BLOCK_ELEMS):
+            block = slice(start, start + _BLOCK_ELEMS)
+            _reduce_into(out[block], [f[block] for f in flat], op, len(arrays), xp)
+        return out.reshape(first.shape)
+    out = first.copy()
+    _reduce_into(out, arrays, op, len(arrays), xp, first_copied=True)
+    return out
+
+
+def _reduce_into(out: Array, arrays: Sequence[Array], op: str, count: int, xp: Any, first_copied: bool = False) -> None:
+    if not first_copied:
+        out[...] = arrays[0]
     if op in ("sum", "avg"):
         for a in arrays[1:]:
-            acc += a
+            out += a
         if op == "avg":
-            if np.issubdtype(acc.dtype, np.integer):
-                acc //= len(arrays)
+            if np.issubdtype(out.dtype, np.integer):
+                out //= count
             else:
-                acc /= acc.dtype.type(len(arrays))
+                out /= out.dtype.type(count)
     elif op == "max":
         for a in arrays[1:]:
-            xp.maximum(acc, a, out=acc)
+            xp.maximum(out, a, out=out)
     else:
         for a in arrays[1:]:
-            xp.minimum(acc, a, out=acc)
-    return acc
+            xp.minimum(out, a, out=out)
