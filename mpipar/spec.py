@@ -66,9 +66,13 @@ def box_intersect(a: Box, b: Box) -> Box | None:
     return tuple(out)
 
 
-def box_relative(inner: Box, outer: Box) -> tuple[slice, ...]:
-    """Slices that cut ``inner`` out of an array holding ``outer``."""
-    return tuple(slice(s - os, e - os) for (s, e), (os, _) in zip(inner, outer, strict=True))
+def box_relative(inner: Box, outer: Box) -> tuple[Any, ...]:
+    """The index that cuts ``inner`` out of an array holding ``outer``.
+
+    For 0-d tensors this is ``(...,)``: indexing with ``()`` would return a NumPy scalar
+    instead of a 0-d array view.
+    """
+    return tuple(slice(s - os, e - os) for (s, e), (os, _) in zip(inner, outer, strict=True)) or (Ellipsis,)
 
 
 def full_box(shape: Sequence[int]) -> Box:

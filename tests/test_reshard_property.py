@@ -28,7 +28,7 @@ def _check(src: dist.DistSpec, dst: dist.DistSpec, seed: int) -> None:
     np.testing.assert_allclose(out.full_tensor(), expected, rtol=1e-12, atol=1e-12)
 
 
-@settings(max_examples=300)
+@settings(max_examples=600)
 @given(st.data(), tensor_shapes, st.integers(0, 2**31 - 1))
 def test_same_mesh(data: st.DataObject, shape: list[int], seed: int) -> None:
     mesh = data.draw(meshes())
@@ -37,7 +37,7 @@ def test_same_mesh(data: st.DataObject, shape: list[int], seed: int) -> None:
     _check(src, dst, seed)
 
 
-@settings(max_examples=200)
+@settings(max_examples=400)
 @given(st.data(), tensor_shapes, st.integers(0, 2**31 - 1))
 def test_cross_mesh(data: st.DataObject, shape: list[int], seed: int) -> None:
     mesh0 = data.draw(meshes())
