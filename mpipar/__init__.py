@@ -13,6 +13,7 @@ Run the same script with ``python script.py`` (simulator, every rank in-process)
 
 from mpipar import _threads  # noqa: F401  (first: caps BLAS threads under MPI before NumPy loads)
 from mpipar.backend import current_backend, get_rank, get_world_size, set_backend, use_backend
+from mpipar.checkpoint import load_state_dict, save_state_dict
 from mpipar.comm import CommEvent, comm_context
 from mpipar.debug import CommDebugMode
 from mpipar.mesh import ProcessMesh
@@ -45,9 +46,11 @@ __all__ = [
     "dtensor_from_local",
     "get_rank",
     "get_world_size",
+    "load_state_dict",
     "parse_placements",
     "plan_reshard",
     "reshard",
+    "save_state_dict",
     "set_backend",
     "shard_tensor",
     "to_tensor",

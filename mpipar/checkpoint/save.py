@@ -1,0 +1,290 @@
+"""``save_state_dict``: each rank writes the chunks it owns; the metadata goes last; then one rename.
+
+Protocol (every rank calls it; ``Coordinator.agree`` after each step that can fail on one rank)::
+
+    1. flatten the state, check the target path        agree; all_gather a digest of the layout
+    2. reduce Partial tensors (reshard, collective)     so stored values are the global ones
+    3. leader: pick the token, create P.partial-<token> agree (also the barrier before writing)
+    4. every rank: write and fsync rank<r>.safetensors  agree; all_gather the chunk checksums
+    5. leader: metadata.json (tmp, fsync, rename), fsync the directory, then
+       rename P -> P.replaced-<token> (if P exists), P.partial-<token> -> P, fsync the parent,
+       delete P.replaced-<token>                       agree: the save returns on every rank
+                                                        only once the checkpoint is in place
+
+An interrupted save leaves ``P`` untouched (or, killed between the two renames of step 5, the
+previous checkpoint intact at ``P.replaced-<token>``); the partial directory has no metadata and
+``load_state_dict`` refuses it, saying so. Under MPI every rank writes into the same temporary
+directory: the checkpoint path must be on a filesystem all ranks share (NFS, Lustre, GPFS, or
+one node's local disk).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mpipar.backend import current_backend
+from mpipar.checkpoint.coord import Coordinator
+from mpipar.checkpoint.format import (
+    CHECKSUM,
+    FORMAT,
+    METADATA,
+    PARTIAL_TAG,
+    REPLACED_TAG,
+    VERSION,
+    CheckpointError,
+    FileEntry,
+    as_le_bytes,
+    build_header,
+    byte_view,
+    checksum,
+    dump_metadata,
+    fsync_dir,
+    st_dtype,
+    write_file_durably,
+)
+from mpipar.checkpoint.layout import (
+    PIECE_BYTES,
+    FilePlan,
+    Leaf,
+    Piece,
+    flatten_state,
+    plan_chunks,
+    unpartial_placements,
+)
+from mpipar.checkpoint.stats import note_write
+from mpipar.spec import box_relative
+from mpipar.tensor import Tensor, reshard
+from mpipar.xp import to_numpy
+
+after_file_written: list[Callable[[str], None]] = []
+"""Called with each data file's path once it is written and fsynced (tests pause a save here)."""
+
+
+def save_state_dict(state_dict: dict[str, Any], path: str | os.PathLike[str], *, piece_bytes: int = PIECE_BYTES) -> None:
+    """Save ``state_dict`` to the directory ``path`` (a collective: every process calls it).
+
+    ``state_dict`` is a (nested) dict of names to distributed or dense ``Tensor``s, NumPy
+    arrays and JSON-able values (ints, floats, strings, bools, None, lists, dicts). Each rank
+    writes only the chunks it owns; replicas are written once; Partial tensors are reduced
+    first. The save is atomic: ``path`` holds either the previous checkpoint or the new one.
+    ``piece_bytes`` caps the size of one stored chunk (larger boxes are cut into row slabs).
+    """
+    backend = current_backend()
+    if backend.shape_only:
+        raise ValueError("save_state_dict: tensors in shape-only mode carry no data; run with data to save")
+    if not isinstance(piece_bytes, int) or piece_bytes < 1:
+        raise ValueError(f"save_state_dict piece_bytes must be a positive int, got {piece_bytes!r}")
+    target = os.path.abspath(os.fspath(path))
+    what = f"checkpoint save to {target}"
+    coord = Coordinator(backend, what)
+
+    # 1. flatten and check: every rank must describe the same state.
+    error: BaseException | None = None
+    digest = 0
+    try:
+        structure, leaves = flatten_state(state_dict)
+        _check_target(target)
+        digest = checksum(_layout_description(leaves).encode("utf-8"))
+    except Exception as exc:
+        error = exc
+    coord.raise_if_failed(error, what)
+    digests = coord.gather({r: np.array([digest], dtype=np.int64) for r in coord.hosted}, np.int64)
+    differing = [r for r, d in zip(coord.world, digests, strict=True) if int(d[0]) != int(digests[0][0])]
+    if differing:
+        raise ValueError(
+            f"{what}: ranks {differing} pass a state dict whose names, shapes, dtypes or layouts differ from "
+            f"rank {coord.world[0]}'s; every rank must pass the same state dict (the same script builds it)"
+        )
+
+    # 2. reduce Partial tensors (a collective on each tensor's mesh), in name order on every rank.
+    stored: dict[str, Tensor | np.ndarray] = {}
+    for leaf in sorted(leaves, key=lambda lf: lf.name):
+        stored[leaf.name] = leaf.value
+        if leaf.kind == "dist":
+            assert leaf.spec is not None
+            leaf.stored_spec = leaf.spec
+            if leaf.spec.is_partial and not backend.reference:
+                pls = unpartial_placements(leaf.spec)
+                stored[leaf.name] = reshard(leaf.value, leaf.spec.mesh, pls)
+                leaf.stored_spec = leaf.spec.with_placements(pls)
+    pieces, files = plan_chunks(leaves, coord.world, backend.reference, piece_bytes)
+
+    # 3. the temporary directory, created by the leader before anyone writes into it.
+    token = coord.token()
+    tmp = f"{target}{PARTIAL_TAG}{token:016x}"
+    try:
+        if coord.is_leader:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            _remove_stale_partials(target)
+            os.mkdir(tmp)
+    except Exception as exc:
+        error = exc
+    coord.raise_if_failed(error, what)
+
+    # 4. every rank writes its own file.
+    crcs: dict[int, list[int]] = {}
+    try:
+        for rank, plan in files.items():
+            if rank in coord.hosted:
+                crcs[rank] = _write_file(tmp, plan, stored, backend.reference)
+                for hook in after_file_written:
+                    hook(os.path.join(tmp, plan.name))
+    except Exception as exc:
+        error = exc
+    _fail_and_clean(coord, error, what, tmp)
+    gathered = coord.gather({r: np.array(crcs.get(r, []), dtype=np.int64) for r in coord.hosted}, np.int64)
+    crc_of = {r: [int(c) for c in g] for r, g in zip(coord.world, gathered, strict=True)}
+
+    # 5. the leader writes the metadata last, then puts the directory in place.
+    try:
+        if coord.is_leader:
+            meta = _metadata(leaves, pieces, files, crc_of, structure, coord, backend.name)
+            _commit(target, tmp, token, meta)
+    except Exception as exc:
+        error = exc
+    _fail_and_clean(coord, error, what, tmp)
+
+
+def _fail_and_clean(coord: Coordinator, error: BaseException | None, what: str, tmp: str) -> None:
+    failures = coord.agree(error)
+    if not failures:
+        return
+    if coord.is_leader:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if error is not None:
+        raise error
+    rank, msg = failures[0]
+    raise CheckpointError(f"{what} failed on rank {rank}: {msg}")
+
+
+def _check_target(target: str) -> None:
+    if os.path.exists(target):
+        if not os.path.isdir(target):
+            raise ValueError(f"checkpoint path {target} exists and is not a directory; choose another path")
+        if os.listdir(target) and not os.path.exists(os.path.join(target, METADATA)):
+            raise ValueError(
+                f"checkpoint path {target} is a non-empty directory without {METADATA}, so not an mpipar "
+                "checkpoint; refusing to replace it (choose another path or empty it)"
+            )
+
+
+def _remove_stale_partials(target: str) -> None:
+    """Delete incomplete directories (no metadata) left by earlier interrupted saves to ``target``."""
+    parent, base = os.path.split(target)
+    for entry in os.listdir(parent):
+        full = os.path.join(parent, entry)
+        if entry.startswith(base + PARTIAL_TAG) and not os.path.exists(os.path.join(full, METADATA)):
+            shutil.rmtree(full, ignore_errors=True)
+
+
+def _layout_description(leaves: list[Leaf]) -> str:
+    rows = []
+    for leaf in sorted(leaves, key=lambda lf: lf.name):
+        spec = str(leaf.spec) if leaf.spec is not None else ""
+        rows.append(f"{leaf.name}|{leaf.kind}|{list(leaf.shape)}|{leaf.dtype.name}|{spec}")
+    return "\n".join(rows)
+
+
+def _piece_array(value: Tensor | np.ndarray, piece: Piece, reference: bool) -> np.ndarray:
+    if isinstance(value, Tensor):
+        local = value.local_tensor(piece.owner) if value.is_dist and not reference else value.local_tensor()
+    else:
+        local = value
+    return as_le_bytes(to_numpy(local)[box_relative(piece.box, piece.cell)])
+
+
+def _write_file(tmp: str, plan: FilePlan, stored: dict[str, Any], reference: bool) -> list[int]:
+    """Write one rank's file (header, then each piece straight from its buffer); its CRCs in order."""
+    arrays = [_piece_array(stored[p.name], p, reference) for p in plan.pieces]
+    entries = [
+        FileEntry(p.key, st_dtype(a.dtype, f"tensor {p.name!r}"), a.shape, start, stop)
+        for p, a, (start, stop) in zip(plan.pieces, arrays, plan.offsets, strict=True)
+    ]
+    header = build_header(entries, {"format": FORMAT, "rank": str(plan.rank)})
+    crcs: list[int] = []
+
+    def chunks() -> Any:
+        yield header
+        for a in arrays:
+            view = byte_view(a)
+            crcs.append(checksum(view))
+            yield view
+
+    path = os.path.join(tmp, plan.name)
+    write_file_durably(path, chunks())
+    note_write(path, len(header) + sum(a.nbytes for a in arrays))
+    return crcs
+
+
+def _metadata(
+    leaves: list[Leaf],
+    pieces: dict[str, list[Piece]],
+    files: dict[int, FilePlan],
+    crc_of: dict[int, list[int]],
+    structure: dict[str, Any],
+    coord: Coordinator,
+    backend_name: str,
+) -> dict[str, Any]:
+    from mpipar import __version__
+
+    crc_by_key: dict[str, int] = {}
+    for rank, plan in files.items():
+        if len(crc_of[rank]) != len(plan.pieces):
+            raise CheckpointError(
+                f"rank {rank} reported {len(crc_of[rank])} checksums for the {len(plan.pieces)} chunks of "
+                f"{plan.name}; the ranks disagree on the layout"
+            )
+        crc_by_key.update({p.key: c for p, c in zip(plan.pieces, crc_of[rank], strict=True)})
+    tensors: dict[str, Any] = {}
+    for leaf in leaves:
+        spec, stored = leaf.spec, leaf.stored_spec
+        tensors[leaf.name] = {
+            "kind": leaf.kind,
+            "shape": list(leaf.shape),
+            "dtype": leaf.dtype.name,
+            "mesh": spec.mesh.to_dict() if spec is not None else None,
+            "placements": spec.placements_str if spec is not None else None,
+            "stored_placements": stored.placements_str if stored is not None else None,
+            "chunks": [
+                {
+                    "file": files[p.owner].name,
+                    "key": p.key,
+                    "box": [list(r) for r in p.box],
+                    "nbytes": p.nbytes,
+                    CHECKSUM: crc_by_key[p.key],
+                }
+                for p in pieces[leaf.name]
+            ],
+        }
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "checksum": CHECKSUM,
+        "mpipar_version": __version__,
+        "backend": backend_name,
+        "world_size": len(coord.world),
+        "files": [plan.name for plan in files.values()],
+        "tensors": tensors,
+        "state": structure,
+    }
+
+
+def _commit(target: str, tmp: str, token: int, meta: dict[str, Any]) -> None:
+    meta_tmp = os.path.join(tmp, METADATA + ".tmp")
+    write_file_durably(meta_tmp, [dump_metadata(meta)])
+    os.replace(meta_tmp, os.path.join(tmp, METADATA))
+    fsync_dir(tmp)
+    aside = None
+    if os.path.exists(target):
+        aside = f"{target}{REPLACED_TAG}{token:016x}"
+        os.rename(target, aside)
+    os.rename(tmp, target)
+    fsync_dir(os.path.dirname(target))
+    if aside is not None:
+        shutil.rmtree(aside)
+
