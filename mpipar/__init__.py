@@ -19,6 +19,7 @@ from mpipar.debug import CommDebugMode
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import Partial, Placement, ReduceType, Replicate, Shard, parse_placements
 from mpipar.reshard import ReshardPlan, ReshardStep, plan_reshard
+from mpipar.runtime.log import print_once
 from mpipar.spec import DistSpec, chunk_range
 from mpipar.tensor import DistTensor, Parameter, Shape, Tensor, dtensor_from_local, reshard, shard_tensor, to_tensor
 
@@ -49,6 +50,7 @@ __all__ = [
     "load_state_dict",
     "parse_placements",
     "plan_reshard",
+    "print_once",
     "reshard",
     "save_state_dict",
     "set_backend",

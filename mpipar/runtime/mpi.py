@@ -1,0 +1,317 @@
+"""The MPI backend: one process per rank, NumPy shards, mpi4py buffer methods.
+
+    mpiexec -n 8 python examples/seed_reshard.py          # chosen automatically under mpiexec
+    MPIPAR_BACKEND=mpi mpiexec -n 8 python train.py       # forced (e.g. on a GPU machine)
+
+* ``MPIBackend``: this process hosts exactly one rank, ``MPI.COMM_WORLD``'s; a mesh's hosted
+  ranks are ``(rank,)`` when the mesh contains it, ``()`` otherwise.
+* ``MPICommunicator``: the collectives of ``mpipar.runtime.ordered`` (reductions local and
+  in group order, so results are bit-identical to the simulator's) over non-blocking
+  mpi4py *buffer* calls (``Ialltoallv``, ``Iallgatherv``, ``Igatherv``, ``Ibcast``,
+  ``Ibarrier``); never the pickle-based lowercase methods.
+
+Design choices
+--------------
+* **Sub-communicators**: one per rank group, created on first use with
+  ``MPI_Comm_create_group`` (collective over the group's members only, so ranks outside
+  the group are not involved) and cached; member ``i`` of the group is rank ``i`` of its
+  communicator, so group order is member order.
+* **Uneven buffers**: the v-variants with exact per-member counts, pieces packed back to
+  back; no padding is ever sent. Data moves as ``MPI.BYTE`` after an explicit cast of every
+  buffer to the tensor's dtype, so any NumPy dtype (bool, float16, complex) works and no
+  MPI reduction op is ever involved.
+* **Point to point**: ``exchange`` posts every ``Isend``/``Irecv`` of a transfer batch and
+  waits for all (tags per pair come from the plan), on a private duplicate of
+  ``COMM_WORLD``. ``send`` is an ``Isend`` whose request and buffer are kept until it
+  completes (checked at every later call, waited for at exit), so a ``send`` never blocks
+  on a ``recv`` posted later; ``recv`` waits for its message on a second duplicate.
+  Received sizes are checked against the expected shape.
+* **Faults**: every wait runs under ``mpipar.runtime.faults.Watchdog`` (``MPIPAR_TIMEOUT``,
+  arrival notices), an uncaught exception aborts the job, ``MPIPAR_CHECK_COLLECTIVES=1``
+  compares signatures on a duplicate of each group's communicator.
+* **Output**: rank N > 0 prefixes its lines with ``[rank N] `` (``mpipar.runtime.log``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from mpipar import _threads
+from mpipar.backend import Backend
+from mpipar.comm import Array, Group, PointToPoint, Shape
+from mpipar.mesh import ProcessMesh
+from mpipar.runtime.faults import (
+    Watchdog,
+    check_from_env,
+    compare_signatures,
+    install_excepthook,
+    report_mismatch_once,
+    timeout_from_env,
+)
+from mpipar.runtime.log import flush_std_streams, install_rank_prefix
+from mpipar.runtime.ordered import OrderedCommunicator
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    """The bytes of a contiguous array, as the uint8 view MPI.BYTE buffers take."""
+    return a.reshape(-1).view(np.uint8)
+
+
+def _byte_counts(counts: Sequence[int], itemsize: int) -> tuple[list[int], list[int]]:
+    sizes = [int(c) * itemsize for c in counts]
+    displs, acc = [], 0
+    for s in sizes:
+        displs.append(acc)
+        acc += s
+    return sizes, displs
+
+
+class MPIRuntime:
+    """Process-wide MPI state: world, private communicators, group cache, watchdog, hooks.
+
+    Created once, by the first ``MPIBackend``; every rank of the job must create it (every
+    rank runs the same script, and the first mesh it builds starts the backend).
+    """
+
+    def __init__(self) -> None:
+        self.world = MPI.COMM_WORLD
+        self.rank = self.world.Get_rank()
+        self.size = self.world.Get_size()
+        install_rank_prefix(self.rank)
+        install_excepthook(self.abort)
+        _threads.limit_loaded_blas()
+        self.timeout = timeout_from_env()
+        self.check = check_from_env()
+        self.watchdog = Watchdog(MPI, self.rank, self.size, self.timeout, self.abort)
+        self.world_group = self.world.Get_group()
+        with self.watchdog.watch("start of the MPI backend (MPI_Comm_dup)", tuple(range(self.size)), 0):
+            self.watchdog.comm = self.world.Dup()
+            self.p2p = self.world.Dup()
+            self.mailbox = self.world.Dup()
+        self._comms: dict[Group, Any] = {}
+        self._side: dict[Group, Any] = {}
+        self.communicator = MPICommunicator(self)
+        atexit.register(self._at_exit)
+
+    def abort(self) -> None:
+        flush_std_streams()
+        self.world.Abort(1)
+
+    def comm_for(self, group: Group) -> Any:
+        """The cached communicator of ``group`` (member i = its rank i)."""
+        comm = self._comms.get(group)
+        if comm is None:
+            with self.watchdog.watch("creating the group's communicator", group, 0):
+                comm = self.world.Create_group(self.world_group.Incl(list(group)))
+            self._comms[group] = comm
+        return comm
+
+    def side_for(self, group: Group) -> Any:
+        """A duplicate of the group's communicator for check-mode signatures."""
+        comm = self._side.get(group)
+        if comm is None:
+            base = self.comm_for(group)
+            with self.watchdog.watch("creating the group's check communicator", group, 0):
+                comm = base.Dup()
+            self._side[group] = comm
+        return comm
+
+    def _at_exit(self) -> None:
+        flush_std_streams()
+        self.communicator.wait_pending_sends()
+        with contextlib.suppress(Exception):  # peers may be gone already; exiting must not fail
+            self.watchdog.announce_exit()
+        flush_std_streams()
+
+
+_runtime: MPIRuntime | None = None
+
+
+def runtime() -> MPIRuntime:
+    global _runtime
+    if _runtime is None:
+        _runtime = MPIRuntime()
+    return _runtime
+
+
+class MPICommunicator(OrderedCommunicator):
+    """mpi4py transport for the ordered collectives, plus point-to-point (module docstring)."""
+
+    name = "mpi"
+
+    def __init__(self, rt: MPIRuntime) -> None:
+        super().__init__()
+        self._rt = rt
+        self.rank = rt.rank
+        self.check_collectives = rt.check
+        self._pending: list[tuple[Any, np.ndarray, int, int]] = []
+        self._exchanges = 0
+
+    # ------------------------------------------------------------------ plumbing
+    def _watch(self, op: str, group: Group, seq: int) -> contextlib.AbstractContextManager[Any]:
+        return self._rt.watchdog.watch(op, group, seq)
+
+    def _check(self, group: Group, seq: int, sig: dict[str, Any]) -> None:
+        side = self._rt.side_for(group)
+        payload = np.frombuffer(json.dumps(sig).encode(), dtype=np.uint8)
+        lengths = np.zeros(len(group), dtype=np.int64)
+        with self._watch(f"the check before {sig['label']}", group, seq):
+            side.Iallgather(np.array([payload.size], dtype=np.int64), lengths).Wait()
+            counts, displs = _byte_counts(lengths.tolist(), 1)
+            everything = np.empty(sum(counts), dtype=np.uint8)
+            side.Iallgatherv([payload, MPI.BYTE], [everything, (counts, displs), MPI.BYTE]).Wait()
+        sigs = [json.loads(everything[d : d + c].tobytes()) for c, d in zip(counts, displs, strict=True)]
+        problem = compare_signatures(group, sigs, seq)
+        if problem:
+            report_mismatch_once(group, self.rank, f"(reported by rank {self.rank}) {problem}")
+
+    # ------------------------------------------------------------------ transport
+    def _t_alltoallv(self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]) -> None:
+        self._reap()
+        sc, sd = _byte_counts(scounts, send.itemsize)
+        rc, rd = _byte_counts(rcounts, recv.itemsize)
+        comm = self._rt.comm_for(group)
+        comm.Ialltoallv([_bytes(send), (sc, sd), MPI.BYTE], [_bytes(recv), (rc, rd), MPI.BYTE]).Wait()
+
+    def _t_allgatherv(self, group: Group, send: Array, recv: Array, counts: Sequence[int]) -> None:
+        self._reap()
+        rc, rd = _byte_counts(counts, recv.itemsize)
+        comm = self._rt.comm_for(group)
+        comm.Iallgatherv([_bytes(send), MPI.BYTE], [_bytes(recv), (rc, rd), MPI.BYTE]).Wait()
+
+    def _t_gatherv(self, group: Group, root: int, send: Array, recv: Array | None, counts: Sequence[int]) -> None:
+        self._reap()
+        comm = self._rt.comm_for(group)
+        if recv is None:
+            comm.Igatherv([_bytes(send), MPI.BYTE], None, root=root).Wait()
+            return
+        rc, rd = _byte_counts(counts, recv.itemsize)
+        comm.Igatherv([_bytes(send), MPI.BYTE], [_bytes(recv), (rc, rd), MPI.BYTE], root=root).Wait()
+
+    def _t_bcast(self, group: Group, buf: Array, root: int) -> None:
+        self._reap()
+        self._rt.comm_for(group).Ibcast([_bytes(buf), MPI.BYTE], root=root).Wait()
+
+    def _t_barrier(self, group: Group) -> None:
+        self._reap()
+        self._rt.comm_for(group).Ibarrier().Wait()
+
+    # ------------------------------------------------------------------ point to point
+    def _exchange(self, transfers: Sequence[PointToPoint], hosted: set[int]) -> dict[tuple[int, int, int], Array]:
+        self._reap()
+        comm = self._rt.p2p
+        requests: list[Any] = []
+        keep: list[np.ndarray] = []
+        received: list[tuple[PointToPoint, np.ndarray, int]] = []
+        peers: set[int] = set()
+        for t in transfers:
+            if t.src == self.rank:
+                if t.data is None or tuple(t.data.shape) != tuple(t.shape):
+                    got = "no data" if t.data is None else f"shape {list(t.data.shape)}"
+                    raise RuntimeError(f"transfer {t.src} -> {t.dst} (tag {t.tag}): the sender has {got}, expected {list(t.shape)}")
+                data = np.ascontiguousarray(t.data, dtype=t.dtype)
+                keep.append(data)
+                requests.append(comm.Isend([_bytes(data), MPI.BYTE], dest=t.dst, tag=t.tag))
+                peers.add(t.dst)
+            elif t.dst == self.rank:
+                buf = np.empty(t.shape, dtype=t.dtype)
+                received.append((t, buf, len(requests)))
+                requests.append(comm.Irecv([_bytes(buf), MPI.BYTE], source=t.src, tag=t.tag))
+                peers.add(t.src)
+        if not requests:
+            return {}
+        self._exchanges += 1
+        statuses = [MPI.Status() for _ in requests]
+        group = tuple(sorted(peers | {self.rank}))
+        with self._rt.watchdog.watch(f"point-to-point exchange with ranks {sorted(peers)}", group, self._exchanges, p2p=True):
+            MPI.Request.Waitall(requests, statuses)
+        out = {}
+        for t, buf, index in received:
+            _check_count(statuses[index], buf, t.src, t.dst, t.tag)
+            out[(t.src, t.dst, t.tag)] = buf
+        return out
+
+    def _send(self, src: int, dst: int, buf: Array, tag: int) -> None:
+        if src != self.rank:
+            raise RuntimeError(f"rank {self.rank} cannot send on behalf of rank {src} (send {src} -> {dst})")
+        self._reap()
+        data = np.ascontiguousarray(buf)
+        req = self._rt.mailbox.Isend([_bytes(data), MPI.BYTE], dest=dst, tag=tag)
+        self._pending.append((req, data, dst, tag))
+
+    def _recv(self, src: int, dst: int, shape: Shape, dtype: np.dtype, tag: int) -> Array:
+        if dst != self.rank:
+            raise RuntimeError(f"rank {self.rank} cannot receive on behalf of rank {dst} (recv {src} -> {dst})")
+        self._reap()
+        buf = np.empty(shape, dtype=dtype)
+        status = MPI.Status()
+        req = self._rt.mailbox.Irecv([_bytes(buf), MPI.BYTE], source=src, tag=tag)
+        with self._rt.watchdog.watch(f"recv of {dtype}{list(shape)} from rank {src} (tag {tag})", (src, dst), 0, p2p=True):
+            req.Wait(status)
+        _check_count(status, buf, src, dst, tag)
+        self._reap()
+        return buf
+
+    def _reap(self) -> None:
+        """Forget sends that have completed (their buffers may go)."""
+        if self._pending:
+            self._pending = [p for p in self._pending if not p[0].Test()]
+
+    def wait_pending_sends(self) -> None:
+        """Block (under the deadline) until every ``send`` has been received; called at exit."""
+        self._reap()
+        if not self._pending:
+            return
+        targets = sorted({(dst, tag) for _, _, dst, tag in self._pending})
+        dsts = sorted({d for d, _ in targets})
+        what = ", ".join(f"rank {d} (tag {t})" for d, t in targets)
+        with self._rt.watchdog.watch(f"exit: sends to {what} not yet received", tuple(sorted({self.rank, *dsts})), 0, p2p=True):
+            MPI.Request.Waitall([p[0] for p in self._pending])
+        self._pending = []
+
+
+def _check_count(status: Any, buf: np.ndarray, src: int, dst: int, tag: int) -> None:
+    got = status.Get_count(MPI.BYTE)
+    if got != buf.nbytes:
+        raise RuntimeError(
+            f"rank {dst} expected {buf.dtype}{list(buf.shape)} ({buf.nbytes} bytes) from rank {src} (tag {tag}) "
+            f"but received {got} bytes: sender and receiver disagree about the layout"
+        )
+
+
+class MPIBackend(Backend):
+    """One process per rank over MPI (see the module docstring)."""
+
+    name = "mpi"
+
+    def __init__(self) -> None:
+        self._rt = runtime()
+
+    @property
+    def comm(self) -> MPICommunicator:
+        return self._rt.communicator
+
+    def hosted_ranks(self, mesh: ProcessMesh) -> tuple[int, ...]:
+        return (self._rt.rank,) if self._rt.rank in mesh.process_ids else ()
+
+    def hosts(self, rank: int) -> bool:
+        return rank == self._rt.rank
+
+    @property
+    def rank(self) -> int:
+        return self._rt.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._rt.size
+
+    def describe(self) -> str:
+        return f"mpi: rank {self._rt.rank} of {self._rt.size} ({MPI.Get_library_version().splitlines()[0].strip()})"
+

@@ -1,0 +1,260 @@
+"""Collectives that reduce locally in group order, over any transport that moves bytes.
+
+The simulator reduces member buffers in group order (``mpipar.comm.reduce_arrays``). An
+MPI or NCCL reduction would use its own order (ring, tree, recursive halving) and differ in
+the last bits, so losses under ``mpiexec`` would drift from the simulator's. Here every
+reduction moves data first and reduces locally, in group order, element by element:
+
+=================  =====================================================================
+collective          how (n members, member i)
+=================  =====================================================================
+all_reduce          all_to_all of n element ranges (the chunking rule), each member reduces
+                    its range over the n members in group order, all_gather of the ranges.
+                    Small buffers (n x size <= 64 KiB): all_gather whole buffers, reduce.
+reduce_scatter      all_to_all of the chunks, member i reduces the n copies of chunk i.
+reduce              like all_reduce, with a gather to the root instead of an all_gather.
+all_gather          all_gather with per-member counts (uneven pieces).
+all_to_all          all_to_all with per-pair counts (uneven and empty pieces).
+broadcast           broadcast of the root's bytes.
+=================  =====================================================================
+
+Bytes per member are those of a ring all-reduce (2 (n-1)/n of the buffer), so the price of
+determinism is one local pass over the data (``benchmarks/runtime_collectives.py``
+measures it against MPI's own ``Allreduce``).
+
+**Uneven buffers** use the v-variants (``Alltoallv``, ``Allgatherv``, ``Gatherv``) with
+exact per-member counts, never padding: pieces are packed back to back, so no byte is sent
+that the receiver does not keep, and empty pieces cost nothing.
+
+Subclasses supply the transport: five methods on flat, contiguous arrays with element
+counts (``_t_alltoallv``, ``_t_allgatherv``, ``_t_gatherv``, ``_t_bcast``, ``_t_barrier``),
+``_watch`` (the deadline around a blocking wait) and ``_check`` (the signature exchange of
+``MPIPAR_CHECK_COLLECTIVES``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mpipar.comm import Array, Communicator, Group, Shape, reduce_arrays
+from mpipar.runtime.faults import signature
+from mpipar.spec import chunk_range
+
+SMALL_REDUCE_BYTES = 64 * 1024
+"""All-reduce / reduce with n x buffer bytes up to this gather whole buffers (one collective)."""
+
+
+def _prod(shape: Sequence[int]) -> int:
+    out = 1
+    for s in shape:
+        out *= int(s)
+    return out
+
+
+class OrderedCommunicator(Communicator):
+    """The collective algorithms of the module docstring; transport left to subclasses."""
+
+    rank: int
+    """This process's world rank: the one member it hosts."""
+    check_collectives: bool = False
+
+    def __init__(self) -> None:
+        self._seq: dict[Group, int] = {}
+
+    @property
+    def xp(self) -> Any:
+        return np
+
+    # ------------------------------------------------------------------ transport
+    @abstractmethod
+    def _t_alltoallv(self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]) -> None:
+        """Member i sends ``send``'s j-th piece (``scounts[j]`` elements, packed) to member j."""
+
+    @abstractmethod
+    def _t_allgatherv(self, group: Group, send: Array, recv: Array, counts: Sequence[int]) -> None: ...
+
+    @abstractmethod
+    def _t_gatherv(self, group: Group, root: int, send: Array, recv: Array | None, counts: Sequence[int]) -> None:
+        """``root`` is a member index; ``recv`` is None on the other members."""
+
+    @abstractmethod
+    def _t_bcast(self, group: Group, buf: Array, root: int) -> None: ...
+
+    @abstractmethod
+    def _t_barrier(self, group: Group) -> None: ...
+
+    @abstractmethod
+    def _watch(self, op: str, group: Group, seq: int) -> contextlib.AbstractContextManager[Any]: ...
+
+    @abstractmethod
+    def _check(self, group: Group, seq: int, sig: dict[str, Any]) -> None: ...
+
+    # ------------------------------------------------------------------ helpers
+    @contextlib.contextmanager
+    def _collective(self, op: str, group: Group, sig: dict[str, Any]) -> Iterator[None]:
+        """Number the call on its group, check signatures if asked, and run it under a deadline."""
+        seq = self._seq[group] = self._seq.get(group, 0) + 1
+        if self.check_collectives:
+            self._check(group, seq, sig)
+        with self._watch(sig["label"], group, seq):
+            yield
+
+    def _mine(self, op: str, group: Group, bufs: Mapping[int, Any]) -> Any:
+        if self.rank not in bufs:
+            raise RuntimeError(
+                f"{op} on group {list(group)}: rank {self.rank} takes part but passed no buffer "
+                f"(buffers given for {sorted(bufs)}); this is a bug in the caller"
+            )
+        return bufs[self.rank]
+
+    def _flat(self, a: Array, dtype: Any) -> Array:
+        """A contiguous 1-d array of ``a``'s elements in ``dtype`` (no copy when already so)."""
+        return self.xp.ascontiguousarray(a, dtype=dtype).reshape(-1)
+
+    def _pack(self, pieces: Sequence[Array], dtype: Any) -> Array:
+        if not pieces:
+            return self.xp.empty(0, dtype=dtype)
+        return self.xp.concatenate([self._flat(p, dtype) for p in pieces])
+
+    # ------------------------------------------------------------------ collectives
+    def _all_reduce(self, group: Group, bufs: Mapping[int, Array], op: str) -> dict[int, Array]:
+        a = self._mine("all_reduce", group, bufs)
+        n = len(group)
+        if n == 1:
+            return {self.rank: reduce_arrays([a], op, self.xp)}
+        dtype, shape = a.dtype, tuple(a.shape)
+        with self._collective("all_reduce", group, signature("all_reduce", dtype=dtype, reduce_type=op, shape=shape)):
+            out = self._reduce_to(group, a, op, root=None)
+        return {self.rank: out.reshape(shape)}
+
+    def _reduce(self, group: Group, bufs: Mapping[int, Array], op: str, root: int) -> dict[int, Array]:
+        a = self._mine("reduce", group, bufs)
+        n = len(group)
+        if n == 1:
+            return {self.rank: reduce_arrays([a], op, self.xp)}
+        dtype, shape = a.dtype, tuple(a.shape)
+        sig = signature("reduce", dtype=dtype, reduce_type=op, shape=shape, root=root)
+        with self._collective("reduce", group, sig):
+            out = self._reduce_to(group, a, op, root=group.index(root))
+        return {self.rank: out.reshape(shape)} if out is not None else {}
+
+    def _reduce_to(self, group: Group, a: Array, op: str, root: int | None) -> Array | None:
+        """The ordered reduction of every member's ``a``: on all members, or on member ``root``."""
+        xp, n, i = self.xp, len(group), group.index(self.rank)
+        flat = self._flat(a, a.dtype)
+        size = flat.size
+        if size * n * flat.itemsize <= SMALL_REDUCE_BYTES or size < n:
+            if root is None:
+                rows = xp.empty(n * size, dtype=flat.dtype)
+                self._t_allgatherv(group, flat, rows, [size] * n)
+            else:
+                rows = xp.empty(n * size, dtype=flat.dtype) if i == root else None
+                self._t_gatherv(group, root, flat, rows, [size] * n)
+                if rows is None:
+                    return None
+            rows = rows.reshape(n, size)
+            return reduce_arrays([rows[k] for k in range(n)], op, xp)
+        ranges = [chunk_range(size, n, j) for j in range(n)]
+        lengths = [e - s for s, e in ranges]
+        mine = lengths[i]
+        received = xp.empty(n * mine, dtype=flat.dtype)
+        self._t_alltoallv(group, flat, lengths, received, [mine] * n)
+        rows = received.reshape(n, mine)
+        part = reduce_arrays([rows[k] for k in range(n)], op, xp)
+        if root is None:
+            out = xp.empty(size, dtype=flat.dtype)
+            self._t_allgatherv(group, part, out, lengths)
+            return out
+        out = xp.empty(size, dtype=flat.dtype) if i == root else None
+        self._t_gatherv(group, root, part, out, lengths)
+        return out
+
+    def _reduce_scatter(self, group: Group, chunks: Mapping[int, Sequence[Array]], op: str) -> dict[int, Array]:
+        row = list(self._mine("reduce_scatter", group, chunks))
+        n, i = len(group), group.index(self.rank)
+        if len(row) != n:
+            raise RuntimeError(f"reduce_scatter on group {list(group)}: rank {self.rank} passes {len(row)} chunks for {n} members")
+        if n == 1:
+            return {self.rank: reduce_arrays([row[0]], op, self.xp)}
+        dtype = row[0].dtype
+        shapes = [tuple(c.shape) for c in row]
+        with self._collective("reduce_scatter", group, signature("reduce_scatter", dtype=dtype, reduce_type=op, shapes=shapes)):
+            send = self._pack(row, dtype)
+            mine = _prod(shapes[i])
+            received = self.xp.empty(n * mine, dtype=dtype)
+            self._t_alltoallv(group, send, [_prod(s) for s in shapes], received, [mine] * n)
+        rows = received.reshape(n, mine)
+        return {self.rank: reduce_arrays([rows[k] for k in range(n)], op, self.xp).reshape(shapes[i])}
+
+    def _all_gather(self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]) -> dict[int, list[Array]]:
+        a = self._mine("all_gather", group, bufs)
+        n, i = len(group), group.index(self.rank)
+        shapes = [tuple(int(d) for d in s) for s in shapes]
+        if tuple(a.shape) != shapes[i]:
+            raise RuntimeError(
+                f"all_gather on group {list(group)}: rank {self.rank} passes shape {list(a.shape)}, others expect {list(shapes[i])}"
+            )
+        if n == 1:
+            return {self.rank: [a]}
+        counts = [_prod(s) for s in shapes]
+        with self._collective("all_gather", group, signature("all_gather", dtype=a.dtype, shapes=shapes)):
+            out = self.xp.empty(sum(counts), dtype=a.dtype)
+            self._t_allgatherv(group, self._flat(a, a.dtype), out, counts)
+        return {self.rank: _split(out, shapes)}
+
+    def _all_to_all(
+        self, group: Group, chunks: Mapping[int, Sequence[Array]], recv_shapes: Mapping[int, Sequence[Shape]]
+    ) -> dict[int, list[Array]]:
+        row = list(self._mine("all_to_all", group, chunks))
+        n = len(group)
+        if len(row) != n:
+            raise RuntimeError(f"all_to_all on group {list(group)}: rank {self.rank} passes {len(row)} chunks for {n} members")
+        expect = [tuple(int(d) for d in s) for s in recv_shapes[self.rank]]
+        if n == 1:
+            return {self.rank: row}
+        dtype = row[0].dtype
+        sends = [tuple(c.shape) for c in row]
+        with self._collective("all_to_all", group, signature("all_to_all", dtype=dtype, sends=sends, recvs=expect)):
+            send = self._pack(row, dtype)
+            out = self.xp.empty(sum(_prod(s) for s in expect), dtype=dtype)
+            self._t_alltoallv(group, send, [_prod(s) for s in sends], out, [_prod(s) for s in expect])
+        return {self.rank: _split(out, expect)}
+
+    def _broadcast(
+        self, group: Group, bufs: Mapping[int, Array | None], root: int, shape: Shape, dtype: np.dtype
+    ) -> dict[int, Array]:
+        self._mine("broadcast", group, bufs)
+        if self.rank == root:
+            value = bufs[root]
+            if value is None or tuple(value.shape) != tuple(shape):
+                got = "no buffer" if value is None else f"{value.dtype}{list(value.shape)}"
+                raise RuntimeError(f"broadcast root {root} passes {got}, members expect {dtype}{list(shape)}")
+            buf = self.xp.ascontiguousarray(value, dtype=dtype)
+        else:
+            buf = self.xp.empty(shape, dtype=dtype)
+        if len(group) > 1:
+            sig = signature("broadcast", dtype=dtype, shape=tuple(shape), root=root)
+            with self._collective("broadcast", group, sig):
+                self._t_bcast(group, buf.reshape(-1), group.index(root))
+        return {self.rank: buf}
+
+    def _barrier(self, group: Group) -> None:
+        if self.rank not in group or len(group) == 1:
+            return
+        with self._collective("barrier", group, signature("barrier", dtype="")):
+            self._t_barrier(group)
+
+
+def _split(flat: Array, shapes: Sequence[Shape]) -> list[Array]:
+    """Views of consecutive pieces of ``flat`` with the given shapes."""
+    out, start = [], 0
+    for s in shapes:
+        count = _prod(s)
+        out.append(flat[start : start + count].reshape(s))
+        start += count
+    return out
