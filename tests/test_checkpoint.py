@@ -29,6 +29,11 @@ from mpipar.spec import box_intersect
 from simulator import ReferenceBackend, SimBackend
 
 
+def _meta(ck: str) -> dict[str, Any]:
+    with open(os.path.join(ck, METADATA)) as f:
+        return json.load(f)
+
+
 def identical(a: Any, b: Any) -> bool:
     """Same dtype, shape and bytes (NaNs and signed zeros included)."""
     a, b = np.asarray(a), np.asarray(b)
@@ -81,7 +86,7 @@ def test_replicas_written_once_and_partials_stored_sharded(data: st.DataObject, 
     t, expected = make_tensor(spec, seed)
     with tempfile.TemporaryDirectory() as tmp:
         dist.save_state_dict({"t": t}, tmp + "/ck")
-        meta = json.loads(open(os.path.join(tmp, "ck", METADATA)).read())
+        meta = _meta(os.path.join(tmp, "ck"))
         entry = meta["tensors"]["t"]
         covered = np.zeros(shape, dtype=int)
         for c in entry["chunks"]:
@@ -234,7 +239,7 @@ def test_each_rank_reads_exactly_the_chunks_overlapping_its_shard(data: st.DataO
     t, _ = make_tensor(src, 0)
     with tempfile.TemporaryDirectory() as tmp:
         dist.save_state_dict({"t": t}, tmp + "/ck", piece_bytes=data.draw(st.sampled_from([16, 1 << 20])))
-        chunks = json.loads(open(os.path.join(tmp, "ck", METADATA)).read())["tensors"]["t"]["chunks"]
+        chunks = _meta(os.path.join(tmp, "ck"))["tensors"]["t"]["chunks"]
         mesh = data.draw(meshes(max_ranks=8))
         out = dist.shard_tensor(np.zeros(shape), mesh, data.draw(placements_for(mesh, len(shape), partial=False)))
         with record_io() as io:
@@ -284,7 +289,7 @@ def test_chunks_landing_whole_in_a_shard_are_read_without_copies(tmp_path: Any) 
 # ======================================================================= corruption
 def _chunk_offset(ck: str, tensor: str) -> tuple[str, int, int]:
     """(file, absolute offset, nbytes) of a tensor's first chunk."""
-    meta = json.loads(open(os.path.join(ck, METADATA)).read())
+    meta = _meta(ck)
     chunk = meta["tensors"][tensor]["chunks"][0]
     path = os.path.join(ck, chunk["file"])
     with open(path, "rb") as f:
@@ -472,7 +477,7 @@ def test_save_errors_name_the_entry(tmp_path: Any) -> None:
         dist.save_state_dict([np.zeros(1)], ck)  # type: ignore[arg-type]
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match="non-empty directory without metadata.json, so not an mpipar checkpoint"):
+    with pytest.raises(ValueError, match=r"non-empty directory without metadata\.json, so not an mpipar checkpoint"):
         dist.save_state_dict({"x": 1}, str(tmp_path / "other"))
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
     assert not os.path.exists(ck)
