@@ -247,7 +247,8 @@ class _Loader:
     def _read_full(self, name: str, entry: dict[str, Any]) -> np.ndarray:
         box = full_box(entry["shape"])
         out = np.empty(box_shape(box), numpy_dtype(entry["dtype"]))
-        self._fill(name, entry, {box: out}, {box: list(current_backend().world_group())})
+        backend = self.backend
+        self._fill(name, entry, {box: out}, {box: [r for r in backend.world_group() if backend.hosts(r)]})
         return out
 
     def _fill(

@@ -20,6 +20,7 @@ one node's local disk).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -89,7 +90,9 @@ def save_state_dict(state_dict: dict[str, Any], path: str | os.PathLike[str], *,
     try:
         structure, leaves = flatten_state(state_dict)
         _check_target(target)
-        digest = checksum(_layout_description(leaves).encode("utf-8"))
+        # Plain values are written once, from the leader, so they must agree too.
+        description = _layout_description(leaves) + json.dumps(structure, allow_nan=False)
+        digest = checksum(description.encode("utf-8"))
     except Exception as exc:
         error = exc
     coord.raise_if_failed(error, what)
@@ -97,8 +100,9 @@ def save_state_dict(state_dict: dict[str, Any], path: str | os.PathLike[str], *,
     differing = [r for r, d in zip(coord.world, digests, strict=True) if int(d[0]) != int(digests[0][0])]
     if differing:
         raise ValueError(
-            f"{what}: ranks {differing} pass a state dict whose names, shapes, dtypes or layouts differ from "
-            f"rank {coord.world[0]}'s; every rank must pass the same state dict (the same script builds it)"
+            f"{what}: ranks {differing} pass a state dict whose names, shapes, dtypes, layouts or plain values "
+            f"differ from rank {coord.world[0]}'s; every rank must pass the same state dict (plain values are "
+            "stored once: keep per-rank values in a list indexed by rank)"
         )
 
     # 2. reduce Partial tensors (a collective on each tensor's mesh), in name order on every rank.
