@@ -199,25 +199,52 @@ def _piece_array(value: Tensor | np.ndarray, piece: Piece, reference: bool) -> n
         local = value.local_tensor(piece.owner) if value.is_dist and not reference else value.local_tensor()
     else:
         local = value
-    return as_le_bytes(to_numpy(local)[box_relative(piece.box, piece.cell)])
+    part = np.asarray(to_numpy(local)[box_relative(piece.box, piece.cell)])
+    # Strided views (a column shard) are streamed through a bounce buffer by _raw_blocks.
+    return as_le_bytes(part) if part.dtype.byteorder == ">" else part
+
+
+_BOUNCE_BYTES = 4 << 20
+
+
+def _raw_blocks(array: np.ndarray, bounce: np.ndarray) -> Any:
+    """The C-order bytes of ``array`` as a few buffers, without copying a contiguous array and
+    without allocating a full copy of a strided one (its leading-dim slabs go through ``bounce``)."""
+    if array.flags.c_contiguous:
+        yield byte_view(array)
+        return
+    row_bytes = array.nbytes // array.shape[0] if array.ndim and array.shape[0] else array.nbytes
+    if array.ndim == 0 or row_bytes > bounce.nbytes:
+        yield byte_view(np.ascontiguousarray(array))
+        return
+    step = max(1, bounce.nbytes // row_bytes)
+    for start in range(0, array.shape[0], step):
+        slab = array[start : start + step]
+        out = bounce[: slab.nbytes].view(array.dtype).reshape(slab.shape)
+        np.copyto(out, slab)
+        yield byte_view(out)  # written before the next slab overwrites the buffer
 
 
 def _write_file(tmp: str, plan: FilePlan, stored: dict[str, Any], reference: bool) -> list[int]:
     """Write one rank's file (header, then each piece straight from its buffer); its CRCs in order."""
     arrays = [_piece_array(stored[p.name], p, reference) for p in plan.pieces]
     entries = [
-        FileEntry(p.key, st_dtype(a.dtype, f"tensor {p.name!r}"), a.shape, start, stop)
+        FileEntry(p.key, st_dtype(a.dtype, f"tensor {p.name!r}"), tuple(a.shape), start, stop)
         for p, a, (start, stop) in zip(plan.pieces, arrays, plan.offsets, strict=True)
     ]
     header = build_header(entries, {"format": FORMAT, "rank": str(plan.rank)})
     crcs: list[int] = []
 
+    bounce = np.empty(_BOUNCE_BYTES, dtype=np.uint8)
+
     def chunks() -> Any:
         yield header
         for a in arrays:
-            view = byte_view(a)
-            crcs.append(checksum(view))
-            yield view
+            crc = 0
+            for block in _raw_blocks(a, bounce):
+                crc = checksum(block, crc)
+                yield block
+            crcs.append(crc)
 
     path = os.path.join(tmp, plan.name)
     write_file_durably(path, chunks())
