@@ -110,3 +110,22 @@ def test_killed_while_saving_to_a_new_path(tmp_path: Any) -> None:
     _expect_step1(first)
     with pytest.raises(CheckpointError, match=r"no checkpoint at .*step2: a save into it was interrupted and left the incomplete .*step2\.partial-"):
         dist.load_state_dict({"step": 0}, second)
+
+
+def test_killed_between_the_two_renames_points_at_both_copies(tmp_path: Any) -> None:
+    """The window between moving the old checkpoint aside and renaming the new one into place."""
+    ck = str(tmp_path / "ck")
+    dist.save_state_dict({"step": 1}, ck)
+    dist.save_state_dict({"step": 2}, str(tmp_path / "new"))
+    os.rename(ck, ck + ".replaced-00000000000000ab")
+    os.rename(str(tmp_path / "new"), ck + ".partial-00000000000000ab")
+    with pytest.raises(
+        CheckpointError,
+        match=r"no checkpoint at .*ck: a save replacing it was interrupted between its two renames; the previous "
+        r"checkpoint is intact at .*ck\.replaced-00000000000000ab and the new, complete one at .*ck\.partial-00000000000000ab",
+    ):
+        dist.load_state_dict({"step": 0}, ck)
+    assert read_state_dict(ck + ".replaced-00000000000000ab") == {"step": 1}
+    os.rename(ck + ".replaced-00000000000000ab", str(tmp_path / "old"))
+    with pytest.raises(CheckpointError, match=r"wrote everything but was interrupted before its final rename; the complete checkpoint is at .*ck\.partial-"):
+        dist.load_state_dict({"step": 0}, ck)
