@@ -16,7 +16,8 @@ and metadata are JSON, data is raw bytes.
 The checksum is CRC-32C (Castagnoli), computed with the ``crc32c`` package's hardware path
 (SSE4.2 / ARMv8 CRC instructions): about 5x faster here than ``zlib.crc32`` (6 GB/s against
 1.2 GB/s), so verifying every byte costs little next to the I/O itself, and its polynomial
-detects every burst error up to 32 bits and every 1-3 bit error in chunks of the sizes we store.
+detects every burst error up to 32 bits and every error of 1 to 3 bits in a chunk of up to
+256 MiB (Hamming distance 4; chunks are at most 16 MiB by default).
 It is the checksum iSCSI, ext4 and Btrfs metadata use. A checksum guards against corruption,
 not against an adversary; that would need a cryptographic hash at several times the cost.
 """

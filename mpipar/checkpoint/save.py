@@ -314,7 +314,12 @@ def _commit(target: str, tmp: str, token: int, meta: dict[str, Any]) -> None:
     if os.path.exists(target):
         aside = f"{target}{REPLACED_TAG}{token:016x}"
         os.rename(target, aside)
-    os.rename(tmp, target)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        if aside is not None:
+            os.rename(aside, target)  # put the previous checkpoint back before reporting
+        raise
     fsync_dir(os.path.dirname(target))
     if aside is not None:
         shutil.rmtree(aside)
