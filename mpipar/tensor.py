@@ -445,7 +445,7 @@ def dtensor_from_local(
             raise ValueError(f"dtensor_from_local: shards have different dtypes {dtype} and {a.dtype} (rank {r})")
     if backend.reference:
         raise ValueError("dtensor_from_local builds from per-rank shards, which --reference mode does not have")
-    return Tensor._from_shards(spec, {r: np.array(a) for r, a in arrays.items()}, dtype or np.float32)
+    return Tensor._from_shards(spec, {r: np.array(a) for r, a in arrays.items()}, dtype or getattr(local, "dtype", None) or np.float32)
 
 
 def to_tensor(data: Any, dtype: Any = None, stop_gradient: bool = True) -> Tensor:
