@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,6 +58,8 @@ from mpipar.runtime.faults import (
 )
 from mpipar.runtime.log import flush_std_streams, install_rank_prefix
 from mpipar.runtime.ordered import OrderedCommunicator
+
+ABORT_FLUSH_S = 0.3
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
@@ -102,6 +105,9 @@ class MPIRuntime:
 
     def abort(self) -> None:
         flush_std_streams()
+        # MPI_Abort makes hydra kill every rank at once; give its proxies a moment to forward
+        # the last lines (the traceback, the timeout report) first, or they may be lost.
+        time.sleep(ABORT_FLUSH_S)
         self.world.Abort(1)
 
     def comm_for(self, group: Group) -> Any:

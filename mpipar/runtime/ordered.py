@@ -234,7 +234,7 @@ class OrderedCommunicator(Communicator):
             if value is None or tuple(value.shape) != tuple(shape):
                 got = "no buffer" if value is None else f"{value.dtype}{list(value.shape)}"
                 raise RuntimeError(f"broadcast root {root} passes {got}, members expect {dtype}{list(shape)}")
-            buf = self.xp.ascontiguousarray(value, dtype=dtype)
+            buf = self.xp.ascontiguousarray(value, dtype=dtype).reshape(shape)
         else:
             buf = self.xp.empty(shape, dtype=dtype)
         if len(group) > 1:

@@ -1,0 +1,58 @@
+"""Faults under MPI end the job promptly with a message, never a hang.
+
+``tests/mpi_scripts/faults.py`` runs a loop of gathers and reductions in which one rank
+misbehaves at step 2 (raises, skips a collective, is killed, hangs, or leaves early).
+"""
+
+from __future__ import annotations
+
+import pytest
+from mpi_scripts.launch import mpirun
+
+pytestmark = pytest.mark.mpi
+
+SCRIPT = "tests/mpi_scripts/faults.py"
+
+
+def test_a_raising_rank_ends_the_job_with_its_traceback_once() -> None:
+    run = mpirun(4, SCRIPT, "raise", "--rank", "1", timeout=60)
+    assert run.returncode != 0
+    assert run.seconds < 15, run.seconds
+    assert run.output.count("RuntimeError: boom on rank 1") == 1, run.output
+    assert "[rank 1] RuntimeError: boom on rank 1" in run.output
+    assert "step 3 done" not in run.output
+
+
+def test_a_skipped_collective_is_a_clear_mismatch_under_check_mode() -> None:
+    run = mpirun(4, SCRIPT, "skip", "--rank", "1", env={"MPIPAR_CHECK_COLLECTIVES": "1"}, timeout=60)
+    assert run.returncode != 0
+    assert run.seconds < 15, run.seconds
+    assert run.output.count("CollectiveMismatchError:") == 1, run.output
+    assert "members of group [0, 1, 2, 3]" in run.output
+    assert "ranks [0, 2, 3] issued all_gather of float64 pieces [[2, 3], [2, 3], [2, 3], [2, 3]]" in run.output
+    assert "rank 1 issued all_reduce(sum) of float64[8, 3]" in run.output
+
+
+def test_a_killed_rank_ends_the_job() -> None:
+    run = mpirun(8, SCRIPT, "kill", "--rank", "3", timeout=90)
+    assert run.returncode != 0
+    assert run.seconds < 30, run.seconds
+    assert "finished" not in run.output
+
+
+def test_a_timeout_names_the_rank_that_never_arrived() -> None:
+    run = mpirun(4, SCRIPT, "hang", "--rank", "2", env={"MPIPAR_TIMEOUT": "2"}, timeout=90)
+    assert run.returncode != 0
+    assert run.seconds < 20, run.seconds
+    assert run.output.count("did not complete within MPIPAR_TIMEOUT=2 s") == 1, run.output
+    assert "all_gather on group [0, 1, 2, 3]" in run.output
+    assert "never arrived: rank [2]" in run.output
+    assert "arrived and waiting: ranks [0, 1, 3]" in run.output
+
+
+def test_a_rank_leaving_early_fails_its_group_mates_within_seconds() -> None:
+    """Default timeout (300 s): the 'exited' notice ends the wait long before it."""
+    run = mpirun(4, SCRIPT, "exit", "--rank", "1", timeout=90)
+    assert run.returncode != 0
+    assert run.seconds < 15, run.seconds
+    assert "rank 1 has finished the script (exited) and will not join" in run.output

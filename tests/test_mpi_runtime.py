@@ -1,0 +1,67 @@
+"""The MPI runtime against the simulator: same shards bit for bit, same recorded communication.
+
+Each test launches ``mpiexec -n 2/4/8`` (the mpich wheel) on a script in ``tests/mpi_scripts``
+that runs many seeded random cases and compares, in-process, every rank's result with the
+simulator's (see the scripts' docstrings). Run just these with ``pytest -m mpi``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from mpi_scripts.launch import REPO, mpirun
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize(("n", "cases"), [(2, 150), (4, 150), (8, 120)])
+def test_reshard_cases_match_simulator(n: int, cases: int) -> None:
+    run = mpirun(n, "tests/mpi_scripts/reshard_cases.py", "--cases", str(cases), "--seed", "20")
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.lines_of(0)[-1] == f"ok {cases} cases on {n} ranks"
+
+
+def test_reshard_cases_under_check_mode() -> None:
+    """The signature check finds no mismatch in correct plans (and costs no correctness)."""
+    run = mpirun(6, "tests/mpi_scripts/reshard_cases.py", "--cases", "80", "--seed", "21", env={"MPIPAR_CHECK_COLLECTIVES": "1"})
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.lines_of(0)[-1] == "ok 80 cases on 6 ranks"
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_communicator_methods_match_simulator(n: int) -> None:
+    run = mpirun(n, "tests/mpi_scripts/comm_cases.py", "--cases", "200", "--seed", "22")
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.lines_of(0)[-1] == f"ok 200 cases on {n} ranks"
+
+
+def _simulated(script: str, n: int) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "simulator", "-n", str(n), script],
+        cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    return out.splitlines()
+
+
+@pytest.mark.parametrize(("script", "n"), [("examples/seed_reshard.py", 8), ("examples/seed_shard_tensor.py", 6)])
+def test_examples_print_the_simulators_shards(script: str, n: int) -> None:
+    """No flags, no environment: each rank prints its shard; together they are the simulator's lines."""
+    run = mpirun(n, script)
+    assert run.returncode == 0, run.output
+    lines = run.output.splitlines()
+    for line in lines:  # a line about rank r comes from rank r, prefixed unless r == 0
+        m = re.search(r"rank (\d+)", re.sub(r"^\[rank \d+\] ", "", line))
+        assert m, line
+        r = int(m.group(1))
+        assert line.startswith(f"[rank {r}] ") if r else not line.startswith("[rank"), line
+    got = sorted(re.sub(r"^\[rank \d+\] ", "", line) for line in lines)
+    assert got == sorted(_simulated(script, n))
+
+
+def test_print_once_prints_on_rank_zero_only() -> None:
+    run = mpirun(4, "tests/mpi_scripts/faults.py", "none", "--steps", "3")
+    assert run.returncode == 0, run.output
+    assert run.output.splitlines() == ["step 0 done", "step 1 done", "step 2 done", "finished"]
