@@ -6,6 +6,7 @@
 
 from simulator.backend import ReferenceBackend, SimBackend
 from simulator.launch import run_script
+from simulator.schedule_sim import simulate_schedule
 from simulator.virtual_comm import VirtualCommunicator
 
-__all__ = ["ReferenceBackend", "SimBackend", "VirtualCommunicator", "run_script"]
+__all__ = ["ReferenceBackend", "SimBackend", "VirtualCommunicator", "run_script", "simulate_schedule"]

@@ -3,21 +3,40 @@
     python -m simulator -n 8 train.py [args]     # a world of 8 virtual ranks, one process
     python -m simulator --reference train.py     # one big device: no placement, no communication
     python -m simulator train.py                 # every rank of every mesh the script builds
+
+Subcommands (a first argument naming one, unless a file of that name exists):
+
+    python -m simulator calibrate [-o profile.json]            # measure this machine
+    python -m simulator schedule 1F1B -p 4 -m 8 [--chrome t.json]  # pipeline grid + bubble
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 
 from simulator.backend import ReferenceBackend, SimBackend
 from simulator.launch import run_script
 
+# name -> "module:function"; the function takes the remaining argv and returns an exit code.
+# A new subcommand (e.g. estimate) is one more entry here.
+SUBCOMMANDS: dict[str, str] = {
+    "calibrate": "simulator.calibrate:main",
+    "schedule": "simulator.schedule_sim:main",
+}
+
 
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in SUBCOMMANDS and not os.path.isfile(args[0]):
+        module, func = SUBCOMMANDS[args[0]].split(":")
+        sys.exit(getattr(importlib.import_module(module), func)(args[1:]))
     parser = argparse.ArgumentParser(
         prog="python -m simulator",
         description="Run an mpipar script on virtual ranks in one process, or as one big device.",
+        epilog="subcommands: " + ", ".join(sorted(SUBCOMMANDS)) + " (python -m simulator SUBCOMMAND -h)",
     )
     parser.add_argument("-n", "--nprocs", type=int, default=None, help="size of the virtual world")
     parser.add_argument(
@@ -25,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("script", help="the Python script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
-    ns = parser.parse_args(argv)
+    ns = parser.parse_args(args)
     if ns.nprocs is not None and ns.nprocs < 1:
         parser.error(f"-n must be at least 1, got {ns.nprocs}")
     backend = ReferenceBackend(ns.nprocs) if ns.reference else SimBackend(ns.nprocs)

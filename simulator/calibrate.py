@@ -1,0 +1,178 @@
+"""``python -m simulator calibrate``: measure this machine and write a hardware profile.
+
+    python -m simulator calibrate -o profile.json      # about 10 s
+    python -m simulator calibrate --quick              # fewer sizes, shorter budget
+
+Runs ``simulator/calibrate_worker.py`` under this venv's ``mpiexec -n 2`` (one BLAS thread per
+rank), which times raw mpi4py ping-pong and ``Allreduce`` at several message sizes and NumPy
+GEMM, then fits the alpha-beta model:
+
+* the point-to-point link from the ping-pong one-way times, ``t(S) = alpha + S / bandwidth``,
+  by least squares on relative error (so 8-byte latencies weigh as much as 4 MiB transfers);
+* the reduction throughput ``gamma`` from what ``Allreduce`` takes beyond the ring formula on
+  that link (on CPUs the summing is as slow as the copying); left ``None`` if nothing is left;
+* a ring fit of ``Allreduce`` alone, kept beside them as a check.
+
+The profile (``simulator.cost.HardwareProfile`` JSON) puts every rank on one node (both link
+classes are the measured one), takes the GEMM rates as ``flops_per_s`` with efficiency 1.0, and
+keeps the raw measurements and the formula's predictions under ``calibration``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from simulator.cost import HardwareProfile, Link, collective_time
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibrate_worker.py")
+SIZES = (8, 1024, 16384, 131072, 1 << 20, 4 << 20)
+QUICK_SIZES = (8, 16384, 1 << 20)
+
+
+def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], steps: float = 1.0,
+                   volume: float = 1.0) -> Link:
+    """Fit ``t = steps*alpha + volume*S/bandwidth`` minimising relative error; alpha kept >= 0.
+
+    ``steps``/``volume`` are the formula's coefficients (1, 1 for a send; 2(n-1), 2(n-1)/n for a
+    ring all-reduce), so a collective's timings yield the per-link alpha and bandwidth.
+    """
+    s = np.asarray(nbytes, dtype=np.float64)
+    t = np.asarray(seconds, dtype=np.float64)
+    if s.size < 2 or s.size != t.size or (t <= 0).any():
+        raise ValueError(f"fit_alpha_beta needs >= 2 positive timings at distinct sizes, got {list(s)} / {list(t)}")
+    design = np.stack([steps / t, volume * s / t], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    if alpha < 0:  # latency below resolution: refit the slope through the origin
+        alpha = 0.0
+        beta = float(np.sum(volume * s / t) / np.sum((volume * s / t) ** 2))
+    if beta <= 0:
+        raise ValueError(f"timings do not grow with message size (fitted beta {beta:g}); sizes {list(s)}, times {list(t)}")
+    return Link(float(alpha), float(1.0 / beta))
+
+
+def fit_reduction(nbytes: Sequence[float], seconds: Sequence[float], group_size: int, link: Link) -> float | None:
+    """Reduction throughput (bytes/s) explaining all-reduce time beyond the ring formula on ``link``.
+
+    Fits ``residual = (n-1)/n * S * gamma`` on relative error; ``None`` when the residual does not grow.
+    """
+    n = group_size
+    s = np.asarray(nbytes, dtype=np.float64)
+    t = np.asarray(seconds, dtype=np.float64)
+    base = np.array([collective_time("all_reduce", x, n, link) for x in s])
+    x = (n - 1) / n * s / t
+    gamma = float(np.sum(x * (t - base) / t) / np.sum(x * x))
+    return 1.0 / gamma if gamma > 0 else None
+
+
+def run_worker(ranks: int, sizes: Sequence[int], budget_s: float, gemm_n: int, timeout_s: float) -> dict[str, Any]:
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        raise SystemExit(f"python -m simulator calibrate: no mpiexec next to {sys.executable}; install the mpich wheel")
+    env = dict(os.environ)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
+        env[var] = "1"
+    config = json.dumps({"sizes": list(sizes), "budget_s": budget_s, "gemm_n": gemm_n})
+    cmd = [mpiexec, "-n", str(ranks), sys.executable, WORKER, config]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"python -m simulator calibrate: the MPI worker took over {timeout_s:g} s; is mpiexec working?") from None
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"python -m simulator calibrate: `{' '.join(cmd[:4])} ...` failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
+        )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"python -m simulator calibrate: the worker printed no result:\n{proc.stdout[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def calibrate(*, quick: bool = False, ranks: int = 2, timeout_s: float = 120.0) -> HardwareProfile:
+    """Measure this machine (MPI point-to-point, Allreduce, GEMM) and return its profile."""
+    if ranks < 2:
+        raise ValueError(f"calibrate needs at least 2 MPI ranks for ping-pong, got {ranks}")
+    sizes = QUICK_SIZES if quick else SIZES
+    started = time.perf_counter()
+    raw = run_worker(ranks, sizes, budget_s=0.15 if quick else 0.6, gemm_n=256 if quick else 512, timeout_s=timeout_s)
+    p2p = fit_alpha_beta(raw["pingpong"]["bytes"], raw["pingpong"]["seconds"])
+    n = raw["ranks"]
+    ring = fit_alpha_beta(raw["allreduce"]["bytes"], raw["allreduce"]["seconds"], steps=2 * (n - 1), volume=2 * (n - 1) / n)
+    reduction = fit_reduction(raw["allreduce"]["bytes"], raw["allreduce"]["seconds"], n, p2p)
+    predicted = [collective_time("all_reduce", s, n, p2p, reduction) for s in raw["allreduce"]["bytes"]]
+    host = socket.gethostname()
+    phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+    calibration = {
+        "host": host,
+        "cpus": os.cpu_count(),
+        "ranks": n,
+        "blas_threads_per_rank": 1,
+        "mpi_library": raw.get("mpi_library", ""),
+        "seconds_taken": round(time.perf_counter() - started, 3),
+        "pingpong": raw["pingpong"],
+        "allreduce": {**raw["allreduce"], "predicted": predicted},
+        "gemm": raw["gemm"],
+        "fit": {"p2p": p2p.to_dict(), "reduction_Bps": reduction, "allreduce_ring": ring.to_dict()},
+    }
+    return HardwareProfile(
+        name=f"calibrated-{host}",
+        intra_node=p2p,
+        inter_node=p2p,
+        flops_per_s={dtype: float(g["flops_per_s"]) for dtype, g in raw["gemm"].items()},
+        devices_per_node=None,
+        compute_efficiency=1.0,
+        reduction_Bps=reduction,
+        memory_bytes=int(phys) if phys else None,
+        description=(
+            f"measured on {host} with {n} MPI ranks (one BLAS thread each) by `python -m simulator calibrate`; "
+            "both link classes are the measured shared-memory link"
+        ),
+        calibration=calibration,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m simulator calibrate",
+        description="Measure MPI latency/bandwidth and NumPy GEMM rate on this machine; write a hardware profile.",
+    )
+    parser.add_argument("-o", "--output", default="profile.json", help="where to write the profile (default profile.json)")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and shorter timing loops (a few seconds)")
+    parser.add_argument("-n", "--ranks", type=int, default=2, help="MPI ranks to run (default 2)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds before giving up on the MPI worker")
+    ns = parser.parse_args(argv)
+    if ns.ranks < 2:
+        parser.error(f"-n must be at least 2 (ping-pong needs two ranks), got {ns.ranks}")
+    profile = calibrate(quick=ns.quick, ranks=ns.ranks, timeout_s=ns.timeout)
+    cal = profile.calibration or {}
+    link = profile.intra_node
+    print(f"point-to-point: alpha {link.alpha_s * 1e6:.2f} us, bandwidth {link.bandwidth_Bps / 1e9:.2f} GB/s")
+    red = profile.reduction_Bps
+    print("reduction: " + (f"{red / 1e9:.2f} GB/s" if red else "no measurable cost beyond the link"))
+    ring = cal["fit"]["allreduce_ring"]
+    print(
+        f"allreduce (ring fit, {cal['ranks']} ranks): alpha {ring['alpha_s'] * 1e6:.2f} us, "
+        f"bandwidth {ring['bandwidth_Bps'] / 1e9:.2f} GB/s"
+    )
+    for s, measured, predicted in zip(
+        cal["allreduce"]["bytes"], cal["allreduce"]["seconds"], cal["allreduce"]["predicted"], strict=True
+    ):
+        print(f"  allreduce {s:>9d} B: measured {measured * 1e6:10.2f} us, predicted {predicted * 1e6:10.2f} us")
+    for dtype, rate in profile.flops_per_s.items():
+        print(f"GEMM {dtype}: {rate / 1e9:.2f} GFLOP/s per rank")
+    profile.save(ns.output)
+    print(f"wrote {ns.output} ({cal['seconds_taken']:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
