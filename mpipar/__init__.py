@@ -12,6 +12,7 @@ Run the same script with ``python script.py`` (simulator, every rank in-process)
 """
 
 from mpipar import _threads  # noqa: F401  (first: caps BLAS threads under MPI before NumPy loads)
+from mpipar import pipeline as pipeline  # mpipar.pipeline.build_schedule works after `import mpipar`
 from mpipar.backend import current_backend, get_rank, get_world_size, set_backend, use_backend
 from mpipar.checkpoint import load_state_dict, save_state_dict
 from mpipar.comm import CommEvent, comm_context
