@@ -299,8 +299,9 @@ def _chunk_offset(ck: str, tensor: str) -> tuple[str, int, int]:
     return path, 8 + n + start, stop - start
 
 
+@pytest.mark.parametrize("target_placements", ["S(0)R", "RS(1)"])  # cut into shards / read straight into one
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
-def test_a_flipped_byte_is_refused_naming_tensor_and_file(tmp_path: Any, where: str) -> None:
+def test_a_flipped_byte_is_refused_naming_tensor_and_file(tmp_path: Any, where: str, target_placements: str) -> None:
     mesh = dist.ProcessMesh([[0, 1], [2, 3]], ["dp", "tp"])
     rng = np.random.default_rng(5)
     w, v = rng.standard_normal((9, 7)), rng.standard_normal((3,))
@@ -313,7 +314,7 @@ def test_a_flipped_byte_is_refused_naming_tensor_and_file(tmp_path: Any, where: 
         byte = f.read(1)
         f.seek(pos)
         f.write(bytes([byte[0] ^ 0x10]))
-    target = dist.shard_tensor(np.zeros((9, 7)), mesh, [dist.Shard(0), dist.Replicate()])
+    target = dist.shard_tensor(np.zeros((9, 7)), mesh, dist.parse_placements(target_placements))
     name = os.path.basename(path)
     with pytest.raises(CheckpointError, match=rf"checksum mismatch in tensor 'w', chunk 'w#0' .* data file .*{name}"):
         dist.load_state_dict({"w": target}, ck)

@@ -28,6 +28,7 @@ import json
 import os
 import struct
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,18 @@ class CheckpointError(ValueError):
 def checksum(data: Any, value: int = 0) -> int:
     """CRC-32C of a bytes-like object (continuing from ``value``)."""
     return int(_crc32c.crc32c(data, value))
+
+
+_checksum_pool: ThreadPoolExecutor | None = None
+
+
+def checksum_async(data: Any, value: int = 0) -> Future[int]:
+    """``checksum`` on a worker thread: the CRC releases the GIL, so it overlaps the next read
+    or write instead of adding to it. The caller keeps ``data`` unchanged until the result."""
+    global _checksum_pool
+    if _checksum_pool is None:
+        _checksum_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpipar-crc32c")
+    return _checksum_pool.submit(checksum, data, value)
 
 
 def st_dtype(dtype: np.dtype, what: str) -> str:

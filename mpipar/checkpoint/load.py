@@ -14,6 +14,7 @@ missing or truncated data file, a checksum mismatch, an interrupted save.
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from mpipar.checkpoint.format import (
     FileEntry,
     byte_view,
     checksum,
+    checksum_async,
     load_metadata,
     numpy_dtype,
     read_header,
@@ -109,8 +111,13 @@ class _Loader:
         self.meta = meta
         self.backend = current_backend()
         self._files: dict[str, tuple[Any, int, dict[str, FileEntry]]] = {}
+        self._buffer = np.empty(0, dtype=np.uint8)
+        self._pending: list[tuple[Future[int], str, dict[str, Any], Box, str]] = []
 
     def close(self) -> None:
+        for pending, *_ in self._pending:
+            pending.result()  # no worker may still read a buffer once the load returns
+        self._pending.clear()
         for f, _, _ in self._files.values():
             f.close()
         self._files.clear()
@@ -275,16 +282,31 @@ class _Loader:
                 if inter == cbox:
                     view = dests[b][box_relative(cbox, b)]
                     if view.flags.c_contiguous:
-                        data, direct = self._read_chunk(name, chunk, cbox, dtype, view, ranks), b
+                        data, direct = self._read_chunk(name, chunk, cbox, dtype, view, ranks, defer=True), b
                         break
             if data is None:
-                data = self._read_chunk(name, chunk, cbox, dtype, np.empty(box_shape(cbox), dtype), ranks)
+                data = self._read_chunk(name, chunk, cbox, dtype, self._scratch(cbox, dtype), ranks)
             for b, inter in targets:
                 if b != direct:
                     dests[b][box_relative(inter, b)] = data[box_relative(inter, cbox)]
+        self._verify()
+
+    def _scratch(self, box: Box, dtype: np.dtype) -> np.ndarray:
+        """A reused buffer for a chunk that is cut into several shards (fresh pages cost page faults)."""
+        nbytes = box_numel(box) * dtype.itemsize
+        if self._buffer.nbytes < nbytes:
+            self._buffer = np.empty(nbytes, dtype=np.uint8)
+        return self._buffer[:nbytes].view(dtype).reshape(box_shape(box))
 
     def _read_chunk(
-        self, name: str, chunk: dict[str, Any], cbox: Box, dtype: np.dtype, out: np.ndarray, ranks: tuple[int, ...]
+        self,
+        name: str,
+        chunk: dict[str, Any],
+        cbox: Box,
+        dtype: np.dtype,
+        out: np.ndarray,
+        ranks: tuple[int, ...],
+        defer: bool = False,
     ) -> np.ndarray:
         fname, key = chunk["file"], chunk["key"]
         fpath = os.path.join(self.root, fname)
@@ -302,15 +324,30 @@ class _Loader:
                 "the file is from another checkpoint or corrupted"
             )
         read_into(f, data_start + e.start, out)
-        got = checksum(byte_view(out))
+        note_read(ChunkRead(name, fname, key, cbox, out.nbytes, ranks))
+        if defer:
+            # Verified by _verify before the tensor is installed; the next chunk is read meanwhile.
+            self._pending.append((checksum_async(byte_view(out)), name, chunk, cbox, fpath))
+            if len(self._pending) > 2:
+                self._verify(keep=2)
+        else:
+            self._check(checksum(byte_view(out)), name, chunk, cbox, fpath)
+        return out
+
+    def _verify(self, keep: int = 0) -> None:
+        """Wait for deferred checksums (all but the newest ``keep``) and check them."""
+        while len(self._pending) > keep:
+            pending, name, chunk, cbox, fpath = self._pending.pop(0)
+            self._check(pending.result(), name, chunk, cbox, fpath)
+
+    @staticmethod
+    def _check(got: int, name: str, chunk: dict[str, Any], cbox: Box, fpath: str) -> None:
         if got != chunk[CHECKSUM]:
             raise CheckpointError(
-                f"checksum mismatch in tensor {name!r}, chunk {key!r} (box {[list(r) for r in cbox]}) of data file "
-                f"{fpath}: {CHECKSUM} {got:#010x} != {chunk[CHECKSUM]:#010x} recorded at save time; the file is "
-                "corrupted (refused). Restore it from a copy or load another checkpoint"
+                f"checksum mismatch in tensor {name!r}, chunk {chunk['key']!r} (box {[list(r) for r in cbox]}) of "
+                f"data file {fpath}: {CHECKSUM} {got:#010x} != {chunk[CHECKSUM]:#010x} recorded at save time; the "
+                "file is corrupted (refused). Restore it from a copy or load another checkpoint"
             )
-        note_read(ChunkRead(name, fname, key, cbox, out.nbytes, ranks))
-        return out
 
     def _open(self, name: str, fname: str) -> tuple[Any, int, dict[str, FileEntry]]:
         got = self._files.get(fname)

@@ -43,6 +43,7 @@ from mpipar.checkpoint.format import (
     build_header,
     byte_view,
     checksum,
+    checksum_async,
     dump_metadata,
     fsync_dir,
     st_dtype,
@@ -242,8 +243,9 @@ def _write_file(tmp: str, plan: FilePlan, stored: dict[str, Any], reference: boo
         for a in arrays:
             crc = 0
             for block in _raw_blocks(a, bounce):
-                crc = checksum(block, crc)
-                yield block
+                pending = checksum_async(block, crc)
+                yield block  # written while the CRC runs; both only read the block
+                crc = pending.result()  # before the bounce buffer is refilled
             crcs.append(crc)
 
     path = os.path.join(tmp, plan.name)
