@@ -1,0 +1,126 @@
+"""mpipar's reshard under MPI against the raw mpi4py collective on the same buffers, same run.
+
+    mpiexec -n 8 .venv/bin/python benchmarks/runtime_collectives.py [--sizes-mib 4 64] [--reps 10]
+
+For a float32 tensor of each size on a 1-d mesh of every rank, times
+
+==============  ===========================================  ================================
+transition      ours                                          raw mpi4py baseline
+==============  ===========================================  ================================
+S(0) -> R       ``dist.reshard`` (all_gather)                 ``Allgather``
+P -> R          ``dist.reshard`` (all_reduce, ordered)        ``Allreduce(SUM)``
+P -> S(0)       ``dist.reshard`` (reduce_scatter, ordered)    ``Reduce_scatter_block(SUM)``
+S(0) -> S(1)    ``dist.reshard`` (all_to_all, packs columns)  ``Alltoall``, strided MPI datatype
+==============  ===========================================  ================================
+
+and prints ours / raw (target: at most 1.2x). A middle column times our communicator call
+alone (``backend.comm.all_gather`` etc. on the same buffers): the difference to the full
+reshard is the executor's work around it (assembling the received pieces into the new
+shard, one more copy of the output). Each time is the slowest rank's, best of ``--reps``. Our reductions sum in group order (bit-identical to the simulator) where MPI
+uses its own order; our S(0) -> S(1) packs the strided column blocks with NumPy where the
+raw call describes them with a vector datatype. The raw calls write into preallocated
+outputs; ours allocate the new shard (page faults on first touch of multi-MiB arrays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+import mpipar as dist
+
+
+def timed(comm: MPI.Comm, fns: list[Callable[[], object]], reps: int) -> list[float]:
+    """Best over ``reps`` of the slowest rank's time for each of ``fns``, taken in turns so
+    load from other processes hits every contender alike (after one warm-up each)."""
+    for fn in fns:
+        fn()
+    best = [float("inf")] * len(fns)
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            comm.Barrier()
+            start = time.perf_counter()
+            fn()
+            elapsed = np.array([time.perf_counter() - start])
+            slowest = np.empty(1)
+            comm.Allreduce(elapsed, slowest, op=MPI.MAX)
+            best[i] = min(best[i], float(slowest[0]))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[4, 64])
+    parser.add_argument("--reps", type=int, default=10)
+    args = parser.parse_args()
+    backend = dist.current_backend()
+    if backend.name != "mpi":
+        raise SystemExit("run me under mpiexec: mpiexec -n 8 .venv/bin/python benchmarks/runtime_collectives.py")
+    world = MPI.COMM_WORLD
+    n, me = world.Get_size(), world.Get_rank()
+    mesh = dist.ProcessMesh(list(range(n)), dim_names=["x"])
+    rng = np.random.default_rng(me)  # every rank its own values
+    dist.print_once(
+        f"runtime_collectives: {n} ranks, float32, {MPI.Get_library_version().splitlines()[0].strip()}; "
+        f"slowest rank, best of {args.reps}"
+    )
+    dist.print_once(
+        f"{'size':>9}  {'transition':<12}{'reshard ms':>11}{'comm ms':>9}{'raw ms':>9}"
+        f"{'reshard/raw':>13}{'comm/raw':>10}  raw op"
+    )
+
+    for mib in args.sizes_mib:
+        for name, ours, ours_comm, raw, raw_name in cases(mib, mesh, rng):
+            t_ours, t_comm, t_raw = timed(world, [ours, ours_comm, raw], args.reps)
+            dist.print_once(
+                f"{mib:>5} MiB  {name:<12}{t_ours * 1e3:>11.2f}{t_comm * 1e3:>9.2f}{t_raw * 1e3:>9.2f}"
+                f"{t_ours / t_raw:>12.2f}x{t_comm / t_raw:>9.2f}x  {raw_name}"
+            )
+
+
+Case = tuple[str, Callable[[], object], Callable[[], object], Callable[[], object], str]
+
+
+def cases(mib: int, mesh: dist.ProcessMesh, rng: np.random.Generator) -> list[Case]:
+    """(name, our reshard, our communicator call, raw mpi4py call, raw op) for one size."""
+    world = MPI.COMM_WORLD
+    n, me = world.Get_size(), world.Get_rank()
+    comm = dist.current_backend().comm
+    group = tuple(range(n))
+    side = int(np.sqrt(mib * 2**20 // 4))
+    side -= side % n
+    shape = (side, side)
+    rows = side // n
+    sharded = rng.standard_normal((rows, side), dtype=np.float32)  # (side/n, side)
+    partial = rng.standard_normal(shape, dtype=np.float32)  # (side, side)
+    t_shard = dist.dtensor_from_local(sharded, mesh, [dist.Shard(0)], shape=shape)
+    t_partial = dist.dtensor_from_local(partial, mesh, [dist.Partial("sum")], shape=shape)
+    full = np.empty(shape, dtype=np.float32)
+    block = np.empty((rows, side), dtype=np.float32)
+    columns = np.empty((side, rows), dtype=np.float32)
+    # The column blocks of the S(0) shard, described in place (the mpi4py idiom for "same buffers").
+    column_block = MPI.FLOAT.Create_vector(rows, rows, side).Create_resized(0, rows * 4).Commit()
+    row_blocks = [partial[i * rows : (i + 1) * rows] for i in range(n)]
+    col_blocks = [sharded[:, j * rows : (j + 1) * rows] for j in range(n)]
+    return [
+        ("S(0)->R", lambda: dist.reshard(t_shard, mesh, [dist.Replicate()]),
+         lambda: comm.all_gather(group, {me: sharded}, [(rows, side)] * n),
+         lambda: world.Allgather(sharded, full), "Allgather"),
+        ("P->R", lambda: dist.reshard(t_partial, mesh, [dist.Replicate()]),
+         lambda: comm.all_reduce(group, {me: partial}, "sum"),
+         lambda: world.Allreduce(partial, full, op=MPI.SUM), "Allreduce"),
+        ("P->S(0)", lambda: dist.reshard(t_partial, mesh, [dist.Shard(0)]),
+         lambda: comm.reduce_scatter(group, {me: row_blocks}, "sum"),
+         lambda: world.Reduce_scatter_block(partial, block, op=MPI.SUM), "Reduce_scatter_block"),
+        ("S(0)->S(1)", lambda: dist.reshard(t_shard, mesh, [dist.Shard(1)]),
+         lambda: comm.all_to_all(group, {me: col_blocks}, {me: [(rows, rows)] * n}),
+         lambda: world.Alltoall([sharded, 1, column_block], [columns, rows * rows, MPI.FLOAT]),
+         "Alltoall (strided datatype)"),
+    ]
+
+if __name__ == "__main__":
+    main()
