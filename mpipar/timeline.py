@@ -30,6 +30,7 @@ to its receive, memory as counter tracks.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -38,13 +39,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpipar.pipeline.actions import matching, parse_action
+from mpipar.pipeline.actions import TOKEN_RE, matching, parse_action
 
 FORMAT = "mpipar.timeline"
 VERSION = 1
 TRACKS = ("compute", "comm")
 SPAN_KINDS = ("F", "B", "W", "SEND", "RECV", "OPT", "COLL", "OTHER")
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "comm_buffers")
+_KIND_SET = frozenset(SPAN_KINDS)
+_TRACK_SET = frozenset(TRACKS)
 TIME_UNITS = ("s", "unit")
 _CHROME_US_PER = {"s": 1e6, "unit": 1e3}  # one virtual time unit shows as one millisecond
 
@@ -76,7 +79,17 @@ class Span:
     peer: int | None = None
 
     def __post_init__(self) -> None:
-        _check_span(self.to_dict(), "span")
+        # Fast path for the common, valid case; anything odd gets the full check and its message.
+        if not (
+            type(self.rank) is int and self.rank >= 0 and type(self.name) is str and self.name
+            and self.kind in _KIND_SET and self.track in _TRACK_SET
+            and type(self.start) in (int, float) and type(self.end) in (int, float)
+            and math.isfinite(self.start) and math.isfinite(self.end) and self.end >= self.start
+            and (self.stage is None or (type(self.stage) is int and self.stage >= 0))
+            and (self.microbatch is None or (type(self.microbatch) is int and self.microbatch >= 0))
+            and (self.peer is None or (type(self.peer) is int and self.peer >= 0))
+        ):
+            _check_span(self.to_dict(), "span")
 
     @property
     def duration(self) -> float:
@@ -183,18 +196,22 @@ class Timeline:
                 if curve.rank not in known:
                     raise TimelineFormatError("memory.rank", curve.rank, f"is not one of the timeline's ranks {rank_list}")
                 curves[curve.rank] = curve
-        self.spans: list[Span] = sorted(span_list, key=lambda s: (s.rank, TRACKS.index(s.track), s.start, s.end))
+        self.spans: list[Span] = sorted(span_list, key=lambda s: (s.rank, s.track != "compute", s.start, s.end))
+        self._by_rank: dict[int, list[Span]] = {r: [] for r in rank_list}
+        for span in self.spans:
+            self._by_rank[span.rank].append(span)
+        self._busy: dict[int, float] = {}
         self.ranks: tuple[int, ...] = tuple(rank_list)
         self.memory: dict[int, MemoryCurve] | None = curves
         self.time_unit = time_unit
         self.meta: dict[str, Any] = dict(meta or {})
 
     # ------------------------------------------------------------------ analysis
-    @property
+    @functools.cached_property
     def start(self) -> float:
         return min((s.start for s in self.spans), default=0.0)
 
-    @property
+    @functools.cached_property
     def end(self) -> float:
         return max((s.end for s in self.spans), default=0.0)
 
@@ -204,16 +221,20 @@ class Timeline:
         return self.end - self.start
 
     def lane(self, rank: int, track: str | None = None) -> list[Span]:
-        return [s for s in self.spans if s.rank == rank and (track is None or s.track == track)]
+        """Rank ``rank``'s spans (of one track, or both), by start time."""
+        spans = self._by_rank.get(rank, [])
+        return list(spans) if track is None else [s for s in spans if s.track == track]
 
     def busy(self, rank: int) -> float:
         """Time rank ``rank``'s compute track is busy (overlapping spans counted once)."""
-        total, reach = 0.0, -math.inf
-        for s in sorted(self.lane(rank, "compute"), key=lambda s: s.start):
-            if s.end > reach:
-                total += s.end - max(s.start, reach)
-                reach = s.end
-        return total
+        if rank not in self._busy:
+            total, reach = 0.0, -math.inf
+            for s in self.lane(rank, "compute"):  # sorted by start
+                if s.end > reach:
+                    total += s.end - max(s.start, reach)
+                    reach = s.end
+            self._busy[rank] = total
+        return self._busy[rank]
 
     def bubble(self, rank: int) -> float:
         """Idle compute time of ``rank`` within the step: ``makespan - busy(rank)``."""
@@ -319,7 +340,8 @@ class Timeline:
             _check_span(item, f"spans[{i}]")
             if item["rank"] not in rank_set:
                 raise TimelineFormatError(f"spans[{i}].rank", item["rank"], f"is not listed in ranks {ranks}")
-            spans.append(Span(**{k: item.get(k) for k in _SPAN_FIELDS}))
+            spans.append(Span(item["rank"], item["name"], item["kind"], item.get("stage"), item.get("microbatch"),
+                              item["start"], item["end"], item["track"], item.get("peer")))
         memory = None
         if data.get("memory") is not None:
             memory = _read_memory(data["memory"], rank_set)
@@ -472,6 +494,8 @@ class SpanRecorder:
 
 # ---------------------------------------------------------------------- field checks
 _SPAN_FIELDS = ("rank", "name", "kind", "stage", "microbatch", "start", "end", "track", "peer")
+_SPAN_FIELD_SET = frozenset(_SPAN_FIELDS)
+_PIPELINE_KINDS = frozenset(("F", "B", "W", "SEND", "RECV"))
 
 
 def _as_action(name: str) -> Any:
@@ -495,7 +519,7 @@ def _check_span(item: Any, path: str) -> None:
     if not isinstance(item, Mapping):
         raise TimelineFormatError(path, item, "is not an object with fields " + ", ".join(_SPAN_FIELDS))
     for key in item:
-        if key not in _SPAN_FIELDS:
+        if key not in _SPAN_FIELD_SET:
             raise TimelineFormatError(f"{path}.{key}", item[key], f"is not a span field; fields are {list(_SPAN_FIELDS)}")
     for key in ("rank", "name", "kind", "start", "end", "track"):
         if key not in item:
@@ -515,11 +539,11 @@ def _check_span(item: Any, path: str) -> None:
     _check_time(item["end"], f"{path}.end")
     if item["end"] < item["start"]:
         raise TimelineFormatError(f"{path}.end", item["end"], f"is before the span's start {item['start']!r}")
-    if item["kind"] in ("F", "B", "W", "SEND", "RECV") and (action := _as_action(item["name"])) is not None:
+    if item["kind"] in _PIPELINE_KINDS and (token := TOKEN_RE.match(item["name"])) is not None:
         # A pipeline token as name must agree with the span's own fields.
-        if action.span_kind != item["kind"]:
+        if token.group(2).split("_", 1)[0] != item["kind"]:
             raise TimelineFormatError(f"{path}.kind", item["kind"], f"disagrees with its name {item['name']!r}")
-        for key, want in (("stage", action.stage), ("microbatch", action.microbatch)):
+        for key, want in (("stage", int(token.group(1))), ("microbatch", int(token.group(3)))):
             if item.get(key) is not None and item[key] != want:
                 raise TimelineFormatError(f"{path}.{key}", item[key], f"disagrees with its name {item['name']!r}")
 

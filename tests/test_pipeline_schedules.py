@@ -21,7 +21,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mpipar
-from mpipar.pipeline import ACTION_KINDS, Action, Schedule, build_schedule, dependencies, parse_action
+from mpipar.pipeline import (
+    ACTION_KINDS,
+    Action,
+    Schedule,
+    build_schedule,
+    dependencies,
+    matching,
+    parse_action,
+    transfer_tag,
+)
 from mpipar.pipeline.lower import time_compute_orders
 from simulator import simulate_schedule
 from simulator.cost import PipelineCost, StageMemory
@@ -139,6 +148,22 @@ def test_import_mpipar_exposes_pipeline() -> None:
     ]
     # Peers are filled in: rank 1's receives come from rank 0, its sends go there.
     assert {a.peer for a in schedule.actions[1] if a.is_comm} == {0}
+
+
+@pytest.mark.parametrize("kind", ["1F1B", "Interleaved1F1B"])
+def test_transfer_tags_pair_sends_with_receives(kind: str) -> None:
+    chunks = 2 if kind == "Interleaved1F1B" else 1
+    schedule = build_schedule(kind, 3 * chunks, 5, num_chunks=chunks)
+    sends = {transfer_tag(a, schedule.num_stages): (r, a) for r, row in enumerate(schedule.actions) for a in row if a.is_send}
+    recvs = {transfer_tag(a, schedule.num_stages): (r, a) for r, row in enumerate(schedule.actions) for a in row if a.is_recv}
+    assert sends.keys() == recvs.keys()
+    assert len(sends) == sum(a.is_send for row in schedule.actions for a in row)  # unique per transfer
+    for tag, (src, send) in sends.items():
+        dst, recv = recvs[tag]
+        assert (send.peer, recv.peer) == (dst, src)
+        assert matching(send).key == recv.key
+    with pytest.raises(ValueError, match="0F0 is not a send or receive"):
+        transfer_tag(parse_action("0F0"), 3)
 
 
 def test_interleaved_stage_placement() -> None:

@@ -23,6 +23,7 @@ from mpipar.pipeline.actions import (
     dependencies,
     matching,
     parse_action,
+    transfer_tag,
 )
 from mpipar.pipeline.schedule import KINDS, Schedule, build_schedule, resolve_kind
 from mpipar.pipeline.validate import DryRun, stage_rank
@@ -51,5 +52,6 @@ __all__ = [
     "parse_action",
     "resolve_kind",
     "stage_rank",
+    "transfer_tag",
     "validate",
 ]

@@ -40,7 +40,8 @@ ACTION_KINDS = COMPUTE_KINDS + COMM_KINDS
 SPAN_KINDS = ("F", "B", "W", "SEND", "RECV")
 """The ``kind`` a timeline span of an action carries: comm tokens collapse to SEND / RECV."""
 
-_TOKEN = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|W)(\d+)\s*$")
+TOKEN_RE = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|W)(\d+)\s*$")
+"""Groups: stage, kind, micro-batch."""
 
 
 class ScheduleError(ValueError):
@@ -150,7 +151,7 @@ def parse_action(text: str | Action, peer: int | None = None) -> Action:
         return text if peer is None else text.with_peer(peer)
     if not isinstance(text, str):
         raise TypeError(f"a pipeline action is an Action or a token like '0F1', got {text!r}")
-    m = _TOKEN.match(text)
+    m = TOKEN_RE.match(text)
     if m is None:
         raise ValueError(
             f"cannot parse pipeline action {text!r}; write <stage><kind><microbatch> with kind one of "
@@ -223,6 +224,19 @@ def matching(action: Action) -> Action:
         raise ValueError(f"{action} is not a send or receive")
     kind, stage = table[action.kind]
     return Action(kind, stage, m)
+
+
+def transfer_tag(action: Action, num_stages: int) -> int:
+    """A message tag both halves of one transfer agree on, unique within a schedule.
+
+    ``0SEND_F2`` and ``1RECV_F2`` get the same tag; so do ``1SEND_B2`` and ``0RECV_B2``. The
+    tag counts (micro-batch, sending stage, direction), so runtimes can match messages by tag.
+    """
+    if not action.is_comm:
+        raise ValueError(f"{action} is not a send or receive; only transfers have tags")
+    send = action if action.is_send else matching(action)
+    direction = 0 if send.kind == "SEND_F" else 1
+    return (send.microbatch * num_stages + send.stage) * 2 + direction
 
 
 def producer(action: Action) -> Action:

@@ -57,12 +57,10 @@ class Schedule:
             split_backward = any(a.kind == "W" for row in normalized for a in row)
         check_structure(normalized, num_stages, num_microbatches, split_backward)
         self._actions = normalized
-        self.kind = str(kind)
-        self.num_stages = num_stages
-        self.num_microbatches = num_microbatches
-        self.num_ranks = num_ranks
-        self.num_chunks = num_stages // num_ranks
-        self.split_backward = bool(split_backward)
+        self._kind = str(kind)
+        self._num_stages = num_stages
+        self._num_microbatches = num_microbatches
+        self._split_backward = bool(split_backward)
         self._dry_runs: dict[str, DryRun] = {}
 
     # ------------------------------------------------------------------ construction
@@ -147,6 +145,33 @@ class Schedule:
         return cls(lists, stages, mbs, kind=kind)
 
     # ------------------------------------------------------------------ basic views
+    # Read-only: a Schedule is a value (build_schedule caches and shares them).
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    @property
+    def num_stages(self) -> int:
+        return self._num_stages
+
+    @property
+    def num_microbatches(self) -> int:
+        return self._num_microbatches
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self._actions)
+
+    @property
+    def num_chunks(self) -> int:
+        """Stages per rank (virtual stages of interleaved schedules; 1 otherwise)."""
+        return self._num_stages // len(self._actions)
+
+    @property
+    def split_backward(self) -> bool:
+        """Whether backward is split into B (input gradient) and W (weight gradient)."""
+        return self._split_backward
+
     @property
     def actions(self) -> tuple[tuple[Action, ...], ...]:
         """``actions[rank]``: that rank's actions in execution order."""
