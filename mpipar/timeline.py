@@ -193,10 +193,19 @@ class Timeline:
             items = list(memory.values()) if isinstance(memory, Mapping) else list(memory)
             curves = {}
             for curve in items:
+                if not isinstance(curve, MemoryCurve):
+                    raise TypeError(f"Timeline memory holds MemoryCurve values, got {type(curve).__name__}")
                 if curve.rank not in known:
                     raise TimelineFormatError("memory.rank", curve.rank, f"is not one of the timeline's ranks {rank_list}")
+                if set(curve.bytes) != set(items[0].bytes):
+                    raise TimelineFormatError(
+                        f"memory[rank {curve.rank}].bytes", sorted(curve.bytes),
+                        f"has other categories than rank {items[0].rank}'s {sorted(items[0].bytes)}; give every rank the same",
+                    )
                 curves[curve.rank] = curve
-        self.spans: list[Span] = sorted(span_list, key=lambda s: (s.rank, s.track != "compute", s.start, s.end))
+        self.spans: tuple[Span, ...] = tuple(
+            sorted(span_list, key=lambda s: (s.rank, s.track != "compute", s.start, s.end))
+        )
         self._by_rank: dict[int, list[Span]] = {r: [] for r in rank_list}
         for span in self.spans:
             self._by_rank[span.rank].append(span)

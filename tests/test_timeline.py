@@ -198,3 +198,13 @@ def test_span_and_timeline_constructors_refuse_bad_values() -> None:
         Timeline([Span(5, "x", "OTHER", None, None, 0.0, 1.0)], ranks=[0])
     with pytest.raises(TypeError, match="spans\\[0\\] is dict, not a Span"):
         Timeline([{"rank": 0}])  # type: ignore[list-item]
+
+
+def test_memory_curves_must_share_categories() -> None:
+    a = MemoryCurve(0, (0.0,), {"parameters": (1.0,)})
+    b = MemoryCurve(1, (0.0,), {"activations": (1.0,)})
+    with pytest.raises(TimelineFormatError, match=r"memory\[rank 1\]\.bytes: \['activations'\] has other categories"):
+        Timeline([], ranks=[0, 1], memory=[a, b])
+    same = Timeline([], ranks=[0, 1], memory=[a, MemoryCurve(1, (0.0, 2.0), {"parameters": (1.0, 3.0)})])
+    assert Timeline.from_dict(same.to_dict()) == same
+    assert same.peak_memory() == {0: 1.0, 1: 3.0}
