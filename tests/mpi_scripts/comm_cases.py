@@ -1,6 +1,7 @@
 """Every Communicator method under MPI against the simulator's VirtualCommunicator, bit for bit.
 
     mpiexec -n 4 python tests/mpi_scripts/comm_cases.py --cases 120 --seed 0
+    MPIPAR_BACKEND=nccl mpiexec -n 2 python tests/mpi_scripts/comm_cases.py   # one GPU per rank
 
 Each rank builds every member's buffers from the same seed, runs the virtual communicator
 on all of them in-process (the simulator's answer), runs the MPI communicator on its own
@@ -23,6 +24,7 @@ import numpy as np
 
 import mpipar as dist
 from mpipar.comm import PointToPoint
+from mpipar.xp import to_numpy
 from simulator.virtual_comm import VirtualCommunicator
 
 OPS = ["all_reduce", "reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "barrier"]
@@ -43,7 +45,7 @@ def values(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) ->
 
 
 def same(label: str, got: Any, want: Any) -> None:
-    got, want = np.asarray(got), np.asarray(want)
+    got, want = to_numpy(got), to_numpy(want)  # CuPy results under the nccl backend
     if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
         raise AssertionError(
             f"{label}: MPI gives {got.dtype}{list(got.shape)}, the simulator {want.dtype}{list(want.shape)}"
@@ -146,7 +148,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     backend = dist.current_backend()
-    assert backend.name == "mpi", f"run me under mpiexec (backend is {backend.name})"
+    assert backend.name in ("mpi", "nccl"), f"run me under mpiexec (backend is {backend.name})"
     world, me = backend.world_size, backend.rank
     rng = np.random.default_rng([args.seed, world])
     for i in range(args.cases):

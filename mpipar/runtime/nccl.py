@@ -1,0 +1,280 @@
+"""The NCCL backend: one process per rank and GPU, CuPy shards, ``cupy.cuda.nccl`` transport.
+
+    pip install -e ".[gpu]"                      # cupy-cuda12x and nvidia-nccl-cu12
+    mpiexec -n 8 python train.py                 # chosen automatically when CUDA is usable
+    MPIPAR_BACKEND=nccl mpiexec -n 8 python train.py
+
+NOT RUN ON A GPU HERE: the machines this project is developed and tested on have no CUDA
+device, so this module is exercised only up to its refusal without one
+(``tests/test_gpu_nccl.py`` runs the rest where a GPU exists).
+
+Same interface and algorithms as the MPI backend (``mpipar.runtime.ordered``: every
+reduction runs locally in group order, so results stay bit-identical to the simulator's),
+with device transport:
+
+* **One GPU per rank**, chosen by the local rank on its node (``MPI_LOCALRANKID`` from MPICH's
+  hydra, ``OMPI_COMM_WORLD_LOCAL_RANK`` from Open MPI, ``SLURM_LOCALID``; otherwise the rank
+  within an ``MPI_COMM_TYPE_SHARED`` split of the world) modulo the visible device count.
+* **One NCCL communicator per rank group**, created on first use: member 0 calls
+  ``nccl.get_unique_id()``, the id is broadcast over the group's MPI communicator, every
+  member joins with ``NcclCommunicator(n, id, index)``. A world communicator, created when
+  the backend starts, carries point-to-point ``exchange``.
+* **A private CUDA stream** carries every NCCL call; a collective returns after
+  ``stream.synchronize()``, which runs under the fault watchdog (``MPIPAR_TIMEOUT``); on
+  expiry the watchdog aborts every NCCL communicator before ``MPI_Abort``.
+* Uneven pieces: NCCL has no v-variants, so ``alltoallv``/``allgatherv``/``gatherv`` are
+  grouped ``send``/``recv`` calls (``groupStart``/``groupEnd``) with exact byte counts;
+  ``allGather`` is used when every piece has the same size. Data moves as ``NCCL_UINT8``.
+* ``send``/``recv`` (buffered semantics: a send must not wait for its receive) stage through
+  host memory over MPI; ``exchange`` stays on the GPU.
+* Check mode and arrival notices travel over MPI, as in the MPI backend.
+
+CuPy is imported only when the backend starts, never at module import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from mpipar.comm import Array, Group, PointToPoint, Shape
+from mpipar.runtime.faults import LEADER_HEAD_START_S
+from mpipar.runtime.mpi import MPIBackend, MPICommunicator, MPIRuntime, runtime
+
+NCCL_UNIQUE_ID_BYTES = 128  # ncclUniqueId's size, fixed by nccl.h
+
+LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+
+
+def _import_cupy(rank: int) -> Any:
+    """CuPy, or a clear error saying why the NCCL backend cannot run here."""
+    try:
+        import cupy  # optional GPU dependency: never imported at module top
+        from cupy.cuda import nccl
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device is visible")
+        if not getattr(nccl, "available", True):
+            raise RuntimeError("CuPy was built without NCCL")
+    except Exception as exc:
+        message = (
+            f"the nccl backend needs CuPy with NCCL and a CUDA device, but: {exc} "
+            "(install the extra: pip install -e '.[gpu]'; or run on CPUs with MPIPAR_BACKEND=mpi)"
+        )
+        if rank:  # every rank finds the same problem: let rank 0's report end the job alone
+            time.sleep(LEADER_HEAD_START_S)
+        raise RuntimeError(message) from None
+    return cupy
+
+
+def local_rank(world: Any) -> int:
+    """This process's rank among the processes of its node (chooses its GPU)."""
+    for var in LOCAL_RANK_VARS:
+        raw = os.environ.get(var, "").strip()
+        if raw.isdigit():
+            return int(raw)
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
+class NCCLCommunicator(MPICommunicator):
+    """NCCL transport for the ordered collectives (see the module docstring)."""
+
+    name = "nccl"
+
+    def __init__(self, rt: MPIRuntime) -> None:
+        super().__init__(rt)
+        cupy = _import_cupy(rt.rank)
+        from cupy.cuda import nccl
+
+        self._cp = cupy
+        self._nccl_mod = nccl
+        self.device = local_rank(rt.world) % cupy.cuda.runtime.getDeviceCount()
+        cupy.cuda.Device(self.device).use()
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._groups: dict[Group, Any] = {}
+        rt.watchdog.on_expire.append(self._abort_all)
+        self._world = self._nccl_for(tuple(range(rt.size)))
+
+    @property
+    def xp(self) -> Any:
+        return self._cp
+
+    # ------------------------------------------------------------------ plumbing
+    def _nccl_for(self, group: Group) -> Any:
+        """The cached NCCL communicator of ``group`` (member i = its NCCL rank i)."""
+        comm = self._groups.get(group)
+        if comm is None:
+            mpi_comm = self._rt.comm_for(group)
+            uid = np.zeros(NCCL_UNIQUE_ID_BYTES, dtype=np.int8)
+            if group.index(self.rank) == 0:
+                uid[:] = np.array(self._nccl_mod.get_unique_id(), dtype=np.int8)
+            with self._rt.watchdog.watch("creating the group's NCCL communicator", group, 0):
+                mpi_comm.Ibcast([uid, MPI.BYTE], root=0).Wait()
+                comm = self._nccl_mod.NcclCommunicator(len(group), tuple(int(x) for x in uid), group.index(self.rank))
+            self._groups[group] = comm
+        return comm
+
+    def _abort_all(self) -> None:
+        for comm in self._groups.values():
+            with contextlib.suppress(Exception):
+                comm.abort()
+
+    def _sync(self) -> None:
+        """Wait for the stream (inside the caller's watchdog context)."""
+        self.stream.synchronize()
+
+    def _flat(self, a: Array, dtype: Any) -> Array:
+        cp = self._cp
+        return cp.ascontiguousarray(cp.asarray(a, dtype=dtype)).reshape(-1)
+
+    def _u8(self, a: Array) -> Array:
+        return a.reshape(-1).view(self._cp.uint8)
+
+    def _p2p(self, comm: Any, sends: Sequence[tuple[Array, int]], recvs: Sequence[tuple[Array, int]]) -> None:
+        """One NCCL group of sends ``(uint8 buffer, peer)`` and receives; then wait."""
+        u8 = self._nccl_mod.NCCL_UINT8
+        stream = self.stream.ptr
+        self._nccl_mod.groupStart()
+        try:
+            for buf, peer in sends:
+                if buf.size:
+                    comm.send(buf.data.ptr, buf.size, u8, peer, stream)
+            for buf, peer in recvs:
+                if buf.size:
+                    comm.recv(buf.data.ptr, buf.size, u8, peer, stream)
+        finally:
+            self._nccl_mod.groupEnd()
+        self._sync()
+
+    # ------------------------------------------------------------------ transport
+    def _t_alltoallv(self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]) -> None:
+        comm, i = self._nccl_for(group), group.index(self.rank)
+        s8, r8 = self._u8(send), self._u8(recv)
+        sd, rd = _offsets(scounts, send.itemsize), _offsets(rcounts, recv.itemsize)
+        sends, recvs = [], []
+        for j in range(len(group)):
+            src = s8[sd[j] : sd[j + 1]]
+            dst = r8[rd[j] : rd[j + 1]]
+            if j == i:
+                with self.stream:
+                    dst[...] = src
+            else:
+                sends.append((src, j))
+                recvs.append((dst, j))
+        self._p2p(comm, sends, recvs)
+
+    def _t_allgatherv(self, group: Group, send: Array, recv: Array, counts: Sequence[int]) -> None:
+        comm, i = self._nccl_for(group), group.index(self.rank)
+        s8, r8 = self._u8(send), self._u8(recv)
+        if len(set(counts)) == 1:
+            if counts[0]:
+                comm.allGather(s8.data.ptr, r8.data.ptr, s8.size, self._nccl_mod.NCCL_UINT8, self.stream.ptr)
+                self._sync()
+            return
+        rd = _offsets(counts, recv.itemsize)
+        with self.stream:
+            r8[rd[i] : rd[i + 1]] = s8
+        peers = [j for j in range(len(group)) if j != i]
+        self._p2p(comm, [(s8, j) for j in peers], [(r8[rd[j] : rd[j + 1]], j) for j in peers])
+
+    def _t_gatherv(self, group: Group, root: int, send: Array, recv: Array | None, counts: Sequence[int]) -> None:
+        comm, i = self._nccl_for(group), group.index(self.rank)
+        s8 = self._u8(send)
+        if recv is None:
+            self._p2p(comm, [(s8, root)], [])
+            return
+        r8 = self._u8(recv)
+        rd = _offsets(counts, recv.itemsize)
+        with self.stream:
+            r8[rd[i] : rd[i + 1]] = s8
+        self._p2p(comm, [], [(r8[rd[j] : rd[j + 1]], j) for j in range(len(group)) if j != i])
+
+    def _t_bcast(self, group: Group, buf: Array, root: int) -> None:
+        b8 = self._u8(buf)
+        if b8.size:
+            self._nccl_for(group).bcast(b8.data.ptr, b8.size, self._nccl_mod.NCCL_UINT8, root, self.stream.ptr)
+            self._sync()
+
+    def _t_barrier(self, group: Group) -> None:
+        self._sync()
+        super()._t_barrier(group)
+
+    # ------------------------------------------------------------------ point to point
+    def _exchange(self, transfers: Sequence[PointToPoint], hosted: set[int]) -> dict[tuple[int, int, int], Array]:
+        cp = self._cp
+        self._reap()
+        sends: list[tuple[Array, int]] = []
+        recvs: list[tuple[Array, int]] = []
+        out: dict[tuple[int, int, int], Array] = {}
+        peers: set[int] = set()
+        # NCCL has no tags: messages between a pair match in posting order, which is the
+        # plan's piece order on both sides.
+        for t in transfers:
+            if t.src == self.rank:
+                if t.data is None or tuple(t.data.shape) != tuple(t.shape):
+                    got = "no data" if t.data is None else f"shape {list(t.data.shape)}"
+                    raise RuntimeError(f"transfer {t.src} -> {t.dst} (tag {t.tag}): the sender has {got}, expected {list(t.shape)}")
+                sends.append((self._u8(self._flat(t.data, t.dtype)), t.dst))
+                peers.add(t.dst)
+            elif t.dst == self.rank:
+                buf = cp.empty(t.shape, dtype=t.dtype)
+                out[(t.src, t.dst, t.tag)] = buf
+                recvs.append((self._u8(buf), t.src))
+                peers.add(t.src)
+        if not peers:
+            return out
+        self._exchanges += 1
+        group = tuple(sorted(peers | {self.rank}))
+        with self._rt.watchdog.watch(f"point-to-point exchange with ranks {sorted(peers)}", group, self._exchanges, p2p=True):
+            self._p2p(self._world, sends, recvs)
+        return out
+
+    def _send(self, src: int, dst: int, buf: Array, tag: int) -> None:
+        super()._send(src, dst, self._cp.asnumpy(buf), tag)
+
+    def _recv(self, src: int, dst: int, shape: Shape, dtype: np.dtype, tag: int) -> Array:
+        return self._cp.asarray(super()._recv(src, dst, shape, dtype, tag))
+
+
+def _offsets(counts: Sequence[int], itemsize: int) -> list[int]:
+    out = [0]
+    for c in counts:
+        out.append(out[-1] + int(c) * itemsize)
+    return out
+
+
+_communicator: NCCLCommunicator | None = None
+
+
+class NCCLBackend(MPIBackend):
+    """One process per rank and GPU; CuPy shards; NCCL collectives (see the module docstring)."""
+
+    name = "nccl"
+
+    def __init__(self) -> None:
+        global _communicator
+        self._rt = runtime()
+        if _communicator is None:
+            _communicator = NCCLCommunicator(self._rt)
+        self._nccl_comm = _communicator
+
+    @property
+    def comm(self) -> NCCLCommunicator:  # type: ignore[override]
+        return self._nccl_comm
+
+    @property
+    def xp(self) -> Any:
+        return self._nccl_comm.xp
+
+    def describe(self) -> str:
+        return f"nccl: rank {self._rt.rank} of {self._rt.size} on GPU {self._nccl_comm.device}"
