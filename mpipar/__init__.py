@@ -11,14 +11,51 @@ Run the same script with ``python script.py`` (simulator, every rank in-process)
 (one big device) or ``mpiexec -n 8 python script.py``.
 """
 
-from mpipar import _threads  # noqa: F401  (first: caps BLAS threads under MPI before NumPy loads)
-from mpipar import pipeline as pipeline  # mpipar.pipeline.build_schedule works after `import mpipar`
+from mpipar import _threads  # noqa: F401, I001  (first: caps BLAS threads under MPI before NumPy loads)
+from mpipar import nn, ops, pipeline, spmd
+from mpipar.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from mpipar.backend import current_backend, get_rank, get_world_size, set_backend, use_backend
 from mpipar.checkpoint import load_state_dict, save_state_dict
 from mpipar.comm import CommEvent, comm_context
 from mpipar.debug import CommDebugMode
 from mpipar.mesh import ProcessMesh
+from mpipar.ops.linalg import matmul
+from mpipar.ops.manipulation import broadcast_to, concat, expand, reshape, split, squeeze, transpose, unsqueeze
+from mpipar.ops.manipulation import slice_ as slice
+from mpipar.ops.math import (
+    add,
+    assign,
+    cast,
+    divide,
+    equal,
+    exp,
+    greater_equal,
+    greater_than,
+    less_equal,
+    less_than,
+    log,
+    maximum,
+    mean,
+    minimum,
+    multiply,
+    neg,
+    not_equal,
+    rsqrt,
+    scale,
+    sigmoid,
+    sqrt,
+    square,
+    subtract,
+    tanh,
+    where,
+)
+from mpipar.ops.math import abs_ as abs
+from mpipar.ops.math import max_ as max
+from mpipar.ops.math import min_ as min
+from mpipar.ops.math import pow_ as pow
+from mpipar.ops.math import sum_ as sum
 from mpipar.placement import Partial, Placement, ReduceType, Replicate, Shard, parse_placements
+from mpipar.random import get_rng_state, seed, set_rng_state
 from mpipar.reshard import ReshardPlan, ReshardStep, plan_reshard
 from mpipar.runtime.log import print_once
 from mpipar.spec import DistSpec, chunk_range
@@ -26,6 +63,7 @@ from mpipar.tensor import DistTensor, Parameter, Shape, Tensor, dtensor_from_loc
 
 __version__ = "0.1.0"
 
+# Paddle's names shadow a few builtins on purpose (dist.sum, dist.max, dist.slice, ...).
 __all__ = [
     "CommDebugMode",
     "CommEvent",
@@ -42,20 +80,71 @@ __all__ = [
     "Shape",
     "Shard",
     "Tensor",
+    "abs",
+    "add",
+    "assign",
+    "broadcast_to",
+    "cast",
     "chunk_range",
     "comm_context",
+    "concat",
     "current_backend",
+    "divide",
     "dtensor_from_local",
+    "enable_grad",
+    "equal",
+    "exp",
+    "expand",
     "get_rank",
+    "get_rng_state",
     "get_world_size",
+    "greater_equal",
+    "greater_than",
+    "is_grad_enabled",
+    "less_equal",
+    "less_than",
     "load_state_dict",
+    "log",
+    "matmul",
+    "max",
+    "maximum",
+    "mean",
+    "min",
+    "minimum",
+    "multiply",
+    "neg",
+    "nn",
+    "no_grad",
+    "not_equal",
+    "ops",
     "parse_placements",
+    "pipeline",
     "plan_reshard",
+    "pow",
     "print_once",
+    "reshape",
     "reshard",
+    "rsqrt",
     "save_state_dict",
+    "scale",
+    "seed",
     "set_backend",
+    "set_grad_enabled",
+    "set_rng_state",
     "shard_tensor",
+    "sigmoid",
+    "slice",
+    "split",
+    "spmd",
+    "sqrt",
+    "square",
+    "squeeze",
+    "subtract",
+    "sum",
+    "tanh",
     "to_tensor",
+    "transpose",
+    "unsqueeze",
     "use_backend",
+    "where",
 ]

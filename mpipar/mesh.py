@@ -61,6 +61,16 @@ class ProcessMesh:
 
         current_backend().validate_mesh(self)
 
+    @classmethod
+    def unchecked(cls, ids: Any, dim_names: Sequence[str]) -> ProcessMesh:
+        """A mesh not validated against the backend's world (bookkeeping meshes, plans at scale)."""
+        mesh = cls.__new__(cls)
+        arr = np.asarray(ids, dtype=np.int64).copy()
+        arr.flags.writeable = False
+        mesh._ids = arr
+        mesh._dim_names = tuple(dim_names)
+        return mesh
+
     # ----------------------------------------------------------------------- basic views
     @property
     def shape(self) -> list[int]:

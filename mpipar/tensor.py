@@ -92,6 +92,11 @@ class Tensor:
         self.stop_gradient = stop_gradient
         self.name = name
         self.grad: Tensor | None = None
+        self.grad_placements: list[Placement] | None = None
+        """Layout of this leaf's gradient when it should differ from its own (ZeRO-2)."""
+        self._grad_fn: Any = None
+        self._out_index = 0
+        self._grad_hooks: list[Callable[[Tensor], Tensor | None]] = []
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -121,6 +126,14 @@ class Tensor:
         self._value = None
         self._dtype = dtype
         self._shape = Shape(spec.shape)
+
+    def detach(self) -> Tensor:
+        """The same value with no history (shares the read-only storage)."""
+        t = Tensor.__new__(Tensor)
+        Tensor.__init__(t, None, dtype=self._dtype)
+        t._take_storage(self)
+        t.name = self.name
+        return t
 
     def _take_storage(self, other: Tensor) -> None:
         """Become ``other``'s value and layout (used by in-place marking)."""
@@ -184,6 +197,38 @@ class Tensor:
         kind = "DistTensor" if self.is_dist else "Tensor"
         name = f" {self.name!r}" if self.name else ""
         return f"{kind}{name} of shape {list(self._shape)}"
+
+    # ------------------------------------------------------------------ autograd
+    @property
+    def is_leaf(self) -> bool:
+        return self._grad_fn is None
+
+    def grad_spec(self) -> DistSpec:
+        """The layout this leaf's gradient is kept in: its own (Partial read as Replicate)."""
+        spec = self.spec
+        pls = self.grad_placements or [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
+        return DistSpec(spec.shape, spec.mesh, pls)
+
+    def backward(self, grad_tensor: Any = None, retain_graph: bool = False) -> None:
+        """Accumulate gradients of this tensor into every leaf that requires one."""
+        from mpipar.autograd import backward
+
+        backward(self, grad_tensor, retain_graph)
+
+    def clear_grad(self, set_to_zero: bool = False) -> None:
+        self.grad = None
+
+    clear_gradient = clear_grad
+
+    def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> Callable[[], None]:
+        """Call ``hook(grad)`` when this leaf's gradient arrives (it may return a replacement)."""
+        self._grad_hooks.append(hook)
+
+        def remove() -> None:
+            if hook in self._grad_hooks:
+                self._grad_hooks.remove(hook)
+
+        return remove
 
     # ------------------------------------------------------------------ values
     def local_tensor(self, rank: int | None = None) -> Array:
@@ -350,7 +395,15 @@ def shard_tensor(
                 f"{data.dtype} to {np.dtype(dtype)}; cast it first"
             )
         spec = _spec_for(f"shard_tensor of {data._label()}", data.shape, mesh, pls)
-        if data.is_dist:
+        if data._grad_fn is not None:
+            # A tensor with history: the marked value is a reshard of the old one, on the tape.
+            history = data.detach()
+            history._grad_fn, history._out_index = data._grad_fn, data._out_index
+            history.stop_gradient = data.stop_gradient
+            moved = reshard(history, mesh, pls)
+            target._take_storage(moved)
+            target._grad_fn, target._out_index = moved._grad_fn, moved._out_index
+        elif data.is_dist:
             target._take_storage(reshard(data, mesh, pls))
         elif backend.reference:
             target._take_storage(Tensor._from_reference(spec, data._value))
@@ -391,6 +444,10 @@ def reshard(tensor: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) 
         shards = execute_plan(plan, tensor._shards, tensor.dtype, backend)
         out = Tensor._from_shards(dst, shards, tensor.dtype)
     out.stop_gradient = tensor.stop_gradient
+    from mpipar import autograd
+
+    if not tensor.stop_gradient and autograd.is_grad_enabled():
+        out._grad_fn = autograd.reshard_node(tensor)
     return out
 
 

@@ -1,0 +1,194 @@
+"""Reverse-mode autograd: a tape of op nodes whose backward is written in distributed ops.
+
+Every differentiable op call records a ``Node`` holding what its gradient function needs.
+``backward(loss)`` walks the nodes in reverse topological order and calls their gradient
+functions, which are ordinary mpipar ops: gradients are distributed tensors whose layouts
+are inferred by the same rules and resharded by the same planner as the forward pass. A
+leaf's gradient is resharded to the leaf's own placements (or to ``leaf.grad_placements``
+when an optimizer asks for another layout, as ZeRO-2 does) -- that reshard is where data
+parallelism's all-reduce comes from.
+
+Gradients are values of the *global* tensor: the gradient of a Partial tensor is the
+gradient of its reduced value, so a reshard's backward is the identity (no communication;
+the consumer's rule reshards as it needs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from mpipar.tensor import Tensor
+
+_grad_enabled = True
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled
+
+
+class _GradMode(contextlib.ContextDecorator):
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._saved: list[bool] = []
+
+    def __enter__(self) -> None:
+        global _grad_enabled
+        self._saved.append(_grad_enabled)
+        _grad_enabled = self.enabled
+
+    def __exit__(self, *exc: object) -> None:
+        global _grad_enabled
+        _grad_enabled = self._saved.pop()
+
+
+def no_grad(func: F | None = None) -> Any:
+    """Context manager (``with dist.no_grad():``) or decorator: record no tape."""
+    mode = _GradMode(False)
+    return mode(func) if func is not None else mode
+
+
+def enable_grad() -> _GradMode:
+    return _GradMode(True)
+
+
+@dataclass(eq=False)
+class GradContext:
+    """What a gradient function sees: saved forward tensors (detached), attributes, metadata."""
+
+    op: str
+    attrs: dict[str, Any]
+    inputs: list[Tensor | None]
+    """Forward inputs as the kernel saw them (after the rule's reshard); None if not saved."""
+    outputs: list[Tensor | None]
+    input_shapes: list[tuple[int, ...]]
+    input_dtypes: list[Any]
+    needs_grad: list[bool]
+
+
+@dataclass(eq=False)
+class Node:
+    """One recorded op call."""
+
+    op: str
+    grad_fn: Callable[[GradContext, list[Tensor | None]], Sequence[Tensor | None]]
+    ctx: GradContext
+    parents: list[Tensor | None]
+    """The tensors gradients flow to, one per (flattened) input; None where none is needed."""
+    num_outputs: int = 1
+    name: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def release(self) -> None:
+        """Drop saved tensors (after backward without retain_graph)."""
+        self.ctx.inputs = [None] * len(self.ctx.inputs)
+        self.ctx.outputs = [None] * len(self.ctx.outputs)
+
+    def saved_tensors(self) -> list[Tensor]:
+        return [t for t in (*self.ctx.inputs, *self.ctx.outputs) if t is not None]
+
+
+def _identity_grad(ctx: GradContext, grads: list[Tensor | None]) -> list[Tensor | None]:
+    return [grads[0]]
+
+
+def reshard_node(source: Tensor) -> Node:
+    """The node of a reshard: its backward passes the gradient through unchanged."""
+    ctx = GradContext("reshard", {}, [None], [None], [tuple(source.shape)], [source.dtype], [True])
+    return Node("reshard", _identity_grad, ctx, [source])
+
+
+def _topo_order(root: Tensor) -> list[Node]:
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = []
+    if root._grad_fn is not None:
+        stack.append((root._grad_fn, False))
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        for p in node.parents:
+            if p is not None and p._grad_fn is not None and id(p._grad_fn) not in seen:
+                stack.append((p._grad_fn, False))
+    return order  # parents before children
+
+
+def backward(root: Tensor, grad: Tensor | None = None, retain_graph: bool = False) -> None:
+    """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that wants a gradient."""
+    from mpipar.ops import math as M
+    from mpipar.tensor import Tensor
+
+    if root.stop_gradient:
+        raise ValueError(
+            f"backward() on {root._label()} that does not require grad (stop_gradient=True): no input "
+            "it depends on is trainable, or it was computed under no_grad"
+        )
+    with no_grad():
+        if grad is None:
+            grad = M.ones_like_global(root)
+        elif not isinstance(grad, Tensor):
+            grad = Tensor(grad, dtype=root.dtype)
+        if tuple(grad.shape) != tuple(root.shape):
+            raise ValueError(f"backward: grad of shape {list(grad.shape)} does not match {root._label()}")
+        if root._grad_fn is None:
+            _accumulate_leaf(root, grad)
+            return
+        order = _topo_order(root)
+        pending: dict[int, list[Tensor | None]] = {id(n): [None] * n.num_outputs for n in order}
+        pending[id(root._grad_fn)][root._out_index] = grad
+        for node in reversed(order):
+            out_grads = pending.pop(id(node))
+            if all(g is None for g in out_grads):
+                continue
+            in_grads = node.grad_fn(node.ctx, out_grads)
+            for parent, g in zip(node.parents, in_grads, strict=False):
+                if parent is None or g is None or parent.stop_gradient:
+                    continue
+                if parent._grad_fn is not None:
+                    slot = pending[id(parent._grad_fn)]
+                    i = parent._out_index
+                    slot[i] = g if slot[i] is None else M.add(slot[i], g)
+                else:
+                    _accumulate_leaf(parent, g)
+            if not retain_graph:
+                node.release()
+
+
+def _accumulate_leaf(leaf: Tensor, g: Tensor) -> None:
+    from mpipar.comm import comm_context
+    from mpipar.ops import math as M
+    from mpipar.tensor import reshard
+
+    if g.dtype != leaf.dtype:
+        g = M.cast(g, leaf.dtype)
+    if leaf.is_dist:
+        target = leaf.grad_spec()
+        if not g.is_dist or g.spec != target:
+            with comm_context(f"gradient of {leaf._label()} to its layout {target.placements_str}"):
+                g = reshard(g, target.mesh, list(target.placements))
+    elif g.is_dist:
+        from mpipar.tensor import Tensor
+
+        g = Tensor(g.full_tensor())
+    for hook in leaf._grad_hooks:
+        out = hook(g)
+        if out is not None:
+            g = out
+    leaf.grad = g if leaf.grad is None else M.add(leaf.grad, g)
+
+
+@contextlib.contextmanager
+def set_grad_enabled(mode: bool) -> Iterator[None]:
+    with _GradMode(mode):
+        yield

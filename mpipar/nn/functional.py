@@ -1,0 +1,140 @@
+"""``dist.nn.functional``: Paddle's functional neural-network API on dense and distributed tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mpipar import random as mrandom
+from mpipar.ops.dispatch import apply
+from mpipar.ops.linalg import matmul
+from mpipar.ops.manipulation import unsqueeze
+from mpipar.ops.math import add, as_tensor, cast, divide, mean, multiply, not_equal, sum_
+from mpipar.tensor import Tensor
+
+
+def relu(x: Any, name: str | None = None) -> Tensor:
+    return apply("relu", [as_tensor(x)])
+
+
+def gelu(x: Any, approximate: bool = False, name: str | None = None) -> Tensor:
+    return apply("gelu", [as_tensor(x)], {"approximate": bool(approximate)})
+
+
+def softmax(x: Any, axis: int = -1, dtype: Any = None, name: str | None = None) -> Tensor:
+    t = as_tensor(x)
+    if dtype is not None:
+        t = cast(t, dtype)
+    return apply("softmax", [t], {"axis": int(axis)})
+
+
+def log_softmax(x: Any, axis: int = -1, dtype: Any = None, name: str | None = None) -> Tensor:
+    t = as_tensor(x)
+    if dtype is not None:
+        t = cast(t, dtype)
+    return apply("log_softmax", [t], {"axis": int(axis)})
+
+
+def layer_norm(
+    x: Any,
+    normalized_shape: int | Sequence[int],
+    weight: Any = None,
+    bias: Any = None,
+    epsilon: float = 1e-5,
+    name: str | None = None,
+) -> Tensor:
+    """Normalise over the trailing ``normalized_shape`` dims (Paddle's signature)."""
+    t = as_tensor(x)
+    norm = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    if list(t.shape[t.ndim - len(norm) :]) != norm:
+        raise ValueError(f"layer_norm: normalized_shape {norm} does not match the trailing dims of {t._label()}")
+    begin = t.ndim - len(norm)
+    w = as_tensor(weight, t) if weight is not None else Tensor(np.ones(norm, dtype=t.dtype))
+    b = as_tensor(bias, t) if bias is not None else Tensor(np.zeros(norm, dtype=t.dtype))
+    y, _mean, _rstd = apply("layer_norm", [t, w, b], {"begin_norm_axis": begin, "epsilon": float(epsilon)})
+    return y
+
+
+def embedding(x: Any, weight: Tensor, padding_idx: int | None = None, sparse: bool = False, name: str | None = None) -> Tensor:
+    ids = as_tensor(x)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"embedding ids must be integers, got {ids.dtype} ({ids._label()})")
+    if padding_idx is not None and padding_idx < 0:
+        padding_idx += weight.shape[0]
+    return apply("embedding", [ids, weight], {"padding_idx": padding_idx})
+
+
+def linear(x: Any, weight: Tensor, bias: Tensor | None = None, name: str | None = None) -> Tensor:
+    """``x @ weight + bias`` with Paddle's (in_features, out_features) weight."""
+    out = matmul(x, weight)
+    return add(out, bias) if bias is not None else out
+
+
+def _label_like(label: Tensor, logits: Tensor, axis: int) -> Tensor:
+    if label.ndim == logits.ndim - 1:
+        return unsqueeze(label, axis % logits.ndim)
+    return label
+
+
+def softmax_with_cross_entropy(
+    logits: Any, label: Any, soft_label: bool = False, ignore_index: int = -100, numeric_stable_mode: bool = True,
+    return_softmax: bool = False, axis: int = -1,
+) -> Any:
+    if soft_label:
+        raise ValueError("softmax_with_cross_entropy: soft labels are not supported; pass class indices")
+    lg = as_tensor(logits)
+    lb = _label_like(as_tensor(label), lg, axis)
+    sm, loss = apply("cross_entropy_with_softmax", [lg, lb], {"axis": int(axis), "ignore_index": int(ignore_index)})
+    return (loss, sm) if return_softmax else loss
+
+
+def cross_entropy(
+    input: Any, label: Any, weight: Any = None, ignore_index: int = -100, reduction: str = "mean",
+    soft_label: bool = False, axis: int = -1, use_softmax: bool = True, name: str | None = None,
+) -> Tensor:
+    """Paddle's ``cross_entropy`` on logits and class-index labels; ``reduction`` mean/sum/none."""
+    if weight is not None:
+        raise ValueError("cross_entropy: class weights are not supported")
+    if not use_softmax:
+        raise ValueError("cross_entropy: use_softmax=False is not supported; pass logits")
+    loss = softmax_with_cross_entropy(input, label, soft_label, ignore_index, axis=axis)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return sum_(loss)
+    if reduction != "mean":
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if ignore_index < 0:  # class indices are >= 0: no label is ignored, every row counts
+        return mean(loss)
+    lb = _label_like(as_tensor(label), as_tensor(input), axis)
+    valid = sum_(cast(not_equal(lb, ignore_index), loss.dtype))
+    return divide(sum_(loss), valid)
+
+
+def dropout(x: Any, p: float = 0.5, axis: Any = None, training: bool = True, mode: str = "upscale_in_train", name: str | None = None) -> Tensor:
+    """Zero elements with probability ``p`` and scale the rest by 1/(1-p) (Paddle's default mode).
+
+    The mask depends only on the global element index and the draw number, so it is the
+    same on every mesh and in every launch mode.
+    """
+    t = as_tensor(x)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    if axis is not None:
+        raise ValueError("dropout: the axis argument is not supported")
+    if mode != "upscale_in_train":
+        raise ValueError(f"dropout: only mode 'upscale_in_train' is supported, got {mode!r}")
+    if not training or p == 0.0:
+        return t
+    if p == 1.0:
+        return multiply(t, 0.0)
+    return apply("dropout", [t], {"p": float(p), "key": mrandom.next_key()})
+
+
+def accuracy(input: Any, label: Any, k: int = 1, correct: Any = None, total: Any = None, name: str | None = None) -> Tensor:
+    """Top-k accuracy (``paddle.metric.accuracy``): the fraction of rows whose label is in the top k."""
+    pred = as_tensor(input)
+    lb = _label_like(as_tensor(label), pred, -1)
+    return apply("accuracy", [pred, lb], {"k": int(k)})

@@ -1,0 +1,321 @@
+"""Dispatch: rule -> reshard -> local kernel on each hosted rank -> outputs with the rule's layouts.
+
+Every op is written once as an ``OpDef``: a local kernel on NumPy/CuPy arrays, an SPMD rule
+name, an output dtype function and a gradient function written in mpipar ops. ``apply``
+runs it:
+
+1. dense inputs (and Python numbers) join a distributed computation as Replicate;
+2. the rule (cached per input layouts) names the layouts the op needs; inputs are
+   resharded, each reshard labelled with the op and rule that asked for it;
+3. the kernel runs once per hosted rank on the local shards. Kernels depend only on their
+   input arrays and the global boxes of inputs and outputs (``KernelContext``), never on the
+   rank: replicas with the same arrays and boxes compute once in the simulator;
+4. outputs get the rule's layouts; a tape node is recorded when gradients are wanted.
+
+Without any distributed input (or under ``--reference``, where every tensor is one dense
+array) the kernel runs once on whole arrays: the one-big-device oracle runs the same kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from mpipar import autograd
+from mpipar.backend import current_backend
+from mpipar.comm import comm_context
+from mpipar.mesh import ProcessMesh
+from mpipar.placement import Replicate
+from mpipar.reshard.executor import freeze
+from mpipar.spec import Box, DistSpec, box_shape, full_box
+from mpipar.spmd import registry as spmd
+from mpipar.tensor import Tensor, reshard
+
+Array = Any
+
+
+@dataclass
+class KernelContext:
+    """What a kernel may know besides its local arrays: global layouts and its boxes."""
+
+    in_specs: Sequence[DistSpec]
+    out_specs: Sequence[DistSpec]
+    in_boxes: Sequence[Box]
+    out_boxes: Sequence[Box]
+    xp: Any = np
+
+    def in_shape(self, i: int) -> tuple[int, ...]:
+        """Global shape of input ``i``."""
+        return self.in_specs[i].shape
+
+    def out_global_shape(self, i: int = 0) -> tuple[int, ...]:
+        return self.out_specs[i].shape
+
+    def out_local_shape(self, i: int = 0) -> tuple[int, ...]:
+        return box_shape(self.out_boxes[i])
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    kernel: Callable[..., Any]
+    """``kernel(ctx, *local_arrays, **attrs)`` -> array, or tuple of arrays (several outputs)."""
+    grad: Callable[[autograd.GradContext, list[Any]], Sequence[Any]] | None = None
+    num_outputs: int | Callable[[dict[str, Any]], int] = 1
+    """A count, or a function of the attributes (split)."""
+    rule: str | None = None
+    """SPMD rule name (defaults to ``name``); None together with ``replicate_only``."""
+    replicate_only: bool = False
+    """Run on fully replicated inputs (no rule): correct for any op, never parallel."""
+    dtype: Callable[[Sequence[Any], dict[str, Any]], Sequence[Any]] | None = None
+    """Output dtypes from input dtypes and attrs (default: NumPy's result type of the inputs)."""
+    save_inputs: tuple[int, ...] | None = None
+    """Inputs the gradient needs (None: all)."""
+    save_outputs: tuple[int, ...] = ()
+    differentiable: tuple[int, ...] | None = None
+    """Inputs that may receive a gradient (None: all)."""
+    nondiff_outputs: tuple[int, ...] = ()
+    """Outputs that carry no gradient (layer_norm's saved mean and rstd)."""
+    rule_attrs: tuple[str, ...] | None = None
+    """Attributes the rule depends on (None: all)."""
+    list_input: bool = False
+    """The first argument is a list of tensors (concat)."""
+    sample: Callable[[np.random.Generator], list[tuple[list[Any], dict[str, Any]]]] | None = None
+    """Example inputs for the rule checker: ``[(inputs, attrs), ...]``."""
+
+    @cached_property
+    def rule_name(self) -> str:
+        return self.rule or self.name
+
+    @property
+    def multi_output(self) -> bool:
+        """Returns a tuple (even of one tensor, for split into one section)."""
+        return callable(self.num_outputs) or self.num_outputs > 1
+
+    def n_out(self, attrs: dict[str, Any]) -> int:
+        return self.num_outputs(attrs) if callable(self.num_outputs) else self.num_outputs
+
+    def out_dtypes(self, in_dtypes: Sequence[Any], attrs: dict[str, Any]) -> list[np.dtype]:
+        if self.dtype is not None:
+            return [np.dtype(d) for d in self.dtype(in_dtypes, attrs)]
+        return [np.result_type(*in_dtypes)] * self.n_out(attrs)
+
+
+_OPS: dict[str, OpDef] = {}
+
+
+def register_op(op: OpDef) -> OpDef:
+    _OPS[op.name] = op
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return _OPS[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}; registered ops: {sorted(_OPS)}") from None
+
+
+def registered_ops() -> list[OpDef]:
+    return [_OPS[k] for k in sorted(_OPS)]
+
+
+_DENSE_MESH: ProcessMesh | None = None
+
+
+def _dense_mesh() -> ProcessMesh:
+    """A one-rank mesh the dense path uses to ask rules for output shapes."""
+    global _DENSE_MESH
+    if _DENSE_MESH is None:
+        _DENSE_MESH = ProcessMesh.unchecked([0], ["dense"])
+    return _DENSE_MESH
+
+
+def _label(t: Tensor) -> str:
+    if t.is_dist:
+        return f"{t._label()} {t.spec}"
+    return f"dense {t._label()}"
+
+
+def _flatten(op: OpDef, inputs: Sequence[Any]) -> tuple[list[Tensor], list[Any]]:
+    """Flatten list inputs; return flat tensors and the nesting to give the rule."""
+    flat: list[Tensor] = []
+    nest: list[Any] = []
+    for i, x in enumerate(inputs):
+        if op.list_input and i == 0:
+            items = list(x)
+            flat.extend(items)
+            nest.append(len(items))
+        else:
+            flat.append(x)
+            nest.append(None)
+    return flat, nest
+
+
+def _nest(specs: Sequence[DistSpec], nest: Sequence[Any]) -> list[Any]:
+    out: list[Any] = []
+    i = 0
+    for n in nest:
+        if n is None:
+            out.append(specs[i])
+            i += 1
+        else:
+            out.append(list(specs[i : i + n]))
+            i += n
+    return out
+
+
+def _infer(op: OpDef, specs: list[DistSpec], nest: list[Any], attrs: dict[str, Any], flat: list[Tensor]) -> spmd.SpmdResult:
+    rattrs = attrs if op.rule_attrs is None else {k: attrs[k] for k in op.rule_attrs if k in attrs}
+    try:
+        return spmd.infer_forward(op.rule_name, _nest(specs, nest), **rattrs)
+    except ValueError as exc:
+        who = "; ".join(f"input {i}: {_label(t)}" for i, t in enumerate(flat))
+        raise ValueError(f"{op.name}: {exc} [{who}]") from None
+
+
+def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None) -> Any:
+    """Run op ``name`` on ``inputs`` (Tensors, or a list of Tensors for list ops)."""
+    op = get_op(name)
+    attrs = attrs or {}
+    flat, nest = _flatten(op, inputs)
+    for i, t in enumerate(flat):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: input {i} must be a Tensor, got {type(t).__name__}")
+    backend = current_backend()
+    dist_inputs = [t for t in flat if t.is_dist]
+    if backend.reference or not dist_inputs:
+        outs = _run_dense(op, flat, nest, attrs, dist_inputs)
+        used = flat
+    else:
+        outs, used = _run_dist(op, flat, nest, attrs, dist_inputs, backend)
+    _record(op, flat, used, outs, attrs)
+    return tuple(outs) if op.multi_output else outs[0]
+
+
+def _run_dense(op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor]) -> list[Tensor]:
+    mesh = _dense_mesh()
+    specs = [DistSpec(t.shape, mesh, [Replicate()]) for t in flat]
+    arrays = [t._value for t in flat]
+    out_specs = None if op.replicate_only else list(_infer(op, specs, nest, attrs, flat).outputs)
+    boxes = [full_box(t.shape) for t in flat]
+    ctx = KernelContext(specs, out_specs or [], boxes, [full_box(s.shape) for s in out_specs or []])
+    result = op.kernel(ctx, *arrays, **attrs)
+    results = list(result) if op.multi_output else [result]
+    dtypes = op.out_dtypes([t.dtype for t in flat], attrs)
+    outs = []
+    for arr, dt in zip(results, dtypes, strict=True):
+        arr = np.asarray(arr, dtype=dt) if isinstance(arr, (np.ndarray, np.generic, int, float, bool)) else arr.astype(dt, copy=False)
+        if dist_inputs:  # --reference: keep a distributed label so scripts can ask for it
+            ref_mesh = dist_inputs[0].spec.mesh
+            outs.append(Tensor._from_reference(DistSpec(arr.shape, ref_mesh, [Replicate()] * ref_mesh.ndim), arr))
+        else:
+            t = Tensor.__new__(Tensor)
+            Tensor.__init__(t, None, dtype=dt)
+            t._value = freeze(arr)
+            t._shape = type(t._shape)(arr.shape)
+            t._dtype = arr.dtype
+            outs.append(t)
+    return outs
+
+
+def _run_dist(
+    op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor], backend: Any
+) -> tuple[list[Tensor], list[Tensor]]:
+    mesh = dist_inputs[0].spec.mesh
+    for t in dist_inputs[1:]:
+        if not t.spec.mesh.same_layout(mesh):
+            raise ValueError(
+                f"{op.name}: inputs live on different meshes: {_label(dist_inputs[0])} and {_label(t)}; "
+                "move one with dist.reshard(tensor, mesh, placements) first"
+            )
+    replicated = [Replicate()] * mesh.ndim
+    specs = [t.spec if t.is_dist else DistSpec(t.shape, mesh, replicated) for t in flat]
+    if op.replicate_only:
+        need = [DistSpec(t.shape, mesh, replicated) for t in flat]
+        out_specs = None
+        rule_label = "replicate-only"
+    else:
+        res = _infer(op, specs, nest, attrs, flat)
+        need = res.flat_inputs()
+        out_specs = list(res.outputs)
+        rule_label = f"rule {res.rule}: {res.reason}"
+    used: list[Tensor] = []
+    for i, (t, have, want) in enumerate(zip(flat, specs, need, strict=True)):
+        if t.is_dist and have == want:
+            used.append(t)
+            continue
+        with comm_context(f"{op.name} input {i}: {rule_label}"):
+            used.append(_reshard_input(t, want))
+    hosted = backend.hosted_ranks(mesh)
+    memo: dict[tuple[Any, ...], Any] = {}
+    per_rank: dict[int, list[Any]] = {}
+    in_boxes_all = [s.boxes for s in need]
+    for r in hosted:
+        arrays = [u._shards[r] for u in used]
+        in_boxes = [b[r] for b in in_boxes_all]
+        out_boxes = [s.boxes[r] for s in out_specs] if out_specs is not None else []
+        key = (tuple(id(a) for a in arrays), tuple(in_boxes), tuple(out_boxes))
+        if key not in memo:
+            ctx = KernelContext(need, out_specs or [], in_boxes, out_boxes, backend.xp)
+            result = op.kernel(ctx, *arrays, **attrs)
+            memo[key] = list(result) if op.multi_output else [result]
+        per_rank[r] = memo[key]
+    dtypes = op.out_dtypes([t.dtype for t in flat], attrs)
+    if out_specs is None:  # replicate-only: outputs are replicated, shapes from the kernel
+        sample = next(iter(per_rank.values()), None)
+        if sample is None:
+            raise ValueError(f"{op.name} is replicate-only and this process hosts no rank of {mesh}; give it a rule")
+        out_specs = [DistSpec(np.shape(a), mesh, replicated) for a in sample]
+    outs = []
+    for j, (spec, dt) in enumerate(zip(out_specs, dtypes, strict=True)):
+        shards = {}
+        for r, res in per_rank.items():
+            arr = res[j]
+            if isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
+                arr = np.asarray(arr)
+            if arr.dtype != dt:
+                arr = arr.astype(dt)
+            if tuple(arr.shape) != spec.local_shape(r):
+                raise AssertionError(
+                    f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
+                    f"{op.rule_name} says {list(spec.local_shape(r))} ({spec})"
+                )
+            shards[r] = arr
+        outs.append(Tensor._from_shards(spec, shards, dt))
+    return outs, used
+
+
+def _reshard_input(t: Tensor, want: DistSpec) -> Tensor:
+    """Reshard an op input (``reshard`` records an identity-backward node when grads flow)."""
+    return reshard(t, want.mesh, list(want.placements))
+
+
+def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor], attrs: dict[str, Any]) -> None:
+    diff = range(len(flat)) if op.differentiable is None else op.differentiable
+    needs = [i in diff and not t.stop_gradient for i, t in enumerate(flat)]
+    requires = autograd.is_grad_enabled() and op.grad is not None and any(needs)
+    for j, t in enumerate(outs):
+        t.stop_gradient = not requires or j in op.nondiff_outputs
+    if not requires:
+        return
+    saved_in = range(len(used)) if op.save_inputs is None else op.save_inputs
+    ctx = autograd.GradContext(
+        op=op.name,
+        attrs=attrs,
+        inputs=[used[i].detach() if i in saved_in else None for i in range(len(used))],
+        outputs=[outs[j].detach() if j in op.save_outputs else None for j in range(len(outs))],
+        input_shapes=[tuple(t.shape) for t in flat],
+        input_dtypes=[t.dtype for t in flat],
+        needs_grad=needs,
+    )
+    parents = [u if need else None for u, need in zip(used, needs, strict=True)]
+    node = autograd.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]
+    for j, t in enumerate(outs):
+        t._grad_fn = node
+        t._out_index = j
+

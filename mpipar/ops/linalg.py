@@ -1,0 +1,73 @@
+"""matmul: kernel, gradient in matmuls, and Paddle's eager signature."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpipar.autograd import GradContext
+from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
+from mpipar.tensor import Tensor
+
+Array = Any
+
+
+def _mt(a: Array) -> Array:
+    return a.swapaxes(-1, -2)
+
+
+def _matmul_kernel(ctx: KernelContext, x: Array, y: Array, trans_x: bool = False, trans_y: bool = False, **_: Any) -> Array:
+    return ctx.xp.matmul(_mt(x) if trans_x else x, _mt(y) if trans_y else y)
+
+
+def _matmul_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
+    from mpipar.ops.math import reduce_to_shape
+
+    x, y = ctx.inputs
+    gout = g[0]
+    tx, ty = bool(ctx.attrs.get("trans_x")), bool(ctx.attrs.get("trans_y"))
+    gx = gy = None
+    # x (m,k) or, transposed, (k,m); y (k,n) or (n,k): each case's adjoint is one matmul.
+    if ctx.needs_grad[0]:
+        gx = matmul(gout, y, transpose_y=not ty) if not tx else matmul(y, gout, transpose_x=ty, transpose_y=True)
+    if ctx.needs_grad[1]:
+        gy = matmul(x, gout, transpose_x=not tx) if not ty else matmul(gout, x, transpose_x=True, transpose_y=tx)
+    return [reduce_to_shape(gx, ctx.input_shapes[0]), reduce_to_shape(gy, ctx.input_shapes[1])]
+
+
+def _samples(rng: Any) -> list[tuple[list[Any], dict[str, Any]]]:
+    n = rng.standard_normal
+    return [
+        ([n((4, 6)), n((6, 5))], {"trans_x": False, "trans_y": False}),
+        ([n((6, 4)), n((6, 5))], {"trans_x": True, "trans_y": False}),
+        ([n((4, 6)), n((5, 6))], {"trans_x": False, "trans_y": True}),
+        ([n((6, 4)), n((5, 6))], {"trans_x": True, "trans_y": True}),
+        ([n((3, 4, 6)), n((6, 5))], {"trans_x": False, "trans_y": False}),
+        ([n((2, 3, 4, 6)), n((3, 6, 5))], {"trans_x": False, "trans_y": False}),
+        ([n((2, 1, 4, 6)), n((3, 6, 5))], {"trans_x": False, "trans_y": False}),
+    ]
+
+
+register_op(OpDef("matmul", _matmul_kernel, _matmul_grad, sample=_samples))
+
+
+def matmul(x: Any, y: Any, transpose_x: bool = False, transpose_y: bool = False, name: str | None = None) -> Tensor:
+    """``x @ y`` with optional transposes of the last two dims; 1-d operands as in NumPy."""
+    from mpipar.ops.manipulation import squeeze, unsqueeze
+    from mpipar.ops.math import _pair
+
+    xt, yt = _pair(x, y)
+    if xt.ndim == 0 or yt.ndim == 0:
+        raise ValueError(f"matmul needs tensors with at least one dim, got shapes {list(xt.shape)} and {list(yt.shape)}")
+    squeeze_axes = []
+    if xt.ndim == 1:
+        xt = unsqueeze(xt, 0)
+        transpose_x = False
+        squeeze_axes.append(-2)
+    if yt.ndim == 1:
+        yt = unsqueeze(yt, 1)
+        transpose_y = False
+        squeeze_axes.append(-1)
+    out = apply("matmul", [xt, yt], {"trans_x": bool(transpose_x), "trans_y": bool(transpose_y)})
+    if squeeze_axes:
+        out = squeeze(out, [a % out.ndim for a in squeeze_axes])
+    return out
