@@ -250,15 +250,42 @@ class Watchdog:
             self._current = previous
 
     def announce_exit(self) -> None:
-        """Tell every rank this one has finished the script (called at interpreter exit)."""
+        """Tell every rank this one has finished the script, and wait until all have.
+
+        Called at interpreter exit. Waiting for every other rank's "exited" notice means no
+        notice is left unreceived at ``MPI_Finalize`` (network transports warn about those)
+        and no notice goes to a finished process. A rank that lingers longer than
+        ``MPIPAR_TIMEOUT`` gets a warning, not an abort: the script itself has succeeded.
+        """
+        if self.comm is None or not self._can_talk or self.size == 1:
+            return
         self._notify("exited", Waiting("exit", (self.rank,), 0))
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:  # eager messages: done at once on a healthy job
+        deadline = time.monotonic() + self.timeout
+        while True:
+            self._drain()
+            waiting_for = [r for r in range(self.size) if r != self.rank and not self._has_exited(r)]
+            if not waiting_for:
+                break
+            if time.monotonic() > deadline:
+                print(
+                    f"mpipar: rank {self.rank} finished, but rank(s) {waiting_for} did not finish within "
+                    f"MPIPAR_TIMEOUT={self.timeout:g} s; exiting anyway",
+                    file=sys.stderr,
+                )
+                flush_std_streams()
+                break
+            time.sleep(0.005)
+        until = time.monotonic() + 1.0
+        while time.monotonic() < until:  # our own notices: eager, complete at once
             with self._lock:
                 self._reap()
                 if not self._sends:
                     return
-            time.sleep(0.01)
+            time.sleep(0.005)
+
+    def _has_exited(self, rank: int) -> bool:
+        n = self._latest.get(rank)
+        return n is not None and n.kind == "exited"
 
     # -------------------------------------------------------------- notices
     def _notify(self, kind: str, waiting: Waiting) -> None:
@@ -270,7 +297,7 @@ class Watchdog:
         with self._lock:
             self._reap()
             for dst in range(self.size):
-                if dst != self.rank:
+                if dst != self.rank and not self._has_exited(dst):
                     req = self.comm.Isend([payload, self._mpi.BYTE], dest=dst, tag=NOTICE_TAG)
                     self._sends.append((req, payload))
 
