@@ -65,3 +65,12 @@ def test_print_once_prints_on_rank_zero_only() -> None:
     run = mpirun(4, "tests/mpi_scripts/faults.py", "none", "--steps", "3")
     assert run.returncode == 0, run.output
     assert run.output.splitlines() == ["step 0 done", "step 1 done", "step 2 done", "finished"]
+
+
+def test_a_mesh_larger_than_the_world_is_refused_once_on_every_rank() -> None:
+    """The (2, 3) mesh of seed_shard_tensor names ranks 0..5: with 4 processes every rank
+    refuses it; the report shows once and the job ends."""
+    run = mpirun(4, "examples/seed_shard_tensor.py", timeout=60)
+    assert run.returncode != 0
+    assert run.output.count("ValueError: ProcessMesh [2, 4, 5, 0, 1, 3] names process 4, but the world has 4 ranks") == 1, run.output
+    assert "mpiexec -n 6" in run.output

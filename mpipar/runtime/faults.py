@@ -53,6 +53,8 @@ EXIT_GRACE_S = 5.0
 LEADER_HEAD_START_S = 5.0
 """How long other ranks let the first arrived rank report a timeout or mismatch alone."""
 NOTICE_TAG = 7
+RANK_ERROR_DELAY_S = 1.0
+"""How long a rank other than 0 waits before printing its uncaught exception."""
 
 
 class CollectiveMismatchError(RuntimeError):
@@ -90,14 +92,21 @@ def check_from_env(env: Mapping[str, str] | None = None) -> bool:
 
 
 # ------------------------------------------------------------------------------ excepthook
-def install_excepthook(abort: Callable[[], None]) -> None:
-    """On an uncaught exception: print the traceback once, then ``abort()`` the whole job."""
+def install_excepthook(abort: Callable[[], None], rank: int = 0) -> None:
+    """On an uncaught exception: print the traceback once, then ``abort()`` the whole job.
+
+    Ranks other than 0 wait ``RANK_ERROR_DELAY_S`` before printing: when every rank hits the
+    same error (a bad mesh, a missing dependency), rank 0's abort ends the others first and
+    the traceback shows once; an error on one rank alone is still reported, a second later.
+    """
     previous = sys.excepthook
     if getattr(previous, "_mpipar_abort_hook", False):
         return
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         try:
+            if rank:
+                time.sleep(RANK_ERROR_DELAY_S)
             previous(exc_type, exc, tb)
         finally:
             flush_std_streams()

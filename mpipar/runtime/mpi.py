@@ -88,7 +88,7 @@ class MPIRuntime:
         self.rank = self.world.Get_rank()
         self.size = self.world.Get_size()
         install_rank_prefix(self.rank)
-        install_excepthook(self.abort)
+        install_excepthook(self.abort, self.rank)
         _threads.limit_loaded_blas()
         self.timeout = timeout_from_env()
         self.check = check_from_env()
