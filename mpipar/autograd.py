@@ -126,6 +126,13 @@ def _topo_order(root: Tensor) -> list[Node]:
 
 def backward(root: Tensor, grad: Tensor | None = None, retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that wants a gradient."""
+    from mpipar import hooks
+
+    with hooks.phase("backward"):
+        _backward(root, grad, retain_graph)
+
+
+def _backward(root: Tensor, grad: Tensor | None, retain_graph: bool) -> None:
     from mpipar.ops import math as M
     from mpipar.tensor import Tensor
 

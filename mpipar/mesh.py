@@ -203,7 +203,11 @@ class ProcessMesh:
 
     def __str__(self) -> str:
         axes = ",".join(f"{n}={s}" for n, s in zip(self._dim_names, self._ids.shape, strict=True))
-        return f"mesh[{axes}]{self._ids.tolist()}"
+        if self.size <= 16:
+            return f"mesh[{axes}]{self._ids.tolist()}"
+        ids = self.process_ids
+        span = f"{ids[0]}..{ids[-1]}" if ids == list(range(ids[0], ids[0] + len(ids))) else f"{ids[0]}, {ids[1]}, ..., {ids[-1]}"
+        return f"mesh[{axes}]({self.size} ranks: {span})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ProcessMesh, (self._ids.tolist(), list(self._dim_names)))

@@ -82,6 +82,7 @@ class Tensor:
         self._spec = None
         self._shards = {}
         self._value = None
+        self._abstract = False
         if data is not None:
             self._value = freeze(_as_array(data, dtype, copy=True))
             self._dtype = self._value.dtype
@@ -111,6 +112,22 @@ class Tensor:
         return t
 
     @classmethod
+    def abstract(cls, shape: Sequence[int], dtype: Any, spec: DistSpec | None = None) -> Tensor:
+        """A tensor with a shape, dtype and layout but no values (shape-only planning)."""
+        t = cls.__new__(cls)
+        Tensor.__init__(t, None, dtype=dtype)
+        t._abstract = True
+        t._spec = spec
+        t._shape = Shape(tuple(int(n) for n in shape))
+        t._dtype = np.dtype(dtype)
+        return t
+
+    @property
+    def is_abstract(self) -> bool:
+        """True in shape-only mode: the tensor has a layout but holds no values."""
+        return self._abstract
+
+    @classmethod
     def _from_reference(cls, spec: DistSpec, value: Array) -> Tensor:
         t = cls.__new__(cls)
         Tensor.__init__(t, None, dtype=value.dtype)
@@ -137,6 +154,7 @@ class Tensor:
 
     def _take_storage(self, other: Tensor) -> None:
         """Become ``other``'s value and layout (used by in-place marking)."""
+        self._abstract = other._abstract
         self._spec = other._spec
         self._shards = other._shards
         self._value = other._value
@@ -233,6 +251,8 @@ class Tensor:
     # ------------------------------------------------------------------ values
     def local_tensor(self, rank: int | None = None) -> Array:
         """The shard of hosted ``rank`` (this process's only rank when omitted)."""
+        if self._abstract:
+            raise ValueError(f"{self._label()} has no values: it was built in shape-only mode (planning, estimating)")
         if self._value is not None:  # dense, or one big device under --reference
             return self._value
         if rank is None:
@@ -255,6 +275,8 @@ class Tensor:
 
     def full_tensor(self) -> np.ndarray:
         """The global value as a NumPy array, on every process (a collective under MPI)."""
+        if self._abstract:
+            raise ValueError(f"{self._label()} has no values: it was built in shape-only mode (planning, estimating)")
         if self._value is not None:
             return np.array(to_numpy(self._value))
         spec = self.spec
@@ -395,7 +417,9 @@ def shard_tensor(
                 f"{data.dtype} to {np.dtype(dtype)}; cast it first"
             )
         spec = _spec_for(f"shard_tensor of {data._label()}", data.shape, mesh, pls)
-        if data._grad_fn is not None:
+        if data._abstract or backend.shape_only:
+            target._take_storage(Tensor.abstract(data.shape, data.dtype, spec))
+        elif data._grad_fn is not None:
             # A tensor with history: the marked value is a reshard of the old one, on the tape.
             history = data.detach()
             history._grad_fn, history._out_index = data._grad_fn, data._out_index
@@ -412,7 +436,9 @@ def shard_tensor(
     else:
         value = _as_array(data, dtype, copy=True)
         spec = _spec_for(f"shard_tensor of an array of shape {list(value.shape)}", value.shape, mesh, pls)
-        if backend.reference:
+        if backend.shape_only:
+            target = Tensor.abstract(value.shape, value.dtype, spec)
+        elif backend.reference:
             target = Tensor._from_reference(spec, value)
         else:
             target = Tensor._from_shards(spec, _shards_from_global(spec, value), value.dtype)
@@ -434,7 +460,17 @@ def reshard(tensor: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) 
     pls = check_placements(placements, "reshard placements")
     dst = _spec_for(f"reshard of {tensor._label()}", tensor.shape, mesh, pls)
     backend = current_backend()
-    if backend.reference:
+    if tensor._abstract or backend.shape_only:
+        out = Tensor.abstract(tensor.shape, tensor.dtype, dst)
+        if tensor.is_dist:
+            plan = plan_reshard(tensor.spec, dst)
+            if plan.steps:
+                from mpipar import hooks
+                from mpipar.comm import current_context
+
+                for hook in hooks.reshard_hooks:
+                    hook.on_reshard(tensor, out, plan, current_context())
+    elif backend.reference:
         assert tensor._value is not None
         out = Tensor._from_reference(dst, tensor._value)
     elif not tensor.is_dist:
@@ -443,6 +479,12 @@ def reshard(tensor: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) 
         plan = plan_reshard(tensor.spec, dst)
         shards = execute_plan(plan, tensor._shards, tensor.dtype, backend)
         out = Tensor._from_shards(dst, shards, tensor.dtype)
+        if plan.steps:
+            from mpipar import hooks
+            from mpipar.comm import current_context
+
+            for hook in hooks.reshard_hooks:
+                hook.on_reshard(tensor, out, plan, current_context())
     out.stop_gradient = tensor.stop_gradient
     from mpipar import autograd
 

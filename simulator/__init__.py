@@ -4,9 +4,9 @@
 ``python -m simulator --reference train.py`` runs it as one big device.
 """
 
-from simulator.backend import ReferenceBackend, SimBackend
+from simulator.backend import ReferenceBackend, ShapeOnlyBackend, SimBackend
 from simulator.launch import run_script
 from simulator.schedule_sim import simulate_schedule
 from simulator.virtual_comm import VirtualCommunicator
 
-__all__ = ["ReferenceBackend", "SimBackend", "VirtualCommunicator", "run_script", "simulate_schedule"]
+__all__ = ["ReferenceBackend", "ShapeOnlyBackend", "SimBackend", "VirtualCommunicator", "run_script", "simulate_schedule"]

@@ -63,6 +63,25 @@ class ReferenceBackend(SimBackend):
         return "reference: one big device, no communication"
 
 
+class ShapeOnlyBackend(SimBackend):
+    """Plans without data: tensors carry shapes and layouts, no kernel runs, reshards are planned.
+
+    Meshes are not limited by this machine: a 1024-rank plan costs what its rules and
+    reshard plans cost, not what its tensors would.
+    """
+
+    name = "shape-only"
+    shape_only = True
+
+    def __init__(self, world_size: int | None = None) -> None:
+        super().__init__(world_size)
+        self._comm = NoCommunicator()
+
+    def describe(self) -> str:
+        return "shape-only: layouts and shapes, no values"
+
+
 def register() -> None:
     register_backend("sim", SimBackend)
     register_backend("reference", ReferenceBackend)
+    register_backend("shape-only", ShapeOnlyBackend)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import autograd
+from mpipar import autograd, hooks
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
 from mpipar.mesh import ProcessMesh
@@ -188,13 +188,45 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
             raise TypeError(f"{name}: input {i} must be a Tensor, got {type(t).__name__}")
     backend = current_backend()
     dist_inputs = [t for t in flat if t.is_dist]
-    if backend.reference or not dist_inputs:
+    result: spmd.SpmdResult | None = None
+    if backend.shape_only or any(t._abstract for t in flat):
+        outs, used, result = _run_abstract(op, flat, nest, attrs, dist_inputs)
+    elif backend.reference or not dist_inputs:
         outs = _run_dense(op, flat, nest, attrs, dist_inputs)
         used = flat
     else:
-        outs, used = _run_dist(op, flat, nest, attrs, dist_inputs, backend)
+        outs, used, result = _run_dist(op, flat, nest, attrs, dist_inputs, backend)
     _record(op, flat, used, outs, attrs)
+    for hook in hooks.op_hooks:
+        hook.on_op(op, flat, used, outs, result)
     return tuple(outs) if op.multi_output else outs[0]
+
+
+def _run_abstract(
+    op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor]
+) -> tuple[list[Tensor], list[Tensor], spmd.SpmdResult | None]:
+    """Shape-only: the rule gives every layout and shape; no kernel runs, reshards are planned."""
+    if op.replicate_only:
+        raise ValueError(f"{op.name} is replicate-only: its output shapes are unknown without running it, so it cannot be traced in shape-only mode; give it a rule")
+    dtypes = op.out_dtypes([t.dtype for t in flat], attrs)
+    if not dist_inputs:
+        mesh = _dense_mesh()
+        specs = [DistSpec(t.shape, mesh, [Replicate()]) for t in flat]
+        res = _infer(op, specs, nest, attrs, flat)
+        return [Tensor.abstract(s.shape, dt) for s, dt in zip(res.outputs, dtypes, strict=True)], flat, None
+    mesh = dist_inputs[0].spec.mesh
+    replicated = [Replicate()] * mesh.ndim
+    specs = [t.spec if t.is_dist else DistSpec(t.shape, mesh, replicated) for t in flat]
+    res = _infer(op, specs, nest, attrs, flat)
+    used = []
+    for i, (t, have, want) in enumerate(zip(flat, specs, res.flat_inputs(), strict=True)):
+        if t.is_dist and have == want:
+            used.append(t)
+            continue
+        with comm_context(f"{op.name} input {i}: rule {res.rule}: {res.reason}"), hooks.op_inputs(op.name):
+            used.append(_reshard_input(t, want))
+    outs = [Tensor.abstract(s.shape, dt, s) for s, dt in zip(res.outputs, dtypes, strict=True)]
+    return outs, used, res
 
 
 def _run_dense(op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor]) -> list[Tensor]:
@@ -225,7 +257,7 @@ def _run_dense(op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, 
 
 def _run_dist(
     op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor], backend: Any
-) -> tuple[list[Tensor], list[Tensor]]:
+) -> tuple[list[Tensor], list[Tensor], spmd.SpmdResult | None]:
     mesh = dist_inputs[0].spec.mesh
     for t in dist_inputs[1:]:
         if not t.spec.mesh.same_layout(mesh):
@@ -235,6 +267,7 @@ def _run_dist(
             )
     replicated = [Replicate()] * mesh.ndim
     specs = [t.spec if t.is_dist else DistSpec(t.shape, mesh, replicated) for t in flat]
+    res: spmd.SpmdResult | None = None
     if op.replicate_only:
         need = [DistSpec(t.shape, mesh, replicated) for t in flat]
         out_specs = None
@@ -249,7 +282,7 @@ def _run_dist(
         if t.is_dist and have == want:
             used.append(t)
             continue
-        with comm_context(f"{op.name} input {i}: {rule_label}"):
+        with comm_context(f"{op.name} input {i}: {rule_label}"), hooks.op_inputs(op.name):
             used.append(_reshard_input(t, want))
     hosted = backend.hosted_ranks(mesh)
     memo: dict[tuple[Any, ...], Any] = {}
@@ -274,8 +307,8 @@ def _run_dist(
     outs = []
     for j, (spec, dt) in enumerate(zip(out_specs, dtypes, strict=True)):
         shards = {}
-        for r, res in per_rank.items():
-            arr = res[j]
+        for r, rank_out in per_rank.items():
+            arr = rank_out[j]
             if isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
                 arr = np.asarray(arr)
             if arr.dtype != dt:
@@ -287,7 +320,7 @@ def _run_dist(
                 )
             shards[r] = arr
         outs.append(Tensor._from_shards(spec, shards, dt))
-    return outs, used
+    return outs, used, res
 
 
 def _reshard_input(t: Tensor, want: DistSpec) -> Tensor:

@@ -470,6 +470,11 @@ def ones_like_global(t: Tensor) -> Tensor:
     from mpipar.placement import Partial, Replicate
     from mpipar.spec import DistSpec
 
+    if t.is_abstract:
+        spec = t._spec
+        if spec is not None:
+            spec = DistSpec(spec.shape, spec.mesh, [Replicate() if isinstance(p, Partial) else p for p in spec.placements])
+        return Tensor.abstract(t.shape, t.dtype, spec)
     if not t.is_dist:
         return Tensor(np.ones(t.shape, dtype=t.dtype))
     if current_backend().reference:
@@ -482,6 +487,8 @@ def ones_like_global(t: Tensor) -> Tensor:
 
 def zeros_like_global(like: Tensor, shape: Sequence[int]) -> Tensor:
     """Zeros of ``shape`` in ``like``'s dtype (dense: it joins any layout as Replicate)."""
+    if like.is_abstract:
+        return Tensor.abstract(shape, like.dtype)
     return Tensor(np.zeros(tuple(shape), dtype=like.dtype))
 
 

@@ -1,0 +1,59 @@
+"""Observation hooks: where recorders (plan tracing, memory accounting) plug into execution.
+
+Dispatch calls every ``op_hooks`` entry after an op ran; ``reshard`` calls every
+``reshard_hooks`` entry after a reshard. ``phase`` (forward, backward, optimizer) and
+``scope`` (the layer being called) label what runs inside them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+op_hooks: list[Any] = []
+reshard_hooks: list[Any] = []
+
+_phase: list[str] = ["forward"]
+_scope: list[str] = []
+_op_inputs: list[str] = []
+
+
+def current_phase() -> str:
+    return _phase[-1]
+
+
+def current_scope() -> str:
+    return ".".join(s for s in _scope if s)
+
+
+def resharding_for() -> str | None:
+    """The op whose inputs are being resharded right now, if any."""
+    return _op_inputs[-1] if _op_inputs else None
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    _phase.append(name)
+    try:
+        yield
+    finally:
+        _phase.pop()
+
+
+@contextlib.contextmanager
+def scope(name: str) -> Iterator[None]:
+    _scope.append(name)
+    try:
+        yield
+    finally:
+        _scope.pop()
+
+
+@contextlib.contextmanager
+def op_inputs(op: str) -> Iterator[None]:
+    _op_inputs.append(op)
+    try:
+        yield
+    finally:
+        _op_inputs.pop()

@@ -1,0 +1,389 @@
+"""Plans: the compiled form of a training step, shared by compiler, simulator, runtime and dashboard.
+
+A plan is a versioned JSON document::
+
+    {"format": "mpipar.plan", "version": 1,
+     "meta": {"script": ..., "world_size": 8, "shape_only": false, ...},
+     "meshes":   [{"id": 0, "shape": [2, 2], "process_ids": [...], "dim_names": ["dp", "tp"]}],
+     "tensors":  [{"id": 3, "name": "fc1.weight", "kind": "parameter", "shape": [16, 64],
+                   "dtype": "float32", "mesh": 0, "placements": "RS(1)",
+                   "local_shapes": [[16, 32], ...]}],        # one per rank, in mesh order
+     "ops":      [{"index": 0, "op": "matmul", "phase": "forward", "scope": "fc1",
+                   "inputs": [1, 3], "outputs": [4], "rule": "matmul",
+                   "decision": "mk,kn->mn; dp: split index m; tp: split index n",
+                   "input_placements": ["S(0)R", "RS(1)"], "required_placements": [...],
+                   "output_placements": ["S(0)S(1)"], "reshards": [0]}],
+     "reshards": [{"index": 0, "op": 0, "tensor": 1, "new_tensor": 5, "reason": "...",
+                   "phase": "forward", "shape": [...], "dtype": "float32",
+                   "src": {"mesh": 0, "placements": "S(0)R"}, "dst": {"mesh": 0, "placements": "S(0)S(1)"},
+                   "bytes_per_rank": 0.0,
+                   "steps": [{"kind": "slice", "axes": ["tp"], "reduce_type": null, "src": "S(0)R",
+                              "dst": "S(0)S(1)", "bytes_per_rank": 0.0, "pieces": []}]}],
+     "pipeline": {"stages": [{"stage": 0, "mesh": 0}], "schedule": {...}} | null,
+     "memory": {"ranks": [{"rank": 0, "parameters": 1024, ...}]} | null}
+
+``Plan.load`` refuses malformed input with a ``PlanFormatError`` naming the field and value at
+fault; ``Plan.from_dict(p.to_dict()) == p`` (lossless).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FORMAT = "mpipar.plan"
+VERSION = 1
+PHASES = ("forward", "backward", "optimizer", "other")
+TENSOR_KINDS = ("parameter", "input", "activation", "gradient", "optimizer_state", "other")
+STEP_KINDS = ("slice", "partial", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "transfer")
+
+
+class PlanFormatError(ValueError):
+    """A plan file or dict that does not follow the format; ``field`` is the path at fault."""
+
+    def __init__(self, field_path: str, value: Any, problem: str) -> None:
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"plan field {field_path}: {shown} {problem}")
+        self.field = field_path
+        self.value = value
+
+
+@dataclass(frozen=True)
+class PlanMesh:
+    id: int
+    shape: tuple[int, ...]
+    process_ids: tuple[int, ...]
+    dim_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PlanTensor:
+    id: int
+    name: str
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    mesh: int | None
+    placements: str
+    local_shapes: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    kind: str
+    axes: tuple[str, ...]
+    reduce_type: str | None
+    src: str
+    dst: str
+    bytes_per_rank: float
+    pieces: tuple[tuple[int, int, int], ...] = ()
+    """For transfers: (src rank, dst rank, bytes)."""
+
+
+@dataclass(frozen=True)
+class PlanReshard:
+    index: int
+    op: int | None
+    tensor: int
+    new_tensor: int
+    reason: str
+    phase: str
+    shape: tuple[int, ...]
+    dtype: str
+    src_mesh: int
+    src: str
+    dst_mesh: int
+    dst: str
+    bytes_per_rank: float
+    steps: tuple[PlanStep, ...]
+
+
+@dataclass(frozen=True)
+class PlanOp:
+    index: int
+    op: str
+    phase: str
+    scope: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    rule: str
+    decision: str
+    input_placements: tuple[str, ...]
+    required_placements: tuple[str, ...]
+    output_placements: tuple[str, ...]
+    reshards: tuple[int, ...] = ()
+
+
+@dataclass
+class Plan:
+    meshes: list[PlanMesh] = field(default_factory=list)
+    tensors: list[PlanTensor] = field(default_factory=list)
+    ops: list[PlanOp] = field(default_factory=list)
+    reshards: list[PlanReshard] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    pipeline: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ queries
+    def tensor(self, tid: int) -> PlanTensor:
+        for t in self.tensors:
+            if t.id == tid:
+                return t
+        raise KeyError(f"plan has no tensor {tid}")
+
+    def mesh(self, mid: int) -> PlanMesh:
+        for m in self.meshes:
+            if m.id == mid:
+                return m
+        raise KeyError(f"plan has no mesh {mid}")
+
+    def comm_steps(self) -> list[tuple[PlanReshard, PlanStep]]:
+        return [(r, s) for r in self.reshards for s in r.steps if s.kind not in ("slice", "partial")]
+
+    def comm_counts(self, phase: str | None = None) -> dict[str, int]:
+        return dict(Counter(s.kind for r, s in self.comm_steps() if phase is None or r.phase == phase))
+
+    def comm_bytes(self, phase: str | None = None) -> float:
+        return sum(s.bytes_per_rank for r, s in self.comm_steps() if phase is None or r.phase == phase)
+
+    def summary(self) -> str:
+        lines = [
+            f"plan: {len(self.ops)} ops, {len(self.tensors)} tensors, {len(self.reshards)} reshards, "
+            f"{len(self.meshes)} mesh(es)"
+        ]
+        for ph in PHASES:
+            counts = self.comm_counts(ph)
+            if counts:
+                pretty = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
+                lines.append(f"  {ph:9s} {pretty}; {self.comm_bytes(ph) / 2**20:.3f} MiB received per rank")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        def plain(obj: Any) -> Any:
+            if isinstance(obj, tuple):
+                return [plain(x) for x in obj]
+            if isinstance(obj, list):
+                return [plain(x) for x in obj]
+            if isinstance(obj, dict):
+                return {k: plain(v) for k, v in obj.items()}
+            return obj
+
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "meta": plain(self.meta),
+            "meshes": [plain(asdict(m)) for m in self.meshes],
+            "tensors": [plain(asdict(t)) for t in self.tensors],
+            "ops": [plain(asdict(o)) for o in self.ops],
+            "reshards": [_reshard_to_dict(r) for r in self.reshards],
+            "pipeline": plain(self.pipeline),
+            "memory": plain(self.memory),
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+            f.write("\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise PlanFormatError("<file>", str(path), f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Plan:
+        v = _V(data)
+        v.require_object("", data)
+        if data.get("format") != FORMAT:
+            raise PlanFormatError("format", data.get("format"), f"is not {FORMAT!r} (is this a plan file?)")
+        if data.get("version") != VERSION:
+            raise PlanFormatError("version", data.get("version"), f"is not a supported version (this mpipar reads {VERSION})")
+        meshes = [
+            PlanMesh(
+                v.int(f"meshes[{i}].id", m.get("id")),
+                v.ints(f"meshes[{i}].shape", m.get("shape")),
+                v.ints(f"meshes[{i}].process_ids", m.get("process_ids")),
+                v.strs(f"meshes[{i}].dim_names", m.get("dim_names")),
+            )
+            for i, m in enumerate(v.objects("meshes", data.get("meshes")))
+        ]
+        mesh_ids = {m.id for m in meshes}
+        for i, m in enumerate(meshes):
+            if len(m.dim_names) != len(m.shape) or _prod(m.shape) != len(m.process_ids):
+                raise PlanFormatError(f"meshes[{i}]", asdict(m), "has inconsistent shape, process_ids and dim_names")
+        tensors = []
+        for i, t in enumerate(v.objects("tensors", data.get("tensors"))):
+            mesh = t.get("mesh")
+            if mesh is not None and v.int(f"tensors[{i}].mesh", mesh) not in mesh_ids:
+                raise PlanFormatError(f"tensors[{i}].mesh", mesh, "names no mesh of the plan")
+            kind = v.str(f"tensors[{i}].kind", t.get("kind"))
+            if kind not in TENSOR_KINDS:
+                raise PlanFormatError(f"tensors[{i}].kind", kind, f"is not one of {TENSOR_KINDS}")
+            tensors.append(
+                PlanTensor(
+                    v.int(f"tensors[{i}].id", t.get("id")),
+                    v.str(f"tensors[{i}].name", t.get("name")),
+                    kind,
+                    v.ints(f"tensors[{i}].shape", t.get("shape")),
+                    v.str(f"tensors[{i}].dtype", t.get("dtype")),
+                    mesh,
+                    v.str(f"tensors[{i}].placements", t.get("placements")),
+                    tuple(v.ints(f"tensors[{i}].local_shapes[{j}]", s) for j, s in enumerate(v.list(f"tensors[{i}].local_shapes", t.get("local_shapes", [])))),
+                )
+            )
+        tensor_ids = {t.id for t in tensors}
+        ops = []
+        for i, o in enumerate(v.objects("ops", data.get("ops"))):
+            phase = v.str(f"ops[{i}].phase", o.get("phase"))
+            if phase not in PHASES:
+                raise PlanFormatError(f"ops[{i}].phase", phase, f"is not one of {PHASES}")
+            ins = v.ints(f"ops[{i}].inputs", o.get("inputs"))
+            outs = v.ints(f"ops[{i}].outputs", o.get("outputs"))
+            for name, ids in (("inputs", ins), ("outputs", outs)):
+                for j, tid in enumerate(ids):
+                    if tid not in tensor_ids:
+                        raise PlanFormatError(f"ops[{i}].{name}[{j}]", tid, "names no tensor of the plan")
+            ops.append(
+                PlanOp(
+                    v.int(f"ops[{i}].index", o.get("index")),
+                    v.str(f"ops[{i}].op", o.get("op")),
+                    phase,
+                    v.str(f"ops[{i}].scope", o.get("scope", "")),
+                    ins,
+                    outs,
+                    v.str(f"ops[{i}].rule", o.get("rule", "")),
+                    v.str(f"ops[{i}].decision", o.get("decision", "")),
+                    v.strs(f"ops[{i}].input_placements", o.get("input_placements", [])),
+                    v.strs(f"ops[{i}].required_placements", o.get("required_placements", [])),
+                    v.strs(f"ops[{i}].output_placements", o.get("output_placements", [])),
+                    v.ints(f"ops[{i}].reshards", o.get("reshards", [])),
+                )
+            )
+        reshards = [_reshard_from_dict(v, i, r, mesh_ids) for i, r in enumerate(v.objects("reshards", data.get("reshards")))]
+        pipeline = data.get("pipeline")
+        if pipeline is not None:
+            v.require_object("pipeline", pipeline)
+        memory = data.get("memory")
+        if memory is not None:
+            v.require_object("memory", memory)
+        meta = data.get("meta", {})
+        v.require_object("meta", meta)
+        return cls(meshes, tensors, ops, reshards, dict(meta), pipeline, memory)
+
+
+def _reshard_to_dict(r: PlanReshard) -> dict[str, Any]:
+    return {
+        "index": r.index, "op": r.op, "tensor": r.tensor, "new_tensor": r.new_tensor, "reason": r.reason,
+        "phase": r.phase, "shape": list(r.shape), "dtype": r.dtype,
+        "src": {"mesh": r.src_mesh, "placements": r.src}, "dst": {"mesh": r.dst_mesh, "placements": r.dst},
+        "bytes_per_rank": r.bytes_per_rank,
+        "steps": [
+            {"kind": s.kind, "axes": list(s.axes), "reduce_type": s.reduce_type, "src": s.src, "dst": s.dst,
+             "bytes_per_rank": s.bytes_per_rank, "pieces": [list(p) for p in s.pieces]}
+            for s in r.steps
+        ],
+    }
+
+
+def _reshard_from_dict(v: _V, i: int, r: Mapping[str, Any], mesh_ids: set[int]) -> PlanReshard:
+    path = f"reshards[{i}]"
+    src, dst = r.get("src"), r.get("dst")
+    v.require_object(f"{path}.src", src)
+    v.require_object(f"{path}.dst", dst)
+    for name, end in (("src", src), ("dst", dst)):
+        if v.int(f"{path}.{name}.mesh", end.get("mesh")) not in mesh_ids:
+            raise PlanFormatError(f"{path}.{name}.mesh", end.get("mesh"), "names no mesh of the plan")
+    steps = []
+    for j, s in enumerate(v.objects(f"{path}.steps", r.get("steps"))):
+        kind = v.str(f"{path}.steps[{j}].kind", s.get("kind"))
+        if kind not in STEP_KINDS:
+            raise PlanFormatError(f"{path}.steps[{j}].kind", kind, f"is not one of {STEP_KINDS}")
+        steps.append(
+            PlanStep(
+                kind,
+                v.strs(f"{path}.steps[{j}].axes", s.get("axes", [])),
+                s.get("reduce_type"),
+                v.str(f"{path}.steps[{j}].src", s.get("src")),
+                v.str(f"{path}.steps[{j}].dst", s.get("dst")),
+                v.num(f"{path}.steps[{j}].bytes_per_rank", s.get("bytes_per_rank")),
+                tuple(tuple(v.ints(f"{path}.steps[{j}].pieces[{k}]", p)) for k, p in enumerate(v.list(f"{path}.steps[{j}].pieces", s.get("pieces", [])))),  # type: ignore[misc]
+            )
+        )
+    op = r.get("op")
+    return PlanReshard(
+        v.int(f"{path}.index", r.get("index")),
+        None if op is None else v.int(f"{path}.op", op),
+        v.int(f"{path}.tensor", r.get("tensor")),
+        v.int(f"{path}.new_tensor", r.get("new_tensor")),
+        v.str(f"{path}.reason", r.get("reason", "")),
+        v.str(f"{path}.phase", r.get("phase", "forward")),
+        v.ints(f"{path}.shape", r.get("shape")),
+        v.str(f"{path}.dtype", r.get("dtype")),
+        int(src["mesh"]),
+        v.str(f"{path}.src.placements", src.get("placements")),
+        int(dst["mesh"]),
+        v.str(f"{path}.dst.placements", dst.get("placements")),
+        v.num(f"{path}.bytes_per_rank", r.get("bytes_per_rank")),
+        tuple(steps),
+    )
+
+
+def _prod(values: Sequence[int]) -> int:
+    out = 1
+    for x in values:
+        out *= x
+    return out
+
+
+class _V:
+    """Field validators that raise PlanFormatError naming the path."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+
+    def require_object(self, path: str, value: Any) -> None:
+        if not isinstance(value, dict):
+            raise PlanFormatError(path or "<document>", value, "is not a JSON object")
+
+    def list(self, path: str, value: Any) -> list[Any]:
+        if not isinstance(value, list):
+            raise PlanFormatError(path, value, "is not a list")
+        return value
+
+    def objects(self, path: str, value: Any) -> list[dict[str, Any]]:
+        items = self.list(path, value)
+        for i, x in enumerate(items):
+            self.require_object(f"{path}[{i}]", x)
+        return items
+
+    def int(self, path: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PlanFormatError(path, value, "is not an integer")
+        return value
+
+    def num(self, path: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+            raise PlanFormatError(path, value, "is not a non-negative number")
+        return float(value)
+
+    def str(self, path: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise PlanFormatError(path, value, "is not a string")
+        return value
+
+    def ints(self, path: str, value: Any) -> tuple[int, ...]:
+        return tuple(self.int(f"{path}[{i}]", x) for i, x in enumerate(self.list(path, value)))
+
+    def strs(self, path: str, value: Any) -> tuple[str, ...]:
+        return tuple(self.str(f"{path}[{i}]", x) for i, x in enumerate(self.list(path, value)))

@@ -1,0 +1,145 @@
+"""Record what a program does -- ops, the rule decisions, every reshard -- into a ``Plan``.
+
+    with dist.trace() as rec:
+        loss = model(x); loss.backward(); opt.step()
+    plan = rec.plan()               # mpipar.plan.Plan, saveable as JSON
+
+Recording is observation only: it never changes what runs. Under the shape-only backend the
+same program records a plan without computing anything.
+"""
+
+from __future__ import annotations
+
+import weakref
+from types import TracebackType
+from typing import Any
+
+from mpipar import hooks
+from mpipar.mesh import ProcessMesh
+from mpipar.plan import Plan, PlanMesh, PlanOp, PlanReshard, PlanStep, PlanTensor
+from mpipar.reshard.planner import ReshardPlan
+from mpipar.tensor import Parameter, Tensor
+
+
+class PlanRecorder:
+    def __init__(self, meta: dict[str, Any] | None = None) -> None:
+        self.meta = dict(meta or {})
+        self._ids: weakref.WeakKeyDictionary[Tensor, int] = weakref.WeakKeyDictionary()
+        self._tensors: dict[int, PlanTensor] = {}
+        self._meshes: dict[tuple[Any, ...], PlanMesh] = {}
+        self._ops: list[PlanOp] = []
+        self._reshards: list[PlanReshard] = []
+        self._pending: list[int] = []
+        self._kinds: dict[int, str] = {}
+        self.pipeline: dict[str, Any] | None = None
+        self.memory: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ context
+    def __enter__(self) -> PlanRecorder:
+        hooks.op_hooks.append(self)
+        hooks.reshard_hooks.append(self)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        hooks.op_hooks.remove(self)
+        hooks.reshard_hooks.remove(self)
+
+    # ------------------------------------------------------------------ ids
+    def _mesh_id(self, mesh: ProcessMesh) -> int:
+        key = (tuple(mesh.shape), tuple(mesh.process_ids), tuple(mesh.dim_names))
+        if key not in self._meshes:
+            self._meshes[key] = PlanMesh(len(self._meshes), tuple(mesh.shape), tuple(mesh.process_ids), tuple(mesh.dim_names))
+        return self._meshes[key].id
+
+    def mark(self, tensor: Tensor, kind: str, name: str | None = None) -> int:
+        """Label a tensor (a parameter, an input, an optimizer state) in the plan."""
+        tid = self.tensor_id(tensor)
+        self._kinds[tid] = kind
+        old = self._tensors[tid]
+        self._tensors[tid] = PlanTensor(tid, name or old.name, kind, old.shape, old.dtype, old.mesh, old.placements, old.local_shapes)
+        return tid
+
+    def tensor_id(self, t: Tensor) -> int:
+        tid = self._ids.get(t)
+        if tid is not None and self._tensors[tid].placements == (t.spec.placements_str if t.is_dist else ""):
+            return tid
+        # New tensor, or one re-marked in place since: a new plan entry.
+        tid = len(self._tensors)
+        self._ids[t] = tid
+        kind = self._kinds.get(tid) or ("parameter" if isinstance(t, Parameter) else "activation")
+        if t.is_dist:
+            spec = t.spec
+            mesh = self._mesh_id(spec.mesh)
+            locals_ = tuple(spec.local_shape(r) for r in spec.mesh.process_ids)
+            pls = spec.placements_str
+        else:
+            mesh, locals_, pls = None, (), ""
+        self._tensors[tid] = PlanTensor(tid, t.name or "", kind, tuple(t.shape), str(t.dtype), mesh, pls, locals_)
+        return tid
+
+    # ------------------------------------------------------------------ hooks
+    def on_reshard(self, src: Tensor, out: Tensor, plan: ReshardPlan, reason: str) -> None:
+        itemsize = src.dtype.itemsize
+        steps = []
+        for s in plan.steps:
+            pieces: tuple[tuple[int, int, int], ...] = ()
+            if s.kind == "transfer":
+                elems = [(p.src, p.dst, int(_numel(p.box)) * itemsize) for p in s.pieces if p.src != p.dst]
+                pieces = tuple(elems)
+            axes = tuple(s.src.mesh.dim_names[a] for a in s.axes)
+            steps.append(PlanStep(s.kind, axes, s.reduce_type, s.src.placements_str, s.dst.placements_str, s.bytes_per_rank(itemsize), pieces))
+        index = len(self._reshards)
+        self._reshards.append(
+            PlanReshard(
+                index, None, self.tensor_id(src), self.tensor_id(out), reason, hooks.current_phase(), tuple(src.shape),
+                str(src.dtype), self._mesh_id(plan.src.mesh), plan.src.placements_str, self._mesh_id(plan.dst.mesh),
+                plan.dst.placements_str, plan.bytes_per_rank(itemsize), tuple(steps),
+            )
+        )
+        if hooks.resharding_for() is not None:
+            self._pending.append(index)
+
+    def on_op(self, op: Any, inputs: list[Tensor], used: list[Tensor], outputs: list[Tensor], result: Any) -> None:
+        index = len(self._ops)
+        for r in self._pending:
+            old = self._reshards[r]
+            self._reshards[r] = PlanReshard(**{**old.__dict__, "op": index})
+        rule = result.rule if result is not None else ("replicate-only" if op.replicate_only else "")
+        self._ops.append(
+            PlanOp(
+                index, op.name, hooks.current_phase(), hooks.current_scope(),
+                tuple(self.tensor_id(t) for t in inputs), tuple(self.tensor_id(t) for t in outputs), rule,
+                result.reason if result is not None else "",
+                tuple(_pls(t) for t in inputs), tuple(_pls(t) for t in used), tuple(_pls(t) for t in outputs),
+                tuple(self._pending),
+            )
+        )
+        self._pending = []
+
+    # ------------------------------------------------------------------ result
+    def plan(self) -> Plan:
+        return Plan(
+            meshes=sorted(self._meshes.values(), key=lambda m: m.id),
+            tensors=[self._tensors[i] for i in sorted(self._tensors)],
+            ops=list(self._ops),
+            reshards=list(self._reshards),
+            meta=dict(self.meta),
+            pipeline=self.pipeline,
+            memory=self.memory,
+        )
+
+
+def _pls(t: Tensor) -> str:
+    return t.spec.placements_str if t.is_dist else "dense"
+
+
+def _numel(box: Any) -> int:
+    out = 1
+    for s, e in box:
+        out *= e - s
+    return out
+
+
+def trace(meta: dict[str, Any] | None = None) -> PlanRecorder:
+    """A recorder to use as a context manager (see the module docstring)."""
+    return PlanRecorder(meta)
