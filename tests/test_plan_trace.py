@@ -61,7 +61,8 @@ def test_json_round_trip_is_lossless(tmp_path: object) -> None:
     plan.save(path)
     again = Plan.load(path)
     assert again == plan
-    assert json.load(open(path))["format"] == "mpipar.plan"
+    with open(path) as f:
+        assert json.load(f)["format"] == "mpipar.plan"
 
 
 def test_shape_only_traces_the_same_plan() -> None:
