@@ -294,7 +294,7 @@ def reduce_arrays(arrays: Sequence[Array], op: str, xp: Any = np) -> Array:
     chain), however the work is split. Large contiguous NumPy inputs are reduced block by
     block so each input is read once from memory instead of once per partial sum.
     """
-    first = arrays[0]
+    first = xp.asarray(arrays[0])  # a NumPy scalar would not add in place
     if (
         xp is np
         and len(arrays) > 2
@@ -308,7 +308,7 @@ def reduce_arrays(arrays: Sequence[Array], op: str, xp: Any = np) -> Array:
             _reduce_into(out[block], [f[block] for f in flat], op, len(arrays), xp)
         return out.reshape(first.shape)
     out = first.copy()
-    _reduce_into(out, arrays, op, len(arrays), xp, first_copied=True)
+    _reduce_into(out, [xp.asarray(a) for a in arrays], op, len(arrays), xp, first_copied=True)
     return out
 
 

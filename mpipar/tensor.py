@@ -68,9 +68,10 @@ class DistTensor(metaclass=_DistTensorMeta):
 class Tensor:
     """A dense or distributed tensor (see the module docstring)."""
 
-    _value: Array | None
     _spec: DistSpec | None
     _shards: dict[int, Array]
+    _init: Callable[[tuple[int, ...], Any], Array] | None = None
+    """A lazy value: ``init(shape, box)`` gives any box of it (counter-based initializers)."""
 
     def __init__(
         self,
@@ -81,7 +82,8 @@ class Tensor:
     ) -> None:
         self._spec = None
         self._shards = {}
-        self._value = None
+        self._dense: Array | None = None
+        self._init = None
         self._abstract = False
         if data is not None:
             self._value = freeze(_as_array(data, dtype, copy=True))
@@ -110,6 +112,44 @@ class Tensor:
         if like is not None:
             t.stop_gradient = like.stop_gradient
         return t
+
+    @property
+    def _value(self) -> Array | None:
+        """The whole value of a dense tensor (materialising a lazy one), else None."""
+        if self._init is not None:
+            self._materialize()
+        return self._dense
+
+    @_value.setter
+    def _value(self, value: Array | None) -> None:
+        self._dense = value
+
+    @classmethod
+    def lazy(cls, shape: Sequence[int], dtype: Any, init: Callable[[tuple[int, ...], Any], Array], kind: type[Tensor] | None = None) -> Tensor:
+        """A dense tensor whose values are produced on demand, box by box, by ``init``.
+
+        Marking it with ``shard_tensor`` makes each rank generate only its own shard; using it
+        dense generates the whole value once.
+        """
+        t = (kind or cls).__new__(kind or cls)
+        Tensor.__init__(t, None, dtype=dtype)
+        t._init = init
+        t._shape = Shape(tuple(int(n) for n in shape))
+        t._dtype = np.dtype(dtype)
+        return t
+
+    def _materialize(self) -> None:
+        init, self._init = self._init, None
+        assert init is not None
+        if current_backend().shape_only:
+            self._abstract = True
+            return
+        value = np.asarray(init(tuple(self._shape), tuple((0, n) for n in self._shape)), dtype=self._dtype)
+        self._dense = freeze(value)
+
+    @property
+    def is_lazy(self) -> bool:
+        return self._init is not None
 
     @classmethod
     def abstract(cls, shape: Sequence[int], dtype: Any, spec: DistSpec | None = None) -> Tensor:
@@ -155,9 +195,10 @@ class Tensor:
     def _take_storage(self, other: Tensor) -> None:
         """Become ``other``'s value and layout (used by in-place marking)."""
         self._abstract = other._abstract
+        self._init = other._init
         self._spec = other._spec
         self._shards = other._shards
-        self._value = other._value
+        self._dense = other._dense
         self._dtype = other._dtype
         self._shape = other._shape
 
@@ -367,18 +408,32 @@ def _as_array(data: Any, dtype: Any, copy: bool) -> np.ndarray:
     return arr
 
 
-def _shards_from_global(spec: DistSpec, value: np.ndarray) -> dict[int, Array]:
-    """Cut the hosted shards of ``spec`` out of the global ``value`` (no communication)."""
+def _shards_from_global(
+    spec: DistSpec, value: np.ndarray | None, init: Callable[[tuple[int, ...], Any], Array] | None = None
+) -> dict[int, Array]:
+    """The hosted shards of ``spec``: cut out of the global ``value``, or generated box by box by
+    ``init`` (a lazy value). No communication; replicas share one array."""
     backend = current_backend()
     xp = backend.xp
     no_partial = spec.with_placements([Replicate() if isinstance(p, Partial) else p for p in spec.placements])
     full = tuple((0, n) for n in spec.shape)
-    source = freeze(xp.asarray(value))
-    shards = {r: source[box_relative(no_partial.boxes[r], full)] for r in backend.hosted_ranks(spec.mesh)}
+    by_box: dict[Any, Array] = {}
+    shards = {}
+    source = freeze(xp.asarray(value)) if value is not None else None
+    for r in backend.hosted_ranks(spec.mesh):
+        box = no_partial.boxes[r]
+        if box not in by_box:
+            if source is not None:
+                by_box[box] = source[box_relative(box, full)]
+            else:
+                assert init is not None
+                by_box[box] = freeze(xp.asarray(init(tuple(spec.shape), box)))
+        shards[r] = by_box[box]
+    dtype = source.dtype if source is not None else next(iter(shards.values())).dtype if shards else np.float32
     if no_partial == spec:
         return shards
     # Replicate -> Partial is local: the planner's partial steps split the value exactly.
-    return execute_plan(plan_reshard(no_partial, spec), shards, value.dtype, backend)
+    return execute_plan(plan_reshard(no_partial, spec), shards, dtype, backend)
 
 
 def _spec_for(what: str, shape: Sequence[int], mesh: ProcessMesh, placements: list[Placement]) -> DistSpec:
@@ -418,7 +473,12 @@ def shard_tensor(
             )
         spec = _spec_for(f"shard_tensor of {data._label()}", data.shape, mesh, pls)
         if data._abstract or backend.shape_only:
+            target._init = None
             target._take_storage(Tensor.abstract(data.shape, data.dtype, spec))
+        elif data._init is not None and not backend.reference:
+            # A lazy value: each hosted rank generates its own shard, never the whole tensor.
+            init, data._init = data._init, None
+            target._set_dist(spec, _shards_from_global(spec, None, init), data.dtype)
         elif data._grad_fn is not None:
             # A tensor with history: the marked value is a reshard of the old one, on the tape.
             history = data.detach()
@@ -498,13 +558,16 @@ def dtensor_from_local(
     mesh: ProcessMesh,
     placements: Sequence[Placement],
     shape: Sequence[int] | None = None,
+    dtype: Any = None,
 ) -> Tensor:
     """Assemble a distributed tensor from its local shards, without communication.
 
     ``local``: the shard of this process's rank (under MPI), a ``{rank: array}`` dict
     covering the hosted ranks, or a function ``rank -> array``. ``shape`` is the global
     shape; when omitted, every Shard is assumed even (local size x ranks). Each shard must
-    have exactly the shape the chunking rule gives its rank.
+    have exactly the shape the chunking rule gives its rank. ``dtype`` is needed only where
+    this process hosts no rank of the mesh and ``local`` is a function (it then cannot be read
+    off a shard); every process must agree on it.
     """
     pls = check_placements(placements, "dtensor_from_local placements")
     backend = current_backend()
@@ -529,6 +592,7 @@ def dtensor_from_local(
                 guess[p.dim] *= mesh.shape[a]  # type: ignore[attr-defined]
         shape = guess
     spec = DistSpec(shape, mesh, pls)
+    want = np.dtype(dtype) if dtype is not None else None
     dtype = None
     for r, a in arrays.items():
         expected = spec.local_shape(r)
@@ -542,9 +606,18 @@ def dtensor_from_local(
             dtype = a.dtype
         elif a.dtype != dtype:
             raise ValueError(f"dtensor_from_local: shards have different dtypes {dtype} and {a.dtype} (rank {r})")
+    if want is not None and dtype is not None and dtype != want:
+        raise ValueError(f"dtensor_from_local: shards are {dtype} but dtype={want} was given")
+    final = want or dtype or getattr(local, "dtype", None)
+    if final is None:
+        raise ValueError(
+            f"dtensor_from_local: this process hosts no rank of {mesh}, so the dtype cannot be read off a shard; "
+            "pass dtype= (the same on every process)"
+        )
     if backend.reference:
         raise ValueError("dtensor_from_local builds from per-rank shards, which --reference mode does not have")
-    return Tensor._from_shards(spec, {r: np.array(a) for r, a in arrays.items()}, dtype or getattr(local, "dtype", None) or np.float32)
+    xp = backend.xp
+    return Tensor._from_shards(spec, {r: xp.array(a) for r, a in arrays.items()}, final)
 
 
 def to_tensor(data: Any, dtype: Any = None, stop_gradient: bool = True) -> Tensor:

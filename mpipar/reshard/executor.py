@@ -107,10 +107,41 @@ def _run_reduce_scatter(step: ReshardStep, current: Shards, dtype: np.dtype, bac
 def _assemble(box: Box, pieces: list[tuple[Box, Array]], dtype: np.dtype, xp: Any) -> Array:
     if len(pieces) == 1 and pieces[0][0] == box:  # one piece is the whole box: no copy
         return pieces[0][1]
+    joined = _adjacent_views(box, pieces)
+    if joined is not None:
+        return joined
     out = xp.empty(box_shape(box), dtype=dtype)
     for piece_box, data in pieces:
         out[box_relative(piece_box, box)] = data
     return out
+
+
+def _adjacent_views(box: Box, pieces: list[tuple[Box, Array]]) -> Array | None:
+    """The box as one view when the pieces are consecutive slabs of one contiguous buffer.
+
+    MPI receives into a flat buffer, and ``shard_tensor`` cuts replicas from one array: pieces
+    split along the outermost dim, in order, then tile that buffer exactly and it is already
+    the assembled result (no copy).
+    """
+    if not box or not pieces or not all(isinstance(d, np.ndarray) and d.flags.c_contiguous for _, d in pieces):
+        return None
+    order = sorted(pieces, key=lambda p: p[0][0][0])
+    if any(b[1:] != box[1:] for b, _ in order) or (order[0][0][0][0], order[-1][0][0][1]) != box[0]:
+        return None
+    if any(order[i][0][0][1] != order[i + 1][0][0][0] for i in range(len(order) - 1)):
+        return None
+    first = order[0][1]
+    base = first.base if first.base is not None else first
+    if not isinstance(base, np.ndarray) or not base.flags.c_contiguous:
+        return None
+    address = first.__array_interface__["data"][0]
+    for _, d in order:
+        if (d.base if d.base is not None else d) is not base or d.__array_interface__["data"][0] != address:
+            return None
+        address += d.nbytes
+    offset = first.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    view = np.ndarray(box_shape(box), dtype=first.dtype, buffer=base, offset=offset)
+    return freeze(view)
 
 
 def _run_all_gather(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
