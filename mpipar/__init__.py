@@ -12,13 +12,14 @@ Run the same script with ``python script.py`` (simulator, every rank in-process)
 """
 
 from mpipar import _threads  # noqa: F401, I001  (first: caps BLAS threads under MPI before NumPy loads)
-from mpipar import nn, ops, pipeline, spmd
+from mpipar import io, nn, ops, optimizer, pipeline, spmd
 from mpipar.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from mpipar.backend import current_backend, get_rank, get_world_size, set_backend, use_backend
 from mpipar.checkpoint import load_state_dict, save_state_dict
 from mpipar.comm import CommEvent, comm_context
 from mpipar.debug import CommDebugMode
 from mpipar.mesh import ProcessMesh
+from mpipar.nn.layer import get_default_dtype, set_default_dtype
 from mpipar.ops.linalg import matmul
 from mpipar.ops.manipulation import broadcast_to, concat, expand, reshape, split, squeeze, transpose, unsqueeze
 from mpipar.ops.manipulation import slice_ as slice
@@ -54,8 +55,18 @@ from mpipar.ops.math import max_ as max
 from mpipar.ops.math import min_ as min
 from mpipar.ops.math import pow_ as pow
 from mpipar.ops.math import sum_ as sum
+from mpipar.parallel import (
+    ShardDataloader,
+    ShardingStage1,
+    ShardingStage2,
+    ShardingStage3,
+    shard_dataloader,
+    shard_layer,
+    shard_optimizer,
+)
 from mpipar.placement import Partial, Placement, ReduceType, Replicate, Shard, parse_placements
 from mpipar.random import get_rng_state, seed, set_rng_state
+from mpipar.recompute import recompute
 from mpipar.reshard import ReshardPlan, ReshardStep, plan_reshard
 from mpipar.runtime.log import print_once
 from mpipar.spec import DistSpec, chunk_range
@@ -79,6 +90,10 @@ __all__ = [
     "ReshardStep",
     "Shape",
     "Shard",
+    "ShardDataloader",
+    "ShardingStage1",
+    "ShardingStage2",
+    "ShardingStage3",
     "Tensor",
     "abs",
     "add",
@@ -95,11 +110,13 @@ __all__ = [
     "equal",
     "exp",
     "expand",
+    "get_default_dtype",
     "get_rank",
     "get_rng_state",
     "get_world_size",
     "greater_equal",
     "greater_than",
+    "io",
     "is_grad_enabled",
     "less_equal",
     "less_than",
@@ -117,11 +134,13 @@ __all__ = [
     "no_grad",
     "not_equal",
     "ops",
+    "optimizer",
     "parse_placements",
     "pipeline",
     "plan_reshard",
     "pow",
     "print_once",
+    "recompute",
     "reshape",
     "reshard",
     "rsqrt",
@@ -129,8 +148,12 @@ __all__ = [
     "scale",
     "seed",
     "set_backend",
+    "set_default_dtype",
     "set_grad_enabled",
     "set_rng_state",
+    "shard_dataloader",
+    "shard_layer",
+    "shard_optimizer",
     "shard_tensor",
     "sigmoid",
     "slice",

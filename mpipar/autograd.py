@@ -57,6 +57,61 @@ def enable_grad() -> _GradMode:
     return _GradMode(True)
 
 
+_saved_hooks: list[tuple[Callable[[Any], Any], Callable[[Any], Any]]] = []
+
+
+@contextlib.contextmanager
+def saved_tensors_hooks(pack: Callable[[Tensor], Any], unpack: Callable[[Any], Tensor]) -> Iterator[None]:
+    """Ops recorded inside save ``pack(t)`` instead of ``t``; backward uses ``unpack(saved)``.
+
+    ZeRO-3 packs a gathered parameter as a note to gather it again, so the full weight is not
+    held between forward and backward.
+    """
+    _saved_hooks.append((pack, unpack))
+    try:
+        yield
+    finally:
+        _saved_hooks.pop()
+
+
+class Packed:
+    """A saved value replaced by a pack hook, with the unpack function to get it back."""
+
+    __slots__ = ("payload", "unpack")
+
+    def __init__(self, payload: Any, unpack: Callable[[Any], Tensor]) -> None:
+        self.payload = payload
+        self.unpack = unpack
+
+
+def _regather(payload: Any) -> Tensor:
+    from mpipar.comm import comm_context
+    from mpipar.tensor import reshard
+
+    param, spec = payload
+    with no_grad(), comm_context(f"backward: gather {param._label()} stored split (ZeRO-3)"):
+        return reshard(param, spec.mesh, list(spec.placements))
+
+
+def pack_saved(t: Tensor) -> Any:
+    """What a node keeps of ``t``: the tensor itself, or what the innermost pack hook makes.
+
+    A parameter gathered from split storage (ZeRO-3) is kept as a note to gather it again.
+    """
+    regather = getattr(t, "_regather", None)
+    if regather is not None:
+        return Packed(regather, _regather)
+    if not _saved_hooks:
+        return t.detach()
+    pack, unpack = _saved_hooks[-1]
+    out = pack(t)
+    return out.detach() if out is t else Packed(out, unpack)
+
+
+def _unpacked(values: list[Any]) -> list[Any]:
+    return [v.unpack(v.payload) if isinstance(v, Packed) else v for v in values]
+
+
 @dataclass(eq=False)
 class GradContext:
     """What a gradient function sees: saved forward tensors (detached), attributes, metadata."""
@@ -103,6 +158,31 @@ def reshard_node(source: Tensor) -> Node:
     return Node("reshard", _identity_grad, ctx, [source])
 
 
+def _merge_order(nodes: list[Node]) -> list[Node]:
+    """One topological order (parents first) of the union of several roots' graphs."""
+    index = {id(n): n for n in nodes}
+    order: list[Node] = []
+    state: dict[int, int] = {}
+    for start in nodes:
+        if id(start) in state:
+            continue
+        stack: list[tuple[Node, bool]] = [(start, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                state[id(node)] = 2
+                order.append(node)
+                continue
+            if state.get(id(node)):
+                continue
+            state[id(node)] = 1
+            stack.append((node, True))
+            for p in node.parents:
+                if p is not None and p._grad_fn is not None and id(p._grad_fn) in index and not state.get(id(p._grad_fn)):
+                    stack.append((p._grad_fn, False))
+    return order
+
+
 def _topo_order(root: Tensor) -> list[Node]:
     order: list[Node] = []
     seen: set[int] = set()
@@ -133,31 +213,54 @@ def backward(root: Tensor, grad: Tensor | None = None, retain_graph: bool = Fals
 
 
 def _backward(root: Tensor, grad: Tensor | None, retain_graph: bool) -> None:
-    from mpipar.ops import math as M
-    from mpipar.tensor import Tensor
-
     if root.stop_gradient:
         raise ValueError(
             f"backward() on {root._label()} that does not require grad (stop_gradient=True): no input "
             "it depends on is trainable, or it was computed under no_grad"
         )
+    run_backward([root], [grad], retain_graph)
+
+
+def run_backward(roots: Sequence[Tensor], grads: Sequence[Tensor | None], retain_graph: bool = False) -> None:
+    """Backpropagate ``grads`` (None: ones) from several roots at once (recompute uses this)."""
+    from mpipar.ops import math as M
+    from mpipar.tensor import Tensor
+
     with no_grad():
-        if grad is None:
-            grad = M.ones_like_global(root)
-        elif not isinstance(grad, Tensor):
-            grad = Tensor(grad, dtype=root.dtype)
-        if tuple(grad.shape) != tuple(root.shape):
-            raise ValueError(f"backward: grad of shape {list(grad.shape)} does not match {root._label()}")
-        if root._grad_fn is None:
-            _accumulate_leaf(root, grad)
-            return
-        order = _topo_order(root)
+        seeds: list[tuple[Tensor, Tensor]] = []
+        for root, grad in zip(roots, grads, strict=True):
+            if root.stop_gradient:
+                continue
+            if grad is None:
+                grad = M.ones_like_global(root)
+            elif not isinstance(grad, Tensor):
+                grad = Tensor(grad, dtype=root.dtype)
+            if tuple(grad.shape) != tuple(root.shape):
+                raise ValueError(f"backward: grad of shape {list(grad.shape)} does not match {root._label()}")
+            seeds.append((root, grad))
+        order: list[Node] = []
+        seen: set[int] = set()
+        for root, _ in seeds:
+            for node in _topo_order(root):
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    order.append(node)
+        order = _merge_order(order)
         pending: dict[int, list[Tensor | None]] = {id(n): [None] * n.num_outputs for n in order}
-        pending[id(root._grad_fn)][root._out_index] = grad
+        for root, grad in seeds:
+            if root._grad_fn is None:
+                _accumulate_leaf(root, grad)
+                continue
+            slot = pending[id(root._grad_fn)]
+            i = root._out_index
+            slot[i] = grad if slot[i] is None else M.add(slot[i], grad)
         for node in reversed(order):
             out_grads = pending.pop(id(node))
             if all(g is None for g in out_grads):
                 continue
+            if any(isinstance(v, Packed) for v in (*node.ctx.inputs, *node.ctx.outputs)):
+                node.ctx.inputs = _unpacked(node.ctx.inputs)
+                node.ctx.outputs = _unpacked(node.ctx.outputs)
             in_grads = node.grad_fn(node.ctx, out_grads)
             for parent, g in zip(node.parents, in_grads, strict=False):
                 if parent is None or g is None or parent.stop_gradient:
@@ -177,13 +280,14 @@ def _accumulate_leaf(leaf: Tensor, g: Tensor) -> None:
     from mpipar.ops import math as M
     from mpipar.tensor import reshard
 
-    if g.dtype != leaf.dtype:
-        g = M.cast(g, leaf.dtype)
     if leaf.is_dist:
         target = leaf.grad_spec()
         if not g.is_dist or g.spec != target:
             with comm_context(f"gradient of {leaf._label()} to its layout {target.placements_str}"):
                 g = reshard(g, target.mesh, list(target.placements))
+    # Cast after the reshard: a Partial gradient is reduced in its own precision first.
+    if g.dtype != leaf.dtype:
+        g = M.cast(g, leaf.dtype)
     elif g.is_dist:
         from mpipar.tensor import Tensor
 

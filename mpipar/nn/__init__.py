@@ -1,5 +1,41 @@
-"""``dist.nn``: layers and the functional API."""
+"""``dist.nn``: layers (Paddle's names), initializers and the functional API."""
 
-from mpipar.nn import functional
+from mpipar.nn import functional, initializer
+from mpipar.nn.layer import Layer, ParamAttr, get_default_dtype, set_default_dtype
+from mpipar.nn.layers import (
+    GELU,
+    ColumnParallelLinear,
+    CrossEntropyLoss,
+    Dropout,
+    Embedding,
+    LayerList,
+    LayerNorm,
+    Linear,
+    ReLU,
+    RowParallelLinear,
+    Sequential,
+    Softmax,
+    reshard_axis,
+)
 
-__all__ = ["functional"]
+__all__ = [
+    "GELU",
+    "ColumnParallelLinear",
+    "CrossEntropyLoss",
+    "Dropout",
+    "Embedding",
+    "Layer",
+    "LayerList",
+    "LayerNorm",
+    "Linear",
+    "ParamAttr",
+    "ReLU",
+    "RowParallelLinear",
+    "Sequential",
+    "Softmax",
+    "functional",
+    "get_default_dtype",
+    "initializer",
+    "reshard_axis",
+    "set_default_dtype",
+]

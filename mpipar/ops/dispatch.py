@@ -186,6 +186,7 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     for i, t in enumerate(flat):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: input {i} must be a Tensor, got {type(t).__name__}")
+    gathered = _gather_stored_split(op, flat)
     backend = current_backend()
     dist_inputs = [t for t in flat if t.is_dist]
     result: spmd.SpmdResult | None = None
@@ -199,6 +200,8 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     _record(op, flat, used, outs, attrs)
     for hook in hooks.op_hooks:
         hook.on_op(op, flat, used, outs, result)
+    for g in gathered:  # ZeRO-3: the gathered copy is freed after use; backward gathers again
+        g._shards = {}
     return tuple(outs) if op.multi_output else outs[0]
 
 
@@ -323,6 +326,25 @@ def _run_dist(
     return outs, used, res
 
 
+def _gather_stored_split(op: OpDef, flat: list[Tensor]) -> list[Tensor]:
+    """Replace parameters stored split (ZeRO-3) by their gathered compute layout, in place in ``flat``."""
+    gathered: list[Tensor] = []
+    memo: dict[int, Tensor] = {}
+    for i, t in enumerate(flat):
+        full = getattr(t, "_compute_spec", None)
+        if full is None or not t.is_dist or t.spec == full:
+            continue
+        if id(t) not in memo:
+            with comm_context(f"{op.name}: gather {t._label()} stored split (ZeRO-3)"):
+                g = reshard(t, full.mesh, list(full.placements))
+            g._regather = (t, full)  # type: ignore[attr-defined]
+            memo[id(t)] = g
+            if g._shards:
+                gathered.append(g)
+        flat[i] = memo[id(t)]
+    return gathered
+
+
 def _reshard_input(t: Tensor, want: DistSpec) -> Tensor:
     """Reshard an op input (``reshard`` records an identity-backward node when grads flow)."""
     return reshard(t, want.mesh, list(want.placements))
@@ -340,8 +362,8 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
     ctx = autograd.GradContext(
         op=op.name,
         attrs=attrs,
-        inputs=[used[i].detach() if i in saved_in else None for i in range(len(used))],
-        outputs=[outs[j].detach() if j in op.save_outputs else None for j in range(len(outs))],
+        inputs=[autograd.pack_saved(used[i]) if i in saved_in else None for i in range(len(used))],
+        outputs=[autograd.pack_saved(outs[j]) if j in op.save_outputs else None for j in range(len(outs))],
         input_shapes=[tuple(t.shape) for t in flat],
         input_dtypes=[t.dtype for t in flat],
         needs_grad=needs,

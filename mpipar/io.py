@@ -1,0 +1,125 @@
+"""``dist.io``: Dataset, BatchSampler, DataLoader (Paddle's names), deterministic shuffling.
+
+A ``DataLoader`` yields batches as lists of dense ``Tensor``s stacked from the samples.
+Shuffling uses the counter-based generator (``mpipar.random``), so every process -- and the
+one-big-device reference -- sees the same order. ``DataLoader.state_dict()`` gives the
+position for resumption.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from mpipar import random as mrandom
+from mpipar.tensor import Tensor
+
+
+class Dataset:
+    def __getitem__(self, index: int) -> Any:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+class BatchSampler:
+    """Batches of indices; ``shuffle`` draws a permutation per epoch from the counter RNG."""
+
+    def __init__(
+        self, dataset: Dataset | None = None, sampler: Any = None, shuffle: bool = False, batch_size: int = 1, drop_last: bool = False
+    ) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"BatchSampler batch_size must be positive, got {batch_size}")
+        self.dataset, self.shuffle, self.batch_size, self.drop_last = dataset, shuffle, batch_size, drop_last
+        self.num_samples = len(dataset) if dataset is not None else len(sampler)
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = mrandom.permutation(mrandom.next_key(), self.num_samples) if self.shuffle else np.arange(self.num_samples)
+        self.epoch += 1
+        for start in range(0, self.num_samples, self.batch_size):
+            batch = order[start : start + self.batch_size].tolist()
+            if len(batch) < self.batch_size and self.drop_last:
+                return
+            yield batch
+
+    def __len__(self) -> int:
+        n = self.num_samples // self.batch_size
+        return n if self.drop_last or self.num_samples % self.batch_size == 0 else n + 1
+
+
+class DistributedBatchSampler(BatchSampler):
+    """The primer's manual data parallelism: rank ``rank`` of ``num_replicas`` takes every
+    ``num_replicas``-th batch slice (the global batch is ``batch_size * num_replicas``)."""
+
+    def __init__(
+        self, dataset: Dataset, batch_size: int, num_replicas: int | None = None, rank: int | None = None,
+        shuffle: bool = False, drop_last: bool = False,
+    ) -> None:
+        from mpipar.backend import get_rank, get_world_size
+
+        super().__init__(dataset, shuffle=shuffle, batch_size=batch_size * (num_replicas or get_world_size()), drop_last=drop_last)
+        self.num_replicas = num_replicas or get_world_size()
+        self.rank = get_rank() if rank is None else rank
+        self.local_batch = batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in super().__iter__():
+            yield batch[self.rank * self.local_batch : (self.rank + 1) * self.local_batch]
+
+
+def default_collate(samples: Sequence[Any]) -> list[Any]:
+    first = samples[0]
+    if isinstance(first, (tuple, list)):
+        return [np.stack([np.asarray(s[i]) for s in samples]) for i in range(len(first))]
+    return [np.stack([np.asarray(s) for s in samples])]
+
+
+class DataLoader:
+    """Iterate batches of a Dataset; ``loader()`` (as the seeds call it) is the same as ``iter(loader)``."""
+
+    def __init__(
+        self, dataset: Dataset, batch_sampler: BatchSampler | None = None, batch_size: int = 1, shuffle: bool = False,
+        drop_last: bool = False, collate_fn: Callable[[Sequence[Any]], list[Any]] | None = None, num_workers: int = 0,
+        return_list: bool = True, **_: Any,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_sampler = batch_sampler or BatchSampler(dataset, shuffle=shuffle, batch_size=batch_size, drop_last=drop_last)
+        self.collate_fn = collate_fn or default_collate
+        self.batches_served = 0
+        """Batches handed out since the loader was built (the resumption position)."""
+        self._skip = 0
+
+    def load_indices(self, indices: Sequence[int]) -> list[np.ndarray]:
+        """Collate the samples at ``indices`` into arrays (one per field)."""
+        return self.collate_fn([self.dataset[i] for i in indices])
+
+    def index_batches(self) -> Iterator[list[int]]:
+        skip, self._skip = self._skip, 0
+        for i, batch in enumerate(self.batch_sampler):
+            if i < skip:
+                continue
+            self.batches_served += 1
+            yield batch
+
+    def __iter__(self) -> Iterator[list[Tensor]]:
+        for batch in self.index_batches():
+            yield [Tensor(a) for a in self.load_indices(batch)]
+
+    def __call__(self) -> Iterator[list[Tensor]]:
+        return iter(self)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"batches_served": self.batches_served, "epoch": getattr(self.batch_sampler, "epoch", 0)}
+
+    def set_state_dict(self, state: dict[str, int]) -> None:
+        """Resume: the next iteration skips the batches already served in this epoch."""
+        per_epoch = max(1, len(self.batch_sampler))
+        self.batches_served = int(state["batches_served"])
+        self._skip = self.batches_served % per_epoch

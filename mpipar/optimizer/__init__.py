@@ -1,0 +1,7 @@
+"""``dist.optimizer``: Paddle's optimizers and learning-rate schedules on distributed parameters."""
+
+from mpipar.optimizer import lr
+from mpipar.optimizer.optimizer import ClipGradByGlobalNorm, L2Decay, Optimizer
+from mpipar.optimizer.sgd_momentum_adam import SGD, Adam, AdamW, Momentum
+
+__all__ = ["SGD", "Adam", "AdamW", "ClipGradByGlobalNorm", "L2Decay", "Momentum", "Optimizer", "lr"]

@@ -1,0 +1,232 @@
+"""The optimizer base: per-parameter states in a chosen layout, elementwise updates on shards.
+
+An update is elementwise, so it runs on each hosted shard with plain NumPy: the distributed
+update is bit-for-bit the dense one. The layout it runs in is the parameter's own unless
+``shard_optimizer`` set a sharded one (ZeRO): the parameter and its gradient are then cut to
+that layout (a local slice), updated there, and the new values gathered back (ZeRO-1/2) --
+or, for ZeRO-3, the parameter lives in that layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from mpipar import autograd, hooks
+from mpipar.backend import current_backend
+from mpipar.comm import comm_context
+from mpipar.optimizer.lr import LRScheduler
+from mpipar.spec import DistSpec
+from mpipar.tensor import Tensor, reshard
+
+Array = Any
+
+
+class L2Decay:
+    """L2 regularisation: adds ``coeff * param`` to the gradient (Paddle's ``regularizer.L2Decay``)."""
+
+    def __init__(self, coeff: float = 0.0) -> None:
+        self.coeff = float(coeff)
+
+
+class ClipGradByGlobalNorm:
+    """Scale all gradients so their global L2 norm is at most ``clip_norm``."""
+
+    def __init__(self, clip_norm: float) -> None:
+        self.clip_norm = float(clip_norm)
+
+    def __call__(self, params_grads: list[tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:
+        from mpipar.ops import math as M
+
+        if current_backend().shape_only or not params_grads:
+            return params_grads
+        total = None
+        for p, g in params_grads:
+            if getattr(p, "need_clip", True):
+                sq = M.sum_(M.square(g))
+                total = sq if total is None else M.add(total, sq)
+        if total is None:
+            return params_grads
+        norm = float(np.sqrt(float(total)))
+        if norm <= self.clip_norm:
+            return params_grads
+        factor = self.clip_norm / norm
+        return [(p, M.scale(g, factor) if getattr(p, "need_clip", True) else g) for p, g in params_grads]
+
+
+class Optimizer:
+    state_names: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        learning_rate: float | LRScheduler = 0.001,
+        parameters: Iterable[Tensor] | None = None,
+        weight_decay: float | L2Decay | None = None,
+        grad_clip: Callable[[list[tuple[Tensor, Tensor]]], list[tuple[Tensor, Tensor]]] | None = None,
+        name: str | None = None,
+    ) -> None:
+        if parameters is None:
+            raise ValueError(f"{type(self).__name__} needs parameters= (e.g. model.parameters())")
+        self._parameter_list = [p for p in parameters]
+        for i, p in enumerate(self._parameter_list):
+            if not isinstance(p, Tensor):
+                raise TypeError(f"{type(self).__name__}: parameters[{i}] is {type(p).__name__}, not a Tensor")
+        self._learning_rate = learning_rate
+        self.regularization = weight_decay
+        self._grad_clip = grad_clip
+        self._states: dict[int, dict[str, Any]] = {}
+        self._update_layout: Callable[[Tensor], DistSpec | None] | None = None
+        """Set by shard_optimizer: the layout each parameter is updated (and its states kept) in."""
+
+    # ------------------------------------------------------------------ learning rate
+    def get_lr(self) -> float:
+        lr = self._learning_rate
+        return float(lr()) if isinstance(lr, LRScheduler) else float(lr)
+
+    def set_lr(self, value: float) -> None:
+        if isinstance(self._learning_rate, LRScheduler):
+            raise ValueError("set_lr: this optimizer follows an LRScheduler; step the scheduler instead")
+        self._learning_rate = float(value)
+
+    def set_lr_scheduler(self, scheduler: LRScheduler) -> None:
+        self._learning_rate = scheduler
+
+    # ------------------------------------------------------------------ steps
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        for p in self._parameter_list:
+            p.clear_grad()
+
+    clear_gradients = clear_grad
+
+    def minimize(self, loss: Tensor, startup_program: Any = None, parameters: Any = None, no_grad_set: Any = None) -> None:
+        loss.backward()
+        self.step()
+
+    def step(self) -> None:
+        with autograd.no_grad(), hooks.phase("optimizer"):
+            params_grads = [(p, p.grad) for p in self._parameter_list if p.grad is not None and not p.stop_gradient]
+            if self._grad_clip is not None:
+                params_grads = self._grad_clip(params_grads)
+            lr = self.get_lr()
+            for p, g in params_grads:
+                self._step_param(p, g, lr * float(getattr(p, "optimize_attr", {}).get("learning_rate", 1.0)))
+
+    def layout_of(self, p: Tensor) -> DistSpec | None:
+        """The layout ``p`` is updated and its states are kept in (None: dense)."""
+        if self._update_layout is not None:
+            spec = self._update_layout(p)
+            if spec is not None:
+                return spec
+        return p.grad_spec() if p.is_dist else None
+
+    def _step_param(self, p: Tensor, g: Tensor, lr: float) -> None:
+        layout = self.layout_of(p)
+        backend = current_backend()
+        with comm_context(f"optimizer update of {p._label()}"):
+            pv = p if layout is None or (p.is_dist and p.spec == layout) else reshard(p, layout.mesh, list(layout.placements))
+            gv = g if layout is None or (g.is_dist and g.spec == layout) else reshard(g, layout.mesh, list(layout.placements))
+        state = self._state(p, layout)
+        if backend.shape_only or pv.is_abstract:
+            new_p = Tensor.abstract(p.shape, p.dtype, layout)
+        elif layout is None or backend.reference:
+            values = {n: state[n]._value for n in self.state_names}
+            new_value, new_states = self._update(np.asarray(pv._value), np.asarray(gv._value), values, lr, state)
+            for n in self.state_names:
+                state[n] = _like(state[n], value=new_states[n])
+            new_p = _like(pv, value=new_value)
+        else:
+            memo: dict[tuple[int, ...], tuple[Array, dict[str, Array]]] = {}
+            shards: dict[int, Array] = {}
+            new_state_shards: dict[str, dict[int, Array]] = {n: {} for n in self.state_names}
+            for r in pv._shards:
+                key = (id(pv._shards[r]), id(gv._shards[r]), *(id(state[n]._shards[r]) for n in self.state_names))
+                if key not in memo:  # replicas compute once
+                    memo[key] = self._update(pv._shards[r], gv._shards[r], {n: state[n]._shards[r] for n in self.state_names}, lr, state)
+                shards[r] = memo[key][0]
+                for n in self.state_names:
+                    new_state_shards[n][r] = memo[key][1][n]
+            for n in self.state_names:
+                state[n] = Tensor._from_shards(layout, new_state_shards[n], state[n].dtype)
+            new_p = Tensor._from_shards(layout, shards, p.dtype)
+        state["step"] = state.get("step", 0) + 1
+        if p.is_dist and new_p.is_dist and new_p.spec != p.spec:
+            with comm_context(f"optimizer: gather the updated {p._label()}"):
+                new_p = reshard(new_p, p.spec.mesh, list(p.spec.placements))
+        p._take_storage(new_p)
+
+    def _state(self, p: Tensor, layout: DistSpec | None) -> dict[str, Any]:
+        state = self._states.get(id(p))
+        if state is None:
+            state = {n: _zeros(p, layout) for n in self.state_names}
+            state["step"] = 0
+            self._states[id(p)] = state
+        return state
+
+    def _update(self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
+        """One elementwise update on local arrays; returns the new parameter and states."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ state
+    def state_tensors(self) -> dict[str, Tensor]:
+        """Every optimizer state tensor, named ``<param name>.<state>`` (memory accounting, checkpoints)."""
+        out = {}
+        for i, p in enumerate(self._parameter_list):
+            state = self._states.get(id(p))
+            if state is None:
+                continue
+            for n in self.state_names:
+                out[f"{p.name or f'param_{i}'}.{n}"] = state[n]
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.state_tensors())
+        out["steps"] = {p.name or f"param_{i}": self._states[id(p)]["step"] for i, p in enumerate(self._parameter_list) if id(p) in self._states}
+        if isinstance(self._learning_rate, LRScheduler):
+            out["LR_Scheduler"] = self._learning_rate.state_dict()
+        return out
+
+    def set_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore states (any layout: each is resharded into this optimizer's layout)."""
+        steps = state.get("steps", {})
+        for i, p in enumerate(self._parameter_list):
+            name = p.name or f"param_{i}"
+            if name not in steps:
+                continue
+            layout = self.layout_of(p)
+            mine = self._state(p, layout)
+            for n in self.state_names:
+                value = state[f"{name}.{n}"]
+                if layout is not None and value.is_dist:
+                    value = reshard(value, layout.mesh, list(layout.placements))
+                mine[n] = value
+            mine["step"] = int(steps[name])
+        if "LR_Scheduler" in state and isinstance(self._learning_rate, LRScheduler):
+            self._learning_rate.set_state_dict(state["LR_Scheduler"])
+
+
+def _zeros(p: Tensor, layout: DistSpec | None) -> Tensor:
+    backend = current_backend()
+    if backend.shape_only or p.is_abstract:
+        return Tensor.abstract(p.shape, p.dtype, layout)
+    if layout is None or backend.reference:
+        t = Tensor(np.zeros(p.shape, dtype=p.dtype))
+        if layout is not None:
+            return Tensor._from_reference(layout, t._value)
+        return t
+    by_box: dict[Any, Array] = {}
+    shards = {}
+    for r in backend.hosted_ranks(layout.mesh):
+        box = layout.boxes[r]
+        if box not in by_box:
+            by_box[box] = backend.xp.zeros(layout.local_shape(r), dtype=p.dtype)
+        shards[r] = by_box[box]
+    return Tensor._from_shards(layout, shards, p.dtype)
+
+
+def _like(t: Tensor, value: Array) -> Tensor:
+    """A tensor with ``t``'s layout (dense, or one big device) holding ``value``."""
+    if t.is_dist:
+        return Tensor._from_reference(t.spec, value)
+    return Tensor(value) if not isinstance(value, Tensor) else value
