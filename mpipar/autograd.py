@@ -285,13 +285,13 @@ def _accumulate_leaf(leaf: Tensor, g: Tensor) -> None:
         if not g.is_dist or g.spec != target:
             with comm_context(f"gradient of {leaf._label()} to its layout {target.placements_str}"):
                 g = reshard(g, target.mesh, list(target.placements))
+    elif g.is_dist:  # a dense leaf used in a distributed computation: its gradient is dense
+        from mpipar.tensor import Tensor
+
+        g = Tensor.abstract(g.shape, g.dtype) if g.is_abstract else Tensor(g.full_tensor())
     # Cast after the reshard: a Partial gradient is reduced in its own precision first.
     if g.dtype != leaf.dtype:
         g = M.cast(g, leaf.dtype)
-    elif g.is_dist:
-        from mpipar.tensor import Tensor
-
-        g = Tensor(g.full_tensor())
     for hook in leaf._grad_hooks:
         out = hook(g)
         if out is not None:
