@@ -18,6 +18,7 @@ from mpipar.backend import current_backend, get_rank, get_world_size, set_backen
 from mpipar.checkpoint import load_state_dict, save_state_dict
 from mpipar.comm import CommEvent, comm_context
 from mpipar.debug import CommDebugMode
+from mpipar.memory import MemoryReport, memory_report
 from mpipar.mesh import ProcessMesh
 from mpipar.nn.layer import get_default_dtype, set_default_dtype
 from mpipar.ops.linalg import matmul
@@ -80,6 +81,7 @@ __all__ = [
     "CommEvent",
     "DistSpec",
     "DistTensor",
+    "MemoryReport",
     "Parameter",
     "Partial",
     "Placement",
@@ -126,6 +128,7 @@ __all__ = [
     "max",
     "maximum",
     "mean",
+    "memory_report",
     "min",
     "minimum",
     "multiply",

@@ -148,14 +148,27 @@ class Node:
         return [t for t in (*self.ctx.inputs, *self.ctx.outputs) if t is not None]
 
 
-def _identity_grad(ctx: GradContext, grads: list[Tensor | None]) -> list[Tensor | None]:
-    return [grads[0]]
+def _reshard_grad(ctx: GradContext, grads: list[Tensor | None]) -> list[Tensor | None]:
+    g = grads[0]
+    back = ctx.attrs.get("source_spec")
+    if g is None or back is None or not g.is_dist or g.spec.mesh.same_layout(back.mesh):
+        return [g]  # same mesh: the value is the gradient; consumers reshard as they need
+    # Across meshes (a pipeline hand-off) the gradient goes back to the source's mesh.
+    from mpipar.comm import comm_context
+    from mpipar.placement import Partial, Replicate
+    from mpipar.tensor import reshard
+
+    placements = [Replicate() if isinstance(p, Partial) else p for p in back.placements]
+    with comm_context(f"backward of the hand-off {g.spec.mesh.process_ids} <- {back.mesh.process_ids}"):
+        return [reshard(g, back.mesh, placements)]
 
 
 def reshard_node(source: Tensor) -> Node:
-    """The node of a reshard: its backward passes the gradient through unchanged."""
-    ctx = GradContext("reshard", {}, [None], [None], [tuple(source.shape)], [source.dtype], [True])
-    return Node("reshard", _identity_grad, ctx, [source])
+    """The node of a reshard: its backward passes the gradient through (back to the source's
+    mesh when the reshard crossed meshes)."""
+    attrs = {"source_spec": source.spec if source.is_dist else None}
+    ctx = GradContext("reshard", attrs, [None], [None], [tuple(source.shape)], [source.dtype], [True])
+    return Node("reshard", _reshard_grad, ctx, [source])
 
 
 def _merge_order(nodes: list[Node]) -> list[Node]:

@@ -19,6 +19,7 @@ Arrays held by a tensor are read-only; operations build new arrays.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -65,6 +66,9 @@ class DistTensor(metaclass=_DistTensorMeta):
         raise TypeError("build distributed tensors with dist.shard_tensor(data, mesh, placements)")
 
 
+_storage_ids = itertools.count(1)
+
+
 class Tensor:
     """A dense or distributed tensor (see the module docstring)."""
 
@@ -85,6 +89,8 @@ class Tensor:
         self._dense: Array | None = None
         self._init = None
         self._abstract = False
+        self._sid = next(_storage_ids)
+        """Identifies the storage: a detached view shares it (memory accounting de-duplicates)."""
         if data is not None:
             self._value = freeze(_as_array(data, dtype, copy=True))
             self._dtype = self._value.dtype
@@ -178,6 +184,7 @@ class Tensor:
         return t
 
     def _set_dist(self, spec: DistSpec, shards: dict[int, Array], dtype: np.dtype) -> None:
+        self._sid = next(_storage_ids)
         self._spec = spec
         self._shards = {r: freeze(a) for r, a in shards.items()}
         self._value = None
@@ -196,6 +203,7 @@ class Tensor:
         """Become ``other``'s value and layout (used by in-place marking)."""
         self._abstract = other._abstract
         self._init = other._init
+        self._sid = other._sid
         self._spec = other._spec
         self._shards = other._shards
         self._dense = other._dense

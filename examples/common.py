@@ -1,0 +1,68 @@
+"""What every example shares: ``--steps/--dtype/--tiny`` flags, one log line per step, world checks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+import mpipar as dist
+
+
+def parser(description: str, steps: int = 5) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--steps", type=int, default=steps, help="training steps to run")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter and data dtype")
+    p.add_argument("--tiny", action="store_true", help="a configuration small enough for tests")
+    return p
+
+
+def setup(args: argparse.Namespace, seed: int = 2024) -> None:
+    """Seed the counter-based generator and set the default dtype (same in every launch mode)."""
+    dist.seed(seed)
+    dist.nn.set_default_dtype(args.dtype)
+
+
+def log_step(step: int, loss: float, **metrics: float) -> None:
+    """``step <n> loss <value>`` on one rank, full precision so launch modes can be compared."""
+    extra = "".join(f" {k} {v:.6f}" for k, v in metrics.items())
+    dist.print_once(f"step {step} loss {loss:.15g}{extra}", flush=True)
+
+
+def require_world(needed: int, what: str) -> None:
+    """Refuse a world too small for the meshes (larger is fine: the extra ranks idle)."""
+    backend = dist.current_backend()
+    fixed = backend.name in ("mpi", "nccl") or getattr(backend, "_fixed", None) is not None
+    if fixed and backend.world_size < needed:
+        raise SystemExit(f"{what} needs {needed} ranks, but the world has {backend.world_size}; launch with -n {needed}")
+
+
+def seeded_uniform(index: int, shape: Sequence[int], dtype: str, salt: int = 0) -> np.ndarray:
+    """The seed's ``np.random.uniform`` sample, seeded by its index so every process agrees."""
+    return np.random.default_rng([index, salt]).uniform(size=list(shape)).astype(dtype)
+
+
+class Progress:
+    """A progress bar (step, loss, tokens/s) on a terminal; nothing otherwise (log lines only)."""
+
+    def __init__(self, total: int, tokens_per_step: int) -> None:
+        self.total, self.tokens = total, tokens_per_step
+        self.start = time.perf_counter()
+        self.tty = sys.stdout.isatty() and dist.get_rank() == 0
+
+    def update(self, step: int, loss: float) -> None:
+        if not self.tty:
+            return
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        done = int(30 * step / max(1, self.total))
+        bar = "#" * done + "-" * (30 - done)
+        sys.stdout.write(f"\r[{bar}] step {step}/{self.total} loss {loss:.4f} {self.tokens * step / elapsed:,.0f} tokens/s")
+        sys.stdout.flush()
+
+    def clear(self) -> None:
+        if self.tty:
+            sys.stdout.write("\r" + " " * 100 + "\r")
+            sys.stdout.flush()

@@ -1,0 +1,57 @@
+"""Seed 000 §4.2: tensor parallelism -- w0 split by columns, w1 by rows; the output is Partial.
+
+    python -m simulator -n 4 examples/seed_tp.py --tiny
+    mpiexec -n 4 python examples/seed_tp.py --tiny
+"""
+
+from common import log_step, parser, require_world, seeded_uniform, setup
+
+import mpipar as dist
+from mpipar.io import BatchSampler, DataLoader, Dataset
+
+args = parser(__doc__.splitlines()[0]).parse_args()
+setup(args)
+SEQ, HIDDEN, INNER = (8, 32, 64) if args.tiny else (128, 1024, 4096)
+require_world(4, "mesh [0, 1, 2, 3]")
+mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
+
+
+class RandomDataset(dist.io.Dataset):
+    def __init__(self, seq_len, hidden, num_samples=100):
+        super().__init__()
+        self.seq_len, self.hidden, self.num_samples = seq_len, hidden, num_samples
+
+    def __getitem__(self, index):
+        return seeded_uniform(index, [self.seq_len, self.hidden], args.dtype)
+
+    def __len__(self):
+        return self.num_samples
+
+
+class MlpModel(dist.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        # w0 split along dim 1 (columns), w1 along dim 0 (rows)
+        self.w0 = dist.shard_tensor(self.create_parameter(shape=[HIDDEN, INNER]), mesh, [dist.Shard(1)])
+        self.w1 = dist.shard_tensor(self.create_parameter(shape=[INNER, HIDDEN]), mesh, [dist.Shard(0)])
+
+    def forward(self, x):
+        y = dist.matmul(x, self.w0)
+        z = dist.matmul(y, self.w1)
+        return z
+
+
+model = MlpModel()
+dataset = RandomDataset(SEQ, HIDDEN)
+dataloader = DataLoader(dataset, batch_sampler=BatchSampler(dataset, batch_size=4))
+opt = dist.optimizer.AdamW(learning_rate=0.001, parameters=model.parameters())
+
+for step, inputs in enumerate(dataloader):
+    if step >= args.steps:
+        break
+    logits = model(inputs[0])
+    loss = dist.mean(logits)
+    loss.backward()
+    opt.step()
+    opt.clear_grad()
+    log_step(step, float(loss))

@@ -1,0 +1,90 @@
+"""Memory accounting: bytes each rank holds, by category, read off the layouts.
+
+    report = dist.memory_report(model, optimizer, loss)   # after forward, before backward
+    report.per_rank[3]["activations"]                     # bytes rank 3 keeps for backward
+    print(report.table())
+
+Categories: ``parameters``, ``gradients``, ``optimizer_state``, ``activations`` (the tensors
+the autograd tape keeps for backward, each storage counted once; a ZeRO-3 weight gathered
+again in backward counts zero). Bytes come from every tensor's layout (local shape x dtype
+size of each rank), so the report is the same in the simulator, in shape-only mode and on
+every MPI process. A dense tensor counts on every rank (each process holds it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mpipar.autograd import Packed, _topo_order
+from mpipar.tensor import Tensor
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
+
+
+@dataclass
+class MemoryReport:
+    per_rank: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    def add(self, t: Tensor, category: str, ranks: Iterable[int]) -> None:
+        itemsize = np.dtype(t.dtype).itemsize
+        if t.is_dist:
+            spec = t.spec
+            for r in spec.mesh.process_ids:
+                n = int(np.prod(spec.local_shape(r), dtype=np.int64)) * itemsize
+                self.per_rank.setdefault(r, dict.fromkeys(CATEGORIES, 0))[category] += n
+        else:
+            n = int(np.prod(t.shape, dtype=np.int64)) * itemsize
+            for r in ranks:
+                self.per_rank.setdefault(r, dict.fromkeys(CATEGORIES, 0))[category] += n
+
+    def total(self, rank: int) -> int:
+        return sum(self.per_rank.get(rank, {}).values())
+
+    def peak(self) -> tuple[int, int]:
+        """(rank, bytes) of the rank holding the most."""
+        rank = max(self.per_rank, key=self.total)
+        return rank, self.total(rank)
+
+    def table(self) -> str:
+        head = f"{'rank':>5} " + " ".join(f"{c:>16}" for c in CATEGORIES) + f" {'total':>16}"
+        rows = [head]
+        for r in sorted(self.per_rank):
+            cells = " ".join(f"{self.per_rank[r][c] / 2**20:13.3f} MiB" for c in CATEGORIES)
+            rows.append(f"{r:>5} {cells} {self.total(r) / 2**20:13.3f} MiB")
+        return "\n".join(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ranks": [{"rank": r, **self.per_rank[r]} for r in sorted(self.per_rank)]}
+
+
+def memory_report(model: Any = None, optimizer: Any = None, loss: Tensor | None = None, parameters: Iterable[Tensor] | None = None) -> MemoryReport:
+    params = list(parameters) if parameters is not None else (list(model.parameters()) if model is not None else [])
+    if optimizer is not None and not params:
+        params = list(optimizer._parameter_list)
+    ranks: set[int] = set()
+    for p in params:
+        if p.is_dist:
+            ranks.update(p.spec.mesh.process_ids)
+    report = MemoryReport()
+    for p in params:
+        report.add(p, "parameters", ranks)
+        if p.grad is not None:
+            report.add(p.grad, "gradients", ranks)
+    if optimizer is not None:
+        for t in optimizer.state_tensors().values():
+            report.add(t, "optimizer_state", ranks)
+    if loss is not None and loss._grad_fn is not None:
+        seen: set[int] = {p._sid for p in params}
+        for node in _topo_order(loss):
+            for t in (*node.ctx.inputs, *node.ctx.outputs):
+                if t is None or isinstance(t, Packed) or t._sid in seen:
+                    continue
+                seen.add(t._sid)
+                report.add(t, "activations", ranks)
+    for r in ranks:
+        report.per_rank.setdefault(r, dict.fromkeys(CATEGORIES, 0))
+    return report

@@ -1,0 +1,1 @@
+"""Models written once and laid out by placements (``mpipar.models.gpt``)."""
