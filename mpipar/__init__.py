@@ -63,6 +63,7 @@ from mpipar.parallel import (
     ShardingStage3,
     shard_dataloader,
     shard_layer,
+    shard_op,
     shard_optimizer,
 )
 from mpipar.placement import Partial, Placement, ReduceType, Replicate, Shard, parse_placements
@@ -156,6 +157,7 @@ __all__ = [
     "set_rng_state",
     "shard_dataloader",
     "shard_layer",
+    "shard_op",
     "shard_optimizer",
     "shard_tensor",
     "sigmoid",

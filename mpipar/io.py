@@ -51,6 +51,34 @@ class BatchSampler:
         return n if self.drop_last or self.num_samples % self.batch_size == 0 else n + 1
 
 
+class RandomBatchSampler:
+    """Batches drawn with replacement, batch ``i`` a pure function of ``(seed, i)``.
+
+    No generator state to save: resuming at batch ``k`` is ``RandomBatchSampler(..., start=k)``.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, seed: int = 0, start: int = 0, num_batches: int | None = None) -> None:
+        if num_samples <= 0 or batch_size <= 0:
+            raise ValueError(f"RandomBatchSampler needs samples and a batch size > 0, got {num_samples}, {batch_size}")
+        self.num_samples, self.batch_size, self.seed, self.start = num_samples, batch_size, seed, start
+        self.num_batches = num_batches
+
+    def batch(self, i: int) -> list[int]:
+        u = mrandom.uniform_box(mrandom.key_for(self.seed, i), (self.batch_size,), ((0, self.batch_size),))
+        return (u * self.num_samples).astype(np.int64).tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        i = self.start
+        while self.num_batches is None or i < self.num_batches:
+            yield self.batch(i)
+            i += 1
+
+    def __len__(self) -> int:
+        if self.num_batches is None:
+            raise TypeError("an endless RandomBatchSampler has no length")
+        return self.num_batches - self.start
+
+
 class DistributedBatchSampler(BatchSampler):
     """The primer's manual data parallelism: rank ``rank`` of ``num_replicas`` takes every
     ``num_replicas``-th batch slice (the global batch is ``batch_size * num_replicas``)."""

@@ -145,6 +145,57 @@ def shard_optimizer(optimizer: Optimizer, shard_fn: _ShardingStage | None = None
     return optimizer
 
 
+# =============================================================================== shard_op
+def shard_op(
+    op: Callable[..., Any],
+    process_mesh: ProcessMesh,
+    in_shard_specs: Sequence[Sequence[Any] | None] | None = None,
+    out_shard_specs: Sequence[Sequence[Any] | None] | None = None,
+) -> Callable[..., Any]:
+    """Run ``op`` (a function or a Layer) on ``process_mesh`` (seed 003's ``shard_op``).
+
+    Tensor arguments move to the mesh: laid out by ``in_shard_specs`` (Paddle's shard specs:
+    per tensor dim a mesh axis name or None) when given, else replicated if they live
+    elsewhere. A Layer's parameters still dense or on another mesh move there (replicated) on
+    the first call. ``out_shard_specs`` lays the outputs out the same way.
+    """
+    from mpipar.tensor import reshard
+
+    def placements_of(spec: Sequence[Any], ndim: int) -> list[Placement]:
+        if len(spec) != ndim:
+            raise ValueError(f"shard_op: shard spec {list(spec)} has {len(spec)} entries for a tensor with {ndim} dims")
+        pls: list[Placement] = [Replicate()] * process_mesh.ndim
+        for d, axis in enumerate(spec):
+            if axis is not None:
+                pls[process_mesh.axis_index(axis)] = Shard(d)
+        return pls
+
+    def move(t: Any, spec: Sequence[Any] | None) -> Any:
+        if not isinstance(t, Tensor):
+            return t
+        if spec is not None:
+            return reshard(t, process_mesh, placements_of(spec, t.ndim))
+        if not t.is_dist or not t.spec.mesh.same_layout(process_mesh):
+            return reshard(t, process_mesh, [Replicate()] * process_mesh.ndim)
+        return t
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if isinstance(op, Layer):
+            for p in op.parameters():
+                if not p.is_dist or not p.spec.mesh.same_layout(process_mesh):
+                    shard_tensor(p, process_mesh, [Replicate()] * process_mesh.ndim)
+        specs = list(in_shard_specs) if in_shard_specs is not None else []
+        moved = [move(a, specs[i] if i < len(specs) else None) for i, a in enumerate(args)]
+        out = op(*moved, **kwargs)
+        if out_shard_specs is None:
+            return out
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        outs = [move(o, s) for o, s in zip(outs, out_shard_specs, strict=True)]
+        return tuple(outs) if isinstance(out, (tuple, list)) else outs[0]
+
+    return wrapped
+
+
 # =============================================================================== data
 class ShardDataloader:
     """Batches as distributed tensors: inputs on the first mesh, labels on the last, the batch

@@ -48,6 +48,14 @@ def next_key() -> int:
     return key
 
 
+def key_for(*values: int) -> int:
+    """A key that is a pure function of ``values`` (no draw counter): step-indexed sampling."""
+    z = 0x853C49E6748FEA9B
+    for v in values:
+        z = _mix_scalar((z ^ (int(v) & 0xFFFFFFFFFFFFFFFF)) & 0xFFFFFFFFFFFFFFFF)
+    return z
+
+
 def _mix_scalar(z: int) -> int:
     z = (z + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF

@@ -42,14 +42,17 @@ class ClipGradByGlobalNorm:
 
         if current_backend().shape_only or not params_grads:
             return params_grads
-        total = None
+        # Sum of squares per mesh (pipeline stages live on different meshes), then across meshes.
+        per_mesh: dict[Any, Tensor] = {}
         for p, g in params_grads:
             if getattr(p, "need_clip", True):
                 sq = M.sum_(M.square(g))
-                total = sq if total is None else M.add(total, sq)
-        if total is None:
+                key = tuple(sq.spec.mesh.process_ids) if sq.is_dist else None
+                per_mesh[key] = sq if key not in per_mesh else M.add(per_mesh[key], sq)
+        if not per_mesh:
             return params_grads
-        norm = float(np.sqrt(float(total)))
+        total = sum(float(v) for _, v in sorted(per_mesh.items(), key=lambda kv: kv[0] or ()))
+        norm = float(np.sqrt(total))
         if norm <= self.clip_norm:
             return params_grads
         factor = self.clip_norm / norm
