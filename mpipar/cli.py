@@ -2,6 +2,7 @@
 
     mpipar reshard --shape 8 6 --mesh 2x2 --src "S(0)S(1)" --dst "S(1)S(0)" [--dst-mesh 4:4,5,6,7]
     mpipar info
+    mpipar viz plan.json [timeline.json] [--address 127.0.0.1] [--port 8501]
 """
 
 from __future__ import annotations
@@ -56,6 +57,17 @@ def _cmd_info(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_viz(ns: argparse.Namespace) -> int:
+    import subprocess
+
+    # The dashboard is another package (viz -> simulator -> mpipar): run it, never import it.
+    args = [*ns.files, "--address", ns.address] + (["--port", str(ns.port)] if ns.port is not None else [])
+    try:
+        return subprocess.call([sys.executable, "-m", "viz", *args])
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mpipar", description="mpipar tools")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -70,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_cmd_reshard)
     p = sub.add_parser("info", help="print the version and the backend this process would use")
     p.set_defaults(func=_cmd_info)
+    p = sub.add_parser("viz", help="open plans and timelines in the dashboard (Streamlit, on 127.0.0.1)")
+    p.add_argument("files", nargs="*", help="plan.json, then optional timeline.json (and a measured one)")
+    p.add_argument("--address", default="127.0.0.1", help="address to bind; default: this machine only")
+    p.add_argument("--port", type=int, default=None)
+    p.set_defaults(func=_cmd_viz)
     ns = parser.parse_args(argv)
     try:
         return int(ns.func(ns))

@@ -1,0 +1,402 @@
+"""The mpipar dashboard (Streamlit): wires plans and timelines to the renderers of ``viz/``.
+
+    streamlit run viz/app.py                                   # the built-in sample, simulated here
+    streamlit run viz/app.py -- plan.json [timeline.json [measured.json]]
+    mpipar viz plan.json [timeline.json]                       # the same, bound to 127.0.0.1
+
+Files can also be uploaded in the sidebar (JSON plans and timelines, told apart by their
+``format``; nothing is ever unpickled). A file that cannot be read is reported with the field
+and value at fault, and the sample is shown instead. Every figure comes from a pure renderer
+(``viz.layout``, ``viz.propagation``, ``viz.stepper``, ``viz.comm``, ``viz.timeline_view``,
+``viz.memory``, ``viz.whatif``); this script holds only state, widgets and downloads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import streamlit as st
+
+# `streamlit run viz/app.py` puts viz/ first on sys.path, not the repository: make `import viz` work uninstalled.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from matplotlib.figure import Figure  # noqa: E402
+
+from mpipar.plan import Plan  # noqa: E402
+from mpipar.timeline import Timeline  # noqa: E402
+from simulator.cost import list_presets, load_profile  # noqa: E402
+from viz import comm, layout, memory, propagation, stepper, timeline_view, whatif  # noqa: E402
+from viz.figures import to_png, to_svg  # noqa: E402
+from viz.files import VizFileError, load_document, load_path  # noqa: E402
+from viz.planinfo import itemsize, tensor_label, tensor_spec  # noqa: E402
+from viz.sample import RECOMPUTE_MODES, UNSUPPORTED, ZERO_STAGES, SampleConfig, build_sample  # noqa: E402
+from viz.simulate import (  # noqa: E402
+    NoPipeline,
+    capacity_bytes,
+    compatible_kinds,
+    plan_kind,
+    plan_microbatches,
+    simulate_plan_lanes,
+)
+
+VIEWS = ("Layout", "Propagation", "Reshard stepper", "Communication", "Pipeline", "Memory", "What-if")
+ALL = "(all)"
+
+
+# ------------------------------------------------------------------------------ inputs
+def _cli_files() -> list[str]:
+    """Paths after ``--`` (Streamlit hands them to the script as its argv)."""
+    return [a for a in sys.argv[1:] if not a.startswith("-")]
+
+
+def _split(docs: list[tuple[str, Plan | Timeline]]) -> tuple[tuple[str, Plan] | None, list[tuple[str, Timeline]]]:
+    plans = [(n, d) for n, d in docs if isinstance(d, Plan)]
+    timelines = [(n, d) for n, d in docs if isinstance(d, Timeline)]
+    return (plans[-1] if plans else None), timelines
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _sample(dp: int, tp: int, pp: int, schedule: str, microbatches: int) -> tuple[Plan, Timeline]:
+    return build_sample(dp, tp, pp, schedule, microbatches)
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def _parse(digest: str, name: str, _data: bytes) -> Plan | Timeline:
+    del digest  # the cache key; the bytes are not hashed twice
+    return load_document(_data, name)
+
+
+def _load_inputs() -> tuple[str, Plan, Timeline | None, Timeline | None]:
+    """(source label, plan, main timeline, overlay timeline); file errors shown, sample as fallback."""
+    errors: list[str] = []
+    docs: list[tuple[str, Plan | Timeline]] = []
+    for path in _cli_files():
+        try:
+            docs.append((os.path.basename(path), load_path(path)))
+        except VizFileError as exc:
+            errors.append(str(exc))
+    uploads = st.sidebar.file_uploader(
+        "Open plan / timeline JSON", type=["json"], accept_multiple_files=True,
+        help="mpipar.plan and mpipar.timeline files (a second timeline is overlaid as the measured one)",
+    )
+    for up in uploads or []:
+        data = up.getvalue()
+        try:
+            docs.append((up.name, _parse(hashlib.sha256(data).hexdigest(), up.name, data)))
+        except VizFileError as exc:
+            errors.append(str(exc))
+    for e in errors:
+        st.error(e, icon="🚫")
+    plan_doc, timelines = _split(docs)
+    measured = [t for t in timelines if t[1].meta.get("source") == "measured"]
+    predicted = [t for t in timelines if t[1].meta.get("source") != "measured"]
+    main_t = predicted[0][1] if predicted else None
+    overlay = measured[0][1] if measured else (predicted[1][1] if len(predicted) > 1 else None)
+    if plan_doc is None:
+        if timelines or errors:
+            st.info("No plan could be loaded; the views below show the built-in sample plan." if errors or not timelines
+                    else "Only timelines were loaded; plan views show the built-in sample plan.")
+        knobs = st.session_state.get("sample_knobs", (2, 2, 2, "1F1B", 4))
+        plan, sample_t = _sample(*knobs)
+        return "built-in sample", plan, main_t or sample_t, overlay
+    return plan_doc[0], plan_doc[1], main_t, overlay
+
+
+# ------------------------------------------------------------------------------ helpers
+def _downloads(fig_fn: Callable[[], Figure], text_fn: Callable[[], str] | None, stem: str, key: str) -> None:
+    """PNG / SVG / text download buttons; the bytes are made only when clicked."""
+    cols = st.columns(3 if text_fn else 2)
+    cols[0].download_button("PNG", lambda: to_png(fig_fn(), dpi=150), f"{stem}.png", "image/png", key=f"{key}-png",
+                            on_click="ignore")
+    cols[1].download_button("SVG", lambda: to_svg(fig_fn()), f"{stem}.svg", "image/svg+xml", key=f"{key}-svg",
+                            on_click="ignore")
+    if text_fn:
+        cols[2].download_button("text", lambda: text_fn().encode(), f"{stem}.txt", "text/plain", key=f"{key}-txt",
+                                on_click="ignore")
+
+
+def _show(fig: Figure) -> None:
+    st.pyplot(fig, clear_figure=False)
+
+
+def _choice(label: str, options: list[Any], key: str, fmt: Callable[[Any], str] = str) -> Any:
+    value = st.selectbox(label, [ALL, *options], key=key, format_func=lambda v: v if v == ALL else fmt(v))
+    return None if value == ALL else value
+
+
+# ------------------------------------------------------------------------------ views
+def view_layout(plan: Plan) -> None:
+    tensors = [t for t in plan.tensors if t.mesh is not None]
+    if not tensors:
+        st.info("This plan has no distributed tensor.")
+        return
+    default = next((i for i, t in enumerate(tensors) if t.kind == "parameter"), 0)
+    t = st.selectbox("Tensor", tensors, index=default, format_func=tensor_label, key="layout_tensor")
+    spec = tensor_spec(plan, t)
+    assert spec is not None
+    nd = len(t.shape)
+    dims = list(layout.default_dims(spec))
+    at = [0] * nd
+    if nd > 2:
+        c1, c2 = st.columns(2)
+        d0 = c1.selectbox("rows: dim", list(range(nd)), index=dims[0], key="layout_d0")
+        d1 = c2.selectbox("columns: dim", [d for d in range(nd) if d != d0],
+                          index=max(0, [d for d in range(nd) if d != d0].index(dims[1]) if dims[1] != d0 else 0),
+                          key="layout_d1")
+        dims = sorted([d0, d1])
+        for d in range(nd):
+            if d not in dims and t.shape[d] > 1:
+                at[d] = st.slider(f"position on dim {d}", 0, t.shape[d] - 1, 0, key=f"layout_at{d}")
+    size = itemsize(t.dtype)
+    left, right = st.columns(2)
+    with left:
+        _show(layout.tensor_tiles_figure(spec, t.name or f"#{t.id}", dims, at))
+    with right:
+        _show(layout.mesh_grid_figure(spec, size, t.name or f"#{t.id}"))
+    _downloads(lambda: layout.tensor_tiles_figure(spec, t.name or f"#{t.id}", dims, at),
+               lambda: layout.layout_text(spec, t.name or f"#{t.id}", size, dims, at), f"layout-{t.id}", "layout")
+    with st.expander("What each rank holds"):
+        st.dataframe(layout.rank_table(spec, size), hide_index=True)
+
+
+def view_propagation(plan: Plan) -> None:
+    choices = propagation.filter_choices(plan)
+    c = st.columns(4)
+    with c[0]:
+        layer = _choice("Layer", choices["layer"], "trace_layer")
+    with c[1]:
+        names = {t.id: tensor_label(t) for t in plan.tensors}
+        tensor = _choice("Tensor", choices["tensor"], "trace_tensor", lambda i: names[i])
+    with c[2]:
+        collective = _choice("Collective", choices["collective"], "trace_collective")
+    with c[3]:
+        phase = _choice("Phase", choices["phase"], "trace_phase")
+    rows = propagation.trace_rows(plan, layer, tensor, collective, phase)
+    st.caption(f"{len(rows)} row(s); reshards inserted by the rules or by autograd are highlighted.")
+    if rows:
+        import pandas as pd
+
+        frame = pd.DataFrame(rows)
+
+        def highlight(row: Any) -> list[str]:
+            color = "background-color: #FDE2C4" if row["row"] == "reshard" else ""
+            return [color] * len(row)
+
+        st.dataframe(frame.style.apply(highlight, axis=1), hide_index=True)
+    st.download_button("trace as text", lambda: propagation.trace_text(plan, layer, tensor, collective, phase).encode(),
+                       "trace.txt", "text/plain", key="trace-txt", on_click="ignore")
+
+
+def view_stepper(plan: Plan) -> None:
+    reshards = [r for r in plan.reshards if r.steps]
+    if not reshards:
+        st.info("This plan has no reshard with a step.")
+        return
+    labels = {r.index: propagation.reshard_text(plan, r) + (f"  ({r.reason})" if r.reason else "") for r in reshards}
+    default = next((i for i, r in enumerate(reshards) if len(r.steps) > 1), 0)
+    r = st.selectbox("Reshard", reshards, index=default, format_func=lambda x: labels[x.index], key="step_reshard")
+    n = len(r.steps)
+    if n > 1:
+        step = st.slider("Step", 1, n, 1, key=f"step_slider_{r.index}") - 1
+    else:
+        step = 0
+        st.caption("One step.")
+    st.markdown(f"**{r.src} → {r.dst}** — {r.bytes_per_rank:,.0f} bytes received per rank in all; "
+                f"step {step + 1}: `{propagation.step_text(r.steps[step])}`")
+    _show(stepper.stepper_figure(plan, r, step))
+    _downloads(lambda: stepper.stepper_figure(plan, r, step), lambda: stepper.stepper_text(plan, r, step),
+               f"reshard-{r.index}-step{step + 1}", "stepper")
+    with st.expander("Each rank before and after (text)"):
+        st.code(stepper.stepper_text(plan, r, step), language=None)
+
+
+def view_comm(plan: Plan) -> None:
+    _show(comm.comm_figure(plan))
+    _downloads(lambda: comm.comm_figure(plan), lambda: comm.comm_text(plan), "communication", "comm")
+    rows = comm.comm_table(plan)
+    if rows:
+        st.dataframe(rows, hide_index=True)
+    phase = st.radio("Traffic of", [ALL, "forward", "backward", "optimizer"], horizontal=True, key="traffic_phase")
+    ph = None if phase == ALL else phase
+    _show(comm.traffic_figure(plan, ph))
+    _downloads(lambda: comm.traffic_figure(plan, ph), None, "traffic", "traffic")
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def _simulated(key: str, _plan: Plan, kind: str | None, microbatches: int | None) -> Timeline:
+    del key
+    return simulate_plan_lanes(_plan, kind, microbatches)
+
+
+def view_pipeline(plan: Plan, plan_key: str, main: Timeline | None, overlay: Timeline | None) -> None:
+    kinds = compatible_kinds(plan)
+    if main is None and kinds:
+        main = _simulated(plan_key, plan, None, None)
+    if main is None:
+        st.info("This plan has no pipeline section and no timeline was loaded: nothing to draw. "
+                "Load a timeline (mpipar.timeline JSON) in the sidebar.")
+        return
+    _show(timeline_view.timeline_figure(main, overlay))
+    _downloads(lambda: timeline_view.timeline_figure(main, overlay), lambda: timeline_view.timeline_text(main),
+               "timeline", "timeline")
+    st.download_button("Chrome trace (Perfetto)", lambda: timeline_view.chrome_trace_bytes(main), "trace.json",
+                       "application/json", key="chrome", on_click="ignore")
+    if overlay is None:
+        st.caption("Load a measured timeline (meta.source = \"measured\") to overlay it on the prediction.")
+    st.dataframe(timeline_view.bubble_rows(main), hide_index=True)
+    if not kinds:
+        return
+    st.subheader("Two schedules side by side")
+    c1, c2 = st.columns(2)
+    current = plan_kind(plan)
+    other_default = next((k for k in kinds if k != current), current)
+    kind = c1.selectbox("Compare with schedule", kinds, index=kinds.index(other_default), key="pipe_kind")
+    m = c2.number_input("micro-batches", 1, 256, plan_microbatches(plan), key="pipe_m")
+    try:
+        other = _simulated(plan_key, plan, kind, int(m))
+    except (ValueError, NoPipeline) as exc:
+        st.error(f"cannot build {kind} with {m} micro-batches: {exc}")
+        return
+    _show(timeline_view.side_by_side_figure(main, other))
+    _downloads(lambda: timeline_view.side_by_side_figure(main, other), None, "schedules", "schedules")
+
+
+def _capacity_choice(plan: Plan) -> float | None:
+    own = capacity_bytes(plan)
+    options: dict[str, float | None] = {f"plan ({'none' if own is None else f'{own / 2**30:.0f} GiB'})": own}
+    for name in list_presets():
+        cap = load_profile(name).memory_bytes
+        if cap:
+            options[f"{name} ({cap / 2**30:.0f} GiB)"] = float(cap)
+    options["none"] = None
+    label = st.selectbox("Device capacity line", list(options), key="mem_capacity")
+    return options[label]
+
+
+def view_memory(plan: Plan, plan_key: str, main: Timeline | None) -> None:
+    capacity = _capacity_choice(plan)
+    entries = [e["rank"] for e in (plan.memory or {}).get("ranks", []) if isinstance(e, dict)]
+    curve = None
+    title = None
+    if entries:
+        rank = st.selectbox("Rank", entries, key="mem_rank")
+        curve = _rank_curve(plan_key, plan, int(rank))
+        title = f"rank {rank} over the step ({plan_kind(plan)})"
+    elif main is not None and main.memory:
+        lane = st.selectbox("Lane", sorted(main.memory), key="mem_lane")
+        curve = main.memory[lane]
+        title = f"lane {lane} over the step"
+    if curve is None:
+        st.info("No memory per rank in this plan or timeline.")
+        return
+    _show(memory.memory_figure(curve, capacity, title, main.time_unit if main else "s"))
+    _downloads(lambda: memory.memory_figure(curve, capacity, title), lambda: memory.memory_text(curve, capacity),
+               "memory", "memory")
+    if entries:
+        peaks = _rank_peaks(plan_key, plan)
+        _show(memory.peaks_figure(peaks, capacity))
+        _downloads(lambda: memory.peaks_figure(peaks, capacity), None, "memory-peaks", "peaks")
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _rank_curve(key: str, _plan: Plan, rank: int) -> Any:
+    del key
+    return memory.rank_curve(_plan, rank)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _rank_peaks(key: str, _plan: Plan) -> list[dict[str, Any]]:
+    del key
+    return memory.rank_peaks(_plan)
+
+
+def view_whatif(plan: Plan, main: Timeline | None) -> None:
+    base = SampleConfig(**{k: v for k, v in (plan.meta.get("config") or {}).items() if k in SampleConfig.__annotations__}) \
+        if plan.meta.get("builder") == "viz.sample" else SampleConfig()
+    if plan.meta.get("builder") != "viz.sample":
+        st.warning("This plan was not made by the built-in sample, so its model cannot be re-traced here; "
+                   "the what-if plans are the sample's model, compared with the loaded plan.")
+    st.caption("Change the knobs: the sample is re-traced in shape-only mode and re-simulated (cached).")
+    c = st.columns(4)
+    dp = c[0].number_input("dp", 1, 64, base.dp, key="wi_dp")
+    tp = c[1].number_input("tp", 1, 64, base.tp, key="wi_tp")
+    pp = c[2].number_input("pp", 1, 16, base.pp, key="wi_pp")
+    m = c[3].number_input("micro-batches", 1, 256, base.microbatches, key="wi_m")
+    c = st.columns(4)
+    kinds = ["FThenB", "1F1B", "Interleaved1F1B", "ZBH1"]
+    kind = c[0].selectbox("schedule", kinds, index=kinds.index(base.schedule), key="wi_kind")
+    zero = c[1].selectbox("ZeRO stage", ZERO_STAGES, index=0, key="wi_zero", disabled=True,
+                          help=f"disabled: {UNSUPPORTED['zero']}")
+    recompute = c[2].selectbox("recompute", RECOMPUTE_MODES, index=0, key="wi_recompute", disabled=True,
+                               help=f"disabled: {UNSUPPORTED['recompute']}")
+    presets = list_presets()
+    profile = c[3].selectbox("hardware", presets, index=presets.index(base.profile) if base.profile in presets else 0,
+                             key="wi_profile")
+    st.caption(f"ZeRO and recompute are disabled: {UNSUPPORTED['zero']}; {UNSUPPORTED['recompute']}.")
+    try:
+        new_plan, new_t = whatif.whatif_sample(int(dp), int(tp), int(pp), kind, int(m), int(zero), str(recompute),
+                                               base.hidden, base.batch, profile)
+    except ValueError as exc:
+        st.error(f"cannot build this what-if: {exc}")
+        return
+    rows = whatif.diff_rows(whatif.plan_metrics(plan, main), whatif.plan_metrics(new_plan, new_t))
+    st.dataframe([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows], hide_index=True)
+    _show(whatif.diff_figure(rows))
+    _downloads(lambda: whatif.diff_figure(rows), lambda: whatif.diff_text(rows), "what-if", "whatif")
+    with st.expander("What-if pipeline timeline"):
+        _show(timeline_view.timeline_figure(new_t))
+    st.download_button("what-if plan (JSON)", lambda: _plan_json(new_plan), "whatif-plan.json", "application/json",
+                       key="wi-plan", on_click="ignore")
+
+
+def _plan_json(plan: Plan) -> bytes:
+    import json
+
+    return json.dumps(plan.to_dict()).encode()
+
+
+# ------------------------------------------------------------------------------ page
+def _sample_knobs() -> None:
+    with st.sidebar.expander("Built-in sample", expanded=False):
+        c = st.columns(2)
+        dp = c[0].number_input("dp", 1, 8, 2, key="s_dp")
+        tp = c[1].number_input("tp", 1, 8, 2, key="s_tp")
+        pp = c[0].number_input("pp", 1, 8, 2, key="s_pp")
+        m = c[1].number_input("micro-batches", 1, 64, 4, key="s_m")
+        kind = st.selectbox("schedule", ["1F1B", "FThenB", "Interleaved1F1B", "ZBH1"], key="s_kind")
+        st.session_state["sample_knobs"] = (int(dp), int(tp), int(pp), kind, int(m))
+
+
+def main() -> None:
+    st.set_page_config(page_title="mpipar dashboard", layout="wide")
+    st.sidebar.title("mpipar")
+    _sample_knobs()
+    source, plan, main_t, overlay = _load_inputs()
+    plan_key = f"{source}:{id(plan)}"
+    st.sidebar.caption(f"Plan: **{source}**")
+    st.sidebar.text(plan.summary())
+    view = st.radio("View", VIEWS, horizontal=True, key="view", label_visibility="collapsed")
+    st.header(view)
+    if view == "Layout":
+        view_layout(plan)
+    elif view == "Propagation":
+        view_propagation(plan)
+    elif view == "Reshard stepper":
+        view_stepper(plan)
+    elif view == "Communication":
+        view_comm(plan)
+    elif view == "Pipeline":
+        view_pipeline(plan, plan_key, main_t, overlay)
+    elif view == "Memory":
+        view_memory(plan, plan_key, main_t)
+    else:
+        view_whatif(plan, main_t)
+
+
+main()
