@@ -4,7 +4,6 @@
     mpiexec -n 4 python examples/seed_dp.py --tiny
 """
 
-import numpy as np
 from common import log_step, parser, require_world, seeded_uniform, setup
 
 import mpipar as dist

@@ -7,7 +7,7 @@
 from common import log_step, parser, require_world, seeded_uniform, setup
 
 import mpipar as dist
-from mpipar.io import BatchSampler, DataLoader, Dataset
+from mpipar.io import BatchSampler, DataLoader
 
 args = parser(__doc__.splitlines()[0]).parse_args()
 setup(args)

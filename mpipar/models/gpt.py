@@ -214,7 +214,7 @@ class GPT(Layer):
     # ------------------------------------------------------------------ forward
     def forward(self, idx: Tensor) -> Tensor:
         """Token ids (B, T) -> logits (B, T, V)."""
-        b, t = idx.shape
+        t = idx.shape[1]
         if t > self.cfg.block_size:
             raise ValueError(f"GPT: sequence length {t} exceeds block_size {self.cfg.block_size}")
         par = self.par
