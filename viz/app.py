@@ -136,7 +136,9 @@ def view_layout(plan: Plan) -> None:
     if not tensors:
         st.info("This plan has no distributed tensor.")
         return
-    default = next((i for i, t in enumerate(tensors) if t.kind == "parameter"), 0)
+    # Open on the most interesting parameter: the one split into the most blocks.
+    blocks = [len(set(t.local_shapes)) + len(t.shape) if t.kind == "parameter" else -1 for t in tensors]
+    default = max(range(len(tensors)), key=lambda i: (blocks[i], -i))
     t = st.selectbox("Tensor", tensors, index=default, format_func=tensor_label, key="layout_tensor")
     spec = tensor_spec(plan, t)
     assert spec is not None

@@ -155,7 +155,11 @@ def tensor_tiles_figure(
     ax.set_xlim(0, max(ncols, 1))
     ax.set_ylim(max(nrows, 1), 0)
     ax.set_xlabel(f"dim {dims_t[-1]} (size {spec.shape[dims_t[-1]]})" if dims_t else "scalar")
+    if not dims_t:
+        ax.set_xticks([])
     ax.set_ylabel(f"dim {dims_t[0]} (size {spec.shape[dims_t[0]]})" if len(dims_t) == 2 else "")
+    if len(dims_t) < 2:
+        ax.set_yticks([])
     notes = []
     hidden = [d for d in range(len(spec.shape)) if d not in dims_t]
     if hidden:
