@@ -86,7 +86,8 @@ class _ShardingStage:
             a = int(self.mesh_dim)
         if not spec.placements[a].is_replicated() or mesh.shape[a] == 1:
             return None
-        later = {p.dim for b, p in enumerate(spec.placements) if b > a and isinstance(p, Shard)}
+        # Dims split by a later (inner) axis of more than one rank cannot take an outer split locally.
+        later = {p.dim for b, p in enumerate(spec.placements) if b > a and isinstance(p, Shard) and mesh.shape[b] > 1}
         local = spec.box_at([0] * mesh.ndim)
         dims = [d for d in range(len(spec.shape)) if d not in later and local[d][1] - local[d][0] >= mesh.shape[a]]
         if not dims:

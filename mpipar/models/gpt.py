@@ -29,7 +29,7 @@ import mpipar as dist
 from mpipar.mesh import ProcessMesh
 from mpipar.nn import functional as F
 from mpipar.nn.initializer import Constant, Normal
-from mpipar.nn.layer import Layer, ParamAttr
+from mpipar.nn.layer import Layer, ParamAttr, default_dtype
 from mpipar.nn.layers import Dropout, Embedding, LayerList, LayerNorm, Linear, reshard_axis
 from mpipar.placement import Placement, Replicate, Shard
 from mpipar.tensor import Tensor
@@ -171,6 +171,10 @@ class Block(Layer):
 
 class GPT(Layer):
     def __init__(self, cfg: GPTConfig, par: GPTParallel | None = None) -> None:
+        with default_dtype(cfg.dtype):
+            self._build(cfg, par)
+
+    def _build(self, cfg: GPTConfig, par: GPTParallel | None) -> None:
         super().__init__(dtype=cfg.dtype)
         self.cfg = cfg
         self.wte = Embedding(cfg.vocab_size, cfg.n_embd, weight_attr=_normal(0.02))

@@ -7,6 +7,7 @@ rank generate only its own shard, and every layout holds the same values.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -31,6 +32,17 @@ def set_default_dtype(dtype: Any) -> None:
 
 def get_default_dtype() -> np.dtype:
     return _default_dtype[0]
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: Any) -> Iterator[None]:
+    """Build layers with ``dtype`` inside the block (a model honouring its config's dtype)."""
+    saved = _default_dtype[0]
+    set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        _default_dtype[0] = saved
 
 
 class ParamAttr:

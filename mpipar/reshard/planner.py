@@ -168,9 +168,12 @@ def _plan_cached(src: DistSpec, dst: DistSpec) -> ReshardPlan:
 State = tuple[Placement, ...]
 
 
-def _legal(shape: tuple[int, ...], before: State, after: State, group: Sequence[int]) -> bool:
-    """The nesting rule: no outside axis shards a dim G touches at a higher axis index."""
-    gset = set(group)
+def _legal(shape: tuple[int, ...], before: State, after: State, group: Sequence[int], trivial: frozenset[int] = frozenset()) -> bool:
+    """The nesting rule: no outside axis shards a dim G touches at a higher axis index.
+
+    ``trivial`` axes have one rank: their split is the whole chunk, so they never break nesting.
+    """
+    gset = set(group) | set(trivial)
     for d in range(len(shape)):
         touching = [
             a for a in group if (isinstance(before[a], Shard) and before[a].dim == d)
@@ -280,11 +283,18 @@ def _recv_elems(kind: str, before: DistSpec, after: DistSpec, group: Sequence[in
 
 
 def _plan_same_mesh(src: DistSpec, dst: DistSpec) -> tuple[ReshardStep, ...]:
-    start, goal = src.placements, dst.placements
+    shape, mesh = src.shape, src.mesh
+    # On a one-rank axis every placement holds the same data (the whole chunk; a partial of one
+    # value is the value), so such axes never need a step.
+    # The search labels them Replicate on both ends (never a Partial-type conflict); the result
+    # takes the destination's labels from the plan.
+    trivial = frozenset(a for a in range(mesh.ndim) if mesh.shape[a] == 1)
+    start = tuple(Replicate() if a in trivial else p for a, p in enumerate(src.placements))
+    goal = tuple(Replicate() if a in trivial else p for a, p in enumerate(dst.placements))
     if start == goal:
         return ()
-    shape, mesh = src.shape, src.mesh
-    active = _active_axes(shape, start, goal)
+    src = DistSpec(shape, mesh, start)
+    active = tuple(a for a in _active_axes(shape, start, goal) if a not in trivial)
     counter = itertools.count()
     # cost = (received elements, collectives, steps)
     frontier: list[tuple[tuple[float, int, int], int, State]] = [((0.0, 0, 0), next(counter), start)]
@@ -298,7 +308,7 @@ def _plan_same_mesh(src: DistSpec, dst: DistSpec) -> tuple[ReshardStep, ...]:
             continue
         before = DistSpec(shape, mesh, state)
         for kind, group, nxt, op in _moves(shape, state, goal, active):
-            if not _legal(shape, state, nxt, group) or not _partials_commute(nxt):
+            if not _legal(shape, state, nxt, group, trivial) or not _partials_commute(nxt):
                 continue
             after = DistSpec(shape, mesh, nxt)
             recv = _recv_elems(kind, before, after, group)
