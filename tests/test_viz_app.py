@@ -92,16 +92,24 @@ def test_propagation_filters_and_pipeline_schedule_switch() -> None:
     _clean(at)
 
 
-def test_whatif_knob_changes_the_diff_and_unsupported_knobs_are_disabled() -> None:
+def test_whatif_knobs_change_the_diff_and_zero3_is_not_offered() -> None:
     at = _view(_app(), "What-if")
-    assert at.selectbox(key="wi_zero").disabled and at.selectbox(key="wi_recompute").disabled
-    assert "shard_optimizer" in at.selectbox(key="wi_zero").help
+    assert 3 not in at.selectbox(key="wi_zero").options and "ZeRO-3" in at.selectbox(key="wi_zero").help
     at.number_input(key="wi_dp").set_value(4).run()
     _clean(at)
     rows = {r["metric"]: r for r in at.dataframe[0].value.to_dict("records")}
     assert rows["world size"]["loaded"] == "8" and rows["world size"]["what-if"] == "16"
     at.selectbox(key="wi_kind").set_value("ZBH1").run()
     _clean(at)
+    at.number_input(key="wi_dp").set_value(2).run()
+    at.selectbox(key="wi_zero").set_value(2).run()
+    _clean(at)
+    rows = {r["metric"].strip(): r for r in at.dataframe[0].value.to_dict("records")}
+    assert rows["reduce_scatter calls"]["what-if"] == "9"  # ZeRO-2: gradients reduce-scattered over dp
+    at.selectbox(key="wi_recompute").set_value("full").run()
+    _clean(at)
+    rows = {r["metric"].strip(): r for r in at.dataframe[0].value.to_dict("records")}
+    assert float(rows["peak memory"]["what-if / loaded"].rstrip("x")) < 1
 
 
 def test_memory_rank_and_capacity() -> None:

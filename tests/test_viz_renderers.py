@@ -280,3 +280,28 @@ def test_chrome_trace_download_is_the_timelines(sample: tuple) -> None:
     data = json.loads(timeline_view.chrome_trace_bytes(timeline))
     assert data == json.loads(json.dumps(timeline.to_chrome_trace()))
     assert any(e.get("ph") == "s" for e in data["traceEvents"])  # send -> recv arrows
+
+
+def test_sample_zero_and_recompute_knobs_change_the_plan() -> None:
+    base, _ = build_sample(2, 2, 2, "1F1B", 2, hidden=16, batch=8)
+    z1, _ = build_sample(2, 2, 2, "1F1B", 2, zero=1, hidden=16, batch=8)
+    z2, _ = build_sample(2, 2, 2, "1F1B", 2, zero=2, hidden=16, batch=8)
+    full, _ = build_sample(2, 2, 2, "1F1B", 2, recompute="full", hidden=16, batch=8)
+    sel, _ = build_sample(2, 2, 2, "1F1B", 2, recompute="selective", hidden=16, batch=8)
+    mem = {name: p.memory["ranks"][0] for name, p in
+           (("base", base), ("z1", z1), ("z2", z2), ("full", full), ("sel", sel))}
+    # ZeRO-1: velocities split over dp (ln vectors of 16 split too), the new parameters all-gathered.
+    assert mem["z1"]["optimizer_state"] == mem["base"]["optimizer_state"] // 2
+    assert mem["z1"]["gradients"] == mem["base"]["gradients"]
+    assert z1.comm_counts("optimizer") == {"all_gather": 8} and not base.comm_counts("optimizer")
+    # ZeRO-2: + gradients kept split: the dp reduction of the 8 parameters is a reduce_scatter.
+    assert mem["z2"]["gradients"] == mem["base"]["gradients"] // 2
+    assert z2.comm_counts("backward").get("reduce_scatter") == 8
+    # Recompute: full keeps only each block's input; selective drops fc1 + gelu (the widest).
+    rows, h = 8 // 2, 16
+    assert mem["full"]["activations"]["0"] == rows * h * 4
+    assert mem["full"]["activations"]["0"] < mem["sel"]["activations"]["0"] < mem["base"]["activations"]["0"]
+    recomputed = [o for o in full.ops if o.phase == "backward" and "recompute" in o.scope.split(".")]
+    assert {o.op for o in recomputed} >= {"layer_norm", "matmul", "gelu"}
+    with pytest.raises(ValueError, match="ZeRO-3"):
+        build_sample(zero=3)

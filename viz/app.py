@@ -333,14 +333,15 @@ def view_whatif(plan: Plan, main: Timeline | None) -> None:
     c = st.columns(4)
     kinds = ["FThenB", "1F1B", "Interleaved1F1B", "ZBH1"]
     kind = c[0].selectbox("schedule", kinds, index=kinds.index(base.schedule), key="wi_kind")
-    zero = c[1].selectbox("ZeRO stage", ZERO_STAGES, index=0, key="wi_zero", disabled=True,
-                          help=f"disabled: {UNSUPPORTED['zero']}")
-    recompute = c[2].selectbox("recompute", RECOMPUTE_MODES, index=0, key="wi_recompute", disabled=True,
-                               help=f"disabled: {UNSUPPORTED['recompute']}")
+    offered = [z for z in ZERO_STAGES if f"zero={z}" not in UNSUPPORTED]
+    zero = c[1].selectbox("ZeRO stage", offered, index=offered.index(base.zero) if base.zero in offered else 0,
+                          key="wi_zero", help=f"ZeRO-3 is not offered: {UNSUPPORTED['zero=3']}")
+    recompute = c[2].selectbox("recompute", RECOMPUTE_MODES, index=RECOMPUTE_MODES.index(base.recompute),
+                               key="wi_recompute")
     presets = list_presets()
     profile = c[3].selectbox("hardware", presets, index=presets.index(base.profile) if base.profile in presets else 0,
                              key="wi_profile")
-    st.caption(f"ZeRO and recompute are disabled: {UNSUPPORTED['zero']}; {UNSUPPORTED['recompute']}.")
+    st.caption(f"ZeRO-3 is not offered: {UNSUPPORTED['zero=3']}.")
     try:
         new_plan, new_t = whatif.whatif_sample(int(dp), int(tp), int(pp), kind, int(m), int(zero), str(recompute),
                                                base.hidden, base.batch, profile)

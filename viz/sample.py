@@ -25,8 +25,12 @@ from the plan come:
   (an upper bound on what backward keeps); one hand-off message as a communication buffer;
 * the schedule (``mpipar.pipeline.build_schedule``) simulated by ``simulator.simulate_schedule``.
 
-ZeRO stages and recompute are knobs of the same function, refused until the library has
-``shard_optimizer`` and ``recompute`` (``UNSUPPORTED`` says why; the dashboard shows it).
+Knobs: ``zero=1`` keeps each velocity split over ``dp`` (the layout rule of
+``dist.ShardingStage1``): the update runs on the slice and the new parameter is all-gathered;
+``zero=2`` also keeps each gradient in that split layout, so the data-parallel reduction is a
+reduce_scatter. ``recompute="full"`` wraps each block in ``dist.recompute`` (only its input is
+kept; backward runs its forward again), ``"selective"`` only the ``fc1 + gelu`` part. ZeRO-3
+is refused (``UNSUPPORTED`` says why; the dashboard shows it).
 """
 
 from __future__ import annotations
@@ -58,10 +62,11 @@ F = dist.nn.functional
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE_MODES = ("none", "selective", "full")
 UNSUPPORTED: dict[str, str] = {
-    "zero": "ZeRO stages need dist.shard_optimizer, which mpipar does not have yet (issue 4)",
-    "recompute": "recompute needs dist.recompute, which mpipar does not have yet (issue 4)",
+    "zero=3": "ZeRO-3 needs parameters gathered per use in forward and backward; the sample's hand-written "
+              "optimizer does not do that (the GPT sample with dist.shard_optimizer will)",
 }
-"""Knobs the sample cannot honour yet, with the reason the dashboard shows beside them."""
+"""Knob values the sample cannot honour, with the reason the dashboard shows beside them."""
+RECOMPUTE_SCOPE = "recompute"
 
 HANDOFF = "pipeline hand-off"
 MOMENTUM, LR = 0.9, 0.01
@@ -95,12 +100,8 @@ class SampleConfig:
             raise ValueError(f"sample zero must be one of {ZERO_STAGES}, got {self.zero!r}")
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"sample recompute must be one of {RECOMPUTE_MODES}, got {self.recompute!r}")
-        if self.zero != 0:
-            raise ValueError(f"sample zero={self.zero} cannot be honoured: {UNSUPPORTED['zero']}; use zero=0")
-        if self.recompute != "none":
-            raise ValueError(
-                f"sample recompute={self.recompute!r} cannot be honoured: {UNSUPPORTED['recompute']}; use 'none'"
-            )
+        if self.zero == 3:
+            raise ValueError(f"sample zero=3 cannot be honoured: {UNSUPPORTED['zero=3']}; use zero 0, 1 or 2")
 
     @property
     def chunks(self) -> int:
@@ -190,7 +191,15 @@ def _trace(c: SampleConfig) -> Plan:
             stage_blocks.append(block)
         blocks.append(stage_blocks)
     x = dist.shard_tensor(tensor((c.batch, h), "x", False, 1.0), meshes[0], [S(0), R])
-    velocity = [(dist.shard_tensor(zeros(tuple(p.shape), f"{name}.velocity"), mesh, pls)) for name, p, mesh, pls in params]
+    # ZeRO-1/2: optimizer state (and, at 2, the gradient) split over dp by the library's own layout rule.
+    zero_pls = []
+    for _, p, _, pls in params:
+        layout = dist.ShardingStage1("dp").layout(p) if c.zero >= 1 else None
+        zero_pls.append(list(layout.placements) if layout is not None else list(pls))
+        if c.zero >= 2 and layout is not None:
+            p.grad_placements = list(layout.placements)
+    velocity = [dist.shard_tensor(zeros(tuple(p.shape), f"{name}.velocity"), mesh, zpls)
+                for (name, p, mesh, _), zpls in zip(params, zero_pls, strict=True)]
 
     meta = {"builder": "viz.sample", "config": dataclasses.asdict(c), "world_size": c.world_size,
             "shape_only": c.shape_only, "model": f"{c.stages}-stage residual MLP, hidden {h}"}
@@ -205,14 +214,10 @@ def _trace(c: SampleConfig) -> Plan:
             hcur = stage_in[s]
             for layer, block in enumerate(blocks[s]):
                 with hooks.scope(f"stage{s}.block{layer}"):
-                    with hooks.scope("ln"):
-                        y = F.layer_norm(hcur, h, block["ln.weight"], block["ln.bias"])  # (B, h)
-                    with hooks.scope("fc1"):
-                        y = F.gelu(dist.matmul(y, block["fc1.weight"]))  # (B, 4h)
-                    with hooks.scope("fc2"):
-                        y = dist.matmul(y, block["fc2.weight"])  # (B, h)
-                    with hooks.scope("residual"):
-                        hcur = dist.add(hcur, y)
+                    if c.recompute == "full":
+                        hcur = dist.recompute(_recomputed(_block), hcur, block, h)
+                    else:
+                        hcur = _block(hcur, block, h, selective=c.recompute == "selective")
             stage_out.append(hcur)
             if s + 1 < c.stages:
                 # A new leaf on the next stage: pipelines hand activations over, not autograd graphs.
@@ -232,12 +237,46 @@ def _trace(c: SampleConfig) -> Plan:
                         grad = dist.reshard(received, stage_out[s].process_mesh, list(stage_out[s].placements))
                     stage_out[s].backward(grad)
         with hooks.phase("optimizer"), hooks.scope("optimizer"), dist.no_grad():
-            for (name, p, _, _), v in zip(params, velocity, strict=True):
+            for (name, p, mesh, pls), v, zpls in zip(params, velocity, zero_pls, strict=True):
                 assert p.grad is not None
                 rec.mark(p.grad, "gradient", f"{name}.grad")
-                v_new = dist.add(dist.scale(v, MOMENTUM), p.grad)
-                dist.subtract(p, dist.scale(v_new, LR))
+                split = zpls != list(pls)
+                grad = dist.reshard(p.grad, mesh, zpls) if split else p.grad  # ZeRO-1: a local slice
+                v_new = dist.add(dist.scale(v, MOMENTUM), grad)
+                p_new = dist.subtract(dist.reshard(p, mesh, zpls) if split else p, dist.scale(v_new, LR))
+                if split:
+                    with dist.comm_context(f"updated {name} back to its layout"):
+                        dist.reshard(p_new, mesh, pls)  # ZeRO: all_gather over dp
     return rec.plan()
+
+
+def _block(x: dist.Tensor, block: dict[str, dist.Tensor], h: int, selective: bool = False) -> dist.Tensor:
+    """Pre-norm residual MLP block; ``selective`` recomputes fc1 + gelu (the widest activations)."""
+    with hooks.scope("ln"):
+        y = F.layer_norm(x, h, block["ln.weight"], block["ln.bias"])  # (B, h)
+    with hooks.scope("fc1"):
+        if selective:
+            y = dist.recompute(_recomputed(_fc1_gelu), y, block["fc1.weight"])  # (B, 4h)
+        else:
+            y = _fc1_gelu(y, block["fc1.weight"])  # (B, 4h)
+    with hooks.scope("fc2"):
+        y = dist.matmul(y, block["fc2.weight"])  # (B, h)
+    with hooks.scope("residual"):
+        return dist.add(x, y)
+
+
+def _fc1_gelu(y: dist.Tensor, w: dist.Tensor) -> dist.Tensor:
+    return F.gelu(dist.matmul(y, w))
+
+
+def _recomputed(fn: Any) -> Any:
+    """``fn`` run inside a ``recompute`` scope, so the plan shows which ops are not kept."""
+
+    def run(*args: Any) -> Any:
+        with hooks.scope(RECOMPUTE_SCOPE):
+            return fn(*args)
+
+    return run
 
 
 # ------------------------------------------------------------------------------ costs
@@ -309,6 +348,7 @@ def _pipeline_section(plan: Plan, c: SampleConfig, profile: HardwareProfile) -> 
     send_forward = [0.0] * max(c.stages - 1, 0)
     send_backward = [0.0] * max(c.stages - 1, 0)
     grad_sync = [0.0] * c.pp
+    param_gather = [0.0] * c.pp
     for r in plan.reshards:
         if r.reason.startswith(HANDOFF):
             s = int(r.reason.split("stage ")[1].split(" ")[0])
@@ -316,6 +356,8 @@ def _pipeline_section(plan: Plan, c: SampleConfig, profile: HardwareProfile) -> 
                 send_backward[s - 1] += reshard_time(plan, r, profile)
             else:
                 send_forward[s] += reshard_time(plan, r, profile)
+        elif r.phase == "optimizer":
+            param_gather[mesh_lane[r.src_mesh]] += reshard_time(plan, r, profile)
         elif r.op is None and plan.tensor(r.new_tensor).kind == "gradient":
             grad_sync[mesh_lane[r.src_mesh]] += reshard_time(plan, r, profile)
         elif r.op is None and r.phase == "backward":
@@ -339,7 +381,8 @@ def _pipeline_section(plan: Plan, c: SampleConfig, profile: HardwareProfile) -> 
             {"name": "gradient sync", "kind": "COLL", "track": "comm", "duration": grad_sync[lane]},
             {"name": "optimizer", "kind": "OPT", "track": "compute",
              "duration": profile.compute_time(optimizer_flops[lane], c.dtype)},
-        ]
+        ] + ([{"name": "parameter all_gather (ZeRO)", "kind": "COLL", "track": "comm", "duration": param_gather[lane]}]
+             if param_gather[lane] else [])
         for lane in range(c.pp)
     }
     return {
@@ -368,9 +411,10 @@ def _memory_section(plan: Plan, c: SampleConfig, profile: HardwareProfile) -> di
             continue
         for r, i in positions[t.mesh].items():
             ranks[r][totals[t.kind]] += local_bytes(t, i)
+    kept = _kept_forward_ops(plan)
     for op in plan.ops:
         s = stage_of(plan, op)
-        if op.phase != "forward" or s is None:
+        if op.phase != "forward" or s is None or op.index not in kept:
             continue
         for tid in op.outputs:
             t = plan.tensor(tid)
@@ -387,6 +431,23 @@ def _memory_section(plan: Plan, c: SampleConfig, profile: HardwareProfile) -> di
                 rank["messages"][str(s)] = rank["messages"].get(str(s), 0) + size
     return {"capacity_bytes": profile.memory_bytes, "profile": profile.name,
             "ranks": [ranks[r] for r in sorted(ranks)]}
+
+
+def _kept_forward_ops(plan: Plan) -> set[int]:
+    """Forward ops whose outputs stay for backward: all but those inside a recompute region,
+    whose last op's outputs (the region's result) are kept."""
+    kept: set[int] = set()
+    forward = [op for op in plan.ops if op.phase == "forward"]
+    for i, op in enumerate(forward):
+        parts = op.scope.split(".")
+        if RECOMPUTE_SCOPE not in parts:
+            kept.add(op.index)
+            continue
+        region = ".".join(parts[: parts.index(RECOMPUTE_SCOPE) + 1])
+        nxt = forward[i + 1].scope if i + 1 < len(forward) else ""
+        if not (nxt == region or nxt.startswith(region + ".")):
+            kept.add(op.index)
+    return kept
 
 
 # ------------------------------------------------------------------------------ command line
