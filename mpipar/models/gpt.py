@@ -159,9 +159,16 @@ class Block(Layer):
         self.mesh: ProcessMesh | None = None
 
     def _gather_seq(self, x: Tensor) -> Tensor:
-        """Sequence parallel: all_gather the sequence before a column-parallel pair."""
+        """Sequence parallel: all_gather the sequence before a column-parallel pair.
+
+        Ops that save the gathered tensor for backward keep the sequence shard instead and
+        gather again there (Megatron's sequence parallelism does the same).
+        """
         if self.par is not None and self.par.sequence_parallel and self.mesh is not None and self.par.tp in self.mesh.dim_names:
-            return reshard_axis(x, self.mesh, self.par.tp, Replicate())
+            full = reshard_axis(x, self.mesh, self.par.tp, Replicate())
+            if full.is_dist and x.is_dist:
+                full._regather = (x, full.spec)  # type: ignore[attr-defined]
+            return full
         return x
 
     def forward(self, x: Tensor) -> Tensor:

@@ -130,7 +130,8 @@ def dropout(x: Any, p: float = 0.5, axis: Any = None, training: bool = True, mod
         return t
     if p == 1.0:
         return multiply(t, 0.0)
-    return apply("dropout", [t], {"p": float(p), "key": mrandom.next_key()})
+    out, _mask = apply("dropout", [t], {"p": float(p), "key": mrandom.next_key()})
+    return out
 
 
 def accuracy(input: Any, label: Any, k: int = 1, correct: Any = None, total: Any = None, name: str | None = None) -> Tensor:

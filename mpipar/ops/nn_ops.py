@@ -260,16 +260,29 @@ register_op(
 
 
 # ----------------------------------------------------------------------------- dropout
-def _dropout(c: KernelContext, x: Array, p: float = 0.5, key: int = 0, **_: Any) -> Array:
+def _dropout(c: KernelContext, x: Array, p: float = 0.5, key: int = 0, **_: Any) -> tuple[Array, Array]:
     # The mask is a function of (key, global index): identical on any mesh and in every mode.
+    # It is kept (one byte an element) for backward, as Paddle and Megatron keep it.
     keep = mrandom.uniform_box(key, c.in_shape(0), c.in_boxes[0]) >= p
-    return x * (keep.astype(x.dtype) * x.dtype.type(1.0 / (1.0 - p)))
+    return x * (keep.astype(x.dtype) * x.dtype.type(1.0 / (1.0 - p))), keep
+
+
+def _dropout_grad_kernel(c: KernelContext, keep: Array, g: Array, p: float = 0.5, **_: Any) -> Array:
+    return g * (keep.astype(g.dtype) * g.dtype.type(1.0 / (1.0 - p)))
 
 
 register_op(
     OpDef(
-        "dropout", _dropout, lambda c, g: [apply("dropout", [g[0]], dict(c.attrs))], save_inputs=(), rule_attrs=(),
+        "dropout", _dropout, lambda c, g: [apply("dropout_grad", [c.outputs[1], g[0]], {"p": c.attrs.get("p", 0.5)})],
+        num_outputs=2, save_inputs=(), save_outputs=(1,), nondiff_outputs=(1,), rule_attrs=(),
+        dtype=lambda dt, a: [dt[0], np.bool_],
         sample=lambda r: [([r.standard_normal((6, 8))], {"p": 0.3, "key": 12345}), ([r.standard_normal((3, 4, 5))], {"p": 0.5, "key": 7})],
+    )
+)
+register_op(
+    OpDef(
+        "dropout_grad", _dropout_grad_kernel, None, rule_attrs=(), dtype=lambda dt, a: [dt[1]],
+        sample=lambda r: [([r.random((6, 8)) > 0.3, r.standard_normal((6, 8))], {"p": 0.3})],
     )
 )
 

@@ -32,8 +32,15 @@ register_rule("where")(lambda specs, **a: elementwise("where", specs, (1, 2), Tr
 # Negation and scaling by a constant are linear; max/min would swap under negative factors.
 for _name in ("neg", "scale"):
     register_rule(_name)(lambda specs, _n=_name, **a: elementwise(_n, specs, (0,), True))
-# Dropout multiplies by a mask fixed by global indices: linear in x.
-register_rule("dropout")(lambda specs, **a: elementwise("dropout", specs, (0,), True))
+# Dropout outputs (x * mask / (1-p), mask). The mask is the same wherever an element lives, so
+# it cannot follow a Partial input: a Partial x is reduced first.
+@register_rule("dropout")
+def dropout_rule(specs: list[DistSpec], **_: object) -> EinsumSpec:
+    ins, out, no_shard = broadcast_letters(specs, "dropout")
+    return EinsumSpec(ins, (out, out), no_shard=no_shard, op="dropout")
+
+
+register_rule("dropout_grad")(lambda specs, **a: elementwise("dropout_grad", specs, (1,), True))
 # Assign/identity copies and casts between float types.
 register_rule("assign")(lambda specs, **a: elementwise("assign", specs, (0,), True, ALL_PARTIALS))
 
