@@ -4,21 +4,31 @@
     python -m simulator -n 8 examples/gpt.py --mesh dp=2,tp=2,pp=2 --sequence-parallel
     python -m simulator --reference examples/gpt.py --tiny  # one big device
     mpiexec -n 8 python examples/gpt.py --mesh dp=2,tp=4 --zero 2 --recompute selective
+    python examples/gpt.py --tiny --steps 6 --save-every 3 --save-dir ck   # ck/step-3, ck/step-6
+    python -m simulator -n 4 examples/gpt.py --tiny --steps 6 --mesh dp=4 --resume ck/step-3
 
 The mesh is dp x tp per pipeline stage, pp stages (naive pipeline by reshard across stage
 meshes); see mpipar/models/gpt.py for the layout. The text is the .py files of the running
 interpreter's standard library, read in sorted order (characters outside ASCII become '?').
+
+Checkpoints (``--save-every N --save-dir DIR``) hold the model, the optimizer's states (in
+their ZeRO layout), the step, the RNG state and the data position; ``--resume`` takes one
+(or DIR: its latest complete step-<k>) on any mesh and continues with the next step, printing
+the same ``step <n> loss <v>`` lines as a run that was never interrupted (see the README).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import sysconfig
 
 import numpy as np
 from common import Progress, log_step, parser, setup
 
 import mpipar as dist
+from mpipar.checkpoint import load_training_state, prune_series, resolve_checkpoint, save_training_state, step_path
 from mpipar.io import DataLoader, Dataset, RandomBatchSampler
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
 
@@ -82,7 +92,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--memory", action="store_true", help="print each rank's memory by category after step 0")
+    p.add_argument("--save-every", type=int, default=0, metavar="N", help="save a checkpoint every N steps to --save-dir/step-<k>")
+    p.add_argument("--save-dir", default=None, help="where --save-every puts its checkpoints (step-<k>: k steps done)")
+    p.add_argument("--keep-last", type=int, default=0, metavar="K", help="keep only the newest K checkpoints in --save-dir")
+    p.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint (or a --save-dir's latest one)")
+    p.add_argument("--save-final", default=None, metavar="PATH", help="save the final state (weights, optimizer, ...) there")
     args = p.parse_args()
+    check_checkpoint_flags(args)
     setup(args, seed=args.seed)
     if args.tiny:
         cfg = GPTConfig(vocab_size=128, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.1, dtype=args.dtype)
@@ -112,9 +128,22 @@ def main() -> None:
     data = Windows(load_corpus(chars), cfg.block_size)
     sampler = RandomBatchSampler(len(data), micro, seed=args.seed, num_batches=args.steps * args.accumulate_steps)
     loader = dist.shard_dataloader(DataLoader(data, batch_sampler=sampler), par.stage_meshes[:1] + par.stage_meshes[-1:], shard_dims="dp")
+    config = {"seed": args.seed, "tiny": args.tiny, "dtype": args.dtype, "batch_size": batch,
+              "accumulate_steps": args.accumulate_steps, "lr": lr, "mesh": args.mesh, "zero": args.zero}
+    done = 0  # steps completed
+    if args.resume:
+        resumed = load_training_state(resolve_checkpoint(args.resume), model=model, optimizer=opt, loader=loader)
+        done = resumed.step
+        note_resume(resumed.path, done, resumed.extra if isinstance(resumed.extra, dict) else {}, config)
+        if done >= args.steps:
+            dist.print_once(f"note: --steps {args.steps}: no step left to run after step {done - 1}", file=sys.stderr)
+
+    def save(path: str) -> None:
+        save_training_state(path, model=model, optimizer=opt, step=done, loader=loader, extra=config)
+
     batches = iter(loader)
     progress = Progress(args.steps, batch * cfg.block_size)
-    for step in range(args.steps):
+    for step in range(done, args.steps):
         total = 0.0
         for _ in range(args.accumulate_steps):
             x, y = next(batches)
@@ -131,7 +160,32 @@ def main() -> None:
             progress.clear()
             log_step(step, total)
         progress.update(step + 1, total)
+        done = step + 1
+        if args.save_every and done % args.save_every == 0:
+            save(step_path(args.save_dir, done))
+            if args.keep_last:
+                prune_series(args.save_dir, args.keep_last)
     progress.clear()
+    if args.save_final:
+        save(args.save_final)
+
+
+def check_checkpoint_flags(args: argparse.Namespace) -> None:
+    if args.save_every < 0 or args.keep_last < 0:
+        raise SystemExit(f"--save-every ({args.save_every}) and --keep-last ({args.keep_last}) must be >= 0")
+    if args.save_every and not args.save_dir:
+        raise SystemExit("--save-every needs --save-dir DIR (checkpoints go to DIR/step-<k>)")
+    if (args.save_dir or args.keep_last) and not args.save_every:
+        raise SystemExit("--save-dir and --keep-last take effect with --save-every N")
+
+
+def note_resume(path: str, step: int, saved: dict[str, object], now: dict[str, object]) -> None:
+    """Say where the run resumes (on stderr: stdout stays the log of an uninterrupted run)."""
+    dist.print_once(f"resumed from {path}: {step} steps done (saved under --mesh {saved.get('mesh')} --zero {saved.get('zero')})", file=sys.stderr)
+    for key in ("seed", "tiny", "dtype", "batch_size", "accumulate_steps", "lr"):
+        if saved.get(key) != now[key]:
+            dist.print_once(f"note: {key} is {now[key]!r} now, {saved.get(key)!r} when the checkpoint was saved: "
+                            "the run will not match an uninterrupted one", file=sys.stderr)
 
 
 if __name__ == "__main__":

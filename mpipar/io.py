@@ -115,7 +115,7 @@ class DataLoader:
         return_list: bool = True, **_: Any,
     ) -> None:
         self.dataset = dataset
-        self.batch_sampler = batch_sampler or BatchSampler(dataset, shuffle=shuffle, batch_size=batch_size, drop_last=drop_last)
+        self.batch_sampler = batch_sampler if batch_sampler is not None else BatchSampler(dataset, shuffle=shuffle, batch_size=batch_size, drop_last=drop_last)
         self.collate_fn = collate_fn or default_collate
         self.batches_served = 0
         """Batches handed out since the loader was built (the resumption position)."""

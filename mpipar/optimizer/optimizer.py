@@ -191,22 +191,50 @@ class Optimizer:
         return out
 
     def set_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore states (any layout: each is resharded into this optimizer's layout)."""
+        """Restore what ``state_dict`` returned, before or after this optimizer's first step.
+
+        Each state may be distributed in any layout, dense, or a NumPy array (as a checkpoint
+        gives it back): it is moved into the layout this optimizer keeps it in (the ZeRO split
+        included), so the next step updates exactly the restored values. Parameters without an
+        entry in ``state["steps"]`` keep their states.
+        """
         steps = state.get("steps", {})
+        restored: dict[int, dict[str, Any]] = {}
         for i, p in enumerate(self._parameter_list):
             name = p.name or f"param_{i}"
             if name not in steps:
                 continue
             layout = self.layout_of(p)
-            mine = self._state(p, layout)
-            for n in self.state_names:
-                value = state[f"{name}.{n}"]
-                if layout is not None and value.is_dist:
-                    value = reshard(value, layout.mesh, list(layout.placements))
-                mine[n] = value
-            mine["step"] = int(steps[name])
+            restored[id(p)] = {n: _state_in_layout(state, f"{name}.{n}", p, layout) for n in self.state_names}
+            restored[id(p)]["step"] = int(steps[name])
+        self._states.update(restored)  # all or nothing; never re-created lazily: _state finds them
         if "LR_Scheduler" in state and isinstance(self._learning_rate, LRScheduler):
             self._learning_rate.set_state_dict(state["LR_Scheduler"])
+
+
+def _state_in_layout(state: dict[str, Any], key: str, p: Tensor, layout: DistSpec | None) -> Tensor:
+    """``state[key]`` as a tensor in ``layout`` (dense when None), checked against parameter ``p``."""
+    if key not in state:
+        raise ValueError(
+            f"set_state_dict: no {key!r}, though state['steps'] names its parameter; pass the dict that "
+            "state_dict() returned (every state of a parameter with a step count)"
+        )
+    value = state[key]
+    if not isinstance(value, Tensor):
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"set_state_dict: {key!r} is a {type(value).__name__}; give a Tensor or a NumPy array")
+        value = Tensor(np.array(value))
+    if tuple(value.shape) != tuple(p.shape) or value.dtype != p.dtype:
+        raise ValueError(
+            f"set_state_dict: {key!r} is {value.dtype}{list(value.shape)}, but its parameter {p._label()} is "
+            f"{p.dtype}{list(p.shape)}; restore states saved for this model (cast them first if the dtype changed)"
+        )
+    if layout is None:
+        return Tensor(value.full_tensor()) if value.is_dist else value
+    if value.is_dist and value.spec == layout:
+        return value
+    with comm_context(f"optimizer: restore {key}"):
+        return reshard(value, layout.mesh, list(layout.placements))
 
 
 def _zeros(p: Tensor, layout: DistSpec | None) -> Tensor:
