@@ -1,5 +1,9 @@
 """Checkpoints under mpiexec: saved by 8 processes (dp2 x tp2 x pp2), loaded by 8, 4, 3 and 1.
 
+Two states: a table of tensors shaped like a GPT's (ZeRO moments, a Partial gradient) and a
+real one, ``tests/gpt_training_state.py`` (a GPT on from_degrees(2, 2, 2) after two AdamW steps
+under ZeRO-2), restored with ``load_training_state`` into the GPT built under each target layout.
+
 The same child script runs under MPI and under ``python -m simulator -n N``; it prints a
 SHA-256 of every value it holds after loading, which must equal the digests of the state it
 saved (computed by the same script). MPI and the simulator must also write byte-identical
@@ -27,12 +31,14 @@ MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 CHILD = textwrap.dedent(
     """
-    import hashlib, json, sys
+    import hashlib, json, os, sys
     import numpy as np
     import mpipar as dist
     from mpipar.checkpoint import record_io
     from mpipar.checkpoint import save as save_module
     from mpipar.spec import box_intersect
+    sys.path.insert(0, os.path.join(os.getcwd(), "tests"))  # the tests run this from the repository
+    import gpt_training_state
 
     R, S = dist.Replicate, dist.Shard
 
@@ -120,17 +126,27 @@ CHILD = textwrap.dedent(
         assert set(io.files_opened) == files, (rank, io.files_opened, files)
         print(f"IO-OK {rank}", flush=True)
 
+    # The real GPT training state (tests/gpt_training_state.py), saved beside the table's.
+    GPT_TARGET = {("tp4xdp2", 8): "tp4xdp2", ("tp", 4): "4 ranks", ("tp", 3): "3 ranks", ("tp", 1): "1 rank",
+                  ("dense", 1): "1 rank, dense"}
+
+    def gpt_digests(state):
+        return {"gpt." + k: v for k, v in digests(state).items()}
+
     mode, path = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""
     if mode == "expect":
-        print("DIGESTS " + json.dumps(digests(build())))
+        print("DIGESTS " + json.dumps(digests(build()) | gpt_digests(gpt_training_state.trained_state())))
     elif mode == "save":
         dist.save_state_dict(build(), path)
+        dist.save_state_dict(gpt_training_state.trained_state(), path + "-gpt")
     elif mode == "load":
         state = target(sys.argv[3])
         with record_io() as io:
             dist.load_state_dict(state, path)
         check_io(io, state, path)
         d = digests(state)
+        label = GPT_TARGET[(sys.argv[3], dist.get_world_size())]
+        d |= gpt_digests(gpt_training_state.load_into(label, path + "-gpt")[0])
         if dist.get_rank() == 0:
             print("DIGESTS " + json.dumps(d), flush=True)
     elif mode == "disagree":
@@ -209,6 +225,9 @@ def test_saved_by_8_processes_loaded_by_8_4_3_and_1(tmp_path: Any) -> None:
         assert _digests(out) == expected, (n, layout)
     assert _digests(_sim(script, 3, "load", mpi_ck, "tp")) == expected
     assert _digests(_mpi(script, 3, "load", sim_ck, "tp")) == expected
+    assert any(k.startswith("gpt.optimizer.") and k.endswith(".moment2") for k in expected)
+    with open(os.path.join(mpi_ck + "-gpt", "metadata.json")) as f, open(os.path.join(sim_ck + "-gpt", "metadata.json")) as g:
+        assert json.load(f)["tensors"] == json.load(g)["tensors"]  # MPI trained and saved the simulator's bytes
 
 
 @pytest.mark.mpi
