@@ -8,6 +8,8 @@
 
 ``MPIPAR_BACKEND=sim|mpi|nccl|reference`` overrides the choice. Backends outside mpipar
 register through the ``mpipar.backends`` entry-point group, so mpipar never imports them by name.
+With ``MPIPAR_TRACE=path`` the first backend installed starts a measured timeline
+(``mpipar.runtime.measured``).
 """
 
 from __future__ import annotations
@@ -150,6 +152,7 @@ def current_backend() -> Backend:
     global _current
     if _current is None:
         _current = create_backend(_auto_name())
+        _trace_if_asked(_current)
     return _current
 
 
@@ -157,7 +160,16 @@ def set_backend(backend: Backend | str) -> Backend:
     """Install ``backend`` (an instance or a registered name) for the rest of the process."""
     global _current
     _current = create_backend(backend) if isinstance(backend, str) else backend
+    _trace_if_asked(_current)
     return _current
+
+
+def _trace_if_asked(backend: Backend) -> None:
+    """Start the measured timeline of ``MPIPAR_TRACE`` (once per process; a collective under MPI)."""
+    if os.environ.get("MPIPAR_TRACE"):
+        from mpipar.runtime.measured import start_from_env
+
+        start_from_env(backend)
 
 
 @contextlib.contextmanager

@@ -7,14 +7,17 @@ of them and a single call computes everything. Shapes a member cannot know from 
 (uneven pieces it is about to receive) are passed in: the reshard plan knows them on every rank.
 
 Implementations override the ``_``-prefixed methods; the public ones record one
-``CommEvent`` per call into every active ``CommDebugMode`` (and into the tracer, if any).
+``CommEvent`` per call into every active ``CommDebugMode`` (and into the tracer, if any),
+and, while a measured timeline is being recorded (``MPIPAR_TRACE``), each call's start and
+end on the lanes of the members this process hosts (``_span_recorders``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +52,16 @@ class CommEvent:
 # Recorders (CommDebugMode instances, tracers) register here; the base class feeds them.
 _recorders: list[Any] = []
 _context: list[str] = []
+# Span recorders (measured timelines, ``mpipar.runtime.measured``) get each public call's
+# interval: ``rec.record_comm(name, kind, ranks, start, end, peer)``, ``ranks`` the members
+# taking part (recorders keep those this process hosts), times from ``span_clock``. Empty:
+# calls are not timed at all.
+_span_recorders: list[Any] = []
+span_clock = time.perf_counter
+
+
+def _span_start() -> float:
+    return span_clock() if _span_recorders else 0.0
 
 
 @contextlib.contextmanager
@@ -124,11 +137,29 @@ class Communicator(ABC):
                 return r
         return None
 
+    @staticmethod
+    def _span(name: str, ranks: Iterable[int], start: float, kind: str = "COLL", peer: int | None = None) -> None:
+        """Report one call, from ``start`` to now, on the lanes of ``ranks`` (measured timelines)."""
+        if not _span_recorders:
+            return
+        end = span_clock()
+        members = tuple(ranks)
+        for rec in list(_span_recorders):
+            rec.record_comm(name, kind, members, start, end, peer)
+
+    @classmethod
+    def _span_group(cls, label: str, group: Group, hosted: Iterable[int], start: float) -> None:
+        if _span_recorders:
+            mine = set(hosted)
+            cls._span(f"{label} on {list(group)}", [r for r in group if r in mine], start)
+
     # ------------------------------------------------------------------ public API
     def all_reduce(self, group: Group, bufs: Mapping[int, Array], op: str = "sum") -> dict[int, Array]:
         """Every member gets the reduction (in group order) of all members' buffers."""
         _check_op(op)
+        start = _span_start()
         out = self._all_reduce(tuple(group), bufs, op)
+        self._span_group(f"all_reduce({op})", group, bufs, start)
         m = self._first(group, bufs)
         if m is not None:
             self._record("all_reduce", group, [bufs[m]], [out[m]], op)
@@ -136,7 +167,9 @@ class Communicator(ABC):
 
     def all_gather(self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]) -> dict[int, list[Array]]:
         """Every member gets the list of all members' buffers (``shapes[i]`` is member i's)."""
+        start = _span_start()
         out = self._all_gather(tuple(group), bufs, [tuple(s) for s in shapes])
+        self._span_group("all_gather", group, bufs, start)
         m = self._first(group, bufs)
         if m is not None:
             self._record("all_gather", group, [bufs[m]], out[m])
@@ -147,7 +180,9 @@ class Communicator(ABC):
     ) -> dict[int, Array]:
         """Member i gets the reduction over members of their ``chunks[member][i]``."""
         _check_op(op)
+        start = _span_start()
         out = self._reduce_scatter(tuple(group), chunks, op)
+        self._span_group(f"reduce_scatter({op})", group, chunks, start)
         m = self._first(group, chunks)
         if m is not None:
             self._record("reduce_scatter", group, list(chunks[m]), [out[m]], op)
@@ -160,7 +195,9 @@ class Communicator(ABC):
         recv_shapes: Mapping[int, Sequence[Shape]],
     ) -> dict[int, list[Array]]:
         """Member r sends ``chunks[r][j]`` to member j; gets a list indexed by sender."""
+        start = _span_start()
         out = self._all_to_all(tuple(group), chunks, recv_shapes)
+        self._span_group("all_to_all", group, chunks, start)
         m = self._first(group, chunks)
         if m is not None:
             self._record("all_to_all", group, list(chunks[m]), out[m])
@@ -172,7 +209,9 @@ class Communicator(ABC):
         """Every member gets the ``root`` member's buffer (non-roots may pass None)."""
         if root not in group:
             raise ValueError(f"broadcast root {root} is not in group {list(group)}")
+        start = _span_start()
         out = self._broadcast(tuple(group), bufs, root, tuple(shape), np.dtype(dtype))
+        self._span_group(f"broadcast(root {root})", group, bufs, start)
         m = self._first(group, bufs)
         if m is not None:
             inputs = [bufs[root]] if root in bufs and bufs[root] is not None else []
@@ -184,7 +223,9 @@ class Communicator(ABC):
         _check_op(op)
         if root not in group:
             raise ValueError(f"reduce root {root} is not in group {list(group)}")
+        start = _span_start()
         out = self._reduce(tuple(group), bufs, op, root)
+        self._span_group(f"reduce({op}, root {root})", group, bufs, start)
         m = self._first(group, bufs)
         if m is not None:
             self._record("reduce", group, [bufs[m]], list(out.values()), op)
@@ -206,7 +247,10 @@ class Communicator(ABC):
                     local[(t.src, t.dst, t.tag)] = t.data
             else:
                 remote.append(t)
+        start = _span_start()
         out = self._exchange(remote, hosted_set)
+        if _span_recorders:
+            self._span_exchange(remote, hosted_set, start)
         for t in remote:
             if t.src in hosted_set:
                 self._record("send", (t.src, t.dst), [t.data], [t.data])
@@ -217,14 +261,42 @@ class Communicator(ABC):
 
     def send(self, src: int, dst: int, buf: Array, tag: int = 0) -> None:
         """Blocking-safe send (buffered until the matching ``recv``)."""
+        start = _span_start()
         self._send(src, dst, buf, tag)
+        self._span(f"send to {dst}", (src,), start, "SEND", dst)
         self._record("send", (src, dst), [buf], [buf])
 
     def recv(self, src: int, dst: int, shape: Shape, dtype: Any, tag: int = 0) -> Array:
-        return self._recv(src, dst, tuple(shape), np.dtype(dtype), tag)
+        start = _span_start()
+        out = self._recv(src, dst, tuple(shape), np.dtype(dtype), tag)
+        self._span(f"recv from {src}", (dst,), start, "RECV", src)
+        return out
 
     def barrier(self, group: Group) -> None:
+        start = _span_start()
         self._barrier(tuple(group))
+        self._span_group("barrier", tuple(group), group, start)  # recorders keep the hosted members
+
+    @staticmethod
+    def _span_exchange(transfers: Sequence[PointToPoint], hosted: set[int], start: float) -> None:
+        """One span per hosted rank taking part: ``send to 4``, ``recv from 0``, ``exchange with 0, 4``."""
+        sends: dict[int, set[int]] = {}
+        recvs: dict[int, set[int]] = {}
+        for t in transfers:
+            if t.src in hosted:
+                sends.setdefault(t.src, set()).add(t.dst)
+            if t.dst in hosted:
+                recvs.setdefault(t.dst, set()).add(t.src)
+        for r in sorted(set(sends) | set(recvs)):
+            out, into = sorted(sends.get(r, ())), sorted(recvs.get(r, ()))
+            peers = sorted(set(out) | set(into))
+            if out and into:
+                name, kind = "exchange with " + ", ".join(map(str, peers)), "COLL"
+            elif out:
+                name, kind = "send to " + ", ".join(map(str, out)), "SEND"
+            else:
+                name, kind = "recv from " + ", ".join(map(str, into)), "RECV"
+            Communicator._span(name, (r,), start, kind, peers[0] if len(peers) == 1 else None)
 
     # ------------------------------------------------------------------ to implement
     @abstractmethod

@@ -1,8 +1,10 @@
 """Observation hooks: where recorders (plan tracing, memory accounting) plug into execution.
 
-Dispatch calls every ``op_hooks`` entry after an op ran; ``reshard`` calls every
-``reshard_hooks`` entry after a reshard. ``phase`` (forward, backward, optimizer) and
-``scope`` (the layer being called) label what runs inside them.
+Dispatch calls every ``op_start_hooks`` entry as ``hook.on_op_start(name)`` when an op
+begins (before its inputs are resharded) and every ``op_hooks`` entry after it ran (measured
+timelines time ops between the two); ``reshard`` calls every ``reshard_hooks`` entry after a
+reshard. ``phase`` (forward, backward, optimizer) and ``scope`` (the layer being called)
+label what runs inside them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+op_start_hooks: list[Any] = []
 op_hooks: list[Any] = []
 reshard_hooks: list[Any] = []
 

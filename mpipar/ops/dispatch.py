@@ -180,6 +180,8 @@ def _infer(op: OpDef, specs: list[DistSpec], nest: list[Any], attrs: dict[str, A
 
 def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None) -> Any:
     """Run op ``name`` on ``inputs`` (Tensors, or a list of Tensors for list ops)."""
+    for start_hook in hooks.op_start_hooks:
+        start_hook.on_op_start(name)
     op = get_op(name)
     attrs = attrs or {}
     flat, nest = _flatten(op, inputs)

@@ -30,6 +30,10 @@ Design choices
   arrival notices), an uncaught exception aborts the job, ``MPIPAR_CHECK_COLLECTIVES=1``
   compares signatures on a duplicate of each group's communicator.
 * **Output**: rank N > 0 prefixes its lines with ``[rank N] `` (``mpipar.runtime.log``).
+* **Measured timelines** (``MPIPAR_TRACE``, ``mpipar.runtime.measured``): ``trace_origin``
+  aligns the ranks' clocks with a barrier, ``gather_at_root`` brings every rank's span
+  records to rank 0 at exit (``Gatherv`` of plain arrays), both on a private duplicate of
+  ``COMM_WORLD``.
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ class MPIRuntime:
             self.mailbox = self.world.Dup()
         self._comms: dict[Group, Any] = {}
         self._side: dict[Group, Any] = {}
+        self._trace_comm: Any = None
         self.communicator = MPICommunicator(self)
         atexit.register(self._at_exit)
 
@@ -128,6 +133,57 @@ class MPIRuntime:
                 comm = base.Dup()
             self._side[group] = comm
         return comm
+
+    def trace_comm(self) -> Any:
+        """A private duplicate of the world for measured timelines (collective on first use)."""
+        if self._trace_comm is None:
+            with self.watchdog.watch("start of the measured timeline (MPI_Comm_dup)", tuple(range(self.size)), 0):
+                self._trace_comm = self.world.Dup()
+        return self._trace_comm
+
+    def trace_origin(self) -> float:
+        """``time.perf_counter()`` read right after a barrier of the whole world (collective)."""
+        comm = self.trace_comm()
+        with self.watchdog.watch("the barrier that starts the measured timeline", tuple(range(self.size)), 0):
+            comm.Ibarrier().Wait()
+        return time.perf_counter()
+
+    def gather_at_root(self, arrays: Sequence[np.ndarray]) -> list[list[np.ndarray]] | None:
+        """Every rank's ``arrays`` on rank 0, in rank order (None on the others); a collective.
+
+        Each rank passes the same number of 1-d arrays with the same dtypes, of any lengths;
+        they move as bytes with ``Gatherv`` (exact counts, no pickle).
+        """
+        comm = self.trace_comm()
+        root = self.rank == 0
+        flat = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+        sizes = np.array([a.nbytes for a in flat], dtype=np.int64)
+        table = np.empty((self.size, len(flat)), dtype=np.int64) if root else None
+        received: list[np.ndarray] = []
+        with self.watchdog.watch("gathering the measured timeline at rank 0", tuple(range(self.size)), 0):
+            comm.Igather([sizes, MPI.BYTE], [table, MPI.BYTE] if root else None, root=0).Wait()
+            for j, a in enumerate(flat):
+                if root:
+                    assert table is not None
+                    counts, displs = _byte_counts(table[:, j].tolist(), 1)
+                    buf = np.empty(sum(counts), dtype=np.uint8)
+                    comm.Igatherv([_bytes(a), MPI.BYTE], [buf, (counts, displs), MPI.BYTE], root=0).Wait()
+                    received.append(buf)
+                else:
+                    comm.Igatherv([_bytes(a), MPI.BYTE], None, root=0).Wait()
+        if not root:
+            return None
+        assert table is not None
+        out: list[list[np.ndarray]] = []
+        starts = np.zeros(len(flat), dtype=np.int64)
+        for r in range(self.size):
+            row = []
+            for j, a in enumerate(flat):
+                size = int(table[r, j])
+                row.append(received[j][starts[j] : starts[j] + size].view(a.dtype).copy())
+                starts[j] += size
+            out.append(row)
+        return out
 
     def _at_exit(self) -> None:
         flush_std_streams()
@@ -320,4 +376,12 @@ class MPIBackend(Backend):
 
     def describe(self) -> str:
         return f"mpi: rank {self._rt.rank} of {self._rt.size} ({MPI.Get_library_version().splitlines()[0].strip()})"
+
+    def trace_origin(self) -> float:
+        """The shared time origin of measured timelines (a collective; see ``MPIRuntime``)."""
+        return self._rt.trace_origin()
+
+    def gather_at_root(self, arrays: Sequence[np.ndarray]) -> list[list[np.ndarray]] | None:
+        """Every rank's arrays on rank 0 (a collective; see ``MPIRuntime.gather_at_root``)."""
+        return self._rt.gather_at_root(arrays)
 
