@@ -20,6 +20,23 @@ def parser(description: str, steps: int = 5) -> argparse.ArgumentParser:
     return p
 
 
+def add_pipeline_args(p: argparse.ArgumentParser) -> None:
+    """``--schedule KIND --micro-batches M``: run the step through dist.to_static's pipeline."""
+    p.add_argument("--schedule", default=None, choices=["FThenB", "1F1B", "Interleaved1F1B", "ZBH1"],
+                   help="pipeline schedule (runs the step through dist.to_static)")
+    p.add_argument("--micro-batches", type=int, default=None, help="micro-batches per step (default: one per stage)")
+    p.add_argument("--chunks", type=int, default=2, help="virtual stages per rank for Interleaved1F1B")
+
+
+def pipeline_strategy(args: argparse.Namespace, stages: int) -> dist.Strategy:
+    strategy = dist.Strategy()
+    strategy.pipeline.enable = True
+    strategy.pipeline.schedule_mode = args.schedule
+    strategy.pipeline.accumulate_steps = args.micro_batches or stages
+    strategy.pipeline.vpp_degree = 1  # virtual stages per mesh are read off the model
+    return strategy
+
+
 def setup(args: argparse.Namespace, seed: int = 2024) -> None:
     """Seed the counter-based generator and set the default dtype (same in every launch mode)."""
     dist.seed(seed)

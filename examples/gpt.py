@@ -25,12 +25,12 @@ import sys
 import sysconfig
 
 import numpy as np
-from common import Progress, log_step, parser, setup
+from common import Progress, add_pipeline_args, log_step, parser, pipeline_strategy, setup
 
 import mpipar as dist
 from mpipar.checkpoint import load_training_state, prune_series, resolve_checkpoint, save_training_state, step_path
 from mpipar.io import DataLoader, Dataset, RandomBatchSampler
-from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
+from mpipar.models.gpt import GPT, GPTConfig, GPTParallel, gpt_loss
 
 
 def load_corpus(max_chars: int) -> np.ndarray:
@@ -97,16 +97,21 @@ def main() -> None:
     p.add_argument("--keep-last", type=int, default=0, metavar="K", help="keep only the newest K checkpoints in --save-dir")
     p.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint (or a --save-dir's latest one)")
     p.add_argument("--save-final", default=None, metavar="PATH", help="save the final state (weights, optimizer, ...) there")
+    add_pipeline_args(p)
     args = p.parse_args()
     check_checkpoint_flags(args)
     setup(args, seed=args.seed)
+    degrees = parse_mesh(args.mesh)
+    chunks = args.chunks if args.schedule == "Interleaved1F1B" else 1
     if args.tiny:
-        cfg = GPTConfig(vocab_size=128, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.1, dtype=args.dtype)
+        layers = max(2, degrees["pp"] * chunks)
+        cfg = GPTConfig(vocab_size=128, block_size=16, n_layer=layers, n_head=2, n_embd=16, dropout=0.1, dtype=args.dtype)
         batch, chars, lr = args.batch_size or 8, 50_000, args.lr or 3e-3
+        if args.schedule is not None and args.batch_size is None:  # room for a micro-batch per stage and dp shard
+            batch = max(batch, degrees["dp"] * (args.micro_batches or degrees["pp"] * chunks))
     else:
         cfg = GPTConfig(vocab_size=128, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0, dtype=args.dtype)
         batch, chars, lr = args.batch_size or 16, 2_000_000, args.lr or 3e-3
-    degrees = parse_mesh(args.mesh)
     dp, tp, pp = degrees["dp"], degrees["tp"], degrees["pp"]
     backend = dist.current_backend()
     world = dp * tp * pp
@@ -114,11 +119,13 @@ def main() -> None:
         raise SystemExit(f"--mesh: dp({dp}) * tp({tp}) * pp({pp}) = {world} != world size {backend.world_size}")
     if batch % args.accumulate_steps:
         raise SystemExit(f"--batch-size {batch} is not divisible by --accumulate-steps {args.accumulate_steps}: micro-batches must be equal")
-    if pp > cfg.n_layer:
-        raise SystemExit(f"--mesh pp={pp} exceeds the {cfg.n_layer} layers to spread over stages")
+    if pp * chunks > cfg.n_layer:
+        raise SystemExit(f"--mesh pp={pp} x {chunks} chunk(s) exceeds the {cfg.n_layer} layers to spread over stages")
+    if args.schedule is not None and args.accumulate_steps > 1:
+        raise SystemExit("--accumulate-steps and --schedule both cut the batch; with a schedule use --micro-batches")
     micro = batch // args.accumulate_steps
 
-    par = GPTParallel.from_degrees(dp, tp, pp, sequence_parallel=args.sequence_parallel, recompute=args.recompute)
+    par = GPTParallel.from_degrees(dp, tp, pp, sequence_parallel=args.sequence_parallel, recompute=args.recompute, chunks=chunks)
     model = GPT(cfg, par)
     opt = dist.optimizer.AdamW(learning_rate=lr, parameters=model.parameters(), weight_decay=0.01,
                                grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0))
@@ -143,9 +150,14 @@ def main() -> None:
 
     batches = iter(loader)
     progress = Progress(args.steps, batch * cfg.block_size)
+    # With --schedule, dist.to_static runs each step's micro-batches through the pipeline schedule.
+    dist_model = None if args.schedule is None else dist.to_static(model, loader, gpt_loss, opt, pipeline_strategy(args, par.num_stages))
     for step in range(done, args.steps):
         total = 0.0
-        for _ in range(args.accumulate_steps):
+        if dist_model is not None:
+            x, y = next(batches)
+            total = float(dist_model(x, y))
+        for _ in range(args.accumulate_steps if dist_model is None else 0):
             x, y = next(batches)
             loss = model.loss(x, y)
             if args.memory and step == 0:
@@ -154,8 +166,9 @@ def main() -> None:
                 loss = dist.scale(loss, 1.0 / args.accumulate_steps)
             loss.backward()
             total += float(loss)
-        opt.step()
-        opt.clear_grad()
+        if dist_model is None:
+            opt.step()
+            opt.clear_grad()
         if step % args.log_every == 0 or step == args.steps - 1:
             progress.clear()
             log_step(step, total)

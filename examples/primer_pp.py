@@ -4,13 +4,15 @@
     mpiexec -n 2 python examples/primer_pp.py --tiny
 """
 
-from common import require_world
-from primer_common import SimpleNet, class_dim, primer_args, setup, sizes, train
+from common import add_pipeline_args, log_step, pipeline_strategy, require_world
+from primer_common import RandomDataset, SimpleNet, class_dim, optimizer_setting, primer_args, setup, sizes, train
 
 import mpipar as dist
 from mpipar import shard_op
 
-args = primer_args(__doc__.splitlines()[0]).parse_args()
+p = primer_args(__doc__.splitlines()[0])
+add_pipeline_args(p)
+args = p.parse_args()
 setup(args)
 require_world(2, "mesh [0, 1]")
 world_process_mesh = dist.ProcessMesh([0, 1], dim_names=["pp"])
@@ -25,5 +27,16 @@ class PPNet(SimpleNet):
         return x
 
 
-input_size, inner_size, _ = sizes(args)
-train(args, PPNet(input_size, inner_size, class_dim))
+input_size, inner_size, batch_size = sizes(args)
+model = PPNet(input_size, inner_size, class_dim)
+if args.schedule is None:
+    train(args, model)
+else:  # the static-mode pipeline of §2.2.4.2.7, with a schedule and micro-batches
+    loss_func = dist.nn.CrossEntropyLoss()
+    dataset = RandomDataset(args.steps * batch_size, input_size, args.dtype)
+    loader = dist.io.DataLoader(dataset, batch_sampler=dist.io.BatchSampler(dataset, batch_size=batch_size, drop_last=True))
+    dist_model = dist.to_static(model, loader, loss_func, optimizer_setting(model.parameters()), pipeline_strategy(args, 2))
+    dist_model.train()
+    for batch_id, (img, label) in enumerate(loader()):
+        loss = dist_model(img, label)
+        log_step(batch_id, float(loss))

@@ -4,12 +4,14 @@
     mpiexec -n 8 python examples/seed_hybrid.py --tiny
 """
 
-from common import log_step, parser, require_world, seeded_uniform, setup
+from common import add_pipeline_args, log_step, parser, pipeline_strategy, require_world, seeded_uniform, setup
 
 import mpipar as dist
 from mpipar.io import BatchSampler, DataLoader, Dataset
 
-args = parser(__doc__.splitlines()[0]).parse_args()
+p = parser(__doc__.splitlines()[0])
+add_pipeline_args(p)
+args = p.parse_args()
 setup(args)
 SEQ, HIDDEN, INNER = (8, 32, 64) if args.tiny else (128, 1024, 4096)
 require_world(8, "meshes [[0, 1], [2, 3]] and [[4, 5], [6, 7]]")
@@ -50,12 +52,23 @@ class MlpModel(dist.nn.Layer):
 
 model = MlpModel()
 dataset = RandomDataset(SEQ, HIDDEN)
-sampler = BatchSampler(dataset, batch_size=2)
+# With a schedule each of the 2 data-parallel shards needs a row per micro-batch.
+sampler = BatchSampler(dataset, batch_size=2 if args.schedule is None else 2 * (args.micro_batches or 2))
 dataloader = DataLoader(dataset, batch_sampler=sampler)
 dataloader = dist.shard_dataloader(dataloader, meshes=[mesh0, mesh1], shard_dims="x")
 
 opt = dist.optimizer.AdamW(learning_rate=0.001, parameters=model.parameters())
 opt = dist.shard_optimizer(opt)
+
+if args.schedule is not None:  # seed 000 §4.5: to_static, here with a scheduled pipeline
+    dist_model = dist.to_static(model, dataloader, lambda logits, label: dist.mean(logits), opt, pipeline_strategy(args, 2))
+    dist_model.train()
+    for step, inputs in enumerate(dataloader()):
+        if step >= args.steps:
+            break
+        loss = dist_model(inputs[0], inputs[1])
+        log_step(step, float(loss))
+    raise SystemExit(0)
 
 for step, inputs in enumerate(dataloader()):
     if step >= args.steps:

@@ -72,6 +72,7 @@ from mpipar.recompute import recompute
 from mpipar.reshard import ReshardPlan, ReshardStep, plan_reshard
 from mpipar.runtime.log import print_once
 from mpipar.spec import DistSpec, chunk_range
+from mpipar.static import DistModel, Strategy, to_static
 from mpipar.tensor import DistTensor, Parameter, Shape, Tensor, dtensor_from_local, reshard, shard_tensor, to_tensor
 
 __version__ = "0.1.0"
@@ -80,6 +81,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CommDebugMode",
     "CommEvent",
+    "DistModel",
     "DistSpec",
     "DistTensor",
     "MemoryReport",
@@ -97,6 +99,7 @@ __all__ = [
     "ShardingStage1",
     "ShardingStage2",
     "ShardingStage3",
+    "Strategy",
     "Tensor",
     "abs",
     "add",
@@ -170,6 +173,7 @@ __all__ = [
     "subtract",
     "sum",
     "tanh",
+    "to_static",
     "to_tensor",
     "transpose",
     "unsqueeze",

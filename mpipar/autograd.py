@@ -234,11 +234,47 @@ def _backward(root: Tensor, grad: Tensor | None, retain_graph: bool) -> None:
     run_backward([root], [grad], retain_graph)
 
 
-def run_backward(roots: Sequence[Tensor], grads: Sequence[Tensor | None], retain_graph: bool = False) -> None:
-    """Backpropagate ``grads`` (None: ones) from several roots at once (recompute uses this)."""
+@dataclass(eq=False)
+class DeferredWeights:
+    """Weight-gradient work set aside by ``run_backward(..., defer=...)`` (zero-bubble ``W``)."""
+
+    items: list[tuple[Node, list[Any], list[int]]] = field(default_factory=list)
+
+    def run(self) -> None:
+        """Compute and accumulate the deferred gradients, then free the nodes."""
+        with no_grad():
+            for node, out_grads, indices in self.items:
+                saved = list(node.ctx.needs_grad)
+                node.ctx.needs_grad = [i in indices for i in range(len(saved))]
+                try:
+                    in_grads = node.grad_fn(node.ctx, out_grads)
+                finally:
+                    node.ctx.needs_grad = saved
+                for i in indices:
+                    g = in_grads[i] if i < len(in_grads) else None
+                    parent = node.parents[i]
+                    if g is not None and parent is not None:
+                        _accumulate_leaf(parent, g)
+                node.release()
+        self.items = []
+
+
+def run_backward(
+    roots: Sequence[Tensor],
+    grads: Sequence[Tensor | None],
+    retain_graph: bool = False,
+    defer: Callable[[Tensor], bool] | None = None,
+) -> DeferredWeights:
+    """Backpropagate ``grads`` (None: ones) from several roots at once (recompute uses this).
+
+    ``defer(leaf)`` true for a leaf (the weights) sets its gradient aside: this pass computes
+    only the other gradients (zero-bubble ``B``) and returns the rest as ``DeferredWeights``
+    (``W``), keeping the nodes it needs.
+    """
     from mpipar.ops import math as M
     from mpipar.tensor import Tensor
 
+    deferred = DeferredWeights()
     with no_grad():
         seeds: list[tuple[Tensor, Tensor]] = []
         for root, grad in zip(roots, grads, strict=True):
@@ -274,18 +310,34 @@ def run_backward(roots: Sequence[Tensor], grads: Sequence[Tensor | None], retain
             if any(isinstance(v, Packed) for v in (*node.ctx.inputs, *node.ctx.outputs)):
                 node.ctx.inputs = _unpacked(node.ctx.inputs)
                 node.ctx.outputs = _unpacked(node.ctx.outputs)
-            in_grads = node.grad_fn(node.ctx, out_grads)
-            for parent, g in zip(node.parents, in_grads, strict=False):
-                if parent is None or g is None or parent.stop_gradient:
+            weights = []
+            if defer is not None:
+                weights = [
+                    i for i, p in enumerate(node.parents)
+                    if p is not None and p._grad_fn is None and not p.stop_gradient and defer(p)
+                ]
+            if weights:
+                saved = list(node.ctx.needs_grad)
+                node.ctx.needs_grad = [n and i not in weights for i, n in enumerate(saved)]
+                try:
+                    in_grads = node.grad_fn(node.ctx, out_grads) if any(node.ctx.needs_grad) else [None] * len(saved)
+                finally:
+                    node.ctx.needs_grad = saved
+                deferred.items.append((node, out_grads, weights))
+            else:
+                in_grads = node.grad_fn(node.ctx, out_grads)
+            for i, (parent, g) in enumerate(zip(node.parents, in_grads, strict=False)):
+                if parent is None or g is None or parent.stop_gradient or i in weights:
                     continue
                 if parent._grad_fn is not None:
                     slot = pending[id(parent._grad_fn)]
-                    i = parent._out_index
-                    slot[i] = g if slot[i] is None else M.add(slot[i], g)
+                    j = parent._out_index
+                    slot[j] = g if slot[j] is None else M.add(slot[j], g)
                 else:
                     _accumulate_leaf(parent, g)
-            if not retain_graph:
+            if not retain_graph and not weights:
                 node.release()
+    return deferred
 
 
 def _accumulate_leaf(leaf: Tensor, g: Tensor) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 op_start_hooks: list[Any] = []
 op_hooks: list[Any] = []
 reshard_hooks: list[Any] = []
+stage_runs: list[Any] = []
+"""The pipeline stage run in progress (``mpipar.pipeline.runner.StageRun``), innermost last."""
 
 _phase: list[str] = ["forward"]
 _scope: list[str] = []

@@ -43,9 +43,20 @@ def set_rng_state(state: dict[str, int]) -> None:
 
 def next_key() -> int:
     """A fresh 64-bit key for one random call (advances the draw counter)."""
-    key = _mix_scalar((_state["seed"] * 0x9E3779B97F4A7C15 + _state["draws"] + 1) & 0xFFFFFFFFFFFFFFFF)
+    key = key_at(_state["draws"])
     _state["draws"] += 1
     return key
+
+
+def key_at(draw: int) -> int:
+    """The key the ``draw``-th random call after ``seed()`` gets."""
+    return _mix_scalar((_state["seed"] * 0x9E3779B97F4A7C15 + int(draw) + 1) & 0xFFFFFFFFFFFFFFFF)
+
+
+def draws() -> int:
+    """How many random calls were made since ``seed()``."""
+    return _state["draws"]
+
 
 
 def key_for(*values: int) -> int:

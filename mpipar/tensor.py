@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from mpipar import hooks
 from mpipar.backend import current_backend
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import Partial, Placement, Replicate, check_placements
@@ -528,12 +529,19 @@ def reshard(tensor: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) 
     pls = check_placements(placements, "reshard placements")
     dst = _spec_for(f"reshard of {tensor._label()}", tensor.shape, mesh, pls)
     backend = current_backend()
+    if hooks.stage_runs and tensor.is_dist and not tensor.spec.mesh.same_layout(mesh):
+        # A pipeline stage boundary inside a stage-filtered forward (mpipar.pipeline.runner).
+        return hooks.stage_runs[-1].boundary(tensor, dst)
+    return _reshard(tensor, dst, backend)
+
+
+def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
+    """The reshard itself (``reshard`` minus the pipeline-boundary check)."""
     if tensor._abstract or backend.shape_only:
         out = Tensor.abstract(tensor.shape, tensor.dtype, dst)
         if tensor.is_dist:
             plan = plan_reshard(tensor.spec, dst)
             if plan.steps:
-                from mpipar import hooks
                 from mpipar.comm import current_context
 
                 for hook in hooks.reshard_hooks:
@@ -548,7 +556,6 @@ def reshard(tensor: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) 
         shards = execute_plan(plan, tensor._shards, tensor.dtype, backend)
         out = Tensor._from_shards(dst, shards, tensor.dtype)
         if plan.steps:
-            from mpipar import hooks
             from mpipar.comm import current_context
 
             for hook in hooks.reshard_hooks:

@@ -55,6 +55,8 @@ class GPTParallel:
     tp: str = "tp"
     sequence_parallel: bool = False
     recompute: str = "none"
+    chunks: int = 1
+    """Virtual stages per pipeline rank (interleaved schedules): stage s lives on mesh s mod pp."""
 
     @classmethod
     def from_degrees(cls, dp: int = 1, tp: int = 1, pp: int = 1, **kwargs: object) -> GPTParallel:
@@ -67,8 +69,18 @@ class GPTParallel:
     def distributed(self) -> bool:
         return bool(self.stage_meshes)
 
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_meshes) * self.chunks
+
     def stage_of_layer(self, i: int, n_layer: int) -> int:
-        return i * len(self.stage_meshes) // n_layer if self.stage_meshes else 0
+        """The (virtual) stage of layer ``i``: layers split evenly, in order."""
+        if n_layer < self.num_stages:
+            raise ValueError(f"GPT: {n_layer} layers cannot fill {self.num_stages} pipeline stages (pp x chunks)")
+        return i * self.num_stages // n_layer if self.stage_meshes else 0
+
+    def mesh_of_layer(self, i: int, n_layer: int) -> ProcessMesh:
+        return self.stage_meshes[self.stage_of_layer(i, n_layer) % len(self.stage_meshes)]
 
     def activation(self, mesh: ProcessMesh, seq_split: bool | None = None) -> list[Placement]:
         """The residual stream's layout: batch on dp; the sequence on tp under sequence parallel."""
@@ -176,6 +188,12 @@ class Block(Layer):
         return dist.add(x, self.drop(self.mlp(self._gather_seq(self.ln2(x)))))
 
 
+def gpt_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross entropy of logits (B, T, V) against targets (B, T)."""
+    b, t, v = logits.shape
+    return F.cross_entropy(dist.reshape(logits, [b * t, v]), dist.reshape(targets, [b * t]))
+
+
 class GPT(Layer):
     def __init__(self, cfg: GPTConfig, par: GPTParallel | None = None) -> None:
         with default_dtype(cfg.dtype):
@@ -203,7 +221,7 @@ class GPT(Layer):
         mark(self.wte.weight, first, par.weight(first, Shard(0)))  # vocabulary parallel
         mark(self.wpe.weight, first, par.weight(first, None))
         for i, block in enumerate(self.blocks):
-            mesh = par.stage_meshes[par.stage_of_layer(i, n)]
+            mesh = par.mesh_of_layer(i, n)
             for layer in (block, block.attn, block.mlp):
                 object.__setattr__(layer, "par", par)
                 object.__setattr__(layer, "mesh", mesh)
@@ -236,7 +254,7 @@ class GPT(Layer):
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             if par.distributed:
-                mesh = par.stage_meshes[par.stage_of_layer(i, self.cfg.n_layer)]
+                mesh = par.mesh_of_layer(i, self.cfg.n_layer)
                 if not x.spec.mesh.same_layout(mesh):  # pipeline hand-off to the next stage
                     x = dist.reshard(x, mesh, par.activation(mesh))
             x = dist.recompute(block, x) if par.recompute == "full" else block(x)
@@ -250,9 +268,7 @@ class GPT(Layer):
         return self.lm_head(x)  # (B, T, V)
 
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
-        logits = self.forward(idx)
-        b, t, v = logits.shape
-        return F.cross_entropy(dist.reshape(logits, [b * t, v]), dist.reshape(targets, [b * t]))
+        return gpt_loss(self.forward(idx), targets)
 
     def num_parameters(self) -> int:
         return sum(int(np.prod(p.shape)) for p in self.parameters())

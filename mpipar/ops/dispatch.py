@@ -188,11 +188,18 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     for i, t in enumerate(flat):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: input {i} must be a Tensor, got {type(t).__name__}")
-    gathered = _gather_stored_split(op, flat)
+    original = list(flat)
     backend = current_backend()
+    stage_run = hooks.stage_runs[-1] if hooks.stage_runs else None
+    first_dist = next((t for t in flat if t.is_dist), None)
+    # Inside a pipeline stage run, ops of the other stages only run their rule (no data, no comm).
+    inactive = stage_run is not None and first_dist is not None and not stage_run.op_is_real(first_dist.spec.mesh, op.name)
+    if stage_run is not None and first_dist is not None:
+        stage_run.note_inputs(flat, first_dist.spec.mesh)
+    gathered = [] if inactive else _gather_stored_split(op, flat)
     dist_inputs = [t for t in flat if t.is_dist]
     result: spmd.SpmdResult | None = None
-    if backend.shape_only or any(t._abstract for t in flat):
+    if inactive or backend.shape_only or any(t._abstract for t in flat):
         outs, used, result = _run_abstract(op, flat, nest, attrs, dist_inputs)
     elif backend.reference or not dist_inputs:
         outs = _run_dense(op, flat, nest, attrs, dist_inputs)
@@ -201,7 +208,7 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
         outs, used, result = _run_dist(op, flat, nest, attrs, dist_inputs, backend)
     _record(op, flat, used, outs, attrs)
     for hook in hooks.op_hooks:
-        hook.on_op(op, flat, used, outs, result)
+        hook.on_op(op, original, used, outs, result)
     for g in gathered:  # ZeRO-3: the gathered copy is freed after use; backward gathers again
         g._shards = {}
     return tuple(outs) if op.multi_output else outs[0]
@@ -228,6 +235,10 @@ def _run_abstract(
         if t.is_dist and have == want:
             used.append(t)
             continue
+        if not t.is_abstract:  # plan the reshard only: never move a real tensor's data here
+            shadow = Tensor.abstract(t.shape, t.dtype, t.spec if t.is_dist else None)
+            shadow.stop_gradient = t.stop_gradient
+            t = shadow
         with comm_context(f"{op.name} input {i}: rule {res.rule}: {res.reason}"), hooks.op_inputs(op.name):
             used.append(_reshard_input(t, want))
     outs = [Tensor.abstract(s.shape, dt, s) for s, dt in zip(res.outputs, dtypes, strict=True)]
