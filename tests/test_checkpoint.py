@@ -471,6 +471,44 @@ def test_a_failing_save_keeps_the_previous_checkpoint(tmp_path: Any) -> None:
     assert identical(read_state_dict(ck)["w"], np.arange(3.0))
 
 
+def test_a_failing_deferred_fsync_fails_the_save_and_keeps_the_previous_checkpoint(tmp_path: Any, monkeypatch: Any) -> None:
+    """The simulator writes every rank's file, each fsync on a worker thread while the next file
+    is written: an fsync error (the second file's) still fails the save, after every other fsync
+    has finished, and the partial directory is removed."""
+    mesh = dist.ProcessMesh([0, 1, 2, 3], ["x"])
+    ck = str(tmp_path / "ck")
+    dist.save_state_dict({"w": dist.shard_tensor(np.arange(8.0), mesh, [dist.Shard(0)])}, ck)
+    real_fsync, synced = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))  # the file behind the descriptor (Linux)
+        synced.append(name)
+        if name == "rank00001.safetensors":
+            raise OSError(5, "Input/output error (fsync)")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match=r"Input/output error \(fsync\)"):
+        dist.save_state_dict({"w": dist.shard_tensor(np.arange(8.0) + 1, mesh, [dist.Shard(0)])}, ck)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert [n for n in synced if n.endswith(".safetensors")] == [f"rank{r:05d}.safetensors" for r in range(4)]
+    assert os.listdir(tmp_path) == ["ck"]
+    assert identical(read_state_dict(ck)["w"], np.arange(8.0))
+
+
+def test_writeback_starts_while_a_file_is_still_being_written(tmp_path: Any, monkeypatch: Any) -> None:
+    from mpipar.checkpoint import format as fmt
+
+    started: list[tuple[int, int]] = []
+    monkeypatch.setattr(fmt, "WRITEBACK_BYTES", 1000)
+    monkeypatch.setattr(fmt, "start_writeback", lambda fd, offset, n: started.append((offset, n)))
+    pending = fmt.write_file_durably(str(tmp_path / "f"), [b"a" * 600, b"b" * 600, b"c" * 1500, b"d" * 10], wait=False)
+    assert pending is not None
+    pending.result()
+    assert started == [(0, 1200), (1200, 1500)]  # the last 10 bytes are left to the fsync
+    assert (tmp_path / "f").read_bytes() == b"a" * 600 + b"b" * 600 + b"c" * 1500 + b"d" * 10
+
+
 # ========================================================================== errors
 def test_load_errors_name_the_entry_and_the_fix(tmp_path: Any) -> None:
     mesh = dist.ProcessMesh([0, 1], ["x"])

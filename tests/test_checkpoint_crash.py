@@ -1,7 +1,8 @@
 """A save killed with SIGKILL halfway: the previous checkpoint still loads, the partial one is refused.
 
 A child process saves step 1, then starts saving step 2 with a hook that announces each
-written data file and sleeps; the test kills it (signal 9) after the first file, so no
+data file as it becomes durable and sleeps; the test kills it (signal 9) at the first one
+(the simulator's process has written all four files by then, the metadata not yet), so no
 cleanup code runs. Both an overwrite of the same path and a save to a new path are killed.
 
 Run: ``.venv/bin/python -m pytest -q tests/test_checkpoint_crash.py``
@@ -96,7 +97,7 @@ def test_killed_while_overwriting(tmp_path: Any) -> None:
     assert os.path.basename(partial).startswith("ck.partial-")
     assert sorted(os.listdir(tmp_path)) == ["child.py", "ck", os.path.basename(partial)]
     _expect_step1(ck)  # the previous checkpoint is intact
-    with pytest.raises(CheckpointError, match=r"incomplete checkpoint .*ck\.partial-.*: it has no metadata.json .* interrupted \(1 data file"):
+    with pytest.raises(CheckpointError, match=r"incomplete checkpoint .*ck\.partial-.*: it has no metadata.json .* interrupted \(4 data file"):
         dist.load_state_dict({"step": 0}, partial)
     # The next save to the same path clears the debris and succeeds.
     dist.save_state_dict({"step": 3}, ck)

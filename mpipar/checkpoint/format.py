@@ -25,9 +25,11 @@ not against an adversary; that would need a cryptographic hash at several times 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import struct
+import sys
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -76,16 +78,43 @@ def checksum(data: Any, value: int = 0) -> int:
     return int(_crc32c.crc32c(data, value))
 
 
-_checksum_pool: ThreadPoolExecutor | None = None
+_pools: dict[str, ThreadPoolExecutor] = {}
+
+
+def worker(name: str) -> ThreadPoolExecutor:
+    """A one-thread executor (tasks run in submission order): ``crc32c`` or ``fsync``."""
+    pool = _pools.get(name)
+    if pool is None:
+        pool = _pools[name] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"mpipar-{name}")
+    return pool
 
 
 def checksum_async(data: Any, value: int = 0) -> Future[int]:
     """``checksum`` on a worker thread: the CRC releases the GIL, so it overlaps the next read
     or write instead of adding to it. The caller keeps ``data`` unchanged until the result."""
-    global _checksum_pool
-    if _checksum_pool is None:
-        _checksum_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpipar-crc32c")
-    return _checksum_pool.submit(checksum, data, value)
+    return worker("crc32c").submit(checksum, data, value)
+
+
+class RunningChecksum:
+    """The CRC-32C of blocks added in order, computed on the worker thread (which runs tasks in
+    submission order, so each continues from the previous one's value)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._last: Future[None] | None = None
+
+    def add(self, block: Any) -> Future[None]:
+        """Queue ``block`` (kept unchanged by the caller until the returned future is done)."""
+        self._last = worker("crc32c").submit(self._step, block)
+        return self._last
+
+    def _step(self, block: Any) -> None:
+        self.value = checksum(block, self.value)
+
+    def result(self) -> int:
+        if self._last is not None:
+            self._last.result()
+        return self.value
 
 
 def st_dtype(dtype: np.dtype, what: str) -> str:
@@ -204,15 +233,69 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_file_durably(path: str, chunks: Iterable[Any]) -> None:
-    """Write the bytes-like ``chunks`` to ``path`` and fsync it before returning."""
-    with open(path, "wb", buffering=0) as f:
+WRITEBACK_BYTES = 8 << 20
+"""Writeback of a data file is started every this many bytes, so the disk works while later
+bytes are still being written and the final fsync has little left to wait for."""
+
+
+def _sync_file_range() -> Any:
+    """Linux's ``sync_file_range`` (which ``os`` does not wrap), or None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2  # start writeback of the range's dirty pages; do not wait
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing ``[offset, offset + nbytes)`` to disk now (a hint: where
+    it is unavailable or fails, the fsync that follows still writes everything)."""
+    if _SYNC_FILE_RANGE is not None and nbytes > 0:
+        _SYNC_FILE_RANGE(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+
+
+def write_file_durably(path: str, chunks: Iterable[Any], *, wait: bool = True) -> Future[None] | None:
+    """Write the bytes-like ``chunks`` to ``path`` and fsync it.
+
+    Writeback starts every ``WRITEBACK_BYTES`` while writing. With ``wait=False`` the fsync (and
+    close) runs on a worker thread and its future is returned: a process writing several files
+    (the simulator hosts every rank) writes the next one while the disk flushes this one. The
+    file is durable once the future is done; its error, if any, is raised by ``result()``.
+    """
+    f = open(path, "wb", buffering=0)  # noqa: SIM115 - closed here, or by the fsync task
+    try:
+        fd, written, flushed = f.fileno(), 0, 0
         for c in chunks:
             view = memoryview(c)
             done = 0
             while done < len(view):
                 done += f.write(view[done:])
+            written += done
+            if written - flushed >= WRITEBACK_BYTES:
+                start_writeback(fd, flushed, written - flushed)
+                flushed = written
+    except BaseException:
+        f.close()
+        raise
+    if wait:
+        _fsync_and_close(f)
+        return None
+    return worker("fsync").submit(_fsync_and_close, f)
+
+
+def _fsync_and_close(f: Any) -> None:
+    try:
         os.fsync(f.fileno())
+    finally:
+        f.close()
 
 
 # ============================================================================ metadata

@@ -26,6 +26,7 @@ from mpipar.checkpoint.format import (
     METADATA,
     CheckpointError,
     FileEntry,
+    RunningChecksum,
     byte_view,
     checksum,
     checksum_async,
@@ -42,6 +43,9 @@ from mpipar.reshard.executor import execute_plan
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import Box, box_intersect, box_numel, box_relative, box_shape, full_box
 from mpipar.tensor import Tensor
+
+SLAB_BYTES = 1 << 20
+"""A chunk cut into several shards is read in slabs of about this size (cache-sized)."""
 
 _KEEP = object()
 """``_Loader.walk`` result: the given object was filled in place (nothing to replace)."""
@@ -112,6 +116,7 @@ class _Loader:
         self.backend = current_backend()
         self._files: dict[str, tuple[Any, int, dict[str, FileEntry]]] = {}
         self._buffer = np.empty(0, dtype=np.uint8)
+        self._slabs = [np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint8)]
         self._pending: list[tuple[Future[int], str, dict[str, Any], Box, str]] = []
 
     def close(self) -> None:
@@ -284,12 +289,51 @@ class _Loader:
                     if view.flags.c_contiguous:
                         data, direct = self._read_chunk(name, chunk, cbox, dtype, view, ranks, defer=True), b
                         break
+            if data is None and cbox:
+                self._read_scattered(name, chunk, cbox, dtype, [(dests[b], b) for b, _ in targets], ranks)
+                continue
             if data is None:
                 data = self._read_chunk(name, chunk, cbox, dtype, self._scratch(cbox, dtype), ranks)
             for b, inter in targets:
                 if b != direct:
                     dests[b][box_relative(inter, b)] = data[box_relative(inter, cbox)]
         self._verify()
+
+    def _read_scattered(
+        self, name: str, chunk: dict[str, Any], cbox: Box, dtype: np.dtype, targets: list[tuple[np.ndarray, Box]],
+        ranks: tuple[int, ...],
+    ) -> None:
+        """Read a chunk that no shard holds contiguously in slabs along its first dim (at most
+        ``SLAB_BYTES`` each, two buffers taking turns) and copy each slab's pieces into the shards
+        while the worker thread checksums it: the chunk is never assembled whole, and its bytes
+        are copied out while they are still in cache."""
+        nbytes = box_numel(cbox) * dtype.itemsize
+        f, offset, fpath = self._locate(name, chunk, cbox, dtype, nbytes)
+        (first, last), rest = cbox[0], cbox[1:]
+        row_bytes = nbytes // (last - first)
+        step = max(1, SLAB_BYTES // max(row_bytes, 1))
+        running = RunningChecksum()
+        busy: list[Future[None] | None] = [None, None]
+        for i, start in enumerate(range(first, last, step)):
+            slab: Box = ((start, min(start + step, last)), *rest)
+            turn = i % 2
+            if busy[turn] is not None:
+                busy[turn].result()  # the worker is done reading this buffer
+            buf = self._slab_buffer(turn, slab, dtype)
+            read_into(f, offset + (start - first) * row_bytes, buf)
+            busy[turn] = running.add(byte_view(buf))
+            for dest, b in targets:
+                inter = box_intersect(b, slab)
+                if inter is not None:
+                    dest[box_relative(inter, b)] = buf[box_relative(inter, slab)]
+        note_read(ChunkRead(name, chunk["file"], chunk["key"], cbox, nbytes, ranks))
+        self._check(running.result(), name, chunk, cbox, fpath)
+
+    def _slab_buffer(self, turn: int, box: Box, dtype: np.dtype) -> np.ndarray:
+        nbytes = box_numel(box) * dtype.itemsize
+        if self._slabs[turn].nbytes < nbytes:
+            self._slabs[turn] = np.empty(max(nbytes, SLAB_BYTES), dtype=np.uint8)
+        return self._slabs[turn][:nbytes].view(dtype).reshape(box_shape(box))
 
     def _scratch(self, box: Box, dtype: np.dtype) -> np.ndarray:
         """A reused buffer for a chunk that is cut into several shards (fresh pages cost page faults)."""
@@ -308,6 +352,20 @@ class _Loader:
         ranks: tuple[int, ...],
         defer: bool = False,
     ) -> np.ndarray:
+        f, offset, fpath = self._locate(name, chunk, cbox, dtype, out.nbytes)
+        read_into(f, offset, out)
+        note_read(ChunkRead(name, chunk["file"], chunk["key"], cbox, out.nbytes, ranks))
+        if defer:
+            # Verified by _verify before the tensor is installed; the next chunk is read meanwhile.
+            self._pending.append((checksum_async(byte_view(out)), name, chunk, cbox, fpath))
+            if len(self._pending) > 2:
+                self._verify(keep=2)
+        else:
+            self._check(checksum(byte_view(out)), name, chunk, cbox, fpath)
+        return out
+
+    def _locate(self, name: str, chunk: dict[str, Any], cbox: Box, dtype: np.dtype, nbytes: int) -> tuple[Any, int, str]:
+        """The open data file holding ``chunk``, the chunk's byte offset in it, and its path."""
         fname, key = chunk["file"], chunk["key"]
         fpath = os.path.join(self.root, fname)
         f, data_start, entries = self._open(name, fname)
@@ -317,22 +375,13 @@ class _Loader:
                 f"tensor {name!r}: data file {fpath} has no chunk {key!r}, which {METADATA} lists; the file is "
                 "from another checkpoint or corrupted"
             )
-        if e.shape != box_shape(cbox) or e.dtype != st_dtype(dtype, name) or e.stop - e.start != out.nbytes:
+        if e.shape != box_shape(cbox) or e.dtype != st_dtype(dtype, name) or e.stop - e.start != nbytes:
             raise CheckpointError(
                 f"tensor {name!r}: chunk {key!r} in data file {fpath} is {e.dtype}{list(e.shape)} "
                 f"({e.stop - e.start} B), but {METADATA} expects {st_dtype(dtype, name)}{list(box_shape(cbox))}; "
                 "the file is from another checkpoint or corrupted"
             )
-        read_into(f, data_start + e.start, out)
-        note_read(ChunkRead(name, fname, key, cbox, out.nbytes, ranks))
-        if defer:
-            # Verified by _verify before the tensor is installed; the next chunk is read meanwhile.
-            self._pending.append((checksum_async(byte_view(out)), name, chunk, cbox, fpath))
-            if len(self._pending) > 2:
-                self._verify(keep=2)
-        else:
-            self._check(checksum(byte_view(out)), name, chunk, cbox, fpath)
-        return out
+        return f, data_start + e.start, fpath
 
     def _verify(self, keep: int = 0) -> None:
         """Wait for deferred checksums (all but the newest ``keep``) and check them."""

@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,8 @@ from mpipar.tensor import Tensor, reshard
 from mpipar.xp import to_numpy
 
 after_file_written: list[Callable[[str], None]] = []
-"""Called with each data file's path once it is written and fsynced (tests pause a save here)."""
+"""Called with each data file's path once it is fsynced (tests pause a save here). A process
+writing several files calls them once all are written, in file order as each becomes durable."""
 
 
 def save_state_dict(state_dict: dict[str, Any], path: str | os.PathLike[str], *, piece_bytes: int = PIECE_BYTES) -> None:
@@ -134,11 +136,7 @@ def save_state_dict(state_dict: dict[str, Any], path: str | os.PathLike[str], *,
     # 4. every rank writes its own file.
     crcs: dict[int, list[int]] = {}
     try:
-        for rank, plan in files.items():
-            if rank in coord.hosted:
-                crcs[rank] = _write_file(tmp, plan, stored, backend.reference)
-                for hook in after_file_written:
-                    hook(os.path.join(tmp, plan.name))
+        crcs = _write_files(tmp, files, coord.hosted, stored, backend.reference)
     except Exception as exc:
         error = exc
     _fail_and_clean(coord, error, what, tmp)
@@ -226,8 +224,37 @@ def _raw_blocks(array: np.ndarray, bounce: np.ndarray) -> Any:
         yield byte_view(out)  # written before the next slab overwrites the buffer
 
 
-def _write_file(tmp: str, plan: FilePlan, stored: dict[str, Any], reference: bool) -> list[int]:
-    """Write one rank's file (header, then each piece straight from its buffer); its CRCs in order."""
+def _write_files(
+    tmp: str, files: dict[int, FilePlan], hosted: tuple[int, ...], stored: dict[str, Any], reference: bool
+) -> dict[int, list[int]]:
+    """Write the files of the ranks this process hosts, each one's fsync overlapping the writing
+    of the next; return (their CRCs by rank) only once every one is durable."""
+    crcs: dict[int, list[int]] = {}
+    pending: list[tuple[str, Future[None]]] = []
+    failure: BaseException | None = None
+    try:
+        for rank, plan in files.items():
+            if rank in hosted:
+                crcs[rank], durable = _write_file(tmp, plan, stored, reference)
+                pending.append((os.path.join(tmp, plan.name), durable))
+    except BaseException as exc:
+        failure = exc
+    for path, durable in pending:  # every fsync ends before the save goes on, or cleans up
+        try:
+            durable.result()
+            if failure is None:
+                for hook in after_file_written:
+                    hook(path)
+        except BaseException as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+    return crcs
+
+
+def _write_file(tmp: str, plan: FilePlan, stored: dict[str, Any], reference: bool) -> tuple[list[int], Future[None]]:
+    """Write one rank's file (header, then each piece straight from its buffer): its CRCs in
+    order, and the future of its fsync."""
     arrays = [_piece_array(stored[p.name], p, reference) for p in plan.pieces]
     entries = [
         FileEntry(p.key, st_dtype(a.dtype, f"tensor {p.name!r}"), tuple(a.shape), start, stop)
@@ -249,9 +276,10 @@ def _write_file(tmp: str, plan: FilePlan, stored: dict[str, Any], reference: boo
             crcs.append(crc)
 
     path = os.path.join(tmp, plan.name)
-    write_file_durably(path, chunks())
+    durable = write_file_durably(path, chunks(), wait=False)
+    assert durable is not None
     note_write(path, len(header) + sum(a.nbytes for a in arrays))
-    return crcs
+    return crcs, durable
 
 
 def _metadata(
