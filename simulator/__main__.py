@@ -8,6 +8,7 @@ Subcommands (a first argument naming one, unless a file of that name exists):
 
     python -m simulator calibrate [-o profile.json]            # measure this machine
     python -m simulator schedule 1F1B -p 4 -m 8 [--chrome t.json]  # pipeline grid + bubble
+    python -m simulator estimate --params 175e9 --mesh dp=8,tp=8,pp=16 ...  # memory and step time
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from simulator.launch import run_script
 # A new subcommand (e.g. estimate) is one more entry here.
 SUBCOMMANDS: dict[str, str] = {
     "calibrate": "simulator.calibrate:main",
+    "estimate": "simulator.estimate:main",
     "schedule": "simulator.schedule_sim:main",
 }
 
