@@ -351,8 +351,12 @@ def _accumulate_leaf(leaf: Tensor, g: Tensor) -> None:
             with comm_context(f"gradient of {leaf._label()} to its layout {target.placements_str}"):
                 g = reshard(g, target.mesh, list(target.placements))
     elif g.is_dist:  # a dense leaf used in a distributed computation: its gradient is dense
+        from mpipar.placement import Replicate
         from mpipar.tensor import Tensor
 
+        mesh = g.spec.mesh
+        with comm_context(f"gradient of dense {leaf._label()}"):
+            g = reshard(g, mesh, [Replicate()] * mesh.ndim)  # the reduction, as a planned reshard
         g = Tensor.abstract(g.shape, g.dtype) if g.is_abstract else Tensor(g.full_tensor())
     # Cast after the reshard: a Partial gradient is reduced in its own precision first.
     if g.dtype != leaf.dtype:

@@ -79,12 +79,12 @@ class Backend(ABC):
         return f"{self.name} (world size {self.world_size})"
 
 
-_factories: dict[str, Callable[[], Backend]] = {}
+_factories: dict[str, Callable[..., Backend]] = {}
 _current: Backend | None = None
 _plugins_loaded = False
 
 
-def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+def register_backend(name: str, factory: Callable[..., Backend]) -> None:
     """Make ``factory`` selectable as ``MPIPAR_BACKEND=name``."""
     _factories[name] = factory
 
@@ -136,7 +136,8 @@ def _auto_name() -> str:
     return "sim"
 
 
-def create_backend(name: str) -> Backend:
+def create_backend(name: str, **options: Any) -> Backend:
+    """A new backend by registered name (``options`` go to its factory, e.g. ``world_size``)."""
     _load_plugins()
     if name not in _factories:
         raise ValueError(
@@ -144,7 +145,7 @@ def create_backend(name: str) -> Backend:
             "(is the project installed with `pip install -e .`? the simulator registers through "
             "an entry point)"
         )
-    return _factories[name]()
+    return _factories[name](**options)
 
 
 def current_backend() -> Backend:

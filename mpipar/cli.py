@@ -2,6 +2,7 @@
 
     mpipar reshard --shape 8 6 --mesh 2x2 --src "S(0)S(1)" --dst "S(1)S(0)" [--dst-mesh 4:4,5,6,7]
     mpipar info
+    mpipar plan SCRIPT [args] -o plan.json [-n 8 | --shape-only]
     mpipar viz plan.json [timeline.json] [--address 127.0.0.1] [--port 8501]
 """
 
@@ -57,6 +58,18 @@ def _cmd_info(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(ns: argparse.Namespace) -> int:
+    from mpipar.backend import create_backend
+    from mpipar.plan_script import trace_script
+
+    backend = create_backend("shape-only" if ns.shape_only else "sim", world_size=ns.nprocs)
+    plan = trace_script(ns.script, ns.args, backend, {"world_size": ns.nprocs, "shape_only": ns.shape_only})
+    plan.save(ns.output)
+    print(plan.summary())
+    print(f"wrote {ns.output}")
+    return 0
+
+
 def _cmd_viz(ns: argparse.Namespace) -> int:
     import subprocess
 
@@ -82,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_cmd_reshard)
     p = sub.add_parser("info", help="print the version and the backend this process would use")
     p.set_defaults(func=_cmd_info)
+    p = sub.add_parser("plan", help="trace a training script's first step into a plan (JSON) without training")
+    p.add_argument("-o", "--output", required=True, help="where to write the plan")
+    p.add_argument("-n", "--nprocs", type=int, default=None, help="virtual world size (default: grows with the meshes)")
+    p.add_argument("--shape-only", action="store_true", help="shapes and layouts only: no values are computed")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_plan)
     p = sub.add_parser("viz", help="open plans and timelines in the dashboard (Streamlit, on 127.0.0.1)")
     p.add_argument("files", nargs="*", help="plan.json, then optional timeline.json (and a measured one)")
     p.add_argument("--address", default="127.0.0.1", help="address to bind; default: this machine only")

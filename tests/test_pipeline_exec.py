@@ -169,7 +169,7 @@ def test_plan_of_a_pipelined_model() -> None:
 
 
 def test_micro_batches_must_divide_the_shards() -> None:
-    m0, m1 = _meshes()
+    m0, _ = _meshes()
     x = dist.shard_tensor(np.zeros((6, 2)), m0, [dist.Shard(0)])
     with pytest.raises(ValueError, match=r"6 rows cannot be cut into 4 equal micro-batches over 2 data-parallel shard\(s\): 6 must be divisible by 2 \* 4 = 8"):
         runner_mod.split_microbatches(x, 4)

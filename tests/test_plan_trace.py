@@ -113,3 +113,29 @@ def test_truncated_plan_file_is_refused(tmp_path: object) -> None:
         f.write(text[: len(text) // 2])
     with pytest.raises(PlanFormatError, match="not valid JSON"):
         Plan.load(path)
+
+
+@pytest.mark.parametrize("shape_only", [False, True])
+def test_mpipar_plan_command_writes_a_loadable_plan(tmp_path: object, shape_only: bool) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO, VENV_BIN
+
+    out = f"{tmp_path}/plan.json"
+    cmd = [os.path.join(VENV_BIN, "mpipar"), "plan", "-o", out, "-n", "8", *(["--shape-only"] if shape_only else []),
+           "examples/gpt.py", "--tiny", "--mesh", "dp=2,tp=2,pp=2", "--schedule", "1F1B"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = Plan.load(out)
+    assert plan.pipeline is not None and plan.pipeline["schedule"]["kind"] == "1F1B"
+    assert len(plan.pipeline["stages"]) == 2 and plan.pipeline["num_microbatches"] == 2
+    assert plan.comm_counts("forward").get("transfer") == 1
+    assert plan.meta["shape_only"] is shape_only
+    eager = subprocess.run([sys.executable, "-m", "mpipar.cli", "plan", "-o", out, "examples/seed_dp.py", "--tiny"],
+                           cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert eager.returncode == 0, eager.stderr[-3000:]
+    plan = Plan.load(out)
+    assert plan.comm_counts("backward") == {"all_reduce": 2}  # the data-parallel gradients of w0 and w1
+    assert sum(t.kind == "optimizer_state" for t in plan.tensors) == 4  # AdamW: two moments each
