@@ -74,3 +74,11 @@ def test_a_mesh_larger_than_the_world_is_refused_once_on_every_rank() -> None:
     assert run.returncode != 0
     assert run.output.count("ValueError: ProcessMesh [2, 4, 5, 0, 1, 3] names process 4, but the world has 4 ranks") == 1, run.output
     assert "mpiexec -n 6" in run.output
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_results_stay_intact_while_their_buffers_are_reused(n: int) -> None:
+    """Kept results (arrays, views, memoryviews) never change; dropped ones' buffers come back."""
+    run = mpirun(n, "tests/mpi_scripts/result_reuse.py", "--rounds", "12")
+    assert run.returncode == 0, run.output[-4000:]
+    assert re.fullmatch(r"ok 12 rounds, [1-9]\d* reuses", run.lines_of(0)[-1]), run.output[-2000:]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pytest
 
 import mpipar as dist
 from mpipar.runtime.faults import check_from_env, compare_signatures, signature, timeout_from_env
 from mpipar.runtime.log import LinePrefixer
+from mpipar.runtime.ordered import ResultCache, cache_bytes_from_env
 
 
 def test_timeout_setting() -> None:
@@ -78,3 +80,73 @@ def test_line_prefixer_writes_whole_prefixed_lines() -> None:
 def test_print_once_prints_in_the_simulator(capsys: pytest.CaptureFixture[str]) -> None:
     dist.print_once("step", 1, "loss", 0.5)
     assert capsys.readouterr().out == "step 1 loss 0.5\n"
+
+
+# ---------------------------------------------------------------------- the result cache
+MIB = 2**20
+
+
+def test_cache_setting() -> None:
+    assert cache_bytes_from_env({}) == 256 * MIB
+    assert cache_bytes_from_env({"MPIPAR_COMM_CACHE_MIB": "0"}) == 0
+    assert cache_bytes_from_env({"MPIPAR_COMM_CACHE_MIB": "1.5"}) == int(1.5 * MIB)
+    for bad in ("-1", "lots", "inf", "nan"):
+        with pytest.raises(ValueError, match=f"MPIPAR_COMM_CACHE_MIB must be a non-negative number of MiB .* got '{bad}'"):
+            cache_bytes_from_env({"MPIPAR_COMM_CACHE_MIB": bad})
+
+
+def _address(a: np.ndarray) -> int:
+    return int(a.__array_interface__["data"][0])
+
+
+@pytest.mark.parametrize(
+    "hold",
+    [
+        lambda x: x,
+        lambda x: x.reshape(2, -1),  # views of views keep the owner as their base
+        lambda x: x[10:20],
+        lambda x: memoryview(x),
+        lambda x: np.ndarray((4,), dtype=x.dtype, buffer=x),
+        lambda x: x.view(np.int64),
+    ],
+    ids=["array", "reshape", "slice", "memoryview", "ndarray-on-buffer", "dtype-view"],
+)
+def test_cache_reuses_a_buffer_only_once_nothing_references_it(hold: object) -> None:
+    cache = ResultCache(idle_limit=64 * MIB)
+    a = cache.take(MIB // 8, np.float64)
+    assert a.shape == (MIB // 8,) and a.dtype == np.float64
+    where = _address(a)
+    kept = hold(a)  # type: ignore[operator]
+    del a
+    b = cache.take(MIB // 8, np.float64)
+    assert _address(b) != where  # still referenced through ``kept``
+    del kept
+    c = cache.take(MIB // 8, np.float64)
+    assert _address(c) == where and cache.reused == 1
+    d = cache.take(MIB // 4, np.float32)  # same bytes, other dtype: the only idle one is none (b, c live)
+    assert _address(d) not in (where, _address(b))
+    where_b = _address(b)
+    del b
+    e = cache.take(MIB // 4, np.float32)
+    assert _address(e) == where_b and e.dtype == np.float32 and e.shape == (MIB // 4,)
+    assert c.base is not None and d.base is not None  # results are views of cached owners
+
+
+def test_cache_leaves_small_results_alone_and_can_be_off() -> None:
+    cache = ResultCache(idle_limit=64 * MIB)
+    small = cache.take(100, np.float64)
+    assert cache.held_bytes == 0 and small.shape == (100,)
+    off = ResultCache(idle_limit=0)
+    x = off.take(MIB, np.uint8)
+    assert off.held_bytes == 0 and x.nbytes == MIB
+
+
+def test_cache_releases_idle_buffers_beyond_its_limits() -> None:
+    cache = ResultCache(idle_limit=3 * MIB, max_buffers=4)
+    for size in (1, 2, 3, 4, 5):  # each dropped at once: idle
+        cache.take(size * MIB, np.uint8)
+    # taking 4 MiB left 3 + 4 (1 and 2 over the limit went); taking 5 left only 5 (3 and 4 went)
+    assert cache.held_bytes == 5 * MIB
+    live = [cache.take(MIB * 7 + i, np.uint8) for i in range(6)]  # all in use: the first 4 tracked
+    assert cache.held_bytes == sum(MIB * 7 + i for i in range(4))
+    assert all(x.nbytes == MIB * 7 + i for i, x in enumerate(live))

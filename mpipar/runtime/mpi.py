@@ -41,6 +41,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -283,7 +284,7 @@ class MPICommunicator(OrderedCommunicator):
                 requests.append(comm.Isend([_bytes(data), MPI.BYTE], dest=t.dst, tag=t.tag))
                 peers.add(t.dst)
             elif t.dst == self.rank:
-                buf = np.empty(t.shape, dtype=t.dtype)
+                buf = self._result(math.prod(t.shape), t.dtype).reshape(t.shape)
                 received.append((t, buf, len(requests)))
                 requests.append(comm.Irecv([_bytes(buf), MPI.BYTE], source=t.src, tag=t.tag))
                 peers.add(t.src)
@@ -312,7 +313,7 @@ class MPICommunicator(OrderedCommunicator):
         if dst != self.rank:
             raise RuntimeError(f"rank {self.rank} cannot receive on behalf of rank {dst} (recv {src} -> {dst})")
         self._reap()
-        buf = np.empty(shape, dtype=dtype)
+        buf = self._result(math.prod(shape), dtype).reshape(shape)
         status = MPI.Status()
         req = self._rt.mailbox.Irecv([_bytes(buf), MPI.BYTE], source=src, tag=tag)
         with self._rt.watchdog.watch(f"recv of {dtype}{list(shape)} from rank {src} (tag {tag})", (src, dst), 0, p2p=True):
