@@ -19,7 +19,9 @@ reshard is the executor's work around it (assembling the received pieces into th
 shard, one more copy of the output). Each time is the slowest rank's, best of ``--reps``. Our reductions sum in group order (bit-identical to the simulator) where MPI
 uses its own order; our S(0) -> S(1) packs the strided column blocks with NumPy where the
 raw call describes them with a vector datatype. The raw calls write into preallocated
-outputs; ours allocate the new shard (page faults on first touch of multi-MiB arrays).
+outputs; ours return a new shard each time, whose buffer comes from the communicator's
+result cache (the previous call's result, dropped by the loop, is reused; with
+``MPIPAR_COMM_CACHE_MIB=0`` every result is fresh memory and pays its page faults).
 """
 
 from __future__ import annotations
