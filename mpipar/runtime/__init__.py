@@ -3,10 +3,13 @@
 * ``mpipar.runtime.mpi``: ``MPIBackend`` / ``MPICommunicator`` on mpi4py buffer methods.
 * ``mpipar.runtime.nccl``: ``NCCLBackend`` / ``NCCLCommunicator`` on ``cupy.cuda.nccl``.
 * ``mpipar.runtime.ordered``: the collective algorithms both share (reductions run locally,
-  in group order, so every backend's results are bit-identical to the simulator's).
+  in group order, so every backend's results are bit-identical to the simulator's) and the
+  cache of result buffers.
 * ``mpipar.runtime.faults``: timeouts, the arrival side channel, the collective check mode,
   the abort-on-exception hook.
 * ``mpipar.runtime.log``: ``print_once`` and the ``[rank N] `` line prefix.
+* ``mpipar.runtime.measured``: measured timelines (``MPIPAR_TRACE=file``), in the simulator
+  too; ``python -m mpipar.runtime.measured file --chrome trace.json``.
 
 Nothing here imports mpi4py or cupy at package import: the backends are loaded by name
 (``mpipar/backend.py``) only when an MPI launcher or ``MPIPAR_BACKEND`` selects them.
