@@ -5,6 +5,12 @@ update is bit-for-bit the dense one. The layout it runs in is the parameter's ow
 ``shard_optimizer`` set a sharded one (ZeRO): the parameter and its gradient are then cut to
 that layout (a local slice), updated there, and the new values gathered back (ZeRO-1/2) --
 or, for ZeRO-3, the parameter lives in that layout.
+
+``multi_precision=True`` (Paddle's flag) keeps, for every 16-bit parameter (float16,
+bfloat16), a float32 master copy in the update layout (state ``master_weight``) and float32
+moments: the update runs in float32 on the master with the gradient cast up, and the
+parameter becomes the master cast down. Small updates then accumulate in the master instead
+of being rounded away in 16 bits.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ from mpipar.spec import DistSpec
 from mpipar.tensor import Tensor, reshard
 
 Array = Any
+
+LOW_PRECISION = ("float16", "bfloat16")
+"""Parameter dtypes that ``multi_precision=True`` gives a float32 master copy."""
+MASTER = "master_weight"
 
 
 class L2Decay:
@@ -69,7 +79,9 @@ class Optimizer:
         weight_decay: float | L2Decay | None = None,
         grad_clip: Callable[[list[tuple[Tensor, Tensor]]], list[tuple[Tensor, Tensor]]] | None = None,
         name: str | None = None,
+        multi_precision: bool = False,
     ) -> None:
+        self._multi_precision = bool(multi_precision)
         if parameters is None:
             raise ValueError(f"{type(self).__name__} needs parameters= (e.g. model.parameters())")
         self._parameter_list = [p for p in parameters]
@@ -131,27 +143,39 @@ class Optimizer:
             pv = p if layout is None or (p.is_dist and p.spec == layout) else reshard(p, layout.mesh, list(layout.placements))
             gv = g if layout is None or (g.is_dist and g.spec == layout) else reshard(g, layout.mesh, list(layout.placements))
         state = self._state(p, layout)
+        master = self._master_weight(p, pv, state)
+        src = master if master is not None else pv  # what the update reads and writes
+        cdt = src.dtype
         if backend.shape_only or pv.is_abstract:
             new_p = Tensor.abstract(p.shape, p.dtype, layout)
         elif layout is None or backend.reference:
             values = {n: state[n]._value for n in self.state_names}
-            new_value, new_states = self._update(np.asarray(pv._value), np.asarray(gv._value), values, lr, state)
+            grad = np.asarray(gv._value).astype(cdt, copy=False)
+            new_value, new_states = self._update(np.asarray(src._value), grad, values, lr, state)
             for n in self.state_names:
                 state[n] = _like(state[n], value=new_states[n])
+            if master is not None:
+                state[MASTER] = _like(master, value=new_value)
+                new_value = new_value.astype(p.dtype)
             new_p = _like(pv, value=new_value)
         else:
             memo: dict[tuple[int, ...], tuple[Array, dict[str, Array]]] = {}
             shards: dict[int, Array] = {}
             new_state_shards: dict[str, dict[int, Array]] = {n: {} for n in self.state_names}
             for r in pv._shards:
-                key = (id(pv._shards[r]), id(gv._shards[r]), *(id(state[n]._shards[r]) for n in self.state_names))
+                key = (id(src._shards[r]), id(gv._shards[r]), *(id(state[n]._shards[r]) for n in self.state_names))
                 if key not in memo:  # replicas compute once
-                    memo[key] = self._update(pv._shards[r], gv._shards[r], {n: state[n]._shards[r] for n in self.state_names}, lr, state)
+                    grad = gv._shards[r].astype(cdt, copy=False)
+                    memo[key] = self._update(src._shards[r], grad, {n: state[n]._shards[r] for n in self.state_names}, lr, state)
                 shards[r] = memo[key][0]
                 for n in self.state_names:
                     new_state_shards[n][r] = memo[key][1][n]
             for n in self.state_names:
                 state[n] = Tensor._from_shards(layout, new_state_shards[n], state[n].dtype)
+            if master is not None:
+                state[MASTER] = Tensor._from_shards(layout, shards, cdt)
+                down: dict[int, Array] = {}  # replicas share one cast
+                shards = {r: down.setdefault(id(a), a.astype(p.dtype)) for r, a in shards.items()}
             new_p = Tensor._from_shards(layout, shards, p.dtype)
         state["step"] = state.get("step", 0) + 1
         if p.is_dist and new_p.is_dist and new_p.spec != p.spec:
@@ -162,10 +186,30 @@ class Optimizer:
     def _state(self, p: Tensor, layout: DistSpec | None) -> dict[str, Any]:
         state = self._states.get(id(p))
         if state is None:
-            state = {n: _zeros(p, layout) for n in self.state_names}
+            state = {n: _zeros(p, layout, self.state_dtype(p)) for n in self.state_names}
             state["step"] = 0
             self._states[id(p)] = state
         return state
+
+    def uses_master_weight(self, p: Tensor) -> bool:
+        """Whether ``p`` is updated through a float32 master copy (``multi_precision`` and 16 bits)."""
+        return self._multi_precision and str(np.dtype(p.dtype)) in LOW_PRECISION
+
+    def state_dtype(self, p: Tensor) -> np.dtype:
+        """The dtype of ``p``'s optimizer states: float32 under a master copy, else ``p``'s own."""
+        return np.dtype(np.float32) if self.uses_master_weight(p) else np.dtype(p.dtype)
+
+    def _master_weight(self, p: Tensor, pv: Tensor, state: dict[str, Any]) -> Tensor | None:
+        """``p``'s float32 master copy in the update layout (made from ``pv`` at the first step)."""
+        if not self.uses_master_weight(p):
+            return None
+        if MASTER not in state:
+            state[MASTER] = _cast(pv, np.dtype(np.float32))
+        return state[MASTER]
+
+    def _state_keys(self, p: Tensor) -> tuple[str, ...]:
+        state = self._states.get(id(p), {})
+        return (*self.state_names, MASTER) if MASTER in state else self.state_names
 
     def _update(self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
         """One elementwise update on local arrays; returns the new parameter and states."""
@@ -179,7 +223,7 @@ class Optimizer:
             state = self._states.get(id(p))
             if state is None:
                 continue
-            for n in self.state_names:
+            for n in self._state_keys(p):
                 out[f"{p.name or f'param_{i}'}.{n}"] = state[n]
         return out
 
@@ -196,7 +240,9 @@ class Optimizer:
         Each state may be distributed in any layout, dense, or a NumPy array (as a checkpoint
         gives it back): it is moved into the layout this optimizer keeps it in (the ZeRO split
         included), so the next step updates exactly the restored values. Parameters without an
-        entry in ``state["steps"]`` keep their states.
+        entry in ``state["steps"]`` keep their states. Under ``multi_precision`` the states are
+        float32 and a saved ``<name>.master_weight`` is restored too (without one, the next step
+        makes the master from the parameter).
         """
         steps = state.get("steps", {})
         restored: dict[int, dict[str, Any]] = {}
@@ -205,15 +251,19 @@ class Optimizer:
             if name not in steps:
                 continue
             layout = self.layout_of(p)
-            restored[id(p)] = {n: _state_in_layout(state, f"{name}.{n}", p, layout) for n in self.state_names}
+            want = self.state_dtype(p)
+            restored[id(p)] = {n: _state_in_layout(state, f"{name}.{n}", p, layout, want) for n in self.state_names}
+            if self.uses_master_weight(p) and f"{name}.{MASTER}" in state:
+                restored[id(p)][MASTER] = _state_in_layout(state, f"{name}.{MASTER}", p, layout, want)
             restored[id(p)]["step"] = int(steps[name])
         self._states.update(restored)  # all or nothing; never re-created lazily: _state finds them
         if "LR_Scheduler" in state and isinstance(self._learning_rate, LRScheduler):
             self._learning_rate.set_state_dict(state["LR_Scheduler"])
 
 
-def _state_in_layout(state: dict[str, Any], key: str, p: Tensor, layout: DistSpec | None) -> Tensor:
-    """``state[key]`` as a tensor in ``layout`` (dense when None), checked against parameter ``p``."""
+def _state_in_layout(state: dict[str, Any], key: str, p: Tensor, layout: DistSpec | None, dtype: Any = None) -> Tensor:
+    """``state[key]`` as a tensor in ``layout`` (dense when None), checked against parameter ``p``
+    (its shape, and ``dtype`` -- default ``p``'s)."""
     if key not in state:
         raise ValueError(
             f"set_state_dict: no {key!r}, though state['steps'] names its parameter; pass the dict that "
@@ -224,10 +274,12 @@ def _state_in_layout(state: dict[str, Any], key: str, p: Tensor, layout: DistSpe
         if not isinstance(value, np.ndarray):
             raise TypeError(f"set_state_dict: {key!r} is a {type(value).__name__}; give a Tensor or a NumPy array")
         value = Tensor(np.array(value))
-    if tuple(value.shape) != tuple(p.shape) or value.dtype != p.dtype:
+    want = np.dtype(p.dtype if dtype is None else dtype)
+    if tuple(value.shape) != tuple(p.shape) or value.dtype != want:
         raise ValueError(
             f"set_state_dict: {key!r} is {value.dtype}{list(value.shape)}, but its parameter {p._label()} is "
-            f"{p.dtype}{list(p.shape)}; restore states saved for this model (cast them first if the dtype changed)"
+            f"{p.dtype}{list(p.shape)}" + (f" (its states are kept as {want})" if want != p.dtype else "")
+            + "; restore states saved for this model (cast them first if the dtype changed)"
         )
     if layout is None:
         return Tensor(value.full_tensor()) if value.is_dist else value
@@ -237,12 +289,13 @@ def _state_in_layout(state: dict[str, Any], key: str, p: Tensor, layout: DistSpe
         return reshard(value, layout.mesh, list(layout.placements))
 
 
-def _zeros(p: Tensor, layout: DistSpec | None) -> Tensor:
+def _zeros(p: Tensor, layout: DistSpec | None, dtype: Any = None) -> Tensor:
     backend = current_backend()
+    dtype = p.dtype if dtype is None else np.dtype(dtype)
     if backend.shape_only or p.is_abstract:
-        return Tensor.abstract(p.shape, p.dtype, layout)
+        return Tensor.abstract(p.shape, dtype, layout)
     if layout is None or backend.reference:
-        t = Tensor(np.zeros(p.shape, dtype=p.dtype))
+        t = Tensor(np.zeros(p.shape, dtype=dtype))
         if layout is not None:
             return Tensor._from_reference(layout, t._value)
         return t
@@ -251,9 +304,22 @@ def _zeros(p: Tensor, layout: DistSpec | None) -> Tensor:
     for r in backend.hosted_ranks(layout.mesh):
         box = layout.boxes[r]
         if box not in by_box:
-            by_box[box] = backend.xp.zeros(layout.local_shape(r), dtype=p.dtype)
+            by_box[box] = backend.xp.zeros(layout.local_shape(r), dtype=dtype)
         shards[r] = by_box[box]
-    return Tensor._from_shards(layout, shards, p.dtype)
+    return Tensor._from_shards(layout, shards, dtype)
+
+
+def _cast(t: Tensor, dtype: np.dtype) -> Tensor:
+    """``t``'s value in ``dtype``, in ``t``'s own layout (shard by shard: a ZeRO-3 parameter is not gathered)."""
+    backend = current_backend()
+    if backend.shape_only or t.is_abstract:
+        return Tensor.abstract(t.shape, dtype, t.spec if t.is_dist else None)
+    if not t.is_dist:
+        return Tensor(np.asarray(t._value).astype(dtype))
+    if backend.reference:
+        return Tensor._from_reference(t.spec, np.asarray(t._value).astype(dtype))
+    cast: dict[int, Array] = {}  # replicas share one copy
+    return Tensor._from_shards(t.spec, {r: cast.setdefault(id(a), a.astype(dtype)) for r, a in t._shards.items()}, dtype)
 
 
 def _like(t: Tensor, value: Array) -> Tensor:

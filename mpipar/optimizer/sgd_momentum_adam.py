@@ -1,4 +1,8 @@
-"""SGD, Momentum (with L2 weight decay, as the primer uses), Adam and AdamW (Paddle's formulas)."""
+"""SGD, Momentum (with L2 weight decay, as the primer uses), Adam and AdamW (Paddle's formulas).
+
+Each takes ``multi_precision=True`` (float32 master weights and states for 16-bit parameters;
+see ``optimizer.py``).
+"""
 
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ class Momentum(Optimizer):
         use_nesterov: bool = False, weight_decay: float | L2Decay | None = None, grad_clip: Any = None,
         multi_precision: bool = False, rescale_grad: float = 1.0, name: str | None = None,
     ) -> None:
-        super().__init__(learning_rate, parameters, weight_decay, grad_clip, name)
+        super().__init__(learning_rate, parameters, weight_decay, grad_clip, name, multi_precision=multi_precision)
         self.momentum, self.use_nesterov, self.rescale_grad = momentum, use_nesterov, rescale_grad
 
     def _update(self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
@@ -63,7 +67,7 @@ class Adam(Optimizer):
         parameters: Iterable[Tensor] | None = None, weight_decay: float | L2Decay | None = None, grad_clip: Any = None,
         lazy_mode: bool = False, multi_precision: bool = False, name: str | None = None,
     ) -> None:
-        super().__init__(learning_rate, parameters, weight_decay, grad_clip, name)
+        super().__init__(learning_rate, parameters, weight_decay, grad_clip, name, multi_precision=multi_precision)
         self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
 
     def _decoupled(self, p: Array, lr: float, meta: dict[str, Any]) -> Array:
