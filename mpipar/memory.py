@@ -9,6 +9,11 @@ the autograd tape keeps for backward, each storage counted once; a ZeRO-3 weight
 again in backward counts zero). Bytes come from every tensor's layout (local shape x dtype
 size of each rank), so the report is the same in the simulator, in shape-only mode and on
 every MPI process. A dense tensor counts on every rank (each process holds it).
+
+What a tape node keeps is read by ``kept_tensors(node)``: a re-gather note keeps the shard it
+gathers from (sequence parallel's gathered activation is held as its sequence shard, a ZeRO-3
+weight as the parameter itself), and a tensor made by a reshard with no step (a placement
+change on a mesh axis of one rank) is the same arrays as its source, so it counts as the source.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from mpipar.autograd import Packed, _topo_order
+from mpipar.autograd import Node, Packed, _topo_order
+from mpipar.reshard.planner import plan_reshard
 from mpipar.tensor import Tensor
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
@@ -61,6 +67,44 @@ class MemoryReport:
         return {"ranks": [{"rank": r, **self.per_rank[r]} for r in sorted(self.per_rank)]}
 
 
+def storage_of(t: Tensor) -> Tensor:
+    """The tensor whose storage ``t`` is: its source, through reshards that had no step."""
+    while t.is_dist and t._grad_fn is not None and t._grad_fn.op == "reshard":
+        source = t._grad_fn.parents[0]
+        if source is None or not source.is_dist or plan_reshard(source.spec, t.spec).steps:
+            break
+        t = source
+    return t
+
+
+def kept_tensors(node: Node) -> list[Tensor]:
+    """The tensors ``node`` keeps alive for its backward, each as the storage holding it."""
+    return [t for _, t in kept_items(node)]
+
+
+def kept_items(node: Node) -> list[tuple[str, Tensor]]:
+    """``kept_tensors`` with what each is to the node: ``input 0``, ``output 1``, ``input 0 (note)``."""
+    kept: list[tuple[str, Tensor]] = []
+    for role, values in (("input", node.ctx.inputs), ("output", node.ctx.outputs)):
+        for i, saved in enumerate(values):
+            if saved is None:
+                continue
+            if isinstance(saved, Packed):
+                kept.extend((f"{role} {i} (note)", t) for t in _noted(saved))
+                continue
+            live = node.parents[i] if role == "input" and i < len(node.parents) else None
+            # The saved value is detached; its live twin (the op's input) knows where it came from.
+            kept.append((f"{role} {i}", storage_of(live) if live is not None and live._sid == saved._sid else saved))
+    return kept
+
+
+def _noted(packed: Packed) -> list[Tensor]:
+    """Tensors a pack hook's note holds (a re-gather note: the shard or parameter it gathers from)."""
+    payload = packed.payload
+    items = payload if isinstance(payload, tuple | list) else (payload,)
+    return [x for x in items if isinstance(x, Tensor)]
+
+
 def memory_report(model: Any = None, optimizer: Any = None, loss: Tensor | None = None, parameters: Iterable[Tensor] | None = None) -> MemoryReport:
     params = list(parameters) if parameters is not None else (list(model.parameters()) if model is not None else [])
     if optimizer is not None and not params:
@@ -80,8 +124,8 @@ def memory_report(model: Any = None, optimizer: Any = None, loss: Tensor | None 
     if loss is not None and loss._grad_fn is not None:
         seen: set[int] = {p._sid for p in params}
         for node in _topo_order(loss):
-            for t in (*node.ctx.inputs, *node.ctx.outputs):
-                if t is None or isinstance(t, Packed) or t._sid in seen:
+            for t in kept_tensors(node):
+                if t._sid in seen:
                     continue
                 seen.add(t._sid)
                 report.add(t, "activations", ranks)
