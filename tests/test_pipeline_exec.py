@@ -41,7 +41,7 @@ def test_schedules_match_the_reference(schedule: str, script: str, extra: list[s
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize(("script", "extra", "n"), [EXAMPLES[1], EXAMPLES[2]], ids=["primer_pp", "gpt_pp2"])
+@pytest.mark.parametrize(("script", "extra", "n"), EXAMPLES, ids=[f"{s[:-3]}{''.join(e)}" for s, e, _ in EXAMPLES])
 def test_schedules_under_mpi_match_the_simulator(schedule: str, script: str, extra: list[str], n: int) -> None:
     common = [os.path.join("examples", script), "--tiny", "--dtype", "float64", "--steps", "3", "--schedule", schedule, *extra]
     sim = losses(run("-m", "simulator", "-n", str(n), *common))
