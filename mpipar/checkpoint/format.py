@@ -95,28 +95,6 @@ def checksum_async(data: Any, value: int = 0) -> Future[int]:
     return worker("crc32c").submit(checksum, data, value)
 
 
-class RunningChecksum:
-    """The CRC-32C of blocks added in order, computed on the worker thread (which runs tasks in
-    submission order, so each continues from the previous one's value)."""
-
-    def __init__(self) -> None:
-        self.value = 0
-        self._last: Future[None] | None = None
-
-    def add(self, block: Any) -> Future[None]:
-        """Queue ``block`` (kept unchanged by the caller until the returned future is done)."""
-        self._last = worker("crc32c").submit(self._step, block)
-        return self._last
-
-    def _step(self, block: Any) -> None:
-        self.value = checksum(block, self.value)
-
-    def result(self) -> int:
-        if self._last is not None:
-            self._last.result()
-        return self.value
-
-
 def st_dtype(dtype: np.dtype, what: str) -> str:
     """The safetensors dtype code of a NumPy dtype, or a TypeError naming ``what``."""
     code = _ST_DTYPES.get(np.dtype(dtype).name)

@@ -2,9 +2,12 @@
 
 The target tensors may sit on other meshes, in a world of another size, with other
 placements (Partial included), or be dense. Each process works out the boxes its hosted ranks
-hold, reads only the stored chunks overlapping them (positioned reads of exactly each chunk's
-bytes; a chunk that lands contiguously in a shard is read straight into it), verifies every
-chunk's CRC-32C, and installs the new shards. No communication moves tensor data; the one
+hold, reads only the stored chunks overlapping them (a chunk that lands contiguously in a
+shard is read straight into it by a positioned read of exactly its bytes; one cut into several
+shards is copied into them out of a read-only memory map of its file), verifies every chunk's
+CRC-32C, and installs the new shards. (Like every reader that maps files, a data file
+truncated by someone else *while* it is being loaded ends the process with SIGBUS; a file
+truncated before is refused by its header check.) No communication moves tensor data; the one
 collective is the final error agreement, so every rank raises when any rank fails.
 
 Errors name the tensor and file at fault: a missing entry, a shape or dtype mismatch, a
@@ -13,6 +16,7 @@ missing or truncated data file, a checksum mismatch, an interrupted save.
 
 from __future__ import annotations
 
+import mmap
 import os
 from concurrent.futures import Future
 from typing import Any
@@ -26,7 +30,6 @@ from mpipar.checkpoint.format import (
     METADATA,
     CheckpointError,
     FileEntry,
-    RunningChecksum,
     byte_view,
     checksum,
     checksum_async,
@@ -43,9 +46,6 @@ from mpipar.reshard.executor import execute_plan
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import Box, box_intersect, box_numel, box_relative, box_shape, full_box
 from mpipar.tensor import Tensor
-
-SLAB_BYTES = 1 << 20
-"""A chunk cut into several shards is read in slabs of about this size (cache-sized)."""
 
 _KEEP = object()
 """``_Loader.walk`` result: the given object was filled in place (nothing to replace)."""
@@ -116,13 +116,16 @@ class _Loader:
         self.backend = current_backend()
         self._files: dict[str, tuple[Any, int, dict[str, FileEntry]]] = {}
         self._buffer = np.empty(0, dtype=np.uint8)
-        self._slabs = [np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint8)]
+        self._maps: dict[str, mmap.mmap] = {}
         self._pending: list[tuple[Future[int], str, dict[str, Any], Box, str]] = []
 
     def close(self) -> None:
         for pending, *_ in self._pending:
             pending.result()  # no worker may still read a buffer once the load returns
         self._pending.clear()
+        for mapped in self._maps.values():
+            mapped.close()
+        self._maps.clear()
         for f, _, _ in self._files.values():
             f.close()
         self._files.clear()
@@ -303,37 +306,35 @@ class _Loader:
         self, name: str, chunk: dict[str, Any], cbox: Box, dtype: np.dtype, targets: list[tuple[np.ndarray, Box]],
         ranks: tuple[int, ...],
     ) -> None:
-        """Read a chunk that no shard holds contiguously in slabs along its first dim (at most
-        ``SLAB_BYTES`` each, two buffers taking turns) and copy each slab's pieces into the shards
-        while the worker thread checksums it: the chunk is never assembled whole, and its bytes
-        are copied out while they are still in cache."""
+        """Copy a chunk that no shard holds contiguously straight out of the page cache: the
+        data file is memory-mapped and the worker thread checksums the chunk's bytes while they
+        are copied into the overlapping shards -- one copy, where reading the chunk into a
+        buffer first makes two. The shards are installed only after the checksum matches."""
         nbytes = box_numel(cbox) * dtype.itemsize
         f, offset, fpath = self._locate(name, chunk, cbox, dtype, nbytes)
-        (first, last), rest = cbox[0], cbox[1:]
-        row_bytes = nbytes // (last - first)
-        step = max(1, SLAB_BYTES // max(row_bytes, 1))
-        running = RunningChecksum()
-        busy: list[Future[None] | None] = [None, None]
-        for i, start in enumerate(range(first, last, step)):
-            slab: Box = ((start, min(start + step, last)), *rest)
-            turn = i % 2
-            if busy[turn] is not None:
-                busy[turn].result()  # the worker is done reading this buffer
-            buf = self._slab_buffer(turn, slab, dtype)
-            read_into(f, offset + (start - first) * row_bytes, buf)
-            busy[turn] = running.add(byte_view(buf))
-            for dest, b in targets:
-                inter = box_intersect(b, slab)
-                if inter is not None:
-                    dest[box_relative(inter, b)] = buf[box_relative(inter, slab)]
+        raw = memoryview(self._map(chunk["file"], f))[offset : offset + nbytes]
+        try:
+            pending = checksum_async(raw)
+            data = np.frombuffer(raw, dtype=dtype).reshape(box_shape(cbox))
+            try:
+                for dest, b in targets:
+                    inter = box_intersect(b, cbox)
+                    assert inter is not None
+                    dest[box_relative(inter, b)] = data[box_relative(inter, cbox)]
+            finally:
+                del data
+                crc = pending.result()  # the worker is done with the mapping
+        finally:
+            raw.release()
         note_read(ChunkRead(name, chunk["file"], chunk["key"], cbox, nbytes, ranks))
-        self._check(running.result(), name, chunk, cbox, fpath)
+        self._check(crc, name, chunk, cbox, fpath)
 
-    def _slab_buffer(self, turn: int, box: Box, dtype: np.dtype) -> np.ndarray:
-        nbytes = box_numel(box) * dtype.itemsize
-        if self._slabs[turn].nbytes < nbytes:
-            self._slabs[turn] = np.empty(max(nbytes, SLAB_BYTES), dtype=np.uint8)
-        return self._slabs[turn][:nbytes].view(dtype).reshape(box_shape(box))
+    def _map(self, fname: str, f: Any) -> mmap.mmap:
+        mapped = self._maps.get(fname)
+        if mapped is None:
+            # Read-only and shared: pages come from the page cache, nothing is copied by mapping.
+            mapped = self._maps[fname] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return mapped
 
     def _scratch(self, box: Box, dtype: np.dtype) -> np.ndarray:
         """A reused buffer for a chunk that is cut into several shards (fresh pages cost page faults)."""
