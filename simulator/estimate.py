@@ -1,0 +1,476 @@
+"""``python -m simulator estimate``: memory and step time of GPT training, from a shape-only trace.
+
+    python -m simulator estimate --params 175e9 --mesh dp=8,tp=8,pp=16 --sequence-parallel \\
+        --recompute selective --zero 1 --mixed-precision --micro-batches 64 --schedule 1F1B
+    python -m simulator estimate --layers 96 --hidden 12288 --heads 96 --seq 2048 --vocab 50257 \\
+        --micro-batch-size 1 --mesh tp=8 --sequence-parallel --mixed-precision --json
+
+Nothing here is a formula for a model's memory or time: the numbers are read off one traced
+training step (``simulator.step_trace``: ``mpipar.models.gpt.GPT`` laid out by
+``GPTParallel``, run under ``ShapeOnlyBackend`` with two transformer layers per pipeline stage,
+every event labelled by the layer or part it serves) and scaled by the layers each stage holds:
+
+* **activations per layer**: the bytes the traced layer's tape nodes keep for backward, on
+  each rank (16-bit tensors under ``--mixed-precision``, dropout masks as one-byte bools,
+  sequence-parallel gathers kept as their shard, recomputed regions as their inputs);
+* **model state per rank**: the parameters and gradients in their layouts, and the
+  optimizer's states as ``step()`` created them (ZeRO split; float32 moments and master
+  weights under mixed precision, ``multi_precision=True``);
+* **step time**: each op's time on each rank from its FLOPs on the local shards
+  (``simulator.op_cost``: matmul ``2mnk``, a few FLOPs per element elsewhere; optionally a
+  memory-bandwidth roofline and a per-op overhead), each reshard's collectives and transfers
+  from ``HardwareProfile.collective_time``/``p2p_time``; per stage the forward ``F``, the
+  backward split into input-gradient ``B`` and weight-gradient ``W`` (the backward twins of
+  the forward matmuls with a weight operand), the pipeline hand-offs as sends; then
+  ``simulate_schedule`` runs the schedule and each pipeline rank adds, once per step, its
+  gradient reduction (data parallel all-reduce / ZeRO reduce-scatter) and optimizer step
+  (update FLOPs or bytes, the ZeRO all-gather). Nothing overlaps communication with compute
+  except what the schedule itself overlaps (transfers between stages).
+* **peak memory per rank** = model state + the largest sum of activations its schedule holds
+  at once (the micro-batches in flight on its stage(s), walked along its action list).
+
+Output: JSON (``--json``) with ``activation_bytes_per_layer``, ``model_state_bytes_per_rank``,
+``peak_bytes_per_rank`` (one entry per rank), ``step_time_s``, per-stage details and what
+each layer keeps (``layer_activations``); otherwise a summary table. ``--plan PATH`` writes the
+traced plan (``mpipar.plan`` JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mpipar.models.gpt import GPTParallel
+from mpipar.pipeline import Schedule, build_schedule
+from mpipar.pipeline.actions import final_backward_kind
+from simulator.cost import HardwareProfile, PipelineCost, load_profile
+from simulator.op_cost import PlanCosts
+from simulator.schedule_sim import simulate_schedule
+from simulator.step_trace import SETUP, GPTShape, KeptTensor, Part, StepTrace, Strategy, build_meshes, trace_gpt_step
+
+FORMAT = "mpipar.estimate"
+VERSION = 1
+UPDATE_FLOPS = {"adamw": 14.0, "momentum": 4.0}
+"""FLOPs per element of one optimizer update (AdamW: decay, two moments, bias-corrected step)."""
+
+
+@dataclass
+class StageEstimate:
+    stage: int
+    ranks: tuple[int, ...]
+    layers: int
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    send_forward_s: float
+    """Hand-off of one micro-batch's activation to the next stage (0 for the last)."""
+    activation_bytes_per_microbatch: int
+    """On the busiest rank of the stage: everything the stage keeps for one micro-batch."""
+    peak_in_flight: int
+
+
+@dataclass
+class Estimate:
+    shape: GPTShape
+    strategy: Strategy
+    hardware: str
+    activation_bytes_per_layer: int
+    layer_activations: list[KeptTensor]
+    model_state_bytes_per_rank: dict[int, int]
+    model_state_by_category: dict[str, dict[int, int]]
+    peak_bytes_per_rank: dict[int, int]
+    step_time_s: float
+    pipeline_s: float
+    tail_s: list[float]
+    """Per pipeline rank: gradient reduction and optimizer step after its last backward."""
+    bubble_fraction: float
+    stages: list[StageEstimate]
+    trace_seconds: float
+    layers_traced: int
+    ops: int
+    reshards: int
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        s = self.strategy
+        return self.shape.micro_batch_size * s.dp * s.micro_batches * self.shape.seq
+
+    def to_dict(self) -> dict[str, Any]:
+        ranks = sorted(self.peak_bytes_per_rank)
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": {**asdict(self.shape), "parameters": self.shape.parameters},
+            "strategy": asdict(self.strategy),
+            "hardware": self.hardware,
+            "world_size": self.world_size,
+            "tokens_per_step": self.tokens_per_step,
+            "activation_bytes_per_layer": self.activation_bytes_per_layer,
+            "layer_activations": [asdict(k) for k in self.layer_activations],
+            "model_state_bytes_per_rank": [self.model_state_bytes_per_rank[r] for r in ranks],
+            "model_state_by_category": {c: [v.get(r, 0) for r in ranks] for c, v in self.model_state_by_category.items()},
+            "peak_bytes_per_rank": [self.peak_bytes_per_rank[r] for r in ranks],
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_step / self.step_time_s if self.step_time_s > 0 else None,
+            "pipeline": {
+                "schedule": self.strategy.schedule, "num_stages": self.strategy.num_stages,
+                "micro_batches": self.strategy.micro_batches, "pipeline_s": self.pipeline_s,
+                "bubble_fraction": self.bubble_fraction, "tail_s": self.tail_s,
+            },
+            "stages": [asdict(s) for s in self.stages],
+            "trace": {"layers_traced": self.layers_traced, "ops": self.ops, "reshards": self.reshards,
+                      "seconds": self.trace_seconds},
+        }
+
+    def summary(self) -> str:
+        sh, st = self.shape, self.strategy
+        gib = 2.0**30
+        opts = [f"dp {st.dp} x tp {st.tp} x pp {st.pp} ({self.world_size} ranks)"]
+        if st.chunks > 1:
+            opts.append(f"{st.chunks} chunks per pipeline rank")
+        if st.sequence_parallel:
+            opts.append("sequence parallel")
+        if st.recompute != "none":
+            opts.append(f"recompute {st.recompute}")
+        if st.zero:
+            opts.append(f"ZeRO-{st.zero}")
+        opts.append("mixed precision (float16, float32 masters)" if st.mixed_precision else "float32")
+        opts.append({"adamw": "AdamW", "momentum": "Momentum"}[st.optimizer])
+        lines = [
+            f"GPT {sh.parameters / 1e9:.2f}B parameters: {sh.layers} layers, hidden {sh.hidden}, {sh.heads} heads, "
+            f"seq {sh.seq}, vocab {sh.vocab}",
+            f"batch: {sh.micro_batch_size} x dp {st.dp} x {st.micro_batches} micro-batches = "
+            f"{self.tokens_per_step // sh.seq} sequences per step",
+            "strategy: " + ", ".join(opts) + f"; {st.schedule}",
+            f"hardware: {self.hardware}",
+            f"activations per layer (one micro-batch, per rank): {self.activation_bytes_per_layer / 2**20:.1f} MiB",
+            "",
+            f"{'stage':>5} {'layers':>6} {'state GiB':>9} {'act/mb GiB':>10} {'in flight':>9} {'peak GiB':>8} "
+            f"{'F ms':>9} {'B ms':>9} {'W ms':>9}",
+        ]
+        for s in self.stages:
+            state = max(self.model_state_bytes_per_rank[r] for r in s.ranks)
+            peak = max(self.peak_bytes_per_rank[r] for r in s.ranks)
+            lines.append(
+                f"{s.stage:>5} {s.layers:>6} {state / gib:>9.2f} {s.activation_bytes_per_microbatch / gib:>10.2f} "
+                f"{s.peak_in_flight:>9} {peak / gib:>8.2f} {s.forward_s * 1e3:>9.2f} {s.backward_input_s * 1e3:>9.2f} "
+                f"{s.backward_weight_s * 1e3:>9.2f}"
+            )
+        peak_rank = max(self.peak_bytes_per_rank, key=lambda r: self.peak_bytes_per_rank[r])
+        lines += [
+            "",
+            f"step time {self.step_time_s:.4g} s: pipeline {self.pipeline_s:.4g} s (bubble {self.bubble_fraction:.3f}), "
+            f"then gradient reduction + optimizer up to {max(self.tail_s):.4g} s; "
+            f"{self.tokens_per_step / self.step_time_s:,.0f} tokens/s",
+            f"peak memory {self.peak_bytes_per_rank[peak_rank] / gib:.2f} GiB (rank {peak_rank}); "
+            f"least {min(self.peak_bytes_per_rank.values()) / gib:.2f} GiB",
+            f"traced {self.layers_traced} of {self.shape.layers} layers, {self.ops} ops, {self.reshards} reshards in "
+            f"{self.trace_seconds:.2f} s",
+        ]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- the estimate
+def layers_per_stage(shape: GPTShape, strategy: Strategy) -> list[int]:
+    """Real layers on each stage, by the model's own rule (``GPTParallel.stage_of_layer``)."""
+    par = GPTParallel(build_meshes(strategy))
+    counts = [0] * strategy.num_stages
+    for i in range(shape.layers):
+        counts[par.stage_of_layer(i, shape.layers)] += 1
+    return counts
+
+
+def estimate(
+    shape: GPTShape,
+    strategy: Strategy,
+    profile: HardwareProfile | str = "h100-nvlink-ib",
+    *,
+    memory_bandwidth: float | None = None,
+    op_overhead: float = 0.0,
+    step: StepTrace | None = None,
+) -> Estimate:
+    """Trace ``shape`` under ``strategy`` (or reuse ``step``) and price it on ``profile`` (module docstring)."""
+    hw = load_profile(profile) if isinstance(profile, str) else profile
+    step = step if step is not None else trace_gpt_step(shape, strategy)
+    costs = PlanCosts(step.plan, hw, memory_bandwidth=memory_bandwidth, op_overhead=op_overhead)
+    n_stages = step.num_stages
+    layers = layers_per_stage(shape, strategy)
+    traced = [[i for i, st in enumerate(step.layer_stage) if st == s] for s in range(n_stages)]
+
+    def scale(part: Part) -> float:
+        """Real layers a traced one stands for (``step_trace``: the stage's last traced layer is its
+        last layer; the others share the rest), 1 for other parts."""
+        if part.kind != "layer":
+            return 1
+        mine = traced[step.layer_stage[part.index]]
+        real = layers[step.layer_stage[part.index]]
+        if len(mine) == 1:
+            return real
+        if part.index == mine[-1]:
+            return 1
+        rest = real - 1
+        return rest // (len(mine) - 1) if rest % (len(mine) - 1) == 0 else rest / (len(mine) - 1)
+
+    # Seconds per (part, bucket); buckets: forward, backward, weight, sync, optimizer.
+    seconds: dict[tuple[Part, str], _Ledger] = {}
+
+    def charge(part: Part, bucket: str, ranks: tuple[int, ...], value: float | dict[int, float]) -> None:
+        seconds.setdefault((part, bucket), _Ledger()).add(ranks, value)
+
+    plan = step.plan
+    for op, part in zip(plan.ops, step.op_parts, strict=True):
+        if part == SETUP or op.phase not in ("forward", "backward", "optimizer"):
+            continue
+        times = costs.op_times(op)
+        charge(part, op.phase, costs.op_ranks(op), times)
+        if op.index in step.weight_ops:
+            charge(part, "weight", costs.op_ranks(op), times)
+    for res, part in zip(plan.reshards, step.reshard_parts, strict=True):
+        if part == SETUP:
+            continue
+        bucket = "sync" if res.index in step.grad_sync else res.phase
+        charge(part, bucket, costs.reshard_ranks(res), costs.reshard_times(res))
+    update_dtype = "float32" if strategy.mixed_precision else strategy.dtype
+    for part, per_rank in step.update_elements.items():
+        per_update: dict[int, float] = {}
+        for r, n in per_rank.items():
+            t = costs.compute_time(n * UPDATE_FLOPS[strategy.optimizer], update_dtype)
+            if memory_bandwidth is not None:
+                t = max(t, n * step.update_bytes_per_element / memory_bandwidth)
+            per_update[r] = t + op_overhead * step.update_counts.get(part, 0)
+        charge(part, "optimizer", tuple(per_update), per_update)
+
+    parts_of_stage: dict[int, list[Part]] = {s: [] for s in range(n_stages)}
+    for part, _ in seconds:
+        if part.kind != "handoff":
+            parts_of_stage[step.stage_of(part)].append(part)
+    for part in (*step.activations, *step.model_state):
+        if part.kind != "handoff" and part != SETUP and part not in parts_of_stage[step.stage_of(part)]:
+            parts_of_stage[step.stage_of(part)].append(part)
+
+    empty = _Ledger()
+
+    def stage_sum(s: int, bucket: str, rank: int) -> float:
+        return sum(scale(p) * seconds.get((p, bucket), empty).at(rank) for p in set(parts_of_stage[s]))
+
+    fwd, b_in, b_w = [], [], []
+    for s in range(n_stages):
+        ranks = step.stage_ranks[s]
+        f = max(stage_sum(s, "forward", r) for r in ranks)
+        b = max(stage_sum(s, "backward", r) for r in ranks)
+        w = max(stage_sum(s, "weight", r) for r in ranks)
+        fwd.append(f)
+        b_w.append(min(w, b))
+        b_in.append(max(b - w, 0.0))
+    send_f = [0.0] * (n_stages - 1)
+    send_b = [0.0] * (n_stages - 1)
+    for (part, bucket), ledger in seconds.items():
+        if part.kind == "handoff" and bucket in ("forward", "backward"):
+            into = step.stage_of(part)  # the hand-off from stage into - 1 to stage into
+            (send_f if bucket == "forward" else send_b)[into - 1] += ledger.most()
+
+    schedule = build_schedule(strategy.schedule, n_stages, strategy.micro_batches, strategy.chunks)
+    timeline = simulate_schedule(schedule, PipelineCost(tuple(fwd), tuple(b_in), tuple(b_w), tuple(send_f), tuple(send_b), "s"))
+    lanes = schedule.num_ranks
+    tails = []
+    ends = []
+    for k in range(lanes):
+        stages = schedule.stages_of(k)
+        lane_ranks = step.stage_ranks[stages[0]]
+        tails.append(max(sum(stage_sum(s, b, r) for s in stages for b in ("sync", "optimizer")) for r in lane_ranks))
+        ends.append(max((sp.end for sp in timeline.lane(k, "compute")), default=0.0))
+    step_time = max(e + t for e, t in zip(ends, tails, strict=True))
+
+    # Memory per rank.
+    state_cat: dict[str, dict[int, int]] = {"parameters": {}, "gradients": {}, "optimizer_state": {}}
+    for part, cats in step.model_state.items():
+        for cat, per_rank in cats.items():
+            for r, n in per_rank.items():
+                state_cat[cat][r] = state_cat[cat].get(r, 0) + round(scale(part) * n)
+    world = sorted({r for ranks in step.stage_ranks for r in ranks})
+    state_total = {r: sum(state_cat[c].get(r, 0) for c in state_cat) for r in world}
+    act = [
+        {r: round(sum(scale(p) * step.activations.get(p, {}).get(r, 0) for p in set(parts_of_stage[s])))
+         for r in step.stage_ranks[s]}
+        for s in range(n_stages)
+    ]
+    peaks: dict[int, int] = {}
+    for k in range(lanes):
+        stages = schedule.stages_of(k)
+        cache: dict[tuple[int, ...], int] = {}
+        for r in step.stage_ranks[stages[0]]:
+            vec = tuple(act[s].get(r, 0) for s in stages)
+            if vec not in cache:
+                cache[vec] = _peak_in_flight_bytes(schedule, k, dict(zip(stages, vec, strict=True)))
+            peaks[r] = state_total[r] + cache[vec]
+    in_flight = schedule.peak_in_flight()
+    stage_rows = [
+        StageEstimate(
+            s, step.stage_ranks[s], layers[s], fwd[s], b_in[s], b_w[s], send_f[s] if s < n_stages - 1 else 0.0,
+            max(act[s].values()), in_flight[s],
+        )
+        for s in range(n_stages)
+    ]
+    layer0 = step.activations.get(Part("layer", 0), {})
+    return Estimate(
+        shape, strategy, hw.name, max(layer0.values()) if layer0 else 0, step.layer_kept, state_total, state_cat,
+        peaks, step_time, timeline.makespan, tails, timeline.bubble_fraction(), stage_rows, step.seconds,
+        len(step.layer_stage), len(plan.ops), len(plan.reshards),
+    )
+
+
+class _Ledger:
+    """Seconds per rank, kept as one number per group of ranks where all ranks pay the same."""
+
+    def __init__(self) -> None:
+        self.shared: dict[tuple[int, ...], float] = {}
+        self.own: dict[int, float] = {}
+        self._members: dict[tuple[int, ...], frozenset[int]] = {}
+
+    def add(self, ranks: tuple[int, ...], value: float | dict[int, float]) -> None:
+        if isinstance(value, dict):
+            for r, v in value.items():
+                self.own[r] = self.own.get(r, 0.0) + v
+        elif ranks:
+            self.shared[ranks] = self.shared.get(ranks, 0.0) + value
+            if ranks not in self._members:
+                self._members[ranks] = frozenset(ranks)
+
+    def at(self, rank: int) -> float:
+        return self.own.get(rank, 0.0) + sum(v for k, v in self.shared.items() if rank in self._members[k])
+
+    def most(self) -> float:
+        ranks = set(self.own).union(*self._members.values()) if self._members else set(self.own)
+        return max((self.at(r) for r in ranks), default=0.0)
+
+
+def _peak_in_flight_bytes(schedule: Schedule, rank: int, stage_bytes: dict[int, int]) -> int:
+    """Most activation bytes held at once on pipeline rank ``rank``, walking its actions in order."""
+    done = final_backward_kind(schedule.split_backward)
+    live = peak = 0
+    for action in schedule.actions[rank]:
+        if action.kind == "F":
+            live += stage_bytes[action.stage]
+            peak = max(peak, live)
+        elif action.kind == done:
+            live -= stage_bytes[action.stage]
+    return peak
+
+
+# ---------------------------------------------------------------------- command line
+def parse_count(text: str) -> float:
+    """``175e9``, ``175B``, ``1.3b``, ``350M``, ``6.7e9`` -> a number."""
+    units = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+    t = text.strip().lower()
+    try:
+        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise ValueError(f"--params: cannot read {text!r}; write e.g. 175e9, 175B or 350M") from None
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    degrees = {"dp": 1, "tp": 1, "pp": 1}
+    for part in filter(None, text.replace(" ", "").split(",")):
+        key, _, value = part.partition("=")
+        if key not in degrees or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--mesh: cannot read {part!r}; write e.g. dp=8,tp=8,pp=16 (axes dp, tp, pp)")
+        degrees[key] = int(value)
+    return degrees
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m simulator estimate",
+        description="Memory and step time of GPT training from a shape-only trace (no data, any number of ranks).",
+    )
+    m = p.add_argument_group("model (give --layers/--hidden/--heads, or --params)")
+    m.add_argument("--layers", type=int, help="transformer layers")
+    m.add_argument("--hidden", type=int, help="hidden size h")
+    m.add_argument("--heads", type=int, help="attention heads a")
+    m.add_argument("--params", help="a parameter count (175e9, 175B, 350M): picks a GPT-3-style shape (head size 128, layers = heads)")
+    m.add_argument("--seq", type=int, default=2048, help="sequence length s (default 2048)")
+    m.add_argument("--vocab", type=int, default=50257, help="vocabulary size (default 50257)")
+    m.add_argument("--micro-batch-size", type=int, default=1, help="sequences per micro-batch per data-parallel replica (default 1)")
+    m.add_argument("--dropout", type=float, default=0.1, help="dropout probability (default 0.1; 0 keeps no masks)")
+    s = p.add_argument_group("strategy")
+    s.add_argument("--mesh", default="dp=1", help="degrees, e.g. dp=8,tp=8,pp=16")
+    s.add_argument("--sequence-parallel", action="store_true")
+    s.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    s.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over dp")
+    s.add_argument("--mixed-precision", action="store_true", help="float16 parameters and gradients, float32 master weights and states")
+    s.add_argument("--optimizer", default="adamw", choices=["adamw", "momentum"])
+    s.add_argument("--micro-batches", type=int, default=1, help="micro-batches per step (default 1)")
+    s.add_argument("--schedule", default="1F1B", help="FThenB, 1F1B, Interleaved1F1B or ZBH1 (default 1F1B)")
+    s.add_argument("--chunks", type=int, default=None, help="model chunks per pipeline rank (Interleaved1F1B; default 2)")
+    h = p.add_argument_group("hardware")
+    h.add_argument("--hardware", default="h100-nvlink-ib", help="a preset (h100-nvlink-ib, a100-nvlink-ib, cpu-local) or a profile JSON")
+    h.add_argument("--memory-bandwidth", type=float, default=None, metavar="BYTES_PER_S",
+                   help="price each op at max(FLOPs/rate, bytes/bandwidth) (default: FLOPs only)")
+    h.add_argument("--op-overhead", type=float, default=0.0, metavar="SECONDS",
+                   help="host time per op dispatched and per parameter updated (default 0)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    o.add_argument("--plan", metavar="PATH", help="also write the traced plan (mpipar.plan JSON)")
+    return p
+
+
+def from_args(ns: argparse.Namespace) -> tuple[GPTShape, Strategy]:
+    """The model and strategy the command line asks for (``ValueError`` naming the flag at fault)."""
+    explicit = {k: getattr(ns, k) for k in ("layers", "hidden", "heads")}
+    if ns.params is not None:
+        given = [f"--{k}" for k, v in explicit.items() if v is not None]
+        if given:
+            raise ValueError(f"--params picks the layers, hidden size and heads; drop {', '.join(given)} or --params")
+        shape = GPTShape.from_params(parse_count(ns.params), ns.seq, ns.vocab, ns.micro_batch_size)
+        if ns.dropout != shape.dropout:
+            shape = GPTShape(shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab, shape.micro_batch_size, ns.dropout)
+    else:
+        missing = [f"--{k}" for k, v in explicit.items() if v is None]
+        if missing:
+            raise ValueError(f"the model needs {', '.join(missing)} (or --params N to pick a GPT-3-style shape)")
+        shape = GPTShape(ns.layers, ns.hidden, ns.heads, ns.seq, ns.vocab, ns.micro_batch_size, ns.dropout)
+    deg = parse_mesh(ns.mesh)
+    interleaved = ns.schedule.strip().lower() in ("interleaved1f1b", "interleaved", "vpp")
+    chunks = ns.chunks if ns.chunks is not None else (2 if interleaved else 1)
+    strategy = Strategy(
+        deg["dp"], deg["tp"], deg["pp"], ns.sequence_parallel, ns.recompute, ns.zero, ns.mixed_precision, ns.optimizer,
+        ns.micro_batches, ns.schedule, chunks,
+    )
+    return shape, strategy
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        shape, strategy = from_args(ns)
+        profile = load_profile(ns.hardware)
+        started = time.perf_counter()
+        step = trace_gpt_step(shape, strategy)
+        result = estimate(shape, strategy, profile, memory_bandwidth=ns.memory_bandwidth, op_overhead=ns.op_overhead, step=step)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if ns.plan:
+        step.plan.save(ns.plan)
+    if ns.json:
+        out = result.to_dict()
+        out["seconds"] = time.perf_counter() - started
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(result.summary())
+        if ns.plan:
+            print(f"wrote {ns.plan}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

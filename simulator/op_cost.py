@@ -1,0 +1,276 @@
+"""What one recorded op or reshard of a plan costs on one rank: FLOPs, bytes, seconds.
+
+    costs = PlanCosts(plan, profile)
+    costs.op_flops(op, rank)            # 2*m*n*k for a matmul on the rank's local shards
+    costs.op_time(op, rank)             # roofline: max(FLOPs / rate, bytes / bandwidth) + overhead
+    costs.reshard_time(reshard, rank)   # its collectives and transfers, one after the other
+
+Everything is read off the plan: an op's inputs in the layouts its rule required (the
+plan's ``required_placements``), its outputs in theirs, each rank's local shape from the
+chunking rule. FLOPs per op (local shapes):
+
+==========================================  =============================================
+op                                          FLOPs
+==========================================  =============================================
+matmul                                      2 * numel(out) * k  (k: the contracted length)
+elementwise (add, multiply, scale, ...)     1 per output element (``ELEMENT_FLOPS`` below)
+softmax, layer_norm, gelu, dropout, ...     a few per output element (``ELEMENT_FLOPS``)
+sum, mean, max, min                         1 per input element
+reshape, transpose, embedding, cast, ...    0 (data movement only)
+==========================================  =============================================
+
+Time of an op: ``max(flops / rate[dtype], bytes / memory_bandwidth) + op_overhead`` where
+``bytes`` are the local inputs read and outputs written (0 for ops NumPy does as views) and
+``memory_bandwidth``/``op_overhead`` are optional (``None``/0: FLOPs only). Matmuls are the
+compute-bound part; the bandwidth term prices the rest, which FLOPs alone underrate.
+
+A reshard's steps run one after another: a collective on the group of its mesh axes through
+the rank (``HardwareProfile.collective_time`` with the buffer the formula takes: the local
+output of an all_gather, the local input otherwise); a cross-mesh ``transfer`` as the rank's
+point-to-point messages, sent and received one at a time. Steps before a transfer run on the
+source mesh, those after it on the destination mesh (the planner's design).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from mpipar.mesh import ProcessMesh
+from mpipar.placement import parse_placements
+from mpipar.plan import Plan, PlanMesh, PlanOp, PlanReshard, PlanStep
+from mpipar.spec import DistSpec
+from simulator.cost import HardwareProfile
+
+ELEMENT_FLOPS: dict[str, float] = {
+    "add": 1, "subtract": 1, "multiply": 1, "divide": 1, "scale": 1, "maximum": 1, "minimum": 1, "neg": 1,
+    "abs": 1, "square": 1, "sign": 1, "where": 1, "relu": 1, "relu_grad": 1, "equal": 1, "not_equal": 1,
+    "greater_than": 1, "greater_equal": 1, "less_than": 1, "less_equal": 1, "isfinite": 1, "pow": 2,
+    "pow_grad": 3, "sqrt": 1, "sqrt_grad": 2, "rsqrt": 2, "exp": 1, "log": 1, "tanh": 1, "tanh_grad": 2,
+    "sigmoid": 3, "sigmoid_grad": 3,
+    "dropout": 2,            # compare the uniform draw, select and scale
+    "dropout_grad": 2,
+    "softmax": 5,            # max, subtract, exp, sum, divide
+    "softmax_grad": 4,
+    "log_softmax": 5, "log_softmax_grad": 4,
+    "layer_norm": 8,         # mean, variance, normalise, scale and shift
+    "layer_norm_grad": 12,
+    "gelu": 10,              # the tanh approximation
+    "gelu_grad": 14,
+    "cross_entropy_with_softmax": 6,
+    "cross_entropy_with_softmax_grad": 3,
+}
+"""FLOPs per output element of the elementwise and normalisation ops; others are data movement."""
+
+REDUCTIONS = frozenset({"sum", "mean", "max", "min"})
+VIEW_OPS = frozenset({"reshape", "transpose", "unsqueeze", "squeeze", "expand", "split", "slice"})
+"""Ops NumPy runs as views of their input: no bytes moved, no FLOPs."""
+
+
+@functools.lru_cache(maxsize=256)
+def plan_mesh(m: PlanMesh) -> ProcessMesh:
+    return ProcessMesh.unchecked(np.asarray(m.process_ids, dtype=np.int64).reshape(m.shape), m.dim_names)
+
+
+@functools.lru_cache(maxsize=65536)
+def _local_shapes(shape: tuple[int, ...], m: PlanMesh, placements: str) -> dict[int, tuple[int, ...]]:
+    spec = DistSpec(shape, plan_mesh(m), parse_placements(placements))
+    return {r: spec.local_shape(r) for r in m.process_ids}
+
+
+@functools.lru_cache(maxsize=65536)
+def _uniform(shape: tuple[int, ...], m: PlanMesh, placements: str) -> bool:
+    """Whether every rank of the mesh holds the same local shape (even splits)."""
+    return len(set(_local_shapes(shape, m, placements).values())) == 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _groups(m: PlanMesh, axes: tuple[str, ...]) -> dict[int, tuple[int, ...]]:
+    mesh = plan_mesh(m)
+    out: dict[int, tuple[int, ...]] = {}
+    for group in mesh.groups([mesh.dim_names.index(a) for a in axes]):
+        for r in group:
+            out[r] = group
+    return out
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def itemsize(dtype: str) -> int:
+    if dtype == "bfloat16":
+        return 2
+    return int(np.dtype(dtype).itemsize)
+
+
+class PlanCosts:
+    """Per-rank FLOPs, bytes and seconds of a plan's ops and reshards on ``profile``."""
+
+    def __init__(
+        self, plan: Plan, profile: HardwareProfile, *, memory_bandwidth: float | None = None, op_overhead: float = 0.0
+    ) -> None:
+        if memory_bandwidth is not None and not memory_bandwidth > 0:
+            raise ValueError(f"memory_bandwidth must be > 0 bytes/s or None, got {memory_bandwidth!r}")
+        if not op_overhead >= 0:
+            raise ValueError(f"op_overhead must be >= 0 seconds, got {op_overhead!r}")
+        self.plan = plan
+        self.profile = profile
+        self.memory_bandwidth = memory_bandwidth
+        self.op_overhead = float(op_overhead)
+        self._tensors = {t.id: t for t in plan.tensors}
+        self._meshes = {m.id: m for m in plan.meshes}
+
+    # ------------------------------------------------------------------ shapes
+    def local_shape(self, tid: int, placements: str | None, rank: int) -> tuple[int, ...]:
+        """Tensor ``tid`` on ``rank`` laid out as ``placements`` (its own when None; dense: global)."""
+        t = self._tensors[tid]
+        if t.mesh is None:
+            return tuple(t.shape)
+        pls = t.placements if placements in (None, "dense") else placements
+        return _local_shapes(tuple(t.shape), self._meshes[t.mesh], pls).get(rank, tuple(t.shape))
+
+    def op_ranks(self, op: PlanOp) -> tuple[int, ...]:
+        """The ranks that run ``op``: its output's mesh (every rank for a dense op)."""
+        t = self._tensors[op.outputs[0]] if op.outputs else None
+        if t is None or t.mesh is None:
+            return ()
+        return self._meshes[t.mesh].process_ids
+
+    # ------------------------------------------------------------------ ops
+    def op_flops(self, op: PlanOp, rank: int) -> float:
+        if not op.outputs:
+            return 0.0
+        out = self.local_shape(op.outputs[0], op.output_placements[0], rank)
+        if op.op == "matmul":
+            x = self.local_shape(op.inputs[0], op.required_placements[0], rank)
+            return 2.0 * _numel(out) * _contracted(x, out)
+        if op.op in REDUCTIONS:
+            return float(_numel(self.local_shape(op.inputs[0], op.required_placements[0], rank)))
+        return ELEMENT_FLOPS.get(op.op, 0.0) * _numel(out)
+
+    def op_bytes(self, op: PlanOp, rank: int) -> float:
+        """Local bytes read and written (0 for view ops)."""
+        if op.op in VIEW_OPS:
+            return 0.0
+        total = 0
+        for tid, pls in zip(op.inputs, op.required_placements, strict=False):
+            t = self._tensors[tid]
+            total += _numel(self.local_shape(tid, pls, rank)) * itemsize(t.dtype)
+        for tid, pls in zip(op.outputs, op.output_placements, strict=False):
+            t = self._tensors[tid]
+            total += _numel(self.local_shape(tid, pls, rank)) * itemsize(t.dtype)
+        return float(total)
+
+    def op_dtype(self, op: PlanOp) -> str:
+        """The dtype an op computes in: its first floating input's (an embedding's table, not its ids)."""
+        for tid in (*op.inputs, *op.outputs):
+            dtype = self._tensors[tid].dtype
+            if dtype in ("float16", "bfloat16", "float32", "float64"):
+                return dtype
+        return self._tensors[op.outputs[0]].dtype if op.outputs else "float32"
+
+    def compute_time(self, flops: float, dtype: str) -> float:
+        if flops <= 0:
+            return 0.0
+        key = dtype
+        if key not in self.profile.flops_per_s:
+            # A 16-bit plan on a profile that lists only one 16-bit rate: the other runs alike.
+            twin = {"float16": "bfloat16", "bfloat16": "float16"}.get(key)
+            key = twin if twin in self.profile.flops_per_s else key
+        return self.profile.compute_time(flops, key)
+
+    def op_time(self, op: PlanOp, rank: int) -> float:
+        t = self.compute_time(self.op_flops(op, rank), self.op_dtype(op))
+        if self.memory_bandwidth is not None:
+            t = max(t, self.op_bytes(op, rank) / self.memory_bandwidth)
+        return t + self.op_overhead
+
+    # ------------------------------------------------------------------ reshards
+    def reshard_time(self, r: PlanReshard, rank: int) -> float:
+        """Seconds ``rank`` spends in reshard ``r`` (0 if it takes no part)."""
+        total = 0.0
+        crossed = False
+        for step in r.steps:
+            if step.kind == "transfer":
+                crossed = True
+                total += self._transfer_time(step, rank)
+            elif step.kind not in ("slice", "partial"):
+                mesh = self._meshes[r.dst_mesh if crossed else r.src_mesh]
+                total += self._collective_time(r, step, mesh, rank)
+        return total
+
+    def _collective_time(self, r: PlanReshard, step: PlanStep, mesh: PlanMesh, rank: int) -> float:
+        group = _groups(mesh, tuple(step.axes)).get(rank)
+        if group is None or len(group) < 2:
+            return 0.0
+        # The formulas take the local output of an all_gather, the local input otherwise.
+        pls = step.dst if step.kind == "all_gather" else step.src
+        local = _local_shapes(tuple(r.shape), mesh, pls)[rank]
+        nbytes = _numel(local) * itemsize(r.dtype)
+        return self.profile.collective_time(step.kind, nbytes, group)
+
+    def _transfer_time(self, step: PlanStep, rank: int) -> float:
+        sent = sum(self.profile.p2p_time(n, s, d) for s, d, n in step.pieces if s == rank and s != d)
+        received = sum(self.profile.p2p_time(n, s, d) for s, d, n in step.pieces if d == rank and s != d)
+        return max(sent, received)
+
+    # ------------------------------------------------------------------ all ranks at once
+    def _even(self, tid: int, placements: str | None) -> bool:
+        t = self._tensors[tid]
+        if t.mesh is None:
+            return True
+        pls = t.placements if placements in (None, "dense") else placements
+        return _uniform(tuple(t.shape), self._meshes[t.mesh], pls)
+
+    def op_times(self, op: PlanOp) -> float | dict[int, float]:
+        """Seconds ``op`` takes on each rank that runs it; one float when all take the same (even shards)."""
+        ranks = self.op_ranks(op)
+        pairs = [*zip(op.inputs, op.required_placements, strict=False), *zip(op.outputs, op.output_placements, strict=False)]
+        if all(self._even(tid, pls) for tid, pls in pairs):
+            return self.op_time(op, ranks[0]) if ranks else 0.0
+        return {r: self.op_time(op, r) for r in ranks}
+
+    def reshard_times(self, r: PlanReshard) -> float | dict[int, float]:
+        """Seconds reshard ``r`` takes on each rank taking part; one float when all take the same."""
+        ranks = self.reshard_ranks(r)
+        if not any(step.kind == "transfer" for step in r.steps):
+            mesh = self._meshes[r.src_mesh]
+            if all(_uniform(tuple(r.shape), mesh, pls) for step in r.steps for pls in (step.src, step.dst)):
+                # Even shards: a rank's time in a step depends only on its group (size, link class).
+                total = 0.0
+                for step in r.steps:
+                    if step.kind in ("slice", "partial"):
+                        continue
+                    groups = set(_groups(mesh, tuple(step.axes)).values())
+                    times = {self._collective_time(r, step, mesh, g[0]) for g in groups}
+                    if len(times) != 1:
+                        break
+                    total += times.pop()
+                else:
+                    return total
+        return {q: self.reshard_time(r, q) for q in ranks}
+
+    def reshard_ranks(self, r: PlanReshard) -> tuple[int, ...]:
+        ranks = set(self._meshes[r.src_mesh].process_ids) | set(self._meshes[r.dst_mesh].process_ids)
+        return tuple(sorted(ranks))
+
+
+def _contracted(x: Sequence[int], out: Sequence[int]) -> int:
+    """k of a matmul from its first operand's and its output's local shapes.
+
+    ``x`` is ``(..., m, k)``, or ``(..., k, m)`` when transposed: if its second-to-last
+    length is the output's ``m`` it is untransposed (when ``k == m`` both readings agree).
+    """
+    if len(x) == 1:
+        return int(x[0])
+    if len(out) >= 2 and x[-2] == out[-2]:
+        return int(x[-1])
+    if len(out) == 1 and x[-2] == out[-1]:  # (m, k) @ (k,) -> (m,)
+        return int(x[-1])
+    return int(x[-2])
