@@ -45,7 +45,7 @@ def _gelu(c: KernelContext, x: Array, approximate: bool = False, **_: Any) -> Ar
 def _gelu_grad_kernel(c: KernelContext, x: Array, g: Array, approximate: bool = False, **_: Any) -> Array:
     t = x.dtype.type
     if approximate:
-        inner = t(_SQRT_2_OVER_PI) * (x + t(0.044715) * x**3)
+        inner = t(_SQRT_2_OVER_PI) * (x + t(0.044715) * x * x * x)  # not x**3: NumPy's pow is ~50x slower on negatives
         th = np.tanh(inner)
         d_inner = t(_SQRT_2_OVER_PI) * (t(1) + t(3 * 0.044715) * x * x)
         return g * (t(0.5) * (t(1) + th) + t(0.5) * x * (t(1) - th * th) * d_inner)
