@@ -50,6 +50,7 @@ from mpipar.checkpoint import (
 )
 from mpipar.checkpoint.format import METADATA, PARTIAL_TAG
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
+from mpipar.nn.layer import default_dtype
 
 LOSS_LINE = re.compile(r"^step \d+ loss \S+$", re.M)
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -300,6 +301,42 @@ def test_load_training_state_fills_optimizer_states_in_this_runs_layout_before_i
     dist.set_rng_state({"seed": 0, "draws": 0})
     # tp splits the row-parallel sums the same way (2), dp too: the arithmetic is unchanged.
     assert _train(model2, opt2, 2, start=2) == want
+
+
+def test_resume_restores_multi_precision_master_weights_and_float32_states(tmp_path: Any) -> None:
+    """float16 parameters under AdamW(multi_precision=True) and ZeRO-1: the float32 moments and
+    master copies are read into the dp split before the first step; the run continues exactly."""
+
+    def build() -> tuple[Any, Any, dist.ProcessMesh]:
+        dist.seed(7)
+        mesh = dist.ProcessMesh([0, 1], dim_names=["dp"])
+        with default_dtype("float16"):
+            lin = dist.nn.Linear(8, 6)
+        dist.shard_layer(lin, mesh)
+        opt = dist.optimizer.AdamW(learning_rate=1e-3, parameters=lin.parameters(), multi_precision=True)
+        return lin, dist.shard_optimizer(opt, dist.ShardingStage1("dp")), mesh
+
+    def train(lin: Any, opt: Any, mesh: dist.ProcessMesh, start: int) -> dict[str, np.ndarray]:
+        for i in range(start, start + 2):
+            x = np.random.default_rng(i).standard_normal((4, 8)).astype(np.float16)
+            dist.mean(dist.square(lin(dist.shard_tensor(x, mesh, [dist.Shard(0)])))).backward()
+            opt.step()
+            opt.clear_grad()
+        return {k: v.full_tensor() for k, v in [*lin.state_dict().items(), *opt.state_tensors().items()]}
+
+    lin, opt, mesh = build()
+    train(lin, opt, mesh, 0)
+    save_training_state(tmp_path / "ck", model=lin, optimizer=opt, step=2)
+    want = train(lin, opt, mesh, 2)
+    lin2, opt2, mesh2 = build()
+    load_training_state(tmp_path / "ck", model=lin2, optimizer=opt2)
+    for p in lin2.parameters():
+        master = opt2.state_tensors()[f"{p.name}.master_weight"]
+        assert master.dtype == np.float32 and master.spec == opt2.layout_of(p)
+    got = train(lin2, opt2, mesh2, 2)
+    assert got.keys() == want.keys() and any(k.endswith("master_weight") for k in want)
+    for k, w in want.items():
+        assert got[k].dtype == w.dtype and got[k].tobytes() == w.tobytes(), k
 
 
 def test_resume_refuses_a_checkpoint_of_another_model_or_kind(tmp_path: Any) -> None:

@@ -39,6 +39,7 @@ from mpipar.checkpoint.layout import decode_value
 from mpipar.checkpoint.load import load_state_dict
 from mpipar.checkpoint.save import save_state_dict
 from mpipar.optimizer.lr import LRScheduler
+from mpipar.optimizer.optimizer import MASTER
 from mpipar.random import get_rng_state, set_rng_state
 from mpipar.spec import DistSpec
 from mpipar.tensor import Tensor
@@ -190,19 +191,25 @@ def _target(root: str, meta: dict[str, Any], model: Any, optimizer: Any, want_lo
             f"checkpoint {root} holds optimizer state for parameters this optimizer does not have: {unknown[:5]}"
             f"{' ...' if len(unknown) > 5 else ''}"
         )
+    stored_tensors = {k for k, node in opt_node.items() if next(iter(node)) in _ARRAY_KINDS}
     opt_target: dict[str, Any] = {"steps": None}
     for name in steps:
         p = params[name]
         layout = optimizer.layout_of(p)
-        for n in optimizer.state_names:
-            opt_target[f"{name}.{n}"] = _placeholder(p, layout)
-    stored_tensors = {k for k, node in opt_node.items() if next(iter(node)) in _ARRAY_KINDS}
+        # Under multi_precision a 16-bit parameter's states are float32, with a float32 master copy.
+        dtype = optimizer.state_dtype(p)
+        keys = list(optimizer.state_names)
+        if optimizer.uses_master_weight(p) and f"{name}.{MASTER}" in stored_tensors:
+            keys.append(MASTER)
+        for n in keys:
+            opt_target[f"{name}.{n}"] = _placeholder(tuple(p.shape), dtype, layout)
     stray = sorted(stored_tensors - set(opt_target))
     if stray:
         raise CheckpointError(
             f"checkpoint {root} holds optimizer tensors {stray[:5]}{' ...' if len(stray) > 5 else ''} that this "
-            f"optimizer does not keep ({type(optimizer).__name__}: {list(optimizer.state_names)} per parameter); "
-            "it was saved by another optimizer"
+            f"optimizer does not keep ({type(optimizer).__name__}: {list(optimizer.state_names)} per parameter"
+            f"{', and a master copy of 16-bit ones' if optimizer._multi_precision else ''}); it was saved by another "
+            "optimizer or with other settings (multi_precision)"
         )
     if "LR_Scheduler" in opt_node:
         opt_target["LR_Scheduler"] = None
@@ -221,12 +228,12 @@ def _dict_node(node: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in node["dict"]}
 
 
-def _placeholder(p: Tensor, layout: DistSpec | None) -> Tensor:
-    """A tensor shaped like ``p`` in ``layout`` for the load to fill (its zeros are never read)."""
+def _placeholder(shape: tuple[int, ...], dtype: np.dtype, layout: DistSpec | None) -> Tensor:
+    """A tensor in ``layout`` for the load to fill (its zeros, calloc'ed, are never read)."""
     backend = current_backend()
     if layout is None:
-        return Tensor(np.zeros(tuple(p.shape), dtype=p.dtype))
+        return Tensor(np.zeros(shape, dtype=dtype))
     if backend.reference:
-        return Tensor._from_reference(layout, np.zeros(tuple(p.shape), dtype=p.dtype))
-    shards = {r: np.zeros(layout.local_shape(r), dtype=p.dtype) for r in backend.hosted_ranks(layout.mesh)}
-    return Tensor._from_shards(layout, shards, p.dtype)
+        return Tensor._from_reference(layout, np.zeros(shape, dtype=dtype))
+    shards = {r: np.zeros(layout.local_shape(r), dtype=dtype) for r in backend.hosted_ranks(layout.mesh)}
+    return Tensor._from_shards(layout, shards, dtype)
