@@ -166,6 +166,7 @@ SAME_MESH = {
                                                   "--recompute", "full"]),
     "dp3-zero3-accumulate": ("sim", 3, ["--mesh", "dp=3", "--zero", "3", "--accumulate-steps", "2"]),
     "reference": ("reference", 1, ["--mesh", "dp=2,tp=2", "--zero", "1"]),
+    "dp2xpp2-1F1B-schedule": ("sim", 4, ["--mesh", "dp=2,pp=2", "--schedule", "1F1B"]),  # steps through dist.to_static
 }
 
 
