@@ -194,13 +194,26 @@ def estimate(
     profile: HardwareProfile | str = "h100-nvlink-ib",
     *,
     memory_bandwidth: float | None = None,
+    vector_flops: float | None = None,
     op_overhead: float = 0.0,
+    reshard_overhead: float | None = None,
+    update_overhead: float | None = None,
     step: StepTrace | None = None,
 ) -> Estimate:
-    """Trace ``shape`` under ``strategy`` (or reuse ``step``) and price it on ``profile`` (module docstring)."""
+    """Trace ``shape`` under ``strategy`` (or reuse ``step``) and price it on ``profile`` (module docstring).
+
+    ``memory_bandwidth``, ``vector_flops`` (FLOP/s of non-matmul ops), ``op_overhead`` (host
+    seconds per op), ``reshard_overhead`` (per reshard call; default ``op_overhead``): see
+    ``simulator.op_cost``. ``update_overhead``: host seconds per parameter the optimizer
+    updates (default ``op_overhead``).
+    """
+    per_update = op_overhead if update_overhead is None else update_overhead
+    if not per_update >= 0:
+        raise ValueError(f"update_overhead must be >= 0 seconds, got {update_overhead!r}")
     hw = load_profile(profile) if isinstance(profile, str) else profile
     step = step if step is not None else trace_gpt_step(shape, strategy)
-    costs = PlanCosts(step.plan, hw, memory_bandwidth=memory_bandwidth, op_overhead=op_overhead)
+    costs = PlanCosts(step.plan, hw, memory_bandwidth=memory_bandwidth, vector_flops=vector_flops,
+                      op_overhead=op_overhead, reshard_overhead=reshard_overhead)
     n_stages = step.num_stages
     layers = layers_per_stage(shape, strategy)
     traced = [[i for i, st in enumerate(step.layer_stage) if st == s] for s in range(n_stages)]
@@ -240,13 +253,14 @@ def estimate(
         charge(part, bucket, costs.reshard_ranks(res), costs.reshard_times(res))
     update_dtype = "float32" if strategy.mixed_precision else strategy.dtype
     for part, per_rank in step.update_elements.items():
-        per_update: dict[int, float] = {}
+        updates: dict[int, float] = {}
         for r, n in per_rank.items():
-            t = costs.compute_time(n * UPDATE_FLOPS[strategy.optimizer], update_dtype)
+            flops = n * UPDATE_FLOPS[strategy.optimizer]
+            t = flops / vector_flops if vector_flops is not None else costs.compute_time(flops, update_dtype)
             if memory_bandwidth is not None:
                 t = max(t, n * step.update_bytes_per_element / memory_bandwidth)
-            per_update[r] = t + op_overhead * step.update_counts.get(part, 0)
-        charge(part, "optimizer", tuple(per_update), per_update)
+            updates[r] = t + per_update * step.update_counts.get(part, 0)
+        charge(part, "optimizer", tuple(updates), updates)
 
     parts_of_stage: dict[int, list[Part]] = {s: [] for s in range(n_stages)}
     for part, _ in seconds:
@@ -410,12 +424,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--micro-batches", type=int, default=1, help="micro-batches per step (default 1)")
     s.add_argument("--schedule", default="1F1B", help="FThenB, 1F1B, Interleaved1F1B or ZBH1 (default 1F1B)")
     s.add_argument("--chunks", type=int, default=None, help="model chunks per pipeline rank (Interleaved1F1B; default 2)")
+    s.add_argument("--grad-clip", type=float, default=None, metavar="NORM", help="global-norm gradient clipping")
     h = p.add_argument_group("hardware")
     h.add_argument("--hardware", default="h100-nvlink-ib", help="a preset (h100-nvlink-ib, a100-nvlink-ib, cpu-local) or a profile JSON")
     h.add_argument("--memory-bandwidth", type=float, default=None, metavar="BYTES_PER_S",
                    help="price each op at max(FLOPs/rate, bytes/bandwidth) (default: FLOPs only)")
+    h.add_argument("--vector-flops", type=float, default=None, metavar="FLOP_PER_S",
+                   help="FLOP rate of non-matmul ops and optimizer updates (default: the profile's matmul rate)")
     h.add_argument("--op-overhead", type=float, default=0.0, metavar="SECONDS",
-                   help="host time per op dispatched and per parameter updated (default 0)")
+                   help="host time per op (default 0)")
+    h.add_argument("--reshard-overhead", type=float, default=None, metavar="SECONDS",
+                   help="host time per reshard call, besides its collectives (default: --op-overhead)")
+    h.add_argument("--update-overhead", type=float, default=None, metavar="SECONDS",
+                   help="host time per parameter the optimizer updates (default: --op-overhead)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the estimate as JSON")
     o.add_argument("--plan", metavar="PATH", help="also write the traced plan (mpipar.plan JSON)")
@@ -442,7 +463,7 @@ def from_args(ns: argparse.Namespace) -> tuple[GPTShape, Strategy]:
     chunks = ns.chunks if ns.chunks is not None else (2 if interleaved else 1)
     strategy = Strategy(
         deg["dp"], deg["tp"], deg["pp"], ns.sequence_parallel, ns.recompute, ns.zero, ns.mixed_precision, ns.optimizer,
-        ns.micro_batches, ns.schedule, chunks,
+        ns.micro_batches, ns.schedule, chunks, ns.grad_clip,
     )
     return shape, strategy
 
@@ -455,7 +476,9 @@ def main(argv: list[str] | None = None) -> int:
         profile = load_profile(ns.hardware)
         started = time.perf_counter()
         step = trace_gpt_step(shape, strategy)
-        result = estimate(shape, strategy, profile, memory_bandwidth=ns.memory_bandwidth, op_overhead=ns.op_overhead, step=step)
+        result = estimate(shape, strategy, profile, memory_bandwidth=ns.memory_bandwidth, vector_flops=ns.vector_flops,
+                          op_overhead=ns.op_overhead, reshard_overhead=ns.reshard_overhead,
+                          update_overhead=ns.update_overhead, step=step)
     except ValueError as exc:
         parser.error(str(exc))
     if ns.plan:

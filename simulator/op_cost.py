@@ -19,10 +19,14 @@ sum, mean, max, min                         1 per input element
 reshape, transpose, embedding, cast, ...    0 (data movement only)
 ==========================================  =============================================
 
-Time of an op: ``max(flops / rate[dtype], bytes / memory_bandwidth) + op_overhead`` where
-``bytes`` are the local inputs read and outputs written (0 for ops NumPy does as views) and
-``memory_bandwidth``/``op_overhead`` are optional (``None``/0: FLOPs only). Matmuls are the
-compute-bound part; the bandwidth term prices the rest, which FLOPs alone underrate.
+Time of an op: ``max(flops / rate, bytes / memory_bandwidth) + op_overhead`` where ``rate``
+is the profile's FLOP rate for the dtype for a matmul and ``vector_flops`` (default: the same)
+for every other op, ``bytes`` are the local inputs read and outputs written (0 for ops NumPy
+does as views), and ``memory_bandwidth``/``op_overhead`` are optional (``None``/0: FLOPs only).
+Matmuls are the compute-bound part; elementwise ops run far below a GEMM's rate (NumPy makes
+one pass over memory per operation), which ``vector_flops`` or the bandwidth term price. The
+overhead is host time per call (Python dispatch on CPU, a kernel launch on a GPU); a reshard
+call pays ``reshard_overhead`` (default ``op_overhead``) besides its collectives.
 
 A reshard's steps run one after another: a collective on the group of its mesh axes through
 the rank (``HardwareProfile.collective_time`` with the buffer the formula takes: the local
@@ -113,16 +117,27 @@ class PlanCosts:
     """Per-rank FLOPs, bytes and seconds of a plan's ops and reshards on ``profile``."""
 
     def __init__(
-        self, plan: Plan, profile: HardwareProfile, *, memory_bandwidth: float | None = None, op_overhead: float = 0.0
+        self,
+        plan: Plan,
+        profile: HardwareProfile,
+        *,
+        memory_bandwidth: float | None = None,
+        vector_flops: float | None = None,
+        op_overhead: float = 0.0,
+        reshard_overhead: float | None = None,
     ) -> None:
-        if memory_bandwidth is not None and not memory_bandwidth > 0:
-            raise ValueError(f"memory_bandwidth must be > 0 bytes/s or None, got {memory_bandwidth!r}")
-        if not op_overhead >= 0:
-            raise ValueError(f"op_overhead must be >= 0 seconds, got {op_overhead!r}")
+        for name, value in (("memory_bandwidth", memory_bandwidth), ("vector_flops", vector_flops)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 per second or None, got {value!r}")
+        for name, value in (("op_overhead", op_overhead), ("reshard_overhead", reshard_overhead)):
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
         self.plan = plan
         self.profile = profile
         self.memory_bandwidth = memory_bandwidth
+        self.vector_flops = vector_flops
         self.op_overhead = float(op_overhead)
+        self.reshard_overhead = self.op_overhead if reshard_overhead is None else float(reshard_overhead)
         self._tensors = {t.id: t for t in plan.tensors}
         self._meshes = {m.id: m for m in plan.meshes}
 
@@ -186,15 +201,19 @@ class PlanCosts:
         return self.profile.compute_time(flops, key)
 
     def op_time(self, op: PlanOp, rank: int) -> float:
-        t = self.compute_time(self.op_flops(op, rank), self.op_dtype(op))
+        flops = self.op_flops(op, rank)
+        if op.op != "matmul" and self.vector_flops is not None:
+            t = flops / self.vector_flops
+        else:
+            t = self.compute_time(flops, self.op_dtype(op))
         if self.memory_bandwidth is not None:
             t = max(t, self.op_bytes(op, rank) / self.memory_bandwidth)
         return t + self.op_overhead
 
     # ------------------------------------------------------------------ reshards
     def reshard_time(self, r: PlanReshard, rank: int) -> float:
-        """Seconds ``rank`` spends in reshard ``r`` (0 if it takes no part)."""
-        total = 0.0
+        """Seconds ``rank`` spends in reshard ``r``: its steps, plus one call's overhead."""
+        total = self.reshard_overhead
         crossed = False
         for step in r.steps:
             if step.kind == "transfer":
@@ -243,7 +262,7 @@ class PlanCosts:
             mesh = self._meshes[r.src_mesh]
             if all(_uniform(tuple(r.shape), mesh, pls) for step in r.steps for pls in (step.src, step.dst)):
                 # Even shards: a rank's time in a step depends only on its group (size, link class).
-                total = 0.0
+                total = self.reshard_overhead
                 for step in r.steps:
                     if step.kind in ("slice", "partial"):
                         continue

@@ -148,6 +148,8 @@ class Strategy:
     schedule: str = "1F1B"
     chunks: int = 1
     """Model chunks per pipeline rank (``Interleaved1F1B``'s virtual stages)."""
+    grad_clip: float | None = None
+    """Global-norm gradient clipping (``ClipGradByGlobalNorm``); traced as a step that clips."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batches", "chunks"):
@@ -164,6 +166,8 @@ class Strategy:
         object.__setattr__(self, "schedule", kind.name)
         if self.chunks > 1 and not kind.virtual_stages:
             raise ValueError(f"Strategy chunks={self.chunks} needs schedule Interleaved1F1B, got {self.schedule}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"Strategy grad_clip must be a norm > 0 or None, got {self.grad_clip!r}")
 
     @property
     def num_stages(self) -> int:
@@ -259,6 +263,8 @@ class _Recorder(PlanRecorder):
         self.node_parts: dict[int, Part] = {}
         self.param_parts: dict[int, Part] = {}
         self.reshard_outs: list[tuple[int, Tensor]] = []
+        self.tensor_parts: dict[int, tuple[Part, Tensor]] = {}
+        """Optimizer phase: tensors derived from a parameter's gradient, labelled by the parameter."""
 
     def on_reshard(self, src: Tensor, out: Tensor, plan: ReshardPlan, reason: str) -> None:
         super().on_reshard(src, out, plan, reason)
@@ -268,7 +274,15 @@ class _Recorder(PlanRecorder):
     def on_op(self, op: Any, inputs: list[Tensor], used: list[Tensor], outputs: list[Tensor], result: Any) -> None:
         super().on_op(op, inputs, used, outputs, result)
         index = len(self.op_parts)
-        self.op_parts.append(self.current)
+        part = self.current
+        if self.tensor_parts and hooks.current_phase() == "optimizer":
+            # Work on gradients before the updates (global-norm clipping) serves their parameters.
+            known = next((self.tensor_parts[id(t)][0] for t in inputs if id(t) in self.tensor_parts), None)
+            if known is not None:
+                part = known
+                for t in outputs:
+                    self.tensor_parts[id(t)] = (part, t)
+        self.op_parts.append(part)
         weight = False
         for t in inputs:
             param = _parameter_behind(t)
@@ -280,7 +294,7 @@ class _Recorder(PlanRecorder):
             self.weight_ops.add(index)
         for t in (*outputs, *used):
             if t._grad_fn is not None:
-                self.node_parts.setdefault(id(t._grad_fn), self.current)
+                self.node_parts.setdefault(id(t._grad_fn), part)
 
 
 def _parameter_behind(t: Tensor) -> Parameter | None:
@@ -372,6 +386,7 @@ def trace_gpt_step(shape: GPTShape, strategy: Strategy, layers_traced: int | Non
                 step_param(p, g, lr)
 
             opt._step_param = labelled_step  # type: ignore[method-assign]
+            rec.tensor_parts = {id(p.grad): (rec.param_parts.get(id(p), LAST), p.grad) for p in params if p.grad is not None}
             opt.step()  # the steady-state update: this one is priced
         grad_sync = {i for i, out in rec.reshard_outs if id(out) in synced and rec.reshard_parts[i] != SETUP}
         parts = {id(p): rec.param_parts.get(id(p), LAST) for p in params}
@@ -390,10 +405,13 @@ def trace_gpt_step(shape: GPTShape, strategy: Strategy, layers_traced: int | Non
 
 def _optimizer(model: GPT, strategy: Strategy) -> Any:
     mp = strategy.mixed_precision
+    clip = dist.optimizer.ClipGradByGlobalNorm(strategy.grad_clip) if strategy.grad_clip is not None else None
     if strategy.optimizer == "adamw":
-        opt = dist.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01, multi_precision=mp)
+        opt = dist.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01,
+                                   grad_clip=clip, multi_precision=mp)
     else:
-        opt = dist.optimizer.Momentum(learning_rate=1e-4, parameters=model.parameters(), momentum=0.9, multi_precision=mp)
+        opt = dist.optimizer.Momentum(learning_rate=1e-4, parameters=model.parameters(), momentum=0.9,
+                                      grad_clip=clip, multi_precision=mp)
     if strategy.zero:
         stage = [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][strategy.zero - 1]
         opt = dist.shard_optimizer(opt, stage("dp"))

@@ -240,3 +240,21 @@ def test_bad_command_lines_are_refused_naming_the_flag(argv: list[str], message:
         main(argv)
     assert exit_.value.code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_gradient_clipping_is_traced_and_priced_per_parameter() -> None:
+    """``ClipGradByGlobalNorm`` in shape-only mode: a square and a sum per gradient, a scale per
+    gradient (the step that clips), each labelled by its parameter's layer and scaled with it."""
+    shape = GPTShape(layers=6, hidden=32, heads=2, seq=16, vocab=64)
+    strategy = Strategy(dp=2, pp=2, grad_clip=1.0)
+    step = trace_gpt_step(shape, strategy)
+    layer0 = [op.op for op, part in zip(step.plan.ops, step.op_parts, strict=True)
+              if op.phase == "optimizer" and part == Part("layer", 0)]
+    per_layer = 16  # parameters of one block: q, k, v, proj, fc, proj weights and biases, two norms
+    assert (layer0.count("square"), layer0.count("sum"), layer0.count("scale")) == (per_layer,) * 3
+    plain = estimate(shape, Strategy(dp=2, pp=2), op_overhead=1e-4)
+    clipped = estimate(shape, strategy, op_overhead=1e-4, step=step)
+    # 3 parameters' ops more per parameter of every real layer (and of the embeddings and head)
+    extra = sum(clipped.tail_s) - sum(plain.tail_s)
+    n_params = 6 * per_layer + 2 + 4  # the layers, wte and wpe, ln_f and the head
+    assert extra >= 3 * n_params * 1e-4 * 0.999

@@ -91,3 +91,15 @@ def test_bandwidth_roofline_and_overhead() -> None:
     assert flops_only == pytest.approx(20 / 1e12)
     with pytest.raises(ValueError, match="memory_bandwidth must be > 0"):
         PlanCosts(plan, PROFILE, memory_bandwidth=0)
+
+
+def test_vector_rate_and_reshard_overhead() -> None:
+    plan = _tp_step(False)
+    relu = next(o for o in plan.ops if o.op == "relu")
+    matmul = next(o for o in plan.ops if o.op == "matmul")
+    costs = PlanCosts(plan, PROFILE, vector_flops=1e6, op_overhead=1e-5, reshard_overhead=1e-3)
+    assert costs.op_time(relu, 0) == pytest.approx(20 / 1e6 + 1e-5)  # elementwise at the vector rate
+    assert costs.op_time(matmul, 0) == pytest.approx(2 * 4 * 5 * 6 / 1e12 + 1e-5)  # matmul at the GEMM rate
+    ar = next(r for r in plan.reshards if r.phase == "forward" and r.steps[0].kind == "all_reduce")
+    assert costs.reshard_time(ar, 0) == pytest.approx(1e-3 + PROFILE.collective_time("all_reduce", 64, [0, 1]))
+    assert costs.reshard_times(ar) == pytest.approx(costs.reshard_time(ar, 3))  # even shards: one number

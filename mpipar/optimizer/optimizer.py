@@ -50,7 +50,7 @@ class ClipGradByGlobalNorm:
     def __call__(self, params_grads: list[tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:
         from mpipar.ops import math as M
 
-        if current_backend().shape_only or not params_grads:
+        if not params_grads:
             return params_grads
         # Sum of squares per mesh (pipeline stages live on different meshes), then across meshes.
         per_mesh: dict[Any, Tensor] = {}
@@ -61,6 +61,9 @@ class ClipGradByGlobalNorm:
                 per_mesh[key] = sq if key not in per_mesh else M.add(per_mesh[key], sq)
         if not per_mesh:
             return params_grads
+        if current_backend().shape_only:
+            # No values to compare with clip_norm: trace the step that clips (what it costs when it does).
+            return [(p, M.scale(g, 1.0) if getattr(p, "need_clip", True) else g) for p, g in params_grads]
         total = sum(float(v) for _, v in sorted(per_mesh.items(), key=lambda kv: kv[0] or ()))
         norm = float(np.sqrt(total))
         if norm <= self.clip_norm:

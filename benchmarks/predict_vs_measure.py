@@ -1,0 +1,308 @@
+"""Predicted vs measured step time of ``examples/gpt.py`` on ``mpiexec -n 8``, three strategies.
+
+    .venv/bin/python benchmarks/predict_vs_measure.py [--profile profile.json] [--steps 10]
+        [--strategies "dp=8;dp=2,tp=4;dp=1,tp=2,pp=4"]
+
+1. **Calibrate** this machine as 8 ranks see it (every measurement runs on all 8 at once, the
+   contention training sees): ``python -m simulator calibrate -n 8`` for the MPI links and the
+   GEMM rate (or ``--profile`` to reuse one), then this script's ``--worker`` mode under
+   ``mpiexec -n 8`` for what the profile does not hold: host seconds per mpipar op and per
+   parameter update (each rank times a tiny GPT step -- 8-wide, 4 tokens, compute negligible --
+   on its own one-rank mesh and divides by the ops and updates a trace of it counts); what a
+   collective costs amid Python work (the same tiny steps data parallel over 2 and over 8 ranks,
+   the extra time per collective: ``call + 2 (n - 1) alpha``); NumPy's elementwise FLOP rate.
+   Host costs move with the machine's load, so they are measured again before each strategy.
+2. **Predict** each strategy with ``simulator.estimate`` (shape-only trace of gpt.py's default
+   model: 4 layers, hidden 128, 4 heads, seq 64, vocab 128, global batch 16, float32, AdamW with
+   global-norm clipping; one micro-batch, so a pipeline runs its stages one after another as
+   gpt.py does) on that profile, bandwidth and overheads. Nothing is fitted to the runs below.
+3. **Measure** ``gpt.py --mesh ... --steps N`` under ``mpiexec -n 8``: seconds per step = median
+   gap between consecutive ``step <n> loss`` lines, the first step excluded.
+4. Print predicted, measured, their ratio (target 0.67..1.5, aim 0.8..1.25) and whether the
+   predicted order of the strategies is the measured one (pairs closer than the measured
+   spread are called ties).
+
+On the project's shared 2-core machine 8 ranks time-share two cores, so the host overhead
+dominates and the numbers move with the other jobs on the box; run it a few times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+MPIEXEC = os.path.join(BIN, "mpiexec")
+DEFAULT_STRATEGIES = "dp=8;dp=2,tp=4;dp=1,tp=2,pp=4"
+GLOBAL_BATCH = 16
+
+
+# ---------------------------------------------------------------------- worker (under mpiexec)
+def worker(steps: int, gap: float) -> None:
+    """Each rank: tiny GPT steps on its own mesh, NumPy's elementwise rate, all-reduces ``gap`` s apart."""
+    import numpy as np
+    from mpi4py import MPI
+
+    import mpipar as dist
+    from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
+    from mpipar.trace import trace
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    cfg = GPTConfig(vocab_size=16, block_size=4, n_layer=2, n_head=2, n_embd=8, dropout=0.0, dtype="float32")
+
+    def tiny(dp: int, clip: bool) -> dict[str, float]:
+        """Median seconds of forward+backward and of the update, and what a traced step holds."""
+        ranks = [rank // dp * dp + i for i in range(dp)]
+        mesh = dist.ProcessMesh([[r] for r in ranks], dim_names=["dp", "tp"])
+        dist.seed(0)
+        par = GPTParallel([mesh])
+        model = GPT(cfg, par)
+        opt = dist.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters(),
+                                   grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0) if clip else None)
+        idx = dist.shard_tensor(np.arange(4 * dp, dtype=np.int64).reshape(dp, 4) % 16, mesh, par.activation(mesh, seq_split=False))
+
+        def step() -> tuple[float, float]:
+            start = time.perf_counter()
+            loss = model.loss(idx, idx)
+            loss.backward()
+            mid = time.perf_counter()
+            opt.step()
+            opt.clear_grad()
+            return mid - start, time.perf_counter() - mid
+
+        for _ in range(3):
+            step()
+        with trace() as rec:
+            step()
+        plan = rec.plan()
+        comm.Barrier()
+        times = [step() for _ in range(steps)]
+        return {
+            "fb": statistics.median(t[0] for t in times), "update": statistics.median(t[1] for t in times),
+            "fb_ops": sum(1 for o in plan.ops if o.phase != "optimizer"),
+            "opt_ops": sum(1 for o in plan.ops if o.phase == "optimizer"),
+            "collectives": sum(1 for r in plan.reshards if r.phase != "optimizer" and any(
+                st.kind not in ("slice", "partial") for st in r.steps)),
+            "params": len(list(model.parameters())),
+        }
+
+    own = tiny(1, clip=True)
+    alone = tiny(1, clip=False)
+    per_op = own["fb"] / own["fb_ops"]
+    per_update = alone["update"] / alone["params"]
+    # Elementwise passes (add, multiply, exp, tanh: one FLOP per element each in op_cost's table)
+    # over 64 KiB arrays, all ranks at once.
+    x = np.full(16384, 0.5, dtype=np.float32)
+    comm.Barrier()
+    reps = 500
+    start = time.perf_counter()
+    for _ in range(reps):
+        np.tanh(np.exp(x * x + x))
+    vector = 4 * x.size * reps / (time.perf_counter() - start)
+    # An mpipar all-reduce (1 KiB) over groups of 2 and of 8 ranks, with ``gap`` seconds of
+    # NumPy work between calls on every rank (all at once, as training interleaves them).
+    unit = np.full(4096, 0.5, dtype=np.float32)
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(200):
+        np.tanh(unit * unit + unit)
+    per_unit = (time.perf_counter() - start) / 200
+    units = max(int(gap / per_unit), 1)
+    collective = {}
+    for n in (2, 8):
+        group = dist.ProcessMesh([rank // n * n + i for i in range(n)], dim_names=["g"])
+        partial = dist.dtensor_from_local(np.ones(256, dtype=np.float32), group, [dist.Partial()])
+
+        def loop(with_collective: bool, reps: int, group: Any = group, partial: Any = partial) -> float:
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(reps):
+                for _ in range(units):
+                    np.tanh(unit * unit + unit)
+                if with_collective:
+                    dist.reshard(partial, group, [dist.Replicate()])
+            return (time.perf_counter() - start) / reps
+
+        loop(True, 3)
+        reps = max(10, int(0.3 / max(gap, 1e-4)))
+        # Median of five paired batches: a neighbour's burst on the shared machine spoils one, not the result.
+        collective[n] = max(statistics.median(loop(True, reps) - loop(False, reps) for _ in range(5)), 0.0)
+    rows = comm.gather({"op": per_op, "update": per_update, "vector_flops": vector, "allreduce2": collective[2],
+                        "allreduce8": collective[8]}, root=0)
+    if rank == 0:
+        print(json.dumps({k: statistics.median(r[k] for r in rows) for k in rows[0]}))
+
+
+def host_costs(steps: int, gap: float) -> dict[str, float]:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [MPIEXEC, "-n", "8", sys.executable, os.path.abspath(__file__), "--worker", "--steps", str(steps),
+         "--gap", repr(gap)],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, env=env, cwd=ROOT, check=True,
+    )
+    return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
+
+
+# ---------------------------------------------------------------------- predict and measure
+def degrees(text: str) -> dict[str, int]:
+    from simulator.estimate import parse_mesh
+
+    return parse_mesh(text)
+
+
+def loaded_latency(host: dict[str, float]) -> tuple[float, float]:
+    """(alpha, base): a ring all-reduce call of n ranks amid Python work takes base + 2 (n - 1) alpha.
+
+    From the worker's tiny data-parallel steps over groups of 2 and of 8 ranks (small buffers:
+    the latency terms are all there is).
+    """
+    alpha = max(host["allreduce8"] - host["allreduce2"], 0.0) / (2 * (8 - 2))
+    base = max(host["allreduce2"] - 2 * alpha, 0.0)
+    return alpha, base
+
+
+def loaded_profile(profile: Any, host: dict[str, float]) -> Any:
+    """``profile`` with the link latency ranks show between Python work on this machine."""
+    from simulator.cost import HardwareProfile, Link
+
+    alpha = max(loaded_latency(host)[0], profile.intra_node.alpha_s)
+    link = Link(alpha, profile.intra_node.bandwidth_Bps)
+    return HardwareProfile(
+        f"{profile.name}-loaded", link, link, dict(profile.flops_per_s), profile.devices_per_node,
+        profile.compute_efficiency, profile.memory_bytes, profile.reduction_Bps,
+        f"{profile.description}; link latency measured between Python work by benchmarks/predict_vs_measure.py",
+    )
+
+
+def gpt_step(mesh: str) -> Any:
+    """gpt.py's default model and this mesh, every layer traced (it is small)."""
+    from simulator.step_trace import GPTShape, Strategy, trace_gpt_step
+
+    d = degrees(mesh)
+    shape = GPTShape(layers=4, hidden=128, heads=4, seq=64, vocab=128, micro_batch_size=GLOBAL_BATCH // d["dp"], dropout=0.0)
+    strategy = Strategy(dp=d["dp"], tp=d["tp"], pp=d["pp"], grad_clip=1.0)
+    return trace_gpt_step(shape, strategy, layers_traced=shape.layers)
+
+
+def predict(step: Any, profile: Any, host: dict[str, float], base: float | None = None) -> float:
+    from simulator.estimate import estimate
+
+    est = estimate(step.shape, step.strategy, profile, vector_flops=host["vector_flops"], op_overhead=host["op"],
+                   reshard_overhead=loaded_latency(host)[1] if base is None else base, update_overhead=host["update"],
+                   step=step)
+    return est.step_time_s
+
+
+def collective_gap(step: Any, profile: Any, host: dict[str, float]) -> float:
+    """Seconds of work between two collectives on rank 0: its step without collective costs / its collectives."""
+    from simulator.cost import HardwareProfile, Link
+
+    free = Link(0.0, 1e30)
+    quiet = HardwareProfile("no-latency", free, free, dict(profile.flops_per_s))
+    busy = predict(step, quiet, host, base=0.0)
+    calls = sum(1 for r, part in zip(step.plan.reshards, step.reshard_parts, strict=True) if str(part) != "setup"
+                and any(s.kind not in ("slice", "partial") for s in r.steps)
+                and 0 in step.plan.mesh(r.src_mesh).process_ids)
+    return busy / max(calls, 1)
+
+
+def measure(mesh: str, steps: int) -> tuple[float, float]:
+    """(median, spread) seconds per step of gpt.py; spread = half the interquartile range."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [MPIEXEC, "-n", "8", sys.executable, os.path.join(ROOT, "examples", "gpt.py"), "--mesh", mesh, "--steps", str(steps)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+    stamps = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("step "):
+            stamps.append(time.perf_counter())
+    err = proc.stderr.read() if proc.stderr else ""
+    if proc.wait() != 0 or len(stamps) < 3:
+        raise SystemExit(f"gpt.py --mesh {mesh} failed (exit {proc.returncode}):\n{err[-2000:]}")
+    gaps = sorted(b - a for a, b in itertools.pairwise(stamps))
+    q = statistics.quantiles(gaps, n=4) if len(gaps) >= 2 else [gaps[0]] * 3
+    return statistics.median(gaps), (q[2] - q[0]) / 2
+
+
+def order_agrees(names: list[str], predicted: list[float], measured: list[float], spread: list[float]) -> tuple[bool, list[str]]:
+    """Every pair ordered alike, except pairs the measurement cannot tell apart (ties)."""
+    ties = []
+    ok = True
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            if abs(measured[i] - measured[j]) <= spread[i] + spread[j]:
+                ties.append(f"{names[i]} ~ {names[j]}")
+                continue
+            ok &= (predicted[i] < predicted[j]) == (measured[i] < measured[j])
+    return ok, ties
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", help="a hardware profile JSON to reuse (default: calibrate -n 8 now)")
+    parser.add_argument("--steps", type=int, default=10, help="gpt.py steps per strategy (the first is excluded)")
+    parser.add_argument("--strategies", default=DEFAULT_STRATEGIES, help="';'-separated --mesh values")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--gap", type=float, default=1e-3, help=argparse.SUPPRESS)
+    ns = parser.parse_args()
+    if ns.worker:
+        worker(ns.steps, ns.gap)
+        return
+    sys.path.insert(0, ROOT)
+    from simulator.cost import load_profile
+
+    if ns.profile:
+        profile = load_profile(ns.profile)
+    else:
+        path = os.path.join(tempfile.mkdtemp(prefix="mpipar-calibrate-"), "profile.json")
+        subprocess.run([sys.executable, "-m", "simulator", "calibrate", "-n", "8", "-o", path], check=True, cwd=ROOT,
+                       stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        profile = load_profile(path)
+        print(f"calibrated (mpiexec -n 8): {path}")
+    link = profile.intra_node
+    print(f"  links: alpha {link.alpha_s * 1e6:.1f} us, {link.bandwidth_Bps / 1e9:.2f} GB/s; GEMM float32 "
+          f"{profile.flops_per_s.get('float32', 0) / 1e9:.1f} GFLOP/s per rank ({os.cpu_count()} CPUs for 8 ranks)")
+    names = [s.strip() for s in ns.strategies.split(";") if s.strip()]
+    predicted, measured, spread = [], [], []
+    rows = []
+    for mesh in names:
+        # Host costs move with the machine's load: measure them right before the run they predict,
+        # with collectives as far apart as the plan puts them.
+        step = gpt_step(mesh)
+        gap = collective_gap(step, profile, host_costs(10, 1e-3))
+        host = host_costs(20, gap)
+        alpha, base = loaded_latency(host)
+        p = predict(step, loaded_profile(profile, host), host)
+        m, sp = measure(mesh, ns.steps)
+        predicted.append(p)
+        measured.append(m)
+        spread.append(sp)
+        rows.append((mesh, gap, host, alpha, base, p, m, sp))
+    print(f"\n{'strategy':<16} {'gap ms':>6} {'op us':>6} {'call us':>7} {'alpha us':>8} {'vec GF/s':>8} "
+          f"{'predicted s':>11} {'measured s':>11} {'+-':>6} {'pred/meas':>9}")
+    for mesh, gap, host, alpha, base, p, m, sp in rows:
+        ratio = p / m
+        mark = "ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")
+        print(f"{mesh:<16} {gap * 1e3:>6.2f} {host['op'] * 1e6:>6.0f} {base * 1e6:>7.0f} {alpha * 1e6:>8.0f} {host['vector_flops'] / 1e9:>8.2f} "
+              f"{p:>11.4f} {m:>11.4f} {sp:>6.3f} {ratio:>9.2f}  {mark}")
+    print("(gap: the plan's work between two collectives; op: host time per mpipar op; call + 2(n-1) alpha: an "
+          "n-rank all-reduce with that gap of work between calls; vec: elementwise FLOP rate; 8 ranks at once)")
+    ok, ties = order_agrees(names, predicted, measured, spread)
+    by_pred = " < ".join(n for _, n in sorted(zip(predicted, names, strict=True)))
+    by_meas = " < ".join(n for _, n in sorted(zip(measured, names, strict=True)))
+    print(f"\npredicted order: {by_pred}\nmeasured order:  {by_meas}")
+    print(f"order matches: {'yes' if ok else 'no'}" + (f" (ties within the measured spread: {', '.join(ties)})" if ties else ""))
+
+
+if __name__ == "__main__":
+    main()
