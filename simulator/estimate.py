@@ -23,9 +23,15 @@ every event labelled by the layer or part it serves) and scaled by the layers ea
   backward split into input-gradient ``B`` and weight-gradient ``W`` (the backward twins of
   the forward matmuls with a weight operand), the pipeline hand-offs as sends; then
   ``simulate_schedule`` runs the schedule and each pipeline rank adds, once per step, its
-  gradient reduction (data parallel all-reduce / ZeRO reduce-scatter) and optimizer step
-  (update FLOPs or bytes, the ZeRO all-gather). Nothing overlaps communication with compute
-  except what the schedule itself overlaps (transfers between stages).
+  gradient reduction (every reshard that brings a parameter's gradient to its layout: data
+  parallel all-reduce, ZeRO reduce-scatter, a Partial weight gradient's reduction) and
+  optimizer step (update FLOPs or bytes, the ZeRO all-gather), as a runtime accumulating
+  micro-batches locally does (mpipar's eager loop reduces after every micro-batch instead).
+  Nothing overlaps communication with compute except what the schedule itself overlaps
+  (transfers between stages).
+* **not modelled**: buffers (the causal mask), communication buffers, fragmentation, the
+  norm's collective in gradient clipping, and the host-side SPMD dispatch of other stages'
+  ops that mpipar's eager mode performs on every rank.
 * **peak memory per rank** = model state + the largest sum of activations its schedule holds
   at once (the micro-batches in flight on its stage(s), walked along its action list).
 

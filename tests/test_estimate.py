@@ -258,3 +258,17 @@ def test_gradient_clipping_is_traced_and_priced_per_parameter() -> None:
     extra = sum(clipped.tail_s) - sum(plain.tail_s)
     n_params = 6 * per_layer + 2 + 4  # the layers, wte and wpe, ln_f and the head
     assert extra >= 3 * n_params * 1e-4 * 0.999
+
+
+def test_cli_writes_the_traced_plan(tmp_path: object) -> None:
+    from mpipar.plan import Plan
+
+    path = f"{tmp_path}/plan.json"
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["--layers", "4", "--hidden", "64", "--heads", "2", "--seq", "16", "--vocab", "64",
+                     "--mesh", "dp=2,pp=2", "--plan", path]) == 0
+    plan = Plan.load(path)
+    assert plan.meta["shape_only"] and plan.meta["layers_traced"] == 4
+    assert plan.comm_counts("forward") == {"transfer": 1}  # the one pipeline hand-off
+    assert f"wrote {path}" in out.getvalue() and "step time" in out.getvalue()
