@@ -347,7 +347,10 @@ def _accumulate_leaf(leaf: Tensor, g: Tensor) -> None:
 
     if leaf.is_dist:
         target = leaf.grad_spec()
-        if not g.is_dist or g.spec != target:
+        # A leaf standing in for a recomputed block's input lets its gradient keep the layout the
+        # block's backward gave it (Partial too), exactly as the block's ordinary backward would.
+        keep_layout = getattr(leaf, "_grad_any_layout", False) and g.is_dist
+        if not keep_layout and (not g.is_dist or g.spec != target):
             with comm_context(f"gradient of {leaf._label()} to its layout {target.placements_str}"):
                 g = reshard(g, target.mesh, list(target.placements))
     elif g.is_dist:  # a dense leaf used in a distributed computation: its gradient is dense

@@ -7,20 +7,19 @@ for the remaining steps and end in the same final state:
 
 * same mesh: bit-identical (simulator, ``--reference``, MPI, and MPI <-> simulator);
 * layout changes that keep every floating-point reduction (ZeRO 0 <-> 1, ZeRO 2 <-> 3,
-  selective recompute, full recompute without tp): bit-identical too; the ZeRO-split
-  optimizer states are read into the new layout;
+  selective or full recompute, with or without tp and sequence parallel): bit-identical too;
+  the ZeRO-split optimizer states are read into the new layout;
 * mesh changes that reorder sums (another dp or tp degree, pipeline stages, ZeRO 0/1 <->
-  2/3, sequence parallel, full recompute): float64, within 1e-12 of the uninterrupted run,
-  measured against the largest magnitude of each kind of state (see ``assert_close``).
+  2/3, sequence parallel): float64, within 1e-12 of the uninterrupted run, measured against
+  the largest magnitude of each kind of state (see ``assert_close``).
 
 Why the last group cannot be bit-identical: a dp degree splits the batch, so gradients and the
 loss mean are sums of other partial sums; a tp degree splits the row-parallel matmuls'
 contraction and, with sequence parallel, the LayerNorm gradients' sums over tokens; the
 global-norm clip adds the squares per pipeline-stage mesh and over a dp-split gradient under
-ZeRO-2/3; full recompute under tp groups the sums of the tp-partial gradients flowing into
-each block's input differently (measured: the gradients of block 0 and the embeddings change,
-and only when tp > 1). The uninterrupted runs on those meshes differ from each other in the
-last bits just as much.
+ZeRO-2/3. The uninterrupted runs on those meshes differ from each other in the last bits just
+as much. (Recompute is not among them: a recomputed block hands its input's tp-partial gradient
+back unreduced, so the caller sums it where the ordinary backward does.)
 
 Run: ``.venv/bin/python -m pytest -q tests/test_checkpoint_resume.py`` (``-m mpi`` for the
 mpiexec variants).
@@ -190,8 +189,13 @@ KEEPS_REDUCTIONS = {
     "zero0->zero1-selective": (["--mesh", "dp=2,tp=2"], ["--mesh", "dp=2,tp=2", "--zero", "1", "--recompute", "selective"]),
     # ZeRO-3 stores the parameters split as well; gradients are reduce-scattered in both.
     "zero3->zero2": (["--mesh", "dp=2,tp=2,pp=2", "--zero", "3"], ["--mesh", "dp=2,tp=2,pp=2", "--zero", "2"]),
-    # Without tp, re-running each block in backward changes no sum (it does under tp, see above).
     "dp4-zero1->dp4-full-recompute": (["--mesh", "dp=4", "--zero", "1"], ["--mesh", "dp=4", "--recompute", "full"]),
+    # Under tp the recomputed block's input gradient is tp-partial; it is reduced where the
+    # ordinary backward reduces it, so the sums keep their order.
+    "tp-full-recompute": (["--mesh", "dp=2,tp=2"], ["--mesh", "dp=2,tp=2", "--recompute", "full"]),
+    "tp-sp-zero2->full-recompute": (["--mesh", "dp=2,tp=2,pp=2", "--sequence-parallel", "--zero", "2"],
+                                    ["--mesh", "dp=2,tp=2,pp=2", "--sequence-parallel", "--zero", "2",
+                                     "--recompute", "full"]),
 }
 
 
