@@ -124,6 +124,8 @@ class GradContext:
     input_shapes: list[tuple[int, ...]]
     input_dtypes: list[Any]
     needs_grad: list[bool]
+    input_specs: list[Any] | None = None
+    """Each input's layout as the kernel saw it (a ``DistSpec``; None for dense); None if not recorded."""
 
 
 @dataclass(eq=False)

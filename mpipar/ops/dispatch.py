@@ -380,6 +380,7 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
         input_shapes=[tuple(t.shape) for t in flat],
         input_dtypes=[t.dtype for t in flat],
         needs_grad=needs,
+        input_specs=[u.spec if u.is_dist else None for u in used],
     )
     parents = [u if need else None for u, need in zip(used, needs, strict=True)]
     node = autograd.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]

@@ -281,10 +281,33 @@ def _keep_shape(shape: Sequence[int], axis: Any) -> list[int]:
     return [1 if d in axes else n for d, n in enumerate(shape)]
 
 
+def _split_like_input(ctx: GradContext, g: Tensor) -> Tensor:
+    """The broadcast gradient of a reduction, split where the reduced input was split.
+
+    ``expand`` of a replicated gradient is replicated: left so, every rank would carry (and the
+    next matmul would compute on) the whole tensor although the input was, say, split by batch.
+    Where the input is ``Shard`` and the gradient ``Replicate``, taking this rank's part is a
+    local slice of a broadcast view: no communication, no copy, the same values.
+    """
+    spec = ctx.input_specs[0] if ctx.input_specs else None
+    if spec is None or not g.is_dist or g.spec.mesh != spec.mesh:
+        return g
+    want = [
+        p if p.is_shard() and q.is_replicated() else q for p, q in zip(spec.placements, g.spec.placements, strict=True)
+    ]
+    if want == list(g.spec.placements):
+        return g
+    from mpipar.comm import comm_context
+    from mpipar.tensor import reshard
+
+    with comm_context(f"{ctx.op} gradient: split like its input {spec.placements_str}"):
+        return reshard(g, spec.mesh, want)
+
+
 def _sum_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     shape = ctx.input_shapes[0]
     gk = reshape(g[0], _keep_shape(shape, ctx.attrs.get("axis")))
-    return [expand(gk, list(shape))]
+    return [_split_like_input(ctx, expand(gk, list(shape)))]
 
 
 def _mean_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
@@ -292,7 +315,7 @@ def _mean_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     axes = norm_axes(ctx.attrs.get("axis"), len(shape), "mean")
     count = math.prod(shape[a] for a in axes)
     gk = reshape(scale(g[0], 1.0 / count), _keep_shape(shape, ctx.attrs.get("axis")))
-    return [expand(gk, list(shape))]
+    return [_split_like_input(ctx, expand(gk, list(shape)))]
 
 
 def _extreme_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
