@@ -67,7 +67,9 @@ def main() -> None:
         t = best_of(lambda x=x, m1=m1, s1=s1: dist.reshard(x, m1, p(s1)), args.repeat)
         read = sum(a.nbytes for a in x._shards.values() if a is not None) if x.spec.is_partial else value.nbytes
         read_ratio = t / (copy_time * read / value.nbytes)
-        flag = "" if not is_comm or t / copy_time <= 3 else "  (above 3x: reads every rank's partial buffer)"
+        flag = ""
+        if is_comm and t / copy_time > 3:
+            flag = "  (above 3x: reads every rank's partial buffer)" if x.spec.is_partial else "  (above 3x)"
         steps = " + ".join(s.kind for s in plan.steps)
         print(f"{name:30s} {t * 1e3:9.1f} {t / copy_time:7.2f} {read_ratio:21.2f}  {steps}{flag}")
 
