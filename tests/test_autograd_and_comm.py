@@ -169,3 +169,33 @@ def test_infer_forward_api_with_paddle_names() -> None:
     assert back.inputs[0].placements[0] == dist.Shard(1) and back.inputs[1].placements[0] == dist.Shard(0)
     with pytest.raises(ValueError, match="must stay whole"):
         dist.spmd.infer_backward("softmax", [x], [dist.DistSpec([8, 16], mesh, [dist.Replicate(), dist.Shard(1)])], axis=-1)
+
+
+def test_a_partial_is_kept_through_a_matmul_only_when_its_reduction_does_not_grow() -> None:
+    """The row-parallel backward: a tp-partial output gradient (tokens, h) times the column-split
+    weight (4h, h) transposed, with more tokens than the weight has rows (so gathering the weight
+    receives fewer bytes than reducing the gradient). Keeping it Partial would gather the weight
+    and leave every rank a (tokens, 4h) Partial to reduce later, 4x the bytes: the rule reduces the gradient now and splits
+    the product by the weight's columns, as Megatron's backward does. Where the product is no
+    larger than the Partial it came from, deferring costs nothing and the Partial is kept."""
+    mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["tp"])
+    gout = dist.DistSpec([64, 8], mesh, [dist.Partial()])
+    w = dist.DistSpec([32, 8], mesh, [dist.Shard(0)])
+    res = dist.spmd.infer_forward("matmul", [gout, w], trans_x=False, trans_y=True)
+    assert [str(s.placements[0]) for s in res.inputs] == ["R", "S(0)"]
+    assert res.outputs[0].placements == (dist.Shard(1),)
+
+    shrinking = dist.spmd.infer_forward("matmul", [dist.DistSpec([32, 64], mesh, [dist.Partial()]),
+                                                   dist.DistSpec([64, 16], mesh, [dist.Replicate()])])
+    assert shrinking.outputs[0].placements == (dist.Partial(),)
+    assert shrinking.inputs[0].placements == (dist.Partial(),)
+
+    # executed: the same numbers as the dense product, and one all_reduce of the (64, 8) gradient
+    rng = np.random.default_rng(0)
+    parts, wv = rng.standard_normal((4, 64, 8)), rng.standard_normal((32, 8))
+    g = dist.dtensor_from_local(lambda r: parts[r], mesh, [dist.Partial()], shape=[64, 8])
+    wt = dist.shard_tensor(wv, mesh, [dist.Shard(0)])
+    with dist.CommDebugMode() as comm:
+        out = dist.matmul(g, wt, transpose_y=True)
+    assert comm.counts() == {"all_reduce": 1}
+    np.testing.assert_allclose(out.full_tensor(), parts.sum(0) @ wv.T, rtol=1e-12)

@@ -18,7 +18,9 @@ there, a Partial some input has there, or Replicate): the rule never invents a s
 
 Conflict policy (documented, cost-aware): among all combinations of per-axis candidates,
 choose the one whose input reshards receive the fewest bytes per rank (the reshard planner's
-own cost); ties go to fewer Partial outputs (a Partial must be reduced later), then to
+own cost), counting for a Partial kept through a multilinear op how much its deferred
+reduction grows (the output's all-reduce minus the input's, when larger: see
+``_deferred_growth``); ties go to fewer Partial outputs (a Partial must be reduced later), then to
 leaving earlier inputs unchanged. Non-linear ops never consume Partial: a Partial input of
 a non-linear op has no ``P`` candidate and is reduced by the reshard the rule asks for.
 """
@@ -182,6 +184,34 @@ def _describe(es: EinsumSpec, mesh_names: Sequence[str], combo: Sequence[Decisio
     return f"{eq}; " + "; ".join(parts)
 
 
+def _reduce_elems(spec: DistSpec, axis: int) -> int:
+    """Elements a rank receives to reduce ``spec``'s Partial on ``axis`` (an all-reduce there)."""
+    pls = list(spec.placements)
+    pls[axis] = Replicate()
+    return plan_reshard(spec, spec.with_placements(pls)).recv_elems_per_rank()
+
+
+def _deferred_growth(es: EinsumSpec, combo: Sequence[Decision], ins: list[DistSpec], outs: list[DistSpec]) -> int:
+    """What keeping a Partial input Partial through a multilinear op adds to its later reduction.
+
+    ``P`` on an axis of a multilinear op (matmul, multiply) defers the input's reduction to the
+    output and makes the other inputs Replicate there. When the output is larger than the kept
+    input -- a Partial output gradient times a gathered column-parallel weight -- the deferred
+    reduction grows by the difference (and every rank computes the whole product). Reducing
+    the input now is then cheaper overall, which is what Megatron's backward does; counting the
+    growth lets the byte comparison see it. Deferring into an output no larger costs nothing.
+    """
+    if es.jointly:
+        return 0
+    extra = 0
+    for axis, dec in enumerate(combo):
+        if dec[0] != "P" or dec[1] is None:
+            continue
+        kept = _reduce_elems(ins[dec[1]], axis)
+        extra += max(0, sum(_reduce_elems(o, axis) for o in outs) - kept)
+    return extra
+
+
 def solve_forward(es: EinsumSpec, specs: Sequence[DistSpec]) -> tuple[list[DistSpec], list[DistSpec], str]:
     """Pick per-axis decisions for the inputs' current specs (see the module docstring)."""
     _check_mesh(es, specs)
@@ -195,6 +225,7 @@ def solve_forward(es: EinsumSpec, specs: Sequence[DistSpec]) -> tuple[list[DistS
             continue
         ins, outs = built
         cost = sum(plan_reshard(s, r).recv_elems_per_rank() for s, r in zip(specs, ins, strict=True) if s != r)
+        cost += _deferred_growth(es, combo, ins, outs)
         partial_outs = sum(len(o.partial_axes) for o in outs)
         changed = tuple(int(s != r) for s, r in zip(specs, ins, strict=True))
         key = (cost, partial_outs, changed)
