@@ -18,9 +18,8 @@ there, a Partial some input has there, or Replicate): the rule never invents a s
 
 Conflict policy (documented, cost-aware): among all combinations of per-axis candidates,
 choose the one whose input reshards receive the fewest bytes per rank (the reshard planner's
-own cost), counting for a Partial kept through a multilinear op how much its deferred
-reduction grows (the output's all-reduce minus the input's, when larger: see
-``_deferred_growth``); ties go to fewer Partial outputs (a Partial must be reduced later), then to
+own cost), counting for a Partial kept through a multilinear op the reduction it defers to
+the output (see ``_deferred_growth``); ties go to fewer Partial outputs (a Partial must be reduced later), then to
 leaving earlier inputs unchanged. Non-linear ops never consume Partial: a Partial input of
 a non-linear op has no ``P`` candidate and is reduced by the reshard the rule asks for.
 """
@@ -191,24 +190,26 @@ def _reduce_elems(spec: DistSpec, axis: int) -> int:
     return plan_reshard(spec, spec.with_placements(pls)).recv_elems_per_rank()
 
 
-def _deferred_growth(es: EinsumSpec, combo: Sequence[Decision], ins: list[DistSpec], outs: list[DistSpec]) -> int:
-    """What keeping a Partial input Partial through a multilinear op adds to its later reduction.
+def _deferred_growth(es: EinsumSpec, combo: Sequence[Decision], ins: list[DistSpec], outs: list[DistSpec]) -> float:
+    """What keeping a Partial input Partial through a multilinear op costs later.
 
-    ``P`` on an axis of a multilinear op (matmul, multiply) defers the input's reduction to the
-    output and makes the other inputs Replicate there. When the output is larger than the kept
-    input -- a Partial output gradient times a gathered column-parallel weight -- the deferred
-    reduction grows by the difference (and every rank computes the whole product). Reducing
-    the input now is then cheaper overall, which is what Megatron's backward does; counting the
-    growth lets the byte comparison see it. Deferring into an output no larger costs nothing.
+    ``P`` on an axis of a multilinear op (matmul, multiply) makes the other inputs Replicate
+    there and moves the input's reduction to the output; the alternative combos pay that
+    input's reduction now, among their reshards. A deferred reduction is not free: it costs the
+    output's reduction, later -- more than the input's when the product is larger (a Partial
+    output gradient times a gathered column-parallel weight), as much when it is the same size,
+    in which case the weight it had to gather made it the dearer plan (Megatron's backward
+    reduces the gradient first). A hair below the output's reduction is counted, so that a pure
+    deferral (nothing gathered, no larger) still wins its tie: deferred Partials can merge, an
+    add of two of them reducing once.
     """
     if es.jointly:
         return 0
-    extra = 0
+    extra = 0.0
     for axis, dec in enumerate(combo):
         if dec[0] != "P" or dec[1] is None:
             continue
-        kept = _reduce_elems(ins[dec[1]], axis)
-        extra += max(0, sum(_reduce_elems(o, axis) for o in outs) - kept)
+        extra += sum(_reduce_elems(o, axis) for o in outs) - 0.5
     return extra
 
 
