@@ -104,14 +104,19 @@ def _run_reduce_scatter(step: ReshardStep, current: Shards, dtype: np.dtype, bac
     return out
 
 
-def _assemble(box: Box, pieces: list[tuple[Box, Array]], dtype: np.dtype, xp: Any, out: Array | None = None) -> Array:
-    if len(pieces) == 1 and pieces[0][0] == box:  # one piece is the whole box: no copy
+def _without_copy(box: Box, pieces: list[tuple[Box, Array]]) -> Array | None:
+    """The box when it needs no copy: one piece that is the whole box, or adjacent slabs."""
+    if len(pieces) == 1 and pieces[0][0] == box:
         return pieces[0][1]
-    joined = _adjacent_views(box, pieces)
-    if joined is not None:
-        return joined
-    if out is None:
-        out = xp.empty(box_shape(box), dtype=dtype)
+    return _adjacent_views(box, pieces)
+
+
+def _assemble(box: Box, pieces: list[tuple[Box, Array]], dtype: np.dtype, xp: Any) -> Array:
+    whole = _without_copy(box, pieces)
+    return whole if whole is not None else _copy_into(xp.empty(box_shape(box), dtype=dtype), box, pieces)
+
+
+def _copy_into(out: Array, box: Box, pieces: list[tuple[Box, Array]]) -> Array:
     for piece_box, data in pieces:
         out[box_relative(piece_box, box)] = data
     return out
@@ -125,19 +130,22 @@ def _assemble_all(wanted: dict[int, tuple[Box, list[tuple[Box, Array]]]], dtype:
     all_to_all of 64 MiB: ~21 ms -> ~14 ms here, a plain copy being ~8 ms). Under MPI a
     process hosts one rank and this is ``_assemble``.
     """
-    fresh = [
-        r for r, (box, pieces) in wanted.items()
-        if not (len(pieces) == 1 and pieces[0][0] == box) and _adjacent_views(box, pieces) is None
-    ]
-    buffers: dict[int, Array] = {}
-    if len(fresh) > 1:
-        sizes = [int(np.prod(box_shape(wanted[r][0]))) for r in fresh]
-        flat = xp.empty(sum(sizes), dtype=dtype)
-        start = 0
-        for r, n in zip(fresh, sizes, strict=True):
-            buffers[r] = flat[start : start + n].reshape(box_shape(wanted[r][0]))
-            start += n
-    return {r: _assemble(box, pieces, dtype, xp, buffers.get(r)) for r, (box, pieces) in wanted.items()}
+    out: Shards = {}
+    fresh: list[int] = []
+    for r, (box, pieces) in wanted.items():
+        whole = _without_copy(box, pieces)
+        if whole is not None:
+            out[r] = whole
+        else:
+            fresh.append(r)
+    sizes = [int(np.prod(box_shape(wanted[r][0]))) for r in fresh]
+    flat = xp.empty(sum(sizes), dtype=dtype)
+    start = 0
+    for r, n in zip(fresh, sizes, strict=True):
+        box, pieces = wanted[r]
+        out[r] = _copy_into(flat[start : start + n].reshape(box_shape(box)), box, pieces)
+        start += n
+    return out
 
 
 def _adjacent_views(box: Box, pieces: list[tuple[Box, Array]]) -> Array | None:

@@ -19,9 +19,10 @@ there, a Partial some input has there, or Replicate): the rule never invents a s
 Conflict policy (documented, cost-aware): among all combinations of per-axis candidates,
 choose the one whose input reshards receive the fewest bytes per rank (the reshard planner's
 own cost), counting for a Partial kept through a multilinear op the reduction it defers to
-the output (see ``_deferred_growth``); ties go to fewer Partial outputs (a Partial must be reduced later), then to
-leaving earlier inputs unchanged. Non-linear ops never consume Partial: a Partial input of
-a non-linear op has no ``P`` candidate and is reduced by the reshard the rule asks for.
+the output (see ``_deferred_reduction``); ties go to fewer Partial outputs (a Partial must be
+reduced later), then to leaving earlier inputs unchanged. Non-linear ops never consume
+Partial: a Partial input of a non-linear op has no ``P`` candidate and is reduced by the
+reshard the rule asks for.
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ def _reduce_elems(spec: DistSpec, axis: int) -> int:
     return plan_reshard(spec, spec.with_placements(pls)).recv_elems_per_rank()
 
 
-def _deferred_growth(es: EinsumSpec, combo: Sequence[Decision], ins: list[DistSpec], outs: list[DistSpec]) -> float:
+def _deferred_reduction(es: EinsumSpec, combo: Sequence[Decision], outs: list[DistSpec]) -> float:
     """What keeping a Partial input Partial through a multilinear op costs later.
 
     ``P`` on an axis of a multilinear op (matmul, multiply) makes the other inputs Replicate
@@ -226,7 +227,7 @@ def solve_forward(es: EinsumSpec, specs: Sequence[DistSpec]) -> tuple[list[DistS
             continue
         ins, outs = built
         cost = sum(plan_reshard(s, r).recv_elems_per_rank() for s, r in zip(specs, ins, strict=True) if s != r)
-        cost += _deferred_growth(es, combo, ins, outs)
+        cost += _deferred_reduction(es, combo, outs)
         partial_outs = sum(len(o.partial_axes) for o in outs)
         changed = tuple(int(s != r) for s, r in zip(specs, ins, strict=True))
         key = (cost, partial_outs, changed)
