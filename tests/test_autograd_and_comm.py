@@ -171,13 +171,14 @@ def test_infer_forward_api_with_paddle_names() -> None:
         dist.spmd.infer_backward("softmax", [x], [dist.DistSpec([8, 16], mesh, [dist.Replicate(), dist.Shard(1)])], axis=-1)
 
 
-def test_a_partial_is_kept_through_a_matmul_only_when_its_reduction_does_not_grow() -> None:
+def test_a_partial_is_kept_through_a_matmul_only_when_deferring_its_reduction_is_cheaper() -> None:
     """The row-parallel backward: a tp-partial output gradient (tokens, h) times the column-split
     weight (4h, h) transposed, with more tokens than the weight has rows (so gathering the weight
     receives fewer bytes than reducing the gradient). Keeping it Partial would gather the weight
-    and leave every rank a (tokens, 4h) Partial to reduce later, 4x the bytes: the rule reduces the gradient now and splits
-    the product by the weight's columns, as Megatron's backward does. Where the product is no
-    larger than the Partial it came from, deferring costs nothing and the Partial is kept."""
+    and leave every rank a (tokens, 4h) Partial to reduce later, 4x the bytes: the rule reduces
+    the gradient now and splits the product by the weight's columns, as Megatron's backward
+    does. Where nothing needs gathering and the product is smaller than the Partial it came
+    from, deferring is cheaper and the Partial is kept."""
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["tp"])
     gout = dist.DistSpec([64, 8], mesh, [dist.Partial()])
     w = dist.DistSpec([32, 8], mesh, [dist.Shard(0)])

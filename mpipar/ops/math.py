@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from mpipar.autograd import GradContext
+from mpipar.comm import comm_context
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
 from mpipar.spmd.rules.common import norm_axes
-from mpipar.tensor import Tensor
+from mpipar.tensor import Tensor, reshard
 
 Array = Any
 
@@ -297,9 +298,6 @@ def _split_like_input(ctx: GradContext, g: Tensor) -> Tensor:
     ]
     if want == list(g.spec.placements):
         return g
-    from mpipar.comm import comm_context
-    from mpipar.tensor import reshard
-
     with comm_context(f"{ctx.op} gradient: split like its input {spec.placements_str}"):
         return reshard(g, spec.mesh, want)
 
