@@ -30,6 +30,19 @@ Group = tuple[int, ...]
 REDUCE_OPS = ("sum", "avg", "max", "min")
 
 
+class BackToBack(list):  # type: ignore[type-arg]
+    """Received pieces that lie in order, back to back, in one flat buffer ``flat``.
+
+    A collective that receives into one buffer returns its pieces as this list, so a
+    reshard whose pieces tile the result in that order takes ``flat`` as the result: no
+    copy, and no per-piece address checks (each a Python call into NumPy).
+    """
+
+    def __init__(self, pieces: Iterable[Array], flat: Array) -> None:
+        super().__init__(pieces)
+        self.flat = flat
+
+
 @dataclass(frozen=True)
 class CommEvent:
     """One collective call on one rank group (or one point-to-point transfer)."""

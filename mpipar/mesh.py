@@ -142,17 +142,27 @@ class ProcessMesh:
         coord = list(self.coordinate(rank))
         return tuple(self.rank_at([*coord[:a], i, *coord[a + 1 :]]) for i in range(self.shape[a]))
 
-    def groups(self, axes: Sequence[int]) -> list[tuple[int, ...]]:
+    def groups(self, axes: Sequence[int | str]) -> list[tuple[int, ...]]:
         """Partition the mesh into the rank groups spanned by ``axes``.
 
         Members of a group share their coordinates on every other axis; inside a group,
         members are ordered row-major over ``axes`` taken in the given order (the flattened
         group a collective over several axes runs on).
         """
-        axes = [self.axis_index(a) for a in axes]
-        others = [a for a in range(self.ndim) if a not in axes]
-        moved = np.transpose(self._ids, others + axes)
-        return [tuple(int(x) for x in g.reshape(-1)) for g in moved.reshape(-1, _prod(self.shape[a] for a in axes))]
+        key = tuple(axes)
+        cached = self._groups_cache.get(key)
+        if cached is None:
+            # Every collective of every reshard asks this: worth a dict lookup, not a transpose.
+            idx = [self.axis_index(a) for a in key]
+            others = [a for a in range(self.ndim) if a not in idx]
+            moved = np.transpose(self._ids, others + idx)
+            cached = [tuple(int(x) for x in g.reshape(-1)) for g in moved.reshape(-1, _prod(self.shape[a] for a in idx))]
+            self._groups_cache[key] = cached
+        return list(cached)
+
+    @cached_property
+    def _groups_cache(self) -> dict[tuple[int | str, ...], list[tuple[int, ...]]]:
+        return {}
 
     # --------------------------------------------------------------------- sub-meshes
     def __getitem__(self, index: Any) -> ProcessMesh:
@@ -183,9 +193,14 @@ class ProcessMesh:
         return (tuple(self._ids.shape), self._id_tuple, self._dim_names)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ProcessMesh) and self._key() == other._key()
+        return other is self or (isinstance(other, ProcessMesh) and self._key() == other._key())
 
     def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        # Meshes key every spec and plan cache: hash the id tuple once, not per lookup.
         return hash(self._key())
 
     def same_layout(self, other: ProcessMesh) -> bool:

@@ -19,6 +19,7 @@ Arrays held by a tensor are read-only; operations build new arrays.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -445,12 +446,22 @@ def _shards_from_global(
     return execute_plan(plan_reshard(no_partial, spec), shards, dtype, backend)
 
 
-def _spec_for(what: str, shape: Sequence[int], mesh: ProcessMesh, placements: list[Placement]) -> DistSpec:
-    """Build a spec, prefixing any error with the tensor it was meant for."""
+def _spec_for(
+    what: str | Callable[[], str], shape: Sequence[int], mesh: ProcessMesh, placements: list[Placement]
+) -> DistSpec:
+    """Build a spec, prefixing any error with the tensor it was meant for (``what``, or a
+    function giving it, called only on an error)."""
     try:
-        return DistSpec(shape, mesh, placements)
+        return _interned_spec(tuple(shape), mesh, tuple(placements))
     except ValueError as exc:
-        raise ValueError(f"{what}: {exc}") from None
+        raise ValueError(f"{what if isinstance(what, str) else what()}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _interned_spec(shape: tuple[int, ...], mesh: ProcessMesh, placements: tuple[Placement, ...]) -> DistSpec:
+    """One spec object per value: a training step asks for the same few layouts over and over,
+    and a shared object keeps its cached boxes and hits the plan cache by identity."""
+    return DistSpec(shape, mesh, placements)
 
 
 def shard_tensor(
@@ -527,7 +538,7 @@ def reshard(tensor: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) 
     if not isinstance(mesh, ProcessMesh):
         raise TypeError(f"reshard mesh must be a dist.ProcessMesh, got {type(mesh).__name__}")
     pls = check_placements(placements, "reshard placements")
-    dst = _spec_for(f"reshard of {tensor._label()}", tensor.shape, mesh, pls)
+    dst = _spec_for(lambda: f"reshard of {tensor._label()}", tensor.shape, mesh, pls)
     backend = current_backend()
     if hooks.stage_runs and tensor.is_dist and not tensor.spec.mesh.same_layout(mesh):
         # A pipeline stage boundary inside a stage-filtered forward (mpipar.pipeline.runner).

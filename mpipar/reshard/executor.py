@@ -9,16 +9,17 @@ the simulator hand one gathered or reduced array to every member of a group.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from mpipar.backend import Backend
-from mpipar.comm import PointToPoint, comm_context
+from mpipar.comm import BackToBack, PointToPoint, comm_context
 from mpipar.placement import Replicate, Shard
 from mpipar.reshard.planner import ReshardPlan, ReshardStep
-from mpipar.spec import Box, box_intersect, box_relative, box_shape
+from mpipar.spec import Box, box_intersect, box_numel, box_relative, box_shape
 
 Array = Any
 Shards = dict[int, Array]
@@ -47,9 +48,8 @@ def execute_plan(plan: ReshardPlan, shards: Mapping[int, Array], dtype: Any, bac
     """Apply ``plan`` to the hosted ``shards`` (keyed by rank) and return the new ones."""
     current: Shards = dict(shards)
     dtype = np.dtype(dtype)
-    label = f"reshard {plan.src.placements_str} -> {plan.dst.placements_str}"
-    for step in plan.steps:
-        with comm_context(f"{label}: {step.describe()}"):
+    for step, context in zip(plan.steps, plan.step_contexts, strict=True):
+        with comm_context(context):
             current = _RUNNERS[step.kind](step, current, dtype, backend)
         for r in current:
             freeze(current[r])
@@ -57,7 +57,10 @@ def execute_plan(plan: ReshardPlan, shards: Mapping[int, Array], dtype: Any, bac
 
 
 def _groups(step: ReshardStep, current: Shards) -> list[tuple[int, ...]]:
-    return [g for g in step.src.mesh.groups(step.axes) if any(r in current for r in g)]
+    if len(current) == 1:  # one hosted rank (MPI): its own group only
+        (rank,) = current
+        return [g for g in step.groups if rank in g]
+    return [g for g in step.groups if any(r in current for r in g)]
 
 
 def _run_slice(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
@@ -104,15 +107,30 @@ def _run_reduce_scatter(step: ReshardStep, current: Shards, dtype: np.dtype, bac
     return out
 
 
-def _without_copy(box: Box, pieces: list[tuple[Box, Array]]) -> Array | None:
-    """The box when it needs no copy: one piece that is the whole box, or adjacent slabs."""
+def _without_copy(box: Box, pieces: list[tuple[Box, Array]], flat: Array | None = None) -> Array | None:
+    """The box when it needs no copy: one piece that is the whole box, the flat buffer the
+    pieces were received into when they tile the box in that order, or adjacent slabs."""
     if len(pieces) == 1 and pieces[0][0] == box:
         return pieces[0][1]
+    if flat is not None and flat.size == box_numel(box) and _slabs_in_order(box, [b for b, _ in pieces]):
+        return freeze(flat.reshape(box_shape(box)))
     return _adjacent_views(box, pieces)
 
 
-def _assemble(box: Box, pieces: list[tuple[Box, Array]], dtype: np.dtype, xp: Any) -> Array:
-    whole = _without_copy(box, pieces)
+def _slabs_in_order(box: Box, boxes: list[Box]) -> bool:
+    """Do ``boxes``, in this order, tile ``box`` as consecutive ranges of its first dim?"""
+    if not box or not boxes or boxes[0][0][0] != box[0][0] or boxes[-1][0][1] != box[0][1]:
+        return False
+    rest = box[1:]
+    return all(b[1:] == rest for b in boxes) and all(a[0][1] == b[0][0] for a, b in itertools.pairwise(boxes))
+
+
+def _flat_of(received: Any) -> Array | None:
+    return received.flat if isinstance(received, BackToBack) else None
+
+
+def _assemble(box: Box, pieces: list[tuple[Box, Array]], dtype: np.dtype, xp: Any, flat: Array | None = None) -> Array:
+    whole = _without_copy(box, pieces, flat)
     return whole if whole is not None else _copy_into(xp.empty(box_shape(box), dtype=dtype), box, pieces)
 
 
@@ -122,7 +140,7 @@ def _copy_into(out: Array, box: Box, pieces: list[tuple[Box, Array]]) -> Array:
     return out
 
 
-def _assemble_all(wanted: dict[int, tuple[Box, list[tuple[Box, Array]]]], dtype: np.dtype, xp: Any) -> Shards:
+def _assemble_all(wanted: dict[int, tuple[Box, list[tuple[Box, Array]], Array | None]], dtype: np.dtype, xp: Any) -> Shards:
     """``_assemble`` for every hosted rank, the copies landing in one allocation.
 
     The simulator assembles all ranks' results at once; one large buffer carved into per-rank
@@ -132,8 +150,8 @@ def _assemble_all(wanted: dict[int, tuple[Box, list[tuple[Box, Array]]]], dtype:
     """
     out: Shards = {}
     fresh: list[int] = []
-    for r, (box, pieces) in wanted.items():
-        whole = _without_copy(box, pieces)
+    for r, (box, pieces, received_flat) in wanted.items():
+        whole = _without_copy(box, pieces, received_flat)
         if whole is not None:
             out[r] = whole
         else:
@@ -142,7 +160,7 @@ def _assemble_all(wanted: dict[int, tuple[Box, list[tuple[Box, Array]]]], dtype:
     flat = xp.empty(sum(sizes), dtype=dtype)
     start = 0
     for r, n in zip(fresh, sizes, strict=True):
-        box, pieces = wanted[r]
+        box, pieces, _ = wanted[r]
         out[r] = _copy_into(flat[start : start + n].reshape(box_shape(box)), box, pieces)
         start += n
     return out
@@ -187,7 +205,8 @@ def _run_all_gather(step: ReshardStep, current: Shards, dtype: np.dtype, backend
         for r, gathered in res.items():
             key = id(gathered)
             if key not in assembled:
-                assembled[key] = _assemble(dst[r], list(zip((src[m] for m in group), gathered, strict=True)), dtype, backend.xp)
+                pieces = list(zip((src[m] for m in group), gathered, strict=True))
+                assembled[key] = _assemble(dst[r], pieces, dtype, backend.xp, _flat_of(gathered))
             out[r] = assembled[key]
     return out
 
@@ -216,14 +235,14 @@ def _run_all_to_all(step: ReshardStep, current: Shards, dtype: np.dtype, backend
             chunks[r] = row
             recv_shapes[r] = [_overlap_shape(src[m], dst[r]) for m in group]
         res = backend.comm.all_to_all(group, chunks, recv_shapes)
-        wanted: dict[int, tuple[Box, list[tuple[Box, Array]]]] = {}
+        wanted: dict[int, tuple[Box, list[tuple[Box, Array]], Array | None]] = {}
         for r, received in res.items():
             pieces = []
             for m, data in zip(group, received, strict=True):
                 inter = box_intersect(src[m], dst[r])
                 if inter is not None:
                     pieces.append((inter, data))
-            wanted[r] = (dst[r], pieces)
+            wanted[r] = (dst[r], pieces, _flat_of(received))
         out.update(_assemble_all(wanted, dtype, xp))
     return out
 

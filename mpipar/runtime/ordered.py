@@ -48,12 +48,12 @@ import math
 import os
 import sys
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from mpipar.comm import Array, Communicator, Group, Shape, reduce_arrays
+from mpipar.comm import Array, BackToBack, Communicator, Group, Shape, reduce_arrays
 from mpipar.runtime.faults import signature
 from mpipar.spec import chunk_range
 
@@ -195,12 +195,17 @@ class OrderedCommunicator(Communicator):
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager
-    def _collective(self, op: str, group: Group, sig: dict[str, Any]) -> Iterator[None]:
-        """Number the call on its group, check signatures if asked, and run it under a deadline."""
+    def _collective(self, label: str, group: Group, sig: Callable[[], dict[str, Any]]) -> Iterator[None]:
+        """Number the call on its group, check signatures if asked, and run it under a deadline.
+
+        ``label`` names the op in a timeout report (``all_reduce(sum)``); ``sig`` builds the
+        check-mode signature, only when check mode is on (building it for every call cost a
+        small collective a measurable share of its time).
+        """
         seq = self._seq[group] = self._seq.get(group, 0) + 1
         if self.check_collectives:
-            self._check(group, seq, sig)
-        with self._watch(sig["label"], group, seq):
+            self._check(group, seq, sig())
+        with self._watch(label, group, seq):
             yield
 
     def _mine(self, op: str, group: Group, bufs: Mapping[int, Any]) -> Any:
@@ -256,7 +261,8 @@ class OrderedCommunicator(Communicator):
         if n == 1:
             return {self.rank: reduce_arrays([a], op, self.xp)}
         dtype, shape = a.dtype, tuple(a.shape)
-        with self._collective("all_reduce", group, signature("all_reduce", dtype=dtype, reduce_type=op, shape=shape)):
+        sig = lambda: signature("all_reduce", dtype=dtype, reduce_type=op, shape=shape)  # noqa: E731
+        with self._collective(f"all_reduce({op})", group, sig):
             out = self._reduce_to(group, a, op, root=None)
         return {self.rank: out.reshape(shape)}
 
@@ -266,8 +272,8 @@ class OrderedCommunicator(Communicator):
         if n == 1:
             return {self.rank: reduce_arrays([a], op, self.xp)}
         dtype, shape = a.dtype, tuple(a.shape)
-        sig = signature("reduce", dtype=dtype, reduce_type=op, shape=shape, root=root)
-        with self._collective("reduce", group, sig):
+        sig = lambda: signature("reduce", dtype=dtype, reduce_type=op, shape=shape, root=root)  # noqa: E731
+        with self._collective(f"reduce({op})", group, sig):
             out = self._reduce_to(group, a, op, root=group.index(root))
         return {self.rank: out.reshape(shape)} if out is not None else {}
 
@@ -311,7 +317,8 @@ class OrderedCommunicator(Communicator):
             return {self.rank: reduce_arrays([row[0]], op, self.xp)}
         dtype = row[0].dtype
         shapes = [tuple(c.shape) for c in row]
-        with self._collective("reduce_scatter", group, signature("reduce_scatter", dtype=dtype, reduce_type=op, shapes=shapes)):
+        sig = lambda: signature("reduce_scatter", dtype=dtype, reduce_type=op, shapes=shapes)  # noqa: E731
+        with self._collective(f"reduce_scatter({op})", group, sig):
             send = self._pack(row, dtype)
             mine = _prod(shapes[i])
             received = self._scratch(n * mine, dtype)
@@ -330,7 +337,8 @@ class OrderedCommunicator(Communicator):
         if n == 1:
             return {self.rank: [a]}
         counts = [_prod(s) for s in shapes]
-        with self._collective("all_gather", group, signature("all_gather", dtype=a.dtype, shapes=shapes)):
+        sig = lambda: signature("all_gather", dtype=a.dtype, shapes=shapes)  # noqa: E731
+        with self._collective("all_gather", group, sig):
             out = self._result(sum(counts), a.dtype)
             self._t_allgatherv(group, self._flat(a, a.dtype), out, counts)
         return {self.rank: _split(out, shapes)}
@@ -347,7 +355,8 @@ class OrderedCommunicator(Communicator):
             return {self.rank: row}
         dtype = row[0].dtype
         sends = [tuple(c.shape) for c in row]
-        with self._collective("all_to_all", group, signature("all_to_all", dtype=dtype, sends=sends, recvs=expect)):
+        sig = lambda: signature("all_to_all", dtype=dtype, sends=sends, recvs=expect)  # noqa: E731
+        with self._collective("all_to_all", group, sig):
             send = self._pack(row, dtype)
             out = self._result(sum(_prod(s) for s in expect), dtype)
             self._t_alltoallv(group, send, [_prod(s) for s in sends], out, [_prod(s) for s in expect])
@@ -366,7 +375,7 @@ class OrderedCommunicator(Communicator):
         else:
             buf = self._result(_prod(shape), dtype).reshape(shape)
         if len(group) > 1:
-            sig = signature("broadcast", dtype=dtype, shape=tuple(shape), root=root)
+            sig = lambda: signature("broadcast", dtype=dtype, shape=tuple(shape), root=root)  # noqa: E731
             with self._collective("broadcast", group, sig):
                 self._t_bcast(group, buf.reshape(-1), group.index(root))
         return {self.rank: buf}
@@ -374,7 +383,7 @@ class OrderedCommunicator(Communicator):
     def _barrier(self, group: Group) -> None:
         if self.rank not in group or len(group) == 1:
             return
-        with self._collective("barrier", group, signature("barrier", dtype="")):
+        with self._collective("barrier", group, lambda: signature("barrier", dtype="")):
             self._t_barrier(group)
 
 
@@ -404,11 +413,11 @@ def _adjacent_view(pieces: Sequence[Array], dtype: Any) -> Array | None:
     return np.ndarray((int((at - start) // first.itemsize),), dtype=dtype, buffer=root, offset=start - root_start)
 
 
-def _split(flat: Array, shapes: Sequence[Shape]) -> list[Array]:
+def _split(flat: Array, shapes: Sequence[Shape]) -> BackToBack:
     """Views of consecutive pieces of ``flat`` with the given shapes."""
     out, start = [], 0
     for s in shapes:
         count = _prod(s)
         out.append(flat[start : start + count].reshape(s))
         start += count
-    return out
+    return BackToBack(out, flat)
