@@ -14,10 +14,9 @@ end on the lanes of the members this process hosts (``_span_recorders``).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,13 +76,22 @@ def _span_start() -> float:
     return span_clock() if _span_recorders else 0.0
 
 
-@contextlib.contextmanager
-def comm_context(reason: str) -> Iterator[None]:
-    """Label every communication event recorded inside with ``reason`` (nesting joins with ' / ')."""
-    _context.append(reason)
-    try:
-        yield
-    finally:
+class comm_context:
+    """Label every communication event recorded inside with ``reason`` (nesting joins with ' / ').
+
+    A class, not a generator context manager: it wraps every reshard step and op input, and
+    a generator's setup is a measurable share of a small collective under ``mpiexec``.
+    """
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __enter__(self) -> None:
+        _context.append(self.reason)
+
+    def __exit__(self, *exc: object) -> None:
         _context.pop()
 
 

@@ -198,7 +198,7 @@ def _run_all_gather(step: ReshardStep, current: Shards, dtype: np.dtype, backend
     src, dst = step.src.boxes, step.dst.boxes
     out: Shards = {}
     for group in _groups(step, current):
-        shapes = [box_shape(src[m]) for m in group]
+        shapes = step.member_shapes(group)
         res = backend.comm.all_gather(group, {r: current[r] for r in group if r in current}, shapes)
         # Members that received the very same list (the simulator shares it) share one result.
         assembled: dict[int, Array] = {}

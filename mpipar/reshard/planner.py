@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
 from mpipar.placement import Partial, Placement, Replicate, Shard
-from mpipar.spec import Box, DistSpec, box_intersect, box_numel
+from mpipar.spec import Box, DistSpec, box_intersect, box_numel, box_shape
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 LOCAL_KINDS = ("slice", "partial")
@@ -106,6 +106,17 @@ class ReshardStep:
 
     def __str__(self) -> str:
         return self.describe()
+
+    def member_shapes(self, group: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The source shard shape of each member of ``group``, in member order (cached)."""
+        shapes = self._member_shapes.get(group)
+        if shapes is None:
+            shapes = self._member_shapes[group] = [box_shape(self.src.boxes[m]) for m in group]
+        return shapes
+
+    @cached_property
+    def _member_shapes(self) -> dict[tuple[int, ...], list[tuple[int, ...]]]:
+        return {}
 
     @cached_property
     def groups(self) -> tuple[tuple[int, ...], ...]:

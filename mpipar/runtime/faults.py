@@ -41,7 +41,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,6 +217,28 @@ class Notice:
         return f"was last seen waiting in {self.op} on group {list(self.group)} (call #{self.seq} there)"
 
 
+class _Watch:
+    """The context of one ``Watchdog.watch``: makes its wait the current one, then restores
+    the previous (a class, as it wraps every collective: cheaper than a generator)."""
+
+    __slots__ = ("_dog", "_previous", "waiting")
+
+    def __init__(self, dog: Watchdog, waiting: Waiting) -> None:
+        self._dog = dog
+        self.waiting = waiting
+        self._previous: Waiting | None = None
+
+    def __enter__(self) -> Waiting:
+        self._previous = previous = self._dog._current
+        if previous is not None:  # nested (a check inside a collective): keep the outer clock
+            self.waiting.start = previous.start
+        self._dog._current = self.waiting
+        return self.waiting
+
+    def __exit__(self, *exc: object) -> None:
+        self._dog._current = self._previous
+
+
 class Watchdog:
     """Deadlines and arrival notices for every blocking wait (see the module docstring).
 
@@ -245,18 +267,9 @@ class Watchdog:
         self._thread.start()
 
     # -------------------------------------------------------------- main-thread side
-    @contextlib.contextmanager
-    def watch(self, op: str, group: Sequence[int], seq: int, p2p: bool = False) -> Iterator[Waiting]:
-        """Run a blocking wait under the deadline."""
-        previous = self._current
-        waiting = Waiting(op, tuple(group), seq, p2p)
-        if previous is not None:  # nested (a check inside a collective): keep the outer clock
-            waiting.start = previous.start
-        self._current = waiting
-        try:
-            yield waiting
-        finally:
-            self._current = previous
+    def watch(self, op: str, group: Sequence[int], seq: int, p2p: bool = False) -> _Watch:
+        """Run a blocking wait under the deadline (``with watchdog.watch(...) as waiting:``)."""
+        return _Watch(self, Waiting(op, tuple(group), seq, p2p))
 
     def announce_exit(self) -> None:
         """Tell every rank this one has finished the script, and wait until all have.

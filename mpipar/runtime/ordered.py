@@ -48,7 +48,7 @@ import math
 import os
 import sys
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -194,8 +194,9 @@ class OrderedCommunicator(Communicator):
     def _check(self, group: Group, seq: int, sig: dict[str, Any]) -> None: ...
 
     # ------------------------------------------------------------------ helpers
-    @contextlib.contextmanager
-    def _collective(self, label: str, group: Group, sig: Callable[[], dict[str, Any]]) -> Iterator[None]:
+    def _collective(
+        self, label: str, group: Group, sig: Callable[[], dict[str, Any]]
+    ) -> contextlib.AbstractContextManager[Any]:
         """Number the call on its group, check signatures if asked, and run it under a deadline.
 
         ``label`` names the op in a timeout report (``all_reduce(sum)``); ``sig`` builds the
@@ -205,8 +206,7 @@ class OrderedCommunicator(Communicator):
         seq = self._seq[group] = self._seq.get(group, 0) + 1
         if self.check_collectives:
             self._check(group, seq, sig())
-        with self._watch(label, group, seq):
-            yield
+        return self._watch(label, group, seq)
 
     def _mine(self, op: str, group: Group, bufs: Mapping[int, Any]) -> Any:
         if self.rank not in bufs:
@@ -329,8 +329,7 @@ class OrderedCommunicator(Communicator):
     def _all_gather(self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]) -> dict[int, list[Array]]:
         a = self._mine("all_gather", group, bufs)
         n, i = len(group), group.index(self.rank)
-        shapes = [tuple(int(d) for d in s) for s in shapes]
-        if tuple(a.shape) != shapes[i]:
+        if tuple(a.shape) != tuple(shapes[i]):
             raise RuntimeError(
                 f"all_gather on group {list(group)}: rank {self.rank} passes shape {list(a.shape)}, others expect {list(shapes[i])}"
             )
