@@ -9,9 +9,14 @@
    ``mpiexec -n 8`` for what the profile does not hold: host seconds per mpipar op and per
    parameter update (each rank times a tiny GPT step -- 8-wide, 4 tokens, compute negligible --
    on its own one-rank mesh and divides by the ops and updates a trace of it counts); what a
-   collective costs amid Python work (the same tiny steps data parallel over 2 and over 8 ranks,
-   the extra time per collective: ``call + 2 (n - 1) alpha``); NumPy's elementwise FLOP rate.
-   Host costs move with the machine's load, so they are measured again before each strategy.
+   collective costs amid Python work (a 1 KiB all-reduce over 2 and over 8 ranks after 0, 0.3,
+   1, 3 and 10 ms of NumPy work, the extra time per collective: ``call + 2 (n - 1) alpha``);
+   NumPy's elementwise FLOP rate. Host costs move with the machine's load, so they are
+   measured again before each strategy. A collective's cost depends on the work before it:
+   ranks time-sharing cores drift apart while they work and the collective waits for the
+   last (here about 0.7 ms right after another collective, 3 ms after 1 ms of work), so each
+   of the plan's collectives is priced at its own gap (rank 0's modelled work since its
+   previous collective), interpolated between the measured gaps.
 2. **Predict** each strategy with ``simulator.estimate`` (shape-only trace of gpt.py's default
    model: 4 layers, hidden 128, 4 heads, seq 64, vocab 128, global batch 16, float32, AdamW with
    global-norm clipping; one micro-batch, so a pipeline runs its stages one after another as
@@ -46,9 +51,14 @@ DEFAULT_STRATEGIES = "dp=8;dp=2,tp=4;dp=1,tp=2,pp=4"
 GLOBAL_BATCH = 16
 
 
+GAP_GRID = (0.0, 3e-4, 1e-3, 3e-3, 1e-2)
+"""Seconds of work between collectives at which the worker times an all-reduce (interpolated)."""
+
+
 # ---------------------------------------------------------------------- worker (under mpiexec)
-def worker(steps: int, gap: float) -> None:
-    """Each rank: tiny GPT steps on its own mesh, NumPy's elementwise rate, all-reduces ``gap`` s apart."""
+def worker(steps: int) -> None:
+    """Each rank: tiny GPT steps on its own mesh, NumPy's elementwise rate, and all-reduces
+    after each gap of ``GAP_GRID`` seconds of work."""
     import numpy as np
     from mpi4py import MPI
 
@@ -109,45 +119,46 @@ def worker(steps: int, gap: float) -> None:
     for _ in range(reps):
         np.tanh(np.exp(x * x + x))
     vector = 4 * x.size * reps / (time.perf_counter() - start)
-    # An mpipar all-reduce (1 KiB) over groups of 2 and of 8 ranks, with ``gap`` seconds of
-    # NumPy work between calls on every rank (all at once, as training interleaves them).
+    # An mpipar all-reduce (1 KiB) over groups of 2 and of 8 ranks after ``gap`` seconds of
+    # NumPy work on every rank (all at once, as training interleaves them), for each gap of
+    # the grid. What a collective costs here depends on that gap: 8 ranks time-sharing 2
+    # cores drift apart while they work, and the collective waits for the last one.
     unit = np.full(4096, 0.5, dtype=np.float32)
     comm.Barrier()
     start = time.perf_counter()
     for _ in range(200):
         np.tanh(unit * unit + unit)
     per_unit = (time.perf_counter() - start) / 200
-    units = max(int(gap / per_unit), 1)
-    collective = {}
+    out: dict[str, float] = {"op": per_op, "update": per_update, "vector_flops": vector}
     for n in (2, 8):
         group = dist.ProcessMesh([rank // n * n + i for i in range(n)], dim_names=["g"])
         partial = dist.dtensor_from_local(np.ones(256, dtype=np.float32), group, [dist.Partial()])
+        for g, gap in enumerate(GAP_GRID):
+            units = round(gap / per_unit)
 
-        def loop(with_collective: bool, reps: int, group: Any = group, partial: Any = partial) -> float:
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(reps):
-                for _ in range(units):
-                    np.tanh(unit * unit + unit)
-                if with_collective:
-                    dist.reshard(partial, group, [dist.Replicate()])
-            return (time.perf_counter() - start) / reps
+            def loop(with_collective: bool, reps: int, group: Any = group, partial: Any = partial, units: int = units) -> float:
+                comm.Barrier()
+                start = time.perf_counter()
+                for _ in range(reps):
+                    for _ in range(units):
+                        np.tanh(unit * unit + unit)
+                    if with_collective:
+                        dist.reshard(partial, group, [dist.Replicate()])
+                return (time.perf_counter() - start) / reps
 
-        loop(True, 3)
-        reps = max(10, int(0.3 / max(gap, 1e-4)))
-        # Median of five paired batches: a neighbour's burst on the shared machine spoils one, not the result.
-        collective[n] = max(statistics.median(loop(True, reps) - loop(False, reps) for _ in range(5)), 0.0)
-    rows = comm.gather({"op": per_op, "update": per_update, "vector_flops": vector, "allreduce2": collective[2],
-                        "allreduce8": collective[8]}, root=0)
+            loop(True, 3)
+            reps = max(10, int(0.2 / max(gap, 1e-3)))
+            # Median of five paired batches: a neighbour's burst on the shared machine spoils one, not the result.
+            out[f"allreduce{n}_{g}"] = max(statistics.median(loop(True, reps) - loop(False, reps) for _ in range(5)), 0.0)
+    rows = comm.gather(out, root=0)
     if rank == 0:
         print(json.dumps({k: statistics.median(r[k] for r in rows) for k in rows[0]}))
 
 
-def host_costs(steps: int, gap: float) -> dict[str, float]:
+def host_costs(steps: int) -> dict[str, float]:
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
-        [MPIEXEC, "-n", "8", sys.executable, os.path.abspath(__file__), "--worker", "--steps", str(steps),
-         "--gap", repr(gap)],
+        [MPIEXEC, "-n", "8", sys.executable, os.path.abspath(__file__), "--worker", "--steps", str(steps)],
         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, env=env, cwd=ROOT, check=True,
     )
     return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
@@ -160,22 +171,38 @@ def degrees(text: str) -> dict[str, int]:
     return parse_mesh(text)
 
 
-def loaded_latency(host: dict[str, float]) -> tuple[float, float]:
-    """(alpha, base): a ring all-reduce call of n ranks amid Python work takes base + 2 (n - 1) alpha.
+def at_gap(host: dict[str, float], n: int, gap: float) -> float:
+    """The worker's all-reduce cost over ``n`` ranks after ``gap`` seconds of work (linear
+    between the grid's gaps, the last one's beyond it)."""
+    points = [(g, host[f"allreduce{n}_{i}"]) for i, g in enumerate(GAP_GRID)]
+    if gap >= points[-1][0]:
+        return points[-1][1]
+    for (g0, c0), (g1, c1) in itertools.pairwise(points):
+        if gap <= g1:
+            return c0 + (c1 - c0) * (max(gap, g0) - g0) / (g1 - g0)
+    raise AssertionError("unreachable")
 
-    From the worker's tiny data-parallel steps over groups of 2 and of 8 ranks (small buffers:
-    the latency terms are all there is).
+
+def loaded_latency(host: dict[str, float], gaps: list[float]) -> tuple[float, float]:
+    """(alpha, base): a ring all-reduce call of n ranks amid Python work takes base + 2 (n - 1) alpha,
+    on average over the plan's collectives, each after its own gap of work.
+
+    From the worker's all-reduces over groups of 2 and of 8 ranks (small buffers: the latency
+    terms are all there is), at the gaps of ``GAP_GRID``.
     """
-    alpha = max(host["allreduce8"] - host["allreduce2"], 0.0) / (2 * (8 - 2))
-    base = max(host["allreduce2"] - 2 * alpha, 0.0)
+    gaps = gaps or [0.0]
+    two = statistics.fmean(at_gap(host, 2, g) for g in gaps)
+    eight = statistics.fmean(at_gap(host, 8, g) for g in gaps)
+    alpha = max(eight - two, 0.0) / (2 * (8 - 2))
+    base = max(two - 2 * alpha, 0.0)
     return alpha, base
 
 
-def loaded_profile(profile: Any, host: dict[str, float]) -> Any:
+def loaded_profile(profile: Any, alpha_loaded: float) -> Any:
     """``profile`` with the link latency ranks show between Python work on this machine."""
     from simulator.cost import HardwareProfile, Link
 
-    alpha = max(loaded_latency(host)[0], profile.intra_node.alpha_s)
+    alpha = max(alpha_loaded, profile.intra_node.alpha_s)
     link = Link(alpha, profile.intra_node.bandwidth_Bps)
     return HardwareProfile(
         f"{profile.name}-loaded", link, link, dict(profile.flops_per_s), profile.devices_per_node,
@@ -194,26 +221,52 @@ def gpt_step(mesh: str) -> Any:
     return trace_gpt_step(shape, strategy, layers_traced=shape.layers)
 
 
-def predict(step: Any, profile: Any, host: dict[str, float], base: float | None = None) -> float:
+def predict(step: Any, profile: Any, host: dict[str, float], base: float) -> float:
     from simulator.estimate import estimate
 
     est = estimate(step.shape, step.strategy, profile, vector_flops=host["vector_flops"], op_overhead=host["op"],
-                   reshard_overhead=loaded_latency(host)[1] if base is None else base, update_overhead=host["update"],
-                   step=step)
+                   reshard_overhead=base, update_overhead=host["update"], step=step)
     return est.step_time_s
 
 
-def collective_gap(step: Any, profile: Any, host: dict[str, float]) -> float:
-    """Seconds of work between two collectives on rank 0: its step without collective costs / its collectives."""
+def collective_gaps(step: Any, profile: Any, host: dict[str, float]) -> list[float]:
+    """Seconds of work rank 0 does before each of its collectives in one step, in plan order.
+
+    A reshard an op asked for runs right before that op; one no op asked for (a gradient
+    going to its parameter's layout) right after the op that made its tensor. The work is the
+    ops' modelled time on a link-free profile, host overhead per op included.
+    """
     from simulator.cost import HardwareProfile, Link
+    from simulator.op_cost import PlanCosts
+    from simulator.step_trace import SETUP
 
     free = Link(0.0, 1e30)
     quiet = HardwareProfile("no-latency", free, free, dict(profile.flops_per_s))
-    busy = predict(step, quiet, host, base=0.0)
-    calls = sum(1 for r, part in zip(step.plan.reshards, step.reshard_parts, strict=True) if str(part) != "setup"
-                and any(s.kind not in ("slice", "partial") for s in r.steps)
-                and 0 in step.plan.mesh(r.src_mesh).process_ids)
-    return busy / max(calls, 1)
+    plan = step.plan
+    costs = PlanCosts(plan, quiet, vector_flops=host["vector_flops"], op_overhead=host["op"], reshard_overhead=0.0)
+    made_by = {t: op.index for op in plan.ops for t in op.outputs}
+    events: list[tuple[tuple[int, int], float | None]] = []
+    for op, part in zip(plan.ops, step.op_parts, strict=True):
+        if part == SETUP or op.phase not in ("forward", "backward", "optimizer"):
+            continue
+        times = costs.op_times(op)
+        mine = times.get(0, 0.0) if isinstance(times, dict) else (times if 0 in costs.op_ranks(op) else 0.0)
+        events.append(((op.index, 1), mine))
+    for res, part in zip(plan.reshards, step.reshard_parts, strict=True):
+        if part == SETUP or not any(s.kind not in ("slice", "partial") for s in res.steps):
+            continue
+        if 0 not in plan.mesh(res.src_mesh).process_ids:
+            continue
+        at = (res.op, 0) if res.op is not None else (made_by.get(res.tensor, -1), 2)
+        events.append((at, None))
+    gaps, work = [], 0.0
+    for _, seconds in sorted(events, key=lambda e: e[0]):
+        if seconds is None:
+            gaps.append(work)
+            work = 0.0
+        else:
+            work += seconds
+    return gaps
 
 
 def measure(mesh: str, steps: int) -> tuple[float, float]:
@@ -253,10 +306,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="gpt.py steps per strategy (the first is excluded)")
     parser.add_argument("--strategies", default=DEFAULT_STRATEGIES, help="';'-separated --mesh values")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--gap", type=float, default=1e-3, help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.worker:
-        worker(ns.steps, ns.gap)
+        worker(ns.steps)
         return
     sys.path.insert(0, ROOT)
     from simulator.cost import load_profile
@@ -279,15 +331,15 @@ def main() -> None:
         # Host costs move with the machine's load: measure them right before the run they predict,
         # with collectives as far apart as the plan puts them.
         step = gpt_step(mesh)
-        gap = collective_gap(step, profile, host_costs(10, 1e-3))
-        host = host_costs(20, gap)
-        alpha, base = loaded_latency(host)
-        p = predict(step, loaded_profile(profile, host), host)
+        host = host_costs(20)
+        gaps = collective_gaps(step, profile, host)
+        alpha, base = loaded_latency(host, gaps)
+        p = predict(step, loaded_profile(profile, alpha), host, base)
         m, sp = measure(mesh, ns.steps)
         predicted.append(p)
         measured.append(m)
         spread.append(sp)
-        rows.append((mesh, gap, host, alpha, base, p, m, sp))
+        rows.append((mesh, statistics.median(gaps) if gaps else 0.0, host, alpha, base, p, m, sp))
     print(f"\n{'strategy':<16} {'gap ms':>6} {'op us':>6} {'call us':>7} {'alpha us':>8} {'vec GF/s':>8} "
           f"{'predicted s':>11} {'measured s':>11} {'+-':>6} {'pred/meas':>9}")
     for mesh, gap, host, alpha, base, p, m, sp in rows:
@@ -295,8 +347,9 @@ def main() -> None:
         mark = "ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")
         print(f"{mesh:<16} {gap * 1e3:>6.2f} {host['op'] * 1e6:>6.0f} {base * 1e6:>7.0f} {alpha * 1e6:>8.0f} {host['vector_flops'] / 1e9:>8.2f} "
               f"{p:>11.4f} {m:>11.4f} {sp:>6.3f} {ratio:>9.2f}  {mark}")
-    print("(gap: the plan's work between two collectives; op: host time per mpipar op; call + 2(n-1) alpha: an "
-          "n-rank all-reduce with that gap of work between calls; vec: elementwise FLOP rate; 8 ranks at once)")
+    print("(gap: the median work before one of rank 0's collectives; op: host time per mpipar op; call + 2(n-1) alpha: "
+          "an n-rank all-reduce, averaged over the plan's collectives, each after its own gap of work; vec: "
+          "elementwise FLOP rate; 8 ranks at once)")
     ok, ties = order_agrees(names, predicted, measured, spread)
     by_pred = " < ".join(n for _, n in sorted(zip(predicted, names, strict=True)))
     by_meas = " < ".join(n for _, n in sorted(zip(measured, names, strict=True)))
