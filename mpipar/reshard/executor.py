@@ -57,10 +57,7 @@ def execute_plan(plan: ReshardPlan, shards: Mapping[int, Array], dtype: Any, bac
 
 
 def _groups(step: ReshardStep, current: Shards) -> list[tuple[int, ...]]:
-    if len(current) == 1:  # one hosted rank (MPI): its own group only
-        (rank,) = current
-        return [g for g in step.groups if rank in g]
-    return [g for g in step.groups if any(r in current for r in g)]
+    return [g for g in step.src.mesh.groups(step.axes) if not current.keys().isdisjoint(g)]
 
 
 def _run_slice(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:

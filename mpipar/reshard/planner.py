@@ -118,11 +118,6 @@ class ReshardStep:
     def _member_shapes(self) -> dict[tuple[int, ...], list[tuple[int, ...]]]:
         return {}
 
-    @cached_property
-    def groups(self) -> tuple[tuple[int, ...], ...]:
-        """The rank groups its collective runs on (one per combination of the other axes)."""
-        return tuple(self.src.mesh.groups(self.axes))
-
 
 @dataclass(frozen=True)
 class ReshardPlan:

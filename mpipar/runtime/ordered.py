@@ -48,7 +48,7 @@ import math
 import os
 import sys
 from abc import abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -195,18 +195,18 @@ class OrderedCommunicator(Communicator):
 
     # ------------------------------------------------------------------ helpers
     def _collective(
-        self, label: str, group: Group, sig: Callable[[], dict[str, Any]]
+        self, group: Group, op: str, *, dtype: Any, reduce_type: str | None = None, **parts: Any
     ) -> contextlib.AbstractContextManager[Any]:
         """Number the call on its group, check signatures if asked, and run it under a deadline.
 
-        ``label`` names the op in a timeout report (``all_reduce(sum)``); ``sig`` builds the
-        check-mode signature, only when check mode is on (building it for every call cost a
-        small collective a measurable share of its time).
+        The arguments are ``signature``'s; the signature itself is built only in check mode
+        (building it for every call cost a small collective a measurable share of its time).
+        A timeout report names the op as ``all_reduce(sum)``.
         """
         seq = self._seq[group] = self._seq.get(group, 0) + 1
         if self.check_collectives:
-            self._check(group, seq, sig())
-        return self._watch(label, group, seq)
+            self._check(group, seq, signature(op, dtype=dtype, reduce_type=reduce_type, **parts))
+        return self._watch(f"{op}({reduce_type})" if reduce_type else op, group, seq)
 
     def _mine(self, op: str, group: Group, bufs: Mapping[int, Any]) -> Any:
         if self.rank not in bufs:
@@ -261,8 +261,7 @@ class OrderedCommunicator(Communicator):
         if n == 1:
             return {self.rank: reduce_arrays([a], op, self.xp)}
         dtype, shape = a.dtype, tuple(a.shape)
-        sig = lambda: signature("all_reduce", dtype=dtype, reduce_type=op, shape=shape)  # noqa: E731
-        with self._collective(f"all_reduce({op})", group, sig):
+        with self._collective(group, "all_reduce", dtype=dtype, reduce_type=op, shape=shape):
             out = self._reduce_to(group, a, op, root=None)
         return {self.rank: out.reshape(shape)}
 
@@ -272,8 +271,7 @@ class OrderedCommunicator(Communicator):
         if n == 1:
             return {self.rank: reduce_arrays([a], op, self.xp)}
         dtype, shape = a.dtype, tuple(a.shape)
-        sig = lambda: signature("reduce", dtype=dtype, reduce_type=op, shape=shape, root=root)  # noqa: E731
-        with self._collective(f"reduce({op})", group, sig):
+        with self._collective(group, "reduce", dtype=dtype, reduce_type=op, shape=shape, root=root):
             out = self._reduce_to(group, a, op, root=group.index(root))
         return {self.rank: out.reshape(shape)} if out is not None else {}
 
@@ -317,8 +315,7 @@ class OrderedCommunicator(Communicator):
             return {self.rank: reduce_arrays([row[0]], op, self.xp)}
         dtype = row[0].dtype
         shapes = [tuple(c.shape) for c in row]
-        sig = lambda: signature("reduce_scatter", dtype=dtype, reduce_type=op, shapes=shapes)  # noqa: E731
-        with self._collective(f"reduce_scatter({op})", group, sig):
+        with self._collective(group, "reduce_scatter", dtype=dtype, reduce_type=op, shapes=shapes):
             send = self._pack(row, dtype)
             mine = _prod(shapes[i])
             received = self._scratch(n * mine, dtype)
@@ -336,8 +333,7 @@ class OrderedCommunicator(Communicator):
         if n == 1:
             return {self.rank: [a]}
         counts = [_prod(s) for s in shapes]
-        sig = lambda: signature("all_gather", dtype=a.dtype, shapes=shapes)  # noqa: E731
-        with self._collective("all_gather", group, sig):
+        with self._collective(group, "all_gather", dtype=a.dtype, shapes=shapes):
             out = self._result(sum(counts), a.dtype)
             self._t_allgatherv(group, self._flat(a, a.dtype), out, counts)
         return {self.rank: _split(out, shapes)}
@@ -354,8 +350,7 @@ class OrderedCommunicator(Communicator):
             return {self.rank: row}
         dtype = row[0].dtype
         sends = [tuple(c.shape) for c in row]
-        sig = lambda: signature("all_to_all", dtype=dtype, sends=sends, recvs=expect)  # noqa: E731
-        with self._collective("all_to_all", group, sig):
+        with self._collective(group, "all_to_all", dtype=dtype, sends=sends, recvs=expect):
             send = self._pack(row, dtype)
             out = self._result(sum(_prod(s) for s in expect), dtype)
             self._t_alltoallv(group, send, [_prod(s) for s in sends], out, [_prod(s) for s in expect])
@@ -374,15 +369,14 @@ class OrderedCommunicator(Communicator):
         else:
             buf = self._result(_prod(shape), dtype).reshape(shape)
         if len(group) > 1:
-            sig = lambda: signature("broadcast", dtype=dtype, shape=tuple(shape), root=root)  # noqa: E731
-            with self._collective("broadcast", group, sig):
+            with self._collective(group, "broadcast", dtype=dtype, shape=tuple(shape), root=root):
                 self._t_bcast(group, buf.reshape(-1), group.index(root))
         return {self.rank: buf}
 
     def _barrier(self, group: Group) -> None:
         if self.rank not in group or len(group) == 1:
             return
-        with self._collective("barrier", group, lambda: signature("barrier", dtype="")):
+        with self._collective(group, "barrier", dtype=""):
             self._t_barrier(group)
 
 
