@@ -178,6 +178,8 @@ class Communicator(ABC):
     def all_reduce(self, group: Group, bufs: Mapping[int, Array], op: str = "sum") -> dict[int, Array]:
         """Every member gets the reduction (in group order) of all members' buffers."""
         _check_op(op)
+        if not (_span_recorders or _recorders):
+            return self._all_reduce(tuple(group), bufs, op)
         start = _span_start()
         out = self._all_reduce(tuple(group), bufs, op)
         self._span_group(f"all_reduce({op})", group, bufs, start)
@@ -188,6 +190,8 @@ class Communicator(ABC):
 
     def all_gather(self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]) -> dict[int, list[Array]]:
         """Every member gets the list of all members' buffers (``shapes[i]`` is member i's)."""
+        if not (_span_recorders or _recorders):  # the hot path under mpiexec: nothing to report
+            return self._all_gather(tuple(group), bufs, [tuple(s) for s in shapes])
         start = _span_start()
         out = self._all_gather(tuple(group), bufs, [tuple(s) for s in shapes])
         self._span_group("all_gather", group, bufs, start)
@@ -201,6 +205,8 @@ class Communicator(ABC):
     ) -> dict[int, Array]:
         """Member i gets the reduction over members of their ``chunks[member][i]``."""
         _check_op(op)
+        if not (_span_recorders or _recorders):
+            return self._reduce_scatter(tuple(group), chunks, op)
         start = _span_start()
         out = self._reduce_scatter(tuple(group), chunks, op)
         self._span_group(f"reduce_scatter({op})", group, chunks, start)
@@ -216,6 +222,8 @@ class Communicator(ABC):
         recv_shapes: Mapping[int, Sequence[Shape]],
     ) -> dict[int, list[Array]]:
         """Member r sends ``chunks[r][j]`` to member j; gets a list indexed by sender."""
+        if not (_span_recorders or _recorders):
+            return self._all_to_all(tuple(group), chunks, recv_shapes)
         start = _span_start()
         out = self._all_to_all(tuple(group), chunks, recv_shapes)
         self._span_group("all_to_all", group, chunks, start)

@@ -25,6 +25,7 @@ alone. The global value is the local values reduced over every Partial axis.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -75,6 +76,14 @@ def box_relative(inner: Box, outer: Box) -> tuple[Any, ...]:
     return tuple(slice(s - os, e - os) for (s, e), (os, _) in zip(inner, outer, strict=True)) or (Ellipsis,)
 
 
+def slabs_in_order(box: Box, boxes: Sequence[Box]) -> bool:
+    """Do ``boxes``, in this order, tile ``box`` as consecutive ranges of its first dim?"""
+    if not box or not boxes or boxes[0][0][0] != box[0][0] or boxes[-1][0][1] != box[0][1]:
+        return False
+    rest = box[1:]
+    return all(b[1:] == rest for b in boxes) and all(a[0][1] == b[0][0] for a, b in itertools.pairwise(boxes))
+
+
 def full_box(shape: Sequence[int]) -> Box:
     return tuple((0, int(n)) for n in shape)
 
@@ -123,6 +132,15 @@ class DistSpec:
         object.__setattr__(self, "shape", shape_t)
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "placements", tuple(norm))
+
+    def __hash__(self) -> int:
+        # Computed once: every reshard looks its plan up by (source, destination) spec, and
+        # the generated hash would call into the mesh and each placement every time.
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.shape, self.mesh, self.placements))
 
     # --------------------------------------------------------------- Paddle's notation
     @classmethod

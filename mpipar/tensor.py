@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import hooks
+from mpipar import autograd, hooks
 from mpipar.backend import current_backend
+from mpipar.comm import current_context
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import Partial, Placement, Replicate, check_placements
 from mpipar.reshard.executor import execute_plan, freeze
@@ -553,8 +554,6 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
         if tensor.is_dist:
             plan = plan_reshard(tensor.spec, dst)
             if plan.steps:
-                from mpipar.comm import current_context
-
                 for hook in hooks.reshard_hooks:
                     hook.on_reshard(tensor, out, plan, current_context())
     elif backend.reference:
@@ -566,14 +565,10 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
         plan = plan_reshard(tensor.spec, dst)
         shards = execute_plan(plan, tensor._shards, tensor.dtype, backend)
         out = Tensor._from_shards(dst, shards, tensor.dtype)
-        if plan.steps:
-            from mpipar.comm import current_context
-
+        if plan.steps and hooks.reshard_hooks:
             for hook in hooks.reshard_hooks:
                 hook.on_reshard(tensor, out, plan, current_context())
     out.stop_gradient = tensor.stop_gradient
-    from mpipar import autograd
-
     if not tensor.stop_gradient and autograd.is_grad_enabled():
         out._grad_fn = autograd.reshard_node(tensor)
     return out

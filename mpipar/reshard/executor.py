@@ -9,7 +9,6 @@ the simulator hand one gathered or reduced array to every member of a group.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +18,7 @@ from mpipar.backend import Backend
 from mpipar.comm import BackToBack, PointToPoint, comm_context
 from mpipar.placement import Replicate, Shard
 from mpipar.reshard.planner import ReshardPlan, ReshardStep
-from mpipar.spec import Box, box_intersect, box_numel, box_relative, box_shape
+from mpipar.spec import Box, box_intersect, box_numel, box_relative, box_shape, slabs_in_order
 
 Array = Any
 Shards = dict[int, Array]
@@ -57,6 +56,8 @@ def execute_plan(plan: ReshardPlan, shards: Mapping[int, Array], dtype: Any, bac
 
 
 def _groups(step: ReshardStep, current: Shards) -> list[tuple[int, ...]]:
+    if len(current) == 1:  # under MPI
+        return step.groups_with(next(iter(current)))
     return [g for g in step.src.mesh.groups(step.axes) if not current.keys().isdisjoint(g)]
 
 
@@ -96,10 +97,17 @@ def _run_all_reduce(step: ReshardStep, current: Shards, dtype: np.dtype, backend
 
 
 def _run_reduce_scatter(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
-    src, dst = step.src.boxes, step.dst.boxes
     out: Shards = {}
     for group in _groups(step, current):
-        chunks = {r: [current[r][box_relative(dst[m], src[r])] for m in group] for r in group if r in current}
+        chunks: dict[int, list[Array]] = {}
+        for r in group:
+            if r not in current:
+                continue
+            a = current[r]
+            index, slabs = step.chunk_cuts(r, group)
+            row = [a[i] for i in index]
+            # Row blocks of a contiguous shard: the shard itself is the packed send buffer.
+            chunks[r] = BackToBack(row, a.reshape(-1)) if slabs and a.flags.c_contiguous else row
         out.update(backend.comm.reduce_scatter(group, chunks, step.reduce_type or "sum"))
     return out
 
@@ -109,17 +117,9 @@ def _without_copy(box: Box, pieces: list[tuple[Box, Array]], flat: Array | None 
     pieces were received into when they tile the box in that order, or adjacent slabs."""
     if len(pieces) == 1 and pieces[0][0] == box:
         return pieces[0][1]
-    if flat is not None and flat.size == box_numel(box) and _slabs_in_order(box, [b for b, _ in pieces]):
+    if flat is not None and flat.size == box_numel(box) and slabs_in_order(box, [b for b, _ in pieces]):
         return freeze(flat.reshape(box_shape(box)))
     return _adjacent_views(box, pieces)
-
-
-def _slabs_in_order(box: Box, boxes: list[Box]) -> bool:
-    """Do ``boxes``, in this order, tile ``box`` as consecutive ranges of its first dim?"""
-    if not box or not boxes or boxes[0][0][0] != box[0][0] or boxes[-1][0][1] != box[0][1]:
-        return False
-    rest = box[1:]
-    return all(b[1:] == rest for b in boxes) and all(a[0][1] == b[0][0] for a, b in itertools.pairwise(boxes))
 
 
 def _flat_of(received: Any) -> Array | None:
@@ -202,8 +202,12 @@ def _run_all_gather(step: ReshardStep, current: Shards, dtype: np.dtype, backend
         for r, gathered in res.items():
             key = id(gathered)
             if key not in assembled:
-                pieces = list(zip((src[m] for m in group), gathered, strict=True))
-                assembled[key] = _assemble(dst[r], pieces, dtype, backend.xp, _flat_of(gathered))
+                flat = _flat_of(gathered)
+                if flat is not None and step.gathers_slabs(r, group):
+                    assembled[key] = freeze(flat.reshape(box_shape(dst[r])))  # received as it lies
+                else:
+                    pieces = list(zip((src[m] for m in group), gathered, strict=True))
+                    assembled[key] = _assemble(dst[r], pieces, dtype, backend.xp, flat)
             out[r] = assembled[key]
     return out
 

@@ -52,9 +52,10 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from typing import Any
 
 from mpipar.placement import Partial, Placement, Replicate, Shard
-from mpipar.spec import Box, DistSpec, box_intersect, box_numel, box_shape
+from mpipar.spec import Box, DistSpec, box_intersect, box_numel, box_relative, box_shape, slabs_in_order
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 LOCAL_KINDS = ("slice", "partial")
@@ -116,6 +117,52 @@ class ReshardStep:
 
     @cached_property
     def _member_shapes(self) -> dict[tuple[int, ...], list[tuple[int, ...]]]:
+        return {}
+
+    def chunk_cuts(self, rank: int, group: tuple[int, ...]) -> tuple[list[tuple[Any, ...]], bool]:
+        """How a reduce_scatter cuts ``rank``'s shard into the chunks of ``group`` (cached).
+
+        The index of each member's chunk in the rank's source shard, in member order, and
+        whether those chunks are consecutive slabs of the first dim covering the whole shard
+        (then a C-contiguous shard is already the packed send buffer).
+        """
+        key = (rank, group)
+        cuts = self._chunk_cuts.get(key)
+        if cuts is None:
+            src_box = self.src.boxes[rank]
+            boxes = [self.dst.boxes[m] for m in group]
+            index = [box_relative(b, src_box) for b in boxes]
+            cuts = self._chunk_cuts[key] = (index, slabs_in_order(src_box, boxes))
+        return cuts
+
+    def groups_with(self, rank: int) -> list[tuple[int, ...]]:
+        """The rank groups of this step's collective that ``rank`` belongs to (cached: under
+        MPI a process hosts one rank and asks this for every collective)."""
+        groups = self._groups_with.get(rank)
+        if groups is None:
+            groups = self._groups_with[rank] = [g for g in self.src.mesh.groups(self.axes) if rank in g]
+        return groups
+
+    @cached_property
+    def _groups_with(self) -> dict[int, list[tuple[int, ...]]]:
+        return {}
+
+    def gathers_slabs(self, rank: int, group: tuple[int, ...]) -> bool:
+        """Do the source shards of ``group``, in member order, tile ``rank``'s destination box
+        as consecutive slabs of the first dim (then an all_gather's receive buffer is the new
+        shard as it lies)? Cached."""
+        key = (rank, group)
+        slabs = self._gathers_slabs.get(key)
+        if slabs is None:
+            slabs = self._gathers_slabs[key] = slabs_in_order(self.dst.boxes[rank], [self.src.boxes[m] for m in group])
+        return slabs
+
+    @cached_property
+    def _gathers_slabs(self) -> dict[tuple[int, tuple[int, ...]], bool]:
+        return {}
+
+    @cached_property
+    def _chunk_cuts(self) -> dict[tuple[int, tuple[int, ...]], tuple[list[tuple[Any, ...]], bool]]:
         return {}
 
 
