@@ -38,6 +38,20 @@ def test_communicator_methods_match_simulator(n: int) -> None:
     assert run.lines_of(0)[-1] == f"ok 200 cases on {n} ranks"
 
 
+@pytest.mark.parametrize("n", [3, 8])
+def test_native_sums_match_the_simulator_to_rounding(n: int) -> None:
+    """MPIPAR_REDUCE=native: float sums by MPI itself, within rounding; all else bit for bit."""
+    run = mpirun(n, "tests/mpi_scripts/comm_cases.py", "--cases", "200", "--seed", "23", env={"MPIPAR_REDUCE": "native"})
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.lines_of(0)[-1] == f"ok 200 cases on {n} ranks"
+
+
+def test_a_bad_reduce_mode_is_refused() -> None:
+    run = mpirun(2, "tests/mpi_scripts/comm_cases.py", "--cases", "1", env={"MPIPAR_REDUCE": "fast"})
+    assert run.returncode != 0
+    assert "MPIPAR_REDUCE must be 'ordered'" in run.output and "got 'fast'" in run.output
+
+
 def _simulated(script: str, n: int) -> list[str]:
     out = subprocess.run(
         [sys.executable, "-m", "simulator", "-n", str(n), script],

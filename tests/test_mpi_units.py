@@ -10,7 +10,7 @@ import pytest
 import mpipar as dist
 from mpipar.runtime.faults import check_from_env, compare_signatures, signature, timeout_from_env
 from mpipar.runtime.log import LinePrefixer
-from mpipar.runtime.ordered import ResultCache, cache_bytes_from_env
+from mpipar.runtime.ordered import ResultCache, cache_bytes_from_env, reduce_mode_from_env
 
 
 def test_timeout_setting() -> None:
@@ -27,6 +27,14 @@ def test_check_setting() -> None:
     assert not check_from_env({"MPIPAR_CHECK_COLLECTIVES": "0"})
     with pytest.raises(ValueError, match="MPIPAR_CHECK_COLLECTIVES must be 1 or 0"):
         check_from_env({"MPIPAR_CHECK_COLLECTIVES": "maybe"})
+
+
+def test_reduce_mode_setting() -> None:
+    assert reduce_mode_from_env({}) == "ordered"
+    assert reduce_mode_from_env({"MPIPAR_REDUCE": " Native "}) == "native"
+    assert reduce_mode_from_env({"MPIPAR_REDUCE": "ordered"}) == "ordered"
+    with pytest.raises(ValueError, match=r"MPIPAR_REDUCE must be 'ordered' .* got 'mpi'"):
+        reduce_mode_from_env({"MPIPAR_REDUCE": "mpi"})
 
 
 def test_matching_signatures_pass() -> None:

@@ -84,6 +84,24 @@ def cache_bytes_from_env(environ: Mapping[str, str] | None = None) -> int:
     return int(mib * 2**20)
 
 
+REDUCE_ENV = "MPIPAR_REDUCE"
+REDUCE_MODES = ("ordered", "native")
+
+
+def reduce_mode_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """``MPIPAR_REDUCE``: ``ordered`` (the default: every sum in group order, bit-identical to
+    the simulator) or ``native`` (floating-point sums by the MPI library's own reduction)."""
+    raw = (os.environ if environ is None else environ).get(REDUCE_ENV, "").strip().lower()
+    if not raw:
+        return "ordered"
+    if raw not in REDUCE_MODES:
+        raise ValueError(
+            f"{REDUCE_ENV} must be 'ordered' (sums in group order, bit-identical to the simulator) or "
+            f"'native' (the MPI library's own reduction, faster, equal to the simulator only to rounding), got {raw!r}"
+        )
+    return raw
+
+
 class ResultCache:
     """Reuses NumPy result buffers nobody references any more (a caching allocator).
 
@@ -174,6 +192,12 @@ class OrderedCommunicator(Communicator):
     def _t_alltoallv(self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]) -> None:
         """Member i sends ``send``'s j-th piece (``scounts[j]`` elements, packed) to member j."""
 
+    def _t_alltoall(self, group: Group, send: Array, recv: Array, count: int) -> None:
+        """``_t_alltoallv`` with ``count`` elements to and from every member, a fact every
+        member knows (a transport may then use a cheaper call)."""
+        counts = [count] * len(group)
+        self._t_alltoallv(group, send, counts, recv, counts)
+
     @abstractmethod
     def _t_allgatherv(self, group: Group, send: Array, recv: Array, counts: Sequence[int]) -> None: ...
 
@@ -225,6 +249,8 @@ class OrderedCommunicator(Communicator):
         else copied (strided pieces straight from their place) into a scratch buffer."""
         if not pieces:
             return self.xp.empty(0, dtype=dtype)
+        if isinstance(pieces, BackToBack) and pieces.flat.dtype == dtype:
+            return pieces.flat  # the caller vouches for the layout (row blocks of one shard)
         joined = _adjacent_view(pieces, dtype)
         if joined is not None:
             return joined
@@ -295,7 +321,10 @@ class OrderedCommunicator(Communicator):
         lengths = [e - s for s, e in ranges]
         mine = lengths[i]
         received = self._scratch(n * mine, flat.dtype)
-        self._t_alltoallv(group, flat, lengths, received, [mine] * n)
+        if size % n == 0:
+            self._t_alltoall(group, flat, received, mine)
+        else:
+            self._t_alltoallv(group, flat, lengths, received, [mine] * n)
         rows = received.reshape(n, mine)
         part = reduce_arrays([rows[k] for k in range(n)], op, xp)
         if root is None:
@@ -307,7 +336,9 @@ class OrderedCommunicator(Communicator):
         return out
 
     def _reduce_scatter(self, group: Group, chunks: Mapping[int, Sequence[Array]], op: str) -> dict[int, Array]:
-        row = list(self._mine("reduce_scatter", group, chunks))
+        row = self._mine("reduce_scatter", group, chunks)
+        if not isinstance(row, list):
+            row = list(row)
         n, i = len(group), group.index(self.rank)
         if len(row) != n:
             raise RuntimeError(f"reduce_scatter on group {list(group)}: rank {self.rank} passes {len(row)} chunks for {n} members")
@@ -319,7 +350,11 @@ class OrderedCommunicator(Communicator):
             send = self._pack(row, dtype)
             mine = _prod(shapes[i])
             received = self._scratch(n * mine, dtype)
-            self._t_alltoallv(group, send, [_prod(s) for s in shapes], received, [mine] * n)
+            counts = [_prod(s) for s in shapes]  # the same on every member: the chunking of one shape
+            if all(c == mine for c in counts):
+                self._t_alltoall(group, send, received, mine)
+            else:
+                self._t_alltoallv(group, send, counts, received, [mine] * n)
         rows = received.reshape(n, mine)
         return {self.rank: reduce_arrays([rows[k] for k in range(n)], op, self.xp).reshape(shapes[i])}
 
@@ -408,6 +443,10 @@ def _adjacent_view(pieces: Sequence[Array], dtype: Any) -> Array | None:
 
 def _split(flat: Array, shapes: Sequence[Shape]) -> BackToBack:
     """Views of consecutive pieces of ``flat`` with the given shapes."""
+    first = shapes[0] if shapes else ()
+    if first and isinstance(flat, np.ndarray) and all(s == first for s in shapes):
+        # Equal pieces: one reshape, and iterating it makes the n views in C.
+        return BackToBack(flat.reshape((len(shapes), *first)), flat)
     out, start = [], 0
     for s in shapes:
         count = _prod(s)
