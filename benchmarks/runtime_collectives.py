@@ -1,6 +1,6 @@
 """mpipar's reshard under MPI against the raw mpi4py collective on the same buffers, same run.
 
-    mpiexec -n 8 .venv/bin/python benchmarks/runtime_collectives.py [--sizes-mib 4 64] [--reps 10]
+    mpiexec -n 8 .venv/bin/python benchmarks/runtime_collectives.py [--sizes-mib 4 64] [--reps 30]
 
 For a float32 tensor of each size on a 1-d mesh of every rank, times
 
@@ -13,15 +13,18 @@ P -> S(0)       ``dist.reshard`` (reduce_scatter, ordered)    ``Reduce_scatter_b
 S(0) -> S(1)    ``dist.reshard`` (all_to_all, packs columns)  ``Alltoall``, strided MPI datatype
 ==============  ===========================================  ================================
 
-and prints ours / raw (target: at most 1.2x). A middle column times our communicator call
-alone (``backend.comm.all_gather`` etc. on the same buffers): the difference to the full
-reshard is the executor's work around it (assembling the received pieces into the new
-shard, one more copy of the output). Each time is the slowest rank's, best of ``--reps``. Our reductions sum in group order (bit-identical to the simulator) where MPI
-uses its own order; our S(0) -> S(1) packs the strided column blocks with NumPy where the
-raw call describes them with a vector datatype. The raw calls write into preallocated
-outputs; ours return a new shard each time, whose buffer comes from the communicator's
-result cache (the previous call's result, dropped by the loop, is reused; with
-``MPIPAR_COMM_CACHE_MIB=0`` every result is fresh memory and pays its page faults).
+and prints ours / raw (target: at most 1.2x). The two reductions run a second time as under
+``MPIPAR_REDUCE=native`` ("native", "nat."): MPI's own sum instead of our ordered one.
+
+A middle column times our communicator call alone (``backend.comm.all_gather`` etc. on the
+same buffers): the difference to the full reshard is the executor's work around it. Each
+time is the slowest rank's, best of ``--reps``. Our ordered reductions sum in group order
+(bit-identical to the simulator) where MPI uses its own order; our S(0) -> S(1) packs the
+strided column blocks with NumPy where the raw call describes them with a vector datatype.
+The raw calls write into preallocated outputs; ours return a new shard each time, whose
+buffer comes from the communicator's result cache (the previous call's result, dropped by
+the loop, is reused; with ``MPIPAR_COMM_CACHE_MIB=0`` every result is fresh memory and pays
+its page faults).
 """
 
 from __future__ import annotations
@@ -38,12 +41,19 @@ import mpipar as dist
 
 def timed(comm: MPI.Comm, fns: list[Callable[[], object]], reps: int) -> list[float]:
     """Best over ``reps`` of the slowest rank's time for each of ``fns``, taken in turns so
-    load from other processes hits every contender alike (after one warm-up each)."""
+    load from other processes hits every contender alike (after one warm-up each).
+
+    The order rotates from one round to the next: a call right after another one that wrote
+    the same output buffer finds it in cache (ours and our communicator call share the
+    result cache's buffer), so a fixed order would favour whichever contender comes second.
+    """
     for fn in fns:
         fn()
     best = [float("inf")] * len(fns)
-    for _ in range(reps):
-        for i, fn in enumerate(fns):
+    for rep in range(reps):
+        for k in range(len(fns)):
+            i = (rep + k) % len(fns)
+            fn = fns[i]
             comm.Barrier()
             start = time.perf_counter()
             fn()
@@ -57,7 +67,7 @@ def timed(comm: MPI.Comm, fns: list[Callable[[], object]], reps: int) -> list[fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[4, 64])
-    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=30)
     args = parser.parse_args()
     backend = dist.current_backend()
     if backend.name != "mpi":
@@ -71,7 +81,7 @@ def main() -> None:
         f"slowest rank, best of {args.reps}"
     )
     dist.print_once(
-        f"{'size':>9}  {'transition':<12}{'reshard ms':>11}{'comm ms':>9}{'raw ms':>9}"
+        f"{'size':>9}  {'transition':<14}{'reshard ms':>11}{'comm ms':>9}{'raw ms':>9}"
         f"{'reshard/raw':>13}{'comm/raw':>10}  raw op"
     )
 
@@ -79,12 +89,26 @@ def main() -> None:
         for name, ours, ours_comm, raw, raw_name in cases(mib, mesh, rng):
             t_ours, t_comm, t_raw = timed(world, [ours, ours_comm, raw], args.reps)
             dist.print_once(
-                f"{mib:>5} MiB  {name:<12}{t_ours * 1e3:>11.2f}{t_comm * 1e3:>9.2f}{t_raw * 1e3:>9.2f}"
+                f"{mib:>5} MiB  {name:<14}{t_ours * 1e3:>11.2f}{t_comm * 1e3:>9.2f}{t_raw * 1e3:>9.2f}"
                 f"{t_ours / t_raw:>12.2f}x{t_comm / t_raw:>9.2f}x  {raw_name}"
             )
 
 
 Case = tuple[str, Callable[[], object], Callable[[], object], Callable[[], object], str]
+
+
+def natively(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` as it runs under ``MPIPAR_REDUCE=native`` (float sums by MPI's own reduction)."""
+    comm = dist.current_backend().comm
+
+    def run() -> object:
+        saved, comm.native_sums = comm.native_sums, True
+        try:
+            return fn()
+        finally:
+            comm.native_sums = saved
+
+    return run
 
 
 def cases(mib: int, mesh: dist.ProcessMesh, rng: np.random.Generator) -> list[Case]:
@@ -117,6 +141,12 @@ def cases(mib: int, mesh: dist.ProcessMesh, rng: np.random.Generator) -> list[Ca
          lambda: world.Allreduce(partial, full, op=MPI.SUM), "Allreduce"),
         ("P->S(0)", lambda: dist.reshard(t_partial, mesh, [dist.Shard(0)]),
          lambda: comm.reduce_scatter(group, {me: row_blocks}, "sum"),
+         lambda: world.Reduce_scatter_block(partial, block, op=MPI.SUM), "Reduce_scatter_block"),
+        ("P->R native", natively(lambda: dist.reshard(t_partial, mesh, [dist.Replicate()])),
+         natively(lambda: comm.all_reduce(group, {me: partial}, "sum")),
+         lambda: world.Allreduce(partial, full, op=MPI.SUM), "Allreduce"),
+        ("P->S(0) nat.", natively(lambda: dist.reshard(t_partial, mesh, [dist.Shard(0)])),
+         natively(lambda: comm.reduce_scatter(group, {me: row_blocks}, "sum")),
          lambda: world.Reduce_scatter_block(partial, block, op=MPI.SUM), "Reduce_scatter_block"),
         ("S(0)->S(1)", lambda: dist.reshard(t_shard, mesh, [dist.Shard(1)]),
          lambda: comm.all_to_all(group, {me: col_blocks}, {me: [(rows, rows)] * n}),
