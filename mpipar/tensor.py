@@ -565,7 +565,7 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
         plan = plan_reshard(tensor.spec, dst)
         shards = execute_plan(plan, tensor._shards, tensor.dtype, backend)
         out = Tensor._from_shards(dst, shards, tensor.dtype)
-        if plan.steps and hooks.reshard_hooks:
+        if plan.steps:
             for hook in hooks.reshard_hooks:
                 hook.on_reshard(tensor, out, plan, current_context())
     out.stop_gradient = tensor.stop_gradient

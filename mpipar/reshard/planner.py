@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
@@ -108,62 +108,52 @@ class ReshardStep:
     def __str__(self) -> str:
         return self.describe()
 
+    # The executor asks the questions below for every collective it runs (under MPI, for one
+    # rank); their answers depend only on the step, so each is computed once per step.
     def member_shapes(self, group: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """The source shard shape of each member of ``group``, in member order (cached)."""
-        shapes = self._member_shapes.get(group)
-        if shapes is None:
-            shapes = self._member_shapes[group] = [box_shape(self.src.boxes[m]) for m in group]
-        return shapes
-
-    @cached_property
-    def _member_shapes(self) -> dict[tuple[int, ...], list[tuple[int, ...]]]:
-        return {}
+        """The source shard shape of each member of ``group``, in member order."""
+        return self._memo("shapes", group, lambda: [box_shape(self.src.boxes[m]) for m in group])
 
     def chunk_cuts(self, rank: int, group: tuple[int, ...]) -> tuple[list[tuple[Any, ...]], bool]:
-        """How a reduce_scatter cuts ``rank``'s shard into the chunks of ``group`` (cached).
+        """How a reduce_scatter cuts ``rank``'s shard into the chunks of ``group``.
 
         The index of each member's chunk in the rank's source shard, in member order, and
         whether those chunks are consecutive slabs of the first dim covering the whole shard
         (then a C-contiguous shard is already the packed send buffer).
         """
-        key = (rank, group)
-        cuts = self._chunk_cuts.get(key)
-        if cuts is None:
+
+        def cuts() -> tuple[list[tuple[Any, ...]], bool]:
             src_box = self.src.boxes[rank]
             boxes = [self.dst.boxes[m] for m in group]
-            index = [box_relative(b, src_box) for b in boxes]
-            cuts = self._chunk_cuts[key] = (index, slabs_in_order(src_box, boxes))
-        return cuts
+            return [box_relative(b, src_box) for b in boxes], slabs_in_order(src_box, boxes)
+
+        return self._memo("cuts", (rank, group), cuts)
 
     def groups_with(self, rank: int) -> list[tuple[int, ...]]:
-        """The rank groups of this step's collective that ``rank`` belongs to (cached: under
-        MPI a process hosts one rank and asks this for every collective)."""
-        groups = self._groups_with.get(rank)
-        if groups is None:
-            groups = self._groups_with[rank] = [g for g in self.src.mesh.groups(self.axes) if rank in g]
-        return groups
-
-    @cached_property
-    def _groups_with(self) -> dict[int, list[tuple[int, ...]]]:
-        return {}
+        """The rank groups of this step's collective that ``rank`` belongs to."""
+        return self._memo("groups", rank, lambda: [g for g in self.src.mesh.groups(self.axes) if rank in g])
 
     def gathers_slabs(self, rank: int, group: tuple[int, ...]) -> bool:
         """Do the source shards of ``group``, in member order, tile ``rank``'s destination box
         as consecutive slabs of the first dim (then an all_gather's receive buffer is the new
-        shard as it lies)? Cached."""
-        key = (rank, group)
-        slabs = self._gathers_slabs.get(key)
-        if slabs is None:
-            slabs = self._gathers_slabs[key] = slabs_in_order(self.dst.boxes[rank], [self.src.boxes[m] for m in group])
-        return slabs
+        shard as it lies)?"""
+        return self._memo(
+            "slabs", (rank, group), lambda: slabs_in_order(self.dst.boxes[rank], [self.src.boxes[m] for m in group])
+        )
+
+    def _memo(self, question: str, key: Any, answer: Callable[[], Any]) -> Any:
+        memo = self._answers
+        found = memo.get((question, key), _UNASKED)
+        if found is _UNASKED:
+            found = memo[(question, key)] = answer()
+        return found
 
     @cached_property
-    def _gathers_slabs(self) -> dict[tuple[int, tuple[int, ...]], bool]:
+    def _answers(self) -> dict[tuple[str, Any], Any]:
         return {}
 
-    @cached_property
-    def _chunk_cuts(self) -> dict[tuple[int, tuple[int, ...]], tuple[list[tuple[Any, ...]], bool]]:
-        return {}
+
+_UNASKED = object()
 
 
 @dataclass(frozen=True)

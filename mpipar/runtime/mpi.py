@@ -24,9 +24,10 @@ Design choices
 * **Uneven buffers**: the v-variants with exact per-member counts, pieces packed back to
   back; no padding is ever sent. Where every member's piece has the same size, and every
   member knows it (all_gather, the reductions' exchanges), the plain call is used instead
-  (MPICH runs it faster); a general all_to_all cannot know that its peers' counts are equal. Data moves as ``MPI.BYTE`` after an explicit cast of every
-  buffer to the tensor's dtype, so any NumPy dtype (bool, float16, complex) works and no
-  MPI reduction op is ever involved.
+  (MPICH runs it faster); a general all_to_all cannot know that its peers' counts are
+  equal. Data moves as ``MPI.BYTE`` after an explicit cast of every buffer to the tensor's
+  dtype, so any NumPy dtype (bool, float16, complex) works; no MPI reduction op is
+  involved except in native mode (above), and only for float32/64 and complex sums.
 * **Point to point**: ``exchange`` posts every ``Isend``/``Irecv`` of a transfer batch and
   waits for all (tags per pair come from the plan), on a private duplicate of
   ``COMM_WORLD``. ``send`` is an ``Isend`` whose request and buffer are kept until it
@@ -265,24 +266,29 @@ class MPICommunicator(OrderedCommunicator):
         mpi_type = self._native_type(a.dtype, op, group)
         if mpi_type is None:
             return super()._all_reduce(group, bufs, op)
-        flat, shape = self._flat(a, a.dtype), tuple(a.shape)
-        out = self._result(flat.size, a.dtype)
-        with self._collective(group, "all_reduce", dtype=a.dtype, reduce_type=op, shape=shape):
-            self._reap()
-            self._rt.comm_for(group).Iallreduce([flat, mpi_type], [out, mpi_type], op=MPI.SUM).Wait()
-        return {self.rank: _averaged(out, op, len(group)).reshape(shape)}
+        return self._native_reduce_to(group, a, op, mpi_type, root=None)
 
     def _reduce(self, group: Group, bufs: Any, op: str, root: int) -> dict[int, Array]:
         a = self._mine("reduce", group, bufs)
         mpi_type = self._native_type(a.dtype, op, group)
         if mpi_type is None:
             return super()._reduce(group, bufs, op, root)
+        return self._native_reduce_to(group, a, op, mpi_type, root=root)
+
+    def _native_reduce_to(self, group: Group, a: Array, op: str, mpi_type: Any, root: int | None) -> dict[int, Array]:
+        """MPI's own sum of every member's ``a``: on all members, or on rank ``root``."""
         flat, shape = self._flat(a, a.dtype), tuple(a.shape)
-        out = self._result(flat.size, a.dtype) if self.rank == root else None
-        with self._collective(group, "reduce", dtype=a.dtype, reduce_type=op, shape=shape, root=root):
+        gets_result = root is None or self.rank == root
+        out = self._result(flat.size, a.dtype) if gets_result else None
+        name, facts = ("all_reduce", {}) if root is None else ("reduce", {"root": root})
+        with self._collective(group, name, dtype=a.dtype, reduce_type=op, shape=shape, **facts):
             self._reap()
-            receive = [out, mpi_type] if out is not None else None
-            self._rt.comm_for(group).Ireduce([flat, mpi_type], receive, op=MPI.SUM, root=group.index(root)).Wait()
+            comm = self._rt.comm_for(group)
+            if root is None:
+                comm.Iallreduce([flat, mpi_type], [out, mpi_type], op=MPI.SUM).Wait()
+            else:
+                receive = [out, mpi_type] if out is not None else None
+                comm.Ireduce([flat, mpi_type], receive, op=MPI.SUM, root=group.index(root)).Wait()
         return {self.rank: _averaged(out, op, len(group)).reshape(shape)} if out is not None else {}
 
     def _reduce_scatter(self, group: Group, chunks: Any, op: str) -> dict[int, Array]:
