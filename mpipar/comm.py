@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from mpipar.xp import array_module
+
 Array = Any  # numpy.ndarray or cupy.ndarray
 Shape = tuple[int, ...]
 Group = tuple[int, ...]
@@ -70,6 +72,12 @@ _context: list[str] = []
 # calls are not timed at all.
 _span_recorders: list[Any] = []
 span_clock = time.perf_counter
+
+
+def recording() -> bool:
+    """Is anything recording communication (events or spans)? Fast paths that skip the
+    bookkeeping must not run while something records."""
+    return bool(_recorders or _span_recorders)
 
 
 def _span_start() -> float:
@@ -191,14 +199,20 @@ class Communicator(ABC):
     def all_gather(self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]) -> dict[int, list[Array]]:
         """Every member gets the list of all members' buffers (``shapes[i]`` is member i's)."""
         if not (_span_recorders or _recorders):  # the hot path under mpiexec: nothing to report
-            return self._all_gather(tuple(group), bufs, [tuple(s) for s in shapes])
+            return self._all_gather(tuple(group), bufs, tuple(map(tuple, shapes)))
         start = _span_start()
-        out = self._all_gather(tuple(group), bufs, [tuple(s) for s in shapes])
+        out = self._all_gather(tuple(group), bufs, tuple(map(tuple, shapes)))
         self._span_group("all_gather", group, bufs, start)
         m = self._first(group, bufs)
         if m is not None:
             self._record("all_gather", group, [bufs[m]], out[m])
         return out
+
+    def all_gather_flat(self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]) -> dict[int, Array]:
+        """``all_gather`` with each member's result as one flat array: the buffers back to
+        back in member order, which is what an all-gather's receive buffer holds. For callers
+        that want that concatenation itself (a reshard gathering slabs), without a view per piece."""
+        return {r: _joined(pieces) for r, pieces in self.all_gather(group, bufs, shapes).items()}
 
     def reduce_scatter(
         self, group: Group, chunks: Mapping[int, Sequence[Array]], op: str = "sum"
@@ -380,6 +394,16 @@ class NoCommunicator(Communicator):
     _broadcast = _reduce = _exchange = _send = _recv = _barrier = _fail  # type: ignore[assignment]
 
 
+def _joined(pieces: Sequence[Array]) -> Array:
+    """Pieces back to back in one flat array (no copy when they were received so)."""
+    if isinstance(pieces, BackToBack):
+        return pieces.flat
+    if len(pieces) == 1:
+        return pieces[0].reshape(-1)
+    xp = array_module(pieces[0])
+    return xp.concatenate([xp.asarray(p).reshape(-1) for p in pieces])
+
+
 def _check_op(op: str) -> None:
     if op not in REDUCE_OPS:
         raise ValueError(f"reduce op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
@@ -410,6 +434,21 @@ def reduce_arrays(arrays: Sequence[Array], op: str, xp: Any = np) -> Array:
         return out.reshape(first.shape)
     out = first.copy()
     _reduce_into(out, [xp.asarray(a) for a in arrays], op, len(arrays), xp, first_copied=True)
+    return out
+
+
+def reduce_rows(rows: Array, op: str, xp: Any = np) -> Array:
+    """``reduce_arrays`` of the rows of one 2-d array, in row order, bit for bit the same: for
+    pieces received back to back, without a Python list of row views."""
+    n, size = rows.shape
+    if xp is np and n > 2 and size > 4 * _BLOCK_ELEMS and rows.flags.c_contiguous:
+        out = np.empty(size, dtype=rows.dtype)
+        for start in range(0, size, _BLOCK_ELEMS):
+            block = slice(start, start + _BLOCK_ELEMS)
+            _reduce_into(out[block], rows[:, block], op, n, xp)
+        return out
+    out = rows[0].copy()
+    _reduce_into(out, rows, op, n, xp, first_copied=True)
     return out
 
 

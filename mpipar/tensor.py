@@ -116,8 +116,12 @@ class Tensor:
         cls, spec: DistSpec, shards: Mapping[int, Array], dtype: Any, like: Tensor | None = None
     ) -> Tensor:
         t = cls.__new__(cls)
-        Tensor.__init__(t, None, dtype=dtype)
-        t._set_dist(spec, dict(shards), np.dtype(dtype))
+        dtype = np.dtype(dtype)
+        Tensor.__init__(t, None, dtype=dtype)  # a fresh storage id, no dense value
+        # ``_set_dist`` without its second storage id: this runs for every op and reshard result.
+        t._spec = spec
+        t._shards = {r: freeze(a) for r, a in shards.items()}
+        t._shape = Shape(spec.shape)
         if like is not None:
             t.stop_gradient = like.stop_gradient
         return t

@@ -89,6 +89,10 @@ def _run_partial(step: ReshardStep, current: Shards, dtype: np.dtype, backend: B
 
 
 def _run_all_reduce(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
+    if len(current) == 1:  # under MPI
+        ((r, a),) = current.items()
+        (group,) = step.groups_with(r)
+        return backend.comm.all_reduce(group, {r: a}, step.reduce_type or "sum")
     out: Shards = {}
     for group in _groups(step, current):
         res = backend.comm.all_reduce(group, {r: current[r] for r in group if r in current}, step.reduce_type or "sum")
@@ -97,19 +101,24 @@ def _run_all_reduce(step: ReshardStep, current: Shards, dtype: np.dtype, backend
 
 
 def _run_reduce_scatter(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
+    op = step.reduce_type or "sum"
+    if len(current) == 1:  # under MPI
+        ((r, a),) = current.items()
+        (group,) = step.groups_with(r)
+        return backend.comm.reduce_scatter(group, {r: _chunks(step, r, group, a)}, op)
     out: Shards = {}
     for group in _groups(step, current):
-        chunks: dict[int, list[Array]] = {}
-        for r in group:
-            if r not in current:
-                continue
-            a = current[r]
-            index, slabs = step.chunk_cuts(r, group)
-            row = [a[i] for i in index]
-            # Row blocks of a contiguous shard: the shard itself is the packed send buffer.
-            chunks[r] = BackToBack(row, a.reshape(-1)) if slabs and a.flags.c_contiguous else row
-        out.update(backend.comm.reduce_scatter(group, chunks, step.reduce_type or "sum"))
+        chunks = {r: _chunks(step, r, group, current[r]) for r in group if r in current}
+        out.update(backend.comm.reduce_scatter(group, chunks, op))
     return out
+
+
+def _chunks(step: ReshardStep, r: int, group: tuple[int, ...], a: Array) -> list[Array]:
+    """Rank ``r``'s shard ``a`` cut into the chunks a reduce_scatter sends to each member."""
+    index, slabs = step.chunk_cuts(r, group)
+    row = [a[i] for i in index]
+    # Row blocks of a contiguous shard: the shard itself is the packed send buffer.
+    return BackToBack(row, a.reshape(-1)) if slabs and a.flags.c_contiguous else row
 
 
 def _without_copy(box: Box, pieces: list[tuple[Box, Array]], flat: Array | None = None) -> Array | None:
@@ -193,6 +202,15 @@ def _adjacent_views(box: Box, pieces: list[tuple[Box, Array]]) -> Array | None:
 
 def _run_all_gather(step: ReshardStep, current: Shards, dtype: np.dtype, backend: Backend) -> Shards:
     src, dst = step.src.boxes, step.dst.boxes
+    if len(current) == 1:  # under MPI: one rank, one group, and the answers below are cached
+        ((r, a),) = current.items()
+        (group,) = step.groups_with(r)
+        if step.gathers_slabs(r, group):  # the receive buffer is the new shard as it lies
+            flat = backend.comm.all_gather_flat(group, {r: a}, step.member_shapes(group))[r]
+            return {r: freeze(flat.reshape(step.dst_shape(r)))}
+        gathered = backend.comm.all_gather(group, {r: a}, step.member_shapes(group))[r]
+        flat = _flat_of(gathered)
+        return {r: _assemble(dst[r], list(zip((src[m] for m in group), gathered, strict=True)), dtype, backend.xp, flat)}
     out: Shards = {}
     for group in _groups(step, current):
         shapes = step.member_shapes(group)

@@ -110,9 +110,9 @@ class ReshardStep:
 
     # The executor asks the questions below for every collective it runs (under MPI, for one
     # rank); their answers depend only on the step, so each is computed once per step.
-    def member_shapes(self, group: tuple[int, ...]) -> list[tuple[int, ...]]:
+    def member_shapes(self, group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
         """The source shard shape of each member of ``group``, in member order."""
-        return self._memo("shapes", group, lambda: [box_shape(self.src.boxes[m]) for m in group])
+        return self._memo("shapes", group, lambda: tuple(box_shape(self.src.boxes[m]) for m in group))
 
     def chunk_cuts(self, rank: int, group: tuple[int, ...]) -> tuple[list[tuple[Any, ...]], bool]:
         """How a reduce_scatter cuts ``rank``'s shard into the chunks of ``group``.
@@ -140,6 +140,10 @@ class ReshardStep:
         return self._memo(
             "slabs", (rank, group), lambda: slabs_in_order(self.dst.boxes[rank], [self.src.boxes[m] for m in group])
         )
+
+    def dst_shape(self, rank: int) -> tuple[int, ...]:
+        """The shape of ``rank``'s destination shard."""
+        return self._memo("dst_shape", rank, lambda: box_shape(self.dst.boxes[rank]))
 
     def _memo(self, question: str, key: Any, answer: Callable[[], Any]) -> Any:
         memo = self._answers

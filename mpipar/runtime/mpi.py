@@ -80,6 +80,24 @@ def _bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
+_MOVE_TYPES = {
+    np.dtype(np.float32): MPI.FLOAT,
+    np.dtype(np.float64): MPI.DOUBLE,
+    np.dtype(np.int32): MPI.INT32_T,
+    np.dtype(np.int64): MPI.INT64_T,
+}
+"""Dtypes whose buffers go to MPI as they are, typed: the call then needs no byte views and
+no counts (it reads them off the buffers), a few microseconds less Python per collective.
+Any other dtype travels as bytes."""
+
+
+def _spec(a: np.ndarray) -> list[Any]:
+    """A whole contiguous buffer as an mpi4py buffer spec (typed where ``_MOVE_TYPES`` has
+    its dtype, else bytes)."""
+    kind = _MOVE_TYPES.get(a.dtype)
+    return [a, kind] if kind is not None else [_bytes(a), MPI.BYTE]
+
+
 _NATIVE_SUM_TYPES = {
     np.dtype(np.float32): MPI.FLOAT,
     np.dtype(np.float64): MPI.DOUBLE,
@@ -98,8 +116,7 @@ def _averaged(total: np.ndarray, op: str, members: int) -> np.ndarray:
 
 def _uniform(counts: Sequence[int]) -> bool:
     """Do all members send (or receive) the same number of elements?"""
-    first = counts[0]
-    return all(c == first for c in counts)
+    return counts.count(counts[0]) == len(counts)
 
 
 def _byte_counts(counts: Sequence[int], itemsize: int) -> tuple[list[int], list[int]]:
@@ -341,13 +358,20 @@ class MPICommunicator(OrderedCommunicator):
         # The plain call, which MPICH runs faster than the v-variant (~10-20% at 4 MiB over
         # 8 ranks) and which needs no count arrays.
         self._reap()
+        comm = self._rt.comm_for(group)
+        if send.size == recv.size == count * len(group):  # whole buffers: MPI reads the counts off them
+            comm.Ialltoall(_spec(send), _spec(recv)).Wait()
+            return
         nbytes = int(count) * send.itemsize
-        self._rt.comm_for(group).Ialltoall([_bytes(send), nbytes, MPI.BYTE], [_bytes(recv), nbytes, MPI.BYTE]).Wait()
+        comm.Ialltoall([_bytes(send), nbytes, MPI.BYTE], [_bytes(recv), nbytes, MPI.BYTE]).Wait()
 
     def _t_allgatherv(self, group: Group, send: Array, recv: Array, counts: Sequence[int]) -> None:
         self._reap()
         comm = self._rt.comm_for(group)
         if _uniform(counts):  # every member passes the same counts, so every member agrees
+            if send.size == counts[0] and recv.size == counts[0] * len(group):
+                comm.Iallgather(_spec(send), _spec(recv)).Wait()  # MPI reads the counts off the buffers
+                return
             count = int(counts[0]) * recv.itemsize
             comm.Iallgather([_bytes(send), count, MPI.BYTE], [_bytes(recv), count, MPI.BYTE]).Wait()
             return

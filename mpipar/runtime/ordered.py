@@ -44,6 +44,7 @@ counts (``_t_alltoallv``, ``_t_allgatherv``, ``_t_gatherv``, ``_t_bcast``, ``_t_
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -53,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from mpipar.comm import Array, BackToBack, Communicator, Group, Shape, reduce_arrays
+from mpipar.comm import Array, BackToBack, Communicator, Group, Shape, recording, reduce_arrays, reduce_rows
 from mpipar.runtime.faults import signature
 from mpipar.spec import chunk_range
 
@@ -169,6 +170,15 @@ def _prod(shape: Sequence[int]) -> int:
     for s in shape:
         out *= int(s)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout(shapes: tuple[Shape, ...]) -> tuple[tuple[int, ...], int, bool]:
+    """Pieces of these shapes back to back: each one's element count, the total, and whether
+    all have one shape (cached: a training step moves the same few layouts over and over, and
+    counting them was a visible share of a small collective's Python time)."""
+    counts = tuple(_prod(s) for s in shapes)
+    return counts, sum(counts), bool(shapes) and shapes.count(shapes[0]) == len(shapes)
 
 
 class OrderedCommunicator(Communicator):
@@ -316,7 +326,7 @@ class OrderedCommunicator(Communicator):
                 if rows is None:
                     return None
             rows = rows.reshape(n, size)
-            return reduce_arrays([rows[k] for k in range(n)], op, xp)
+            return reduce_rows(rows, op, xp)
         ranges = [chunk_range(size, n, j) for j in range(n)]
         lengths = [e - s for s, e in ranges]
         mine = lengths[i]
@@ -326,7 +336,7 @@ class OrderedCommunicator(Communicator):
         else:
             self._t_alltoallv(group, flat, lengths, received, [mine] * n)
         rows = received.reshape(n, mine)
-        part = reduce_arrays([rows[k] for k in range(n)], op, xp)
+        part = reduce_rows(rows, op, xp)
         if root is None:
             out = self._result(size, flat.dtype)
             self._t_allgatherv(group, part, out, lengths)
@@ -345,33 +355,51 @@ class OrderedCommunicator(Communicator):
         if n == 1:
             return {self.rank: reduce_arrays([row[0]], op, self.xp)}
         dtype = row[0].dtype
-        shapes = [tuple(c.shape) for c in row]
+        shapes = tuple(c.shape for c in row)
+        # The counts are the same on every member (the chunking of one shape), so all agree
+        # whether the pieces are equal.
+        counts, _, same = _layout(shapes)
+        mine = counts[i]
         with self._collective(group, "reduce_scatter", dtype=dtype, reduce_type=op, shapes=shapes):
             send = self._pack(row, dtype)
-            mine = _prod(shapes[i])
             received = self._scratch(n * mine, dtype)
-            counts = [_prod(s) for s in shapes]  # the same on every member: the chunking of one shape
-            if all(c == mine for c in counts):
+            if same:
                 self._t_alltoall(group, send, received, mine)
             else:
                 self._t_alltoallv(group, send, counts, received, [mine] * n)
         rows = received.reshape(n, mine)
-        return {self.rank: reduce_arrays([rows[k] for k in range(n)], op, self.xp).reshape(shapes[i])}
+        return {self.rank: reduce_rows(rows, op, self.xp).reshape(shapes[i])}
+
+    def all_gather_flat(self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]) -> dict[int, Array]:
+        if recording():  # the recorded path: an all_gather, then joined
+            return super().all_gather_flat(group, bufs, shapes)
+        group, shapes = tuple(group), tuple(map(tuple, shapes))
+        a = self._gather_input(group, bufs, shapes)
+        return {self.rank: self._gather_flat(group, a, shapes) if len(group) > 1 else self._flat(a, a.dtype)}
 
     def _all_gather(self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]) -> dict[int, list[Array]]:
+        shapes = tuple(shapes)
+        a = self._gather_input(group, bufs, shapes)
+        if len(group) == 1:
+            return {self.rank: [a]}
+        return {self.rank: _split(self._gather_flat(group, a, shapes), shapes, _layout(shapes)[2])}
+
+    def _gather_input(self, group: Group, bufs: Mapping[int, Array], shapes: tuple[Shape, ...]) -> Array:
         a = self._mine("all_gather", group, bufs)
-        n, i = len(group), group.index(self.rank)
-        if tuple(a.shape) != tuple(shapes[i]):
+        i = group.index(self.rank)
+        if a.shape != shapes[i]:
             raise RuntimeError(
                 f"all_gather on group {list(group)}: rank {self.rank} passes shape {list(a.shape)}, others expect {list(shapes[i])}"
             )
-        if n == 1:
-            return {self.rank: [a]}
-        counts = [_prod(s) for s in shapes]
+        return a
+
+    def _gather_flat(self, group: Group, a: Array, shapes: tuple[Shape, ...]) -> Array:
+        """This rank's all_gather of ``a``: every member's buffer back to back in one new flat array."""
+        counts, total, _ = _layout(shapes)
         with self._collective(group, "all_gather", dtype=a.dtype, shapes=shapes):
-            out = self._result(sum(counts), a.dtype)
+            out = self._result(total, a.dtype)
             self._t_allgatherv(group, self._flat(a, a.dtype), out, counts)
-        return {self.rank: _split(out, shapes)}
+        return out
 
     def _all_to_all(
         self, group: Group, chunks: Mapping[int, Sequence[Array]], recv_shapes: Mapping[int, Sequence[Shape]]
@@ -441,10 +469,13 @@ def _adjacent_view(pieces: Sequence[Array], dtype: Any) -> Array | None:
     return np.ndarray((int((at - start) // first.itemsize),), dtype=dtype, buffer=root, offset=start - root_start)
 
 
-def _split(flat: Array, shapes: Sequence[Shape]) -> BackToBack:
-    """Views of consecutive pieces of ``flat`` with the given shapes."""
+def _split(flat: Array, shapes: Sequence[Shape], same: bool | None = None) -> BackToBack:
+    """Views of consecutive pieces of ``flat`` with the given shapes (``same``: whether all
+    shapes are equal, when the caller knows)."""
     first = shapes[0] if shapes else ()
-    if first and isinstance(flat, np.ndarray) and all(s == first for s in shapes):
+    if same is None:
+        same = all(s == first for s in shapes)
+    if first and same and isinstance(flat, np.ndarray):
         # Equal pieces: one reshape, and iterating it makes the n views in C.
         return BackToBack(flat.reshape((len(shapes), *first)), flat)
     out, start = [], 0

@@ -116,12 +116,18 @@ def run_case(index: int, rng: np.random.Generator, world: int, me: int, mpi: Any
                 same(label, got_rs, want[me])
     elif op == "all_gather":
         shapes = [tuple(int(s) for s in rng.integers(0, 5, size=2)) for _ in group]
+        if rng.random() < 0.5:  # equal pieces: the plain (typed) all-gather, not the v-variant
+            shapes = [shapes[0]] * k
         bufs = {r: values(rng, s, dtype) for r, s in zip(group, shapes, strict=True)}
         want = virt.all_gather(group, bufs, shapes)
+        want_flat = virt.all_gather_flat(group, bufs, shapes)
         if mine:
             got = mpi.all_gather(group, {me: bufs[me]}, shapes)[me]
             for j, (g, w) in enumerate(zip(got, want[me], strict=True)):
                 same(f"{label} piece {j}", g, w)
+            joined = np.concatenate([np.asarray(w).reshape(-1) for w in want[me]])
+            same(f"{label} flat (simulator)", want_flat[me], joined)
+            same(f"{label} flat", mpi.all_gather_flat(group, {me: bufs[me]}, shapes)[me], joined)
     elif op == "all_to_all":
         sizes = rng.integers(0, 5, size=(k, k, 2))
         chunks = {r: [values(rng, tuple(int(x) for x in sizes[i, j]), dtype) for j in range(k)] for i, r in enumerate(group)}
