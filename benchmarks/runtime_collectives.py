@@ -43,22 +43,22 @@ def timed(comm: MPI.Comm, fns: list[Callable[[], object]], reps: int) -> list[fl
     """Best over ``reps`` of the slowest rank's time for each of ``fns``, taken in turns so
     load from other processes hits every contender alike (after one warm-up each).
 
-    The order rotates from one round to the next: a call right after another one that wrote
-    the same output buffer finds it in cache (ours and our communicator call share the
-    result cache's buffer), so a fixed order would favour whichever contender comes second.
+    Each round runs the contenders in a fresh random order (the same on every rank). A call
+    right after one that wrote another large buffer finds its own buffers evicted from cache;
+    a fixed or merely rotated order would give each contender the same predecessor every time
+    (rotating [ours, comm, raw] always runs ours right after raw) and so a fixed bias.
     """
     for fn in fns:
         fn()
+    order = np.random.default_rng(2026)  # same seed everywhere: all ranks call alike
     best = [float("inf")] * len(fns)
-    for rep in range(reps):
-        for k in range(len(fns)):
-            i = (rep + k) % len(fns)
-            fn = fns[i]
+    elapsed, slowest = np.empty(1), np.empty(1)
+    for _ in range(reps):
+        for i in order.permutation(len(fns)):
             comm.Barrier()
             start = time.perf_counter()
-            fn()
-            elapsed = np.array([time.perf_counter() - start])
-            slowest = np.empty(1)
+            fns[i]()
+            elapsed[0] = time.perf_counter() - start
             comm.Allreduce(elapsed, slowest, op=MPI.MAX)
             best[i] = min(best[i], float(slowest[0]))
     return best
@@ -121,10 +121,13 @@ def cases(mib: int, mesh: dist.ProcessMesh, rng: np.random.Generator) -> list[Ca
     side -= side % n
     shape = (side, side)
     rows = side // n
-    sharded = rng.standard_normal((rows, side), dtype=np.float32)  # (side/n, side)
-    partial = rng.standard_normal(shape, dtype=np.float32)  # (side, side)
-    t_shard = dist.dtensor_from_local(sharded, mesh, [dist.Shard(0)], shape=shape)
-    t_partial = dist.dtensor_from_local(partial, mesh, [dist.Partial("sum")], shape=shape)
+    t_shard = dist.dtensor_from_local(rng.standard_normal((rows, side), dtype=np.float32), mesh, [dist.Shard(0)], shape=shape)
+    t_partial = dist.dtensor_from_local(rng.standard_normal(shape, dtype=np.float32), mesh, [dist.Partial("sum")], shape=shape)
+    # Every contender reads the tensors' own local shards (dtensor_from_local copied the
+    # arrays): with separate copies, the reshard alone would read a buffer the other two never
+    # touch, cold in cache where theirs is warm.
+    sharded = t_shard.local_tensor()  # (side/n, side)
+    partial = t_partial.local_tensor()  # (side, side)
     full = np.empty(shape, dtype=np.float32)
     block = np.empty((rows, side), dtype=np.float32)
     columns = np.empty((side, rows), dtype=np.float32)
