@@ -121,6 +121,7 @@ class Tensor:
         # ``_set_dist`` without its second storage id: this runs for every op and reshard result.
         t._spec = spec
         t._shards = {r: freeze(a) for r, a in shards.items()}
+        t._dtype = dtype
         t._shape = Shape(spec.shape)
         if like is not None:
             t.stop_gradient = like.stop_gradient
