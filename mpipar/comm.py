@@ -186,7 +186,7 @@ class Communicator(ABC):
     def all_reduce(self, group: Group, bufs: Mapping[int, Array], op: str = "sum") -> dict[int, Array]:
         """Every member gets the reduction (in group order) of all members' buffers."""
         _check_op(op)
-        if not (_span_recorders or _recorders):
+        if not recording():
             return self._all_reduce(tuple(group), bufs, op)
         start = _span_start()
         out = self._all_reduce(tuple(group), bufs, op)
@@ -198,7 +198,7 @@ class Communicator(ABC):
 
     def all_gather(self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]) -> dict[int, list[Array]]:
         """Every member gets the list of all members' buffers (``shapes[i]`` is member i's)."""
-        if not (_span_recorders or _recorders):  # the hot path under mpiexec: nothing to report
+        if not recording():  # the hot path under mpiexec: nothing to report
             return self._all_gather(tuple(group), bufs, tuple(map(tuple, shapes)))
         start = _span_start()
         out = self._all_gather(tuple(group), bufs, tuple(map(tuple, shapes)))
@@ -219,7 +219,7 @@ class Communicator(ABC):
     ) -> dict[int, Array]:
         """Member i gets the reduction over members of their ``chunks[member][i]``."""
         _check_op(op)
-        if not (_span_recorders or _recorders):
+        if not recording():
             return self._reduce_scatter(tuple(group), chunks, op)
         start = _span_start()
         out = self._reduce_scatter(tuple(group), chunks, op)
@@ -236,7 +236,7 @@ class Communicator(ABC):
         recv_shapes: Mapping[int, Sequence[Shape]],
     ) -> dict[int, list[Array]]:
         """Member r sends ``chunks[r][j]`` to member j; gets a list indexed by sender."""
-        if not (_span_recorders or _recorders):
+        if not recording():
             return self._all_to_all(tuple(group), chunks, recv_shapes)
         start = _span_start()
         out = self._all_to_all(tuple(group), chunks, recv_shapes)

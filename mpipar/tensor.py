@@ -116,13 +116,8 @@ class Tensor:
         cls, spec: DistSpec, shards: Mapping[int, Array], dtype: Any, like: Tensor | None = None
     ) -> Tensor:
         t = cls.__new__(cls)
-        dtype = np.dtype(dtype)
         Tensor.__init__(t, None, dtype=dtype)  # a fresh storage id, no dense value
-        # ``_set_dist`` without its second storage id: this runs for every op and reshard result.
-        t._spec = spec
-        t._shards = {r: freeze(a) for r, a in shards.items()}
-        t._dtype = dtype
-        t._shape = Shape(spec.shape)
+        t._hold_shards(spec, shards, np.dtype(dtype))
         if like is not None:
             t.stop_gradient = like.stop_gradient
         return t
@@ -191,11 +186,15 @@ class Tensor:
         t._shape = Shape(spec.shape)
         return t
 
-    def _set_dist(self, spec: DistSpec, shards: dict[int, Array], dtype: np.dtype) -> None:
+    def _set_dist(self, spec: DistSpec, shards: Mapping[int, Array], dtype: np.dtype) -> None:
         self._sid = next(_storage_ids)
+        self._value = None
+        self._hold_shards(spec, shards, dtype)
+
+    def _hold_shards(self, spec: DistSpec, shards: Mapping[int, Array], dtype: np.dtype) -> None:
+        """Become the distributed tensor ``spec`` with these (frozen) local shards."""
         self._spec = spec
         self._shards = {r: freeze(a) for r, a in shards.items()}
-        self._value = None
         self._dtype = dtype
         self._shape = Shape(spec.shape)
 

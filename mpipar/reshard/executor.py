@@ -222,7 +222,7 @@ def _run_all_gather(step: ReshardStep, current: Shards, dtype: np.dtype, backend
             if key not in assembled:
                 flat = _flat_of(gathered)
                 if flat is not None and step.gathers_slabs(r, group):
-                    assembled[key] = freeze(flat.reshape(box_shape(dst[r])))  # received as it lies
+                    assembled[key] = freeze(flat.reshape(step.dst_shape(r)))  # received as it lies
                 else:
                     pieces = list(zip((src[m] for m in group), gathered, strict=True))
                     assembled[key] = _assemble(dst[r], pieces, dtype, backend.xp, flat)

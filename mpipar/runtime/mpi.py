@@ -70,7 +70,7 @@ from mpipar.runtime.faults import (
     timeout_from_env,
 )
 from mpipar.runtime.log import flush_std_streams, install_rank_prefix
-from mpipar.runtime.ordered import OrderedCommunicator, reduce_mode_from_env
+from mpipar.runtime.ordered import OrderedCommunicator, _layout, reduce_mode_from_env
 
 ABORT_FLUSH_S = 0.3
 
@@ -314,15 +314,15 @@ class MPICommunicator(OrderedCommunicator):
         if mpi_type is None:  # (a wrong chunk count is reported by the ordered path)
             return super()._reduce_scatter(group, chunks, op)
         dtype = row[0].dtype
-        shapes = [tuple(c.shape) for c in row]
-        counts = [math.prod(s) for s in shapes]
+        shapes = tuple(c.shape for c in row)
+        counts, _, same = _layout(shapes)
         mine = group.index(self.rank)
         out = self._result(counts[mine], dtype)
         with self._collective(group, "reduce_scatter", dtype=dtype, reduce_type=op, shapes=shapes):
             send = self._pack(row, dtype)
             self._reap()
             comm = self._rt.comm_for(group)
-            if _uniform(counts):
+            if same:
                 comm.Ireduce_scatter_block([send, mpi_type], [out, mpi_type], op=MPI.SUM).Wait()
             else:
                 comm.Ireduce_scatter([send, mpi_type], [out, mpi_type], counts, op=MPI.SUM).Wait()
