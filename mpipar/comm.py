@@ -430,42 +430,46 @@ def reduce_arrays(arrays: Sequence[Array], op: str, xp: Any = np) -> Array:
         out = np.empty_like(flat[0])
         for start in range(0, out.size, _BLOCK_ELEMS):
             block = slice(start, start + _BLOCK_ELEMS)
-            _reduce_into(out[block], [f[block] for f in flat], op, len(arrays), xp)
+            fold_into(out[block], [f[block] for f in flat], op, len(flat), xp)
         return out.reshape(first.shape)
-    out = first.copy()
-    _reduce_into(out, [xp.asarray(a) for a in arrays], op, len(arrays), xp, first_copied=True)
+    out = xp.empty(first.shape, dtype=first.dtype)  # C order, as ``first.copy()`` gave
+    fold_into(out, [first, *(xp.asarray(a) for a in arrays[1:])], op, len(arrays), xp)
     return out
 
 
-def reduce_rows(rows: Array, op: str, xp: Any = np) -> Array:
+def reduce_rows(rows: Array, op: str, xp: Any = np, out: Array | None = None) -> Array:
     """``reduce_arrays`` of the rows of one 2-d array, in row order, bit for bit the same: for
-    pieces received back to back, without a Python list of row views."""
+    pieces received back to back, without a Python list of row views. Written into ``out``
+    (1-d, one row's length) when given."""
     n, size = rows.shape
+    if out is None:
+        out = xp.empty(size, dtype=rows.dtype)
     if xp is np and n > 2 and size > 4 * _BLOCK_ELEMS and rows.flags.c_contiguous:
-        out = np.empty(size, dtype=rows.dtype)
         for start in range(0, size, _BLOCK_ELEMS):
             block = slice(start, start + _BLOCK_ELEMS)
-            _reduce_into(out[block], rows[:, block], op, n, xp)
+            fold_into(out[block], rows[:, block], op, n, xp)
         return out
-    out = rows[0].copy()
-    _reduce_into(out, rows, op, n, xp, first_copied=True)
+    fold_into(out, rows, op, n, xp)
     return out
 
 
-def _reduce_into(out: Array, arrays: Sequence[Array], op: str, count: int, xp: Any, first_copied: bool = False) -> None:
-    if not first_copied:
-        out[...] = arrays[0]
-    if op in ("sum", "avg"):
-        for a in arrays[1:]:
-            out += a
-        if op == "avg":
-            if np.issubdtype(out.dtype, np.integer):
-                out //= count
-            else:
-                out /= out.dtype.type(count)
-    elif op == "max":
-        for a in arrays[1:]:
-            xp.maximum(out, a, out=out)
-    else:
-        for a in arrays[1:]:
-            xp.minimum(out, a, out=out)
+def fold_into(out: Array, arrays: Iterable[Array], op: str, count: int, xp: Any = np) -> None:
+    """``out`` = the reduction of the ``count`` arrays in order: ``((a0 op a1) op a2) ...``.
+
+    ``arrays`` may be lazy (an MPI transport yields each piece as it arrives). The first step
+    writes ``a0 op a1`` straight into ``out`` rather than copying ``a0`` there first: one pass
+    over the data fewer, and the same bits (the first partial result is that one operation
+    either way)."""
+    pieces = iter(arrays)
+    if count == 1:
+        out[...] = next(pieces)
+        return
+    combine = xp.add if op in ("sum", "avg") else xp.maximum if op == "max" else xp.minimum
+    combine(next(pieces), next(pieces), out=out)
+    for a in pieces:
+        combine(out, a, out=out)
+    if op == "avg":
+        if np.issubdtype(out.dtype, np.integer):
+            out //= count
+        else:
+            out /= out.dtype.type(count)
