@@ -59,7 +59,7 @@ from mpi4py import MPI
 
 from mpipar import _threads
 from mpipar.backend import Backend
-from mpipar.comm import Array, Group, PointToPoint, Shape
+from mpipar.comm import Array, Group, PointToPoint, Shape, fold_into
 from mpipar.mesh import ProcessMesh
 from mpipar.runtime.faults import (
     Watchdog,
@@ -70,9 +70,15 @@ from mpipar.runtime.faults import (
     timeout_from_env,
 )
 from mpipar.runtime.log import flush_std_streams, install_rank_prefix
-from mpipar.runtime.ordered import OrderedCommunicator, _layout, reduce_mode_from_env
+from mpipar.runtime.ordered import OrderedCommunicator, _layout, _starts, reduce_mode_from_env
 
 ABORT_FLUSH_S = 0.3
+FOLD_AS_ARRIVING_MIN_BYTES = 256 * 1024
+"""Reduce-scatters moving at least this many bytes per member reduce each piece as it
+arrives (point to point) instead of after one all-to-all (``MPICommunicator._scatter_reduce``)."""
+FOLD_TAG = 0x6D70
+"""The tag of those point-to-point pieces, on the group's own communicator (where no other
+point-to-point traffic runs; collectives there have a context of their own)."""
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
@@ -265,6 +271,7 @@ class MPICommunicator(OrderedCommunicator):
         self._pending: list[tuple[Any, np.ndarray, int, int]] = []
         self._exchanges = 0
         self.native_sums = rt.reduce_mode == "native"
+        self.fold_min_bytes = FOLD_AS_ARRIVING_MIN_BYTES
 
     # ------------------------------------------------------------------ MPIPAR_REDUCE=native
     def _native_type(self, dtype: np.dtype, op: str, group: Group) -> Any | None:
@@ -302,10 +309,10 @@ class MPICommunicator(OrderedCommunicator):
             self._reap()
             comm = self._rt.comm_for(group)
             if root is None:
-                comm.Iallreduce([flat, mpi_type], [out, mpi_type], op=MPI.SUM).Wait()
+                comm.Allreduce([flat, mpi_type], [out, mpi_type], op=MPI.SUM)
             else:
                 receive = [out, mpi_type] if out is not None else None
-                comm.Ireduce([flat, mpi_type], receive, op=MPI.SUM, root=group.index(root)).Wait()
+                comm.Reduce([flat, mpi_type], receive, op=MPI.SUM, root=group.index(root))
         return {self.rank: _averaged(out, op, len(group)).reshape(shape)} if out is not None else {}
 
     def _reduce_scatter(self, group: Group, chunks: Any, op: str) -> dict[int, Array]:
@@ -323,10 +330,52 @@ class MPICommunicator(OrderedCommunicator):
             self._reap()
             comm = self._rt.comm_for(group)
             if same:
-                comm.Ireduce_scatter_block([send, mpi_type], [out, mpi_type], op=MPI.SUM).Wait()
+                comm.Reduce_scatter_block([send, mpi_type], [out, mpi_type], op=MPI.SUM)
             else:
-                comm.Ireduce_scatter([send, mpi_type], [out, mpi_type], counts, op=MPI.SUM).Wait()
+                comm.Reduce_scatter([send, mpi_type], [out, mpi_type], counts, op=MPI.SUM)
         return {self.rank: _averaged(out, op, len(group)).reshape(shapes[mine])}
+
+    # ------------------------------------------------------------------ ordered reductions
+    def _scatter_reduce(
+        self, group: Group, send: Array, counts: tuple[int, ...], same: bool, op: str, out: Array | None = None
+    ) -> Array:
+        """The ordered reduce-scatter of ``OrderedCommunicator._scatter_reduce``, reducing each
+        piece as it arrives: every receive and send is posted at once, then the pieces are
+        waited for in group order and folded in, so the sum of the pieces that are here
+        overlaps the transfer of those still on their way, and each is read while it is still
+        in cache (an all-to-all first, then one pass over all of them, took 10-25% longer at
+        4 MiB over 8 ranks). Small buffers keep the one-call all-to-all, whose fixed cost is lower.
+        """
+        total_bytes = _starts(counts)[-1] * send.itemsize  # the same on every member: all choose alike
+        if total_bytes < self.fold_min_bytes:
+            return super()._scatter_reduce(group, send, counts, same, op, out)
+        n, i = len(group), group.index(self.rank)
+        mine = counts[i]
+        starts = _starts(counts)
+        if out is None:
+            out = np.empty(mine, dtype=send.dtype)
+        rows = self._scratch(n * mine, send.dtype).reshape(n, mine)
+        self._reap()
+        comm = self._rt.comm_for(group)
+        receives = [comm.Irecv(_spec(rows[j]), j, FOLD_TAG) if j != i and mine else None for j in range(n)]
+        sends = [
+            comm.Isend(_spec(send[starts[j] : starts[j + 1]]), j, FOLD_TAG)
+            for j in (*range(i + 1, n), *range(i))  # each member starts with its successor
+            if counts[j]
+        ]
+
+        def arriving() -> Any:
+            for j in range(n):
+                if j == i:
+                    yield send[starts[i] : starts[i + 1]]
+                else:
+                    if mine:
+                        receives[j].Wait()
+                    yield rows[j]
+
+        fold_into(out, arriving(), op, n)
+        MPI.Request.Waitall(sends)
+        return out
 
     # ------------------------------------------------------------------ plumbing
     def _watch(self, op: str, group: Group, seq: int) -> contextlib.AbstractContextManager[Any]:
@@ -352,7 +401,7 @@ class MPICommunicator(OrderedCommunicator):
         sc, sd = _byte_counts(scounts, send.itemsize)
         rc, rd = _byte_counts(rcounts, recv.itemsize)
         comm = self._rt.comm_for(group)
-        comm.Ialltoallv([_bytes(send), (sc, sd), MPI.BYTE], [_bytes(recv), (rc, rd), MPI.BYTE]).Wait()
+        comm.Alltoallv([_bytes(send), (sc, sd), MPI.BYTE], [_bytes(recv), (rc, rd), MPI.BYTE])
 
     def _t_alltoall(self, group: Group, send: Array, recv: Array, count: int) -> None:
         # The plain call, which MPICH runs faster than the v-variant (~10-20% at 4 MiB over
@@ -360,40 +409,49 @@ class MPICommunicator(OrderedCommunicator):
         self._reap()
         comm = self._rt.comm_for(group)
         if send.size == recv.size == count * len(group):  # whole buffers: MPI reads the counts off them
-            comm.Ialltoall(_spec(send), _spec(recv)).Wait()
+            comm.Alltoall(_spec(send), _spec(recv))
             return
         nbytes = int(count) * send.itemsize
-        comm.Ialltoall([_bytes(send), nbytes, MPI.BYTE], [_bytes(recv), nbytes, MPI.BYTE]).Wait()
+        comm.Alltoall([_bytes(send), nbytes, MPI.BYTE], [_bytes(recv), nbytes, MPI.BYTE])
 
     def _t_allgatherv(self, group: Group, send: Array, recv: Array, counts: Sequence[int]) -> None:
         self._reap()
         comm = self._rt.comm_for(group)
         if _uniform(counts):  # every member passes the same counts, so every member agrees
             if send.size == counts[0] and recv.size == counts[0] * len(group):
-                comm.Iallgather(_spec(send), _spec(recv)).Wait()  # MPI reads the counts off the buffers
+                comm.Allgather(_spec(send), _spec(recv))  # MPI reads the counts off the buffers
                 return
             count = int(counts[0]) * recv.itemsize
-            comm.Iallgather([_bytes(send), count, MPI.BYTE], [_bytes(recv), count, MPI.BYTE]).Wait()
+            comm.Allgather([_bytes(send), count, MPI.BYTE], [_bytes(recv), count, MPI.BYTE])
             return
         rc, rd = _byte_counts(counts, recv.itemsize)
-        comm.Iallgatherv([_bytes(send), MPI.BYTE], [_bytes(recv), (rc, rd), MPI.BYTE]).Wait()
+        comm.Allgatherv([_bytes(send), MPI.BYTE], [_bytes(recv), (rc, rd), MPI.BYTE])
+
+    def _t_allgather_in_place(self, group: Group, recv: Array, counts: Sequence[int]) -> None:
+        self._reap()
+        comm = self._rt.comm_for(group)
+        if _uniform(counts) and recv.size == counts[0] * len(group):
+            comm.Allgather(MPI.IN_PLACE, _spec(recv))
+            return
+        rc, rd = _byte_counts(counts, recv.itemsize)
+        comm.Allgatherv(MPI.IN_PLACE, [_bytes(recv), (rc, rd), MPI.BYTE])
 
     def _t_gatherv(self, group: Group, root: int, send: Array, recv: Array | None, counts: Sequence[int]) -> None:
         self._reap()
         comm = self._rt.comm_for(group)
         if recv is None:
-            comm.Igatherv([_bytes(send), MPI.BYTE], None, root=root).Wait()
+            comm.Gatherv([_bytes(send), MPI.BYTE], None, root=root)
             return
         rc, rd = _byte_counts(counts, recv.itemsize)
-        comm.Igatherv([_bytes(send), MPI.BYTE], [_bytes(recv), (rc, rd), MPI.BYTE], root=root).Wait()
+        comm.Gatherv([_bytes(send), MPI.BYTE], [_bytes(recv), (rc, rd), MPI.BYTE], root=root)
 
     def _t_bcast(self, group: Group, buf: Array, root: int) -> None:
         self._reap()
-        self._rt.comm_for(group).Ibcast([_bytes(buf), MPI.BYTE], root=root).Wait()
+        self._rt.comm_for(group).Bcast([_bytes(buf), MPI.BYTE], root=root)
 
     def _t_barrier(self, group: Group) -> None:
         self._reap()
-        self._rt.comm_for(group).Ibarrier().Wait()
+        self._rt.comm_for(group).Barrier()
 
     # ------------------------------------------------------------------ point to point
     def _exchange(self, transfers: Sequence[PointToPoint], hosted: set[int]) -> dict[tuple[int, int, int], Array]:

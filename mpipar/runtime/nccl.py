@@ -28,6 +28,10 @@ with device transport:
 * ``send``/``recv`` (buffered semantics: a send must not wait for its receive) stage through
   host memory over MPI; ``exchange`` stays on the GPU.
 * Check mode and arrival notices travel over MPI, as in the MPI backend.
+* Everything the MPI backend does with MPI's own calls on host buffers stays on the ordered
+  path here, whose data moves through the NCCL transport above: the plain all-to-all,
+  the in-place all-gather and the ordered reduce-scatter (an all-to-all, then the local
+  reduction). ``MPIPAR_REDUCE=native`` has no effect: sums stay in group order.
 
 CuPy is imported only when the backend starts, never at module import.
 """
@@ -46,6 +50,7 @@ from mpi4py import MPI
 from mpipar.comm import Array, Group, PointToPoint, Shape
 from mpipar.runtime.faults import LEADER_HEAD_START_S
 from mpipar.runtime.mpi import MPIBackend, MPICommunicator, MPIRuntime, runtime
+from mpipar.runtime.ordered import OrderedCommunicator
 
 NCCL_UNIQUE_ID_BYTES = 128  # ncclUniqueId's size, fixed by nccl.h
 
@@ -101,6 +106,7 @@ class NCCLCommunicator(MPICommunicator):
         self.device = local_rank(rt.world) % cupy.cuda.runtime.getDeviceCount()
         cupy.cuda.Device(self.device).use()
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.native_sums = False  # MPI's native sums would be handed device buffers
         self._groups: dict[Group, Any] = {}
         rt.watchdog.on_expire.append(self._abort_all)
         self._world = self._nccl_for(tuple(range(rt.size)))
@@ -157,6 +163,12 @@ class NCCLCommunicator(MPICommunicator):
         self._sync()
 
     # ------------------------------------------------------------------ transport
+    # The MPI backend's versions of these call MPI on the buffers; device buffers take the
+    # ordered path's, built on the transport methods below.
+    _t_alltoall = OrderedCommunicator._t_alltoall
+    _t_allgather_in_place = OrderedCommunicator._t_allgather_in_place
+    _scatter_reduce = OrderedCommunicator._scatter_reduce
+
     def _t_alltoallv(self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]) -> None:
         comm, i = self._nccl_for(group), group.index(self.rank)
         s8, r8 = self._u8(send), self._u8(recv)

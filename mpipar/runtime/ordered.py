@@ -181,6 +181,16 @@ def _layout(shapes: tuple[Shape, ...]) -> tuple[tuple[int, ...], int, bool]:
     return counts, sum(counts), bool(shapes) and shapes.count(shapes[0]) == len(shapes)
 
 
+@functools.lru_cache(maxsize=1024)
+def _starts(counts: tuple[int, ...]) -> tuple[int, ...]:
+    """Where each of pieces of these element counts starts when packed back to back, and the end."""
+    out, at = [0], 0
+    for c in counts:
+        at += c
+        out.append(at)
+    return tuple(out)
+
+
 class OrderedCommunicator(Communicator):
     """The collective algorithms of the module docstring; transport left to subclasses."""
 
@@ -210,6 +220,13 @@ class OrderedCommunicator(Communicator):
 
     @abstractmethod
     def _t_allgatherv(self, group: Group, send: Array, recv: Array, counts: Sequence[int]) -> None: ...
+
+    def _t_allgather_in_place(self, group: Group, recv: Array, counts: Sequence[int]) -> None:
+        """``_t_allgatherv`` whose own piece already lies in its place in ``recv``."""
+        starts = _starts(tuple(counts))
+        i = group.index(self.rank)
+        own = recv[starts[i] : starts[i + 1]].copy()  # a transport may not read and write one buffer
+        self._t_allgatherv(group, own, recv, counts)
 
     @abstractmethod
     def _t_gatherv(self, group: Group, root: int, send: Array, recv: Array | None, counts: Sequence[int]) -> None:
@@ -327,23 +344,40 @@ class OrderedCommunicator(Communicator):
                     return None
             rows = rows.reshape(n, size)
             return reduce_rows(rows, op, xp)
-        ranges = [chunk_range(size, n, j) for j in range(n)]
-        lengths = [e - s for s, e in ranges]
-        mine = lengths[i]
-        received = self._scratch(n * mine, flat.dtype)
-        if size % n == 0:
-            self._t_alltoall(group, flat, received, mine)
-        else:
-            self._t_alltoallv(group, flat, lengths, received, [mine] * n)
-        rows = received.reshape(n, mine)
-        part = reduce_rows(rows, op, xp)
+        lengths = tuple(e - s for s, e in (chunk_range(size, n, j) for j in range(n)))
+        same = size % n == 0
         if root is None:
             out = self._result(size, flat.dtype)
-            self._t_allgatherv(group, part, out, lengths)
+            starts = _starts(lengths)
+            # Member i reduces its range straight into its place in the result, which the
+            # all-gather then fills around it.
+            self._scatter_reduce(group, flat, lengths, same, op, out=out[starts[i] : starts[i + 1]])
+            self._t_allgather_in_place(group, out, lengths)
             return out
+        part = self._scatter_reduce(group, flat, lengths, same, op)
         out = self._result(size, flat.dtype) if i == root else None
         self._t_gatherv(group, root, part, out, lengths)
         return out
+
+    def _scatter_reduce(
+        self, group: Group, send: Array, counts: tuple[int, ...], same: bool, op: str, out: Array | None = None
+    ) -> Array:
+        """Member i's share of a reduce-scatter: the reduction, in group order, of every
+        member's i-th piece of ``send`` (pieces of ``counts[j]`` elements back to back, the
+        same counts on every member; ``same``: all equal). Written into ``out`` (1-d,
+        ``counts[i]`` elements) when given, else into a new array.
+
+        This version moves every piece first (one all-to-all into a scratch buffer), then
+        reduces; a transport may instead reduce each piece as it arrives.
+        """
+        n, i = len(group), group.index(self.rank)
+        mine = counts[i]
+        received = self._scratch(n * mine, send.dtype)
+        if same:
+            self._t_alltoall(group, send, received, mine)
+        else:
+            self._t_alltoallv(group, send, counts, received, [mine] * n)
+        return reduce_rows(received.reshape(n, mine), op, self.xp, out=out)
 
     def _reduce_scatter(self, group: Group, chunks: Mapping[int, Sequence[Array]], op: str) -> dict[int, Array]:
         row = self._mine("reduce_scatter", group, chunks)
@@ -359,16 +393,9 @@ class OrderedCommunicator(Communicator):
         # The counts are the same on every member (the chunking of one shape), so all agree
         # whether the pieces are equal.
         counts, _, same = _layout(shapes)
-        mine = counts[i]
         with self._collective(group, "reduce_scatter", dtype=dtype, reduce_type=op, shapes=shapes):
-            send = self._pack(row, dtype)
-            received = self._scratch(n * mine, dtype)
-            if same:
-                self._t_alltoall(group, send, received, mine)
-            else:
-                self._t_alltoallv(group, send, counts, received, [mine] * n)
-        rows = received.reshape(n, mine)
-        return {self.rank: reduce_rows(rows, op, self.xp).reshape(shapes[i])}
+            part = self._scatter_reduce(group, self._pack(row, dtype), counts, same, op)
+        return {self.rank: part.reshape(shapes[i])}
 
     def all_gather_flat(self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]) -> dict[int, Array]:
         if recording():  # the recorded path: an all_gather, then joined

@@ -8,7 +8,9 @@ on all of them in-process (the simulator's answer), runs the MPI communicator on
 buffer, and compares its result byte for byte. Groups are random subsets of the world in
 random order (ranks outside a group skip the call, as under a real plan); buffers are
 small (one gather) and large (> 64 KiB: the all_to_all + ordered reduction path), with
-NaN, -0.0 and uneven/empty pieces. Then point to point: a ``send`` whose ``recv`` is posted
+NaN, -0.0 and uneven/empty pieces. Half the cases run with the MPI communicator's
+``fold_min_bytes`` at 0, so every reduce-scatter, all-reduce and reduce that is not small
+takes the point-to-point path that folds each piece in as it arrives. Then point to point: a ``send`` whose ``recv`` is posted
 only after a barrier (2 MiB, so MPI cannot buffer it eagerly) must not deadlock, and a
 random batch of tagged transfers goes through ``exchange``.
 
@@ -28,6 +30,7 @@ import numpy as np
 
 import mpipar as dist
 from mpipar.comm import PointToPoint
+from mpipar.runtime.mpi import FOLD_AS_ARRIVING_MIN_BYTES
 from mpipar.xp import to_numpy
 from simulator.virtual_comm import VirtualCommunicator
 
@@ -85,7 +88,12 @@ def run_case(index: int, rng: np.random.Generator, world: int, me: int, mpi: Any
         dtype = np.dtype("float64") if reduce_op in ("sum", "avg") else dtype
     big = rng.random() < 0.3
     shape = (int(rng.integers(9000, 20000)),) if big else tuple(int(s) for s in rng.integers(0, 6, size=int(rng.integers(0, 3))))
-    label = f"case {index}: {op}({reduce_op}) {dtype}{list(shape)} on group {list(group)}"
+    fold_as_arriving = rng.random() < 0.5
+    if hasattr(mpi, "fold_min_bytes"):  # the same draw on every rank: all members agree
+        mpi.fold_min_bytes = 0 if fold_as_arriving else FOLD_AS_ARRIVING_MIN_BYTES
+    label = f"case {index}: {op}({reduce_op}) {dtype}{list(shape)} on group {list(group)}" + (
+        " (folded as arriving)" if fold_as_arriving else ""
+    )
     mine = me in group
 
     if op in ("all_reduce", "reduce"):
