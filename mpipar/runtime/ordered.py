@@ -11,7 +11,8 @@ collective          how (n members, member i)
 all_reduce          all_to_all of n element ranges (the chunking rule), each member reduces
                     its range over the n members in group order, all_gather of the ranges.
                     Small buffers (n x size <= 64 KiB): all_gather whole buffers, reduce.
-reduce_scatter      all_to_all of the chunks, member i reduces the n copies of chunk i.
+reduce_scatter      all_to_all of the chunks, member i reduces the n copies of chunk i
+                    (the MPI transport folds each copy in as it arrives instead).
 reduce              like all_reduce, with a gather to the root instead of an all_gather.
 all_gather          all_gather with per-member counts (uneven pieces).
 all_to_all          all_to_all with per-pair counts (uneven and empty pieces).
