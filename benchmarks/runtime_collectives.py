@@ -1,6 +1,6 @@
 """mpipar's reshard under MPI against the raw mpi4py collective on the same buffers, same run.
 
-    mpiexec -n 8 .venv/bin/python benchmarks/runtime_collectives.py [--sizes-mib 4 64] [--reps 30]
+    mpiexec -n 8 .venv/bin/python benchmarks/runtime_collectives.py [--sizes-mib 4 64] [--reps 60]
 
 For a float32 tensor of each size on a 1-d mesh of every rank, times
 
@@ -18,8 +18,10 @@ and prints ours / raw (target: at most 1.2x). The two reductions run a second ti
 
 A middle column times our communicator call alone (``backend.comm.all_gather`` etc. on the
 same buffers): the difference to the full reshard is the executor's work around it. Each
-time is the slowest rank's, best of ``--reps``. Our ordered reductions sum in group order
-(bit-identical to the simulator) where MPI uses its own order; our S(0) -> S(1) packs the
+time is the slowest rank's, best of ``--reps`` (60: with 8 ranks time-sharing a few cores,
+a single contender's best of 30 was now and then 10-20% above its usual value). Our ordered
+reductions sum in group order (bit-identical to the simulator) where MPI uses its own order,
+folding each piece in as it arrives; our S(0) -> S(1) packs the
 strided column blocks with NumPy where the raw call describes them with a vector datatype.
 The raw calls write into preallocated outputs; ours return a new shard each time, whose
 buffer comes from the communicator's result cache (the previous call's result, dropped by
@@ -67,7 +69,7 @@ def timed(comm: MPI.Comm, fns: list[Callable[[], object]], reps: int) -> list[fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[4, 64])
-    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--reps", type=int, default=60)
     args = parser.parse_args()
     backend = dist.current_backend()
     if backend.name != "mpi":
