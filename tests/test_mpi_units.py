@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mpipar as dist
-from mpipar.comm import _BLOCK_ELEMS, reduce_arrays, reduce_rows
+from mpipar.comm import _BLOCK_ELEMS, fold_into, reduce_arrays, reduce_rows
 from mpipar.runtime.faults import check_from_env, compare_signatures, signature, timeout_from_env
 from mpipar.runtime.log import LinePrefixer
 from mpipar.runtime.ordered import ResultCache, cache_bytes_from_env, reduce_mode_from_env
@@ -185,3 +185,19 @@ def test_reduce_rows_is_reduce_arrays_bit_for_bit(n: int, size: int, op: str, dt
     got = reduce_rows(rows, op)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert got.tobytes() == want.tobytes()
+    # Both share fold_into; the definition itself, written out, is the independent oracle.
+    combine = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}[op]
+    chain = rows[0].copy()
+    for k in range(1, n):
+        chain = combine(chain, rows[k])
+    if op == "avg":
+        chain = chain // n if dtype == "int64" else chain / chain.dtype.type(n)
+    assert want.tobytes() == chain.astype(want.dtype).tobytes()
+    # Into a slice of a larger buffer (an all-reduce's own range), and from a lazy sequence
+    # (the MPI transport folds pieces as they arrive): the same bytes, nothing else written.
+    buffer = np.full(size + 2, 7, dtype=rows.dtype)
+    assert reduce_rows(rows, op, out=buffer[1:-1]) is not None
+    assert buffer[1:-1].tobytes() == want.tobytes() and buffer[0] == buffer[-1] == 7
+    lazy = np.empty(size, dtype=rows.dtype)
+    fold_into(lazy, (rows[k] for k in range(n)), op, n)
+    assert lazy.tobytes() == want.tobytes()
