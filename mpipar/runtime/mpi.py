@@ -65,7 +65,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -378,7 +378,7 @@ class MPICommunicator(OrderedCommunicator):
             if counts[j]
         ]
 
-        def arriving() -> Any:
+        def arriving() -> Iterator[np.ndarray]:
             for j in range(n):
                 if j == i:
                     yield send[starts[i] : starts[i + 1]]
