@@ -21,12 +21,11 @@ same buffers): the difference to the full reshard is the executor's work around 
 time is the slowest rank's, best of ``--reps`` (60: with 8 ranks time-sharing a few cores,
 a single contender's best of 30 was now and then 10-20% above its usual value). Our ordered
 reductions sum in group order (bit-identical to the simulator) where MPI uses its own order,
-folding each piece in as it arrives; our S(0) -> S(1) packs the
-strided column blocks with NumPy where the raw call describes them with a vector datatype.
-The raw calls write into preallocated outputs; ours return a new shard each time, whose
-buffer comes from the communicator's result cache (the previous call's result, dropped by
-the loop, is reused; with ``MPIPAR_COMM_CACHE_MIB=0`` every result is fresh memory and pays
-its page faults).
+folding each piece in as it arrives; our S(0) -> S(1) packs the strided column blocks with
+NumPy where the raw call describes them with a vector datatype. The raw calls write into
+preallocated outputs; ours return a new shard each time, whose buffer comes from the
+communicator's result cache (the previous call's result, dropped by the loop, is reused;
+with ``MPIPAR_COMM_CACHE_MIB=0`` every result is fresh memory and pays its page faults).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from mpi4py import MPI
 from mpipar.comm import Array, Group, PointToPoint, Shape
 from mpipar.runtime.faults import LEADER_HEAD_START_S
 from mpipar.runtime.mpi import MPIBackend, MPICommunicator, MPIRuntime, runtime
-from mpipar.runtime.ordered import OrderedCommunicator
+from mpipar.runtime.ordered import OrderedCommunicator, _starts
 
 NCCL_UNIQUE_ID_BYTES = 128  # ncclUniqueId's size, fixed by nccl.h
 
@@ -259,10 +259,8 @@ class NCCLCommunicator(MPICommunicator):
 
 
 def _offsets(counts: Sequence[int], itemsize: int) -> list[int]:
-    out = [0]
-    for c in counts:
-        out.append(out[-1] + int(c) * itemsize)
-    return out
+    """Byte offsets of pieces of these element counts packed back to back, and the end."""
+    return [s * itemsize for s in _starts(tuple(counts))]
 
 
 _communicator: NCCLCommunicator | None = None

@@ -184,7 +184,7 @@ def _layout(shapes: tuple[Shape, ...]) -> tuple[tuple[int, ...], int, bool]:
 
 @functools.lru_cache(maxsize=1024)
 def _starts(counts: tuple[int, ...]) -> tuple[int, ...]:
-    """Where each of pieces of these element counts starts when packed back to back, and the end."""
+    """Where each piece of these element counts starts when all are packed back to back, then the end."""
     out, at = [0], 0
     for c in counts:
         at += c

@@ -10,9 +10,9 @@ random order (ranks outside a group skip the call, as under a real plan); buffer
 small (one gather) and large (> 64 KiB: the all_to_all + ordered reduction path), with
 NaN, -0.0 and uneven/empty pieces. Half the cases run with the MPI communicator's
 ``fold_min_bytes`` at 0, so every reduce-scatter, all-reduce and reduce that is not small
-takes the point-to-point path that folds each piece in as it arrives. Then point to point: a ``send`` whose ``recv`` is posted
-only after a barrier (2 MiB, so MPI cannot buffer it eagerly) must not deadlock, and a
-random batch of tagged transfers goes through ``exchange``.
+takes the point-to-point path that folds each piece in as it arrives. Then point to point:
+a ``send`` whose ``recv`` is posted only after a barrier (2 MiB, so MPI cannot buffer it
+eagerly) must not deadlock, and a random batch of tagged transfers goes through ``exchange``.
 
 With ``MPIPAR_REDUCE=native`` floating-point sums and averages come from MPI's own
 reduction and are compared within the rounding any summation order allows; everything else
@@ -77,6 +77,14 @@ def close(label: str, got: Any, want: Any, addends: list[np.ndarray], op: str) -
         raise AssertionError(f"{label}: native sum off by more than rounding\nMPI {got.tolist()}\nsim {want.tolist()}")
 
 
+def reduced(label: str, got: Any, want: Any, addends: list[np.ndarray], op: str, native: bool) -> None:
+    """A reduction's result: within rounding where MPI summed natively, else bit for bit."""
+    if native:
+        close(label, got, want, addends, op)
+    else:
+        same(label, got, want)
+
+
 def run_case(index: int, rng: np.random.Generator, world: int, me: int, mpi: Any) -> None:
     virt = VirtualCommunicator()
     k = int(rng.integers(1, world + 1))
@@ -108,8 +116,7 @@ def run_case(index: int, rng: np.random.Generator, world: int, me: int, mpi: Any
             if mine and set(got) != ({me} if me == root else set()):
                 raise AssertionError(f"{label}: reduce returned results for {sorted(got)} on rank {me} (root {root})")
         if me in got:
-            check = close if _native(mpi, dtype, reduce_op, k) else lambda *a: same(*a[:3])
-            check(label, got[me], want[me], list(bufs.values()), reduce_op)
+            reduced(label, got[me], want[me], list(bufs.values()), reduce_op, _native(mpi, dtype, reduce_op, k))
     elif op == "reduce_scatter":
         pieces = [tuple(int(s) for s in rng.integers(0, 4, size=len(shape) or 1)) for _ in group]
         if big:
@@ -118,10 +125,8 @@ def run_case(index: int, rng: np.random.Generator, world: int, me: int, mpi: Any
         want = virt.reduce_scatter(group, chunks, reduce_op)
         if mine:
             got_rs = mpi.reduce_scatter(group, {me: chunks[me]}, reduce_op)[me]
-            if _native(mpi, dtype, reduce_op, k):
-                close(label, got_rs, want[me], [chunks[r][group.index(me)] for r in group], reduce_op)
-            else:
-                same(label, got_rs, want[me])
+            addends = [chunks[r][group.index(me)] for r in group]
+            reduced(label, got_rs, want[me], addends, reduce_op, _native(mpi, dtype, reduce_op, k))
     elif op == "all_gather":
         shapes = [tuple(int(s) for s in rng.integers(0, 5, size=2)) for _ in group]
         if rng.random() < 0.5:  # equal pieces: the plain (typed) all-gather, not the v-variant
