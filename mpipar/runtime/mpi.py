@@ -19,17 +19,20 @@ Design choices
   match the simulator to rounding, not bit for bit. Integer sums, max and min stay ordered
   (their result does not depend on the order, and NumPy's NaN rules hold).
 * **Blocking calls**: mpi4py releases the GIL inside every blocking MPI call, so the fault
-  watchdog's thread runs during a blocking collective just as during a ``Wait``; MPICH's
-  blocking collectives were as fast as or faster than the non-blocking ones plus ``Wait``
-  (all-gather by 3-15% at 4 MiB over 8 ranks).
+  watchdog's thread runs during a blocking collective just as during a ``Wait``. In
+  ``benchmarks/mpi_transport_choices.py`` (8 ranks, 32 KiB-4 MiB) MPICH's blocking
+  ``Alltoall`` took 0.72-1.01x the time of ``Ialltoall`` plus ``Wait``; ``Allgather`` was
+  no different from ``Iallgather`` beyond the noise (0.86-1.15x).
 * **Reduce-scatter as the pieces arrive** (``MPICommunicator._scatter_reduce``, the first
   half of every ordered all-reduce too): from 512 KiB sent per member up, every receive and
   send of the pieces is posted at once on the group's communicator, and the pieces are
   waited for in group order and folded into the result one by one. The sum of the pieces
   already here overlaps the transfer of the rest, and each piece is read while still in
-  cache; an all-to-all into a scratch buffer followed by one pass over it took 10-25% longer
-  at 4 MiB (below 512 KiB the single all-to-all call costs less). An all-reduce reduces its
-  range straight into its place in the result and then all-gathers in place (``MPI_IN_PLACE``).
+  cache. ``benchmarks/mpi_transport_choices.py`` times it against an all-to-all into a
+  scratch buffer followed by one pass over it: 0.79-0.99x at 4 MiB, 0.89-0.97x at 1 MiB,
+  0.82-1.10x at 512 KiB, while below 512 KiB the single all-to-all call costs less (the
+  fold 1.18-1.51x). An all-reduce reduces its range straight into its place in the result
+  and then all-gathers in place (``MPI_IN_PLACE``).
 * **Sub-communicators**: one per rank group, created on first use with
   ``MPI_Comm_create_group`` (collective over the group's members only, so ranks outside
   the group are not involved) and cached; member ``i`` of the group is rank ``i`` of its
@@ -353,8 +356,8 @@ class MPICommunicator(OrderedCommunicator):
         piece as it arrives: every receive and send is posted at once, then the pieces are
         waited for in group order and folded in, so the sum of the pieces that are here
         overlaps the transfer of those still on their way, and each is read while it is still
-        in cache (an all-to-all first, then one pass over all of them, took 10-25% longer at
-        4 MiB over 8 ranks). Small buffers keep the one-call all-to-all, whose fixed cost is lower.
+        in cache. Small buffers keep the one-call all-to-all, whose fixed cost is lower (the
+        module docstring has the measurements).
         """
         starts = _starts(counts)
         if starts[-1] * send.itemsize < self.fold_min_bytes:  # the same on every member: all choose alike

@@ -1,0 +1,92 @@
+"""The MPI communicator's transport choices, each against its alternative, same run.
+
+    mpiexec -n 8 .venv/bin/python benchmarks/mpi_transport_choices.py [--sizes-kib 32 256 512 1024 4096] [--reps 60]
+
+For float32 buffers of each size (what each member sends), on a group of every rank, times
+
+* **fold / all-to-all**: our ordered reduce-scatter folding each piece in as it arrives
+  (``MPICommunicator._scatter_reduce``, point to point) against the same call moving every
+  piece first with one all-to-all and reducing afterwards (``fold_min_bytes`` raised past
+  the size). ``FOLD_AS_ARRIVING_MIN_BYTES`` sits where this ratio crosses 1 on this project's
+  machine; rerun here to place it elsewhere.
+* **blocking / non-blocking**: ``Allgather`` and ``Alltoall`` against ``Iallgather().Wait()``
+  and ``Ialltoall().Wait()`` on the same buffers (the communicator uses the blocking calls).
+
+Each time is the slowest rank's, best of ``--reps``, the contenders of one size taking turns
+in a fresh random order each round (the same on every rank). Prints the ratios: below 1
+means the choice the communicator makes is the faster one.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+from runtime_collectives import timed  # this script's directory: the same fair turns
+
+import mpipar as dist
+from mpipar.runtime.mpi import MPICommunicator
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-kib", type=int, nargs="+", default=[32, 256, 512, 1024, 4096])
+    parser.add_argument("--reps", type=int, default=60)
+    args = parser.parse_args()
+    backend = dist.current_backend()
+    if backend.name != "mpi":
+        raise SystemExit("run me under mpiexec: mpiexec -n 8 .venv/bin/python benchmarks/mpi_transport_choices.py")
+    comm = backend.comm
+    world = MPI.COMM_WORLD
+    n, me = world.Get_size(), world.Get_rank()
+    group = tuple(range(n))
+    sub = comm._rt.comm_for(group)  # the group's own communicator, as the collectives use it
+    default_fold = comm.fold_min_bytes
+    dist.print_once(
+        f"mpi_transport_choices: {n} ranks, float32, slowest rank, best of {args.reps}; "
+        f"fold threshold now {default_fold // 1024} KiB"
+    )
+    dist.print_once(f"{'size':>9}  {'fold ms':>8}{'a2a ms':>8}{'fold/a2a':>10}  {'allgather':>10}{'alltoall':>10}  (blocking / non-blocking)")
+    rng = np.random.default_rng(me)
+    for kib in args.sizes_kib:
+        count = kib * 1024 // 4
+        count -= count % n
+        calls = contenders(comm, sub, rng.standard_normal(count, dtype=np.float32))
+        best = dict(zip(calls, timed(world, list(calls.values()), args.reps), strict=True))
+        comm.fold_min_bytes = default_fold
+        dist.print_once(
+            f"{kib:>5} KiB  {best['fold'] * 1e3:>8.3f}{best['a2a'] * 1e3:>8.3f}{best['fold'] / best['a2a']:>9.2f}x"
+            f"  {best['allgather'] / best['iallgather']:>9.2f}x{best['alltoall'] / best['ialltoall']:>9.2f}x"
+        )
+
+
+def contenders(comm: MPICommunicator, sub: MPI.Comm, send: np.ndarray) -> dict[str, Callable[[], object]]:
+    """The calls to time on this rank's ``send`` (its pieces for each member, back to back)."""
+    group = tuple(range(sub.Get_size()))
+    me = MPI.COMM_WORLD.Get_rank()
+    piece = send.size // len(group)
+    chunks = {me: [send[j * piece : (j + 1) * piece] for j in range(len(group))]}
+    gathered = np.empty(send.size * len(group), dtype=np.float32)
+    exchanged = np.empty(send.size, dtype=np.float32)
+
+    def reduce_scatter(threshold: int) -> Callable[[], object]:
+        def run() -> object:
+            comm.fold_min_bytes = threshold
+            return comm.reduce_scatter(group, chunks, "sum")
+
+        return run
+
+    return {
+        "fold": reduce_scatter(0),
+        "a2a": reduce_scatter(1 << 62),
+        "allgather": lambda: sub.Allgather([send, MPI.FLOAT], [gathered, MPI.FLOAT]),
+        "iallgather": lambda: sub.Iallgather([send, MPI.FLOAT], [gathered, MPI.FLOAT]).Wait(),
+        "alltoall": lambda: sub.Alltoall([send, MPI.FLOAT], [exchanged, MPI.FLOAT]),
+        "ialltoall": lambda: sub.Ialltoall([send, MPI.FLOAT], [exchanged, MPI.FLOAT]).Wait(),
+    }
+
+
+if __name__ == "__main__":
+    main()
