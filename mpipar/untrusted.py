@@ -1,0 +1,227 @@
+"""Reading files that may come from someone else: one layer for plans, timelines, profiles, checkpoints.
+
+Every file mpipar reads (a plan, a timeline, a hardware profile, a checkpoint's ``metadata.json``,
+a checkpoint chunk) may have been written by someone else, truncated by a crash, or made to hurt.
+This module is the single door they come through:
+
+* ``open_regular`` opens only a regular file (never a FIFO, a device or a directory, so a read
+  cannot block for ever), optionally only inside a given directory (resolved path checked, so
+  neither ``..`` nor an absolute name nor a symlink can lead outside it);
+* ``read_bounded`` reads at most a size cap;
+* ``parse_json`` decodes UTF-8 JSON with a depth cap and bounded numbers: integers of at most
+  ``MAX_INT_DIGITS`` digits, finite floats only, no ``NaN``/``Infinity``;
+* every refusal is a ``FileFormatError`` (a ``ValueError``) naming the kind of file, the file, the
+  field and the value, never a ``RecursionError``, ``UnicodeDecodeError`` or an ``int`` conversion
+  error from deep inside the standard library.
+
+Format-specific checks (a plan's meshes, a checkpoint's boxes) build on these and raise the same
+error type (``PlanFormatError``, ``TimelineFormatError`` and ``CheckpointError`` are subclasses).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from typing import IO, Any
+
+MAX_JSON_BYTES = 1 << 30
+"""Larger JSON files are refused before parsing (a 1024-rank plan is a few MiB)."""
+MAX_JSON_DEPTH = 64
+"""Deeper nesting is refused: no format of ours nests past a dozen levels."""
+MAX_INT_DIGITS = 30
+"""Integers with more digits are refused (2^64 has 20; a 5000-digit number is an attack)."""
+
+
+def _show(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+class FileFormatError(ValueError):
+    """A file (or the dict read from one) that does not follow its format.
+
+    ``kind`` names the format ("plan", "timeline", "profile", "checkpoint"), ``field`` the path
+    of the value at fault inside the document (``"<file>"`` for the file as a whole), ``source``
+    the file it came from when known.
+    """
+
+    def __init__(self, kind: str, field_path: str, value: Any, problem: str, source: str | None = None) -> None:
+        where = f"{kind} {source}: field" if source else f"{kind} field"
+        super().__init__(f"{where} {field_path}: {_show(value)} {problem}")
+        self.kind = kind
+        self.field = field_path
+        self.value = value
+        self.problem = problem
+        self.source = source
+
+
+def inside(directory: str | os.PathLike[str], name: Any, *, kind: str, field_path: str) -> str:
+    """The path of ``name`` inside ``directory``, refusing anything that could lead outside it.
+
+    ``name`` must be a plain relative file name (a string, no absolute path, no ``..``, no empty
+    or ``.`` component, no NUL); its resolved path (symlinks followed) must lie inside the
+    resolved ``directory``.
+    """
+    if not isinstance(name, str):
+        raise FileFormatError(kind, field_path, name, "is not a file name (a string)", os.fspath(directory))
+    parts = name.replace("\\", "/").split("/")
+    if (
+        not name
+        or "\x00" in name
+        or os.path.isabs(name)
+        or name.startswith(("/", "\\"))
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise FileFormatError(
+            kind, field_path, name, "is not a plain relative file name inside the directory", os.fspath(directory)
+        )
+    root = os.path.realpath(directory)
+    path = os.path.realpath(os.path.join(root, name))
+    if os.path.commonpath([root, path]) != root or path == root:
+        raise FileFormatError(
+            kind, field_path, name, f"leads outside the directory {root} (to {path})", os.fspath(directory)
+        )
+    return path
+
+
+def open_regular(path: str | os.PathLike[str], *, kind: str, field_path: str = "<file>") -> IO[bytes]:
+    """Open ``path`` for reading only if it is a regular file.
+
+    The file is opened non-blocking (a FIFO opens at once instead of waiting for a writer) and
+    checked with ``fstat`` on the open descriptor, so nothing can swap it between check and use.
+    """
+    name = os.fspath(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(name, flags)
+    except OSError as exc:
+        raise FileFormatError(kind, field_path, name, f"cannot be opened ({exc.strerror or exc})", name) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = (
+                "a directory" if stat.S_ISDIR(mode)
+                else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode)
+                else "not a regular file"
+            )
+            raise FileFormatError(kind, field_path, name, f"is {what}, not a regular file", name)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: str | os.PathLike[str], *, kind: str, max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, refusing one over ``max_bytes``."""
+    name = os.fspath(path)
+    with open_regular(name, kind=kind) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise FileFormatError(kind, "<file>", name, f"is {size} bytes, over the limit of {max_bytes} bytes", name)
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise FileFormatError(kind, "<file>", name, f"is over the limit of {max_bytes} bytes", name)
+    return data
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise _NumberRefused(text, f"is an integer of {digits} digits (at most {MAX_INT_DIGITS} are read)")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    if len(text) > 400:
+        raise _NumberRefused(text, f"is a number written with {len(text)} characters")
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NumberRefused(text, "overflows to infinity")
+    return value
+
+
+def _parse_constant(text: str) -> float:
+    raise _NumberRefused(text, "is not a finite number (NaN and Infinity are refused)")
+
+
+class _NumberRefused(ValueError):
+    def __init__(self, text: str, problem: str) -> None:
+        super().__init__(problem)
+        self.text = text
+        self.problem = problem
+
+
+def depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
+    """Nesting depth of a JSON value (lists and objects), computed without recursion.
+
+    Stops counting once ``limit`` is exceeded (returns ``limit + 1``).
+    """
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, level)
+        if deepest > limit:
+            return deepest
+        stack.extend((c, level + 1) for c in children if isinstance(c, dict | list))
+    return deepest
+
+
+def parse_json(
+    data: bytes | bytearray | str,
+    *,
+    kind: str,
+    source: str | None = None,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> Any:
+    """Decode untrusted JSON: UTF-8, at most ``max_bytes``, ``max_depth`` levels, bounded finite numbers."""
+    if len(data) > max_bytes:
+        raise FileFormatError(kind, "<file>", source, f"is {len(data)} bytes, over the limit of {max_bytes}", source)
+    if isinstance(data, bytes | bytearray):
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise FileFormatError(
+                kind, "<file>", data[exc.start : exc.start + 1], f"at byte {exc.start} is not UTF-8 text", source
+            ) from None
+    else:
+        text = data
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    try:
+        value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+    except _NumberRefused as exc:
+        raise FileFormatError(kind, "<number>", exc.text, exc.problem, source) from None
+    except json.JSONDecodeError as exc:
+        raise FileFormatError(
+            kind, "<file>", source, f"is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); "
+            "is the file truncated?", source,
+        ) from None
+    except RecursionError:
+        raise FileFormatError(kind, "<file>", source, f"nests JSON more than {max_depth} levels deep", source) from None
+    except ValueError as exc:
+        raise FileFormatError(kind, "<file>", source, f"cannot be read as JSON ({exc})", source) from None
+    if depth(value, max_depth) > max_depth:
+        raise FileFormatError(kind, "<file>", source, f"nests JSON more than {max_depth} levels deep", source)
+    return value
+
+
+def load_json(path: str | os.PathLike[str], *, kind: str, max_bytes: int = MAX_JSON_BYTES,
+              max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``read_bounded`` then ``parse_json``: the one call for a JSON file from elsewhere."""
+    name = os.fspath(path)
+    return parse_json(read_bounded(name, kind=kind, max_bytes=max_bytes), kind=kind, source=name,
+                      max_bytes=max_bytes, max_depth=max_depth)
