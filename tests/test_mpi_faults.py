@@ -33,6 +33,23 @@ def test_a_skipped_collective_is_a_clear_mismatch_under_check_mode() -> None:
     assert "rank 1 issued all_reduce(sum) of float64[8, 3]" in run.output
 
 
+def test_a_skipped_collective_without_check_mode_points_at_check_mode() -> None:
+    """MPICH's own fatal abort ("Message truncated") is annotated by the stderr sentinel."""
+    run = mpirun(4, SCRIPT, "skip", "--rank", "1", timeout=60)
+    assert run.returncode != 0
+    assert run.seconds < 15, run.seconds
+    assert "step 3 done" not in run.output
+    assert "inside a collective" in run.output, run.output
+    assert "Rerun with MPIPAR_CHECK_COLLECTIVES=1" in run.output, run.output
+
+
+def test_a_healthy_run_carries_no_sentinel_hint() -> None:
+    run = mpirun(4, SCRIPT, "none", timeout=60)
+    assert run.returncode == 0, run.output
+    assert "finished" in run.output
+    assert "MPIPAR_CHECK_COLLECTIVES" not in run.output
+
+
 def test_a_killed_rank_ends_the_job() -> None:
     run = mpirun(8, SCRIPT, "kill", "--rank", "3", timeout=90)
     assert run.returncode != 0

@@ -91,6 +91,32 @@ def check_from_env(env: Mapping[str, str] | None = None) -> bool:
     raise ValueError(f"MPIPAR_CHECK_COLLECTIVES must be 1 or 0 (true/false, on/off), got {raw!r}")
 
 
+class CollectiveDesyncError(RuntimeError):
+    """An MPI call failed inside a collective: almost always ranks that issued different calls.
+
+    Without check mode the members of a group exchange no signatures, so a rank that skips or
+    reorders a collective surfaces as whatever MPI notices first (typically "Message
+    truncated": one member's buffer size disagrees with another's). The message keeps MPI's
+    first line and says how to get the rank-by-rank comparison.
+    """
+
+    def __init__(self, waiting: Waiting, error: BaseException, rank: int) -> None:
+        text = str(error).strip().splitlines()
+        first = text[0] if text else type(error).__name__
+        last = text[-1].split(":", 1)[-1].strip() if len(text) > 1 else ""
+        detail = f"{first}" + (f" ({last})" if last and last not in first else "")
+        super().__init__(
+            f"rank {rank}: MPI failed in {waiting.op} on group {list(waiting.group)} (call #{waiting.seq} there): "
+            f"{detail}. This usually means the ranks of the group issued different collectives, or the same "
+            "collective with different shapes or dtypes (a rank skipped, added or reordered one). Rerun with "
+            "MPIPAR_CHECK_COLLECTIVES=1: every collective then compares what each member issued and names the "
+            "rank that differs."
+        )
+        self.op = waiting.op
+        self.group = waiting.group
+        self.rank = rank
+
+
 # ------------------------------------------------------------------------------ excepthook
 def install_excepthook(abort: Callable[[], None], rank: int = 0) -> None:
     """On an uncaught exception: print the traceback once, then ``abort()`` the whole job.
@@ -235,8 +261,10 @@ class _Watch:
         self._dog._current = self.waiting
         return self.waiting
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         self._dog._current = self._previous
+        if exc is not None and isinstance(exc, self._dog._mpi.Exception):
+            raise CollectiveDesyncError(self.waiting, exc, self._dog.rank) from exc
 
 
 class Watchdog:

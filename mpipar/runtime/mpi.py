@@ -88,6 +88,8 @@ from mpipar.runtime.faults import (
 )
 from mpipar.runtime.log import flush_std_streams, install_rank_prefix
 from mpipar.runtime.ordered import OrderedCommunicator, _layout, _starts, reduce_mode_from_env
+from mpipar.runtime.sentinel import StderrSentinel
+from mpipar.runtime.sentinel import enabled as sentinel_enabled
 
 ABORT_FLUSH_S = 0.3
 FOLD_AS_ARRIVING_MIN_BYTES = 512 * 1024
@@ -160,6 +162,9 @@ class MPIRuntime:
         self.size = self.world.Get_size()
         install_rank_prefix(self.rank)
         install_excepthook(self.abort, self.rank)
+        self.sentinel = StderrSentinel()
+        if sentinel_enabled():
+            self.sentinel.start(self.rank)
         _threads.limit_loaded_blas()
         self.timeout = timeout_from_env()
         self.check = check_from_env()
@@ -189,6 +194,9 @@ class MPIRuntime:
         if comm is None:
             with self.watchdog.watch("creating the group's communicator", group, 0):
                 comm = self.world.Create_group(self.world_group.Incl(list(group)))
+            # Errors come back as exceptions (not MPICH's fatal abort), so the watchdog's
+            # context can name the collective and point at check mode (CollectiveDesyncError).
+            comm.Set_errhandler(MPI.ERRORS_RETURN)
             self._comms[group] = comm
         return comm
 
