@@ -28,6 +28,7 @@ import numpy as np
 from common import Progress, add_pipeline_args, log_step, parser, pipeline_strategy, setup
 
 import mpipar as dist
+from mpipar import cliargs
 from mpipar.checkpoint import load_training_state, prune_series, resolve_checkpoint, save_training_state, step_path
 from mpipar.io import DataLoader, Dataset, RandomBatchSampler
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel, gpt_loss
@@ -71,13 +72,10 @@ class Windows(Dataset):
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    degrees = {"dp": 1, "tp": 1, "pp": 1}
-    for part in filter(None, text.split(",")):
-        key, _, value = part.partition("=")
-        if key not in degrees or not value.isdigit() or int(value) < 1:
-            raise SystemExit(f"--mesh: cannot read {part!r}; write e.g. dp=2,tp=2,pp=2")
-        degrees[key] = int(value)
-    return degrees
+    try:
+        return cliargs.parse_degrees(text, ("dp", "tp", "pp"), "--mesh")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def main() -> None:

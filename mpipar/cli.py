@@ -13,20 +13,27 @@ import sys
 
 import numpy as np
 
+from mpipar import cliargs
 
-def _parse_mesh(text: str, names: str | None) -> object:
+
+def _parse_mesh(text: str, names: str | None, flag: str, max_world: int) -> object:
     """``2x2`` (ids 0..3), ``2x2:4,5,6,7`` (explicit ids) or ``4`` ."""
     from mpipar.mesh import ProcessMesh
 
     dims_part, _, ids_part = text.partition(":")
     try:
         dims = [int(x) for x in dims_part.lower().split("x")]
-        count = int(np.prod(dims))
+    except ValueError:
+        raise ValueError(f"{flag}: cannot read mesh {text!r}; write e.g. 2x2 or 2x2:4,5,6,7") from None
+    if any(d < 1 for d in dims):
+        raise ValueError(f"{flag}: mesh {text!r} has a dimension below 1")
+    count = cliargs.check_world(dims, flag, max_world)  # before any array of that size exists
+    try:
         ids = [int(x) for x in ids_part.split(",")] if ids_part else list(range(count))
     except ValueError:
-        raise SystemExit(f"mpipar: cannot read mesh {text!r}; write e.g. 2x2 or 2x2:4,5,6,7") from None
+        raise ValueError(f"{flag}: cannot read the ids of mesh {text!r}; write e.g. 2x2:4,5,6,7") from None
     if len(ids) != count:
-        raise SystemExit(f"mpipar: mesh {text!r} has {count} positions but {len(ids)} ids")
+        raise ValueError(f"{flag}: mesh {text!r} has {count} positions but {len(ids)} ids")
     dim_names = names.split(",") if names else None
     return ProcessMesh(np.array(ids).reshape(dims), dim_names=dim_names)
 
@@ -36,8 +43,8 @@ def _cmd_reshard(ns: argparse.Namespace) -> int:
     from mpipar.reshard import plan_reshard
     from mpipar.spec import DistSpec
 
-    src_mesh = _parse_mesh(ns.mesh, ns.names)
-    dst_mesh = _parse_mesh(ns.dst_mesh, ns.names) if ns.dst_mesh else src_mesh
+    src_mesh = _parse_mesh(ns.mesh, ns.names, "--mesh", ns.max_world)
+    dst_mesh = _parse_mesh(ns.dst_mesh, ns.names, "--dst-mesh", ns.max_world) if ns.dst_mesh else src_mesh
     src = DistSpec(ns.shape, src_mesh, parse_placements(ns.src))  # type: ignore[arg-type]
     dst = DistSpec(ns.shape, dst_mesh, parse_placements(ns.dst))  # type: ignore[arg-type]
     itemsize = np.dtype(ns.dtype).itemsize
@@ -64,7 +71,10 @@ def _cmd_plan(ns: argparse.Namespace) -> int:
 
     backend = create_backend("shape-only" if ns.shape_only else "sim", world_size=ns.nprocs)
     plan = trace_script(ns.script, ns.args, backend, {"world_size": ns.nprocs, "shape_only": ns.shape_only})
-    plan.save(ns.output)
+    try:
+        plan.save(ns.output)
+    except OSError as exc:
+        return cliargs.write_failure("mpipar plan", ns.output, exc)
     print(plan.summary())
     print(f"wrote {ns.output}")
     return 0
@@ -82,22 +92,24 @@ def _cmd_viz(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mpipar", description="mpipar tools")
+    parser = cliargs.Parser(prog="mpipar", description="mpipar tools")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("reshard", help="print the plan that reshards a tensor between two layouts")
-    p.add_argument("--shape", type=int, nargs="+", required=True, help="global tensor shape")
+    p.add_argument("--shape", type=cliargs.int_range(0, 1 << 62, "a dim size"), nargs="+", required=True, help="global tensor shape")
     p.add_argument("--mesh", required=True, help="source mesh: 2x2, or 2x2:0,1,2,3 with ids")
     p.add_argument("--dst-mesh", default=None, help="destination mesh when it differs")
     p.add_argument("--names", default=None, help="axis names, comma separated")
     p.add_argument("--src", required=True, help='source placements, e.g. "S(0)S(1)"')
     p.add_argument("--dst", required=True, help='destination placements, e.g. "RR"')
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-world", type=cliargs.positive_int, default=cliargs.MAX_WORLD,
+                   help=f"refuse meshes of more ranks (default {cliargs.MAX_WORLD})")
     p.set_defaults(func=_cmd_reshard)
     p = sub.add_parser("info", help="print the version and the backend this process would use")
     p.set_defaults(func=_cmd_info)
     p = sub.add_parser("plan", help="trace a training script's first step into a plan (JSON) without training")
-    p.add_argument("-o", "--output", required=True, help="where to write the plan")
-    p.add_argument("-n", "--nprocs", type=int, default=None, help="virtual world size (default: grows with the meshes)")
+    p.add_argument("-o", "--output", required=True, type=cliargs.output_path, help="where to write the plan")
+    p.add_argument("-n", "--nprocs", type=cliargs.int_range(1, cliargs.MAX_WORLD, "a world size"), default=None, help="virtual world size (default: grows with the meshes)")
     p.add_argument("--shape-only", action="store_true", help="shapes and layouts only: no values are computed")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -105,13 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("viz", help="open plans and timelines in the dashboard (Streamlit, on 127.0.0.1)")
     p.add_argument("files", nargs="*", help="plan.json, then optional timeline.json (and a measured one)")
     p.add_argument("--address", default="127.0.0.1", help="address to bind; default: this machine only")
-    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--port", type=cliargs.port, default=None)
     p.set_defaults(func=_cmd_viz)
     ns = parser.parse_args(argv)
     try:
         return int(ns.func(ns))
-    except ValueError as exc:
-        print(f"mpipar: {exc}", file=sys.stderr)
+    except (ValueError, TypeError) as exc:
+        print(f"mpipar {ns.cmd}: {exc}", file=sys.stderr)
         return 2
 
 

@@ -72,6 +72,18 @@ class DistTensor(metaclass=_DistTensorMeta):
 _storage_ids = itertools.count(1)
 
 
+
+def _exact_dims(shape: Sequence[int], what: str) -> tuple[int, ...]:
+    """``shape`` as Python ints, refusing what ``int()`` would silently truncate or wrap."""
+    if isinstance(shape, str | bytes) or not isinstance(shape, Sequence | np.ndarray):
+        raise TypeError(f"{what}: shape {shape!r} is not a sequence of ints")
+    dims = []
+    for i, n in enumerate(shape):
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+            raise TypeError(f"{what}: shape {tuple(shape)!r} dim {i} is {n!r}; dims are non-negative integers")
+        dims.append(int(n))
+    return tuple(dims)
+
 class Tensor:
     """A dense or distributed tensor (see the module docstring)."""
 
@@ -143,7 +155,7 @@ class Tensor:
         t = (kind or cls).__new__(kind or cls)
         Tensor.__init__(t, None, dtype=dtype)
         t._init = init
-        t._shape = Shape(tuple(int(n) for n in shape))
+        t._shape = Shape(_exact_dims(shape, "Tensor.lazy"))
         t._dtype = np.dtype(dtype)
         return t
 
@@ -167,7 +179,7 @@ class Tensor:
         Tensor.__init__(t, None, dtype=dtype)
         t._abstract = True
         t._spec = spec
-        t._shape = Shape(tuple(int(n) for n in shape))
+        t._shape = Shape(_exact_dims(shape, "Tensor.abstract"))
         t._dtype = np.dtype(dtype)
         return t
 

@@ -18,6 +18,7 @@ import importlib
 import os
 import sys
 
+from mpipar import cliargs
 from simulator.backend import ReferenceBackend, SimBackend
 from simulator.launch import run_script
 
@@ -35,12 +36,12 @@ def main(argv: list[str] | None = None) -> None:
     if args and args[0] in SUBCOMMANDS and not os.path.isfile(args[0]):
         module, func = SUBCOMMANDS[args[0]].split(":")
         sys.exit(getattr(importlib.import_module(module), func)(args[1:]))
-    parser = argparse.ArgumentParser(
+    parser = cliargs.Parser(
         prog="python -m simulator",
         description="Run an mpipar script on virtual ranks in one process, or as one big device.",
         epilog="subcommands: " + ", ".join(sorted(SUBCOMMANDS)) + " (python -m simulator SUBCOMMAND -h)",
     )
-    parser.add_argument("-n", "--nprocs", type=int, default=None, help="size of the virtual world")
+    parser.add_argument("-n", "--nprocs", type=cliargs.int_range(1, cliargs.MAX_WORLD, "a world size"), default=None, help="size of the virtual world")
     parser.add_argument(
         "--reference", action="store_true", help="run as one big device (the equivalence oracle)"
     )

@@ -20,7 +20,6 @@ keeps the raw measurements and the formula's predictions under ``calibration``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from mpipar import cliargs
 from simulator.cost import HardwareProfile, Link, collective_time
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibrate_worker.py")
@@ -146,14 +146,14 @@ def calibrate(*, quick: bool = False, ranks: int = 2, timeout_s: float = 120.0) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = cliargs.Parser(
         prog="python -m simulator calibrate",
         description="Measure MPI latency/bandwidth and NumPy GEMM rate on this machine; write a hardware profile.",
     )
-    parser.add_argument("-o", "--output", default="profile.json", help="where to write the profile (default profile.json)")
+    parser.add_argument("-o", "--output", default="profile.json", type=cliargs.output_path, help="where to write the profile (default profile.json)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes and shorter timing loops (a few seconds)")
-    parser.add_argument("-n", "--ranks", type=int, default=2, help="MPI ranks to run (default 2)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds before giving up on the MPI worker")
+    parser.add_argument("-n", "--ranks", type=cliargs.int_range(1, 1024, "a rank count"), default=2, help="MPI ranks to run (default 2)")
+    parser.add_argument("--timeout", type=cliargs.finite_float(1.0, 86400.0, "seconds"), default=120.0, help="seconds before giving up on the MPI worker")
     ns = parser.parse_args(argv)
     if ns.ranks < 2:
         parser.error(f"-n must be at least 2 (ping-pong needs two ranks), got {ns.ranks}")

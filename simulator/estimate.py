@@ -50,6 +50,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mpipar import cliargs
 from mpipar.models.gpt import GPTParallel
 from mpipar.pipeline import Schedule, build_schedule
 from mpipar.pipeline.actions import final_backward_kind
@@ -387,39 +388,32 @@ def _peak_in_flight_bytes(schedule: Schedule, rank: int, stage_bytes: dict[int, 
 
 # ---------------------------------------------------------------------- command line
 def parse_count(text: str) -> float:
-    """``175e9``, ``175B``, ``1.3b``, ``350M``, ``6.7e9`` -> a number."""
-    units = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-    t = text.strip().lower()
-    try:
-        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        raise ValueError(f"--params: cannot read {text!r}; write e.g. 175e9, 175B or 350M") from None
+    """``175e9``, ``175B``, ``1.3b``, ``350M``, ``6.7e9`` -> a positive finite number below 1e16."""
+    return cliargs.parse_count(text, "--params")
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    degrees = {"dp": 1, "tp": 1, "pp": 1}
-    for part in filter(None, text.replace(" ", "").split(",")):
-        key, _, value = part.partition("=")
-        if key not in degrees or not value.isdigit() or int(value) < 1:
-            raise ValueError(f"--mesh: cannot read {part!r}; write e.g. dp=8,tp=8,pp=16 (axes dp, tp, pp)")
-        degrees[key] = int(value)
-    return degrees
+    return cliargs.parse_degrees(text, ("dp", "tp", "pp"), "--mesh")
+
+
+_rate = cliargs.finite_float(1e-300, 1e30, "a positive rate")
+_seconds = cliargs.finite_float(0.0, 3600.0, "seconds")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = cliargs.Parser(
         prog="python -m simulator estimate",
         description="Memory and step time of GPT training from a shape-only trace (no data, any number of ranks).",
     )
     m = p.add_argument_group("model (give --layers/--hidden/--heads, or --params)")
-    m.add_argument("--layers", type=int, help="transformer layers")
-    m.add_argument("--hidden", type=int, help="hidden size h")
-    m.add_argument("--heads", type=int, help="attention heads a")
+    m.add_argument("--layers", type=cliargs.positive_int, help="transformer layers")
+    m.add_argument("--hidden", type=cliargs.positive_int, help="hidden size h")
+    m.add_argument("--heads", type=cliargs.positive_int, help="attention heads a")
     m.add_argument("--params", help="a parameter count (175e9, 175B, 350M): picks a GPT-3-style shape (head size 128, layers = heads)")
-    m.add_argument("--seq", type=int, default=2048, help="sequence length s (default 2048)")
-    m.add_argument("--vocab", type=int, default=50257, help="vocabulary size (default 50257)")
-    m.add_argument("--micro-batch-size", type=int, default=1, help="sequences per micro-batch per data-parallel replica (default 1)")
-    m.add_argument("--dropout", type=float, default=0.1, help="dropout probability (default 0.1; 0 keeps no masks)")
+    m.add_argument("--seq", type=cliargs.positive_int, default=2048, help="sequence length s (default 2048)")
+    m.add_argument("--vocab", type=cliargs.positive_int, default=50257, help="vocabulary size (default 50257)")
+    m.add_argument("--micro-batch-size", type=cliargs.positive_int, default=1, help="sequences per micro-batch per data-parallel replica (default 1)")
+    m.add_argument("--dropout", type=cliargs.finite_float(0.0, 1.0, "a probability"), default=0.1, help="dropout probability (default 0.1; 0 keeps no masks)")
     s = p.add_argument_group("strategy")
     s.add_argument("--mesh", default="dp=1", help="degrees, e.g. dp=8,tp=8,pp=16")
     s.add_argument("--sequence-parallel", action="store_true")
@@ -427,25 +421,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over dp")
     s.add_argument("--mixed-precision", action="store_true", help="float16 parameters and gradients, float32 master weights and states")
     s.add_argument("--optimizer", default="adamw", choices=["adamw", "momentum"])
-    s.add_argument("--micro-batches", type=int, default=1, help="micro-batches per step (default 1)")
+    s.add_argument("--micro-batches", type=cliargs.positive_int, default=1, help="micro-batches per step (default 1)")
     s.add_argument("--schedule", default="1F1B", help="FThenB, 1F1B, Interleaved1F1B or ZBH1 (default 1F1B)")
-    s.add_argument("--chunks", type=int, default=None, help="model chunks per pipeline rank (Interleaved1F1B; default 2)")
-    s.add_argument("--grad-clip", type=float, default=None, metavar="NORM", help="global-norm gradient clipping")
+    s.add_argument("--chunks", type=cliargs.positive_int, default=None, help="model chunks per pipeline rank (Interleaved1F1B; default 2)")
+    s.add_argument("--grad-clip", type=cliargs.finite_float(0.0, what="a non-negative norm"), default=None, metavar="NORM", help="global-norm gradient clipping")
     h = p.add_argument_group("hardware")
     h.add_argument("--hardware", default="h100-nvlink-ib", help="a preset (h100-nvlink-ib, a100-nvlink-ib, cpu-local) or a profile JSON")
-    h.add_argument("--memory-bandwidth", type=float, default=None, metavar="BYTES_PER_S",
+    h.add_argument("--memory-bandwidth", type=_rate, default=None, metavar="BYTES_PER_S",
                    help="price each op at max(FLOPs/rate, bytes/bandwidth) (default: FLOPs only)")
-    h.add_argument("--vector-flops", type=float, default=None, metavar="FLOP_PER_S",
+    h.add_argument("--vector-flops", type=_rate, default=None, metavar="FLOP_PER_S",
                    help="FLOP rate of non-matmul ops and optimizer updates (default: the profile's matmul rate)")
-    h.add_argument("--op-overhead", type=float, default=0.0, metavar="SECONDS",
+    h.add_argument("--op-overhead", type=_seconds, default=0.0, metavar="SECONDS",
                    help="host time per op (default 0)")
-    h.add_argument("--reshard-overhead", type=float, default=None, metavar="SECONDS",
+    h.add_argument("--reshard-overhead", type=_seconds, default=None, metavar="SECONDS",
                    help="host time per reshard call, besides its collectives (default: --op-overhead)")
-    h.add_argument("--update-overhead", type=float, default=None, metavar="SECONDS",
+    h.add_argument("--update-overhead", type=_seconds, default=None, metavar="SECONDS",
                    help="host time per parameter the optimizer updates (default: --op-overhead)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the estimate as JSON")
-    o.add_argument("--plan", metavar="PATH", help="also write the traced plan (mpipar.plan JSON)")
+    o.add_argument("--plan", metavar="PATH", type=cliargs.output_path, help="also write the traced plan (mpipar.plan JSON)")
     return p
 
 
@@ -488,7 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if ns.plan:
-        step.plan.save(ns.plan)
+        try:
+            step.plan.save(ns.plan)
+        except OSError as exc:
+            return cliargs.write_failure(parser.prog, ns.plan, exc)
     if ns.json:
         out = result.to_dict()
         out["seconds"] = time.perf_counter() - started

@@ -20,10 +20,11 @@ backward is split); communication buffers while a message is in transit.
 
 from __future__ import annotations
 
-import argparse
+import math
 import sys
 from typing import Any
 
+from mpipar import cliargs
 from mpipar.pipeline import Action, Schedule, build_schedule, matching
 from mpipar.pipeline.actions import final_backward_kind
 from mpipar.pipeline.validate import local_inputs
@@ -158,21 +159,21 @@ class _Run:
 # ---------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
     """``python -m simulator schedule KIND -p P -m M``: grid, per-rank bubble, optional files."""
-    parser = argparse.ArgumentParser(
+    parser = cliargs.Parser(
         prog="python -m simulator schedule",
         description="Build a pipeline schedule, print its step x rank grid and its simulated bubble.",
     )
     parser.add_argument("kind", help="FThenB, 1F1B, Interleaved1F1B or ZBH1")
-    parser.add_argument("-p", "--ranks", type=int, required=True, help="pipeline ranks")
-    parser.add_argument("-m", "--microbatches", type=int, required=True, help="micro-batches per step")
-    parser.add_argument("-v", "--chunks", type=int, default=1, help="model chunks per rank (Interleaved1F1B)")
+    parser.add_argument("-p", "--ranks", type=cliargs.int_range(1, 1 << 16, "a pipeline rank count"), required=True, help="pipeline ranks")
+    parser.add_argument("-m", "--microbatches", type=cliargs.int_range(1, 1 << 16, "a micro-batch count"), required=True, help="micro-batches per step")
+    parser.add_argument("-v", "--chunks", type=cliargs.int_range(1, 1 << 10, "a chunk count"), default=1, help="model chunks per rank (Interleaved1F1B)")
     parser.add_argument("--comm", action="store_true", help="show sends/receives in the grid")
     parser.add_argument("--times", default=None, metavar="F,B,W",
                         help="per-stage compute times instead of unit cost (B and W: the two backward halves)")
-    parser.add_argument("--comm-time", type=float, default=0.0, help="time of every transfer (with --times)")
-    parser.add_argument("--csv", metavar="PATH", help="write the action lists as CSV")
-    parser.add_argument("-o", "--timeline", metavar="PATH", help="write the simulated timeline (mpipar.timeline JSON)")
-    parser.add_argument("--chrome", metavar="PATH", help="write the timeline as Chrome trace JSON (Perfetto opens it)")
+    parser.add_argument("--comm-time", type=cliargs.finite_float(0.0, 1e9, "a non-negative time"), default=0.0, help="time of every transfer (with --times)")
+    parser.add_argument("--csv", metavar="PATH", type=cliargs.output_path, help="write the action lists as CSV")
+    parser.add_argument("-o", "--timeline", metavar="PATH", type=cliargs.output_path, help="write the simulated timeline (mpipar.timeline JSON)")
+    parser.add_argument("--chrome", metavar="PATH", type=cliargs.output_path, help="write the timeline as Chrome trace JSON (Perfetto opens it)")
     ns = parser.parse_args(argv)
     try:
         schedule = build_schedule(ns.kind, ns.ranks * ns.chunks, ns.microbatches, ns.chunks)
@@ -184,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             f, b, w = (float(x) for x in ns.times.split(","))
         except ValueError:
             parser.error(f"--times takes three numbers F,B,W, got {ns.times!r}")
+        if not all(math.isfinite(t) and 0 <= t <= 1e9 for t in (f, b, w)):
+            parser.error(f"--times: {ns.times!r} must be three finite non-negative times F,B,W")
         cost = PipelineCost.uniform(
             schedule.num_stages, forward=f, backward_input=b, backward_weight=w, comm=ns.comm_time
         )
@@ -201,16 +204,19 @@ def main(argv: list[str] | None = None) -> int:
             f"  rank {rank}: busy {timeline.busy(rank):g}, bubble {timeline.bubble(rank):g} "
             f"({timeline.bubble_fraction(rank):.4f}); peak micro-batches in flight per stage {{{stages}}}"
         )
-    if ns.csv:
-        with open(ns.csv, "w", encoding="utf-8") as fh:
-            fh.write(schedule.to_csv())
-        print(f"wrote {ns.csv}")
-    if ns.timeline:
-        timeline.save(ns.timeline)
-        print(f"wrote {ns.timeline}")
-    if ns.chrome:
-        timeline.save_chrome_trace(ns.chrome)
-        print(f"wrote {ns.chrome} (open in https://ui.perfetto.dev)")
+    try:
+        if ns.csv:
+            with open(ns.csv, "w", encoding="utf-8") as fh:
+                fh.write(schedule.to_csv())
+            print(f"wrote {ns.csv}")
+        if ns.timeline:
+            timeline.save(ns.timeline)
+            print(f"wrote {ns.timeline}")
+        if ns.chrome:
+            timeline.save_chrome_trace(ns.chrome)
+            print(f"wrote {ns.chrome} (open in https://ui.perfetto.dev)")
+    except OSError as exc:
+        return cliargs.fail(parser.prog, f"cannot write {exc.filename or 'the output'}: {exc.strerror or exc}")
     return 0
 
 

@@ -8,11 +8,12 @@ the files to the app. ``--address 0.0.0.0`` exposes the dashboard to the network
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
+
+from mpipar import cliargs
 
 APP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "app.py")
 
@@ -29,10 +30,10 @@ def streamlit_command(files: Sequence[str], address: str = "127.0.0.1", port: in
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mpipar viz", description="Open plans and timelines in the mpipar dashboard.")
+    parser = cliargs.Parser(prog="mpipar viz", description="Open plans and timelines in the mpipar dashboard.")
     parser.add_argument("files", nargs="*", help="plan.json, then optional timeline.json and measured timeline")
     parser.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=None, help="port (default: Streamlit's, 8501 or the next free)")
+    parser.add_argument("--port", type=cliargs.port, default=None, help="port (default: Streamlit's, 8501 or the next free)")
     ns = parser.parse_args(argv)
     if len(ns.files) > 3:
         parser.error(f"at most 3 files (a plan and two timelines), got {len(ns.files)}")
