@@ -245,7 +245,7 @@ def read_header(fileobj: Any, path: str) -> tuple[int, dict[str, FileEntry]]:
         if not isinstance(info, dict):
             raise CheckpointError(f"data file {path} has a corrupted header entry for {key!r}: {info!r}")
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in _ST_ITEMSIZE:
+        if not isinstance(dtype, str) or dtype not in _ST_ITEMSIZE:
             raise _header_error(path, f"{key!r}.dtype", dtype, f"is not one of {sorted(_ST_ITEMSIZE)}")
         if not isinstance(shape, list) or len(shape) > 64 or not all(_is_int(n) and 0 <= n <= MAX_DIM for n in shape):
             raise _header_error(path, f"{key!r}.shape", shape, f"is not a list of ints in [0, {MAX_DIM}]")

@@ -83,7 +83,7 @@ def _check_tensor(c: _Check, name: str, t: Any, seen: dict[tuple[str, str], str]
     if t.get("kind") not in ARRAY_KINDS:
         raise c.fail(f"{at}.kind", t.get("kind"), f"is not one of {list(ARRAY_KINDS)}")
     dtype = t.get("dtype")
-    if dtype not in _ITEMSIZE:
+    if not isinstance(dtype, str) or dtype not in _ITEMSIZE:
         raise c.fail(f"{at}.dtype", dtype, f"is not a dtype a checkpoint stores ({', '.join(sorted(_ITEMSIZE))})")
     shape = c.of_type(f"{at}.shape", t.get("shape"), list, "a list of dimension sizes")
     if len(shape) > MAX_NDIM:
