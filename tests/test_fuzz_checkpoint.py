@@ -15,7 +15,7 @@ Each case loads under a timeout and must end in one of two ways:
 
 and no path outside the checkpoint directory may be opened (``open`` audit events).
 
-Default: 120 cases (about 10 s here). Long run:
+Default: 300 cases (a few seconds here). Long run:
 ``MPIPAR_FUZZ_EXAMPLES=2000 .venv/bin/python -m pytest -q -m fuzz tests/test_fuzz_checkpoint.py``
 (``-m fuzz`` alone runs 2000).
 """
@@ -105,7 +105,9 @@ _BAD_NAMES = ["/etc/passwd", "../outside.safetensors", "./rank00000.safetensors"
 def mutations(draw: st.DrawFn) -> dict[str, Any]:
     _, meta, _ = _pristine()
     kind = draw(st.sampled_from(["meta_bytes", "data_bytes", "json", "path", "swap_boxes", "swap_chunks", "dtype_shape"]))
-    m: dict[str, Any] = {"kind": kind}
+    # Read whole (read_state_dict), or loaded in place into tensors on another mesh (load_state_dict:
+    # chunks cut into several shards go through the memory-mapped path).
+    m: dict[str, Any] = {"kind": kind, "target": draw(st.sampled_from(["read", "load"]))}
     if kind in ("meta_bytes", "data_bytes"):
         m["file"] = METADATA if kind == "meta_bytes" else draw(st.sampled_from(_PRISTINE["files"]))
         m["op"] = draw(st.sampled_from(["truncate", "flip", "flip_header"]))
@@ -220,12 +222,37 @@ def _arrays(value: Any) -> list[np.ndarray]:
     return []
 
 
-def _load_under_timeout(ck: str, timeout: float) -> tuple[str, Any]:
+def _target_state() -> dict[str, Any]:
+    """Where load_state_dict puts the values: ``w`` column-sharded over 4 ranks, ``b`` dense."""
+    mesh = dist.ProcessMesh([0, 1, 2, 3], ["x"])
+    return {
+        "w": dist.shard_tensor(np.zeros((8, 6)), mesh, [dist.Shard(1)]),
+        "b": dist.Tensor(np.zeros(6, dtype=np.float32)),
+        "e": np.zeros((3, 4), dtype=np.int32),
+        "s": np.float64(0.0),
+        "step": 0,
+        "sched": {"lr": 0.0, "milestones": [0, 0]},
+    }
+
+
+def _loaded_values(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` after load_state_dict as read_state_dict gives it: tensors as global arrays."""
+    w = state["w"]
+    columns = [np.asarray(w.local_tensor(r)) for r in w.spec.mesh.process_ids]
+    return {**state, "w": np.concatenate(columns, axis=1), "b": np.asarray(state["b"].local_tensor())}
+
+
+def _load_under_timeout(ck: str, timeout: float, target: str = "read") -> tuple[str, Any]:
     out: dict[str, Any] = {}
+    state = _target_state() if target == "load" else None
 
     def run() -> None:
         try:
-            out["value"] = read_state_dict(ck)
+            if state is None:
+                out["value"] = read_state_dict(ck)
+            else:
+                dist.load_state_dict(state, ck)
+                out["value"] = _loaded_values(state)
         except BaseException as exc:  # handed to the test thread
             out["error"] = exc
 
@@ -248,8 +275,9 @@ def check_case(m: dict[str, Any]) -> None:
         shutil.copytree(pristine, ck)
         shutil.copy(os.path.join(os.path.dirname(pristine), "outside.safetensors"), work)
         relaxed = _apply(ck, m)
-        outcome, result = _load_under_timeout(ck, 20.0)
+        outcome, result = _load_under_timeout(ck, 20.0, m["target"])
         _OUTCOMES[(m["kind"], outcome)] += 1
+        _OUTCOMES[(m["target"], outcome)] += 1
         assert outcome != "hang", f"load hung on mutation {m}"
         root = os.path.realpath(ck)
         outside = [
@@ -275,7 +303,7 @@ def check_case(m: dict[str, Any]) -> None:
 @pytest.mark.fuzz
 def test_fuzz_checkpoint_loader(request: pytest.FixtureRequest) -> None:
     long_run = "fuzz" in (request.config.getoption("markexpr") or "")
-    examples = int(os.environ.get("MPIPAR_FUZZ_EXAMPLES", 2000 if long_run else 120))
+    examples = int(os.environ.get("MPIPAR_FUZZ_EXAMPLES", 2000 if long_run else 300))
 
     @settings(max_examples=examples, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -285,7 +313,7 @@ def test_fuzz_checkpoint_loader(request: pytest.FixtureRequest) -> None:
 
     _OUTCOMES.clear()
     case()
-    print(f"checkpoint fuzz: {sum(_OUTCOMES.values())} cases:", dict(sorted(_OUTCOMES.items())))
+    print(f"checkpoint fuzz: {sum(_OUTCOMES.values()) // 2} cases:", dict(sorted(_OUTCOMES.items())))
     # The cases reached both ends: refusals and loads of the original values.
     assert {o for _, o in _OUTCOMES} == {"error", "value"}
 
