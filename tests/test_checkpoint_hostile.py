@@ -329,3 +329,22 @@ def test_valid_checkpoint_still_loads_bit_for_bit(tmp_path: Any, opened: list[st
     out = _load(ck)
     assert out["w"].tobytes() == W.tobytes() and out["v"].tobytes() == V.tobytes() and out["step"] == 3
     assert _outside(ck, opened) == []
+
+
+@pytest.mark.parametrize("grid_cells", [0, 1 << 22])
+def test_cover_check_by_sweep_and_by_grid(tmp_path: Any, monkeypatch: Any, grid_cells: int) -> None:
+    """Both paths of the cover check (the cut grid, and the sweep for layouts whose grid is too large)."""
+    from mpipar.checkpoint import validate
+
+    monkeypatch.setattr(validate, "_GRID_CELLS", grid_cells)
+    ck = _save(tmp_path)
+    assert _load(ck)["w"].tobytes() == W.tobytes()
+
+    def overlap(m: dict[str, Any]) -> None:
+        c = m["tensors"]["w"]["chunks"]
+        c[3]["box"] = [[1, 3], [2, 5]]  # volume kept (6 elements), overlapping chunks 0, 1 and 2
+        c[3]["nbytes"] = 48
+
+    _edit(ck, overlap)
+    with pytest.raises(CheckpointError, match=r"chunks\[3\]\.box: \[\[1, 3\], \[2, 5\]\] overlaps chunks\[\d\]\.box"):
+        _load(ck)

@@ -41,6 +41,8 @@ class _Check:
     def __init__(self, root: str) -> None:
         self.root = root
         self.source = os.path.join(root, METADATA)
+        self.checked_names: set[str] = set()
+        """File names already found inside ``root`` (thousands of chunks share a few files)."""
 
     def fail(self, field_path: str, value: Any, problem: str) -> CheckpointError:
         return CheckpointError(field_path=field_path, value=value, problem=problem, source=self.source)
@@ -70,11 +72,14 @@ def check_metadata(meta: dict[str, Any], root: str) -> None:
     _check_structure(c, meta.get("state"), tensors)
 
 
-def _inside(c: _Check, name: Any, field_path: str) -> str:
+def _inside(c: _Check, name: Any, field_path: str) -> None:
+    if isinstance(name, str) and name in c.checked_names:
+        return
     try:
-        return inside(c.root, name, kind="checkpoint", field_path=field_path)
+        inside(c.root, name, kind="checkpoint", field_path=field_path)
     except FileFormatError as exc:
         raise CheckpointError(field_path=field_path, value=name, problem=exc.problem, source=c.source) from None
+    c.checked_names.add(name)
 
 
 def _check_tensor(c: _Check, name: str, t: Any, seen: dict[tuple[str, str], str]) -> None:
