@@ -348,3 +348,24 @@ def test_cover_check_by_sweep_and_by_grid(tmp_path: Any, monkeypatch: Any, grid_
     _edit(ck, overlap)
     with pytest.raises(CheckpointError, match=r"chunks\[3\]\.box: \[\[1, 3\], \[2, 5\]\] overlaps chunks\[\d\]\.box"):
         _load(ck)
+
+
+def test_metadata_symlinked_out_of_the_directory_is_not_read(tmp_path: Any, opened: list[str]) -> None:
+    """Same class as item 1, for metadata.json itself: a link to another checkpoint's metadata."""
+    ck = _save(tmp_path)
+    other = _save(tmp_path / "other")
+    os.remove(os.path.join(ck, METADATA))
+    os.symlink(os.path.join(other, METADATA), os.path.join(ck, METADATA))
+    opened.clear()
+    with pytest.raises(CheckpointError, match=r"metadata\.json' leads outside the directory"):
+        _load(ck)
+    assert _outside(ck, opened) == []
+
+
+def test_chunk_file_symlinked_inside_the_directory_still_loads(tmp_path: Any) -> None:
+    """Links that stay inside are not refused (a copy tool may dedupe files with them)."""
+    ck = _save(tmp_path)
+    fname = _meta(ck)["tensors"]["w"]["chunks"][0]["file"]
+    os.rename(os.path.join(ck, fname), os.path.join(ck, "real.bin"))
+    os.symlink("real.bin", os.path.join(ck, fname))
+    assert _load(ck)["w"].tobytes() == W.tobytes()

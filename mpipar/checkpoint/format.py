@@ -39,7 +39,7 @@ from typing import Any
 import crc32c as _crc32c
 import numpy as np
 
-from mpipar.untrusted import FileFormatError, open_regular, parse_json, read_bounded
+from mpipar.untrusted import FileFormatError, inside, open_regular, parse_json, read_bounded
 
 FORMAT = "mpipar.checkpoint"
 VERSION = 1
@@ -413,6 +413,8 @@ def load_metadata(path: str) -> dict[str, Any]:
         raise CheckpointError(field_path="<file>", value=meta_path, problem="is a directory, not a metadata file",
                               source=meta_path)
     try:
+        # A metadata.json that is a symlink out of the directory is not read.
+        inside(path, METADATA, kind="checkpoint", field_path="<file>")
         meta = parse_json(read_bounded(meta_path, kind="checkpoint", max_bytes=MAX_METADATA_BYTES),
                           kind="checkpoint", source=meta_path, max_bytes=MAX_METADATA_BYTES,
                           max_int_digits=METADATA_INT_DIGITS)
