@@ -369,3 +369,20 @@ def test_chunk_file_symlinked_inside_the_directory_still_loads(tmp_path: Any) ->
     os.rename(os.path.join(ck, fname), os.path.join(ck, "real.bin"))
     os.symlink("real.bin", os.path.join(ck, fname))
     assert _load(ck)["w"].tobytes() == W.tobytes()
+
+
+def test_data_files_without_recorded_boxes_still_load(tmp_path: Any) -> None:
+    """Checkpoints written before data files recorded their boxes keep loading (same values)."""
+    ck = _save(tmp_path)
+    for fname in _meta(ck)["files"]:
+        path = os.path.join(ck, fname)
+        with open(path, "rb") as f:
+            raw = f.read()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8 : 8 + n])
+        del header["__metadata__"]["mpipar.boxes"]
+        body = json.dumps(header, separators=(",", ":")).encode()
+        with open(path, "wb") as f:
+            f.write(raw[:8] + body + b" " * (n - len(body)) + raw[8 + n :])
+    out = _load(ck)
+    assert out["w"].tobytes() == W.tobytes() and out["v"].tobytes() == V.tobytes()
