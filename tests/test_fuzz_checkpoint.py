@@ -98,7 +98,8 @@ _REPLACEMENTS = st.one_of(
     st.just([]), st.just({}), st.just([[0, 1]]), st.just([[-1, 2], [0, 2]]),
 )
 _BAD_NAMES = ["/etc/passwd", "../outside.safetensors", "./rank00000.safetensors", ".", "", "..", "a/../../x",
-              "rank00000.safetensors/..", "missing.safetensors", "link_out", "subdir", "fifo", "\x00x", 5, None]
+              "rank00000.safetensors/..", "missing.safetensors", "link_out", "subdir", "fifo", "\x00x", 5, None,
+              "meta_link_out"]
 
 
 @st.composite
@@ -198,6 +199,13 @@ def _apply(ck: str, m: dict[str, Any]) -> bool:
                 chunks[m["i"]]["file"] = m["name"]
     with open(meta_path, "w") as f:
         json.dump(meta, f)
+    if kind == "path" and m["name"] == "meta_link_out" and m["replace_file"] is None:
+        # metadata.json itself a link to (an intact copy of) itself outside the directory.
+        chunks[m["i"]]["file"] = _PRISTINE["meta"]["tensors"][m["tensor"]]["chunks"][m["i"]]["file"]
+        with open(os.path.join(base, "outside_meta.json"), "w") as f:
+            json.dump(meta, f)
+        os.remove(meta_path)
+        os.symlink(os.path.join(base, "outside_meta.json"), meta_path)
     return relaxed
 
 
