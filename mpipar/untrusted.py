@@ -130,11 +130,14 @@ def read_bounded(path: str | os.PathLike[str], *, kind: str, max_bytes: int = MA
     return data
 
 
-def _parse_int(text: str) -> int:
-    digits = len(text.lstrip("-"))
-    if digits > MAX_INT_DIGITS:
-        raise _NumberRefused(text, f"is an integer of {digits} digits (at most {MAX_INT_DIGITS} are read)")
-    return int(text)
+def _int_parser(max_digits: int) -> Any:
+    def parse(text: str) -> int:
+        digits = len(text.lstrip("-"))
+        if digits > max_digits:
+            raise _NumberRefused(text, f"is an integer of {digits} digits (at most {max_digits} are read)")
+        return int(text)
+
+    return parse
 
 
 def _parse_float(text: str) -> float:
@@ -186,8 +189,12 @@ def parse_json(
     source: str | None = None,
     max_bytes: int = MAX_JSON_BYTES,
     max_depth: int = MAX_JSON_DEPTH,
+    max_int_digits: int = MAX_INT_DIGITS,
 ) -> Any:
-    """Decode untrusted JSON: UTF-8, at most ``max_bytes``, ``max_depth`` levels, bounded finite numbers."""
+    """Decode untrusted JSON: UTF-8, at most ``max_bytes``, ``max_depth`` levels, bounded finite numbers.
+
+    ``max_int_digits`` is raised by formats that store wider integers (a checkpoint's RNG state
+    holds 128-bit ones, 39 digits)."""
     if len(data) > max_bytes:
         raise FileFormatError(kind, "<file>", source, f"is {len(data)} bytes, over the limit of {max_bytes}", source)
     if isinstance(data, bytes | bytearray):
@@ -202,7 +209,7 @@ def parse_json(
     if text.startswith("\ufeff"):
         text = text[1:]
     try:
-        value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+        value = json.loads(text, parse_int=_int_parser(max_int_digits), parse_float=_parse_float, parse_constant=_parse_constant)
     except _NumberRefused as exc:
         raise FileFormatError(kind, "<number>", exc.text, exc.problem, source) from None
     except json.JSONDecodeError as exc:

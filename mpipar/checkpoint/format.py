@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import stat
 import struct
 import sys
 from collections.abc import Iterable
@@ -37,6 +38,8 @@ from typing import Any
 
 import crc32c as _crc32c
 import numpy as np
+
+from mpipar.untrusted import FileFormatError, inside, open_regular, parse_json, read_bounded
 
 FORMAT = "mpipar.checkpoint"
 VERSION = 1
@@ -69,8 +72,40 @@ _ST_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "U32": 4, "I32"
                 "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "C64": 8}
 
 
-class CheckpointError(ValueError):
-    """A checkpoint on disk is incomplete, corrupted or does not match what is asked of it."""
+class CheckpointError(FileFormatError):
+    """A checkpoint on disk is incomplete, corrupted or does not match what is asked of it.
+
+    Raised either with a whole message (``CheckpointError("...")``, the loader's checks that
+    compare a checkpoint with the state asked of it) or, for a malformed file, with the
+    ``FileFormatError`` parts: ``field_path`` (``tensors['w'].chunks[1].box``), ``value``,
+    ``problem`` and ``source`` (the file), so the message names all of them.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        field_path: str = "<file>",
+        value: Any = None,
+        problem: str = "",
+        source: str | None = None,
+    ) -> None:
+        if message is None:
+            super().__init__("checkpoint", field_path, value, problem, source)
+            return
+        ValueError.__init__(self, message)
+        self.kind = "checkpoint"
+        self.field = field_path
+        self.value = value
+        self.problem = problem or message
+        self.source = source
+
+    @classmethod
+    def of(cls, exc: FileFormatError) -> CheckpointError:
+        """The same refusal as a ``CheckpointError`` (what callers of the checkpoint API catch)."""
+        if isinstance(exc, CheckpointError):
+            return exc
+        return cls(field_path=exc.field, value=exc.value, problem=exc.problem, source=exc.source)
 
 
 def checksum(data: Any, value: int = 0) -> int:
@@ -133,13 +168,28 @@ def byte_view(array: np.ndarray) -> memoryview:
 # =========================================================================== data files
 @dataclass(frozen=True)
 class FileEntry:
-    """One tensor of a safetensors file: its key, dtype code, shape and byte range in the data."""
+    """One tensor of a safetensors file: its key, dtype code, shape and byte range in the data.
+
+    ``box`` is the chunk's global box as recorded in the file's own header (``None`` in files
+    written before it was recorded): the loader checks it against ``metadata.json``, so boxes
+    swapped in the metadata cannot put a chunk's values in another chunk's place.
+    """
 
     key: str
     dtype: str
     shape: tuple[int, ...]
     start: int
     stop: int
+    box: tuple[tuple[int, int], ...] | None = None
+
+
+BOXES_KEY = "mpipar.boxes"
+"""Key in a data file's ``__metadata__``: JSON of each chunk key's global box."""
+
+MAX_HEADER_BYTES = 100 << 20
+"""A safetensors header longer than this is refused (safetensors itself caps it at 100 MB)."""
+MAX_DIM = 1 << 48
+"""Largest extent of one dimension read from a checkpoint (bounds every size computed from it)."""
 
 
 def build_header(entries: Iterable[FileEntry], metadata: dict[str, str]) -> bytes:
@@ -152,41 +202,104 @@ def build_header(entries: Iterable[FileEntry], metadata: dict[str, str]) -> byte
     return struct.pack("<Q", len(body)) + body
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _header_error(path: str, field_path: str, value: Any, problem: str) -> CheckpointError:
+    return CheckpointError(field_path=f"(safetensors header) {field_path}", value=value,
+                           problem=problem + "; the file is corrupted or not from this checkpoint", source=path)
+
+
 def read_header(fileobj: Any, path: str) -> tuple[int, dict[str, FileEntry]]:
-    """Parse a safetensors header: the offset where data starts and the entries by key."""
+    """Parse a safetensors header as untrusted input: the offset where data starts and the entries by key.
+
+    The header length is bounded by the file's real size, the JSON goes through ``parse_json``,
+    every entry's dtype, shape and byte range are checked (range inside the file, length equal
+    to the shape's bytes) before anything is read from the data section.
+    """
     raw = fileobj.read(8)
     if len(raw) != 8:
         raise CheckpointError(f"data file {path} is truncated: {len(raw)} bytes, not even a safetensors header")
     (length,) = struct.unpack("<Q", raw)
     size = os.fstat(fileobj.fileno()).st_size
-    if length > size - 8 or length > 1 << 30:
+    if length > size - 8 or length > MAX_HEADER_BYTES:
+        # The claimed length is not quoted: for a foreign file it is just its first 8 bytes.
         raise CheckpointError(
-            f"data file {path} is corrupted or truncated: its header claims {length} bytes but the file has {size}"
+            f"data file {path} is corrupted or truncated: its safetensors header does not fit in the file "
+            f"({size} bytes)"
         )
     body = fileobj.read(length)
     try:
-        header = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"data file {path} has a corrupted safetensors header: {exc}") from None
+        header = parse_json(body, kind="checkpoint", source=path, max_bytes=MAX_HEADER_BYTES, max_depth=8)
+    except FileFormatError as exc:
+        raise CheckpointError.of(exc) from None
     if not isinstance(header, dict):
-        raise CheckpointError(f"data file {path} has a corrupted safetensors header (not a JSON object)")
+        raise _header_error(path, "<header>", type(header).__name__, "is not a JSON object")
     data_start = 8 + length
+    boxes = _header_boxes(header.get("__metadata__"), path)
     entries: dict[str, FileEntry] = {}
     for key, info in header.items():
         if key == "__metadata__":
             continue
-        try:
-            start, stop = (int(x) for x in info["data_offsets"])
-            entry = FileEntry(key, str(info["dtype"]), tuple(int(n) for n in info["shape"]), start, stop)
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"data file {path} has a corrupted header entry for {key!r}: {info!r}") from None
+        if not isinstance(info, dict):
+            raise CheckpointError(f"data file {path} has a corrupted header entry for {key!r}: {info!r}")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in _ST_ITEMSIZE:
+            raise _header_error(path, f"{key!r}.dtype", dtype, f"is not one of {sorted(_ST_ITEMSIZE)}")
+        if not isinstance(shape, list) or len(shape) > 64 or not all(_is_int(n) and 0 <= n <= MAX_DIM for n in shape):
+            raise _header_error(path, f"{key!r}.shape", shape, f"is not a list of ints in [0, {MAX_DIM}]")
+        if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(n) for n in offsets):
+            raise _header_error(path, f"{key!r}.data_offsets", offsets, "is not a pair of ints")
+        start, stop = offsets
         if not 0 <= start <= stop or data_start + stop > size:
             raise CheckpointError(
                 f"data file {path} is truncated or corrupted: {key!r} claims bytes [{start}, {stop}) of the data "
                 f"section, which ends at {size - data_start}"
             )
-        entries[key] = entry
+        nbytes = _ST_ITEMSIZE[dtype]
+        for n in shape:
+            nbytes *= n
+        if stop - start != nbytes:
+            raise _header_error(path, f"{key!r}.data_offsets", offsets,
+                                f"span {stop - start} bytes, but {dtype}{shape} takes {nbytes}")
+        entries[key] = FileEntry(key, dtype, tuple(shape), start, stop, boxes.get(key))
     return data_start, entries
+
+
+def _header_boxes(meta: Any, path: str) -> dict[str, tuple[tuple[int, int], ...]]:
+    """The chunk boxes a data file records about itself (none in files written before they were)."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise _header_error(path, "__metadata__", meta, "is not a JSON object")
+    text = meta.get(BOXES_KEY)
+    if text is None:
+        return {}
+    if not isinstance(text, str):
+        raise _header_error(path, f"__metadata__[{BOXES_KEY!r}]", text, "is not a string")
+    try:
+        raw = parse_json(text, kind="checkpoint", source=path, max_depth=8)
+    except FileFormatError as exc:
+        raise CheckpointError.of(exc) from None
+    if not isinstance(raw, dict):
+        raise _header_error(path, f"__metadata__[{BOXES_KEY!r}]", raw, "is not a JSON object")
+    boxes: dict[str, tuple[tuple[int, int], ...]] = {}
+    for key, box in raw.items():
+        if not isinstance(box, list) or not all(
+            isinstance(r, list) and len(r) == 2 and all(_is_int(n) for n in r) for r in box
+        ):
+            raise _header_error(path, f"__metadata__[{BOXES_KEY!r}][{key!r}]", box, "is not a list of [start, stop] pairs")
+        boxes[key] = tuple((r[0], r[1]) for r in box)
+    return boxes
+
+
+def open_data_file(path: str) -> Any:
+    """Open a data file for reading: a regular file only (a FIFO or device would block or never end)."""
+    try:
+        return open_regular(path, kind="checkpoint", field_path="data file")
+    except FileFormatError as exc:
+        raise CheckpointError.of(exc) from None
 
 
 def read_into(fileobj: Any, offset: int, out: np.ndarray) -> int:
@@ -282,15 +395,31 @@ def dump_metadata(meta: dict[str, Any]) -> bytes:
 
 
 def load_metadata(path: str) -> dict[str, Any]:
-    """Read and check ``path/metadata.json``; a missing one explains what the directory is."""
+    """Read and check ``path/metadata.json`` as untrusted input; a missing one explains what the directory is.
+
+    The file is read through ``mpipar.untrusted`` (a regular file only, size and depth capped,
+    numbers bounded) and its whole schema is validated (``validate.check_metadata``) before
+    anything uses it: every refusal is a ``CheckpointError`` naming the file, field and value.
+    """
     meta_path = os.path.join(path, METADATA)
-    if not os.path.exists(meta_path):
-        raise CheckpointError(describe_missing(path))
     try:
-        with open(meta_path, "rb") as f:
-            meta = json.loads(f.read())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"checkpoint metadata {meta_path} is corrupted: {exc}") from None
+        mode = os.stat(meta_path).st_mode
+    except FileNotFoundError:
+        raise CheckpointError(describe_missing(path)) from None
+    except OSError as exc:
+        raise CheckpointError(field_path="<file>", value=meta_path, problem=f"cannot be read ({exc.strerror})",
+                              source=meta_path) from None
+    if stat.S_ISDIR(mode):
+        raise CheckpointError(field_path="<file>", value=meta_path, problem="is a directory, not a metadata file",
+                              source=meta_path)
+    try:
+        # A metadata.json that is a symlink out of the directory is not read.
+        inside(path, METADATA, kind="checkpoint", field_path="<file>")
+        meta = parse_json(read_bounded(meta_path, kind="checkpoint", max_bytes=MAX_METADATA_BYTES),
+                          kind="checkpoint", source=meta_path, max_bytes=MAX_METADATA_BYTES,
+                          max_int_digits=METADATA_INT_DIGITS)
+    except FileFormatError as exc:
+        raise CheckpointError.of(exc) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{meta_path} is not an mpipar checkpoint metadata file (format {FORMAT!r} expected)")
     if meta.get("version") != VERSION:
@@ -299,7 +428,16 @@ def load_metadata(path: str) -> dict[str, Any]:
         )
     if meta.get("checksum") != CHECKSUM:
         raise CheckpointError(f"checkpoint {path} uses checksum {meta.get('checksum')!r}; expected {CHECKSUM!r}")
+    from mpipar.checkpoint.validate import check_metadata
+
+    check_metadata(meta, path)
     return meta
+
+
+METADATA_INT_DIGITS = 80
+"""Integers in metadata.json may be this long: a saved RNG state holds 128-bit ints (39 digits)."""
+MAX_METADATA_BYTES = 256 << 20
+"""A metadata.json larger than this is refused (a 1024-rank checkpoint's is a few MiB)."""
 
 
 def describe_missing(path: str) -> str:

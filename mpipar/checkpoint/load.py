@@ -35,6 +35,7 @@ from mpipar.checkpoint.format import (
     checksum_async,
     load_metadata,
     numpy_dtype,
+    open_data_file,
     read_header,
     read_into,
     st_dtype,
@@ -79,6 +80,11 @@ def load_state_dict(state_dict: dict[str, Any], path: str | os.PathLike[str]) ->
         if loader is not None:
             loader.close()
     coord.raise_if_failed(error, f"checkpoint load from {root}")
+    if coord.is_leader:
+        # A save killed between its two renames left the previous checkpoint beside this one.
+        from mpipar.checkpoint.save import remove_commit_leftovers
+
+        remove_commit_leftovers(root)
     return state_dict
 
 
@@ -382,6 +388,11 @@ class _Loader:
                 f"({e.stop - e.start} B), but {METADATA} expects {st_dtype(dtype, name)}{list(box_shape(cbox))}; "
                 "the file is from another checkpoint or corrupted"
             )
+        if e.box is not None and e.box != cbox:
+            raise CheckpointError(
+                f"tensor {name!r}: chunk {key!r} in data file {fpath} holds box {[list(r) for r in e.box]}, but "
+                f"{METADATA} places it at {[list(r) for r in cbox]}; the metadata is corrupted (refused)"
+            )
         return f, data_start + e.start, fpath
 
     def _verify(self, keep: int = 0) -> None:
@@ -405,9 +416,12 @@ class _Loader:
             return got
         fpath = os.path.join(self.root, fname)
         try:
-            f = open(fpath, "rb", buffering=0)  # noqa: SIM115 - kept open across chunks, closed by close()
-        except FileNotFoundError:
-            raise CheckpointError(f"tensor {name!r}: data file {fpath}, listed in {METADATA}, is missing") from None
+            # Validated by check_metadata: a plain name whose resolved path lies inside root.
+            f = open_data_file(fpath)  # kept open across chunks, closed by close()
+        except CheckpointError:
+            if not os.path.lexists(fpath):
+                raise CheckpointError(f"tensor {name!r}: data file {fpath}, listed in {METADATA}, is missing") from None
+            raise
         try:
             data_start, entries = read_header(f, fpath)
         except BaseException:

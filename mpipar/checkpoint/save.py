@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -32,9 +33,12 @@ import numpy as np
 from mpipar.backend import current_backend
 from mpipar.checkpoint.coord import Coordinator
 from mpipar.checkpoint.format import (
+    BOXES_KEY,
     CHECKSUM,
     FORMAT,
+    MAX_METADATA_BYTES,
     METADATA,
+    METADATA_INT_DIGITS,
     PARTIAL_TAG,
     REPLACED_TAG,
     VERSION,
@@ -62,6 +66,7 @@ from mpipar.checkpoint.layout import (
 from mpipar.checkpoint.stats import note_write
 from mpipar.spec import box_relative
 from mpipar.tensor import Tensor, reshard
+from mpipar.untrusted import FileFormatError, parse_json, read_bounded
 from mpipar.xp import to_numpy
 
 after_file_written: list[Callable[[str], None]] = []
@@ -260,7 +265,9 @@ def _write_file(tmp: str, plan: FilePlan, stored: dict[str, Any], reference: boo
         FileEntry(p.key, st_dtype(a.dtype, f"tensor {p.name!r}"), tuple(a.shape), start, stop)
         for p, a, (start, stop) in zip(plan.pieces, arrays, plan.offsets, strict=True)
     ]
-    header = build_header(entries, {"format": FORMAT, "rank": str(plan.rank)})
+    # The boxes go in the file's own header too, so the loader can tell a box swapped in metadata.json.
+    boxes = json.dumps({p.key: [list(r) for r in p.box] for p in plan.pieces}, separators=(",", ":"))
+    header = build_header(entries, {"format": FORMAT, "rank": str(plan.rank), BOXES_KEY: boxes})
     crcs: list[int] = []
 
     bounce = np.empty(_BOUNCE_BYTES, dtype=np.uint8)
@@ -336,6 +343,13 @@ def _metadata(
 
 
 def _commit(target: str, tmp: str, token: int, meta: dict[str, Any]) -> None:
+    """Put the complete ``tmp`` in place of ``target``; raise only while ``target`` is unchanged.
+
+    Once ``tmp`` is renamed to ``target`` the save has succeeded: what follows (fsync of the
+    parent, removing the previous checkpoint and the leftovers of earlier interrupted commits)
+    is best effort, with a warning, never an exception that would stop a run over a save
+    that worked.
+    """
     meta_tmp = os.path.join(tmp, METADATA + ".tmp")
     write_file_durably(meta_tmp, [dump_metadata(meta)])
     os.replace(meta_tmp, os.path.join(tmp, METADATA))
@@ -350,7 +364,54 @@ def _commit(target: str, tmp: str, token: int, meta: dict[str, Any]) -> None:
         if aside is not None:
             os.rename(aside, target)  # put the previous checkpoint back before reporting
         raise
-    fsync_dir(os.path.dirname(target))
-    if aside is not None:
-        shutil.rmtree(aside)
+    try:
+        fsync_dir(os.path.dirname(target))
+    except OSError as exc:
+        warnings.warn(f"checkpoint {target} is in place, but fsync of its parent directory failed ({exc}); "
+                      "the rename may not survive a power loss", RuntimeWarning, stacklevel=3)
+    remove_commit_leftovers(target)
 
+
+def _ours(directory: str) -> bool:
+    """Whether ``directory`` (a real directory, not a link) holds a metadata.json an mpipar save wrote."""
+    if os.path.islink(directory) or not os.path.isdir(directory):
+        return False
+    try:
+        meta = parse_json(read_bounded(os.path.join(directory, METADATA), kind="checkpoint", max_bytes=MAX_METADATA_BYTES),
+                          kind="checkpoint", max_int_digits=METADATA_INT_DIGITS)
+    except FileFormatError:
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT
+
+
+def remove_commit_leftovers(target: str) -> list[str]:
+    """Delete what interrupted commits to ``target`` left beside it, once ``target`` is a complete checkpoint.
+
+    Only our own leftovers go, recognised both by name (``<target>.replaced-<token>``,
+    ``<target>.partial-<token>``) and by the ``metadata.json`` an mpipar save wrote in them;
+    anything else (a link, a directory without our metadata, another name) is left alone.
+    Failures are warnings: this never makes a save or load fail. Returns the removed paths.
+    """
+    parent, base = os.path.split(os.path.normpath(target))
+    if not _ours(target):
+        return []
+    removed = []
+    try:
+        siblings = os.listdir(parent or ".")
+    except OSError:
+        return []
+    for entry in sorted(siblings):
+        rest = entry[len(base):]
+        if not entry.startswith(base) or not rest.startswith((REPLACED_TAG, PARTIAL_TAG)):
+            continue
+        token = rest.split("-", 1)[1]
+        full = os.path.join(parent, entry)
+        if len(token) != 16 or any(ch not in "0123456789abcdef" for ch in token) or not _ours(full):
+            continue
+        try:
+            shutil.rmtree(full)
+            removed.append(full)
+        except OSError as exc:
+            warnings.warn(f"checkpoint {target} is in place, but its leftover {full} could not be removed ({exc}); "
+                          "delete it by hand", RuntimeWarning, stacklevel=3)
+    return removed

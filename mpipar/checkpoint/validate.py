@@ -1,0 +1,228 @@
+"""The whole schema of a checkpoint's ``metadata.json``, checked before the loader uses any of it.
+
+``metadata.json`` may come from someone else. Before a single chunk is read, every field the
+loader or ``describe_checkpoint`` touches is checked: types, dtype names (the safetensors
+table), shapes (non-negative bounded ints), chunk files (plain names inside the checkpoint
+directory, via ``mpipar.untrusted.inside``), chunk keys (one chunk per file and key), checksums
+(32-bit ints), byte counts (equal to the box's), and every box: inside the tensor's shape, the
+chunks of one tensor disjoint and covering it exactly. A refusal is a ``CheckpointError`` naming
+the metadata file, the field (``tensors['w'].chunks[1].box``) and the value.
+
+The cover check paints the chunks on the grid of their distinct cut points (one NumPy slice
+assignment per chunk, so thousands of chunks take milliseconds); a layout whose cut grid is
+too large for that falls back to a sweep along dim 0.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from mpipar.checkpoint.format import _ST_DTYPES, MAX_DIM, METADATA, CheckpointError
+from mpipar.untrusted import FileFormatError, inside
+
+ARRAY_KINDS = ("dist", "dense", "array", "scalar")
+MAX_NDIM = 64
+MAX_TENSOR_BYTES = 1 << 56
+"""A tensor claiming more bytes than this is refused (no allocation is attempted for it)."""
+_GRID_CELLS = 1 << 22
+"""The cover check paints a cut grid of at most this many cells; larger ones use the sweep."""
+_ITEMSIZE = {name: (2 if name == "bfloat16" else np.dtype(name).itemsize) for name in _ST_DTYPES}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _Check:
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.source = os.path.join(root, METADATA)
+        self.checked_names: set[str] = set()
+        """File names already found inside ``root`` (thousands of chunks share a few files)."""
+
+    def fail(self, field_path: str, value: Any, problem: str) -> CheckpointError:
+        return CheckpointError(field_path=field_path, value=value, problem=problem, source=self.source)
+
+    def int_in(self, field_path: str, value: Any, low: int, high: int) -> int:
+        if not _is_int(value) or not low <= value <= high:
+            raise self.fail(field_path, value, f"is not an int in [{low}, {high}]")
+        return value
+
+    def of_type(self, field_path: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+        if not isinstance(value, kind):
+            raise self.fail(field_path, value, f"is not {what}")
+        return value
+
+
+def check_metadata(meta: dict[str, Any], root: str) -> None:
+    """Refuse ``meta`` (read from ``root/metadata.json``) unless every field is well formed."""
+    c = _Check(root)
+    c.int_in("world_size", meta.get("world_size"), 1, 1 << 24)
+    files = c.of_type("files", meta.get("files"), list, "a list of data file names")
+    for i, name in enumerate(files):
+        _inside(c, name, f"files[{i}]")
+    tensors = c.of_type("tensors", meta.get("tensors"), dict, "an object of tensor entries")
+    seen: dict[tuple[str, str], str] = {}
+    for name, t in tensors.items():
+        _check_tensor(c, name, t, seen)
+    _check_structure(c, meta.get("state"), tensors)
+
+
+def _inside(c: _Check, name: Any, field_path: str) -> None:
+    if isinstance(name, str) and name in c.checked_names:
+        return
+    try:
+        inside(c.root, name, kind="checkpoint", field_path=field_path)
+    except FileFormatError as exc:
+        raise CheckpointError(field_path=field_path, value=name, problem=exc.problem, source=c.source) from None
+    c.checked_names.add(name)
+
+
+def _check_tensor(c: _Check, name: str, t: Any, seen: dict[tuple[str, str], str]) -> None:
+    at = f"tensors[{name!r}]"
+    c.of_type(at, t, dict, "an object")
+    if t.get("kind") not in ARRAY_KINDS:
+        raise c.fail(f"{at}.kind", t.get("kind"), f"is not one of {list(ARRAY_KINDS)}")
+    dtype = t.get("dtype")
+    if not isinstance(dtype, str) or dtype not in _ITEMSIZE:
+        raise c.fail(f"{at}.dtype", dtype, f"is not a dtype a checkpoint stores ({', '.join(sorted(_ITEMSIZE))})")
+    shape = c.of_type(f"{at}.shape", t.get("shape"), list, "a list of dimension sizes")
+    if len(shape) > MAX_NDIM:
+        raise c.fail(f"{at}.shape", shape, f"has more than {MAX_NDIM} dimensions")
+    for d, n in enumerate(shape):
+        c.int_in(f"{at}.shape[{d}]", n, 0, MAX_DIM)
+    if t["kind"] == "scalar" and shape:
+        raise c.fail(f"{at}.shape", shape, "is not [] though the entry is a scalar")
+    itemsize = _ITEMSIZE[dtype]
+    numel = math.prod(shape)
+    if numel * itemsize > MAX_TENSOR_BYTES:
+        raise c.fail(f"{at}.shape", shape, f"makes a tensor of {numel * itemsize} bytes, over {MAX_TENSOR_BYTES}")
+    mesh = t.get("mesh")
+    if mesh is not None:
+        c.of_type(f"{at}.mesh", mesh, dict, "null or an object")
+        for key in ("shape", "process_ids"):
+            value = c.of_type(f"{at}.mesh.{key}", mesh.get(key), list, "a list")
+            if not all(_is_int(v) for v in _flat(value)):
+                raise c.fail(f"{at}.mesh.{key}", value, "holds something other than ints")
+    for key in ("placements", "stored_placements"):
+        if t.get(key) is not None:
+            c.of_type(f"{at}.{key}", t.get(key), str, "null or a string")
+    chunks = c.of_type(f"{at}.chunks", t.get("chunks"), list, "a list of chunks")
+    boxes: list[tuple[tuple[int, int], ...]] = []
+    for i, chunk in enumerate(chunks):
+        where = f"{at}.chunks[{i}]"
+        c.of_type(where, chunk, dict, "an object")
+        fname = chunk.get("file")
+        _inside(c, fname, f"{where}.file")
+        key = c.of_type(f"{where}.key", chunk.get("key"), str, "a string (the chunk's key in its data file)")
+        if (fname, key) in seen:
+            raise c.fail(f"{where}.key", key, f"in {fname} is also the key of a chunk of {seen[(fname, key)]}")
+        seen[(fname, key)] = f"{at}.chunks[{i}]"
+        raw = c.of_type(f"{where}.box", chunk.get("box"), list, "a list of [start, stop] pairs")
+        if len(raw) != len(shape):
+            raise c.fail(f"{where}.box", raw, f"has {len(raw)} ranges for a tensor of {len(shape)} dimensions")
+        box = []
+        for d, (r, n) in enumerate(zip(raw, shape, strict=True)):
+            if not (isinstance(r, list) and len(r) == 2 and _is_int(r[0]) and _is_int(r[1]) and 0 <= r[0] <= r[1] <= n):
+                raise c.fail(f"{where}.box[{d}]", r, f"is not a range [start, stop] with 0 <= start <= stop <= {n}")
+            box.append((r[0], r[1]))
+        boxes.append(tuple(box))
+        want = math.prod(e - s for s, e in box) * itemsize
+        if not _is_int(chunk.get("nbytes")) or chunk["nbytes"] != want:
+            raise c.fail(f"{where}.nbytes", chunk.get("nbytes"), f"is not {want}, the bytes of its box")
+        c.int_in(f"{where}.crc32c", chunk.get("crc32c"), 0, (1 << 32) - 1)
+    _check_cover(c, at, shape, boxes)
+
+
+def _flat(value: Any) -> list[Any]:
+    out: list[Any] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(v)
+        else:
+            out.append(v)
+    return out
+
+
+def _check_cover(c: _Check, at: str, shape: list[int], boxes: list[tuple[tuple[int, int], ...]]) -> None:
+    """The boxes (each already inside ``shape``) are disjoint and cover it exactly."""
+    numel = math.prod(shape)
+    volume = sum(math.prod(e - s for s, e in b) for b in boxes)
+    if volume != numel:
+        raise c.fail(f"{at}.chunks", f"{len(boxes)} chunks",
+                     f"hold {volume} elements, but the tensor of shape {shape} has {numel}: chunks are missing or overlap")
+    solid = [(i, b) for i, b in enumerate(boxes) if all(e > s for s, e in b)]
+    if not shape:
+        if len(solid) > 1:
+            raise c.fail(f"{at}.chunks", f"{len(solid)} chunks", "all hold the one value of a 0-d tensor")
+        return
+    cuts = [sorted({p for _, b in solid for p in b[d]}) for d in range(len(shape))]
+    cells = math.prod(max(len(x) - 1, 0) for x in cuts)
+    if cells <= _GRID_CELLS:
+        index = [{p: k for k, p in enumerate(x)} for x in cuts]
+        owner = np.full([max(len(x) - 1, 0) for x in cuts], -1, dtype=np.int64)
+        for i, b in solid:
+            sl = tuple(slice(index[d][s], index[d][e]) for d, (s, e) in enumerate(b))
+            region = owner[sl]
+            if (region >= 0).any():
+                j = int(region[region >= 0].flat[0])
+                raise _overlap(c, at, j, i, boxes)
+            owner[sl] = i
+        return
+    # Sweep along dim 0: only chunks whose rows reach the current start can overlap it.
+    active: list[tuple[int, tuple[tuple[int, int], ...]]] = []
+    for i, b in sorted(solid, key=lambda ib: ib[1][0][0]):
+        active = [(j, a) for j, a in active if a[0][1] > b[0][0]]
+        for j, a in active:
+            if all(max(sa, sb) < min(ea, eb) for (sa, ea), (sb, eb) in zip(a, b, strict=True)):
+                raise _overlap(c, at, j, i, boxes)
+        active.append((i, b))
+
+
+def _overlap(c: _Check, at: str, j: int, i: int, boxes: list[tuple[tuple[int, int], ...]]) -> CheckpointError:
+    a, b = sorted((i, j))
+    return c.fail(f"{at}.chunks[{b}].box", [list(r) for r in boxes[b]],
+                  f"overlaps chunks[{a}].box {[list(r) for r in boxes[a]]}: a tensor's chunks must be disjoint")
+
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _check_structure(c: _Check, state: Any, tensors: dict[str, Any]) -> None:
+    """Every node of the saved state's structure has one known kind and well-typed contents."""
+    if not isinstance(state, dict) or "dict" not in state:
+        raise c.fail("state", state if not isinstance(state, dict) else list(state), "is not a {'dict': ...} node")
+    stack: list[tuple[Any, str]] = [(state, "state")]
+    while stack:
+        node, where = stack.pop()
+        if not isinstance(node, dict) or len(node) != 1:
+            raise c.fail(where, node, "is not a structure node (an object with one key)")
+        kind, value = next(iter(node.items()))
+        if kind in ARRAY_KINDS:
+            if not isinstance(value, str) or value not in tensors:
+                raise c.fail(f"{where}.{kind}", value, "names no tensor of the checkpoint's 'tensors'")
+            if tensors[value]["kind"] != kind:
+                raise c.fail(f"{where}.{kind}", value, f"is a {tensors[value]['kind']} entry in 'tensors', not {kind}")
+        elif kind == "dict":
+            c.of_type(f"{where}.dict", value, list, "a list of [key, node] pairs")
+            for k, item in enumerate(value):
+                if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str | int)
+                        and not isinstance(item[0], bool)):
+                    raise c.fail(f"{where}.dict[{k}]", item, "is not a [key, node] pair with a str or int key")
+                stack.append((item[1], f"{where}[{item[0]!r}]"))
+        elif kind in ("list", "tuple"):
+            c.of_type(f"{where}.{kind}", value, list, "a list of nodes")
+            stack.extend((item, f"{where}[{k}]") for k, item in enumerate(value))
+        elif kind == "value":
+            c.of_type(f"{where}.value", value, _PLAIN, "null, a bool, a number or a string")
+        elif kind == "float":
+            if value not in ("nan", "inf", "-inf"):
+                raise c.fail(f"{where}.float", value, "is not 'nan', 'inf' or '-inf'")
+        else:
+            raise c.fail(where, kind, "is not a known structure node kind")
