@@ -44,6 +44,7 @@ from viz.simulate import (  # noqa: E402
     plan_microbatches,
     simulate_plan_lanes,
 )
+from viz.tables import arrow_safe  # noqa: E402
 
 VIEWS = ("Layout", "Propagation", "Reshard stepper", "Communication", "Pipeline", "Memory", "What-if")
 ALL = "(all)"
@@ -164,7 +165,7 @@ def view_layout(plan: Plan) -> None:
     _downloads(lambda: layout.tensor_tiles_figure(spec, t.name or f"#{t.id}", dims, at),
                lambda: layout.layout_text(spec, t.name or f"#{t.id}", size, dims, at), f"layout-{t.id}", "layout")
     with st.expander("What each rank holds"):
-        st.dataframe(layout.rank_table(spec, size), hide_index=True)
+        st.dataframe(arrow_safe(layout.rank_table(spec, size)), hide_index=True)
 
 
 def view_propagation(plan: Plan) -> None:
@@ -184,7 +185,7 @@ def view_propagation(plan: Plan) -> None:
     if rows:
         import pandas as pd
 
-        frame = pd.DataFrame(rows)
+        frame = pd.DataFrame(arrow_safe(rows))
 
         def highlight(row: Any) -> list[str]:
             color = "background-color: #FDE2C4" if row["row"] == "reshard" else ""
@@ -223,7 +224,7 @@ def view_comm(plan: Plan) -> None:
     _downloads(lambda: comm.comm_figure(plan), lambda: comm.comm_text(plan), "communication", "comm")
     rows = comm.comm_table(plan)
     if rows:
-        st.dataframe(rows, hide_index=True)
+        st.dataframe(arrow_safe(rows), hide_index=True)
     phase = st.radio("Traffic of", [ALL, "forward", "backward", "optimizer"], horizontal=True, key="traffic_phase")
     ph = None if phase == ALL else phase
     _show(comm.traffic_figure(plan, ph))
@@ -251,7 +252,7 @@ def view_pipeline(plan: Plan, plan_key: str, main: Timeline | None, overlay: Tim
                        "application/json", key="chrome", on_click="ignore")
     if overlay is None:
         st.caption("Load a measured timeline (meta.source = \"measured\") to overlay it on the prediction.")
-    st.dataframe(timeline_view.bubble_rows(main), hide_index=True)
+    st.dataframe(arrow_safe(timeline_view.bubble_rows(main)), hide_index=True)
     if not kinds:
         return
     st.subheader("Two schedules side by side")
@@ -349,7 +350,7 @@ def view_whatif(plan: Plan, main: Timeline | None) -> None:
         st.error(f"cannot build this what-if: {exc}")
         return
     rows = whatif.diff_rows(whatif.plan_metrics(plan, main), whatif.plan_metrics(new_plan, new_t))
-    st.dataframe([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows], hide_index=True)
+    st.dataframe(arrow_safe({k: v for k, v in r.items() if not k.startswith("_")} for r in rows), hide_index=True)
     _show(whatif.diff_figure(rows))
     _downloads(lambda: whatif.diff_figure(rows), lambda: whatif.diff_text(rows), "what-if", "whatif")
     with st.expander("What-if pipeline timeline"):
