@@ -361,6 +361,7 @@ class Timeline:
         meta = data.get("meta", {})
         if not isinstance(meta, Mapping):
             raise TimelineFormatError("meta", meta, "is not a JSON object")
+        _check_lane_ranks(meta.get("lane_ranks"))
         return cls(spans, ranks=ranks, memory=memory, time_unit=time_unit, meta=meta)
 
     def to_json(self, indent: int | None = None) -> str:
@@ -526,6 +527,19 @@ def _as_action(name: str) -> Any:
 def _check_rank(value: Any, path: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_TIMELINE_INT:
         raise TimelineFormatError(path, value, "is not an integer rank in [0, 2^62)")
+
+
+def _check_lane_ranks(value: Any) -> None:
+    """``meta.lane_ranks`` (lane -> the ranks of its stage mesh), which the dashboard labels lanes with."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise TimelineFormatError("meta.lane_ranks", value, "is not an object of lane -> list of ranks")
+    for lane, members in value.items():
+        if not isinstance(members, list):
+            raise TimelineFormatError(f"meta.lane_ranks.{lane}", members, "is not a list of ranks")
+        for i, r in enumerate(members):
+            _check_rank(r, f"meta.lane_ranks.{lane}[{i}]")
 
 
 def _check_time(value: Any, path: str) -> None:

@@ -1,7 +1,8 @@
 """Fuzzing plans and timelines from elsewhere (issue #20): a named error or the exact values, nothing else.
 
-Real documents (the dashboard sample's traced plan and its simulated timeline, plus a shape-only
-plan with 2^40-element tensors) are mutated by hypothesis: bytes truncated or flipped, values
+Real documents (the dashboard sample's traced plan and its simulated timeline, a timeline
+measured on the clock by ``SpanRecorder`` and merged, and a shape-only plan with 2^40-element
+tensors) are mutated by hypothesis: bytes truncated or flipped, values
 retyped, nested deeper, deleted, duplicated, swapped between fields, replaced by huge numbers.
 Each mutated file is loaded by ``Plan.load``/``Timeline.load`` and by the dashboard's loader
 (``viz.files``), each case under a timeout, while an audit hook records every file opened. The
@@ -29,12 +30,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mpipar.plan import Plan
-from mpipar.timeline import Timeline
+from mpipar.timeline import SpanRecorder, Timeline
 from mpipar.untrusted import FileFormatError
 from viz import comm, layout, timeline_view
 from viz.files import VizFileError, load_document
@@ -91,9 +93,24 @@ def _big_plan() -> dict[str, Any]:
     return big_plan()
 
 
+def _measured_timeline() -> dict[str, Any]:
+    """Two ranks' spans recorded on the real clock, merged as the MPI runtime merges them."""
+    per_rank = []
+    for rank in (0, 1):
+        rec = SpanRecorder(rank=rank)
+        for mb in range(2):
+            with rec.span(f"{rank}F{mb}", "F", stage=rank, microbatch=mb):
+                np.ones((64, 64)) @ np.ones((64, 64))
+            with rec.span(f"{rank}SEND_F{mb}" if rank == 0 else f"{rank}RECV_F{mb}", "SEND" if rank == 0 else "RECV",
+                          track="comm", stage=rank, microbatch=mb, peer=1 - rank):
+                pass
+        per_rank.append(rec.timeline())
+    return Timeline.merge(per_rank, meta={"run": "fuzz"}).to_dict()
+
+
 _SAMPLE_PLAN, _SAMPLE_TIMELINE = build_sample(2, 2, 2, "1F1B", 2, hidden=16, batch=8)
 PLANS = [_SAMPLE_PLAN.to_dict(), _big_plan()]
-TIMELINES = [_SAMPLE_TIMELINE.to_dict()]
+TIMELINES = [_SAMPLE_TIMELINE.to_dict(), _measured_timeline()]
 
 # ---------------------------------------------------------------- mutations
 
@@ -205,6 +222,19 @@ def _agrees(loaded: Any, given_: Any, where: str = "") -> None:
         assert loaded == given_ and type(loaded) in (type(given_), float), (where, loaded, given_)
 
 
+def _canonical(doc: Any) -> Any:
+    """A timeline's spans and memory categories come back in canonical order: compare as sets."""
+    if not (isinstance(doc, dict) and doc.get("format") == "mpipar.timeline"):
+        return doc
+    out = dict(doc)
+    if isinstance(out.get("spans"), list):
+        out["spans"] = sorted(out["spans"], key=lambda s: json.dumps(s, sort_keys=True))
+    memory = out.get("memory")
+    if isinstance(memory, dict) and isinstance(memory.get("categories"), list):
+        out["memory"] = {**memory, "categories": sorted(memory["categories"])}
+    return out
+
+
 def _render_plan(plan: Plan) -> None:
     comm.comm_table(plan)
     comm.traffic_matrix(plan)
@@ -249,7 +279,7 @@ def _check(data: bytes, kind: str) -> None:
     assert shown is not None and shown.to_dict() == loaded.to_dict(), "the dashboard and the library disagree"
     from mpipar.untrusted import parse_json
 
-    _agrees(loaded.to_dict(), parse_json(data, kind=kind))
+    _agrees(_canonical(loaded.to_dict()), _canonical(parse_json(data, kind=kind)))
     assert cls.from_dict(loaded.to_dict()).to_dict() == loaded.to_dict()
     if isinstance(loaded, Plan):
         _render_plan(loaded)

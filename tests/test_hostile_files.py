@@ -205,3 +205,13 @@ def test_dashboard_views_draw_the_2_40_plan(tmp_path: Path) -> None:
     at.radio(key="view").set_value("Layout").run()
     cells = {str(v) for df in at.dataframe for v in df.value.to_numpy().ravel()}
     assert cells & {f"{1 << 80:,}", f"{1 << 81:,}"}, cells  # the rank table's exact byte counts, as text
+
+
+def test_timeline_refuses_lane_ranks_the_dashboard_cannot_label(docs: tuple) -> None:
+    # Found by tests/test_fuzz_files.py: a null rank in meta.lane_ranks loaded, then crashed
+    # the dashboard's lane labels with a TypeError.
+    doc = copy.deepcopy(docs[1])
+    lane, members = next(iter(doc["meta"]["lane_ranks"].items()))
+    members[1] = None
+    with pytest.raises(TimelineFormatError, match=rf"meta\.lane_ranks\.{lane}\[1\]: None is not an integer rank"):
+        Timeline.from_dict(doc)
