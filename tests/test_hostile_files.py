@@ -215,3 +215,21 @@ def test_timeline_refuses_lane_ranks_the_dashboard_cannot_label(docs: tuple) -> 
     members[1] = None
     with pytest.raises(TimelineFormatError, match=rf"meta\.lane_ranks\.{lane}\[1\]: None is not an integer rank"):
         Timeline.from_dict(doc)
+
+
+@pytest.mark.usefixtures("_argv")
+@pytest.mark.parametrize("config", [{"dp": 1000}, {"schedule": "X"}, {"hidden": 10**12}, "junk"])
+def test_whatif_ignores_a_hostile_sample_config(docs: tuple, tmp_path: Path, config: Any) -> None:
+    # A plan claiming to be the sample's may carry any meta.config: out-of-range knobs failed the
+    # number inputs, an unknown schedule the selectbox, a huge hidden size would re-trace for ever.
+    pytest.importorskip("streamlit")
+    doc = copy.deepcopy(docs[0])
+    assert doc["meta"]["builder"] == "viz.sample"
+    doc["meta"]["config"] = config if not isinstance(config, dict) else {**doc["meta"]["config"], **config}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    at = _run_app([str(path)])
+    at.radio(key="view").set_value("What-if").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("using the" in w.value for w in at.warning), [w.value for w in at.warning]
+    assert at.number_input(key="wi_dp").value <= 64

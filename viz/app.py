@@ -319,12 +319,40 @@ def _rank_peaks(key: str, _plan: Plan) -> list[dict[str, Any]]:
     return memory.rank_peaks(_plan)
 
 
-def view_whatif(plan: Plan, main: Timeline | None) -> None:
-    base = SampleConfig(**{k: v for k, v in (plan.meta.get("config") or {}).items() if k in SampleConfig.__annotations__}) \
-        if plan.meta.get("builder") == "viz.sample" else SampleConfig()
+WHATIF_KINDS = ("FThenB", "1F1B", "Interleaved1F1B", "ZBH1")
+_WHATIF_BOUNDS = {"dp": 64, "tp": 64, "pp": 16, "microbatches": 256, "hidden": 1 << 16, "batch": 1 << 16}
+
+
+def _whatif_base(plan: Plan) -> tuple[SampleConfig, str | None]:
+    """The sample configuration a plan's ``meta.config`` names, or the defaults and why.
+
+    The plan may come from anywhere: its config is untrusted, so it is used only when it is a
+    valid sample configuration within the widgets' bounds (a huge ``hidden`` would re-trace
+    for ever, an unknown schedule would fail the selectbox).
+    """
     if plan.meta.get("builder") != "viz.sample":
-        st.warning("This plan was not made by the built-in sample, so its model cannot be re-traced here; "
-                   "the what-if plans are the sample's model, compared with the loaded plan.")
+        return SampleConfig(), ("This plan was not made by the built-in sample, so its model cannot be re-traced "
+                                "here; the what-if plans are the sample's model, compared with the loaded plan.")
+    config = plan.meta.get("config")
+    if not isinstance(config, dict):
+        return SampleConfig(), f"The plan's meta.config {config!r:.80} is not an object; using the sample's defaults."
+    try:
+        base = SampleConfig(**{k: v for k, v in config.items() if k in SampleConfig.__annotations__})
+    except (TypeError, ValueError, KeyError) as exc:
+        return SampleConfig(), f"The plan's meta.config is not a sample configuration ({exc}); using the defaults."
+    for name, bound in _WHATIF_BOUNDS.items():
+        if getattr(base, name) > bound:
+            return SampleConfig(), (f"The plan's meta.config.{name} = {getattr(base, name)!r:.40} is over the what-if "
+                                    f"limit of {bound}; using the sample's defaults.")
+    if base.schedule not in WHATIF_KINDS:
+        return SampleConfig(), f"The plan's schedule {base.schedule!r} has no what-if here; using the defaults."
+    return base, None
+
+
+def view_whatif(plan: Plan, main: Timeline | None) -> None:
+    base, note = _whatif_base(plan)
+    if note:
+        st.warning(note)
     st.caption("Change the knobs: the sample is re-traced in shape-only mode and re-simulated (cached).")
     c = st.columns(4)
     dp = c[0].number_input("dp", 1, 64, base.dp, key="wi_dp")
@@ -332,8 +360,7 @@ def view_whatif(plan: Plan, main: Timeline | None) -> None:
     pp = c[2].number_input("pp", 1, 16, base.pp, key="wi_pp")
     m = c[3].number_input("micro-batches", 1, 256, base.microbatches, key="wi_m")
     c = st.columns(4)
-    kinds = ["FThenB", "1F1B", "Interleaved1F1B", "ZBH1"]
-    kind = c[0].selectbox("schedule", kinds, index=kinds.index(base.schedule), key="wi_kind")
+    kind = c[0].selectbox("schedule", WHATIF_KINDS, index=WHATIF_KINDS.index(base.schedule), key="wi_kind")
     offered = [z for z in ZERO_STAGES if f"zero={z}" not in UNSUPPORTED]
     zero = c[1].selectbox("ZeRO stage", offered, index=offered.index(base.zero) if base.zero in offered else 0,
                           key="wi_zero", help=f"ZeRO-3 is not offered: {UNSUPPORTED['zero=3']}")
