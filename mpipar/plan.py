@@ -404,6 +404,9 @@ class _V:
             raise PlanFormatError(path, value, "is not a non-negative number")
         if isinstance(value, int) and not 0 <= value <= MAX_PLAN_FLOAT:
             raise PlanFormatError(path, value, f"is not a non-negative number up to {MAX_PLAN_FLOAT:g}")
+        if isinstance(value, int) and float(value) != value:
+            # Stored as a float: an integer it cannot hold exactly would load as another value.
+            raise PlanFormatError(path, value, "is an integer no float holds exactly; write it as a float")
         out = float(value)
         if not (math.isfinite(out) and 0 <= out <= MAX_PLAN_FLOAT):
             raise PlanFormatError(path, value, f"is not a finite non-negative number up to {MAX_PLAN_FLOAT:g}")
@@ -517,6 +520,8 @@ def _check_plan(plan: Plan) -> None:
         _check_placements(r.dst, dst_mesh, len(r.shape), f"reshards[{i}].dst.placements")
         ranks = set(src_mesh.process_ids) | set(dst_mesh.process_ids)
         for j, s in enumerate(r.steps):
+            if len(set(s.axes)) != len(s.axes):
+                raise PlanFormatError(f"reshards[{i}].steps[{j}].axes", list(s.axes), "repeats an axis")
             for a in s.axes:
                 if a not in src_mesh.dim_names:
                     raise PlanFormatError(

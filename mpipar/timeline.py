@@ -542,6 +542,12 @@ def _check_lane_ranks(value: Any) -> None:
             _check_rank(r, f"meta.lane_ranks.{lane}[{i}]")
 
 
+def _check_exact_float(value: Any, path: str) -> None:
+    """Memory curves are stored as floats: an integer no float holds exactly would load changed."""
+    if isinstance(value, int) and float(value) != value:
+        raise TimelineFormatError(path, value, "is an integer no float holds exactly; write it as a float")
+
+
 def _check_time(value: Any, path: str) -> None:
     # A huge int would overflow math.isfinite itself; 1e300 bounds both kinds.
     if isinstance(value, bool) or not isinstance(value, int | float) or not -1e300 <= value <= 1e300:
@@ -597,6 +603,7 @@ def _check_memory_rank(item: Any, path: str, categories: Sequence[str]) -> None:
         raise TimelineFormatError(f"{path}.times", times, "is not a non-empty list of times")
     for i, t in enumerate(times):
         _check_time(t, f"{path}.times[{i}]")
+        _check_exact_float(t, f"{path}.times[{i}]")
         if i and t < times[i - 1]:
             raise TimelineFormatError(f"{path}.times[{i}]", t, f"is before the previous time {times[i - 1]!r}")
     values = item["bytes"]
@@ -614,6 +621,7 @@ def _check_memory_rank(item: Any, path: str, categories: Sequence[str]) -> None:
         for i, v in enumerate(series):
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1e300:
                 raise TimelineFormatError(f"{path}.bytes.{cat}[{i}]", v, "is not a finite non-negative byte count")
+            _check_exact_float(v, f"{path}.bytes.{cat}[{i}]")
 
 
 def _read_memory(data: Any, ranks: set[int]) -> list[MemoryCurve]:

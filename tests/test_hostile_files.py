@@ -233,3 +233,25 @@ def test_whatif_ignores_a_hostile_sample_config(docs: tuple, tmp_path: Path, con
     assert not at.exception, [e.value for e in at.exception]
     assert any("using the" in w.value for w in at.warning), [w.value for w in at.warning]
     assert at.number_input(key="wi_dp").value <= 64
+
+
+def test_plan_refuses_a_step_over_one_axis_twice() -> None:
+    # Found by tests/test_fuzz_files.py: axes ["tp", "tp"] loaded, then failed the traffic matrix.
+    doc = big_plan()
+    doc["reshards"][0]["steps"][0]["axes"] = ["tp", "tp"]
+    with pytest.raises(PlanFormatError, match=r"reshards\[0\]\.steps\[0\]\.axes: \['tp', 'tp'\] repeats an axis"):
+        Plan.from_dict(doc)
+
+
+def test_byte_counts_load_exactly_or_not_at_all(docs: tuple) -> None:
+    # Found by tests/test_fuzz_files.py: 10**29 bytes loaded as the float 1e29, another value.
+    plan = big_plan()
+    plan["reshards"][0]["bytes_per_rank"] = 10**29
+    with pytest.raises(PlanFormatError, match=r"bytes_per_rank: 10{29} is an integer no float holds exactly"):
+        Plan.from_dict(plan)
+    timeline = copy.deepcopy(docs[1])
+    timeline["memory"]["ranks"][0]["bytes"][timeline["memory"]["categories"][0]][0] = 10**29
+    with pytest.raises(TimelineFormatError, match="is an integer no float holds exactly"):
+        Timeline.from_dict(timeline)
+    plan["reshards"][0]["bytes_per_rank"] = 1 << 80  # exact in a float: loads as the same value
+    assert Plan.from_dict(plan).reshards[0].bytes_per_rank == 1 << 80
