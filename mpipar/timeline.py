@@ -633,6 +633,8 @@ def _read_memory(data: Any, ranks: set[int]) -> list[MemoryCurve]:
     for i, cat in enumerate(categories):
         if cat not in MEMORY_CATEGORIES:
             raise TimelineFormatError(f"memory.categories[{i}]", cat, f"is not one of {', '.join(MEMORY_CATEGORIES)}")
+        if cat in categories[:i]:
+            raise TimelineFormatError(f"memory.categories[{i}]", cat, "repeats a category")
     per_rank = data.get("ranks")
     if not isinstance(per_rank, list):
         raise TimelineFormatError("memory.ranks", per_rank, "is not a list of per-rank curves")

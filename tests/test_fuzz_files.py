@@ -173,8 +173,11 @@ def mutated_doc(draw: st.DrawFn, doc: dict[str, Any]) -> Any:
             other = draw(st.sampled_from(paths))
             if not (other[: len(path)] == path or path[: len(other)] == other):  # neither inside the other
                 there = copy.deepcopy(_get(out, other))
-                out = _set(out, other, copy.deepcopy(here))
-                out = _set(out, path, there)
+                swapped = _set(copy.deepcopy(out), other, copy.deepcopy(here))
+                try:
+                    out = _set(swapped, path, there)
+                except (TypeError, KeyError, IndexError):
+                    pass  # the first write moved what the second path ran through: no swap this round
         elif how == "huge" and isinstance(here, int | float) and not isinstance(here, bool):
             out = _set(out, path, draw(st.sampled_from([1 << 62, 1 << 63, 1 << 64, -(1 << 63), 1e308, 10**29])))
         elif how == "negate" and isinstance(here, int | float) and not isinstance(here, bool):

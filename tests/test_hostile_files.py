@@ -255,3 +255,11 @@ def test_byte_counts_load_exactly_or_not_at_all(docs: tuple) -> None:
         Timeline.from_dict(timeline)
     plan["reshards"][0]["bytes_per_rank"] = 1 << 80  # exact in a float: loads as the same value
     assert Plan.from_dict(plan).reshards[0].bytes_per_rank == 1 << 80
+
+
+def test_timeline_refuses_a_repeated_memory_category(docs: tuple) -> None:
+    # Found by tests/test_fuzz_files.py: a repeated category loaded as one, another document.
+    doc = copy.deepcopy(docs[1])
+    doc["memory"]["categories"].append(doc["memory"]["categories"][0])
+    with pytest.raises(TimelineFormatError, match=r"memory\.categories\[\d+\]: .* repeats a category"):
+        Timeline.from_dict(doc)
