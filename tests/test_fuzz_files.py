@@ -20,6 +20,7 @@ Never another exception type, never a hang, never an open of any path but the fi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -174,10 +175,9 @@ def mutated_doc(draw: st.DrawFn, doc: dict[str, Any]) -> Any:
             if not (other[: len(path)] == path or path[: len(other)] == other):  # neither inside the other
                 there = copy.deepcopy(_get(out, other))
                 swapped = _set(copy.deepcopy(out), other, copy.deepcopy(here))
-                try:
+                # If the first write moved what the second path runs through, no swap this round.
+                with contextlib.suppress(TypeError, KeyError, IndexError):
                     out = _set(swapped, path, there)
-                except (TypeError, KeyError, IndexError):
-                    pass  # the first write moved what the second path ran through: no swap this round
         elif how == "huge" and isinstance(here, int | float) and not isinstance(here, bool):
             out = _set(out, path, draw(st.sampled_from([1 << 62, 1 << 63, 1 << 64, -(1 << 63), 1e308, 10**29])))
         elif how == "negate" and isinstance(here, int | float) and not isinstance(here, bool):
