@@ -22,36 +22,46 @@ A plan is a versioned JSON document::
      "pipeline": {"stages": [{"stage": 0, "mesh": 0}], "schedule": {...}} | null,
      "memory": {"ranks": [{"rank": 0, "parameters": 1024, ...}]} | null}
 
-``Plan.load`` refuses malformed input with a ``PlanFormatError`` naming the field and value at
-fault; ``Plan.from_dict(p.to_dict()) == p`` (lossless).
+``Plan.load`` reads through ``mpipar.untrusted`` (size and depth caps, bounded numbers, UTF-8)
+and ``Plan.from_dict`` checks the document as a whole: meshes (positive axes, distinct
+non-negative ranks, distinct axis names), placements parsed and checked against the tensor and
+mesh exactly as ``DistSpec`` checks them, local shapes that fit, unique ids, resolved references,
+every integer within ``MAX_PLAN_INT`` and every string within ``MAX_PLAN_STR`` characters. Any
+failure is a ``PlanFormatError`` (a ``FileFormatError``) naming the file, the field path and the
+value; ``Plan.from_dict(p.to_dict()) == p`` (lossless).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mpipar.placement import REDUCE_TYPES, Partial, Shard, parse_placements
+from mpipar.untrusted import FileFormatError, load_json
+
 FORMAT = "mpipar.plan"
 VERSION = 1
 PHASES = ("forward", "backward", "optimizer", "other")
 TENSOR_KINDS = ("parameter", "input", "activation", "gradient", "optimizer_state", "other")
 STEP_KINDS = ("slice", "partial", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "transfer")
+MAX_PLAN_INT = 1 << 62
+"""Integers (ids, ranks, sizes) at or beyond this are refused: no real tensor or mesh gets near."""
+MAX_PLAN_FLOAT = 1e30
+"""Byte counts beyond this are refused (a 2^40 x 2^40 float64 tensor is about 1e25 bytes)."""
+MAX_PLAN_STR = 1 << 16
+"""Longer strings (names, decisions, placements) are refused: they are a flood, not a label."""
 
 
-class PlanFormatError(ValueError):
+class PlanFormatError(FileFormatError):
     """A plan file or dict that does not follow the format; ``field`` is the path at fault."""
 
-    def __init__(self, field_path: str, value: Any, problem: str) -> None:
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        super().__init__(f"plan field {field_path}: {shown} {problem}")
-        self.field = field_path
-        self.value = value
+    def __init__(self, field_path: str, value: Any, problem: str, source: str | None = None) -> None:
+        super().__init__("plan", field_path, value, problem, source)
 
 
 @dataclass(frozen=True)
@@ -194,15 +204,28 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
+        """Read a plan file from anywhere: every refusal is a ``PlanFormatError`` naming the file."""
+        name = os.fspath(path)
         try:
-            with open(path) as f:
-                data = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise PlanFormatError("<file>", str(path), f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        return cls.from_dict(data)
+            data = load_json(name, kind="plan")
+        except PlanFormatError:
+            raise
+        except FileFormatError as exc:
+            raise PlanFormatError(exc.field, exc.value, exc.problem, name) from None
+        return cls.from_dict(data, source=name)
 
     @classmethod
-    def from_dict(cls, data: Any) -> Plan:
+    def from_dict(cls, data: Any, source: str | None = None) -> Plan:
+        """Build a plan from its JSON form, refusing anything malformed (``PlanFormatError``)."""
+        try:
+            return cls._from_dict(data)
+        except PlanFormatError as exc:
+            if source is None or exc.source is not None:
+                raise
+            raise PlanFormatError(exc.field, exc.value, exc.problem, source) from None
+
+    @classmethod
+    def _from_dict(cls, data: Any) -> Plan:
         v = _V(data)
         v.require_object("", data)
         if data.get("format") != FORMAT:
@@ -279,7 +302,9 @@ class Plan:
             v.require_object("memory", memory)
         meta = data.get("meta", {})
         v.require_object("meta", meta)
-        return cls(meshes, tensors, ops, reshards, dict(meta), pipeline, memory)
+        plan = cls(meshes, tensors, ops, reshards, dict(meta), pipeline, memory)
+        _check_plan(plan)
+        return plan
 
 
 def _reshard_to_dict(r: PlanReshard) -> dict[str, Any]:
@@ -313,7 +338,7 @@ def _reshard_from_dict(v: _V, i: int, r: Mapping[str, Any], mesh_ids: set[int]) 
             PlanStep(
                 kind,
                 v.strs(f"{path}.steps[{j}].axes", s.get("axes", [])),
-                s.get("reduce_type"),
+                _reduce_type(v, f"{path}.steps[{j}].reduce_type", s.get("reduce_type")),
                 v.str(f"{path}.steps[{j}].src", s.get("src")),
                 v.str(f"{path}.steps[{j}].dst", s.get("dst")),
                 v.num(f"{path}.steps[{j}].bytes_per_rank", s.get("bytes_per_rank")),
@@ -330,9 +355,9 @@ def _reshard_from_dict(v: _V, i: int, r: Mapping[str, Any], mesh_ids: set[int]) 
         v.str(f"{path}.phase", r.get("phase", "forward")),
         v.ints(f"{path}.shape", r.get("shape")),
         v.str(f"{path}.dtype", r.get("dtype")),
-        int(src["mesh"]),
+        src["mesh"],
         v.str(f"{path}.src.placements", src.get("placements")),
-        int(dst["mesh"]),
+        dst["mesh"],
         v.str(f"{path}.dst.placements", dst.get("placements")),
         v.num(f"{path}.bytes_per_rank", r.get("bytes_per_rank")),
         tuple(steps),
@@ -370,16 +395,28 @@ class _V:
     def int(self, path: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise PlanFormatError(path, value, "is not an integer")
+        if not -MAX_PLAN_INT < value < MAX_PLAN_INT:
+            raise PlanFormatError(path, value, f"is out of range (|value| must be below 2^62 = {MAX_PLAN_INT})")
         return value
 
     def num(self, path: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise PlanFormatError(path, value, "is not a non-negative number")
-        return float(value)
+        if isinstance(value, int) and not 0 <= value <= MAX_PLAN_FLOAT:
+            raise PlanFormatError(path, value, f"is not a non-negative number up to {MAX_PLAN_FLOAT:g}")
+        if isinstance(value, int) and float(value) != value:
+            # Stored as a float: an integer it cannot hold exactly would load as another value.
+            raise PlanFormatError(path, value, "is an integer no float holds exactly; write it as a float")
+        out = float(value)
+        if not (math.isfinite(out) and 0 <= out <= MAX_PLAN_FLOAT):
+            raise PlanFormatError(path, value, f"is not a finite non-negative number up to {MAX_PLAN_FLOAT:g}")
+        return out
 
     def str(self, path: str, value: Any) -> str:
         if not isinstance(value, str):
             raise PlanFormatError(path, value, "is not a string")
+        if len(value) > MAX_PLAN_STR:
+            raise PlanFormatError(path, value, f"is {len(value)} characters long, over the limit of {MAX_PLAN_STR}")
         return value
 
     def ints(self, path: str, value: Any) -> tuple[int, ...]:
@@ -387,3 +424,117 @@ class _V:
 
     def strs(self, path: str, value: Any) -> tuple[str, ...]:
         return tuple(self.str(f"{path}[{i}]", x) for i, x in enumerate(self.list(path, value)))
+
+
+def _reduce_type(v: _V, path: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    text = v.str(path, value)
+    if text not in REDUCE_TYPES:
+        raise PlanFormatError(path, text, f"is not a reduce type; known types are {REDUCE_TYPES}")
+    return text
+
+
+def _check_placements(text: str, mesh: PlanMesh, ndim: int, path: str) -> None:
+    """The checks ``DistSpec`` makes: one placement per mesh axis, shard dims inside the tensor."""
+    try:
+        placements = parse_placements(text)
+    except (TypeError, ValueError) as exc:
+        raise PlanFormatError(path, text, f"is not a placement list ({exc}); write e.g. 'S(0)R'") from None
+    if len(placements) != len(mesh.shape):
+        raise PlanFormatError(
+            path, text, f"has {len(placements)} placement(s) for mesh {mesh.id} of {len(mesh.shape)} axes"
+        )
+    kinds = set()
+    for p in placements:
+        if isinstance(p, Shard) and not -ndim <= p.dim < ndim:
+            raise PlanFormatError(path, text, f"shards dim {p.dim} of a {ndim}-d tensor")
+        if isinstance(p, Partial):
+            if p.reduce_type not in REDUCE_TYPES:
+                raise PlanFormatError(path, text, f"has Partial reduce type {p.reduce_type!r}; known: {REDUCE_TYPES}")
+            kinds.add(p.reduce_type)
+    if len(kinds) > 1 and not kinds <= {"sum", "avg"}:
+        raise PlanFormatError(path, text, "mixes Partial reduce types that do not commute")
+
+
+def _check_shape(shape: Sequence[int], path: str) -> None:
+    if any(n < 0 for n in shape):
+        raise PlanFormatError(path, list(shape), "has a negative size")
+
+
+def _check_plan(plan: Plan) -> None:
+    """Whole-document checks: ids unique, references resolved, meshes and placements consistent."""
+    meshes: dict[int, PlanMesh] = {}
+    for i, m in enumerate(plan.meshes):
+        if m.id in meshes:
+            raise PlanFormatError(f"meshes[{i}].id", m.id, "repeats the id of an earlier mesh")
+        meshes[m.id] = m
+        if any(n < 1 for n in m.shape):
+            raise PlanFormatError(f"meshes[{i}].shape", list(m.shape), "has an axis of size < 1")
+        if len(m.dim_names) != len(m.shape):
+            raise PlanFormatError(
+                f"meshes[{i}].dim_names", list(m.dim_names), f"names {len(m.dim_names)} axes of a {len(m.shape)}-d mesh"
+            )
+        if len(set(m.dim_names)) != len(m.dim_names):
+            raise PlanFormatError(f"meshes[{i}].dim_names", list(m.dim_names), "repeats an axis name")
+        if _prod(m.shape) != len(m.process_ids):
+            raise PlanFormatError(
+                f"meshes[{i}].process_ids", list(m.process_ids), f"is not one rank per cell of shape {list(m.shape)}"
+            )
+        if any(r < 0 for r in m.process_ids):
+            raise PlanFormatError(f"meshes[{i}].process_ids", list(m.process_ids), "has a negative rank")
+        if len(set(m.process_ids)) != len(m.process_ids):
+            raise PlanFormatError(f"meshes[{i}].process_ids", list(m.process_ids), "repeats a rank")
+    tensors: dict[int, PlanTensor] = {}
+    for i, t in enumerate(plan.tensors):
+        if t.id in tensors:
+            raise PlanFormatError(f"tensors[{i}].id", t.id, "repeats the id of an earlier tensor")
+        tensors[t.id] = t
+        _check_shape(t.shape, f"tensors[{i}].shape")
+        if t.mesh is None:
+            continue
+        mesh = meshes[t.mesh]
+        _check_placements(t.placements, mesh, len(t.shape), f"tensors[{i}].placements")
+        if t.local_shapes and len(t.local_shapes) != len(mesh.process_ids):
+            raise PlanFormatError(
+                f"tensors[{i}].local_shapes", len(t.local_shapes), f"shapes for a mesh of {len(mesh.process_ids)} ranks"
+            )
+        for j, s in enumerate(t.local_shapes):
+            if len(s) != len(t.shape) or any(a < 0 or a > b for a, b in zip(s, t.shape, strict=True)):
+                raise PlanFormatError(
+                    f"tensors[{i}].local_shapes[{j}]", list(s), f"does not fit the tensor shape {list(t.shape)}"
+                )
+    for i, r in enumerate(plan.reshards):
+        if r.index != i:
+            raise PlanFormatError(f"reshards[{i}].index", r.index, f"is not its position {i} in the list")
+        for field_name, tid in (("tensor", r.tensor), ("new_tensor", r.new_tensor)):
+            if tid not in tensors:
+                raise PlanFormatError(f"reshards[{i}].{field_name}", tid, "names no tensor of the plan")
+        if r.op is not None and not 0 <= r.op < len(plan.ops):
+            raise PlanFormatError(f"reshards[{i}].op", r.op, "names no op of the plan")
+        if r.phase not in PHASES:
+            raise PlanFormatError(f"reshards[{i}].phase", r.phase, f"is not one of {PHASES}")
+        _check_shape(r.shape, f"reshards[{i}].shape")
+        src_mesh, dst_mesh = meshes[r.src_mesh], meshes[r.dst_mesh]
+        _check_placements(r.src, src_mesh, len(r.shape), f"reshards[{i}].src.placements")
+        _check_placements(r.dst, dst_mesh, len(r.shape), f"reshards[{i}].dst.placements")
+        ranks = set(src_mesh.process_ids) | set(dst_mesh.process_ids)
+        for j, s in enumerate(r.steps):
+            if len(set(s.axes)) != len(s.axes):
+                raise PlanFormatError(f"reshards[{i}].steps[{j}].axes", list(s.axes), "repeats an axis")
+            for a in s.axes:
+                if a not in src_mesh.dim_names:
+                    raise PlanFormatError(
+                        f"reshards[{i}].steps[{j}].axes", a,
+                        f"is not an axis of mesh {src_mesh.id} {list(src_mesh.dim_names)}",
+                    )
+            for k, piece in enumerate(s.pieces):
+                if len(piece) != 3 or piece[0] not in ranks or piece[1] not in ranks or piece[2] < 0:
+                    raise PlanFormatError(
+                        f"reshards[{i}].steps[{j}].pieces[{k}]", list(piece),
+                        "is not (src rank, dst rank, bytes) between the reshard's meshes",
+                    )
+    for i, o in enumerate(plan.ops):
+        for j, ri in enumerate(o.reshards):
+            if not 0 <= ri < len(plan.reshards):
+                raise PlanFormatError(f"ops[{i}].reshards[{j}]", ri, "names no reshard of the plan")

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpipar.pipeline.actions import TOKEN_RE, matching, parse_action
+from mpipar.untrusted import FileFormatError, parse_json, read_bounded
 
 FORMAT = "mpipar.timeline"
 VERSION = 1
@@ -52,16 +53,17 @@ TIME_UNITS = ("s", "unit")
 _CHROME_US_PER = {"s": 1e6, "unit": 1e3}  # one virtual time unit shows as one millisecond
 
 
-class TimelineFormatError(ValueError):
+MAX_TIMELINE_INT = 1 << 62
+"""Ranks, stages, microbatches and peers at or beyond this are refused."""
+MAX_TIMELINE_STR = 1 << 16
+"""Longer span names are refused: they are a flood, not a label."""
+
+
+class TimelineFormatError(FileFormatError):
     """A timeline file or dict that does not follow the format. ``field`` is the path at fault."""
 
-    def __init__(self, field_path: str, value: Any, problem: str) -> None:
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        super().__init__(f"timeline field {field_path}: {shown} {problem}")
-        self.field = field_path
-        self.value = value
+    def __init__(self, field_path: str, value: Any, problem: str, source: str | None = None) -> None:
+        super().__init__("timeline", field_path, value, problem, source)
 
 
 @dataclass(frozen=True)
@@ -340,6 +342,8 @@ class Timeline:
             raise TimelineFormatError("ranks", ranks, "is not a list of rank ids")
         for i, r in enumerate(ranks):
             _check_rank(r, f"ranks[{i}]")
+        if len(set(ranks)) != len(ranks):
+            raise TimelineFormatError("ranks", ranks, "repeats a rank")
         spans_data = data.get("spans")
         if not isinstance(spans_data, list):
             raise TimelineFormatError("spans", spans_data, "is not a list of spans")
@@ -357,6 +361,7 @@ class Timeline:
         meta = data.get("meta", {})
         if not isinstance(meta, Mapping):
             raise TimelineFormatError("meta", meta, "is not a JSON object")
+        _check_lane_ranks(meta.get("lane_ranks"))
         return cls(spans, ranks=ranks, memory=memory, time_unit=time_unit, meta=meta)
 
     def to_json(self, indent: int | None = None) -> str:
@@ -369,21 +374,26 @@ class Timeline:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Timeline:
-        """Read a timeline file; a malformed one raises ``TimelineFormatError`` naming the field."""
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        return cls.from_json(text, source=str(path))
+        """Read a timeline file from anywhere; every refusal is a ``TimelineFormatError`` naming the file."""
+        name = os.fspath(path)
+        try:
+            data = read_bounded(name, kind="timeline")
+        except FileFormatError as exc:
+            raise TimelineFormatError(exc.field, exc.value, exc.problem, name) from None
+        return cls.from_json(data, source=name)
 
     @classmethod
-    def from_json(cls, text: str, source: str = "<string>") -> Timeline:
+    def from_json(cls, text: str | bytes, source: str = "<string>") -> Timeline:
+        """Parse through ``mpipar.untrusted.parse_json`` (depth cap, bounded numbers, UTF-8), then check."""
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TimelineFormatError(
-                "<file>", source, f"is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); "
-                "is the file truncated?"
-            ) from None
-        return cls.from_dict(data)
+            data = parse_json(text, kind="timeline", source=source)
+            return cls.from_dict(data)
+        except TimelineFormatError as exc:
+            if exc.source is not None:
+                raise
+            raise TimelineFormatError(exc.field, exc.value, exc.problem, source) from None
+        except FileFormatError as exc:
+            raise TimelineFormatError(exc.field, exc.value, exc.problem, source) from None
 
     # ------------------------------------------------------------------ Chrome trace
     def to_chrome_trace(self) -> dict[str, Any]:
@@ -515,12 +525,32 @@ def _as_action(name: str) -> Any:
 
 
 def _check_rank(value: Any, path: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TimelineFormatError(path, value, "is not a non-negative integer rank")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_TIMELINE_INT:
+        raise TimelineFormatError(path, value, "is not an integer rank in [0, 2^62)")
+
+
+def _check_lane_ranks(value: Any) -> None:
+    """``meta.lane_ranks`` (lane -> the ranks of its stage mesh), which the dashboard labels lanes with."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise TimelineFormatError("meta.lane_ranks", value, "is not an object of lane -> list of ranks")
+    for lane, members in value.items():
+        if not isinstance(members, list):
+            raise TimelineFormatError(f"meta.lane_ranks.{lane}", members, "is not a list of ranks")
+        for i, r in enumerate(members):
+            _check_rank(r, f"meta.lane_ranks.{lane}[{i}]")
+
+
+def _check_exact_float(value: Any, path: str) -> None:
+    """Memory curves are stored as floats: an integer no float holds exactly would load changed."""
+    if isinstance(value, int) and float(value) != value:
+        raise TimelineFormatError(path, value, "is an integer no float holds exactly; write it as a float")
 
 
 def _check_time(value: Any, path: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    # A huge int would overflow math.isfinite itself; 1e300 bounds both kinds.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not -1e300 <= value <= 1e300:
         raise TimelineFormatError(path, value, "is not a finite number")
 
 
@@ -534,16 +564,20 @@ def _check_span(item: Any, path: str) -> None:
         if key not in item:
             raise TimelineFormatError(f"{path}.{key}", None, "is missing")
     _check_rank(item["rank"], f"{path}.rank")
-    if not isinstance(item["name"], str) or not item["name"]:
-        raise TimelineFormatError(f"{path}.name", item["name"], "is not a non-empty string")
+    if not isinstance(item["name"], str) or not item["name"] or len(item["name"]) > MAX_TIMELINE_STR:
+        raise TimelineFormatError(
+            f"{path}.name", item["name"], f"is not a non-empty string of at most {MAX_TIMELINE_STR} characters"
+        )
     if item["kind"] not in SPAN_KINDS:
         raise TimelineFormatError(f"{path}.kind", item["kind"], f"is not one of {', '.join(SPAN_KINDS)}")
     if item["track"] not in TRACKS:
         raise TimelineFormatError(f"{path}.track", item["track"], f"is not one of {', '.join(TRACKS)}")
     for key in ("stage", "microbatch", "peer"):
         value = item.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise TimelineFormatError(f"{path}.{key}", value, "is not a non-negative integer or null")
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_TIMELINE_INT
+        ):
+            raise TimelineFormatError(f"{path}.{key}", value, "is not an integer in [0, 2^62) or null")
     _check_time(item["start"], f"{path}.start")
     _check_time(item["end"], f"{path}.end")
     if item["end"] < item["start"]:
@@ -569,6 +603,7 @@ def _check_memory_rank(item: Any, path: str, categories: Sequence[str]) -> None:
         raise TimelineFormatError(f"{path}.times", times, "is not a non-empty list of times")
     for i, t in enumerate(times):
         _check_time(t, f"{path}.times[{i}]")
+        _check_exact_float(t, f"{path}.times[{i}]")
         if i and t < times[i - 1]:
             raise TimelineFormatError(f"{path}.times[{i}]", t, f"is before the previous time {times[i - 1]!r}")
     values = item["bytes"]
@@ -584,8 +619,9 @@ def _check_memory_rank(item: Any, path: str, categories: Sequence[str]) -> None:
                 f"{path}.bytes.{cat}", series, f"is not a list of {len(times)} byte counts (one per time)"
             )
         for i, v in enumerate(series):
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1e300:
                 raise TimelineFormatError(f"{path}.bytes.{cat}[{i}]", v, "is not a finite non-negative byte count")
+            _check_exact_float(v, f"{path}.bytes.{cat}[{i}]")
 
 
 def _read_memory(data: Any, ranks: set[int]) -> list[MemoryCurve]:
@@ -597,6 +633,8 @@ def _read_memory(data: Any, ranks: set[int]) -> list[MemoryCurve]:
     for i, cat in enumerate(categories):
         if cat not in MEMORY_CATEGORIES:
             raise TimelineFormatError(f"memory.categories[{i}]", cat, f"is not one of {', '.join(MEMORY_CATEGORIES)}")
+        if cat in categories[:i]:
+            raise TimelineFormatError(f"memory.categories[{i}]", cat, "repeats a category")
     per_rank = data.get("ranks")
     if not isinstance(per_rank, list):
         raise TimelineFormatError("memory.ranks", per_rank, "is not a list of per-rank curves")

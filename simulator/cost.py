@@ -269,12 +269,12 @@ class HardwareProfile:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> HardwareProfile:
-        with open(path, encoding="utf-8") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
-        return cls.from_dict(data, source=str(path))
+        """Read a profile file through ``mpipar.untrusted`` (regular file, size/depth caps, bounded numbers)."""
+        from mpipar.untrusted import load_json  # local: keeps this edit out of the module's import block
+
+        name = os.fspath(path)
+        data = load_json(name, kind="profile", max_bytes=1 << 20)
+        return cls.from_dict(data, source=name)
 
 
 def _dtype_name(dtype: Any) -> str:

@@ -44,6 +44,7 @@ from viz.simulate import (  # noqa: E402
     plan_microbatches,
     simulate_plan_lanes,
 )
+from viz.tables import arrow_safe  # noqa: E402
 
 VIEWS = ("Layout", "Propagation", "Reshard stepper", "Communication", "Pipeline", "Memory", "What-if")
 ALL = "(all)"
@@ -164,7 +165,7 @@ def view_layout(plan: Plan) -> None:
     _downloads(lambda: layout.tensor_tiles_figure(spec, t.name or f"#{t.id}", dims, at),
                lambda: layout.layout_text(spec, t.name or f"#{t.id}", size, dims, at), f"layout-{t.id}", "layout")
     with st.expander("What each rank holds"):
-        st.dataframe(layout.rank_table(spec, size), hide_index=True)
+        st.dataframe(arrow_safe(layout.rank_table(spec, size)), hide_index=True)
 
 
 def view_propagation(plan: Plan) -> None:
@@ -184,7 +185,7 @@ def view_propagation(plan: Plan) -> None:
     if rows:
         import pandas as pd
 
-        frame = pd.DataFrame(rows)
+        frame = pd.DataFrame(arrow_safe(rows))
 
         def highlight(row: Any) -> list[str]:
             color = "background-color: #FDE2C4" if row["row"] == "reshard" else ""
@@ -223,7 +224,7 @@ def view_comm(plan: Plan) -> None:
     _downloads(lambda: comm.comm_figure(plan), lambda: comm.comm_text(plan), "communication", "comm")
     rows = comm.comm_table(plan)
     if rows:
-        st.dataframe(rows, hide_index=True)
+        st.dataframe(arrow_safe(rows), hide_index=True)
     phase = st.radio("Traffic of", [ALL, "forward", "backward", "optimizer"], horizontal=True, key="traffic_phase")
     ph = None if phase == ALL else phase
     _show(comm.traffic_figure(plan, ph))
@@ -251,7 +252,7 @@ def view_pipeline(plan: Plan, plan_key: str, main: Timeline | None, overlay: Tim
                        "application/json", key="chrome", on_click="ignore")
     if overlay is None:
         st.caption("Load a measured timeline (meta.source = \"measured\") to overlay it on the prediction.")
-    st.dataframe(timeline_view.bubble_rows(main), hide_index=True)
+    st.dataframe(arrow_safe(timeline_view.bubble_rows(main)), hide_index=True)
     if not kinds:
         return
     st.subheader("Two schedules side by side")
@@ -318,12 +319,40 @@ def _rank_peaks(key: str, _plan: Plan) -> list[dict[str, Any]]:
     return memory.rank_peaks(_plan)
 
 
-def view_whatif(plan: Plan, main: Timeline | None) -> None:
-    base = SampleConfig(**{k: v for k, v in (plan.meta.get("config") or {}).items() if k in SampleConfig.__annotations__}) \
-        if plan.meta.get("builder") == "viz.sample" else SampleConfig()
+WHATIF_KINDS = ("FThenB", "1F1B", "Interleaved1F1B", "ZBH1")
+_WHATIF_BOUNDS = {"dp": 64, "tp": 64, "pp": 16, "microbatches": 256, "hidden": 1 << 16, "batch": 1 << 16}
+
+
+def _whatif_base(plan: Plan) -> tuple[SampleConfig, str | None]:
+    """The sample configuration a plan's ``meta.config`` names, or the defaults and why.
+
+    The plan may come from anywhere: its config is untrusted, so it is used only when it is a
+    valid sample configuration within the widgets' bounds (a huge ``hidden`` would re-trace
+    for ever, an unknown schedule would fail the selectbox).
+    """
     if plan.meta.get("builder") != "viz.sample":
-        st.warning("This plan was not made by the built-in sample, so its model cannot be re-traced here; "
-                   "the what-if plans are the sample's model, compared with the loaded plan.")
+        return SampleConfig(), ("This plan was not made by the built-in sample, so its model cannot be re-traced "
+                                "here; the what-if plans are the sample's model, compared with the loaded plan.")
+    config = plan.meta.get("config")
+    if not isinstance(config, dict):
+        return SampleConfig(), f"The plan's meta.config {config!r:.80} is not an object; using the sample's defaults."
+    try:
+        base = SampleConfig(**{k: v for k, v in config.items() if k in SampleConfig.__annotations__})
+    except (TypeError, ValueError, KeyError) as exc:
+        return SampleConfig(), f"The plan's meta.config is not a sample configuration ({exc}); using the defaults."
+    for name, bound in _WHATIF_BOUNDS.items():
+        if getattr(base, name) > bound:
+            return SampleConfig(), (f"The plan's meta.config.{name} = {getattr(base, name)!r:.40} is over the what-if "
+                                    f"limit of {bound}; using the sample's defaults.")
+    if base.schedule not in WHATIF_KINDS:
+        return SampleConfig(), f"The plan's schedule {base.schedule!r} has no what-if here; using the defaults."
+    return base, None
+
+
+def view_whatif(plan: Plan, main: Timeline | None) -> None:
+    base, note = _whatif_base(plan)
+    if note:
+        st.warning(note)
     st.caption("Change the knobs: the sample is re-traced in shape-only mode and re-simulated (cached).")
     c = st.columns(4)
     dp = c[0].number_input("dp", 1, 64, base.dp, key="wi_dp")
@@ -331,8 +360,7 @@ def view_whatif(plan: Plan, main: Timeline | None) -> None:
     pp = c[2].number_input("pp", 1, 16, base.pp, key="wi_pp")
     m = c[3].number_input("micro-batches", 1, 256, base.microbatches, key="wi_m")
     c = st.columns(4)
-    kinds = ["FThenB", "1F1B", "Interleaved1F1B", "ZBH1"]
-    kind = c[0].selectbox("schedule", kinds, index=kinds.index(base.schedule), key="wi_kind")
+    kind = c[0].selectbox("schedule", WHATIF_KINDS, index=WHATIF_KINDS.index(base.schedule), key="wi_kind")
     offered = [z for z in ZERO_STAGES if f"zero={z}" not in UNSUPPORTED]
     zero = c[1].selectbox("ZeRO stage", offered, index=offered.index(base.zero) if base.zero in offered else 0,
                           key="wi_zero", help=f"ZeRO-3 is not offered: {UNSUPPORTED['zero=3']}")
@@ -349,7 +377,7 @@ def view_whatif(plan: Plan, main: Timeline | None) -> None:
         st.error(f"cannot build this what-if: {exc}")
         return
     rows = whatif.diff_rows(whatif.plan_metrics(plan, main), whatif.plan_metrics(new_plan, new_t))
-    st.dataframe([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows], hide_index=True)
+    st.dataframe(arrow_safe({k: v for k, v in r.items() if not k.startswith("_")} for r in rows), hide_index=True)
     _show(whatif.diff_figure(rows))
     _downloads(lambda: whatif.diff_figure(rows), lambda: whatif.diff_text(rows), "what-if", "whatif")
     with st.expander("What-if pipeline timeline"):
