@@ -311,6 +311,9 @@ class Tensor:
             raise ValueError(f"{self._label()} has no values: it was built in shape-only mode (planning, estimating)")
         if self._value is not None:  # dense, or one big device under --reference
             return self._value
+        if rank is None and len(self._shards) > 1:
+            # a per-rank program in the simulator (simulator.per_rank) means its own rank
+            rank = getattr(current_backend(), "program_rank", None)
         if rank is None:
             if len(self._shards) != 1:
                 raise ValueError(
@@ -604,6 +607,9 @@ def dtensor_from_local(
         if missing:
             raise ValueError(f"dtensor_from_local: no shard given for hosted rank(s) {missing} of {mesh}")
         given = {r: local[r] for r in hosted}
+    elif hasattr(backend, "assemble_locals"):
+        # a per-rank program in the simulator: the other ranks' pieces are in their threads
+        given = backend.assemble_locals(mesh, local)
     else:
         given = {r: local for r in hosted}
     arrays = {r: np.asarray(a) if not hasattr(a, "__cuda_array_interface__") else a for r, a in given.items()}
