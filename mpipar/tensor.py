@@ -329,6 +329,19 @@ class Tensor:
                 f"hosted ranks here: {list(self._shards)}"
             ) from None
 
+    def set_value(self, value: Any) -> None:
+        """Replace a dense tensor's values in place (Paddle's ``Tensor.set_value``): same shape and
+        dtype; a manual-mode program writes parameters it rebuilt from shards this way."""
+        if self.is_dist or self._abstract:
+            raise ValueError(f"set_value: {self._label()} is not a dense tensor with values; reshard or rebuild it instead")
+        new = np.asarray(value)
+        if tuple(new.shape) != tuple(self.shape) or new.dtype != self.dtype:
+            raise ValueError(
+                f"set_value: {self._label()} is {self.dtype}{list(self.shape)}, the value is {new.dtype}{list(new.shape)}; "
+                "pass one of the same shape and dtype"
+            )
+        self._value = freeze(np.array(new, copy=True))
+
     def _local_value(self) -> Array:
         return self.local_tensor()
 
