@@ -78,6 +78,7 @@ class _Slot:
     seq: int
     calls: dict[int, str] = field(default_factory=dict)
     payload: dict[int, Any] = field(default_factory=dict)
+    arrived: dict[int, float] = field(default_factory=dict)
     results: dict[int, Any] | None = None
 
 
@@ -103,7 +104,7 @@ class PerRankWorld:
         self.error: BaseException | None = None
         self.slots: dict[tuple[Group, int], _Slot] = {}
         self.seq: dict[tuple[int, Group], int] = defaultdict(int)
-        self.manual = VirtualCommunicator()
+        self.manual = _ManualComm()
         self._initial: tuple[Any, ...] = _fresh_state()
 
     # ------------------------------------------------------------------ process-wide state
@@ -245,9 +246,14 @@ class PerRankWorld:
             break
         slot.calls[rank] = mine
         slot.payload[rank] = payload
+        slot.arrived[rank] = comm.span_clock() if comm._span_recorders else 0.0
         if len(slot.payload) == len(group):
             del self.slots[(group, seq)]
             slot.results = dict(compute(slot.payload))
+            # one span per member, from its arrival: a timeline shows who waited for whom
+            label = f"{mine.split(' ')[0]} on {list(group)}"
+            for r in group:
+                Communicator._span(label, (r,), slot.arrived[r])
         else:
 
             def describe() -> str:
@@ -263,6 +269,7 @@ class PerRankWorld:
 
     def recv(self, rank: int, src: int, shape: Shape, dtype: np.dtype) -> Array:
         box = (src, rank, 0)
+        start = comm.span_clock() if comm._span_recorders else 0.0
         self.block(
             rank,
             _Wait(
@@ -271,9 +278,20 @@ class PerRankWorld:
             ),
         )
         try:
-            return self.manual.recv(src, rank, shape, dtype)
+            value = self.manual._recv(src, rank, tuple(shape), np.dtype(dtype), 0)
         except RuntimeError as exc:
             raise ManualModeError(f"send/recv mismatch: {exc}") from None
+        Communicator._span(f"recv from {src}", (rank,), start, "RECV", src)  # the wait included
+        return value
+
+
+class _ManualComm(VirtualCommunicator):
+    """Manual collectives' communicator: events as usual; spans come from ``PerRankWorld``
+    (per member, from its arrival), not from the one call that computes them all."""
+
+    @classmethod
+    def _span_group(cls, label: str, group: Any, hosted: Any, start: float) -> None:
+        return None
 
 
 class _Transport:
