@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mpipar import autograd
+from mpipar import autograd, hooks
 from mpipar.backend import Backend, current_backend
 from mpipar.comm import Array, Shape
 from mpipar.reshard.executor import freeze
@@ -287,6 +287,34 @@ def _all_reduce_value(tp: ManualTransport, members: tuple[int, ...], value: Arra
     return tp.all_reduce(members, value, op)
 
 
+# ---------------------------------------------------------------------- traced plans
+def _traced(
+    call: str,
+    members: tuple[int, ...],
+    kind: str,
+    reduce_type: str | None,
+    placements: tuple[str, str],
+    tensor: Any,
+    nbytes: int,
+    pieces: tuple[tuple[int, int, int], ...] = (),
+) -> None:
+    """Report one manual call to the plan recorders (``dist.trace``), as a one-step reshard.
+
+    Under MPI every process reports its own calls. Per-rank programs in the simulator share
+    one set of recorders, so only the group's first member reports: one entry per call, as
+    ``CommDebugMode`` has one event per call.
+    """
+    recorders = [h for h in hooks.reshard_hooks if hasattr(h, "on_manual_collective")]
+    if not recorders:
+        return
+    backend = current_backend()
+    if getattr(backend, "program_rank", None) is not None and backend.rank != members[0]:
+        return
+    t = tensor if isinstance(tensor, Tensor) else Tensor(np.asarray(tensor))
+    for rec in recorders:
+        rec.on_manual_collective(call, members, kind, reduce_type, placements[0], placements[1], t, nbytes, pieces)
+
+
 # ---------------------------------------------------------------------- the collectives
 def barrier(group: Group | None = None) -> None:
     """Block until every member of ``group`` reaches the barrier."""
@@ -302,6 +330,10 @@ def all_reduce(tensor: Any, op: str = ReduceOp.SUM, group: Group | None = None, 
     value = _read(tensor, "all_reduce tensor")
     if members is not None and len(members) > 1:
         _write(tensor, _all_reduce_value(_transport("all_reduce"), members, value, op), "all_reduce tensor")
+        if op == ReduceOp.PROD:  # travels as an all_gather (see _all_reduce_value)
+            _traced("all_reduce(prod)", members, "all_gather", None, ("S(0)", "R"), tensor, value.nbytes * len(members))
+        else:
+            _traced("all_reduce", members, "all_reduce", op, (f"P({op})", "R"), tensor, value.nbytes)
     return _DONE
 
 
@@ -312,6 +344,8 @@ def broadcast(tensor: Any, src: int, group: Group | None = None, sync_op: bool =
     if members is not None and len(members) > 1:
         root = _check_rank(src, members, "broadcast", "src")
         _write(tensor, _transport("broadcast").broadcast(members, value, root), "broadcast tensor")
+        sends = tuple((root, r, int(value.nbytes)) for r in members if r != root)
+        _traced("broadcast", members, "transfer", None, (f"R on rank {root}", "R"), tensor, value.nbytes, sends)
     return _DONE
 
 
@@ -330,6 +364,8 @@ def reduce(tensor: Any, dst: int, op: str = ReduceOp.SUM, group: Group | None = 
             result = tp.reduce(members, value, op, root)
         if result is not None:
             _write(tensor, result, "reduce tensor")
+        sends = tuple((r, root, int(value.nbytes)) for r in members if r != root)
+        _traced("reduce", members, "transfer", None, (f"P({op})", f"R on rank {root}"), tensor, value.nbytes, sends)
     return _DONE
 
 
@@ -341,6 +377,8 @@ def all_gather(tensor_list: Any, tensor: Any, group: Group | None = None, sync_o
     if members is None:
         return _DONE
     pieces = [value] if len(members) == 1 else _transport("all_gather").all_gather(members, value)
+    if len(members) > 1:
+        _traced("all_gather", members, "all_gather", None, ("S(0)", "R"), tensor, value.nbytes * len(members))
     if isinstance(tensor_list, list):
         tensor_list.clear()
         tensor_list.extend(_like(tensor, p) for p in pieces)
@@ -382,6 +420,8 @@ def reduce_scatter(
     else:
         result = _transport("reduce_scatter").reduce_scatter(members, chunks, op)
     _write(tensor, result, "reduce_scatter tensor")
+    if len(members) > 1:
+        _traced("reduce_scatter", members, "reduce_scatter", op, (f"P({op})", "S(0)"), tensor, result.nbytes)
     return _DONE
 
 
@@ -404,6 +444,9 @@ def alltoall(in_tensor_list: Any, out_tensor_list: Any, group: Group | None = No
     else:
         raise ManualCallError("alltoall: out_tensor_list must be an empty list or a list of one tensor per member")
     pieces = chunks if n == 1 else _transport("alltoall").all_to_all(members, chunks, shapes)
+    if n > 1:
+        received = sum(int(p.nbytes) for p in pieces)
+        _traced("alltoall", members, "all_to_all", None, ("S(0)", "S(0)"), chunks[0], received)
     if given:
         for i, (t, p) in enumerate(zip(out_tensor_list, pieces, strict=True)):
             _write(t, p, f"alltoall out_tensor_list[{i}]")
@@ -435,6 +478,7 @@ def scatter(tensor: Any, tensor_list: Any = None, src: int = 0, group: Group | N
     shapes = [tuple(value.shape) if r == root else (0,) for r in members]
     pieces = _transport("scatter").all_to_all(members, chunks, shapes)
     _write(tensor, pieces[members.index(root)], "scatter tensor")
+    _traced("scatter", members, "all_to_all", None, (f"S(0) on rank {root}", "S(0)"), tensor, value.nbytes)
     return _DONE
 
 
@@ -455,6 +499,7 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int = 0, grou
         chunks = [value if r == root else empty for r in members]
         shapes = [tuple(value.shape) if me == root else (0,) for _ in members]
         pieces = _transport("gather").all_to_all(members, chunks, shapes)
+        _traced("gather", members, "all_to_all", None, ("S(0)", f"S(0) on rank {root}"), tensor, value.nbytes)
     if me == root and gather_list is not None:
         gather_list.clear()
         gather_list.extend(_like(tensor, p) for p in pieces)
@@ -474,7 +519,11 @@ def _peer(rank: int, call: str, name: str) -> int:
 def send(tensor: Any, dst: int = 0, group: Group | None = None, sync_op: bool = True) -> Task:
     """Send ``tensor`` to rank ``dst`` (buffered: it returns once the data is handed over)."""
     peer = _peer(dst, "send", "dst")
-    _transport("send").send(peer, np.array(_read(tensor, "send tensor"), copy=True))
+    value = np.array(_read(tensor, "send tensor"), copy=True)
+    _transport("send").send(peer, value)
+    me = current_backend().rank
+    _traced("send", (me, peer), "transfer", None, (f"R on rank {me}", f"R on rank {peer}"), tensor, value.nbytes,
+            ((me, peer, int(value.nbytes)),))  # fmt: skip
     return _DONE
 
 

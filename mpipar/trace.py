@@ -116,6 +116,33 @@ class PlanRecorder:
         )
         self._pending = []
 
+    def on_manual_collective(
+        self,
+        call: str,
+        group: tuple[int, ...],
+        kind: str,
+        reduce_type: str | None,
+        src: str,
+        dst: str,
+        tensor: Tensor,
+        bytes_per_rank: float,
+        pieces: tuple[tuple[int, int, int], ...] = (),
+    ) -> None:
+        """A manual collective (``mpipar.collective``) as a one-step reshard on its group's
+        1-D mesh (axis ``group``), so plan views count it with the reshards' communication."""
+        key = ((len(group),), tuple(group), ("group",))
+        if key not in self._meshes:
+            self._meshes[key] = PlanMesh(len(self._meshes), *key)
+        mesh = self._meshes[key].id
+        tid = self.tensor_id(tensor)
+        step = PlanStep(kind, ("group",), reduce_type, src, dst, float(bytes_per_rank), pieces)
+        self._reshards.append(
+            PlanReshard(
+                len(self._reshards), None, tid, tid, f"manual {call} on group {list(group)}", hooks.current_phase(),
+                tuple(tensor.shape), str(tensor.dtype), mesh, src, mesh, dst, float(bytes_per_rank), (step,),
+            )
+        )
+
     # ------------------------------------------------------------------ result
     def plan(self) -> Plan:
         return Plan(

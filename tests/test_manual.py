@@ -327,3 +327,37 @@ def test_manual_examples_print_one_devices_losses(kind: str, n: int) -> None:
         assert g[0] == w[0] == o[0]
         np.testing.assert_allclose([float(v) for v in g[1:]], [float(v) for v in w[1:]], rtol=1e-9)
         np.testing.assert_allclose([float(v) for v in o[1:]], [float(v) for v in w[1:]], rtol=1e-9)
+
+
+def test_traced_plans_count_manual_collectives_like_reshards(tmp_path: object) -> None:
+    from mpipar.plan import Plan
+    from mpipar.trace import trace
+    from viz.comm import comm_table
+
+    def program(me: int) -> Plan:
+        with trace() as rec:
+            t = dist.to_tensor(np.ones(6, "float32"))
+            dist.all_reduce(t)
+            dist.all_gather([], t)
+            out = dist.to_tensor(np.zeros(3, "float32"))
+            dist.reduce_scatter(out, t)
+            dist.broadcast(t, src=1)
+            if me == 0:
+                dist.send(t, dst=1)
+            elif me == 1:
+                dist.recv(t, src=0)
+        return rec.plan()
+
+    plans = per_rank(2, program)
+    plan = plans[0]
+    assert plan.comm_counts() == {"all_reduce": 1, "all_gather": 1, "reduce_scatter": 1, "transfer": 2}
+    assert [r.reason for r in plan.reshards] == [
+        "manual all_reduce on group [0, 1]", "manual all_gather on group [0, 1]",
+        "manual reduce_scatter on group [0, 1]", "manual broadcast on group [0, 1]", "manual send on group [0, 1]",
+    ]  # fmt: skip
+    assert plan.reshards[3].steps[0].pieces == ((1, 0, 24),)
+    path = f"{tmp_path}/plan.json"
+    plan.save(path)
+    again = Plan.load(path)
+    rows = {(row["collective"], row["axes"]): row["count"] for row in comm_table(again)}
+    assert rows == {("all_reduce", "group"): 1, ("all_gather", "group"): 1, ("reduce_scatter", "group"): 1, ("transfer", "group"): 2}
