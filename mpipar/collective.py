@@ -298,17 +298,10 @@ def _traced(
     nbytes: int,
     pieces: tuple[tuple[int, int, int], ...] = (),
 ) -> None:
-    """Report one manual call to the plan recorders (``dist.trace``), as a one-step reshard.
-
-    Under MPI every process reports its own calls. Per-rank programs in the simulator share
-    one set of recorders, so only the group's first member reports: one entry per call, as
-    ``CommDebugMode`` has one event per call.
-    """
+    """Report this rank's manual call to the plan recorders (``mpipar.trace``), as a one-step
+    reshard; a recorder keeps the calls of the rank whose program opened it."""
     recorders = [h for h in hooks.reshard_hooks if hasattr(h, "on_manual_collective")]
     if not recorders:
-        return
-    backend = current_backend()
-    if getattr(backend, "program_rank", None) is not None and backend.rank != members[0]:
         return
     t = tensor if isinstance(tensor, Tensor) else Tensor(np.asarray(tensor))
     for rec in recorders:

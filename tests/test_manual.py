@@ -356,6 +356,9 @@ def test_traced_plans_count_manual_collectives_like_reshards(tmp_path: object) -
         "manual reduce_scatter on group [0, 1]", "manual broadcast on group [0, 1]", "manual send on group [0, 1]",
     ]  # fmt: skip
     assert plan.reshards[3].steps[0].pieces == ((1, 0, 24),)
+    # each rank's recorder keeps its own program's calls, as each process's does under MPI
+    assert plans[1].comm_counts() == {"all_reduce": 1, "all_gather": 1, "reduce_scatter": 1, "transfer": 1}
+    assert not plans[0].ops and not plans[1].ops  # no op ran inside the traces
     path = f"{tmp_path}/plan.json"
     plan.save(path)
     again = Plan.load(path)
