@@ -163,7 +163,7 @@ class CommTransport:
 
 
 # ---------------------------------------------------------------------- world and groups
-_groups: list[Group] = []
+_groups: dict[tuple[int, ...], int] = {}
 
 
 def _world() -> tuple[int, ...]:
@@ -184,9 +184,11 @@ def new_group(ranks: Sequence[int] | None = None, backend: str | None = None, ti
         )
     if len(set(members)) != len(members):
         raise ManualCallError(f"new_group(ranks={list(members)}): a rank is listed twice")
-    group = Group(members, id=len(_groups) + 1)
-    _groups.append(group)
-    return group
+    # The id is the group's first creation's: the same on every rank (they create groups in the
+    # same order) and the same for every thread of per-rank programs.
+    if members not in _groups:
+        _groups[members] = len(_groups) + 1
+    return Group(members, id=_groups[members])
 
 
 def _members(group: Group | None, call: str) -> tuple[int, ...] | None:

@@ -220,6 +220,10 @@ def test_non_members_are_untouched_and_groups_have_paddle_fields() -> None:
         return float(t.numpy()[0]), group.rank, group.nranks
 
     assert per_rank(3, program) == {0: (4.0, 1, 2), 1: (2.0, -1, 2), 2: (4.0, 0, 2)}
+    ids = per_rank(3, lambda me: (dist.new_group([0, 1]).id, dist.new_group([1, 2]).id, dist.new_group([0, 1]).id))
+    assert len(set(ids.values())) == 1  # the same ids on every rank
+    first, second, again = ids[0]  # type: ignore[misc]
+    assert first == again != second
 
 
 def test_comm_debug_mode_sees_each_manual_collective_once() -> None:
