@@ -6,7 +6,8 @@
 Every rank can compute every rank's input (``value(rank, tag, ...)`` is deterministic), so
 each rank checks its own results against NumPy. Inputs are small integers in every dtype, so
 sums and products are exact and the results must be equal, not close. Shapes are uneven
-(odd lengths, pieces of different sizes). Prints ``manual cases ok <n>`` per rank.
+(odd lengths, pieces of different sizes). Dtypes: float16/32/64, int32/64, complex128 (no
+max/min for complex; avg only for floating and complex). Prints ``manual cases ok <n>`` per rank.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import numpy as np
 
 import mpipar as dist
 
-DTYPES = ("float32", "float64", "int32", "int64")
+DTYPES = ("float16", "float32", "float64", "int32", "int64", "complex128")
 
 
 def value(rank: int, tag: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     rng = np.random.default_rng([rank, tag])
-    return rng.integers(-3, 4, shape).astype(dtype)
+    real = rng.integers(-3, 4, shape)
+    if np.dtype(dtype).kind == "c":
+        return (real + 1j * rng.integers(-3, 4, shape)).astype(dtype)
+    return real.astype(dtype)
 
 
 def fold(arrays: list[np.ndarray], op: str) -> np.ndarray:
@@ -45,7 +49,8 @@ def run_cases() -> int:
     checked = 0
     tag = 0
     for dtype in DTYPES:
-        ops = ["sum", "max", "min", "prod"] + (["avg"] if dtype.startswith("float") else [])
+        kind = np.dtype(dtype).kind
+        ops = (["sum", "prod"] if kind == "c" else ["sum", "max", "min", "prod"]) + (["avg"] if kind in "fc" else [])
         for op in ops:
             tag += 1
             t = dist.to_tensor(value(me, tag, (7,), dtype))
@@ -82,8 +87,8 @@ def run_cases() -> int:
         tag += 1
         pieces = [value(me, tag * 100 + i, (i + 1, 2), dtype) for i in world]
         out = dist.to_tensor(np.zeros((me + 1, 2), dtype))
-        dist.reduce_scatter(out, [dist.to_tensor(p) for p in pieces], op="max")
-        same(out, fold([value(r, tag * 100 + me, (me + 1, 2), dtype) for r in world], "max"), f"reduce_scatter list {dtype}")
+        dist.reduce_scatter(out, [dist.to_tensor(p) for p in pieces], op="sum")
+        same(out, fold([value(r, tag * 100 + me, (me + 1, 2), dtype) for r in world], "sum"), f"reduce_scatter list {dtype}")
         whole = np.concatenate([value(me, tag * 100 + i, (2,), dtype) for i in world])
         out = dist.to_tensor(np.zeros((2,), dtype))
         dist.reduce_scatter(out, dist.to_tensor(whole))
