@@ -42,6 +42,7 @@ from mpipar.backend import Backend, current_backend
 from mpipar.comm import Array, Shape
 from mpipar.reshard.executor import freeze
 from mpipar.tensor import Tensor
+from mpipar.xp import to_numpy
 
 Group_ = tuple[int, ...]
 
@@ -128,38 +129,54 @@ class ManualTransport(Protocol):
 
 
 class CommTransport:
-    """Manual calls over a ``Communicator`` that hosts exactly this process's rank (MPI, NCCL)."""
+    """Manual calls over a ``Communicator`` that hosts exactly this process's rank (MPI, NCCL).
+
+    Buffers go in as the backend's arrays (``backend.xp``: NumPy under MPI, CuPy under NCCL)
+    and results come back as NumPy, the arrays dense tensors hold.
+    """
 
     def __init__(self, backend: Backend) -> None:
         self.comm = backend.comm
         self.me = backend.rank
+        self.xp = backend.xp
+
+    def _in(self, a: Array) -> Array:
+        return a if self.xp is np else self.xp.asarray(a)
+
+    @staticmethod
+    def _out(a: Array) -> Array:
+        return to_numpy(a)
 
     def all_reduce(self, group: Group_, buf: Array, op: str) -> Array:
-        return self.comm.all_reduce(group, {self.me: buf}, op)[self.me]
+        return self._out(self.comm.all_reduce(group, {self.me: self._in(buf)}, op)[self.me])
 
     def all_gather(self, group: Group_, buf: Array) -> list[Array]:
-        return list(self.comm.all_gather(group, {self.me: buf}, [tuple(buf.shape)] * len(group))[self.me])
+        pieces = self.comm.all_gather(group, {self.me: self._in(buf)}, [tuple(buf.shape)] * len(group))[self.me]
+        return [self._out(p) for p in pieces]
 
     def reduce_scatter(self, group: Group_, chunks: Sequence[Array], op: str) -> Array:
-        return self.comm.reduce_scatter(group, {self.me: list(chunks)}, op)[self.me]
+        return self._out(self.comm.reduce_scatter(group, {self.me: [self._in(c) for c in chunks]}, op)[self.me])
 
     def all_to_all(self, group: Group_, chunks: Sequence[Array], recv_shapes: Sequence[Shape]) -> list[Array]:
-        return list(self.comm.all_to_all(group, {self.me: list(chunks)}, {self.me: list(recv_shapes)})[self.me])
+        out = self.comm.all_to_all(group, {self.me: [self._in(c) for c in chunks]}, {self.me: list(recv_shapes)})
+        return [self._out(p) for p in out[self.me]]
 
     def broadcast(self, group: Group_, buf: Array, root: int) -> Array:
-        return self.comm.broadcast(group, {self.me: buf}, root, tuple(buf.shape), buf.dtype)[self.me]
+        out = self.comm.broadcast(group, {self.me: self._in(buf)}, root, tuple(buf.shape), buf.dtype)
+        return self._out(out[self.me])
 
     def reduce(self, group: Group_, buf: Array, op: str, root: int) -> Array | None:
-        return self.comm.reduce(group, {self.me: buf}, op, root).get(self.me)
+        out = self.comm.reduce(group, {self.me: self._in(buf)}, op, root).get(self.me)
+        return None if out is None else self._out(out)
 
     def barrier(self, group: Group_) -> None:
         self.comm.barrier(group)
 
     def send(self, dst: int, buf: Array) -> None:
-        self.comm.send(self.me, dst, buf)
+        self.comm.send(self.me, dst, self._in(buf))
 
     def recv(self, src: int, shape: Shape, dtype: np.dtype) -> Array:
-        return self.comm.recv(src, self.me, shape, dtype)
+        return self._out(self.comm.recv(src, self.me, shape, dtype))
 
 
 # ---------------------------------------------------------------------- world and groups
