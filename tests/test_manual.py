@@ -368,3 +368,13 @@ def test_traced_plans_count_manual_collectives_like_reshards(tmp_path: object) -
     again = Plan.load(path)
     rows = {(row["collective"], row["axes"]): row["count"] for row in comm_table(again)}
     assert rows == {("all_reduce", "group"): 1, ("all_gather", "group"): 1, ("reduce_scatter", "group"): 1, ("transfer", "group"): 2}
+
+
+def test_plain_python_runs_a_manual_example_as_one_device() -> None:
+    common = ["--tiny", "--dtype", "float64", "--steps", "2"]
+    plain, _ = launch("examples/manual_dp.py", *common)
+    one, _ = launch("-m", "simulator", "--reference", "examples/primer_dp.py", *common)
+    got, want = losses(plain), losses(one)
+    assert len(got) == 2
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose([float(v) for v in g[1:]], [float(v) for v in w[1:]], rtol=1e-9)
