@@ -323,6 +323,9 @@ class Tensor:
             raise ValueError(f"{self._label()} has no values: it was built in shape-only mode (planning, estimating)")
         if self._value is not None:  # dense, or one big device under --reference
             return self._value
+        if rank is None and len(self._shards) > 1:
+            # a per-rank program in the simulator (simulator.per_rank) means its own rank
+            rank = getattr(current_backend(), "program_rank", None)
         if rank is None:
             if len(self._shards) != 1:
                 raise ValueError(
@@ -337,6 +340,19 @@ class Tensor:
                 f"rank {rank} holds no shard of {self._label()} on {self.spec.mesh} in this process; "
                 f"hosted ranks here: {list(self._shards)}"
             ) from None
+
+    def set_value(self, value: Any) -> None:
+        """Replace a dense tensor's values in place (Paddle's ``Tensor.set_value``): same shape and
+        dtype; a manual-mode program writes parameters it rebuilt from shards this way."""
+        if self.is_dist or self._abstract:
+            raise ValueError(f"set_value: {self._label()} is not a dense tensor with values; reshard or rebuild it instead")
+        new = np.asarray(value)
+        if tuple(new.shape) != tuple(self.shape) or new.dtype != self.dtype:
+            raise ValueError(
+                f"set_value: {self._label()} is {self.dtype}{list(self.shape)}, the value is {new.dtype}{list(new.shape)}; "
+                "pass one of the same shape and dtype"
+            )
+        self._value = freeze(np.array(new, copy=True))
 
     def _local_value(self) -> Array:
         return self.local_tensor()
@@ -616,6 +632,9 @@ def dtensor_from_local(
         if missing:
             raise ValueError(f"dtensor_from_local: no shard given for hosted rank(s) {missing} of {mesh}")
         given = {r: local[r] for r in hosted}
+    elif hasattr(backend, "assemble_locals"):
+        # a per-rank program in the simulator: the other ranks' pieces are in their threads
+        given = backend.assemble_locals(mesh, local)
     else:
         given = {r: local for r in hosted}
     arrays = {r: np.asarray(a) if not hasattr(a, "__cuda_array_interface__") else a for r, a in given.items()}

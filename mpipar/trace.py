@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from mpipar import hooks
+from mpipar.backend import current_backend
 from mpipar.mesh import ProcessMesh
 from mpipar.plan import Plan, PlanMesh, PlanOp, PlanReshard, PlanStep, PlanTensor
 from mpipar.reshard.planner import ReshardPlan
@@ -33,9 +34,17 @@ class PlanRecorder:
         self._kinds: dict[int, str] = {}
         self.pipeline: dict[str, Any] | None = None
         self.memory: dict[str, Any] | None = None
+        self._owner: int | None = None
 
     # ------------------------------------------------------------------ context
+    def _foreign(self) -> bool:
+        """Is this call from another rank's program? Per-rank programs in the simulator
+        (``simulator.per_rank``) share the hooks; a recorder keeps the program that opened it,
+        as each process's recorder does under MPI."""
+        return self._owner is not None and getattr(current_backend(), "program_rank", None) != self._owner
+
     def __enter__(self) -> PlanRecorder:
+        self._owner = getattr(current_backend(), "program_rank", None)
         hooks.op_hooks.append(self)
         hooks.reshard_hooks.append(self)
         return self
@@ -79,6 +88,8 @@ class PlanRecorder:
 
     # ------------------------------------------------------------------ hooks
     def on_reshard(self, src: Tensor, out: Tensor, plan: ReshardPlan, reason: str) -> None:
+        if self._foreign():
+            return
         itemsize = src.dtype.itemsize
         steps = []
         for s in plan.steps:
@@ -100,6 +111,8 @@ class PlanRecorder:
             self._pending.append(index)
 
     def on_op(self, op: Any, inputs: list[Tensor], used: list[Tensor], outputs: list[Tensor], result: Any) -> None:
+        if self._foreign():
+            return
         index = len(self._ops)
         for r in self._pending:
             old = self._reshards[r]
@@ -115,6 +128,35 @@ class PlanRecorder:
             )
         )
         self._pending = []
+
+    def on_manual_collective(
+        self,
+        call: str,
+        group: tuple[int, ...],
+        kind: str,
+        reduce_type: str | None,
+        src: str,
+        dst: str,
+        tensor: Tensor,
+        bytes_per_rank: float,
+        pieces: tuple[tuple[int, int, int], ...] = (),
+    ) -> None:
+        """A manual collective (``mpipar.collective``) as a one-step reshard on its group's
+        1-D mesh (axis ``group``), so plan views count it with the reshards' communication."""
+        if self._foreign():
+            return
+        key = ((len(group),), tuple(group), ("group",))
+        if key not in self._meshes:
+            self._meshes[key] = PlanMesh(len(self._meshes), *key)
+        mesh = self._meshes[key].id
+        tid = self.tensor_id(tensor)
+        step = PlanStep(kind, ("group",), reduce_type, src, dst, float(bytes_per_rank), pieces)
+        self._reshards.append(
+            PlanReshard(
+                len(self._reshards), None, tid, tid, f"manual {call} on group {list(group)}", hooks.current_phase(),
+                tuple(tensor.shape), str(tensor.dtype), mesh, src, mesh, dst, float(bytes_per_rank), (step,),
+            )
+        )
 
     # ------------------------------------------------------------------ result
     def plan(self) -> Plan:

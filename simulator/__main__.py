@@ -20,7 +20,7 @@ import sys
 
 from mpipar import cliargs
 from simulator.backend import ReferenceBackend, SimBackend
-from simulator.launch import run_script
+from simulator.launch import run_script, run_script_per_rank, uses_manual_api
 
 # name -> "module:function"; the function takes the remaining argv and returns an exit code.
 # A new subcommand (e.g. estimate) is one more entry here.
@@ -45,11 +45,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--reference", action="store_true", help="run as one big device (the equivalence oracle)"
     )
+    parser.add_argument(
+        "--per-rank",
+        action="store_true",
+        help="run one program per virtual rank (needs -n; chosen automatically for a script that "
+        "calls the manual collectives, dist.all_reduce, dist.send, ...)",
+    )
     parser.add_argument("script", help="the Python script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     ns = parser.parse_args(args)
     if ns.nprocs is not None and ns.nprocs < 1:
         parser.error(f"-n must be at least 1, got {ns.nprocs}")
+    if ns.per_rank and (ns.reference or ns.nprocs is None):
+        parser.error("--per-rank needs -n N and no --reference (one device has one program)")
+    if ns.nprocs is not None and not ns.reference and (ns.per_rank or (os.path.isfile(ns.script) and uses_manual_api(ns.script))):
+        run_script_per_rank(ns.script, ns.args, ns.nprocs)
+        return
     backend = ReferenceBackend(ns.nprocs) if ns.reference else SimBackend(ns.nprocs)
     run_script(ns.script, ns.args, backend)
 

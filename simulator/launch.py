@@ -1,7 +1,13 @@
-"""Run a script under a chosen backend, the way ``python -m simulator`` does."""
+"""Run a script under a chosen backend, the way ``python -m simulator`` does.
+
+A script written in manual mode (it calls ``dist.all_reduce``, ``dist.send``, ...) runs as
+one program per virtual rank (``simulator.per_rank``); any other script runs once, hosting
+every rank. ``uses_manual_api`` decides, by reading the script's syntax tree.
+"""
 
 from __future__ import annotations
 
+import ast
 import os
 import runpy
 import sys
@@ -9,13 +15,61 @@ from collections.abc import Sequence
 
 from mpipar.backend import Backend, set_backend
 
+MANUAL_NAMES = frozenset(
+    {
+        "barrier", "broadcast", "all_reduce", "all_gather", "reduce", "reduce_scatter", "alltoall",
+        "scatter", "gather", "send", "recv", "isend", "irecv", "new_group", "mp_allreduce", "c_identity",
+    }
+)  # fmt: skip
 
-def run_script(script: str, args: Sequence[str], backend: Backend) -> None:
-    """Execute ``script`` as ``__main__`` with ``args`` as its argv, under ``backend``."""
+
+def uses_manual_api(script: str) -> bool:
+    """Does ``script`` call mpipar's manual collectives (``dist.all_reduce(...)`` with ``dist``
+    bound to ``mpipar`` or ``mpipar.collective``, or a name imported from either)?"""
+    with open(script, encoding="utf-8") as f:
+        try:
+            tree = ast.parse(f.read(), filename=script)
+        except SyntaxError:
+            return False  # running it reports the error where it is
+    aliases: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname or a.name for a in node.names if a.name in ("mpipar", "mpipar.collective")}
+        elif isinstance(node, ast.ImportFrom) and node.module in ("mpipar", "mpipar.collective"):
+            if any(a.name in MANUAL_NAMES for a in node.names):
+                return True
+            aliases |= {a.asname or a.name for a in node.names if a.name == "collective"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in MANUAL_NAMES:
+            base = node.value
+            dotted = base.id if isinstance(base, ast.Name) else ast.unparse(base)
+            if dotted in aliases or any(dotted == f"{a}.collective" for a in aliases):
+                return True
+    return False
+
+
+def _prepare(script: str, args: Sequence[str], backend: Backend) -> None:
     if not os.path.isfile(script):
         raise SystemExit(f"python -m simulator: no such script: {script}")
     os.environ["MPIPAR_BACKEND"] = backend.name
     set_backend(backend)
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+
+
+def run_script(script: str, args: Sequence[str], backend: Backend) -> None:
+    """Execute ``script`` as ``__main__`` with ``args`` as its argv, under ``backend``."""
+    _prepare(script, args, backend)
     runpy.run_path(script, run_name="__main__")
+
+
+def run_script_per_rank(script: str, args: Sequence[str], world_size: int) -> None:
+    """Execute ``script`` once per virtual rank, each in its own thread (``simulator.per_rank``)."""
+    from simulator.per_rank import ManualModeError, PerRankBackend, run_per_rank
+
+    backend = PerRankBackend(world_size)
+    _prepare(script, args, backend)
+    try:
+        run_per_rank(lambda: runpy.run_path(script, run_name="__main__"), backend)
+    except ManualModeError as exc:
+        raise SystemExit(f"python -m simulator: {exc}") from None

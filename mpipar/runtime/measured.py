@@ -119,8 +119,13 @@ class MeasuredTrace:
         start = min(max(start, self._last_comm_end), end)
         kind = PHASE_KINDS.get(hooks.current_phase(), "OTHER")
         mesh = next((t.spec.mesh for t in (*outputs, *used) if t.is_dist), None)
+        own = getattr(self.backend, "program_rank", None)
         if self.backend.reference:
             ranks: Iterable[int] = (0,)  # one big device
+        elif own is not None and mesh is None:  # a per-rank program's own work (simulator.per_rank)
+            ranks = (own,)
+        elif own is not None and own != 0:  # every per-rank thread repeats it: keep rank 0's copy
+            return
         elif mesh is None:
             if self._room():
                 self._dense.append((op.name, kind, start, end))
