@@ -318,7 +318,11 @@ def _traced(
     pieces: tuple[tuple[int, int, int], ...] = (),
 ) -> None:
     """Report this rank's manual call to the plan recorders (``mpipar.trace``), as a one-step
-    reshard; a recorder keeps the calls of the rank whose program opened it."""
+    reshard; a recorder keeps the calls of the rank whose program opened it.
+
+    ``placements`` are real placement strings on the group's 1-D mesh, so the plan file loads
+    through ``Plan.from_dict``'s checks; a rooted call names its root in ``call`` (the reshard's
+    reason) because no placement says "on one rank only"."""
     recorders = [h for h in hooks.reshard_hooks if hasattr(h, "on_manual_collective")]
     if not recorders:
         return
@@ -357,7 +361,7 @@ def broadcast(tensor: Any, src: int, group: Group | None = None, sync_op: bool =
         root = _check_rank(src, members, "broadcast", "src")
         _write(tensor, _transport("broadcast").broadcast(members, value, root), "broadcast tensor")
         sends = tuple((root, r, int(value.nbytes)) for r in members if r != root)
-        _traced("broadcast", members, "transfer", None, (f"R on rank {root}", "R"), tensor, value.nbytes, sends)
+        _traced(f"broadcast from rank {root}", members, "transfer", None, ("R", "R"), tensor, value.nbytes, sends)
     return _DONE
 
 
@@ -377,7 +381,7 @@ def reduce(tensor: Any, dst: int, op: str = ReduceOp.SUM, group: Group | None = 
         if result is not None:
             _write(tensor, result, "reduce tensor")
         sends = tuple((r, root, int(value.nbytes)) for r in members if r != root)
-        _traced("reduce", members, "transfer", None, (f"P({op})", f"R on rank {root}"), tensor, value.nbytes, sends)
+        _traced(f"reduce to rank {root}", members, "transfer", None, (f"P({op})", "R"), tensor, value.nbytes, sends)
     return _DONE
 
 
@@ -490,7 +494,7 @@ def scatter(tensor: Any, tensor_list: Any = None, src: int = 0, group: Group | N
     shapes = [tuple(value.shape) if r == root else (0,) for r in members]
     pieces = _transport("scatter").all_to_all(members, chunks, shapes)
     _write(tensor, pieces[members.index(root)], "scatter tensor")
-    _traced("scatter", members, "all_to_all", None, (f"S(0) on rank {root}", "S(0)"), tensor, value.nbytes)
+    _traced(f"scatter from rank {root}", members, "all_to_all", None, ("R", "S(0)"), tensor, value.nbytes)
     return _DONE
 
 
@@ -511,7 +515,7 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int = 0, grou
         chunks = [value if r == root else empty for r in members]
         shapes = [tuple(value.shape) if me == root else (0,) for _ in members]
         pieces = _transport("gather").all_to_all(members, chunks, shapes)
-        _traced("gather", members, "all_to_all", None, ("S(0)", f"S(0) on rank {root}"), tensor, value.nbytes)
+        _traced(f"gather to rank {root}", members, "all_to_all", None, ("S(0)", "R"), tensor, value.nbytes)
     if me == root and gather_list is not None:
         gather_list.clear()
         gather_list.extend(_like(tensor, p) for p in pieces)
@@ -534,7 +538,7 @@ def send(tensor: Any, dst: int = 0, group: Group | None = None, sync_op: bool = 
     value = np.array(_read(tensor, "send tensor"), copy=True)
     _transport("send").send(peer, value)
     me = current_backend().rank
-    _traced("send", (me, peer), "transfer", None, (f"R on rank {me}", f"R on rank {peer}"), tensor, value.nbytes,
+    _traced(f"send to rank {peer}", (me, peer), "transfer", None, ("R", "R"), tensor, value.nbytes,
             ((me, peer, int(value.nbytes)),))  # fmt: skip
     return _DONE
 

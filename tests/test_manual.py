@@ -357,7 +357,8 @@ def test_traced_plans_count_manual_collectives_like_reshards(tmp_path: object) -
     assert plan.comm_counts() == {"all_reduce": 1, "all_gather": 1, "reduce_scatter": 1, "transfer": 2}
     assert [r.reason for r in plan.reshards] == [
         "manual all_reduce on group [0, 1]", "manual all_gather on group [0, 1]",
-        "manual reduce_scatter on group [0, 1]", "manual broadcast on group [0, 1]", "manual send on group [0, 1]",
+        "manual reduce_scatter on group [0, 1]", "manual broadcast from rank 1 on group [0, 1]",
+        "manual send to rank 1 on group [0, 1]",
     ]  # fmt: skip
     assert plan.reshards[3].steps[0].pieces == ((1, 0, 24),)
     # each rank's recorder keeps its own program's calls, as each process's does under MPI
