@@ -386,3 +386,25 @@ def test_data_files_without_recorded_boxes_still_load(tmp_path: Any) -> None:
             f.write(raw[:8] + body + b" " * (n - len(body)) + raw[8 + n :])
     out = _load(ck)
     assert out["w"].tobytes() == W.tobytes() and out["v"].tobytes() == V.tobytes()
+
+
+def test_the_describe_cli_refuses_a_hostile_checkpoint_on_one_line(tmp_path: Any) -> None:
+    """``python -m mpipar.checkpoint``: a sound checkpoint is described (exit 0); a refused one is
+    bad input like every CLI's (exit 2, one line naming the file), never a traceback."""
+    import subprocess
+
+    ck = _save(tmp_path)
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+    def describe(path: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "mpipar.checkpoint", path]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, env=env)
+
+    good = describe(ck)
+    assert good.returncode == 0 and "w" in good.stdout, good.stderr
+    _edit(ck, lambda m: m["tensors"]["w"]["chunks"][0].update(file="/etc/passwd"))
+    for path in (ck, str(tmp_path / "missing")):
+        bad = describe(path)
+        assert bad.returncode == 2, (bad.returncode, bad.stderr)
+        assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert path in bad.stderr, bad.stderr

@@ -1,4 +1,8 @@
-"""Print a checkpoint's tensors, layouts and chunks: ``python -m mpipar.checkpoint PATH``."""
+"""Print a checkpoint's tensors, layouts and chunks: ``python -m mpipar.checkpoint PATH``.
+
+Exit status as every mpipar CLI: 0 on success, 2 for bad input (a usage error, or a path
+that is not a loadable checkpoint: the one-line error names the file, field and value), 1
+when the system fails us (an I/O error reading a checkpoint that looked sound)."""
 
 from __future__ import annotations
 
@@ -15,9 +19,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(describe_checkpoint(args[0]))
     except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"python -m mpipar.checkpoint: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"python -m mpipar.checkpoint: cannot read {args[0]}: {_one_line(exc)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":
