@@ -152,3 +152,24 @@ def check_placements(placements: object, what: str = "placements") -> list[Place
                 f"{what}[{i}] is {p!r}; use dist.Shard(dim), dist.Replicate() or dist.Partial()"
             )
     return items
+
+
+def placement_problem(text: str, mesh_ndim: int, tensor_ndim: int) -> str | None:
+    """Why ``text`` cannot be the placements of a ``tensor_ndim``-d tensor on a ``mesh_ndim``-d
+    mesh (the checks ``DistSpec`` makes), or None when it can. For files read from elsewhere
+    (plans, checkpoints), which must describe only layouts mpipar could have made."""
+    try:
+        placements = parse_placements(text)
+    except (TypeError, ValueError) as exc:
+        return f"is not a placement list ({exc}); write e.g. 'S(0)R'"
+    if len(placements) != mesh_ndim:
+        return f"has {len(placements)} placement(s) for a mesh of {mesh_ndim} axes"
+    kinds = set()
+    for p in placements:
+        if isinstance(p, Shard) and not -tensor_ndim <= p.dim < tensor_ndim:
+            return f"shards dim {p.dim} of a {tensor_ndim}-d tensor"
+        if isinstance(p, Partial):
+            kinds.add(p.reduce_type)
+    if len(kinds) > 1 and not kinds <= {"sum", "avg"}:
+        return "mixes Partial reduce types that do not commute"
+    return None

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mpipar.placement import REDUCE_TYPES, Partial, Shard, parse_placements
+from mpipar.placement import REDUCE_TYPES, placement_problem
 from mpipar.untrusted import FileFormatError, load_json
 
 FORMAT = "mpipar.plan"
@@ -437,24 +437,9 @@ def _reduce_type(v: _V, path: str, value: Any) -> str | None:
 
 def _check_placements(text: str, mesh: PlanMesh, ndim: int, path: str) -> None:
     """The checks ``DistSpec`` makes: one placement per mesh axis, shard dims inside the tensor."""
-    try:
-        placements = parse_placements(text)
-    except (TypeError, ValueError) as exc:
-        raise PlanFormatError(path, text, f"is not a placement list ({exc}); write e.g. 'S(0)R'") from None
-    if len(placements) != len(mesh.shape):
-        raise PlanFormatError(
-            path, text, f"has {len(placements)} placement(s) for mesh {mesh.id} of {len(mesh.shape)} axes"
-        )
-    kinds = set()
-    for p in placements:
-        if isinstance(p, Shard) and not -ndim <= p.dim < ndim:
-            raise PlanFormatError(path, text, f"shards dim {p.dim} of a {ndim}-d tensor")
-        if isinstance(p, Partial):
-            if p.reduce_type not in REDUCE_TYPES:
-                raise PlanFormatError(path, text, f"has Partial reduce type {p.reduce_type!r}; known: {REDUCE_TYPES}")
-            kinds.add(p.reduce_type)
-    if len(kinds) > 1 and not kinds <= {"sum", "avg"}:
-        raise PlanFormatError(path, text, "mixes Partial reduce types that do not commute")
+    problem = placement_problem(text, len(mesh.shape), ndim)
+    if problem:
+        raise PlanFormatError(path, text, problem.replace("for a mesh of", f"for mesh {mesh.id} of"))
 
 
 def _check_shape(shape: Sequence[int], path: str) -> None:

@@ -173,6 +173,29 @@ def test_bad_boxes_are_refused(tmp_path: Any, box: list[list[int]], message: str
         _load(ck)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("placements", "S(7)S(1)", r"tensors\['w'\]\.placements: 'S\(7\)S\(1\)' shards dim 7 of a 2-d tensor"),
+        ("placements", "S(0)", r"placements: 'S\(0\)' has 1 placement\(s\) for a mesh of 2 axes"),
+        ("placements", "P(max)P(sum)", r"mixes Partial reduce types"),
+        ("stored_placements", "X", r"stored_placements: 'X' is not a placement list"),
+        ("mesh", {"shape": [2, 2], "process_ids": [0, 0, 2, 3], "dim_names": ["dp", "tp"]}, r"process_ids: .* repeats a rank"),
+        ("mesh", {"shape": [3, 2], "process_ids": [0, 1, 2, 3], "dim_names": ["dp", "tp"]}, r"is not 6 ranks"),
+        ("mesh", {"shape": [1 << 20, 1 << 20], "process_ids": [0], "dim_names": ["dp", "tp"]}, r"more than 16777216 ranks"),
+        ("mesh", {"shape": [2, 2], "process_ids": [0, 1, 2, 3], "dim_names": ["dp", "dp"]}, r"dim_names: .* distinct"),
+        ("mesh", {"shape": [2, 0], "process_ids": [], "dim_names": ["dp", "tp"]}, r"mesh\.shape\[1\]: 0 is not an int"),
+    ],
+)
+def test_described_layouts_must_be_possible(tmp_path: Any, field: str, value: Any, message: str) -> None:
+    """The source mesh and placements only describe the layout (values come from the boxes), but
+    a checkpoint describing a layout mpipar could not have made is refused as DistSpec would."""
+    ck = _save(tmp_path)
+    _edit(ck, lambda m: m["tensors"]["w"].update({field: value}))
+    with pytest.raises(CheckpointError, match=message):
+        _load(ck)
+
+
 def test_chunks_missing_or_doubled_are_refused(tmp_path: Any) -> None:
     ck = _save(tmp_path)
     _edit(ck, lambda m: m["tensors"]["w"]["chunks"].pop())

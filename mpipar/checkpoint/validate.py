@@ -22,10 +22,13 @@ from typing import Any
 import numpy as np
 
 from mpipar.checkpoint.format import _ST_DTYPES, MAX_DIM, METADATA, CheckpointError
+from mpipar.placement import placement_problem
 from mpipar.untrusted import FileFormatError, inside
 
 ARRAY_KINDS = ("dist", "dense", "array", "scalar")
 MAX_NDIM = 64
+MAX_WORLD = 1 << 24
+"""Ranks of a world (and of a mesh) a checkpoint may describe."""
 MAX_TENSOR_BYTES = 1 << 56
 """A tensor claiming more bytes than this is refused (no allocation is attempted for it)."""
 _GRID_CELLS = 1 << 22
@@ -61,7 +64,7 @@ class _Check:
 def check_metadata(meta: dict[str, Any], root: str) -> None:
     """Refuse ``meta`` (read from ``root/metadata.json``) unless every field is well formed."""
     c = _Check(root)
-    c.int_in("world_size", meta.get("world_size"), 1, 1 << 24)
+    c.int_in("world_size", meta.get("world_size"), 1, MAX_WORLD)
     files = c.of_type("files", meta.get("files"), list, "a list of data file names")
     for i, name in enumerate(files):
         _inside(c, name, f"files[{i}]")
@@ -80,6 +83,46 @@ def _inside(c: _Check, name: Any, field_path: str) -> None:
     except FileFormatError as exc:
         raise CheckpointError(field_path=field_path, value=name, problem=exc.problem, source=c.source) from None
     c.checked_names.add(name)
+
+
+def _check_layout(c: _Check, at: str, t: dict[str, Any], ndim: int) -> None:
+    """The source layout, checked as ``ProcessMesh`` and ``DistSpec`` check theirs: it is only
+    described (the values come from the boxes), but a described layout must be a possible one."""
+    mesh = t.get("mesh")
+    texts = {key: t.get(key) for key in ("placements", "stored_placements")}
+    if mesh is None:
+        for key, text in texts.items():
+            if text is not None:
+                raise c.fail(f"{at}.{key}", text, "is set though the entry has no mesh")
+        return
+    c.of_type(f"{at}.mesh", mesh, dict, "null or an object")
+    shape = c.of_type(f"{at}.mesh.shape", mesh.get("shape"), list, "a list of axis sizes")
+    if not 1 <= len(shape) <= MAX_NDIM:
+        raise c.fail(f"{at}.mesh.shape", shape, f"does not have 1 to {MAX_NDIM} axes")
+    for d, n in enumerate(shape):
+        c.int_in(f"{at}.mesh.shape[{d}]", n, 1, MAX_WORLD)
+    if math.prod(shape) > MAX_WORLD:
+        raise c.fail(f"{at}.mesh.shape", shape, f"makes a mesh of more than {MAX_WORLD} ranks")
+    ids = c.of_type(f"{at}.mesh.process_ids", mesh.get("process_ids"), list, "a flat list of ranks")
+    if len(ids) != math.prod(shape) or not all(_is_int(r) and 0 <= r < MAX_WORLD for r in ids):
+        raise c.fail(f"{at}.mesh.process_ids", ids, f"is not {math.prod(shape)} ranks in [0, {MAX_WORLD}), one per cell of the mesh")
+    if len(set(ids)) != len(ids):
+        raise c.fail(f"{at}.mesh.process_ids", ids, "repeats a rank")
+    names = mesh.get("dim_names")
+    if names is not None and not (
+        isinstance(names, list) and len(names) == len(shape) and all(isinstance(n, str) and n for n in names)
+        and len(set(names)) == len(names)
+    ):
+        raise c.fail(f"{at}.mesh.dim_names", names, f"is not {len(shape)} distinct axis names")
+    for key, text in texts.items():
+        if text is None:
+            if key == "placements":
+                raise c.fail(f"{at}.placements", text, "is missing though the entry has a mesh")
+            continue
+        c.of_type(f"{at}.{key}", text, str, "null or a placement string")
+        problem = placement_problem(text, len(shape), ndim)
+        if problem:
+            raise c.fail(f"{at}.{key}", text, problem)
 
 
 def _check_tensor(c: _Check, name: str, t: Any, seen: dict[tuple[str, str], str]) -> None:
@@ -101,16 +144,7 @@ def _check_tensor(c: _Check, name: str, t: Any, seen: dict[tuple[str, str], str]
     numel = math.prod(shape)
     if numel * itemsize > MAX_TENSOR_BYTES:
         raise c.fail(f"{at}.shape", shape, f"makes a tensor of {numel * itemsize} bytes, over {MAX_TENSOR_BYTES}")
-    mesh = t.get("mesh")
-    if mesh is not None:
-        c.of_type(f"{at}.mesh", mesh, dict, "null or an object")
-        for key in ("shape", "process_ids"):
-            value = c.of_type(f"{at}.mesh.{key}", mesh.get(key), list, "a list")
-            if not all(_is_int(v) for v in _flat(value)):
-                raise c.fail(f"{at}.mesh.{key}", value, "holds something other than ints")
-    for key in ("placements", "stored_placements"):
-        if t.get(key) is not None:
-            c.of_type(f"{at}.{key}", t.get(key), str, "null or a string")
+    _check_layout(c, at, t, len(shape))
     chunks = c.of_type(f"{at}.chunks", t.get("chunks"), list, "a list of chunks")
     boxes: list[tuple[tuple[int, int], ...]] = []
     for i, chunk in enumerate(chunks):
