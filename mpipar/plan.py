@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mpipar.pipeline.schedule.base import Schedule
 from mpipar.placement import REDUCE_TYPES, placement_problem
 from mpipar.untrusted import FileFormatError, load_json
 
@@ -296,15 +297,125 @@ class Plan:
         reshards = [_reshard_from_dict(v, i, r, mesh_ids) for i, r in enumerate(v.objects("reshards", data.get("reshards")))]
         pipeline = data.get("pipeline")
         if pipeline is not None:
-            v.require_object("pipeline", pipeline)
+            _check_pipeline(v, pipeline, mesh_ids)
         memory = data.get("memory")
         if memory is not None:
-            v.require_object("memory", memory)
+            _check_memory(v, memory)
         meta = data.get("meta", {})
         v.require_object("meta", meta)
         plan = cls(meshes, tensors, ops, reshards, dict(meta), pipeline, memory)
         _check_plan(plan)
         return plan
+
+
+MAX_PIPELINE_COUNT = 1 << 20
+"""Stages and micro-batches a plan's pipeline may hold (a schedule is built per micro-batch)."""
+_COST_LISTS = {"forward": 0, "backward_input": 0, "backward_weight": 0, "send_forward": 1, "send_backward": 1}
+"""Per-stage cost lists of ``pipeline.cost``, with how many entries fewer than stages they have."""
+
+
+def _check_pipeline(v: _V, pipeline: Any, mesh_ids: set[int]) -> None:
+    """The ``pipeline`` section as ``mpipar.static`` and the dashboard's sample write it; every
+    reader (the dashboard's pipeline, memory and what-if views) may then use it unguarded."""
+    v.require_object("pipeline", pipeline)
+    stages = v.objects("pipeline.stages", pipeline.get("stages", []))
+    seen: set[int] = set()
+    for i, st in enumerate(stages):
+        stage = v.int(f"pipeline.stages[{i}].stage", st.get("stage"))
+        if not 0 <= stage < MAX_PIPELINE_COUNT or stage in seen:
+            raise PlanFormatError(f"pipeline.stages[{i}].stage", stage, "is not a new stage number in [0, 2^20)")
+        seen.add(stage)
+        mesh = v.int(f"pipeline.stages[{i}].mesh", st.get("mesh"))
+        if mesh not in mesh_ids:
+            raise PlanFormatError(f"pipeline.stages[{i}].mesh", mesh, "names no mesh of the plan")
+        if st.get("rank") is not None and v.int(f"pipeline.stages[{i}].rank", st["rank"]) < 0:
+            raise PlanFormatError(f"pipeline.stages[{i}].rank", st["rank"], "is negative")
+    if seen and seen != set(range(len(stages))):
+        raise PlanFormatError("pipeline.stages", sorted(seen), f"are not the stages 0..{len(stages) - 1}")
+    m = pipeline.get("num_microbatches")
+    if m is not None and not 1 <= v.int("pipeline.num_microbatches", m) <= MAX_PIPELINE_COUNT:
+        raise PlanFormatError("pipeline.num_microbatches", m, "is not in [1, 2^20]")
+    schedule = pipeline.get("schedule")
+    if schedule is not None:
+        _check_schedule(v, schedule, len(stages))
+    cost = pipeline.get("cost")
+    if cost is not None:
+        v.require_object("pipeline.cost", cost)
+        unit = cost.get("time_unit", "unit")
+        if unit not in ("s", "unit"):
+            raise PlanFormatError("pipeline.cost.time_unit", unit, "is not 's' or 'unit'")
+        for key in ("profile",):
+            if cost.get(key) is not None:
+                v.str(f"pipeline.cost.{key}", cost[key])
+        for key, fewer in _COST_LISTS.items():
+            if key in cost:
+                values = v.list(f"pipeline.cost.{key}", cost[key])
+                if len(values) != max(len(stages) - fewer, 0):
+                    raise PlanFormatError(
+                        f"pipeline.cost.{key}", values, f"has {len(values)} entries for {len(stages)} stage(s)"
+                    )
+                for j, x in enumerate(values):
+                    v.num(f"pipeline.cost.{key}[{j}]", x)
+        for key in ("forward_flops", "backward_flops"):
+            for j, x in enumerate(v.list(f"pipeline.cost.{key}", cost.get(key, []))):
+                v.num(f"pipeline.cost.{key}[{j}]", x)
+    step_end = pipeline.get("step_end")
+    if step_end is not None:
+        v.require_object("pipeline.step_end", step_end)
+        for lane, items in step_end.items():
+            if not lane.isdigit() or len(lane) > 7:
+                raise PlanFormatError("pipeline.step_end", lane, "has a key that is not a pipeline rank")
+            for j, item in enumerate(v.objects(f"pipeline.step_end[{lane!r}]", items)):
+                at = f"pipeline.step_end[{lane!r}][{j}]"
+                for key in ("name", "kind", "track"):
+                    if key in item:
+                        v.str(f"{at}.{key}", item[key])
+                v.num(f"{at}.duration", item.get("duration", 0.0))
+
+
+def _check_schedule(v: _V, schedule: Any, num_stages: int) -> None:
+    """A schedule embedded in a plan reads back as one (``Schedule.from_dict``) over the plan's
+    stages; its sizes are bounded before it is built."""
+    v.require_object("pipeline.schedule", schedule)
+    for key in ("num_stages", "num_microbatches"):
+        n = v.int(f"pipeline.schedule.{key}", schedule.get(key))
+        if not 1 <= n <= MAX_PIPELINE_COUNT:
+            raise PlanFormatError(f"pipeline.schedule.{key}", n, "is not in [1, 2^20]")
+    if num_stages and schedule["num_stages"] != num_stages:
+        raise PlanFormatError(
+            "pipeline.schedule.num_stages", schedule["num_stages"], f"is not the {num_stages} stages of pipeline.stages"
+        )
+    try:
+        Schedule.from_dict(schedule)
+    except (TypeError, ValueError) as exc:
+        raise PlanFormatError("pipeline.schedule", "{...}", f"is not a valid schedule: {exc}") from None
+
+
+def _check_memory(v: _V, memory: Any) -> None:
+    """The ``memory`` section: per-rank byte counts (``MemoryReport.to_dict`` and the sample's
+    form, where activations and messages are per-stage objects) and an optional capacity."""
+    v.require_object("memory", memory)
+    if memory.get("capacity_bytes") is not None:
+        v.num("memory.capacity_bytes", memory["capacity_bytes"])
+    if memory.get("profile") is not None:
+        v.str("memory.profile", memory["profile"])
+    ranks: set[int] = set()
+    for i, entry in enumerate(v.objects("memory.ranks", memory.get("ranks", []))):
+        rank = v.int(f"memory.ranks[{i}].rank", entry.get("rank"))
+        if rank < 0 or rank in ranks:
+            raise PlanFormatError(f"memory.ranks[{i}].rank", rank, "is negative or repeats an earlier entry's rank")
+        ranks.add(rank)
+        for key, value in entry.items():
+            at = f"memory.ranks[{i}].{v.str(f'memory.ranks[{i}]', key)}"
+            if key == "rank":
+                continue
+            if isinstance(value, dict):
+                for stage, nbytes in value.items():
+                    if not stage.isdigit() or len(stage) > 7:
+                        raise PlanFormatError(at, stage, "has a key that is not a stage number")
+                    v.num(f"{at}[{stage!r}]", nbytes)
+            else:
+                v.num(at, value)
 
 
 def _reshard_to_dict(r: PlanReshard) -> dict[str, Any]:

@@ -263,3 +263,53 @@ def test_timeline_refuses_a_repeated_memory_category(docs: tuple) -> None:
     doc["memory"]["categories"].append(doc["memory"]["categories"][0])
     with pytest.raises(TimelineFormatError, match=r"memory\.categories\[\d+\]: .* repeats a category"):
         Timeline.from_dict(doc)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "words"),
+    [
+        (lambda p: p["pipeline"]["cost"].update(forward=["x"] * len(p["pipeline"]["stages"])),
+         "pipeline.cost.forward[0]", "not a non-negative number"),
+        (lambda p: p["pipeline"]["cost"].update(forward=[1.0]), "pipeline.cost.forward", "entries for"),
+        (lambda p: p["pipeline"]["cost"].update(time_unit="fortnight"), "pipeline.cost.time_unit", "'s' or 'unit'"),
+        (lambda p: p["pipeline"].update(step_end={"0": ["x"]}), "pipeline.step_end['0'][0]", "not a JSON object"),
+        (lambda p: p["pipeline"].update(step_end={"0": [{"duration": -1}]}), "pipeline.step_end['0'][0].duration",
+         "non-negative"),
+        (lambda p: p["pipeline"]["stages"][0].update(mesh=999), "pipeline.stages[0].mesh", "names no mesh"),
+        (lambda p: p["pipeline"]["stages"][1].update(stage=0), "pipeline.stages[1].stage", "new stage number"),
+        (lambda p: p["pipeline"]["schedule"].update(num_microbatches=1 << 40), "pipeline.schedule.num_microbatches",
+         "[1, 2^20]"),
+        (lambda p: p["pipeline"]["schedule"]["actions"][0].append("9F9"), "pipeline.schedule", "not a valid schedule"),
+        (lambda p: p["memory"]["ranks"][0].update(parameters="lots"), "memory.ranks[0].parameters",
+         "not a non-negative number"),
+        (lambda p: p["memory"]["ranks"][0].update(activations={"one": 5}), "memory.ranks[0].activations",
+         "not a stage number"),
+        (lambda p: p["memory"]["ranks"][1].update(rank=p["memory"]["ranks"][0]["rank"]), "memory.ranks[1].rank",
+         "repeats"),
+        (lambda p: p["memory"].update(capacity_bytes=-1), "memory.capacity_bytes", "non-negative"),
+    ],
+)
+def test_plan_refuses_malformed_pipeline_and_memory_sections(
+    docs: tuple, mutate: Callable[[dict[str, Any]], Any], field: str, words: str
+) -> None:
+    """The dashboard's pipeline, memory and what-if views read these sections; a plan from
+    elsewhere with a wrong one is refused at load, naming the field, not mid-view."""
+    doc = copy.deepcopy(docs[0])
+    mutate(doc)
+    with pytest.raises(PlanFormatError) as err:
+        Plan.from_dict(doc, source="p.json")
+    assert err.value.field == field, str(err.value)
+    assert words in str(err.value) and "p.json" in str(err.value)
+
+
+def test_dashboard_keeps_working_on_a_plan_with_a_malformed_pipeline(docs: tuple, tmp_path: Path) -> None:
+    pytest.importorskip("streamlit")
+    doc = copy.deepcopy(docs[0])
+    doc["pipeline"]["step_end"] = {"0": [{"name": "x", "duration": "soon"}]}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    at = _run_app([str(path)])
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(at.error) == 1 and "pipeline.step_end" in at.error[0].value
+    at.radio(key="view").set_value("Pipeline").run()
+    assert not at.exception and at.header[0].value == "Pipeline"
