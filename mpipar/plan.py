@@ -58,6 +58,14 @@ MAX_PLAN_STR = 1 << 16
 """Longer strings (names, decisions, placements) are refused: they are a flood, not a label."""
 
 
+DTYPE_ITEMSIZE = {
+    "bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8,
+    "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "complex64": 8,
+    "complex128": 16, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+"""The element types a plan may name, with their bytes: every consumer can size any tensor."""
+
+
 class PlanFormatError(FileFormatError):
     """A plan file or dict that does not follow the format; ``field`` is the path at fault."""
 
@@ -260,7 +268,7 @@ class Plan:
                     v.str(f"tensors[{i}].name", t.get("name")),
                     kind,
                     v.ints(f"tensors[{i}].shape", t.get("shape")),
-                    v.str(f"tensors[{i}].dtype", t.get("dtype")),
+                    _dtype(v, f"tensors[{i}].dtype", t.get("dtype")),
                     mesh,
                     v.str(f"tensors[{i}].placements", t.get("placements")),
                     tuple(v.ints(f"tensors[{i}].local_shapes[{j}]", s) for j, s in enumerate(v.list(f"tensors[{i}].local_shapes", t.get("local_shapes", [])))),
@@ -465,7 +473,7 @@ def _reshard_from_dict(v: _V, i: int, r: Mapping[str, Any], mesh_ids: set[int]) 
         v.str(f"{path}.reason", r.get("reason", "")),
         v.str(f"{path}.phase", r.get("phase", "forward")),
         v.ints(f"{path}.shape", r.get("shape")),
-        v.str(f"{path}.dtype", r.get("dtype")),
+        _dtype(v, f"{path}.dtype", r.get("dtype")),
         src["mesh"],
         v.str(f"{path}.src.placements", src.get("placements")),
         dst["mesh"],
@@ -535,6 +543,13 @@ class _V:
 
     def strs(self, path: str, value: Any) -> tuple[str, ...]:
         return tuple(self.str(f"{path}[{i}]", x) for i, x in enumerate(self.list(path, value)))
+
+
+def _dtype(v: _V, path: str, value: Any) -> str:
+    text = v.str(path, value)
+    if text not in DTYPE_ITEMSIZE:
+        raise PlanFormatError(path, text, f"is not an element type a plan names ({', '.join(DTYPE_ITEMSIZE)})")
+    return text
 
 
 def _reduce_type(v: _V, path: str, value: Any) -> str | None:

@@ -551,7 +551,7 @@ def _check_exact_float(value: Any, path: str) -> None:
 def _check_time(value: Any, path: str) -> None:
     # A huge int would overflow math.isfinite itself; 1e300 bounds both kinds.
     if isinstance(value, bool) or not isinstance(value, int | float) or not -1e300 <= value <= 1e300:
-        raise TimelineFormatError(path, value, "is not a finite number")
+        raise TimelineFormatError(path, value, "is not a number in [-1e300, 1e300]")
 
 
 def _check_span(item: Any, path: str) -> None:

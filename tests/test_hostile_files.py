@@ -287,13 +287,16 @@ def test_timeline_refuses_a_repeated_memory_category(docs: tuple) -> None:
         (lambda p: p["memory"]["ranks"][1].update(rank=p["memory"]["ranks"][0]["rank"]), "memory.ranks[1].rank",
          "repeats"),
         (lambda p: p["memory"].update(capacity_bytes=-1), "memory.capacity_bytes", "non-negative"),
+        (lambda p: p["tensors"][0].update(dtype="object"), "tensors[0].dtype", "not an element type"),
+        (lambda p: p["reshards"][0].update(dtype="V8"), "reshards[0].dtype", "not an element type"),
     ],
 )
-def test_plan_refuses_malformed_pipeline_and_memory_sections(
+def test_plan_refuses_malformed_sections(
     docs: tuple, mutate: Callable[[dict[str, Any]], Any], field: str, words: str
 ) -> None:
-    """The dashboard's pipeline, memory and what-if views read these sections; a plan from
-    elsewhere with a wrong one is refused at load, naming the field, not mid-view."""
+    """The dashboard's views read these fields (dtypes size every tensor; the pipeline, memory
+    and what-if views read those sections); a plan from elsewhere with a wrong one is refused at
+    load, naming the field, not mid-view."""
     doc = copy.deepcopy(docs[0])
     mutate(doc)
     with pytest.raises(PlanFormatError) as err:
