@@ -29,7 +29,7 @@ def test_every_collective_against_numpy(n: int) -> None:
     run = mpirun(n, "tests/mpi_scripts/manual_cases.py", env=ENV, timeout=120)
     assert run.returncode == 0, run.output[-3000:]
     for rank in range(n):
-        assert run.lines_of(rank) == ["manual cases ok 104"], run.output[-3000:]
+        assert run.lines_of(rank) == ["manual cases ok 171"], run.output[-3000:]
 
 
 @pytest.mark.parametrize(("kind", "n"), [("dp", 2), ("sharding", 4), ("mp", 2), ("pp", 2)])

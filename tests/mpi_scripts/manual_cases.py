@@ -16,7 +16,7 @@ import numpy as np
 
 import mpipar as dist
 
-DTYPES = ("float16", "float32", "float64", "int32", "int64", "complex128")
+DTYPES = ("bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64", "complex64", "complex128")
 
 
 def value(rank: int, tag: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
