@@ -31,6 +31,12 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+MAX_PER_RANK_PROGRAMS = 4096
+"""Per-rank programs are one thread each, all alive at once; past this the process would run
+out of threads or memory long before the first collective (semi-automatic scripts, one
+program hosting every rank, go to a world of 2^20)."""
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if args and args[0] in SUBCOMMANDS and not os.path.isfile(args[0]):
@@ -59,6 +65,11 @@ def main(argv: list[str] | None = None) -> None:
     if ns.per_rank and (ns.reference or ns.nprocs is None):
         parser.error("--per-rank needs -n N and no --reference (one device has one program)")
     if ns.nprocs is not None and not ns.reference and (ns.per_rank or (os.path.isfile(ns.script) and uses_manual_api(ns.script))):
+        if ns.nprocs > MAX_PER_RANK_PROGRAMS:
+            parser.error(
+                f"-n: {ns.nprocs} per-rank programs (one thread each) is over the limit of {MAX_PER_RANK_PROGRAMS}; "
+                "run a manual script that large under mpiexec"
+            )
         run_script_per_rank(ns.script, ns.args, ns.nprocs)
         return
     backend = ReferenceBackend(ns.nprocs) if ns.reference else SimBackend(ns.nprocs)
