@@ -76,6 +76,7 @@ NORM_OPS = frozenset({
     "cross_entropy_with_softmax", "cross_entropy_with_softmax_grad",
 })
 """Normalisation, softmax and loss kernels (a family of their own in ``estimate --breakdown``)."""
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 GATHER_OPS = frozenset({"embedding"})
 """Ops that read only the rows they gather: their table is not streamed through memory."""
 
@@ -194,9 +195,9 @@ class PlanCosts:
         if op.op in VIEW_OPS:
             return 0.0
         total = 0
-        for i, (tid, pls) in enumerate(zip(op.inputs, op.required_placements, strict=False)):
+        for tid, pls in zip(op.inputs, op.required_placements, strict=False):
             t = self._tensors[tid]
-            if op.op in GATHER_OPS and i == 0:
+            if op.op in GATHER_OPS and t.dtype in FLOAT_DTYPES:
                 continue  # the table: only the gathered rows are read, as many bytes as the output
             total += _numel(self.local_shape(tid, pls, rank)) * itemsize(t.dtype)
         if op.op in GATHER_OPS:
