@@ -125,6 +125,10 @@ class HardwareProfile:
     """Device memory capacity (the dashboard's capacity line); ``None`` if unknown."""
     reduction_Bps: float | None = None
     """Local reduction throughput (bytes/s) that reductions add on top of the link; ``None``: included."""
+    description: str = ""
+    calibration: Mapping[str, Any] | None = field(default=None, compare=False)
+    """Raw measurements behind a calibrated profile (sizes, times, fits)."""
+    # The GPU model's fields come last: positional construction of older profiles keeps working.
     memory_Bps: float | None = None
     """Device memory bandwidth (bytes/s): prices non-GEMM ops and the roofline of skinny GEMMs; ``None``: FLOPs only."""
     kernel_launch_s: float = 0.0
@@ -135,9 +139,6 @@ class HardwareProfile:
     """FLOPs of a GEMM that reaches half of ``gemm_efficiency_max`` (the curve's knee)."""
     elementwise_fusion: float = 1.0
     """Traced elementwise/normalisation ops one fused kernel replaces (divides their bytes and launches)."""
-    description: str = ""
-    calibration: Mapping[str, Any] | None = field(default=None, compare=False)
-    """Raw measurements behind a calibrated profile (sizes, times, fits)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
