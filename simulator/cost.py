@@ -128,6 +128,17 @@ class HardwareProfile:
     description: str = ""
     calibration: Mapping[str, Any] | None = field(default=None, compare=False)
     """Raw measurements behind a calibrated profile (sizes, times, fits)."""
+    # The GPU model's fields come last: positional construction of older profiles keeps working.
+    memory_Bps: float | None = None
+    """Device memory bandwidth (bytes/s): prices non-GEMM ops and the roofline of skinny GEMMs; ``None``: FLOPs only."""
+    kernel_launch_s: float = 0.0
+    """Seconds every kernel adds (launch and tail), on top of its work."""
+    gemm_efficiency_max: float | None = None
+    """Share of peak a large GEMM reaches; set, it turns on the GPU model (``simulator.op_cost``)."""
+    gemm_half_flops: float = 0.0
+    """FLOPs of a GEMM that reaches half of ``gemm_efficiency_max`` (the curve's knee)."""
+    elementwise_fusion: float = 1.0
+    """Traced elementwise/normalisation ops one fused kernel replaces (divides their bytes and launches)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -152,6 +163,28 @@ class HardwareProfile:
         mem = self.memory_bytes
         if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or mem <= 0):
             raise ValueError(f"HardwareProfile {self.name!r}: memory_bytes must be a positive int or None, got {mem!r}")
+        gpu_fields = (
+            ("memory_Bps", self.memory_Bps, True, 0.0, math.inf, "bytes/s > 0"),
+            ("kernel_launch_s", self.kernel_launch_s, False, 0.0, 1.0, "seconds in [0, 1]"),
+            ("gemm_efficiency_max", self.gemm_efficiency_max, True, 0.0, 1.0, "a share in (0, 1]"),
+            ("gemm_half_flops", self.gemm_half_flops, False, 0.0, 1e18, "FLOPs in [0, 1e18]"),
+            ("elementwise_fusion", self.elementwise_fusion, False, 1.0, 1e3, "a factor in [1, 1000]"),
+        )
+        for fname, value, optional, low, high, what in gpu_fields:
+            if value is None and optional:
+                continue
+            bad = isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+            # memory_Bps and gemm_efficiency_max exclude their lower bound (a zero rate divides by zero).
+            if bad or not (low < value <= high if optional else low <= value <= high):
+                raise ValueError(
+                    f"HardwareProfile {self.name!r}: {fname} must be {what}"
+                    + (" or null" if optional else "") + f", got {value!r}"
+                )
+        if self.gemm_efficiency_max is not None and self.memory_Bps is None:
+            raise ValueError(
+                f"HardwareProfile {self.name!r}: gemm_efficiency_max is set but memory_Bps is null; the GPU model "
+                "prices non-GEMM ops from memory bandwidth, so give memory_Bps too (or drop gemm_efficiency_max)"
+            )
 
     # ------------------------------------------------------------------ topology
     def node_of(self, device: int) -> int:
@@ -197,6 +230,23 @@ class HardwareProfile:
             raise ValueError(f"compute_time: flops must be >= 0, got {flops!r}")
         return float(flops) / (self.flops_per_s[key] * self.compute_efficiency)
 
+    @property
+    def gpu_model(self) -> bool:
+        """Whether ops are priced by the GPU model (GEMM efficiency curve, bandwidth-bound rest)."""
+        return self.gemm_efficiency_max is not None
+
+    def gemm_efficiency(self, flops: float) -> float:
+        """Share of peak a GEMM of ``flops`` reaches: ``max * F / (F + F_half)``.
+
+        Rises with size and saturates: a GEMM pays a fixed cost (filling the SMs' tiles, the
+        last partial wave, prologue/epilogue) that large ones amortise, as GEMM benchmarks on
+        A100/H100 show (NVIDIA, "Matrix Multiplication Background" performance guide).
+        """
+        if self.gemm_efficiency_max is None:
+            return self.compute_efficiency
+        f = max(float(flops), 0.0)
+        return self.gemm_efficiency_max * f / (f + self.gemm_half_flops) if f > 0 else 0.0
+
     # ------------------------------------------------------------------ files
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -211,6 +261,12 @@ class HardwareProfile:
             "reduction_Bps": self.reduction_Bps,
             "memory_bytes": self.memory_bytes,
         }
+        if self.gemm_efficiency_max is not None or self.memory_Bps is not None or self.kernel_launch_s:
+            out.update({
+                "memory_Bps": self.memory_Bps, "kernel_launch_s": self.kernel_launch_s,
+                "gemm_efficiency_max": self.gemm_efficiency_max, "gemm_half_flops": self.gemm_half_flops,
+                "elementwise_fusion": self.elementwise_fusion,
+            })
         if self.calibration is not None:
             out["calibration"] = dict(self.calibration)
         return out
@@ -227,6 +283,7 @@ class HardwareProfile:
         allowed = {
             "format", "version", "name", "description", "devices_per_node", "links", "flops_per_s",
             "compute_efficiency", "reduction_Bps", "memory_bytes", "calibration",
+            "memory_Bps", "kernel_launch_s", "gemm_efficiency_max", "gemm_half_flops", "elementwise_fusion",
         }
         for key in data:
             if key not in allowed:
@@ -256,6 +313,11 @@ class HardwareProfile:
                 compute_efficiency=data.get("compute_efficiency", 1.0),
                 reduction_Bps=data.get("reduction_Bps"),
                 memory_bytes=data.get("memory_bytes"),
+                memory_Bps=data.get("memory_Bps"),
+                kernel_launch_s=data.get("kernel_launch_s", 0.0),
+                gemm_efficiency_max=data.get("gemm_efficiency_max"),
+                gemm_half_flops=data.get("gemm_half_flops", 0.0),
+                elementwise_fusion=data.get("elementwise_fusion", 1.0),
                 description=str(data.get("description", "")),
                 calibration=data.get("calibration"),
             )

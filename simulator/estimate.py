@@ -47,7 +47,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mpipar import cliargs
@@ -55,7 +55,7 @@ from mpipar.models.gpt import GPTParallel
 from mpipar.pipeline import Schedule, build_schedule
 from mpipar.pipeline.actions import final_backward_kind
 from simulator.cost import HardwareProfile, PipelineCost, load_profile
-from simulator.op_cost import PlanCosts
+from simulator.op_cost import PlanCosts, op_family
 from simulator.schedule_sim import simulate_schedule
 from simulator.step_trace import SETUP, GPTShape, KeptTensor, Part, StepTrace, Strategy, build_meshes, trace_gpt_step
 
@@ -78,6 +78,9 @@ class StageEstimate:
     activation_bytes_per_microbatch: int
     """On the busiest rank of the stage: everything the stage keeps for one micro-batch."""
     peak_in_flight: int
+    breakdown_ms: dict[str, float] = field(default_factory=dict)
+    """Per micro-batch on the busiest rank: ``forward/gemm``, ``backward/norm``, ``forward/comm``,
+    ``backward/comm_overlapped`` (hidden behind weight-gradient GEMMs), ... in milliseconds."""
 
 
 @dataclass
@@ -100,6 +103,36 @@ class Estimate:
     layers_traced: int
     ops: int
     reshards: int
+    peak_flops_per_device: float = 0.0
+    """The profile's dense peak for the plan's compute dtype (what MFU and HFU divide by)."""
+
+    @property
+    def model_flops(self) -> float:
+        """Model FLOPs of one step (fwd + bwd, no recompute): Narayanan et al. 2021, Eq. 3 with
+        ``l`` layers, ``h`` hidden, ``s`` sequence, ``V`` vocabulary, ``B`` sequences per step:
+        ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))`` (Eq. 3's 96 counts full recompute; 72 = 3/4 of it)."""
+        sh = self.shape
+        b = self.tokens_per_step / sh.seq
+        n, h, s, v = sh.layers, sh.hidden, sh.seq, sh.vocab
+        return 72.0 * b * s * n * h * h * (1 + s / (6 * h) + v / (12 * n * h))
+
+    @property
+    def hardware_flops(self) -> float:
+        """Model FLOPs plus what recomputation adds: one more forward of every layer under full
+        recompute (Eq. 3's 96), the attention core ``4 B s^2 h`` per layer under selective
+        (Korthikanti et al. 2022, section 5)."""
+        sh = self.shape
+        b = self.tokens_per_step / sh.seq
+        n, h, s = sh.layers, sh.hidden, sh.seq
+        if self.strategy.recompute == "full":
+            return self.model_flops + 24.0 * b * s * n * h * h * (1 + s / (6 * h))
+        if self.strategy.recompute == "selective":
+            return self.model_flops + 4.0 * b * s * s * h * n
+        return self.model_flops
+
+    def utilization(self, flops: float) -> float | None:
+        denom = self.step_time_s * self.peak_flops_per_device * self.world_size
+        return flops / denom if denom > 0 else None
 
     @property
     def world_size(self) -> int:
@@ -126,6 +159,10 @@ class Estimate:
             "model_state_by_category": {c: [v.get(r, 0) for r in ranks] for c, v in self.model_state_by_category.items()},
             "peak_bytes_per_rank": [self.peak_bytes_per_rank[r] for r in ranks],
             "step_time_s": self.step_time_s,
+            "model_flops_per_step": self.model_flops,
+            "hardware_flops_per_step": self.hardware_flops,
+            "mfu": self.utilization(self.model_flops),
+            "hfu": self.utilization(self.hardware_flops),
             "tokens_per_s": self.tokens_per_step / self.step_time_s if self.step_time_s > 0 else None,
             "pipeline": {
                 "schedule": self.strategy.schedule, "num_stages": self.strategy.num_stages,
@@ -177,12 +214,39 @@ class Estimate:
             f"step time {self.step_time_s:.4g} s: pipeline {self.pipeline_s:.4g} s (bubble {self.bubble_fraction:.3f}), "
             f"then gradient reduction + optimizer up to {max(self.tail_s):.4g} s; "
             f"{self.tokens_per_step / self.step_time_s:,.0f} tokens/s",
+            f"MFU {_pct(self.utilization(self.model_flops))}, HFU {_pct(self.utilization(self.hardware_flops))} "
+            f"(model FLOPs {self.model_flops:.4g} per step, with recomputation {self.hardware_flops:.4g}; "
+            f"peak {self.peak_flops_per_device / 1e12:.4g} TFLOP/s x {self.world_size} devices)",
             f"peak memory {self.peak_bytes_per_rank[peak_rank] / gib:.2f} GiB (rank {peak_rank}); "
             f"least {min(self.peak_bytes_per_rank.values()) / gib:.2f} GiB",
             f"traced {self.layers_traced} of {self.shape.layers} layers, {self.ops} ops, {self.reshards} reshards in "
             f"{self.trace_seconds:.2f} s",
         ]
         return "\n".join(lines)
+
+    def breakdown(self) -> str:
+        """Per stage: milliseconds per micro-batch by op family and communication, and the bubble."""
+        keys = sorted({k for s in self.stages for k in s.breakdown_ms})
+        head = f"{'stage':>5} " + " ".join(f"{k:>{max(len(k), 8)}}" for k in keys)
+        lines = ["per stage, one micro-batch, busiest rank, ms (comm_overlapped: hidden behind weight-gradient GEMMs "
+                 "up to their time)", head]
+        for s in self.stages:
+            lines.append(f"{s.stage:>5} " + " ".join(f"{s.breakdown_ms.get(k, 0.0):>{max(len(k), 8)}.3f}" for k in keys))
+        lines.append(
+            f"pipeline {self.pipeline_s * 1e3:.2f} ms, bubble {self.bubble_fraction:.3f} (1F1B ideal (p-1)/(m+p-1) = "
+            f"{_ideal_bubble(self.strategy):.3f}); gradient reduction + optimizer per lane: "
+            + ", ".join(f"{t * 1e3:.2f}" for t in self.tail_s) + " ms"
+        )
+        return "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _ideal_bubble(st: Strategy) -> float:
+    p, m = st.pp, st.micro_batches
+    return (p - 1) / (st.chunks * m + p - 1) if p > 1 else 0.0
 
 
 # ---------------------------------------------------------------------- the estimate
@@ -251,14 +315,25 @@ def estimate(
             continue
         times = costs.op_times(op)
         charge(part, op.phase, costs.op_ranks(op), times)
+        if op.phase != "optimizer":
+            charge(part, f"{op.phase}/{op_family(op.op)}", costs.op_ranks(op), times)
         if op.index in step.weight_ops:
             charge(part, "weight", costs.op_ranks(op), times)
     for res, part in zip(plan.reshards, step.reshard_parts, strict=True):
         if part == SETUP:
             continue
-        bucket = "sync" if res.index in step.grad_sync else res.phase
+        if res.index in step.grad_sync:
+            bucket = "sync"
+        elif hw.gpu_model and _overlapped(res, strategy):
+            bucket = "overlap"
+        else:
+            bucket = res.phase
         charge(part, bucket, costs.reshard_ranks(res), costs.reshard_times(res))
+        if bucket in ("forward", "backward"):
+            charge(part, f"{bucket}/comm", costs.reshard_ranks(res), costs.reshard_times(res))
     update_dtype = "float32" if strategy.mixed_precision else strategy.dtype
+    if memory_bandwidth is None and hw.gpu_model:
+        memory_bandwidth = hw.memory_Bps  # the GPU model: an optimizer update streams its states
     for part, per_rank in step.update_elements.items():
         updates: dict[int, float] = {}
         for r, n in per_rank.items():
@@ -286,8 +361,11 @@ def estimate(
     for s in range(n_stages):
         ranks = step.stage_ranks[s]
         f = max(stage_sum(s, "forward", r) for r in ranks)
-        b = max(stage_sum(s, "backward", r) for r in ranks)
         w = max(stage_sum(s, "weight", r) for r in ranks)
+        # Megatron's sequence-parallel backward runs its all-gather and reduce-scatter alongside the
+        # weight-gradient GEMMs; only what those GEMMs cannot hide is paid.
+        b = max(stage_sum(s, "backward", r) + max(0.0, stage_sum(s, "overlap", r) - stage_sum(s, "weight", r))
+                for r in ranks)
         fwd.append(f)
         b_w.append(min(w, b))
         b_in.append(max(b - w, 0.0))
@@ -333,10 +411,17 @@ def estimate(
                 cache[vec] = _peak_in_flight_bytes(schedule, k, dict(zip(stages, vec, strict=True)))
             peaks[r] = state_total[r] + cache[vec]
     in_flight = schedule.peak_in_flight()
+    family_buckets = sorted({b for (_, b) in seconds if "/" in b} | {"overlap"})
+
+    def busiest_breakdown(s: int) -> dict[str, float]:
+        rank = max(step.stage_ranks[s], key=lambda r: stage_sum(s, "forward", r) + stage_sum(s, "backward", r))
+        out = {b.replace("overlap", "backward/comm_overlapped"): 1e3 * stage_sum(s, b, rank) for b in family_buckets}
+        return {k: v for k, v in out.items() if v > 0 or k.endswith("comm")}
+
     stage_rows = [
         StageEstimate(
             s, step.stage_ranks[s], layers[s], fwd[s], b_in[s], b_w[s], send_f[s] if s < n_stages - 1 else 0.0,
-            max(act[s].values()), in_flight[s],
+            max(act[s].values()), in_flight[s], busiest_breakdown(s),
         )
         for s in range(n_stages)
     ]
@@ -344,8 +429,24 @@ def estimate(
     return Estimate(
         shape, strategy, hw.name, max(layer0.values()) if layer0 else 0, step.layer_kept, state_total, state_cat,
         peaks, step_time, timeline.makespan, tails, timeline.bubble_fraction(), stage_rows, step.seconds,
-        len(step.layer_stage), len(plan.ops), len(plan.reshards),
+        len(step.layer_stage), len(plan.ops), len(plan.reshards), _peak_rate(hw, update_dtype if not
+                                                                            strategy.mixed_precision else "float16"),
     )
+
+
+def _peak_rate(hw: HardwareProfile, dtype: str) -> float:
+    """The profile's dense peak for ``dtype`` (a 16-bit dtype falls back to its twin)."""
+    for key in (dtype, {"float16": "bfloat16", "bfloat16": "float16"}.get(dtype, dtype)):
+        if key in hw.flops_per_s:
+            return float(hw.flops_per_s[key])
+    return 0.0
+
+
+def _overlapped(res: Any, strategy: Strategy) -> bool:
+    """A backward sequence-parallel all-gather or reduce-scatter: Megatron overlaps these with
+    the weight-gradient GEMMs (Korthikanti et al. 2022, section 4.2.2)."""
+    return (strategy.sequence_parallel and res.phase == "backward" and bool(res.steps)
+            and all(st.kind in ("all_gather", "reduce_scatter") for st in res.steps))
 
 
 class _Ledger:
@@ -439,6 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="host time per parameter the optimizer updates (default: --op-overhead)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    o.add_argument("--breakdown", action="store_true",
+                   help="also print, per stage, the ms by op family (gemm, norm, elementwise, ...) and communication, and the bubble")
     o.add_argument("--plan", metavar="PATH", type=cliargs.output_path, help="also write the traced plan (mpipar.plan JSON)")
     return p
 
@@ -493,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("\n")
     else:
         print(result.summary())
+        if ns.breakdown:
+            print()
+            print(result.breakdown())
         if ns.plan:
             print(f"wrote {ns.plan}")
     return 0

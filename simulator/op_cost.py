@@ -71,6 +71,27 @@ ELEMENT_FLOPS: dict[str, float] = {
 REDUCTIONS = frozenset({"sum", "mean", "max", "min"})
 VIEW_OPS = frozenset({"reshape", "transpose", "unsqueeze", "squeeze", "expand", "split", "slice"})
 """Ops NumPy runs as views of their input: no bytes moved, no FLOPs."""
+NORM_OPS = frozenset({
+    "layer_norm", "layer_norm_grad", "softmax", "softmax_grad", "log_softmax", "log_softmax_grad",
+    "cross_entropy_with_softmax", "cross_entropy_with_softmax_grad",
+})
+"""Normalisation, softmax and loss kernels (a family of their own in ``estimate --breakdown``)."""
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+GATHER_OPS = frozenset({"embedding"})
+"""Ops that read only the rows they gather: their table is not streamed through memory."""
+
+
+def op_family(name: str) -> str:
+    """The family ``estimate --breakdown`` files an op under: gemm, norm, elementwise, embedding, view."""
+    if name == "matmul":
+        return "gemm"
+    if name in NORM_OPS:
+        return "norm"
+    if name in VIEW_OPS:
+        return "view"
+    if name in GATHER_OPS or name.startswith("embedding"):
+        return "embedding"
+    return "elementwise"
 
 
 @functools.lru_cache(maxsize=256)
@@ -176,7 +197,12 @@ class PlanCosts:
         total = 0
         for tid, pls in zip(op.inputs, op.required_placements, strict=False):
             t = self._tensors[tid]
+            if op.op in GATHER_OPS and t.dtype in FLOAT_DTYPES:
+                continue  # the table: only the gathered rows are read, as many bytes as the output
             total += _numel(self.local_shape(tid, pls, rank)) * itemsize(t.dtype)
+        if op.op in GATHER_OPS:
+            total += sum(_numel(self.local_shape(t, p, rank)) * itemsize(self._tensors[t].dtype)
+                         for t, p in zip(op.outputs, op.output_placements, strict=False))
         for tid, pls in zip(op.outputs, op.output_placements, strict=False):
             t = self._tensors[tid]
             total += _numel(self.local_shape(tid, pls, rank)) * itemsize(t.dtype)
@@ -201,6 +227,8 @@ class PlanCosts:
         return self.profile.compute_time(flops, key)
 
     def op_time(self, op: PlanOp, rank: int) -> float:
+        if self.profile.gpu_model:
+            return self._gpu_op_time(op, rank)
         flops = self.op_flops(op, rank)
         if op.op != "matmul" and self.vector_flops is not None:
             t = flops / self.vector_flops
@@ -209,6 +237,27 @@ class PlanCosts:
         if self.memory_bandwidth is not None:
             t = max(t, self.op_bytes(op, rank) / self.memory_bandwidth)
         return t + self.op_overhead
+
+    def _gpu_op_time(self, op: PlanOp, rank: int) -> float:
+        """The GPU model (module docstring): GEMMs on a size-dependent share of a roofline, the
+        rest streamed through memory with the profile's fusion, every kernel a launch."""
+        hw = self.profile
+        if op.op in VIEW_OPS or not op.outputs:
+            return 0.0
+        nbytes = self.op_bytes(op, rank)
+        bandwidth = self.memory_bandwidth if self.memory_bandwidth is not None else hw.memory_Bps
+        assert bandwidth is not None  # HardwareProfile refuses a GEMM curve without memory_Bps
+        if op.op == "matmul":
+            flops = self.op_flops(op, rank)
+            peak = self.compute_time(flops, self.op_dtype(op))  # seconds at the profile's (flat) rate
+            peak_rate = flops / peak / hw.compute_efficiency if peak > 0 else 0.0  # undo the flat share
+            if flops <= 0:
+                return hw.kernel_launch_s
+            # Roofline: a skinny GEMM (small intensity) is bound by streaming its operands.
+            rate = min(peak_rate, flops / nbytes * bandwidth) if nbytes > 0 else peak_rate
+            return flops / (rate * hw.gemm_efficiency(flops)) + hw.kernel_launch_s
+        fusion = hw.elementwise_fusion
+        return (nbytes / bandwidth + hw.kernel_launch_s) / fusion
 
     # ------------------------------------------------------------------ reshards
     def reshard_time(self, r: PlanReshard, rank: int) -> float:

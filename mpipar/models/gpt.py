@@ -191,7 +191,13 @@ class Block(Layer):
 def gpt_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross entropy of logits (B, T, V) against targets (B, T)."""
     b, t, v = logits.shape
-    return F.cross_entropy(dist.reshape(logits, [b * t, v]), dist.reshape(targets, [b * t]))
+    flat = dist.reshape(logits, [b * t, v])
+    if flat.is_dist and any(p.is_shard(1) for p in flat.spec.placements):
+        # Vocabulary-parallel logits: the loss keeps the class axis whole, so hand each rank whole
+        # rows instead (one all_to_all of its logits) rather than gathering every logit everywhere.
+        pls = [Shard(0) if p.is_shard(1) else p for p in flat.spec.placements]
+        flat = dist.reshard(flat, flat.spec.mesh, pls)
+    return F.cross_entropy(flat, dist.reshape(targets, [b * t]))
 
 
 class GPT(Layer):
@@ -237,8 +243,8 @@ class GPT(Layer):
             mark(block.attn.causal_mask, mesh, par.weight(mesh, None))
         mark(self.ln_f.weight, last, par.weight(last, None))
         mark(self.ln_f.bias, last, par.weight(last, None))
-        mark(self.lm_head.weight, last, par.weight(last, None))
-        mark(self.lm_head.bias, last, par.weight(last, None))
+        mark(self.lm_head.weight, last, par.weight(last, Shard(1)))
+        mark(self.lm_head.bias, last, par.weight(last, Shard(0)))
 
     # ------------------------------------------------------------------ forward
     def forward(self, idx: Tensor) -> Tensor:
@@ -265,7 +271,7 @@ class GPT(Layer):
         x = self.ln_f(x)
         if par.distributed and par.sequence_parallel:
             x = dist.reshard(x, par.stage_meshes[-1], par.activation(par.stage_meshes[-1], seq_split=False))
-        return self.lm_head(x)  # (B, T, V)
+        return self.lm_head(x)  # (B, T, V); the vocabulary on tp (column parallel, as Megatron's output layer)
 
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
         return gpt_loss(self.forward(idx), targets)
