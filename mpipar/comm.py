@@ -107,6 +107,30 @@ def current_context() -> str:
     return " / ".join(_context)
 
 
+@dataclass(frozen=True)
+class ReusedReshard:
+    """A reshard a consumer did not make because an earlier one had (each reshard once): no call."""
+
+    src: str
+    dst: str
+    dtype: str
+    context: str
+
+    def __str__(self) -> str:
+        return f"reused {self.src} -> {self.dst} {self.dtype} (no call)  # {self.context}"
+
+
+def note_reused_reshard(src: str, dst: str, dtype: Any) -> None:
+    """Tell the recorders that want it (``CommDebugMode``) that a reshard was reused."""
+    if not _recorders:
+        return
+    note = ReusedReshard(src, dst, str(np.dtype(dtype)), current_context())
+    for rec in list(_recorders):
+        record_reused = getattr(rec, "record_reused", None)
+        if record_reused is not None:
+            record_reused(note)
+
+
 def _nbytes(arrays: Sequence[Array]) -> int:
     return int(sum(int(a.nbytes) for a in arrays))
 

@@ -19,16 +19,17 @@ Arrays held by a tensor are read-only; operations build new arrays.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from mpipar import autograd, hooks
 from mpipar.backend import current_backend
-from mpipar.comm import current_context
+from mpipar.comm import current_context, note_reused_reshard
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import Partial, Placement, Replicate, check_placements
 from mpipar.reshard.executor import execute_plan, freeze
@@ -91,6 +92,11 @@ class Tensor:
     _shards: dict[int, Array]
     _init: Callable[[tuple[int, ...], Any], Array] | None = None
     """A lazy value: ``init(shape, box)`` gives any box of it (counter-based initializers)."""
+    _reshards: dict[DistSpec, tuple[int, Tensor]] | None = None
+    """Each reshard once: the layouts this computed value was already resharded to, as
+    ``target spec -> (storage id of the source when resharded, a view of the result)``. Ops'
+    outputs have one (shared with their detached views, which saved tensors are); leaves
+    (parameters, inputs) do not, so a parameter never holds a gathered copy across steps."""
 
     def __init__(
         self,
@@ -215,6 +221,7 @@ class Tensor:
         t = Tensor.__new__(Tensor)
         Tensor.__init__(t, None, dtype=self._dtype)
         t._take_storage(self)
+        t._reshards = self._reshards  # the same value: the same reshards already made
         t.name = self.name
         return t
 
@@ -579,8 +586,84 @@ def reshard(tensor: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) 
     return _reshard(tensor, dst, backend)
 
 
+_reuse_enabled = [True]
+
+
+@contextlib.contextmanager
+def reuse_reshards(enabled: bool) -> Iterator[None]:
+    """Turn each-reshard-once on or off inside the block (on by default).
+
+    Off, every consumer reshards for itself and the conflict policy does not price earlier
+    reshards as free: the behaviour before reuse, kept to measure what reuse saves (tests,
+    ``benchmarks/``). Results are the same values either way.
+    """
+    _reuse_enabled.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _reuse_enabled.pop()
+
+
+def reuse_enabled() -> bool:
+    return _reuse_enabled[-1]
+
+
+def reshards_made(tensor: Tensor) -> frozenset[DistSpec]:
+    """The layouts ``tensor``'s current value was already resharded to (free to use again)."""
+    cache = tensor._reshards
+    if not cache:
+        return frozenset()
+    return frozenset(spec for spec, (sid, _) in cache.items() if sid == tensor._sid)
+
+
+def _reused(tensor: Tensor, dst: DistSpec) -> Tensor | None:
+    """The reshard of ``tensor`` to ``dst`` an earlier consumer made, as a new tensor; None if none.
+
+    Valid while the value is unchanged (an in-place update gives a new storage id). The result
+    shares the stored shards (read-only) and gets its own reshard node, so gradients reaching
+    it flow back to ``tensor`` as a fresh reshard's would.
+    """
+    cache = tensor._reshards
+    entry = cache.get(dst) if cache else None
+    if entry is None or entry[0] != tensor._sid:
+        return None
+    out = entry[1].detach()
+    plan = plan_reshard(tensor.spec, dst)
+    if plan.steps:
+        for hook in hooks.reshard_hooks:
+            reuse_hook = getattr(hook, "on_reshard_reused", None)
+            if reuse_hook is not None:
+                reuse_hook(tensor, out, plan, current_context())
+        note_reused_reshard(plan.src.placements_str, plan.dst.placements_str, tensor.dtype)
+    return out
+
+
 def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
-    """The reshard itself (``reshard`` minus the pipeline-boundary check)."""
+    """The reshard itself (``reshard`` minus the pipeline-boundary check).
+
+    Each reshard once: a computed value (an op's output) already resharded to ``dst`` is not
+    resharded again while it is unchanged; the earlier result is used (and reported as reused).
+    """
+    cacheable = tensor._reshards is not None and tensor.is_dist and not backend.reference and _reuse_enabled[-1]
+    out: Tensor | None = _reused(tensor, dst) if cacheable else None
+    if out is not None:
+        out.stop_gradient = tensor.stop_gradient
+        if not tensor.stop_gradient and autograd.is_grad_enabled():
+            out._grad_fn = autograd.reshard_node(tensor)
+        return out
+    out = _reshard_now(tensor, dst, backend)
+    if cacheable:
+        out._reshards = {}
+        assert tensor._reshards is not None
+        tensor._reshards[dst] = (tensor._sid, out.detach())
+    out.stop_gradient = tensor.stop_gradient
+    if not tensor.stop_gradient and autograd.is_grad_enabled():
+        out._grad_fn = autograd.reshard_node(tensor)
+    return out
+
+
+def _reshard_now(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
+    """Move the data (or, shape-only, plan the move)."""
     if tensor._abstract or backend.shape_only:
         out = Tensor.abstract(tensor.shape, tensor.dtype, dst)
         if tensor.is_dist:
@@ -600,9 +683,6 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
         if plan.steps:
             for hook in hooks.reshard_hooks:
                 hook.on_reshard(tensor, out, plan, current_context())
-    out.stop_gradient = tensor.stop_gradient
-    if not tensor.stop_gradient and autograd.is_grad_enabled():
-        out._grad_fn = autograd.reshard_node(tensor)
     return out
 
 

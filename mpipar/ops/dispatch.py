@@ -33,7 +33,7 @@ from mpipar.placement import Replicate
 from mpipar.reshard.executor import freeze
 from mpipar.spec import Box, DistSpec, box_shape, full_box
 from mpipar.spmd import registry as spmd
-from mpipar.tensor import Tensor, reshard
+from mpipar.tensor import Tensor, reshard, reshards_made, reuse_enabled
 
 Array = Any
 
@@ -169,9 +169,30 @@ def _nest(specs: Sequence[DistSpec], nest: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _infer(op: OpDef, specs: list[DistSpec], nest: list[Any], attrs: dict[str, Any], flat: list[Tensor]) -> spmd.SpmdResult:
+def _reuse_info(flat: list[Tensor]) -> spmd.Reuse | None:
+    """For the conflict policy: which inputs hold the same value, and the layouts each value was
+    already resharded to this step (free to use again); None when there is nothing to reuse."""
+    info: list[tuple[int, frozenset[DistSpec]]] = []
+    first: dict[int, int] = {}
+    reusable = False
+    for i, t in enumerate(flat):
+        if not t.is_dist:
+            info.append((i, frozenset()))
+            continue
+        group = first.setdefault(t._sid, i)
+        made = reshards_made(t)
+        reusable = reusable or group != i or bool(made)
+        info.append((group, made))
+    return tuple(info) if reusable else None
+
+
+def _infer(
+    op: OpDef, specs: list[DistSpec], nest: list[Any], attrs: dict[str, Any], flat: list[Tensor], reuse: bool = False
+) -> spmd.SpmdResult:
     rattrs = attrs if op.rule_attrs is None else {k: attrs[k] for k in op.rule_attrs if k in attrs}
     try:
+        if reuse and reuse_enabled():
+            return spmd.infer_forward_reusing(op.rule_name, _nest(specs, nest), _reuse_info(flat), **rattrs)
         return spmd.infer_forward(op.rule_name, _nest(specs, nest), **rattrs)
     except ValueError as exc:
         who = "; ".join(f"input {i}: {_label(t)}" for i, t in enumerate(flat))
@@ -229,7 +250,7 @@ def _run_abstract(
     mesh = dist_inputs[0].spec.mesh
     replicated = [Replicate()] * mesh.ndim
     specs = [t.spec if t.is_dist else DistSpec(t.shape, mesh, replicated) for t in flat]
-    res = _infer(op, specs, nest, attrs, flat)
+    res = _infer(op, specs, nest, attrs, flat, reuse=True)
     used = []
     for i, (t, have, want) in enumerate(zip(flat, specs, res.flat_inputs(), strict=True)):
         if t.is_dist and have == want:
@@ -242,6 +263,8 @@ def _run_abstract(
         with comm_context(f"{op.name} input {i}: rule {res.rule}: {res.reason}"), hooks.op_inputs(op.name):
             used.append(_reshard_input(t, want))
     outs = [Tensor.abstract(s.shape, dt, s) for s, dt in zip(res.outputs, dtypes, strict=True)]
+    for t in outs:
+        t._reshards = {}  # a computed value: reshard it once (``mpipar.tensor.reshard``)
     return outs, used, res
 
 
@@ -289,7 +312,7 @@ def _run_dist(
         out_specs = None
         rule_label = "replicate-only"
     else:
-        res = _infer(op, specs, nest, attrs, flat)
+        res = _infer(op, specs, nest, attrs, flat, reuse=True)
         need = res.flat_inputs()
         out_specs = list(res.outputs)
         rule_label = f"rule {res.rule}: {res.reason}"
@@ -335,7 +358,9 @@ def _run_dist(
                     f"{op.rule_name} says {list(spec.local_shape(r))} ({spec})"
                 )
             shards[r] = arr
-        outs.append(Tensor._from_shards(spec, shards, dt))
+        out = Tensor._from_shards(spec, shards, dt)
+        out._reshards = {}  # a computed value: reshard it once (``mpipar.tensor.reshard``)
+        outs.append(out)
     return outs, used, res
 
 

@@ -5,8 +5,10 @@
     MPIPAR_BACKEND=nccl mpiexec -n 8 python train.py
 
 NOT RUN ON A GPU HERE: the machines this project is developed and tested on have no CUDA
-device, so this module is exercised only up to its refusal without one
-(``tests/test_gpu_nccl.py`` runs the rest where a GPU exists).
+device. CI runs this module's code through a stand-in for CuPy and NCCL
+(``tests/nccl_standin``, used only by ``tests/test_nccl_standin.py``: NumPy arrays, recorded
+streams, NCCL's calls carried over MPI, the backend's discipline checked);
+``tests/test_gpu_nccl.py`` runs it on real GPUs where they exist.
 
 Same interface and algorithms as the MPI backend (``mpipar.runtime.ordered``: every
 reduction runs locally in group order, so results stay bit-identical to the simulator's),

@@ -474,7 +474,9 @@ class OrderedCommunicator(Communicator):
 def _adjacent_view(pieces: Sequence[Array], dtype: Any) -> Array | None:
     """One flat view over ``pieces`` when they are C-contiguous NumPy arrays of ``dtype`` lying
     back to back in one buffer (row blocks of a contiguous array, as P -> S(0) cuts them)."""
-    if not all(isinstance(p, np.ndarray) and p.dtype == dtype and p.flags.c_contiguous for p in pieces):
+    # Exactly NumPy's type: a subclass (another array library's host-backed arrays) gets a copy
+    # of its own kind, not a plain ndarray view it could not hand to its transport.
+    if not all(type(p) is np.ndarray and p.dtype == dtype and p.flags.c_contiguous for p in pieces):
         return None
     filled = [p for p in pieces if p.size]  # an empty piece may point anywhere
     if not filled:

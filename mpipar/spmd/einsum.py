@@ -19,7 +19,9 @@ there, a Partial some input has there, or Replicate): the rule never invents a s
 Conflict policy (documented, cost-aware): among all combinations of per-axis candidates,
 choose the one whose input reshards receive the fewest bytes per rank (the reshard planner's
 own cost), counting for a Partial kept through a multilinear op the reduction it defers to
-the output (see ``_deferred_reduction``); ties go to fewer Partial outputs (a Partial must be
+the output (see ``_deferred_reduction``) and pricing as free a reshard an earlier consumer of
+the same value already made, or another input of the op holding the same value makes (each
+reshard once, ``mpipar.tensor.reshard``); ties go to fewer Partial outputs (a Partial must be
 reduced later), then to leaving earlier inputs unchanged. Non-linear ops never consume
 Partial: a Partial input of a non-linear op has no ``P`` candidate and is reduced by the
 reshard the rule asks for.
@@ -214,8 +216,32 @@ def _deferred_reduction(es: EinsumSpec, combo: Sequence[Decision], outs: list[Di
     return extra
 
 
-def solve_forward(es: EinsumSpec, specs: Sequence[DistSpec]) -> tuple[list[DistSpec], list[DistSpec], str]:
-    """Pick per-axis decisions for the inputs' current specs (see the module docstring)."""
+def _reshard_cost(
+    specs: Sequence[DistSpec], ins: Sequence[DistSpec], reuse: Sequence[tuple[int, frozenset[DistSpec]]] | None
+) -> float:
+    """Elements a rank receives to reshard ``specs`` to ``ins``; with ``reuse``, a reshard an
+    earlier consumer made, or another input holding the same value makes, costs nothing."""
+    cost = 0.0
+    made: set[tuple[int, DistSpec]] = set()
+    for i, (s, r) in enumerate(zip(specs, ins, strict=True)):
+        if s == r:
+            continue
+        if reuse is not None:
+            group, paid = reuse[i]
+            if r in paid or (group, r) in made:
+                continue
+            made.add((group, r))
+        cost += plan_reshard(s, r).recv_elems_per_rank()
+    return cost
+
+
+def solve_forward(
+    es: EinsumSpec, specs: Sequence[DistSpec], reuse: Sequence[tuple[int, frozenset[DistSpec]]] | None = None
+) -> tuple[list[DistSpec], list[DistSpec], str]:
+    """Pick per-axis decisions for the inputs' current specs (see the module docstring).
+
+    ``reuse`` (per input: the first input holding the same value, and the specs that value is
+    already resharded to) prices a reshard made once for several consumers once."""
     _check_mesh(es, specs)
     sizes = _letter_sizes(es, specs)
     mesh = specs[0].mesh
@@ -226,7 +252,7 @@ def solve_forward(es: EinsumSpec, specs: Sequence[DistSpec]) -> tuple[list[DistS
         if built is None:
             continue
         ins, outs = built
-        cost = sum(plan_reshard(s, r).recv_elems_per_rank() for s, r in zip(specs, ins, strict=True) if s != r)
+        cost = _reshard_cost(specs, ins, reuse)
         cost += _deferred_reduction(es, combo, outs)
         partial_outs = sum(len(o.partial_axes) for o in outs)
         changed = tuple(int(s != r) for s, r in zip(specs, ins, strict=True))

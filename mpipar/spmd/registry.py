@@ -76,6 +76,14 @@ class EinsumRule(Rule):
         ins, outs, reason = solve_forward(espec, flat)
         return SpmdResult(shape_of(ins), tuple(outs), self.name, reason)
 
+    def infer_forward_reusing(self, inputs: Sequence[SpecArg], reuse: Reuse, **attrs: Any) -> SpmdResult:
+        from mpipar.spmd.einsum import solve_forward
+
+        flat, shape_of = _flatten(inputs)
+        espec = self.build(flat, **attrs)
+        ins, outs, reason = solve_forward(espec, flat, reuse)
+        return SpmdResult(shape_of(ins), tuple(outs), self.name, reason)
+
     def infer_backward(self, inputs: Sequence[SpecArg], outputs: Sequence[DistSpec], **attrs: Any) -> SpmdResult:
         from mpipar.spmd.einsum import solve_backward
 
@@ -182,9 +190,19 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+Reuse = tuple[tuple[int, frozenset[DistSpec]], ...]
+"""Per flat input: the index of the first input holding the same value, and the specs that value
+was already resharded to this step (an earlier consumer paid for those: they are free)."""
+
+
 @lru_cache(maxsize=65536)
-def _cached_forward(name: str, inputs: tuple[Any, ...], attrs: tuple[tuple[str, Any], ...]) -> SpmdResult:
-    return get_rule(name).infer_forward(inputs, **dict(attrs))
+def _cached_forward(
+    name: str, inputs: tuple[Any, ...], attrs: tuple[tuple[str, Any], ...], reuse: Reuse | None = None
+) -> SpmdResult:
+    rule = get_rule(name)
+    if reuse is not None and isinstance(rule, EinsumRule):
+        return rule.infer_forward_reusing(inputs, reuse, **dict(attrs))
+    return rule.infer_forward(inputs, **dict(attrs))
 
 
 def infer_forward(op: str, inputs: Sequence[SpecArg], **attrs: Any) -> SpmdResult:
@@ -194,6 +212,17 @@ def infer_forward(op: str, inputs: Sequence[SpecArg], **attrs: Any) -> SpmdResul
     """
     key = tuple(x if isinstance(x, DistSpec) else tuple(x) for x in inputs)
     return _cached_forward(op, key, _freeze(attrs))
+
+
+def infer_forward_reusing(op: str, inputs: Sequence[SpecArg], reuse: Reuse | None, **attrs: Any) -> SpmdResult:
+    """``infer_forward`` pricing reshards already made as free (see ``Reuse``).
+
+    ``multiply(y, y)`` with ``y`` Partial then reduces ``y`` once for both inputs instead of
+    keeping one input Partial and reducing the product (and, in backward, two gradients) later.
+    Rules that are not einsum rules answer as ``infer_forward``.
+    """
+    key = tuple(x if isinstance(x, DistSpec) else tuple(x) for x in inputs)
+    return _cached_forward(op, key, _freeze(attrs), reuse)
 
 
 def infer_backward(op: str, inputs: Sequence[SpecArg], outputs: Sequence[DistSpec], **attrs: Any) -> SpmdResult:

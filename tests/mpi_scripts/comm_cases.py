@@ -37,8 +37,16 @@ from simulator.virtual_comm import VirtualCommunicator
 OPS = ["all_reduce", "reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "barrier"]
 
 
+DEVICE: Any = np
+"""The backend's array module: the NCCL backend is handed device arrays, as its shards are."""
+
+
 def values(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """Random values; always an ndarray (NumPy returns scalars for shape ``()``; shards are arrays)."""
+    return DEVICE.asarray(_host_values(rng, shape, dtype))
+
+
+def _host_values(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     if dtype == np.bool_:
         return np.asarray(rng.random(shape) < 0.5)
     if dtype.kind == "i":
@@ -200,6 +208,8 @@ def main() -> None:
     backend = dist.current_backend()
     assert backend.name in ("mpi", "nccl"), f"run me under mpiexec (backend is {backend.name})"
     world, me = backend.world_size, backend.rank
+    global DEVICE
+    DEVICE = backend.xp
     rng = np.random.default_rng([args.seed, world])
     for i in range(args.cases):
         run_case(i, rng, world, me, backend.comm)

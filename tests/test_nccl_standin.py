@@ -1,0 +1,94 @@
+"""The NCCL backend's code run in CI through a stand-in for CuPy and NCCL (``tests/nccl_standin``:
+NumPy arrays, recorded streams, NCCL's calls carried over MPI), which also checks the backend's
+discipline. The communicator's cases and the seed examples under ``MPIPAR_BACKEND=nccl`` give
+the MPI backend's results bit for bit. No GPU is involved: the stand-in is used only here."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from types import ModuleType
+
+import numpy as np
+import pytest
+from conftest import REPO
+from mpi_scripts.launch import mpirun
+
+STANDIN = os.path.join(REPO, "tests", "nccl_standin")
+NCCL_ENV = {"MPIPAR_BACKEND": "nccl", "PYTHONPATH": STANDIN}
+
+
+@pytest.mark.mpi
+def test_communicator_cases_under_nccl_match_the_simulator_bit_for_bit() -> None:
+    run = mpirun(4, "tests/mpi_scripts/comm_cases.py", "--cases", "60", "--seed", "23", env=NCCL_ENV, timeout=300)
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.lines_of(0)[-1] == "ok 60 cases on 4 ranks"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("script", "ranks"), [("seed_tp", 4), ("seed_dp", 4), ("seed_reshard", 4), ("seed_pp", 8)])
+def test_seed_example_under_nccl_prints_what_the_mpi_backend_prints(script: str, ranks: int) -> None:
+    path = f"examples/{script}.py"
+    ref = mpirun(ranks, path, env={"MPIPAR_BACKEND": "mpi"}, timeout=300)
+    assert ref.returncode == 0, ref.output[-4000:]
+    run = mpirun(ranks, "tests/mpi_scripts/nccl_standin_run.py", path, env=NCCL_ENV, timeout=300)
+    assert run.returncode == 0, run.output[-4000:]
+    lines = run.output.splitlines()
+    report = [line for line in lines if "standin backend=" in line]
+    assert len(report) == ranks and all("backend=nccl standin=True" in r and "open_groups=0" in r for r in report)
+    assert all("calls=0" not in r for r in report)  # NCCL's calls really carried the data
+    assert [line for line in lines if "standin backend=" not in line] == ref.output.splitlines()
+
+
+# ---------------------------------------------------------------------------- the discipline checks
+def _standin() -> ModuleType:
+    """A fresh copy of the stand-in module in this process, under its own name (not ``cupy``)."""
+    name = f"cupy_standin_{len([m for m in sys.modules if m.startswith('cupy_standin_')])}"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(STANDIN, "cupy", "__init__.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _one_member(cp: ModuleType) -> object:
+    return cp.cuda.nccl.NcclCommunicator(1, cp.cuda.nccl.get_unique_id(), 0)
+
+
+def test_reading_a_buffer_an_nccl_call_wrote_needs_the_stream_synchronised() -> None:
+    cp = _standin()
+    stream = cp.cuda.Stream(non_blocking=True)
+    comm = _one_member(cp)
+    send = cp.asarray(np.arange(4, dtype=np.uint8))
+    recv = cp.empty(4, dtype=np.uint8)
+    comm.allGather(send.data.ptr, recv.data.ptr, 4, cp.cuda.nccl.NCCL_UINT8, stream.ptr)
+    for read in (lambda: cp.asnumpy(recv), lambda: recv.get(), lambda: recv + 1, lambda: recv[1:]):
+        with pytest.raises(cp.DisciplineError, match="before that stream is synchronised"):
+            read()
+    stream.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(recv), np.arange(4))
+
+
+def test_non_contiguous_buffers_and_overruns_are_refused() -> None:
+    cp = _standin()
+    a = cp.asarray(np.zeros((4, 4), dtype=np.uint8))
+    with pytest.raises(cp.DisciplineError, match="non-contiguous"):
+        _ = a[:, 1].data
+    stream = cp.cuda.Stream()
+    comm = _one_member(cp)
+    row = a[0]
+    with pytest.raises(cp.DisciplineError, match="not inside any buffer"):
+        comm.allGather(row.data.ptr, row.data.ptr + 2, 4, cp.cuda.nccl.NCCL_UINT8, stream.ptr)
+
+
+def test_group_calls_must_pair_and_one_communicator_per_group() -> None:
+    cp = _standin()
+    with pytest.raises(cp.DisciplineError, match="without a matching groupStart"):
+        cp.cuda.nccl.groupEnd()
+    cp.cuda.nccl.groupStart()
+    cp.cuda.nccl.groupEnd()
+    _one_member(cp)
+    with pytest.raises(cp.DisciplineError, match="a second NCCL communicator"):
+        _one_member(cp)
