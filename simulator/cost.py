@@ -127,6 +127,9 @@ class HardwareProfile:
     """Local reduction throughput (bytes/s) that reductions add on top of the link; ``None``: included."""
     description: str = ""
     calibration: Mapping[str, Any] | None = field(default=None, compare=False)
+    host_link_Bps: float | None = None
+    """Host <-> device copy bandwidth per direction (bytes/s) that optimizer offload pays;
+    ``None``: host and device share one memory (the move is free)."""
     """Raw measurements behind a calibrated profile (sizes, times, fits)."""
 
     def __post_init__(self) -> None:
@@ -149,6 +152,9 @@ class HardwareProfile:
         red = self.reduction_Bps
         if red is not None and (isinstance(red, bool) or not isinstance(red, int | float) or not red > 0):
             raise ValueError(f"HardwareProfile {self.name!r}: reduction_Bps must be > 0 or None, got {red!r}")
+        host = self.host_link_Bps
+        if host is not None and (isinstance(host, bool) or not isinstance(host, int | float) or not math.isfinite(host) or not host > 0):
+            raise ValueError(f"HardwareProfile {self.name!r}: host_link_Bps must be > 0 bytes/s or None, got {host!r}")
         mem = self.memory_bytes
         if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or mem <= 0):
             raise ValueError(f"HardwareProfile {self.name!r}: memory_bytes must be a positive int or None, got {mem!r}")
@@ -211,6 +217,8 @@ class HardwareProfile:
             "reduction_Bps": self.reduction_Bps,
             "memory_bytes": self.memory_bytes,
         }
+        if self.host_link_Bps is not None:
+            out["host_link_Bps"] = self.host_link_Bps
         if self.calibration is not None:
             out["calibration"] = dict(self.calibration)
         return out
@@ -226,7 +234,7 @@ class HardwareProfile:
             raise ValueError(f"{source}: field version is {data.get('version')!r}; this mpipar reads version {PROFILE_VERSION}")
         allowed = {
             "format", "version", "name", "description", "devices_per_node", "links", "flops_per_s",
-            "compute_efficiency", "reduction_Bps", "memory_bytes", "calibration",
+            "compute_efficiency", "reduction_Bps", "memory_bytes", "calibration", "host_link_Bps",
         }
         for key in data:
             if key not in allowed:
@@ -258,6 +266,7 @@ class HardwareProfile:
                 memory_bytes=data.get("memory_bytes"),
                 description=str(data.get("description", "")),
                 calibration=data.get("calibration"),
+                host_link_Bps=data.get("host_link_Bps"),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: {exc}") from None
