@@ -86,6 +86,7 @@ def main() -> None:
     p.add_argument("--sequence-parallel", action="store_true", help="split LayerNorm/Dropout regions along the sequence")
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over the dp axis")
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    p.add_argument("--offload", action="store_true", help="keep the optimizer's states in host memory between steps")
     p.add_argument("--batch-size", type=int, default=None, help="global batch (default 16, or 8 with --tiny)")
     p.add_argument("--accumulate-steps", type=int, default=1, help="micro-batches per step (gradient accumulation)")
     p.add_argument("--lr", type=float, default=None)
@@ -135,6 +136,8 @@ def main() -> None:
                                grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0))
     if args.zero:
         opt = dist.shard_optimizer(opt, [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][args.zero - 1]("dp"))
+    if args.offload:
+        opt = dist.offload_optimizer(opt)
 
     codes = load_corpus(chars)
     data = Windows(codes, cfg.block_size)
