@@ -70,13 +70,14 @@ class Progress:
         self.start = time.perf_counter()
         self.tty = sys.stdout.isatty() and dist.get_rank() == 0
 
-    def update(self, step: int, loss: float) -> None:
+    def update(self, step: int, loss: float, step_seconds: float | None = None) -> None:
         if not self.tty:
             return
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         done = int(30 * step / max(1, self.total))
         bar = "#" * done + "-" * (30 - done)
-        sys.stdout.write(f"\r[{bar}] step {step}/{self.total} loss {loss:.4f} {self.tokens * step / elapsed:,.0f} tokens/s")
+        ms = "" if step_seconds is None else f" {1e3 * step_seconds:.1f} ms/step"
+        sys.stdout.write(f"\r[{bar}] step {step}/{self.total} loss {loss:.4f}{ms} {self.tokens * step / elapsed:,.0f} tokens/s")
         sys.stdout.flush()
 
     def clear(self) -> None:

@@ -23,6 +23,7 @@ import argparse
 import os
 import sys
 import sysconfig
+import time
 
 import numpy as np
 from common import Progress, add_pipeline_args, log_step, parser, pipeline_strategy, setup
@@ -80,10 +81,12 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0], steps=200)
-    p.add_argument("--mesh", default="dp=1", help="degrees, e.g. dp=2,tp=2,pp=2 (their product is the world size)")
+    p.add_argument("--mesh", default=None,
+                   help="degrees, e.g. dp=2,tp=2,pp=2 (their product is the world size; default: data parallel over the whole world)")
     p.add_argument("--sequence-parallel", action="store_true", help="split LayerNorm/Dropout regions along the sequence")
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over the dp axis")
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    p.add_argument("--offload", action="store_true", help="keep the optimizer's states in host memory between steps")
     p.add_argument("--batch-size", type=int, default=None, help="global batch (default 16, or 8 with --tiny)")
     p.add_argument("--accumulate-steps", type=int, default=1, help="micro-batches per step (gradient accumulation)")
     p.add_argument("--lr", type=float, default=None)
@@ -95,10 +98,14 @@ def main() -> None:
     p.add_argument("--keep-last", type=int, default=0, metavar="K", help="keep only the newest K checkpoints in --save-dir")
     p.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint (or a --save-dir's latest one)")
     p.add_argument("--save-final", default=None, metavar="PATH", help="save the final state (weights, optimizer, ...) there")
+    p.add_argument("--sample", type=int, default=48, metavar="N", help="characters the trained model writes at the end (0: none)")
     add_pipeline_args(p)
     args = p.parse_args()
     check_checkpoint_flags(args)
     setup(args, seed=args.seed)
+    if args.sample < 0:
+        raise SystemExit(f"--sample {args.sample}: the number of characters to generate must be >= 0")
+    args.mesh = args.mesh or default_mesh()
     degrees = parse_mesh(args.mesh)
     chunks = args.chunks if args.schedule == "Interleaved1F1B" else 1
     if args.tiny:
@@ -129,8 +136,11 @@ def main() -> None:
                                grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0))
     if args.zero:
         opt = dist.shard_optimizer(opt, [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][args.zero - 1]("dp"))
+    if args.offload:
+        opt = dist.offload_optimizer(opt)
 
-    data = Windows(load_corpus(chars), cfg.block_size)
+    codes = load_corpus(chars)
+    data = Windows(codes, cfg.block_size)
     sampler = RandomBatchSampler(len(data), micro, seed=args.seed, num_batches=args.steps * args.accumulate_steps)
     loader = dist.shard_dataloader(DataLoader(data, batch_sampler=sampler), par.stage_meshes[:1] + par.stage_meshes[-1:], shard_dims="dp")
     config = {"seed": args.seed, "tiny": args.tiny, "dtype": args.dtype, "batch_size": batch,
@@ -147,10 +157,14 @@ def main() -> None:
         save_training_state(path, model=model, optimizer=opt, step=done, loader=loader, extra=config)
 
     batches = iter(loader)
-    progress = Progress(args.steps, batch * cfg.block_size)
+    tokens = batch * cfg.block_size
+    dist.print_once(header(model, args.mesh, dp * tp * pp, batch, args.accumulate_steps, cfg.block_size, len(codes)), flush=True)
+    progress = Progress(args.steps, tokens)
+    run_start, first = time.perf_counter(), done
     # With --schedule, dist.to_static runs each step's micro-batches through the pipeline schedule.
     dist_model = None if args.schedule is None else dist.to_static(model, loader, gpt_loss, opt, pipeline_strategy(args, par.num_stages))
     for step in range(done, args.steps):
+        step_start = time.perf_counter()
         total = 0.0
         if dist_model is not None:
             x, y = next(batches)
@@ -167,18 +181,70 @@ def main() -> None:
         if dist_model is None:
             opt.step()
             opt.clear_grad()
+        seconds = time.perf_counter() - step_start
         if step % args.log_every == 0 or step == args.steps - 1:
             progress.clear()
             log_step(step, total)
-        progress.update(step + 1, total)
+            if not progress.tty:  # stdout keeps the parseable loss log; the bar shows speed on a terminal
+                dist.print_once(f"step {step}: {1e3 * seconds:.1f} ms/step, {tokens / max(seconds, 1e-9):,.0f} tokens/s",
+                                file=sys.stderr, flush=True)
+        progress.update(step + 1, total, seconds)
         done = step + 1
         if args.save_every and done % args.save_every == 0:
             save(step_path(args.save_dir, done))
             if args.keep_last:
                 prune_series(args.save_dir, args.keep_last)
     progress.clear()
+    ran = max(0, args.steps - first)
+    elapsed = time.perf_counter() - run_start
+    if ran:
+        dist.print_once(f"trained {ran} step{'s' * (ran != 1)} in {elapsed:.1f} s: {1e3 * elapsed / ran:.1f} ms/step, "
+                        f"{tokens * ran / max(elapsed, 1e-9):,.0f} tokens/s", flush=True)
     if args.save_final:
         save(args.save_final)
+    if args.sample:
+        prompt = codes[:cfg.block_size]
+        text = generate(model, prompt, args.sample, rows=dp)
+        dist.print_once(f"sample (greedy, after the first {len(prompt)} characters of the data):\n"
+                        f"{decode(prompt)}|{decode(text)}", flush=True)
+
+
+def default_mesh() -> str:
+    """Data parallel over the whole world when a launcher fixed its size (mpiexec -n, simulator -n); else one rank."""
+    backend = dist.current_backend()
+    fixed = backend.name in ("mpi", "nccl") or (getattr(backend, "_fixed", None) is not None and not getattr(backend, "reference", False))
+    return f"dp={backend.world_size if fixed else 1}"
+
+
+def header(model: GPT, mesh: str, ranks: int, batch: int, accumulate: int, block: int, chars: int) -> str:
+    """One block saying what this run trains, where, and on what (printed before step 0)."""
+    micro = f" in {accumulate} micro-batches" if accumulate > 1 else ""
+    return (f"GPT: {model.num_parameters():,} parameters | mesh {mesh} ({ranks} rank{'s' * (ranks != 1)}) | "
+            f"batch {batch} x {block} tokens{micro} = {batch * block:,} tokens/step\n"
+            f"data: {chars:,} characters of the Python standard library's .py files ({sysconfig.get_paths()['stdlib']})")
+
+
+def generate(model: GPT, prompt: np.ndarray, count: int, rows: int) -> np.ndarray:
+    """Greedy decoding of ``count`` characters after ``prompt`` (a full block, so every layout's split divides).
+
+    The batch repeats the window ``rows`` (= dp) times so the data-parallel split has a row per shard;
+    row 0's last position gives the next character, the same on every rank.
+    """
+    window, out = prompt.copy(), []
+    model.eval()
+    with dist.no_grad():
+        for _ in range(count):
+            logits = model(dist.Tensor(np.repeat(window[None, :], rows, axis=0)))
+            nxt = int(np.argmax(logits.numpy()[0, -1]))
+            out.append(nxt)
+            window = np.append(window[1:], nxt)
+    model.train()
+    return np.array(out, dtype=np.int64)
+
+
+def decode(codes: np.ndarray) -> str:
+    """Characters of the codes, with control characters (newlines too) shown as escapes, on one line."""
+    return "".join(chr(c) if 32 <= c < 127 else repr(chr(c))[1:-1] for c in codes.tolist())
 
 
 def check_checkpoint_flags(args: argparse.Namespace) -> None:

@@ -38,6 +38,7 @@ from mpipar.collective import (
 from mpipar.comm import CommEvent, comm_context
 from mpipar.debug import CommDebugMode
 from mpipar.memory import MemoryReport, memory_report
+from mpipar.optimizer.offload import offload_optimizer
 from mpipar.mesh import ProcessMesh
 from mpipar.nn.layer import get_default_dtype, set_default_dtype
 from mpipar.ops.linalg import matmul
@@ -172,6 +173,7 @@ __all__ = [
     "nn",
     "no_grad",
     "not_equal",
+    "offload_optimizer",
     "ops",
     "optimizer",
     "parse_placements",

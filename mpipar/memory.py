@@ -9,6 +9,8 @@ the autograd tape keeps for backward, each storage counted once; a ZeRO-3 weight
 again in backward counts zero). Bytes come from every tensor's layout (local shape x dtype
 size of each rank), so the report is the same in the simulator, in shape-only mode and on
 every MPI process. A dense tensor counts on every rank (each process holds it).
+Optimizer states an ``offload_optimizer`` keeps in host memory count in ``host`` (per rank and
+category, ``host_total(rank)``), not in ``per_rank`` (the device).
 
 What a tape node keeps is read by ``kept_tensors(node)``: a re-gather note keeps the shard it
 gathers from (sequence parallel's gathered activation is held as its sequence shard, a ZeRO-3
@@ -34,20 +36,29 @@ CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
 @dataclass
 class MemoryReport:
     per_rank: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Device bytes per rank and category."""
+    host: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Host bytes per rank and category: what ``offload_optimizer`` keeps off the device."""
 
-    def add(self, t: Tensor, category: str, ranks: Iterable[int]) -> None:
+    def add(self, t: Tensor, category: str, ranks: Iterable[int], on_host: bool = False) -> None:
         itemsize = np.dtype(t.dtype).itemsize
+        where = self.host if on_host else self.per_rank
         if t.is_dist:
             spec = t.spec
             for r in spec.mesh.process_ids:
                 n = int(np.prod(spec.local_shape(r), dtype=np.int64)) * itemsize
-                self.per_rank.setdefault(r, dict.fromkeys(CATEGORIES, 0))[category] += n
+                where.setdefault(r, dict.fromkeys(CATEGORIES, 0))[category] += n
         else:
             n = int(np.prod(t.shape, dtype=np.int64)) * itemsize
             for r in ranks:
-                self.per_rank.setdefault(r, dict.fromkeys(CATEGORIES, 0))[category] += n
+                where.setdefault(r, dict.fromkeys(CATEGORIES, 0))[category] += n
+
+    def host_total(self, rank: int) -> int:
+        """Bytes ``rank`` keeps in host memory (offloaded optimizer states and master weights)."""
+        return sum(self.host.get(rank, {}).values())
 
     def total(self, rank: int) -> int:
+        """Bytes on ``rank``'s device (host bytes are in ``host_total``)."""
         return sum(self.per_rank.get(rank, {}).values())
 
     def peak(self) -> tuple[int, int]:
@@ -60,11 +71,17 @@ class MemoryReport:
         rows = [head]
         for r in sorted(self.per_rank):
             cells = " ".join(f"{self.per_rank[r][c] / 2**20:13.3f} MiB" for c in CATEGORIES)
-            rows.append(f"{r:>5} {cells} {self.total(r) / 2**20:13.3f} MiB")
+            host = f" {self.host_total(r) / 2**20:13.3f} MiB" if self.host else ""
+            rows.append(f"{r:>5} {cells} {self.total(r) / 2**20:13.3f} MiB{host}")
+        if self.host:
+            rows[0] += f" {'host (offload)':>16}"
         return "\n".join(rows)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ranks": [{"rank": r, **self.per_rank[r]} for r in sorted(self.per_rank)]}
+        """Per rank: device bytes by category, and under ``host`` what is offloaded (only when something is)."""
+        def row(r: int) -> dict[str, Any]:
+            return {"rank": r, **self.per_rank[r], **({"host": dict(self.host[r])} if r in self.host else {})}
+        return {"ranks": [row(r) for r in sorted(self.per_rank)]}
 
 
 def storage_of(t: Tensor) -> Tensor:
@@ -119,8 +136,10 @@ def memory_report(model: Any = None, optimizer: Any = None, loss: Tensor | None 
         if p.grad is not None:
             report.add(p.grad, "gradients", ranks)
     if optimizer is not None:
-        for t in optimizer.state_tensors().values():
-            report.add(t, "optimizer_state", ranks)
+        offload = getattr(optimizer, "offload", None)
+        for name, t in optimizer.state_tensors().items():
+            on_host = offload is not None and offload.offloads(name.rsplit(".", 1)[-1])
+            report.add(t, "optimizer_state", ranks, on_host=on_host)
     if loss is not None and loss._grad_fn is not None:
         seen: set[int] = {p._sid for p in params}
         for node in _topo_order(loss):
@@ -129,6 +148,6 @@ def memory_report(model: Any = None, optimizer: Any = None, loss: Tensor | None 
                     continue
                 seen.add(t._sid)
                 report.add(t, "activations", ranks)
-    for r in ranks:
+    for r in ranks | set(report.host):
         report.per_rank.setdefault(r, dict.fromkeys(CATEGORIES, 0))
     return report

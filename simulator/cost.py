@@ -139,6 +139,9 @@ class HardwareProfile:
     """FLOPs of a GEMM that reaches half of ``gemm_efficiency_max`` (the curve's knee)."""
     elementwise_fusion: float = 1.0
     """Traced elementwise/normalisation ops one fused kernel replaces (divides their bytes and launches)."""
+    host_link_Bps: float | None = None
+    """Host <-> device copy bandwidth per direction (bytes/s) that optimizer offload pays;
+    ``None``: host and device share one memory (the move is free)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -160,6 +163,9 @@ class HardwareProfile:
         red = self.reduction_Bps
         if red is not None and (isinstance(red, bool) or not isinstance(red, int | float) or not red > 0):
             raise ValueError(f"HardwareProfile {self.name!r}: reduction_Bps must be > 0 or None, got {red!r}")
+        host = self.host_link_Bps
+        if host is not None and (isinstance(host, bool) or not isinstance(host, int | float) or not math.isfinite(host) or not host > 0):
+            raise ValueError(f"HardwareProfile {self.name!r}: host_link_Bps must be > 0 bytes/s or None, got {host!r}")
         mem = self.memory_bytes
         if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or mem <= 0):
             raise ValueError(f"HardwareProfile {self.name!r}: memory_bytes must be a positive int or None, got {mem!r}")
@@ -267,6 +273,8 @@ class HardwareProfile:
                 "gemm_efficiency_max": self.gemm_efficiency_max, "gemm_half_flops": self.gemm_half_flops,
                 "elementwise_fusion": self.elementwise_fusion,
             })
+        if self.host_link_Bps is not None:
+            out["host_link_Bps"] = self.host_link_Bps
         if self.calibration is not None:
             out["calibration"] = dict(self.calibration)
         return out
@@ -284,6 +292,7 @@ class HardwareProfile:
             "format", "version", "name", "description", "devices_per_node", "links", "flops_per_s",
             "compute_efficiency", "reduction_Bps", "memory_bytes", "calibration",
             "memory_Bps", "kernel_launch_s", "gemm_efficiency_max", "gemm_half_flops", "elementwise_fusion",
+            "host_link_Bps",
         }
         for key in data:
             if key not in allowed:
@@ -320,6 +329,7 @@ class HardwareProfile:
                 elementwise_fusion=data.get("elementwise_fusion", 1.0),
                 description=str(data.get("description", "")),
                 calibration=data.get("calibration"),
+                host_link_Bps=data.get("host_link_Bps"),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: {exc}") from None

@@ -35,6 +35,11 @@ every event labelled by the layer or part it serves) and scaled by the layers ea
 * **peak memory per rank** = model state + the largest sum of activations its schedule holds
   at once (the micro-batches in flight on its stage(s), walked along its action list).
 
+``--offload`` (``dist.offload_optimizer(opt, master_weight=True)``): the optimizer's states
+and master weights live in host memory; each rank's device peak drops by its
+``optimizer_state`` bytes and the step adds the copy there and back over the profile's
+``host_link_Bps`` (``--host-link-bandwidth`` overrides it). Reported apart, under ``offload``.
+
 Output: JSON (``--json``) with ``activation_bytes_per_layer``, ``model_state_bytes_per_rank``,
 ``peak_bytes_per_rank`` (one entry per rank), ``step_time_s``, per-stage details and what
 each layer keeps (``layer_activations``); otherwise a summary table. ``--plan PATH`` writes the
@@ -449,6 +454,51 @@ def _overlapped(res: Any, strategy: Strategy) -> bool:
             and all(st.kind in ("all_gather", "reduce_scatter") for st in res.steps))
 
 
+@dataclass
+class OffloadEstimate:
+    """``--offload``: the optimizer's states and master weights in host memory, moved for the update.
+
+    What ``dist.offload_optimizer(opt, master_weight=True)`` does: the device no longer holds the
+    ``optimizer_state`` bytes (so each rank's peak drops by exactly its share), and every step
+    copies them host -> device before the update and device -> host after it, one direction at
+    a time at the profile's ``host_link_Bps`` (no overlap with compute assumed).
+    """
+
+    host_bytes_per_rank: dict[int, int]
+    device_peak_bytes_per_rank: dict[int, int]
+    host_link_Bps: float | None
+    """``None``: host and device share one memory (a CPU profile): the move costs nothing."""
+    transfer_s: float
+    """The busiest rank's two copies per step."""
+    step_time_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        ranks = sorted(self.host_bytes_per_rank)
+        return {"host_bytes_per_rank": [self.host_bytes_per_rank[r] for r in ranks],
+                "device_peak_bytes_per_rank": [self.device_peak_bytes_per_rank[r] for r in ranks],
+                "host_link_Bps": self.host_link_Bps, "transfer_s": self.transfer_s, "step_time_s": self.step_time_s}
+
+    def summary(self) -> str:
+        gib = 2.0**30
+        rank = max(self.device_peak_bytes_per_rank, key=lambda r: self.device_peak_bytes_per_rank[r])
+        link = "host and device share memory" if self.host_link_Bps is None else f"host link {self.host_link_Bps / 1e9:g} GB/s"
+        return (f"offload: optimizer states + master weights to host memory, up to "
+                f"{max(self.host_bytes_per_rank.values(), default=0) / gib:.2f} GiB per rank; "
+                f"device peak {self.device_peak_bytes_per_rank[rank] / gib:.2f} GiB (rank {rank}); "
+                f"{link}: +{self.transfer_s:.4g} s per step -> step time {self.step_time_s:.4g} s")
+
+
+def offload_estimate(result: Estimate, host_link_Bps: float | None) -> OffloadEstimate:
+    """``result`` with the optimizer's states (and master weights) moved to host memory."""
+    if host_link_Bps is not None and not host_link_Bps > 0:
+        raise ValueError(f"--host-link-bandwidth must be > 0 bytes/s, got {host_link_Bps!r}")
+    states = result.model_state_by_category.get("optimizer_state", {})
+    host = {r: states.get(r, 0) for r in result.peak_bytes_per_rank}
+    peaks = {r: result.peak_bytes_per_rank[r] - host[r] for r in result.peak_bytes_per_rank}
+    transfer = 0.0 if host_link_Bps is None else max((2 * n / host_link_Bps for n in host.values()), default=0.0)
+    return OffloadEstimate(host, peaks, host_link_Bps, transfer, result.step_time_s + transfer)
+
+
 class _Ledger:
     """Seconds per rank, kept as one number per group of ranks where all ranks pay the same."""
 
@@ -538,6 +588,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="host time per reshard call, besides its collectives (default: --op-overhead)")
     h.add_argument("--update-overhead", type=_seconds, default=None, metavar="SECONDS",
                    help="host time per parameter the optimizer updates (default: --op-overhead)")
+    h.add_argument("--offload", action="store_true",
+                   help="optimizer states and master weights in host memory, copied over the host link every step")
+    h.add_argument("--host-link-bandwidth", type=_rate, default=None, metavar="BYTES_PER_S",
+                   help="host <-> device bandwidth per direction for --offload (default: the profile's host_link_Bps)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the estimate as JSON")
     o.add_argument("--breakdown", action="store_true",
@@ -582,6 +636,9 @@ def main(argv: list[str] | None = None) -> int:
         result = estimate(shape, strategy, profile, memory_bandwidth=ns.memory_bandwidth, vector_flops=ns.vector_flops,
                           op_overhead=ns.op_overhead, reshard_overhead=ns.reshard_overhead,
                           update_overhead=ns.update_overhead, step=step)
+        if ns.host_link_bandwidth is not None and not ns.offload:
+            raise ValueError("--host-link-bandwidth prices --offload's copies; add --offload or drop it")
+        offload = offload_estimate(result, ns.host_link_bandwidth or profile.host_link_Bps) if ns.offload else None
     except ValueError as exc:
         parser.error(str(exc))
     if ns.plan:
@@ -592,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.json:
         out = result.to_dict()
         out["seconds"] = time.perf_counter() - started
+        if offload is not None:
+            out["offload"] = offload.to_dict()
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
@@ -599,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
         if ns.breakdown:
             print()
             print(result.breakdown())
+        if offload is not None:
+            print(offload.summary())
         if ns.plan:
             print(f"wrote {ns.plan}")
     return 0

@@ -91,3 +91,31 @@ def test_float32_runs_agree_to_float32_precision() -> None:
     sim = losses(run("-m", "simulator", "-n", "4", *common))
     for a, b in zip(ref, sim, strict=True):
         assert abs(a - b) <= 1e-5 * abs(a), (ref, sim)
+
+
+def test_gpt_first_run_uses_the_whole_world_and_explains_itself() -> None:
+    """No --mesh under -n 8: data parallel over 8 ranks, the same losses and sample as one device."""
+    common = ["examples/gpt.py", "--tiny", "--steps", "3", "--sample", "12", "--dtype", "float64"]
+    sim = run("-m", "simulator", "-n", "8", *common)
+    ref = run("-m", "simulator", "--reference", *common)
+    explicit = run("-m", "simulator", "-n", "8", *common, "--mesh", "dp=8")
+    assert sim.returncode == 0 and ref.returncode == 0 and explicit.returncode == 0, sim.stderr + ref.stderr + explicit.stderr
+    lines = sim.stdout.splitlines()
+    assert re.fullmatch(r"GPT: [\d,]+ parameters \| mesh dp=8 \(8 ranks\) \| batch 8 x 16 tokens = 128 tokens/step", lines[0])
+    assert lines[1].startswith("data: 50,000 characters of the Python standard library's .py files")
+    assert [int(s) for s, _ in LOSS.findall(sim.stdout)] == [0, 1, 2]
+    assert losses(sim) == losses(explicit)
+    for a, b in zip(losses(ref), losses(sim), strict=True):
+        assert abs(a - b) <= 1e-9 * abs(a)
+    assert re.search(r"^trained 3 steps in [\d.]+ s: [\d.]+ ms/step, [\d,]+ tokens/s$", sim.stdout, re.M)
+    assert lines[-2] == "sample (greedy, after the first 16 characters of the data):"
+    prompt, _, text = lines[-1].partition("|")
+    assert prompt == '"""Record of pha' and len(text.encode().decode("unicode_escape")) == 12
+    assert sim.stdout.splitlines()[-1] == ref.stdout.splitlines()[-1]  # the trained model writes what one device's writes
+    # Per-step speed goes to stderr when stdout is not a terminal (stdout stays the parseable loss log).
+    assert re.findall(r"^step (\d+): [\d.]+ ms/step, [\d,]+ tokens/s$", sim.stderr, re.M) == ["0", "1", "2"]
+
+
+def test_gpt_sample_count_must_not_be_negative() -> None:
+    out = run("examples/gpt.py", "--tiny", "--steps", "1", "--sample", "-1")
+    assert out.returncode != 0 and "--sample -1" in out.stderr

@@ -115,3 +115,18 @@ def _compare_with_simulator(script: str, n: int, extra: tuple[str, ...], env: di
         assert abs(h - w) <= RTOL * abs(w), f"step {step}: mpiexec loss {have} vs simulator {want} (relative {abs(h - w) / abs(w):.3g})"
         assert have_rest == want_rest, f"step {step}: mpiexec metrics {have_rest!r} vs simulator {want_rest!r}"
     return got == expected
+
+
+def test_gpt_first_run_under_mpiexec_is_data_parallel_and_rank_0_explains_it() -> None:
+    """No --mesh under ``mpiexec -n 4``: dp=4, one header, the simulator's losses and sample, rank 0 only."""
+    args = ("--tiny", "--dtype", "float64", "--steps", "3", "--sample", "10")
+    sim = [line for line in _simulate("examples/gpt.py", 4, args) if not re.match(r"(trained|step \d+:) ", line)]
+    run = mpirun(4, "examples/gpt.py", *args, timeout=180)
+    assert run.returncode == 0, run.output[-4000:]
+    assert not re.search(r"^\[rank [1-9]\d*\]", run.output, re.M), "only rank 0 prints:\n" + run.output
+    lines = run.lines_of(0)
+    assert sum(line.startswith("GPT: ") for line in lines) == 1 and "| mesh dp=4 (4 ranks) |" in lines[0]
+    assert [line for line in lines if re.match(r"step \d+: [\d.]+ ms/step, [\d,]+ tokens/s$", line)] != []
+    assert re.search(r"^trained 3 steps in ", run.output, re.M)
+    # Header, loss lines and sample: the same text as the simulator's run (timings aside).
+    assert [line for line in lines if not re.match(r"(trained|step \d+:) ", line)] == sim

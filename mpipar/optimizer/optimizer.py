@@ -24,6 +24,7 @@ from mpipar import autograd, hooks
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
 from mpipar.optimizer.lr import LRScheduler
+from mpipar.optimizer.offload import OffloadConfig, move_states
 from mpipar.spec import DistSpec
 from mpipar.tensor import Tensor, reshard
 
@@ -97,6 +98,8 @@ class Optimizer:
         self._states: dict[int, dict[str, Any]] = {}
         self._update_layout: Callable[[Tensor], DistSpec | None] | None = None
         """Set by shard_optimizer: the layout each parameter is updated (and its states kept) in."""
+        self.offload: OffloadConfig | None = None
+        """Set by offload_optimizer: states kept in host memory between steps (mpipar/optimizer/offload.py)."""
 
     # ------------------------------------------------------------------ learning rate
     def get_lr(self) -> float:
@@ -145,7 +148,11 @@ class Optimizer:
         with comm_context(f"optimizer update of {p._label()}"):
             pv = p if layout is None or (p.is_dist and p.spec == layout) else reshard(p, layout.mesh, list(layout.placements))
             gv = g if layout is None or (g.is_dist and g.spec == layout) else reshard(g, layout.mesh, list(layout.placements))
+        fresh = id(p) not in self._states  # states made this step start on the device: nothing to fetch
         state = self._state(p, layout)
+        ranks = tuple(p.spec.mesh.process_ids) if p.is_dist else tuple(range(backend.world_size))
+        if self.offload is not None and not fresh:
+            move_states(state, self._state_keys(p), self.offload, "to_device", ranks)
         master = self._master_weight(p, pv, state)
         src = master if master is not None else pv  # what the update reads and writes
         cdt = src.dtype
@@ -180,6 +187,8 @@ class Optimizer:
                 down: dict[int, Array] = {}  # replicas share one cast
                 shards = {r: down.setdefault(id(a), a.astype(p.dtype)) for r, a in shards.items()}
             new_p = Tensor._from_shards(layout, shards, p.dtype)
+        if self.offload is not None:
+            move_states(state, self._state_keys(p), self.offload, "to_host", ranks)
         state["step"] = state.get("step", 0) + 1
         if p.is_dist and new_p.is_dist and new_p.spec != p.spec:
             with comm_context(f"optimizer: gather the updated {p._label()}"):
