@@ -34,6 +34,7 @@ from simulator.cost import list_presets, load_profile  # noqa: E402
 from viz import comm, layout, memory, propagation, stepper, timeline_view, whatif  # noqa: E402
 from viz.figures import to_png, to_svg  # noqa: E402
 from viz.files import VizFileError, load_document, load_path  # noqa: E402
+from viz.plan_memory import with_memory  # noqa: E402
 from viz.planinfo import itemsize, tensor_label, tensor_spec  # noqa: E402
 from viz.sample import RECOMPUTE_MODES, UNSUPPORTED, ZERO_STAGES, SampleConfig, build_sample  # noqa: E402
 from viz.simulate import (  # noqa: E402
@@ -409,6 +410,8 @@ def main() -> None:
     st.sidebar.title("mpipar")
     _sample_knobs()
     source, plan, main_t, overlay = _load_inputs()
+    # mpipar plan writes no memory section: derive it from the plan's own tensors
+    plan = with_memory(plan)
     plan_key = f"{source}:{id(plan)}"
     st.sidebar.caption(f"Plan: **{source}**")
     st.sidebar.text(plan.summary())

@@ -54,7 +54,8 @@ from mpipar.timeline import Timeline
 from mpipar.trace import trace
 from simulator import ShapeOnlyBackend, SimBackend
 from simulator.cost import HardwareProfile, load_profile
-from viz.planinfo import group_size, local_bytes, plan_mesh, rank_positions, spec_of, stage_of
+from viz.plan_memory import RECOMPUTE_SCOPE, memory_section
+from viz.planinfo import group_size, plan_mesh, spec_of, stage_of
 from viz.simulate import simulate_plan_lanes
 
 F = dist.nn.functional
@@ -66,7 +67,6 @@ UNSUPPORTED: dict[str, str] = {
               "optimizer does not do that (the GPT sample with dist.shard_optimizer will)",
 }
 """Knob values the sample cannot honour, with the reason the dashboard shows beside them."""
-RECOMPUTE_SCOPE = "recompute"
 
 HANDOFF = "pipeline hand-off"
 MOMENTUM, LR = 0.9, 0.01
@@ -138,9 +138,8 @@ def _build(config: SampleConfig) -> tuple[Plan, Timeline]:
     with dist.use_backend(backend):
         plan = _trace(config)
     profile = load_profile(config.profile)
-    plan = dataclasses.replace(
-        plan, pipeline=_pipeline_section(plan, config, profile), memory=_memory_section(plan, config, profile)
-    )
+    plan = dataclasses.replace(plan, pipeline=_pipeline_section(plan, config, profile))
+    plan = dataclasses.replace(plan, memory=memory_section(plan, profile.memory_bytes, profile.name))
     return plan, simulate_plan_lanes(plan)
 
 
@@ -396,58 +395,6 @@ def _pipeline_section(plan: Plan, c: SampleConfig, profile: HardwareProfile) -> 
         },
         "step_end": step_end,
     }
-
-
-def _memory_section(plan: Plan, c: SampleConfig, profile: HardwareProfile) -> dict[str, Any]:
-    positions = rank_positions(plan)
-    ranks: dict[int, dict[str, Any]] = {}
-    for m in plan.meshes:
-        for r in m.process_ids:
-            ranks[r] = {"rank": r, "parameters": 0, "gradients": 0, "optimizer_state": 0, "activations": {},
-                        "messages": {}}
-    totals = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer_state"}
-    for t in plan.tensors:
-        if t.mesh is None or t.kind not in totals:
-            continue
-        for r, i in positions[t.mesh].items():
-            ranks[r][totals[t.kind]] += local_bytes(t, i)
-    kept = _kept_forward_ops(plan)
-    for op in plan.ops:
-        s = stage_of(plan, op)
-        if op.phase != "forward" or s is None or op.index not in kept:
-            continue
-        for tid in op.outputs:
-            t = plan.tensor(tid)
-            if t.mesh is None or t.kind != "activation":
-                continue
-            for r, i in positions[t.mesh].items():
-                acts = ranks[r]["activations"]
-                acts[str(s)] = acts.get(str(s), 0) + local_bytes(t, i)
-    for r in plan.reshards:
-        if r.reason.startswith(HANDOFF) and "(gradient)" not in r.reason:
-            s = int(r.reason.split("stage ")[1].split(" ")[0])
-            size = max((p[2] for step in r.steps for p in step.pieces), default=0)
-            for rank in ranks.values():
-                rank["messages"][str(s)] = rank["messages"].get(str(s), 0) + size
-    return {"capacity_bytes": profile.memory_bytes, "profile": profile.name,
-            "ranks": [ranks[r] for r in sorted(ranks)]}
-
-
-def _kept_forward_ops(plan: Plan) -> set[int]:
-    """Forward ops whose outputs stay for backward: all but those inside a recompute region,
-    whose last op's outputs (the region's result) are kept."""
-    kept: set[int] = set()
-    forward = [op for op in plan.ops if op.phase == "forward"]
-    for i, op in enumerate(forward):
-        parts = op.scope.split(".")
-        if RECOMPUTE_SCOPE not in parts:
-            kept.add(op.index)
-            continue
-        region = ".".join(parts[: parts.index(RECOMPUTE_SCOPE) + 1])
-        nxt = forward[i + 1].scope if i + 1 < len(forward) else ""
-        if not (nxt == region or nxt.startswith(region + ".")):
-            kept.add(op.index)
-    return kept
 
 
 # ------------------------------------------------------------------------------ command line

@@ -1,0 +1,98 @@
+"""Per-rank memory section for any plan (``mpipar plan``'s own, not only the sample's).
+
+A plan written by ``mpipar plan`` has tensors (kind, dtype, placements, local shapes) and a
+pipeline section but no ``memory`` section, so the Memory view had nothing to draw. This
+module derives that section from the plan itself, the way the sample does:
+
+* model state: every tensor of kind parameter / gradient / optimizer_state, its local bytes
+  on each rank of its mesh (a plan traced before backward records no gradient tensors, so
+  that category is what the plan holds, never a guess);
+* activations: forward outputs of kind activation kept for backward (all but the inner ops of
+  a recompute region), per stage, on each rank of the stage mesh;
+* messages: the largest piece of each forward pipeline hand-off (a reshard whose step is a
+  ``transfer`` between stage meshes), by sending stage.
+
+    plan = with_memory(plan)          # the same plan, with a memory section when it had none
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from mpipar.plan import Plan
+from viz.planinfo import local_bytes, rank_positions, stage_of
+
+RECOMPUTE_SCOPE = "recompute"
+STATE_CATEGORIES = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer_state"}
+
+
+def kept_forward_ops(plan: Plan) -> set[int]:
+    """Forward ops whose outputs stay for backward: all but those inside a recompute region,
+    whose last op's outputs (the region's result) are kept."""
+    kept: set[int] = set()
+    forward = [op for op in plan.ops if op.phase == "forward"]
+    for i, op in enumerate(forward):
+        parts = op.scope.split(".")
+        if RECOMPUTE_SCOPE not in parts:
+            kept.add(op.index)
+            continue
+        region = ".".join(parts[: parts.index(RECOMPUTE_SCOPE) + 1])
+        nxt = forward[i + 1].scope if i + 1 < len(forward) else ""
+        if not (nxt == region or nxt.startswith(region + ".")):
+            kept.add(op.index)
+    return kept
+
+
+def _sending_stage(plan: Plan, mesh_id: int) -> int | None:
+    """The first pipeline stage placed on ``mesh_id`` (the stage that sends a hand-off from it)."""
+    for s in (plan.pipeline or {}).get("stages", []) or []:
+        if isinstance(s, dict) and s.get("mesh") == mesh_id and isinstance(s.get("stage"), int):
+            return int(s["stage"])
+    return None
+
+
+def memory_section(plan: Plan, capacity_bytes: float | None = None, profile: str | None = None) -> dict[str, Any]:
+    """``{"capacity_bytes", "profile", "ranks": [{rank, parameters, gradients, optimizer_state,
+    activations: {stage: bytes}, messages: {stage: bytes}}]}`` derived from the plan's tensors."""
+    positions = rank_positions(plan)
+    ranks: dict[int, dict[str, Any]] = {}
+    for m in plan.meshes:
+        for r in m.process_ids:
+            ranks[r] = {"rank": r, "parameters": 0, "gradients": 0, "optimizer_state": 0, "activations": {},
+                        "messages": {}}
+    for t in plan.tensors:
+        if t.mesh is None or t.kind not in STATE_CATEGORIES:
+            continue
+        for r, i in positions[t.mesh].items():
+            ranks[r][STATE_CATEGORIES[t.kind]] += local_bytes(t, i)
+    kept = kept_forward_ops(plan)
+    for op in plan.ops:
+        s = stage_of(plan, op)
+        if op.phase != "forward" or s is None or op.index not in kept:
+            continue
+        for tid in op.outputs:
+            t = plan.tensor(tid)
+            if t.mesh is None or t.kind != "activation":
+                continue
+            for r, i in positions[t.mesh].items():
+                acts = ranks[r]["activations"]
+                acts[str(s)] = acts.get(str(s), 0) + local_bytes(t, i)
+    for reshard in plan.reshards:
+        if reshard.phase != "forward" or reshard.src_mesh == reshard.dst_mesh:
+            continue
+        transfers = [step for step in reshard.steps if step.kind == "transfer"]
+        stage = _sending_stage(plan, reshard.src_mesh)
+        if not transfers or stage is None:
+            continue
+        size = max((p[2] for step in transfers for p in step.pieces), default=0)
+        for rank in ranks.values():
+            rank["messages"][str(stage)] = rank["messages"].get(str(stage), 0) + size
+    return {"capacity_bytes": capacity_bytes, "profile": profile, "ranks": [ranks[r] for r in sorted(ranks)]}
+
+
+def with_memory(plan: Plan) -> Plan:
+    """The plan itself when it has a memory section or no pipeline; else a copy with one derived."""
+    if plan.memory is not None or not plan.pipeline:
+        return plan
+    return dataclasses.replace(plan, memory=memory_section(plan))
