@@ -286,6 +286,33 @@ class Tensor:
         """Ranks whose shard this process holds (empty for dense tensors)."""
         return tuple(self._shards)
 
+    # OneFlow's global-tensor spelling (seed 002); the mapping lives in mpipar.oneflow
+    @property
+    def is_global(self) -> bool:
+        return self._spec is not None
+
+    @property
+    def placement(self) -> Any:
+        """OneFlow's ``tensor.placement`` (``None`` for a local tensor)."""
+        from mpipar.oneflow import placement
+
+        return placement.from_mesh(self._spec.mesh) if self._spec is not None else None
+
+    @property
+    def sbp(self) -> tuple[Placement, ...] | None:
+        """OneFlow's ``tensor.sbp``: one SBP (an mpipar placement) per placement dimension."""
+        return tuple(self._spec.placements) if self._spec is not None else None
+
+    def to_global(self, placement: Any, sbp: Any) -> Tensor:
+        from mpipar.oneflow import to_global
+
+        return to_global(self, placement, sbp)
+
+    def to_local(self) -> Any:
+        from mpipar.oneflow import to_local
+
+        return to_local(self)
+
     def _label(self) -> str:
         kind = "DistTensor" if self.is_dist else "Tensor"
         name = f" {self.name!r}" if self.name else ""

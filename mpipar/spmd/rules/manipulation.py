@@ -70,6 +70,14 @@ def split_rule(specs: list[DistSpec], num_or_sections: Any = 2, axis: int = 0, *
     return _layout("split", [letters], outs, {letters[a]}, sizes)
 
 
+@register_rule("split_with_num")
+def split_with_num_rule(specs: list[DistSpec], num: Any = 2, axis: int = 0, **_: object) -> EinsumSpec:
+    """Paddle's ``split_with_num`` (``paddle.split`` given an int): ``split`` into ``num`` equal parts."""
+    if isinstance(num, bool) or not isinstance(num, int):
+        raise TypeError(f"split_with_num: num={num!r} must be an int count of equal parts; for sizes use split")
+    return split_rule(specs, num_or_sections=num, axis=axis)
+
+
 def split_sections(size: int, num_or_sections: Any, what: str) -> list[int]:
     """Paddle's num_or_sections: an int count of equal parts, or sizes (one may be -1)."""
     if isinstance(num_or_sections, int):

@@ -1,0 +1,158 @@
+"""OneFlow's global-tensor spelling of mpipar's distributed tensors (seed 002).
+
+One semantics, two spellings: a OneFlow ``placement`` is a :class:`ProcessMesh`, an SBP is a
+placement (``sbp.split(axis)`` is ``Shard(axis)``, ``sbp.broadcast`` is ``Replicate()``,
+``sbp.partial_sum`` is ``Partial("sum")``), and ``tensor.to_global(placement, sbp)`` is
+``shard_tensor`` (dense input) or ``reshard`` (global input). Nothing here keeps state of its own,
+so a program may mix both spellings on the same tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mpipar.mesh import ProcessMesh
+from mpipar.placement import Partial, Placement, Replicate, Shard
+from mpipar.tensor import Tensor, reshard, shard_tensor
+
+__all__ = ["placement", "sbp", "to_global", "to_local"]
+
+_DEVICE_TYPES = ("cpu", "cuda")
+
+
+class placement:
+    """``flow.placement(type, ranks)``: the devices a global tensor lives on, as a mesh.
+
+    ``ranks`` is a 1-d list (a 1-d mesh) or a 2-d nested list (a 2-d mesh, rows first), as in
+    OneFlow. ``type`` is ``"cpu"`` or ``"cuda"``; mpipar picks the device per backend, so the
+    type is recorded and checked but does not change where values live.
+    """
+
+    def __init__(self, type: str = "cpu", ranks: Any = None) -> None:
+        if not isinstance(type, str) or type not in _DEVICE_TYPES:
+            raise ValueError(f"placement: type={type!r} is not a device type; use one of {list(_DEVICE_TYPES)}")
+        if ranks is None:
+            raise TypeError("placement: ranks is missing; pass a list of ranks such as ranks=[0, 1]")
+        ids = np.asarray(ranks, dtype=object)
+        if ids.ndim not in (1, 2) or ids.size == 0:
+            raise ValueError(
+                f"placement: ranks={ranks!r} must be a non-empty 1-d list or a rectangular 2-d nested list of ranks"
+            )
+        names = ["x"] if ids.ndim == 1 else ["x", "y"]
+        try:
+            self._mesh = ProcessMesh(ranks, dim_names=names)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"placement: ranks={ranks!r} is not a valid rank list: {err}") from None
+        self._type = type
+
+    @classmethod
+    def from_mesh(cls, mesh: ProcessMesh, type: str = "cpu") -> placement:
+        """The placement naming the same ranks as ``mesh`` (keeping its axis names)."""
+        if not isinstance(mesh, ProcessMesh):
+            raise TypeError(f"placement.from_mesh: mesh must be a ProcessMesh, got {mesh!r}")
+        out = cls.__new__(cls)
+        out._mesh = mesh
+        out._type = type
+        return out
+
+    @property
+    def type(self) -> str:
+        return self._type
+
+    @property
+    def ranks(self) -> list[Any]:
+        """The rank list as given (nested for a 2-d placement)."""
+        return self._mesh.mesh.tolist()
+
+    @property
+    def hierarchy(self) -> list[int]:
+        return list(self._mesh.shape)
+
+    @property
+    def mesh(self) -> ProcessMesh:
+        """The mpipar mesh this placement spells."""
+        return self._mesh
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, placement):
+            return NotImplemented
+        return (
+            self._type == other._type
+            and self._mesh.shape == other._mesh.shape
+            and (self._mesh.process_ids == other._mesh.process_ids)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self._type, tuple(self._mesh.shape), tuple(self._mesh.process_ids)))
+
+    def __repr__(self) -> str:
+        return f"oneflow.placement(type={self._type!r}, ranks={self.ranks})"
+
+
+# to_global's parameter is named ``placement`` (OneFlow's keyword), shadowing the class there
+_PlacementClass = placement
+
+
+class _SbpNamespace:
+    """``flow.sbp``: ``split(axis)``, ``broadcast``, ``partial_sum`` as mpipar placements."""
+
+    broadcast: Placement = Replicate()
+    partial_sum: Placement = Partial("sum")
+
+    @staticmethod
+    def split(axis: int) -> Placement:
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or axis < 0:
+            raise ValueError(f"sbp.split: axis={axis!r} must be a non-negative int (the tensor axis to split)")
+        return Shard(int(axis))
+
+
+sbp = _SbpNamespace()
+
+
+def _sbp_list(value: Any, where: placement, shape: Sequence[int]) -> list[Placement]:
+    sbps = list(value) if isinstance(value, (list, tuple)) else [value]
+    for s in sbps:
+        if not isinstance(s, Placement):
+            raise TypeError(
+                f"to_global: sbp entry {s!r} is not an SBP; use flow.sbp.split(axis), flow.sbp.broadcast "
+                "or flow.sbp.partial_sum"
+            )
+    if len(sbps) != where.mesh.ndim:
+        raise ValueError(
+            f"to_global: sbp={sbps} has {len(sbps)} entries but {where!r} is {where.mesh.ndim}-d; "
+            "give one SBP per placement dimension"
+        )
+    for s in sbps:
+        if isinstance(s, Shard) and s.dim >= len(shape):
+            raise ValueError(
+                f"to_global: sbp.split({s.dim}) names axis {s.dim} of a tensor of shape {list(shape)}; "
+                f"split an axis below {len(shape)}"
+            )
+    return sbps
+
+
+def to_global(tensor: Any, placement: placement, sbp: Any) -> Tensor:
+    """``tensor.to_global(placement, sbp)``: a global (distributed) tensor.
+
+    A local (dense) tensor or array is taken as the global value every rank holds and is
+    distributed as ``sbp`` says; a global tensor is redistributed (communication as a reshard).
+    """
+    if not isinstance(placement, _PlacementClass):
+        raise TypeError(f"to_global: placement must be flow.placement(type, ranks), got {placement!r}")
+    src = tensor if isinstance(tensor, Tensor) else Tensor(np.asarray(tensor))
+    sbps = _sbp_list(sbp, placement, src.shape)
+    if src.is_dist:
+        return reshard(src, placement.mesh, sbps)
+    return shard_tensor(src, placement.mesh, sbps)
+
+
+def to_local(tensor: Tensor) -> Any:
+    """``tensor.to_local()``: this rank's shard of a global tensor (a local tensor stays as is)."""
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"to_local: expected a mpipar Tensor, got {type(tensor).__name__}")
+    if not tensor.is_dist:
+        return tensor
+    return Tensor(tensor.local_tensor())
