@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "calibrate": "simulator.calibrate:main",
     "estimate": "simulator.estimate:main",
     "schedule": "simulator.schedule_sim:main",
+    "search": "simulator.search:main",
 }
 
 

@@ -1,0 +1,252 @@
+"""Strategy search (fully automatic mode, issue #17): enumerate GPT training strategies for a
+device count and global batch, drop the ones that do not divide or do not fit in memory, price
+the rest with ``simulator.estimate`` and rank them by predicted step time.
+
+The search knows nothing of the cost model's internals: it only calls ``estimate`` and reads
+``step_time_s`` and ``peak_bytes_per_rank``, so it stays correct when the model changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from mpipar import cliargs
+from simulator.cost import HardwareProfile, load_profile
+from simulator.estimate import Estimate, estimate, parse_count
+from simulator.estimate import build_parser as estimate_parser
+from simulator.step_trace import GPTShape, Strategy
+
+SCHEDULES = ("FThenB", "1F1B", "Interleaved1F1B", "ZBH1")
+RECOMPUTES = ("none", "selective", "full")
+INTERLEAVED_CHUNKS = (2, 4)
+
+
+def model_flops_per_step(shape: GPTShape, global_batch: int) -> float:
+    """Model FLOPs of one training step, forward and backward, no recompute (Narayanan et al.
+    2021, Eq. 3). One small function so the estimator's own MFU can replace it."""
+    b, s, n, h, v = global_batch, shape.seq, shape.layers, shape.hidden, shape.vocab
+    return 96.0 * b * s * n * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * n * h))
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A priced strategy: the estimate's headline numbers and the flags that reproduce it."""
+
+    strategy: Strategy
+    micro_batch_size: int
+    step_time_s: float
+    peak_bytes: int
+    bubble_fraction: float
+    tokens_per_s: float
+    mfu: float
+    fits: bool
+
+    def estimate_flags(self, shape: GPTShape, hardware: str) -> str:
+        st = self.strategy
+        flags = [f"--layers {shape.layers} --hidden {shape.hidden} --heads {shape.heads} --seq {shape.seq} "
+                 f"--vocab {shape.vocab} --micro-batch-size {self.micro_batch_size}",
+                 f"--mesh dp={st.dp},tp={st.tp},pp={st.pp}", f"--micro-batches {st.micro_batches}",
+                 f"--schedule {st.schedule}", f"--recompute {st.recompute}", f"--zero {st.zero}",
+                 f"--hardware {hardware}"]
+        if st.chunks > 1:
+            flags.append(f"--chunks {st.chunks}")
+        if st.sequence_parallel:
+            flags.append("--sequence-parallel")
+        if st.mixed_precision:
+            flags.append("--mixed-precision")
+        return " ".join(flags)
+
+    def gpt_flags(self) -> str:
+        """``examples/gpt.py`` flags of the same parallel layout (the example's mesh and pipeline knobs)."""
+        st = self.strategy
+        flags = f"--mesh dp={st.dp},tp={st.tp},pp={st.pp} --micro-batches {st.micro_batches} --schedule {st.schedule}"
+        if st.chunks > 1:
+            flags += f" --chunks {st.chunks}"
+        return flags
+
+
+@dataclass
+class SearchResult:
+    """Ranked candidates (fastest first, all within the memory limit) and the search's accounting."""
+
+    shape: GPTShape
+    devices: int
+    global_batch: int
+    hardware: str
+    memory_limit: int
+    ranked: list[Candidate]
+    enumerated: int
+    pruned: dict[str, int] = field(default_factory=dict)
+    priced: int = 0
+    over_memory: list[Candidate] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def advice(self) -> str:
+        """Why nothing fits: the closest candidate's shortfall and the knobs that lower memory."""
+        if self.ranked or not self.over_memory:
+            return ""
+        best = min(self.over_memory, key=lambda c: c.peak_bytes)
+        st = best.strategy
+        knobs = []
+        if st.zero < 3:
+            knobs.append("a higher ZeRO stage")
+        if st.recompute != "full":
+            knobs.append("--recompute full")
+        knobs.append("more devices (larger tp or pp)")
+        return (f"nothing fits in {self.memory_limit / 2**30:.2f} GiB: the smallest candidate "
+                f"(dp={st.dp},tp={st.tp},pp={st.pp}, zero {st.zero}, recompute {st.recompute}) needs "
+                f"{best.peak_bytes / 2**30:.2f} GiB, {(best.peak_bytes - self.memory_limit) / 2**30:.2f} GiB over; "
+                f"try {', '.join(knobs)}")
+
+
+def enumerate_strategies(
+    shape: GPTShape, devices: int, global_batch: int, pruned: dict[str, int],
+    *, zero_stages: tuple[int, ...] = (0, 1, 2, 3), recomputes: tuple[str, ...] = RECOMPUTES,
+    schedules: tuple[str, ...] = SCHEDULES, mixed_precision: bool = True,
+) -> Iterator[tuple[Strategy, int]]:
+    """Every (strategy, micro-batch size) that divides: heads by tp, layers by pp x chunks,
+    batch by dp x micro-batches x micro-batch size. Counts what it drops in ``pruned``."""
+    def drop(reason: str) -> None:
+        pruned[reason] = pruned.get(reason, 0) + 1
+
+    for tp in divisors(devices):
+        if shape.heads % tp:
+            drop("heads not divisible by tp")
+            continue
+        for pp in divisors(devices // tp):
+            dp = devices // tp // pp
+            if global_batch % dp:
+                drop("batch not divisible by dp")
+                continue
+            per_replica = global_batch // dp
+            for mbs in divisors(per_replica):
+                micro = per_replica // mbs
+                for schedule in schedules if pp > 1 else ("1F1B",):
+                    for chunks in INTERLEAVED_CHUNKS if schedule == "Interleaved1F1B" else (1,):
+                        if shape.layers % (pp * chunks):
+                            drop("layers not divisible by pp x chunks")
+                            continue
+                        for sp in (False, True) if tp > 1 else (False,):
+                            for zero in zero_stages if dp > 1 else (0,):
+                                for rc in recomputes:
+                                    yield Strategy(dp, tp, pp, sp, rc, zero, mixed_precision, "adamw",
+                                                   micro, schedule, chunks), mbs
+
+
+def search(
+    shape: GPTShape, devices: int, global_batch: int, hardware: HardwareProfile | str = "h100-nvlink-ib",
+    *, memory_limit: int | None = None, top_k: int = 5, progress: Callable[[int, int], None] | None = None,
+    **space: object,
+) -> SearchResult:
+    """Price every strategy that divides and rank those within ``memory_limit`` (default: the
+    profile's device memory) by predicted step time. ``space``: ``enumerate_strategies`` options."""
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"search devices must be a positive int, got {devices!r}")
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise ValueError(f"search global_batch must be a positive int, got {global_batch!r}")
+    hw = load_profile(hardware) if isinstance(hardware, str) else hardware
+    limit = memory_limit if memory_limit is not None else hw.memory_bytes
+    if limit is None:
+        raise ValueError(f"hardware profile {hw.name!r} has no memory_bytes; pass memory_limit (bytes)")
+    started = time.perf_counter()
+    pruned: dict[str, int] = {}
+    todo = list(enumerate_strategies(shape, devices, global_batch, pruned, **space))  # type: ignore[arg-type]
+    flops = model_flops_per_step(shape, global_batch)
+    fitting: list[Candidate] = []
+    over: list[Candidate] = []
+    for i, (strategy, mbs) in enumerate(todo):
+        sized = GPTShape(shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab, mbs, shape.dropout)
+        est: Estimate = estimate(sized, strategy, hw)
+        peak = max(est.peak_bytes_per_rank.values())
+        t = est.step_time_s
+        peak_rate = max(hw.flops_per_s.values()) * devices
+        cand = Candidate(strategy, mbs, t, peak, est.bubble_fraction, global_batch * shape.seq / t,
+                         flops / t / peak_rate, peak <= limit)
+        (fitting if cand.fits else over).append(cand)
+        if progress is not None:
+            progress(i + 1, len(todo))
+    if over:
+        pruned["over the memory limit"] = len(over)
+    fitting.sort(key=lambda c: c.step_time_s)
+    return SearchResult(shape, devices, global_batch, hw.name, limit, fitting[:top_k], len(todo) + sum(
+        v for k, v in pruned.items() if k != "over the memory limit"), pruned, len(todo), over,
+        time.perf_counter() - started)
+
+
+def _progress_bar(done: int, total: int) -> None:
+    width = 30
+    filled = width * done // total
+    if done != total and filled == width * (done - 1) // total:
+        return  # redraw only when the bar grows: a line per candidate floods logs
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cliargs.Parser(prog="python -m simulator search",
+                       description="Find the fastest GPT training strategy that fits in memory.")
+    base = estimate_parser()
+    for action in base._actions:
+        if action.dest in ("layers", "hidden", "heads", "params", "seq", "vocab", "dropout", "hardware"):
+            p._add_action(action)
+    p.add_argument("--devices", type=cliargs.int_range(1, cliargs.MAX_WORLD, "a device count"), required=True)
+    p.add_argument("--global-batch", type=cliargs.positive_int, required=True, help="sequences per step")
+    p.add_argument("--memory-limit", type=cliargs.positive_int, default=None, metavar="BYTES",
+                   help="per-device bytes (default: the profile's device memory)")
+    p.add_argument("--top", type=cliargs.int_range(1, 1000, "a count"), default=5)
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        if ns.params is not None:
+            shape = GPTShape.from_params(parse_count(ns.params), ns.seq, ns.vocab)
+        elif None in (ns.layers, ns.hidden, ns.heads):
+            raise ValueError("the model needs --layers, --hidden and --heads (or --params N)")
+        else:
+            shape = GPTShape(ns.layers, ns.hidden, ns.heads, ns.seq, ns.vocab, 1, ns.dropout)
+        result = search(shape, ns.devices, ns.global_batch, ns.hardware, memory_limit=ns.memory_limit,
+                        top_k=ns.top, progress=None if ns.json else _progress_bar)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if ns.json:
+        json.dump({
+            "devices": result.devices, "global_batch": result.global_batch, "memory_limit": result.memory_limit,
+            "enumerated": result.enumerated, "priced": result.priced, "pruned": result.pruned,
+            "seconds": result.seconds, "advice": result.advice(),
+            "top": [{"dp": c.strategy.dp, "tp": c.strategy.tp, "pp": c.strategy.pp, "step_time_s": c.step_time_s,
+                     "tokens_per_s": c.tokens_per_s, "mfu": c.mfu, "peak_bytes": c.peak_bytes,
+                     "bubble_fraction": c.bubble_fraction, "estimate_flags": c.estimate_flags(shape, ns.hardware),
+                     "gpt_flags": c.gpt_flags()} for c in result.ranked],
+        }, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{result.enumerated} candidates: {result.priced} priced in {result.seconds:.1f} s; pruned: "
+          + (", ".join(f"{v} {k}" for k, v in result.pruned.items()) or "none"))
+    if not result.ranked:
+        print(result.advice())
+        return 1
+    for rank, c in enumerate(result.ranked, 1):
+        print(f"#{rank} step {c.step_time_s * 1e3:.2f} ms  {c.tokens_per_s:,.0f} tokens/s  MFU {c.mfu:.1%}  "
+              f"peak {c.peak_bytes / 2**30:.2f} GiB  bubble {c.bubble_fraction:.1%}")
+        print(f"   estimate: {c.estimate_flags(shape, ns.hardware)}")
+        print(f"   gpt.py:   {c.gpt_flags()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
