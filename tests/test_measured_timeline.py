@@ -184,6 +184,10 @@ def _check_lanes(timeline: Timeline, world: int) -> None:
             assert not any(start < c.end and c.start < end for start, end in ends), f"rank {rank}: {c} overlaps comm"
 
 
+def _losses(lines: list[str]) -> list[str]:
+    return [m.group(0) for line in lines if (m := re.match(r"step \d+ loss \S+", line))]
+
+
 @pytest.mark.mpi
 def test_mpiexec_trace_has_the_simulators_spans_on_every_rank(tmp_path: Path) -> None:
     mpi_path, sim_path = tmp_path / "mpi.json", tmp_path / "sim.json"
@@ -196,7 +200,8 @@ def test_mpiexec_trace_has_the_simulators_spans_on_every_rank(tmp_path: Path) ->
         env={**_clean_env(), "MPIPAR_TRACE": str(sim_path)},
     )
     assert sim.returncode == 0, sim.stderr[-4000:]
-    assert [line for line in run.lines_of(0) if line.startswith("step")] == sim.stdout.splitlines()
+    # The same losses: each `step <n> loss <v>` (the speed that follows it differs run to run).
+    assert _losses(run.lines_of(0)) == _losses(sim.stdout.splitlines()) != []
 
     measured_tl, simulated_tl = Timeline.load(mpi_path), Timeline.load(sim_path)
     assert measured_tl.meta["backend"] == "mpi" and measured_tl.meta["world_size"] == 4
