@@ -14,11 +14,34 @@ from typing import Any
 
 import numpy as np
 
+from mpipar import random as mrandom
+from mpipar.backend import current_backend
 from mpipar.mesh import ProcessMesh
+from mpipar.nn.functional import gelu, relu
+from mpipar.nn.layer import get_default_dtype
+from mpipar.ops.linalg import matmul
+from mpipar.optimizer import SGD as _SGD
+from mpipar.optimizer import Adam as _Adam
+from mpipar.optimizer import AdamW as _AdamW
+from mpipar.optimizer import Optimizer
 from mpipar.placement import Partial, Placement, Replicate, Shard
 from mpipar.tensor import Tensor, reshard, shard_tensor
 
-__all__ = ["placement", "sbp", "to_global", "to_local"]
+__all__ = [
+    "gelu",
+    "manual_seed",
+    "matmul",
+    "ones",
+    "optim",
+    "placement",
+    "randn",
+    "relu",
+    "sbp",
+    "tensor",
+    "to_global",
+    "to_local",
+    "zeros",
+]
 
 _DEVICE_TYPES = ("cpu", "cuda")
 
@@ -49,10 +72,15 @@ class placement:
         self._type = type
 
     @classmethod
-    def from_mesh(cls, mesh: ProcessMesh, type: str = "cpu") -> placement:
-        """The placement naming the same ranks as ``mesh`` (keeping its axis names)."""
+    def from_mesh(cls, mesh: ProcessMesh, type: str | None = None) -> placement:
+        """The placement naming the same ranks as ``mesh`` (keeping its axis names); ``type``
+        defaults to where this backend keeps values (``cuda`` on NCCL, ``cpu`` otherwise)."""
         if not isinstance(mesh, ProcessMesh):
             raise TypeError(f"placement.from_mesh: mesh must be a ProcessMesh, got {mesh!r}")
+        if type is None:
+            type = "cuda" if current_backend().name == "nccl" else "cpu"
+        elif type not in _DEVICE_TYPES:
+            raise ValueError(f"placement.from_mesh: type={type!r} is not a device type; use one of {list(_DEVICE_TYPES)}")
         out = cls.__new__(cls)
         out._mesh = mesh
         out._type = type
@@ -103,7 +131,11 @@ class _SbpNamespace:
     partial_sum: Placement = Partial("sum")
 
     @staticmethod
-    def split(axis: int) -> Placement:
+    def split(axis: int | None = None, *, dim: int | None = None) -> Placement:
+        """``sbp.split(axis)``; OneFlow also spells it ``sbp.split(dim=axis)`` (seed 002 does)."""
+        if (axis is None) == (dim is None):
+            raise TypeError(f"sbp.split: give the tensor axis once, as split(axis) or split(dim=axis); got axis={axis!r}, dim={dim!r}")
+        axis = axis if axis is not None else dim
         if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or axis < 0:
             raise ValueError(f"sbp.split: axis={axis!r} must be a non-negative int (the tensor axis to split)")
         return Shard(int(axis))
@@ -156,3 +188,91 @@ def to_local(tensor: Tensor) -> Any:
     if not tensor.is_dist:
         return tensor
     return Tensor(tensor.local_tensor())
+
+
+# ------------------------------------------------------------------------------ factories
+# OneFlow's factories take ``placement=``/``sbp=`` to build a global tensor directly. Values come
+# from mpipar's counter-based generator, a pure function of (seed, draw, global index): each rank
+# generates only its own shard and the global value is the one a single device draws.
+
+
+def _shape_of(size: tuple[Any, ...], where: str) -> tuple[int, ...]:
+    dims = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (list, tuple)) else size
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
+            raise ValueError(f"{where}: size {list(dims)} has {d!r}; every dimension must be a non-negative int")
+    return tuple(int(d) for d in dims)
+
+
+def _dtype_of(dtype: Any) -> np.dtype[Any]:
+    """OneFlow's default is float32; mpipar's default dtype (``nn.set_default_dtype``) rules here
+    so that the OneFlow spelling and the rest of a program agree."""
+    return np.dtype(get_default_dtype() if dtype is None else dtype)
+
+
+def _finish(value: Tensor, placement: Any, sbp: Any, requires_grad: bool, where: str) -> Tensor:
+    if (placement is None) != (sbp is None):
+        raise ValueError(f"{where}: give placement and sbp together (a global tensor) or neither (a local one); "
+                         f"got placement={placement!r}, sbp={sbp!r}")
+    out = value if placement is None else to_global(value, placement, sbp)
+    out.stop_gradient = not requires_grad
+    return out
+
+
+def randn(*size: Any, dtype: Any = None, placement: Any = None, sbp: Any = None, requires_grad: bool = False) -> Tensor:
+    """``flow.randn(*size, placement=, sbp=)``: standard normal values, local or global."""
+    shape, dt = _shape_of(size, "randn"), _dtype_of(dtype)
+    key = mrandom.next_key()
+    value = Tensor.lazy(shape, dt, lambda shp, box: mrandom.normal_box(key, shp, box).astype(dt))
+    return _finish(value, placement, sbp, requires_grad, "randn")
+
+
+def zeros(*size: Any, dtype: Any = None, placement: Any = None, sbp: Any = None, requires_grad: bool = False) -> Tensor:
+    shape, dt = _shape_of(size, "zeros"), _dtype_of(dtype)
+    value = Tensor.lazy(shape, dt, lambda shp, box: np.zeros([e - s for s, e in box], dtype=dt))
+    return _finish(value, placement, sbp, requires_grad, "zeros")
+
+
+def ones(*size: Any, dtype: Any = None, placement: Any = None, sbp: Any = None, requires_grad: bool = False) -> Tensor:
+    shape, dt = _shape_of(size, "ones"), _dtype_of(dtype)
+    value = Tensor.lazy(shape, dt, lambda shp, box: np.ones([e - s for s, e in box], dtype=dt))
+    return _finish(value, placement, sbp, requires_grad, "ones")
+
+
+def tensor(data: Any, dtype: Any = None, placement: Any = None, sbp: Any = None, requires_grad: bool = False) -> Tensor:
+    """``flow.tensor(data, placement=, sbp=)``: ``data`` is the global value every rank holds."""
+    try:
+        array = np.asarray(data, dtype=None if dtype is None else np.dtype(dtype))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"tensor: data is not a numeric array: {err}") from None
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"tensor: data has dtype {array.dtype}; give numbers")
+    return _finish(Tensor(array), placement, sbp, requires_grad, "tensor")
+
+
+def manual_seed(seed: int) -> None:
+    """``flow.manual_seed``: every rank must call it with the same seed (as in OneFlow)."""
+    mrandom.seed(seed)
+
+
+class _OptimNamespace:
+    """``flow.optim``: OneFlow's (PyTorch's) optimizer spelling over mpipar's optimizers."""
+
+    @staticmethod
+    def SGD(params: Any, lr: float = 1e-3, momentum: float = 0.0, weight_decay: float = 0.0) -> Optimizer:
+        if momentum:
+            raise ValueError(f"optim.SGD: momentum={momentum!r} is not supported here; use mpipar.optimizer.Momentum")
+        return _SGD(learning_rate=lr, parameters=list(params), weight_decay=weight_decay or None)
+
+    @staticmethod
+    def Adam(params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> Optimizer:
+        return _Adam(learning_rate=lr, beta1=betas[0], beta2=betas[1], epsilon=eps, parameters=list(params))
+
+    @staticmethod
+    def AdamW(params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+              weight_decay: float = 0.01) -> Optimizer:
+        return _AdamW(learning_rate=lr, beta1=betas[0], beta2=betas[1], epsilon=eps, weight_decay=weight_decay,
+                      parameters=list(params))
+
+
+optim = _OptimNamespace()

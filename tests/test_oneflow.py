@@ -83,3 +83,79 @@ def test_bad_input_names_the_field() -> None:
         flow.to_global(np.zeros((2, 2)), where, ["S(0)", flow.sbp.broadcast])
     with pytest.raises(TypeError, match=r"flow\.placement"):
         flow.to_global(np.zeros((2, 2)), dist.ProcessMesh([0, 1]), flow.sbp.broadcast)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    rows=st.integers(1, 7),
+    cols=st.integers(1, 7),
+    sbps=st.lists(st.sampled_from(["s0", "s1", "b"]), min_size=2, max_size=2),
+)
+def test_randn_global_is_the_one_device_draw(rows: int, cols: int, sbps: list[str]) -> None:
+    """Each rank draws only its shard, and the global value is what one device draws."""
+    spell = {"s0": flow.sbp.split(dim=0), "s1": flow.sbp.split(1), "b": flow.sbp.broadcast}
+    where = flow.placement("cuda", [[0, 1], [2, 3]])
+    flow.manual_seed(7)
+    g = flow.randn(rows, cols, dtype="float64", placement=where, sbp=[spell[s] for s in sbps])
+    flow.manual_seed(7)
+    dense = flow.randn((rows, cols), dtype="float64")
+    assert not dense.is_global and g.is_global and g.sbp == tuple(spell[s] for s in sbps)
+    np.testing.assert_array_equal(g.full_tensor(), dense.numpy())
+    assert g.dtype == np.float64 and g.shape == [rows, cols]
+
+
+def test_factories_and_seed_examples_spelling() -> None:
+    where = flow.placement("cpu", [0, 1])
+    z = flow.zeros(4, 3, placement=where, sbp=flow.sbp.split(0))
+    o = flow.ones([2, 5], dtype="float64", placement=where, sbp=flow.sbp.broadcast)
+    t = flow.tensor([[1.0, 2.0], [3.0, 4.0]], placement=where, sbp=flow.sbp.split(dim=1), requires_grad=True)
+    np.testing.assert_array_equal(z.full_tensor(), np.zeros((4, 3)))
+    np.testing.assert_array_equal(o.full_tensor(), np.ones((2, 5)))
+    assert o.dtype == np.float64 and t.local_tensor(1).tolist() == [[2.0], [4.0]]
+    assert not t.stop_gradient and z.stop_gradient
+    assert flow.sbp.split(dim=1) == flow.sbp.split(1) == dist.Shard(1)
+    # a global tensor's placement reports the ranks it was given
+    assert t.placement.ranks == [0, 1] and t.placement.hierarchy == [2]
+
+
+def test_optim_sgd_trains_like_mpipars_sgd() -> None:
+    where = flow.placement("cpu", [0, 1])
+    x = np.random.default_rng(3).standard_normal((4, 5))
+    w0 = np.random.default_rng(4).standard_normal((5, 8))
+    losses = []
+    for spelling in ("oneflow", "mpipar"):
+        gx = flow.to_global(x, where, flow.sbp.split(0))
+        w = flow.to_global(w0, where, flow.sbp.broadcast)
+        w.stop_gradient = False
+        opt = flow.optim.SGD([w], lr=0.1) if spelling == "oneflow" else dist.optimizer.SGD(0.1, parameters=[w])
+        run = []
+        for _ in range(3):
+            out = flow.matmul(gx, w)
+            loss = (out * out).mean()
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            run.append(float(loss))
+        losses.append(run)
+    assert losses[0] == losses[1]
+    # the dense oracle: gradient descent on mean((x w)^2)
+    w, want = w0.copy(), []
+    for _ in range(3):
+        out = x @ w
+        want.append(float((out * out).mean()))
+        w -= 0.1 * x.T @ (2 * out / out.size)
+    np.testing.assert_allclose(losses[0], want, rtol=1e-12)
+
+
+def test_factory_bad_input_names_the_field() -> None:
+    where = flow.placement("cpu", [0, 1])
+    with pytest.raises(ValueError, match=r"randn: size \[4, -1\] has -1"):
+        flow.randn(4, -1)
+    with pytest.raises(ValueError, match="placement and sbp together"):
+        flow.randn(4, 2, placement=where)
+    with pytest.raises(ValueError, match="tensor: data"):
+        flow.tensor(["a", "b"])
+    with pytest.raises(TypeError, match=r"split\(axis\) or split\(dim=axis\)"):
+        flow.sbp.split(0, dim=1)
+    with pytest.raises(ValueError, match="momentum"):
+        flow.optim.SGD([flow.zeros(2, requires_grad=True)], lr=0.1, momentum=0.9)
