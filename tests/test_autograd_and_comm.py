@@ -167,8 +167,9 @@ def test_infer_forward_api_with_paddle_names() -> None:
     assert cat.outputs[0].shape == (16, 16)
     back = dist.spmd.infer_backward("matmul", [x, w], [dist.DistSpec(np.zeros(2, int).tolist() and [8, 12], mesh, [dist.Partial(), dist.Replicate()])])
     assert back.inputs[0].placements[0] == dist.Shard(1) and back.inputs[1].placements[0] == dist.Shard(0)
-    with pytest.raises(ValueError, match="must stay whole"):
-        dist.spmd.infer_backward("softmax", [x], [dist.DistSpec([8, 16], mesh, [dist.Replicate(), dist.Shard(1)])], axis=-1)
+    # split on the softmax axis: answered with the nearest layout softmax produces (tests/test_spmd_nearest.py)
+    near = dist.spmd.infer_backward("softmax", [x], [dist.DistSpec([8, 16], mesh, [dist.Replicate(), dist.Shard(1)])], axis=-1)
+    assert list(near.outputs[0].placements) == [dist.Replicate(), dist.Replicate()] and "must stay whole" in near.reason
 
 
 def test_a_partial_is_kept_through_a_matmul_only_when_deferring_its_reduction_is_cheaper() -> None:

@@ -267,7 +267,13 @@ def solve_forward(
 def solve_backward(
     es: EinsumSpec, specs: Sequence[DistSpec], out_specs: Sequence[DistSpec]
 ) -> tuple[list[DistSpec], list[DistSpec], str]:
-    """Input specs that produce ``out_specs`` (decisions read off the outputs, first output wins)."""
+    """Input specs that produce ``out_specs`` (decisions read off the outputs, first output wins).
+
+    An output split on an index that must stay whole (softmax or cross entropy split on the
+    axis they reduce, layer_norm on its normalised dims) is answered as Paddle's rules answer
+    it: that mesh axis is replicated, the nearest layout the op can produce, and the returned
+    outputs and reason say so; the caller reshards to them. Forward inference stays strict.
+    """
     _check_mesh(es, specs)
     sizes = _letter_sizes(es, specs)
     if len(out_specs) != len(es.outputs):
@@ -275,6 +281,7 @@ def solve_backward(
     mesh = specs[0].mesh
     contracted = sorted(_contracted(es) - es.no_shard)
     combo: list[Decision] = []
+    nearest: list[str] = []
     for a in range(mesh.ndim):
         dec: Decision | None = None
         for o, spec in enumerate(out_specs):
@@ -284,11 +291,13 @@ def solve_backward(
             if isinstance(p, Shard):
                 letter = es.outputs[o][p.dim]
                 if letter in es.no_shard:
-                    raise ValueError(
-                        f"{es.op or 'op'} cannot produce output {o} {spec}: its dim {p.dim} (index {letter!r}) "
-                        "must stay whole"
+                    nearest.append(
+                        f"output {o} {spec} is split on dim {p.dim} (index {letter!r}), which must stay whole: "
+                        f"replicated on mesh axis {mesh.dim_names[a]!r} instead (the nearest layout {es.op or 'the op'} produces)"
                     )
-                dec = ("S", letter)
+                    dec = ("R",)
+                else:
+                    dec = ("S", letter)
             elif isinstance(p, Partial):
                 from_inputs = [
                     es.inputs[i][q.dim]
@@ -315,4 +324,4 @@ def solve_backward(
     if built is None:
         raise ValueError(f"{es.op or 'op'}: no input layout produces outputs {[str(s) for s in out_specs]}")
     ins, outs = built
-    return ins, outs, _describe(es, mesh.dim_names, combo)
+    return ins, outs, "; ".join([_describe(es, mesh.dim_names, combo), *nearest])
