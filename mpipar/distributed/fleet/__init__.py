@@ -72,9 +72,9 @@ def distributed_optimizer(optimizer: Any, strategy: DistributedStrategy | None =
     ``strategy`` may be given again here (Paddle's static spelling); it must then be the one
     ``fleet.init`` built the groups from, since the groups cannot change under a built model."""
     if strategy is not None:
-        from mpipar.distributed.fleet.base import _state
+        from mpipar.distributed.fleet.base import complete
 
-        if strategy.resolved() != _state("fleet.distributed_optimizer").resolved:
+        if complete(strategy.resolved()) != resolved_strategy("fleet.distributed_optimizer"):
             raise ValueError(
                 "fleet.distributed_optimizer: the strategy differs from the one fleet.init built the groups "
                 "from; pass it to fleet.init(is_collective=True, strategy=...) before building the model"

@@ -7,6 +7,7 @@ coordinate and groups (``mpipar.backend.current_backend().rank`` names the runni
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ def init(
     role_maker: Any = None, is_collective: bool = False, strategy: DistributedStrategy | None = None,
     log_level: Any = "INFO",
 ) -> None:
-    """Build the 4-D topology of ``strategy`` (all degrees 1 without one) over the world.
+    """Build the 4-D topology of ``strategy`` over the world (without one: data parallel over all ranks).
 
     Calling it again (seed 001 calls ``fleet.init`` before it fills in the strategy) rebuilds
     the groups from the new strategy; every rank must make the same calls, as in Paddle.
@@ -47,20 +48,34 @@ def init(
         strategy = DistributedStrategy()
     if not isinstance(strategy, DistributedStrategy):
         raise TypeError(f"fleet.init: strategy must be a fleet.DistributedStrategy, got {type(strategy).__name__}")
-    resolved = strategy.resolved()
+    resolved = complete(strategy.resolved())
+    topology = CommunicateTopology(AXES, resolved.degrees)
+    _states[_rank()] = _State(strategy, resolved, HybridCommunicateGroup(topology, _rank()))
+
+
+def complete(resolved: Resolved) -> Resolved:
+    """``resolved`` with dp_degree -1 filled from the world size, checked against the world size."""
     world = int(current_backend().world_size)
+    names = ("dp_degree", "pp_degree", "sharding_degree", "mp_degree")
+    if resolved.dp_degree == -1:
+        others = resolved.pp_degree * resolved.sharding_degree * resolved.mp_degree
+        if world % others:
+            factors = " * ".join(f"{k}({v})" for k, v in zip(names[1:], resolved.degrees[1:], strict=True))
+            raise ValueError(
+                f"fleet.init: world size {world} is not a multiple of {factors} = {others}, so dp_degree cannot "
+                "fill the rest; change the degrees or the number of ranks launched"
+            )
+        resolved = dataclasses.replace(resolved, dp_degree=world // others)
     product = 1
     for d in resolved.degrees:
         product *= d
     if product != world:
-        factors = " * ".join(f"{k}({v})" for k, v in zip(("dp_degree", "pp_degree", "sharding_degree", "mp_degree"),
-                                                             resolved.degrees, strict=True))  # fmt: skip
+        factors = " * ".join(f"{k}({v})" for k, v in zip(names, resolved.degrees, strict=True))
         raise ValueError(
             f"fleet.init: {factors} = {product} != world size {world}; make the degrees' product the number of "
             f"ranks launched (mpiexec -n {product} or python -m simulator -n {product})"
         )
-    topology = CommunicateTopology(AXES, resolved.degrees)
-    _states[_rank()] = _State(strategy, resolved, HybridCommunicateGroup(topology, _rank()))
+    return resolved
 
 
 def _state(call: str) -> _State:

@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 DEGREES = ("dp_degree", "pp_degree", "sharding_degree", "mp_degree")
 """The degrees in the topology's axis order: data, pipe, sharding, model (Paddle's order)."""
 
-_HYBRID_KEYS = {**dict.fromkeys(DEGREES, 1)}
+_HYBRID_KEYS = {**dict.fromkeys(DEGREES, 1), "dp_degree": -1}
+"""dp_degree -1 (Paddle's default): the world size divided by the other degrees."""
 _SHARDING_KEYS: dict[str, Any] = {
     "sharding_segment_strategy": "segment_broadcast_MB",
     "segment_broadcast_MB": 32.0,
@@ -50,7 +51,8 @@ SCHEDULES = {"1F1B": "1F1B", "F-then-B": "FThenB", "FThenB": "FThenB"}
 
 def _positive_int(where: str, key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}[{key!r}] = {value!r}: must be a positive int")
+        fill = " (or -1: the world size over the other degrees)" if key == "dp_degree" else ""
+        raise ValueError(f"{where}[{key!r}] = {value!r}: must be a positive int{fill}")
     return value
 
 
@@ -62,6 +64,8 @@ def _boolean(where: str, key: str, value: Any) -> bool:
 
 def _check_value(where: str, key: str, value: Any) -> Any:
     """One config value, checked by its key's meaning."""
+    if key == "dp_degree" and value == -1 and not isinstance(value, bool):
+        return value  # fill the world (Paddle's default)
     if key.endswith("_degree") or key in ("micro_batch_size", "accumulate_steps", "gradient_merge_acc_step", "k_steps"):
         return _positive_int(where, key, value)
     if key in ("hybrid_dp", "pp_allreduce_in_optimize", "optimize_offload", "offload", "optimize_cast", "avg",
@@ -124,6 +128,7 @@ class Resolved:
     """What the strategy asks for, both spellings combined (``DistributedStrategy.resolved``)."""
 
     dp_degree: int
+    """-1: whatever the world size leaves over the other degrees (``fleet.init`` fills it)."""
     pp_degree: int
     sharding_degree: int
     mp_degree: int
