@@ -24,8 +24,10 @@ from mpipar.distributed.fleet.meta_parallel import (
     ParallelCrossEntropy,
     PipelineLayer,
     RowParallelLinear,
+    SharedLayerDesc,
     VocabParallelEmbedding,
 )
+from mpipar.distributed.fleet.meta_parallel.mp_ops import c_identity
 
 p = parser(__doc__.splitlines()[0])
 for axis in ("dp", "mp", "pp", "sharding"):
@@ -38,6 +40,8 @@ p.add_argument("--gradient-merge", type=int, default=1, help="apply the optimize
 p.add_argument("--schedule", default="1F1B", choices=["1F1B", "FThenB"], help="pipeline schedule")
 p.add_argument("--accumulate-steps", type=int, default=2, help="micro-batches per step")
 p.add_argument("--batch-size", type=int, default=None, help="global batch (sequences per step)")
+p.add_argument("--shared-embedding", action="store_true",
+               help="tie the output layer to the embedding table (SharedLayerDesc on the first and last stage)")
 args = p.parse_args()
 setup(args)
 VOCAB, HIDDEN, SEQ, LAYERS, BATCH = (16, 8, 4, 2, 8) if args.tiny else (256, 64, 32, 4, 32)
@@ -146,7 +150,20 @@ class LMLoss(paddle.nn.Layer):
         return paddle.mean(self.ce(logits, labels))
 
 
-descs = [LayerDesc(Embed, VOCAB, HIDDEN), *[LayerDesc(Block, HIDDEN) for _ in range(LAYERS)], LayerDesc(Head, HIDDEN, VOCAB)]
+def tied_head(embedding, x):
+    """Logits against the embedding table: x enters every model rank (c_identity), each
+    multiplies by its own vocabulary rows, so the logits come out split by vocabulary."""
+    x = c_identity(x, hcg.get_model_parallel_group())
+    return paddle.matmul(x, embedding.weight, transpose_y=True)  # (B, T, vocab / mp)
+
+
+blocks = [LayerDesc(Block, HIDDEN) for _ in range(LAYERS)]
+if args.shared_embedding:
+    descs = [SharedLayerDesc("embed", VocabParallelEmbedding, None, "weight", VOCAB, HIDDEN), *blocks,
+             LayerDesc(paddle.nn.LayerNorm, HIDDEN),
+             SharedLayerDesc("embed", VocabParallelEmbedding, tied_head, "weight", VOCAB, HIDDEN)]  # fmt: skip
+else:
+    descs = [LayerDesc(Embed, VOCAB, HIDDEN), *blocks, LayerDesc(Head, HIDDEN, VOCAB)]
 model = PipelineLayer(descs, num_stages=hcg.get_pipe_parallel_world_size(), loss_fn=LMLoss())
 model = fleet.distributed_model(model)
 clip = paddle.optimizer.ClipGradByGlobalNorm(1.0)

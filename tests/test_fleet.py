@@ -489,6 +489,61 @@ def test_segments_and_pipeline_errors() -> None:
     assert "stage 0 of 2: layers 0..0" in out[0][2] and "stage 1 of 2: layers 1..2" in out[1][2]
 
 
+def test_eval_batch_and_a_plain_model_match_one_device() -> None:
+    """``eval_batch`` over 2 stages gives one stage's loss on both; a non-pipeline model under
+    mp=2 runs as is (``HybridParallelModel``) and gives the dense loss."""
+    x = np.random.default_rng(5).normal(size=(4, 4))
+
+    def loss_fn(out: dist.Tensor, y: dist.Tensor) -> dist.Tensor:
+        return dist.mean(dist.multiply(out, out))
+
+    def pipeline(pp: int) -> Callable[[int], float]:
+        def program(rank: int) -> float:
+            init(pp=pp, pipeline=pp > 1, pipeline_configs={"micro_batch_size": 2, "accumulate_steps": 2})
+            dist.seed(0)
+            with dist.nn.layer.default_dtype("float64"):
+                model = fleet.distributed_model(PipelineLayer([LayerDesc(dist.nn.Linear, 4, 4)] * 3, loss_fn=loss_fn))
+            return float(model.eval_batch([x, x]))
+
+        return program
+
+    two, one = per_rank(2, pipeline(2)), per_rank(1, pipeline(1))
+    assert two[0] == two[1]  # the last stage's loss, broadcast to the first
+    np.testing.assert_allclose(two[0], one[0], rtol=1e-12)
+
+    def mp_program(rank: int) -> float:
+        init(mp=2)
+        dist.seed(9)
+        with dist.nn.layer.default_dtype("float64"):
+            model = fleet.distributed_model(dist.nn.Sequential(ColumnParallelLinear(4, 6, gather_output=False),
+                                                               RowParallelLinear(6, 4, input_is_parallel=True)))  # fmt: skip
+        assert isinstance(model, fleet.HybridParallelModel) and len(model.parameters()) == 4
+        out = model(dist.to_tensor(x))
+        return float(dist.mean(dist.multiply(out, out)))
+
+    dist.seed(9)
+    with dist.nn.layer.default_dtype("float64"):
+        dense = dist.nn.Sequential(dist.nn.Linear(4, 6), dist.nn.Linear(6, 4))
+    out = dense(dist.to_tensor(x))
+    want = float(dist.mean(dist.multiply(out, out)))
+    mp = per_rank(2, mp_program)
+    np.testing.assert_allclose([mp[0], mp[1]], [want, want], rtol=1e-12)
+
+
+def test_distributed_optimizer_refuses_another_strategy() -> None:
+    def program(rank: int) -> str:
+        init(dp=2)
+        other = fleet.DistributedStrategy()
+        other.hybrid_configs = {"mp_degree": 2}
+        try:
+            fleet.distributed_optimizer(dist.optimizer.SGD(parameters=[dist.Parameter(np.zeros(2))]), strategy=other)
+        except ValueError as exc:
+            return str(exc)
+        return "no error"
+
+    assert "the strategy differs from the one fleet.init built the groups from" in per_rank(2, program)[0]
+
+
 def test_a_non_pipeline_model_with_pp_is_refused() -> None:
     def program(rank: int) -> str:
         init(pp=2, pipeline=True)
@@ -590,6 +645,8 @@ def test_seed_example_from_the_command_line_prints_one_devices_losses() -> None:
         (4, ("--num-mp", "1", "--num-pp", "4"), ("--batch-size", "4", "--accumulate-steps", "4")),
         pytest.param(16, ("--num-dp", "2"), (), marks=pytest.mark.slow),  # all four degrees 2 (16 threads)
         (8, (), ("--gradient-merge", "2")),
+        (8, (), ("--shared-embedding",)),  # tied embedding on stages 0 and 1, clipping engaged
+        (4, ("--num-mp", "1", "--num-pp", "4"), ("--shared-embedding", "--batch-size", "4", "--accumulate-steps", "4")),
     ],
 )
 def test_seed_example_prints_one_devices_losses(n: int, flags: tuple[str, ...], batch: tuple[str, ...]) -> None:

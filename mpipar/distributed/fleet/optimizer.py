@@ -12,7 +12,7 @@ One ``step()`` of ``HybridParallelOptimizer`` on each rank, in this order:
    all-reduces what is left (its members own the same parameters);
 3. gradient clipping by global norm, with each gradient counted once: the squares of
    model-parallel slices (``is_distributed``) are summed over the model group, replicated
-   ones are not; the sums are then added over the sharding group (each member holds its own
+   ones are not (nor a weight tied across stages, but on its first stage); the sums are then added over the sharding group (each member holds its own
    parameters' gradients) and the pipe group (each stage its own layers);
 4. the wrapped optimizer updates the parameters this rank owns (all of them without
    sharding; with sharding its optimizer states exist for those only: ZeRO-1/2);
@@ -157,6 +157,8 @@ class HybridParallelOptimizer:
         for p in self._owned:
             if p.grad is None or not getattr(p, "need_clip", True):
                 continue
+            if getattr(p, "is_firstly_shared", True) is False:
+                continue  # a weight tied across stages counts once, on its first stage
             sq = float(np.sum(np.square(p.grad.numpy(), dtype=np.float64)))
             if getattr(p, "is_distributed", False):
                 split_sq += sq

@@ -217,13 +217,6 @@ class HybridCommunicateGroup:
     def get_sharding_parallel_group_src_rank(self) -> int:
         return self._src("sharding")
 
-    # ------------------------------------------------------------------ data
-    def get_data_shard(self) -> tuple[int, int]:
-        """(index, count) of this rank's share of the global batch: data and sharding ranks each
-        read a different share (sharding is data parallelism with split optimizer states)."""
-        sh = self.get_sharding_parallel_world_size()
-        return self.get_data_parallel_rank() * sh + self.get_sharding_parallel_rank(), self.get_data_parallel_world_size() * sh
-
     def __repr__(self) -> str:
         dims = ", ".join(f"{a}={self._topo.get_dim(a)}" for a in AXES)
         return f"HybridCommunicateGroup(rank={self.global_rank}, {dims}, coord={self._coord})"

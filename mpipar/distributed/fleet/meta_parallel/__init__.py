@@ -7,7 +7,7 @@ from mpipar.distributed.fleet.meta_parallel.mp_layers import (
     VocabParallelEmbedding,
 )
 from mpipar.distributed.fleet.meta_parallel.pipeline_parallel import PipelineParallel
-from mpipar.distributed.fleet.meta_parallel.pp_layers import LayerDesc, PipelineLayer
+from mpipar.distributed.fleet.meta_parallel.pp_layers import LayerDesc, PipelineLayer, SharedLayerDesc
 
 __all__ = [
     "ColumnParallelLinear",
@@ -16,5 +16,6 @@ __all__ = [
     "PipelineLayer",
     "PipelineParallel",
     "RowParallelLinear",
+    "SharedLayerDesc",
     "VocabParallelEmbedding",
 ]

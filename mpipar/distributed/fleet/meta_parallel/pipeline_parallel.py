@@ -171,6 +171,7 @@ class PipelineParallel(Layer):
             raise ValueError("train_batch: loss scaling (scaler=) is for float16 training, which fleet does not run; pass None")
         self._layers.train()
         loss = self._run_schedule(data, train=True)
+        self._layers.allreduce_shared_weight_gradients()
         optimizer.step()
         optimizer.clear_grad()
         if lr_scheduler is not None:

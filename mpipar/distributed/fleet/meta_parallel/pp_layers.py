@@ -11,6 +11,13 @@ generator's state when the ``PipelineLayer`` was made and of ``i``; after constr
 generator moves on by one draw whatever the number of stages. A ``Layer`` instance or a
 plain function in the list is kept as given (functions have no weights; an instance already
 drew its weights where it was made).
+
+``SharedLayerDesc(key, cls, forward_func, shared_weight_attr, *args)`` entries with the same
+key are one layer (tied input and output embeddings): one device builds it once and uses it
+at every position; each stage holding a position builds it from the random state of the
+key's first position (the same weights), and after the backward pass the stages holding it
+all-reduce the shared weight's gradient (``allreduce_shared_weight_gradients``), so every
+copy takes the step one device takes. Clipping counts the weight on its first stage only.
 """
 
 from __future__ import annotations
@@ -18,9 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from mpipar import random as mrandom
+from mpipar.collective import all_reduce, new_group
 from mpipar.nn.layer import Layer
 from mpipar.recompute import recompute
+from mpipar.tensor import Tensor
 
 
 class LayerDesc:
@@ -36,6 +47,23 @@ class LayerDesc:
 
     def __repr__(self) -> str:
         return f"LayerDesc({self.layer_func.__name__})"
+
+
+class SharedLayerDesc(LayerDesc):
+    """A layer shared by several positions of the pipeline: ``forward_func(layer, x)`` at each
+    (the layer's own ``forward`` when None); ``shared_weight_attr`` names the tied parameter."""
+
+    def __init__(
+        self, key: str, layer_func: type[Layer], forward_func: Callable[..., Any] | None = None,
+        shared_weight_attr: str = "weight", *inputs: Any, **kwargs: Any,
+    ) -> None:
+        super().__init__(layer_func, *inputs, **kwargs)
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"SharedLayerDesc: key must be a non-empty string, got {key!r}")
+        self.layer_name, self.forward_func, self.shared_weight_attr = key, forward_func, shared_weight_attr
+
+    def __repr__(self) -> str:
+        return f"SharedLayerDesc({self.layer_name!r}, {self.layer_func.__name__})"
 
 
 def segment_uniform(num_items: int, num_parts: int) -> list[int]:
@@ -92,18 +120,60 @@ class PipelineLayer(Layer):
         self._recompute_interval = recompute_interval
         self._start, self._end = self.segment_parts[self.stage_id], self.segment_parts[self.stage_id + 1]
         base = mrandom.get_rng_state()
+
+        def build(desc: LayerDesc, index: int) -> Layer:
+            mrandom.set_rng_state({"seed": mrandom.key_for(base["seed"], base["draws"], index), "draws": 0})
+            return desc.build_layer()
+
+        first: dict[str, int] = {}
+        holders: dict[str, set[int]] = {}
+        for i, item in enumerate(items):
+            if isinstance(item, SharedLayerDesc):
+                first.setdefault(item.layer_name, i)
+                holders.setdefault(item.layer_name, set()).add(self.get_stage_from_index(i))
+        self.shared_layers: dict[str, Layer] = {}
         self.run_function: list[Callable[..., Any]] = []
         try:
             for i in range(self._start, self._end):
                 item = items[i]
+                if isinstance(item, SharedLayerDesc):
+                    key = item.layer_name
+                    if key not in self.shared_layers:
+                        self.shared_layers[key] = build(item, first[key])
+                        self.add_sublayer(f"shared_{key}", self.shared_layers[key])
+                    layer = self.shared_layers[key]
+                    fn = item.forward_func
+                    self.run_function.append(layer if fn is None else (lambda x, f=fn, m=layer: f(m, x)))
+                    continue
                 if isinstance(item, LayerDesc):
-                    mrandom.set_rng_state({"seed": mrandom.key_for(base["seed"], base["draws"], i), "draws": 0})
-                    item = item.build_layer()
+                    item = build(item, i)
                 if isinstance(item, Layer):
                     self.add_sublayer(str(i), item)
                 self.run_function.append(item)
         finally:
             mrandom.set_rng_state({"seed": base["seed"], "draws": base["draws"] + 1})
+        self._shared: list[tuple[str, Any, Tensor]] = []
+        attrs = {item.layer_name: item.shared_weight_attr for item in items if isinstance(item, SharedLayerDesc)}
+        for key in sorted(holders):  # every rank makes the groups in the same order
+            stages = sorted(holders[key])
+            if hcg is None or len(stages) < 2:
+                continue
+            group = new_group([hcg.get_rank_from_stage(st) for st in stages])
+            if key in self.shared_layers:
+                weight = getattr(self.shared_layers[key], attrs[key], None)
+                if not isinstance(weight, Tensor):
+                    raise ValueError(f"SharedLayerDesc {key!r}: the layer has no parameter {attrs[key]!r} (shared_weight_attr)")
+                if self.stage_id != stages[0]:
+                    weight.is_firstly_shared = False  # type: ignore[attr-defined]
+                self._shared.append((key, group, weight))
+
+    def allreduce_shared_weight_gradients(self) -> None:
+        """Sum the gradients of each shared weight over the stages holding it (each used it on its part)."""
+        for _key, group, weight in self._shared:
+            g = weight.grad if weight.grad is not None else Tensor(np.zeros(tuple(weight.shape), dtype=weight.dtype))
+            g = Tensor(np.array(g.numpy(), copy=True))
+            all_reduce(g, group=group)
+            weight.grad = g
 
     def get_stage_from_index(self, layer_idx: int) -> int:
         for stage in range(self.num_stages):
@@ -130,4 +200,4 @@ class PipelineLayer(Layer):
         return f"stage {self.stage_id} of {self.num_stages}: layers {self._start}..{self._end - 1}"
 
 
-__all__ = ["LayerDesc", "PipelineLayer", "segment_uniform"]
+__all__ = ["LayerDesc", "PipelineLayer", "SharedLayerDesc", "segment_uniform"]
