@@ -530,6 +530,35 @@ def test_eval_batch_and_a_plain_model_match_one_device() -> None:
     np.testing.assert_allclose([mp[0], mp[1]], [want, want], rtol=1e-12)
 
 
+def test_recompute_reruns_the_collectives_and_keeps_the_gradients() -> None:
+    """strategy.recompute: every layer of the stage is recomputed in backward, its manual
+    collectives (c_identity, mp_allreduce) run again in the same order on every mp rank."""
+    x = np.random.default_rng(6).normal(size=(4, 4))
+
+    def program(recompute: bool) -> Callable[[int], list[np.ndarray]]:
+        def run(rank: int) -> list[np.ndarray]:
+            init(mp=2, recompute=recompute)
+            dist.seed(2)
+            with dist.nn.layer.default_dtype("float64"):
+                layer = PipelineLayer([LayerDesc(ColumnParallelLinear, 4, 6, gather_output=False),
+                                       LayerDesc(RowParallelLinear, 6, 4, input_is_parallel=True)])  # fmt: skip
+            assert layer._recompute_interval == (1 if recompute else 0)
+            with dist.CommDebugMode() as comm:
+                out = layer(dist.to_tensor(x))
+                dist.mean(dist.multiply(out, out)).backward()
+            return [comm.counts().get("all_reduce", 0), *(_grad(p) for p in layer.parameters())]
+
+        return run
+
+    plain, again = per_rank(2, program(False)), per_rank(2, program(True))
+    # the row layer's mp_allreduce (the input needs no gradient: c_identity records no backward);
+    # recompute runs that forward again in backward
+    assert (plain[0][0], again[0][0]) == (1, 2)
+    for r in range(2):
+        for a, b in zip(plain[r][1:], again[r][1:], strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-12)
+
+
 def test_distributed_optimizer_refuses_another_strategy() -> None:
     def program(rank: int) -> str:
         init(dp=2)
