@@ -97,6 +97,19 @@ from mpipar.tensor import DistTensor, Parameter, Shape, Tensor, dtensor_from_loc
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """``mpipar.distributed`` and ``mpipar.fleet`` load on first use, so ``import mpipar as paddle``
+    then ``paddle.distributed.fleet`` works as in Paddle without importing fleet for every script."""
+    import importlib
+
+    if name == "distributed":
+        return importlib.import_module("mpipar.distributed")
+    if name == "fleet":
+        return importlib.import_module("mpipar.distributed.fleet")
+    raise AttributeError(f"module 'mpipar' has no attribute {name!r}")
+
+
 # Paddle's names shadow a few builtins on purpose (dist.sum, dist.max, dist.slice, ...).
 __all__ = [
     "CommDebugMode",

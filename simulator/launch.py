@@ -1,8 +1,9 @@
 """Run a script under a chosen backend, the way ``python -m simulator`` does.
 
-A script written in manual mode (it calls ``dist.all_reduce``, ``dist.send``, ...) runs as
-one program per virtual rank (``simulator.per_rank``); any other script runs once, hosting
-every rank. ``uses_manual_api`` decides, by reading the script's syntax tree.
+A script written in manual mode (it calls ``dist.all_reduce``, ``dist.send``, ..., or uses
+Paddle's ``fleet``, whose layers and optimizer are written in it) runs as one program per
+virtual rank (``simulator.per_rank``); any other script runs once, hosting every rank.
+``uses_manual_api`` decides, by reading the script's syntax tree.
 """
 
 from __future__ import annotations
@@ -23,9 +24,15 @@ MANUAL_NAMES = frozenset(
 )  # fmt: skip
 
 
+FLEET_NAMES = frozenset({"distributed", "fleet"})
+"""``mpipar.distributed`` / ``mpipar.fleet``: Paddle's fleet, per-rank programs like manual mode."""
+
+
 def uses_manual_api(script: str) -> bool:
     """Does ``script`` call mpipar's manual collectives (``dist.all_reduce(...)`` with ``dist``
-    bound to ``mpipar`` or ``mpipar.collective``, or a name imported from either)?"""
+    bound to ``mpipar`` or ``mpipar.collective``, or a name imported from either), or use fleet
+    (``import mpipar.distributed.fleet``, ``from mpipar.distributed import fleet``,
+    ``paddle.distributed.fleet`` with ``paddle`` bound to ``mpipar``)?"""
     with open(script, encoding="utf-8") as f:
         try:
             tree = ast.parse(f.read(), filename=script)
@@ -34,13 +41,17 @@ def uses_manual_api(script: str) -> bool:
     aliases: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
+            if any(a.name.startswith("mpipar.distributed") for a in node.names):
+                return True
             aliases |= {a.asname or a.name for a in node.names if a.name in ("mpipar", "mpipar.collective")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mpipar.distributed"):
+            return True
         elif isinstance(node, ast.ImportFrom) and node.module in ("mpipar", "mpipar.collective"):
-            if any(a.name in MANUAL_NAMES for a in node.names):
+            if any(a.name in MANUAL_NAMES | FLEET_NAMES for a in node.names):
                 return True
             aliases |= {a.asname or a.name for a in node.names if a.name == "collective"}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr in MANUAL_NAMES:
+        if isinstance(node, ast.Attribute) and node.attr in MANUAL_NAMES | FLEET_NAMES:
             base = node.value
             dotted = base.id if isinstance(base, ast.Name) else ast.unparse(base)
             if dotted in aliases or any(dotted == f"{a}.collective" for a in aliases):
