@@ -1,0 +1,485 @@
+"""``auto_shard(layer, mesh, example_inputs)``: choose every parameter's placements for any model.
+
+    plan = dist.auto_shard(model, mesh, (idx, targets), step=lambda m, x, y: m.loss(x, y))
+    print(plan.report())                      # every choice, its candidates and their prices
+    dist.shard_layer(model, mesh, plan)       # the plan is a shard_fn
+
+How it chooses:
+
+1. *Units*: every ``Linear`` (candidates: ``replicate``, ``column`` -- weight ``Shard(1)``, bias
+   ``Shard(0)`` -- and ``row`` -- weight ``Shard(0)``, bias replicated) and every ``Embedding``
+   (``replicate``, ``vocab`` -- ``Shard(0)`` -- and ``hidden`` -- ``Shard(1)``); splits along one
+   mesh axis (``axis``, default the last), replicated on the others. Candidates whose split dim
+   does not divide by the axis size are dropped. Every other parameter (LayerNorm, ...) is
+   replicated. Units are ordered by their weight's first use in the step.
+2. *Pricing*: the step (``step(layer, *inputs)`` then ``backward``) is traced shape-only on a
+   copy of the model whose parameters hold no values (``mpipar.trace`` under the shape-only
+   backend), so every reshard the framework would make -- the gather of a split activation, the
+   reduction of a Partial one, the loss's, the gradients' -- is in the plan with the planner's
+   bytes. ``price(plan) -> (seconds, bytes)`` prices it; the default is the simulator's cost
+   model (``simulator.auto_price.price_plan`` through the ``mpipar.pricers`` entry point).
+3. *Dynamic programming* over the units in order. A unit's choice fixes the layout of the
+   activation it hands on (its *state*: ``R`` replicated, ``S`` split on the last dim, ``P``
+   partial sums), so the step's price is modelled as a unary price per unit and a transition
+   price per pair of neighbours (``state`` of one unit -> choice of the next). Both come from
+   traces that differ from a baseline (every free unit replicated) in one unit or one
+   neighbouring pair: ``unary(u, c) = T(u=c) - T(base)``, ``pair(c', c) = T(u-1=c', u=c) -
+   T(u-1=c') - T(u=c) + T(base)``. Viterbi over the chain gives the cheapest sequence: about
+   ``1 + 2n + 4n`` traces for ``n`` units, never the ``3**n`` combinations.
+4. The chosen layout is traced once more as a whole and its price reported against the
+   all-replicated baseline; a pass over the units then tries each other candidate against the
+   whole traced step and keeps one only if the whole step gets cheaper (interactions longer
+   than a neighbour pair, such as a residual stream, are priced there).
+
+``fixed={"name": "choice"}`` pins units (the candidates above, by sublayer name).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpipar.backend import create_backend, use_backend
+from mpipar.mesh import ProcessMesh
+from mpipar.nn.layer import Layer
+from mpipar.nn.layers import Embedding, Linear
+from mpipar.placement import Placement, Replicate, Shard
+from mpipar.plan import Plan
+from mpipar.tensor import Parameter, Tensor, shard_tensor
+
+Pricer = Callable[[Plan], tuple[float, float]]
+"""A traced step -> (seconds of the step, bytes communicated per rank)."""
+Step = Callable[..., Tensor]
+
+_EPS = 1e-12  # seconds: differences below this are ties (float noise of summed op times)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to lay a unit out: a placement on the split axis per parameter attribute."""
+
+    name: str
+    placements: tuple[tuple[str, Placement], ...]
+    state: str
+    """The layout of the activation the unit hands on: R, S (split last dim) or P (partial)."""
+
+
+_LINEAR = (
+    Candidate("replicate", (("weight", Replicate()), ("bias", Replicate())), "R"),
+    Candidate("column", (("weight", Shard(1)), ("bias", Shard(0))), "S"),
+    Candidate("row", (("weight", Shard(0)), ("bias", Replicate())), "P"),
+)
+_EMBEDDING = (
+    Candidate("replicate", (("weight", Replicate()),), "R"),
+    Candidate("vocab", (("weight", Shard(0)),), "P"),
+    Candidate("hidden", (("weight", Shard(1)),), "S"),
+)
+
+
+@dataclass
+class Unit:
+    """A sublayer whose placements are searched, with its candidates and their prices."""
+
+    name: str
+    kind: str
+    candidates: list[Candidate]
+    dropped: list[str] = field(default_factory=list)
+    first_use: int = -1
+    fixed: bool = False
+    unary: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """choice -> (seconds, bytes) of the step with only this unit changed from the baseline."""
+    choice: str = "replicate"
+    how: str = ""
+
+    def candidate(self, name: str) -> Candidate:
+        for c in self.candidates:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Priced:
+    seconds: float
+    bytes: float
+
+
+class AutoShard:
+    """The result of ``auto_shard``: a ``shard_fn`` for ``dist.shard_layer`` and its report."""
+
+    def __init__(
+        self, mesh: ProcessMesh, axis: str, units: list[Unit], chosen: Priced, baseline: Priced,
+        traces: int, seconds: float, refined: list[str], others: list[str],
+    ) -> None:
+        self.mesh = mesh
+        self.axis = axis
+        self.units = units
+        self.chosen = chosen
+        self.baseline = baseline
+        self.traces = traces
+        self.search_seconds = seconds
+        self.refined = refined
+        self.others = others
+
+    @property
+    def choices(self) -> dict[str, str]:
+        """Sublayer name -> chosen candidate (``replicate``, ``column``, ``row``, ``vocab``, ``hidden``)."""
+        return {u.name: u.choice for u in self.units}
+
+    def placements(self) -> dict[str, list[Placement]]:
+        """Parameter name -> its placements on the mesh (only the searched units' parameters)."""
+        out: dict[str, list[Placement]] = {}
+        for u in self.units:
+            for attr, pl in u.candidate(u.choice).placements:
+                out[f"{u.name}.{attr}" if u.name else attr] = _on_axis(self.mesh, self.axis, pl)
+        return out
+
+    def __call__(self, name: str, sublayer: Layer, mesh: ProcessMesh) -> None:
+        """``shard_fn`` protocol: mark ``sublayer``'s parameters as chosen for ``name``."""
+        if not mesh.same_layout(self.mesh):
+            raise ValueError(
+                f"auto_shard chose placements for mesh {self.mesh} (axis {self.axis!r}); shard_layer was given {mesh}: "
+                "run auto_shard on the mesh you shard on"
+            )
+        for u in self.units:
+            if u.name != name:
+                continue
+            for attr, pl in u.candidate(u.choice).placements:
+                p = sublayer._parameters.get(attr)
+                if p is not None:
+                    shard_tensor(p, mesh, _on_axis(mesh, self.axis, pl))
+
+    def report(self) -> str:
+        """Every choice with its candidates and their priced seconds and bytes."""
+        b, c = self.baseline, self.chosen
+        lines = [
+            f"auto_shard: {len(self.units)} layers on mesh {dict(zip(self.mesh.dim_names, self.mesh.shape, strict=True))}, "
+            f"split axis {self.axis!r}; {self.traces} shape-only traces in {self.search_seconds:.2f} s",
+            f"chosen step: {_ms(c.seconds)}, {_bytes(c.bytes)} communicated per rank; "
+            f"all replicated: {_ms(b.seconds)}, {_bytes(b.bytes)}",
+            "layer: choice (state; how) | each candidate: step time and bytes with only this layer changed from the baseline",
+        ]
+        for u in self.units:
+            cands = "  ".join(
+                f"{name} {_ms(sec)} {_bytes(nb)}" for name, (sec, nb) in u.unary.items()
+            )
+            extra = f"  [dropped: {'; '.join(u.dropped)}]" if u.dropped else ""
+            lines.append(f"  {u.name} ({u.kind}): {u.choice} ({u.candidate(u.choice).state}; {u.how}) | {cands}{extra}")
+        if self.refined:
+            lines.append("whole-step pass changed: " + "; ".join(self.refined))
+        if self.others:
+            lines.append("replicated (no split candidates): " + ", ".join(self.others))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"AutoShard({self.choices})"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _on_axis(mesh: ProcessMesh, axis: str, pl: Placement) -> list[Placement]:
+    pls: list[Placement] = [Replicate()] * mesh.ndim
+    pls[mesh.axis_index(axis)] = pl
+    return pls
+
+
+# =============================================================================== the search
+def auto_shard(
+    layer: Layer,
+    mesh: ProcessMesh,
+    example_inputs: Sequence[Any],
+    *,
+    step: Step | None = None,
+    axis: str | None = None,
+    fixed: dict[str, str] | None = None,
+    price: Pricer | None = None,
+    refine: bool = True,
+) -> AutoShard:
+    """Choose placements for ``layer``'s Linear and Embedding sublayers on ``mesh`` (module docstring).
+
+    ``example_inputs``: the arguments of one step (tensors: their shape, dtype and layout are
+    used, never their values; a dense tensor counts as replicated on ``mesh``). ``step(layer,
+    *inputs)`` returns the loss (default: the mean of ``layer(*inputs)``). ``price`` overrides
+    the simulator's cost model; ``refine=False`` skips the whole-step pass.
+    """
+    start = time.perf_counter()
+    if not isinstance(layer, Layer):
+        raise TypeError(f"auto_shard needs an mpipar.nn.Layer, got {type(layer).__name__}")
+    if not isinstance(mesh, ProcessMesh):
+        raise TypeError(f"auto_shard needs a dist.ProcessMesh, got {type(mesh).__name__}")
+    if isinstance(example_inputs, (Tensor, str, bytes)) or not isinstance(example_inputs, Sequence):
+        raise TypeError(
+            f"auto_shard example_inputs must be a tuple or list of the step's arguments, got {type(example_inputs).__name__}"
+        )
+    axis = mesh.dim_names[-1] if axis is None else axis
+    if axis not in mesh.dim_names:
+        raise ValueError(f"auto_shard axis {axis!r} is not an axis of mesh {mesh} (axes {list(mesh.dim_names)})")
+    size = mesh.get_dim_size(axis)
+    pricer = price if price is not None else _default_pricer()
+    run = step if step is not None else _mean_step
+
+    units, others = _units(layer, size)
+    by_name = {u.name: u for u in units}
+    for name, choice in (fixed or {}).items():
+        if name not in by_name:
+            raise ValueError(
+                f"auto_shard fixed: {name!r} is not a Linear or Embedding sublayer of {type(layer).__name__} "
+                f"(these are: {sorted(by_name) or 'none'})"
+            )
+        u = by_name[name]
+        names = [c.name for c in u.candidates]
+        if choice not in names:
+            raise ValueError(
+                f"auto_shard fixed: {name!r} ({u.kind}) cannot be {choice!r} on axis {axis!r} of size {size}; "
+                f"its candidates are {names}" + (f" (dropped: {'; '.join(u.dropped)})" if u.dropped else "")
+            )
+        u.candidates = [u.candidate(choice)]
+        u.fixed = True
+
+    tracer = _Tracer(layer, mesh, axis, example_inputs, run, pricer)
+    order = tracer.first_uses({u.name: u.candidates[0] if u.fixed else u.candidate("replicate") for u in units})
+    unused = [u for u in units if u.name not in order]
+    units = sorted((u for u in units if u.name in order), key=lambda u: order[u.name])
+    for u in unused:  # never used by the step: nothing to price, keep it whole
+        u.candidates = [u.candidates[0] if u.fixed else u.candidate("replicate")]
+        u.unary = {}
+        u.how = "not used by the step"
+        u.choice = u.candidates[0].name
+
+    base = {u.name: (u.candidates[0] if u.fixed else u.candidate("replicate")) for u in units}
+    extra = {u.name: u.candidates[0] for u in unused}
+    t0 = tracer.price({**base, **extra})
+    for u in units:
+        for c in u.candidates:
+            u.unary[c.name] = _astuple(tracer.price({**base, **extra, u.name: c}))
+
+    # Viterbi: best[c] = cheapest price of units[..i] ending with units[i] = c.
+    best: dict[str, float] = {}
+    back: list[dict[str, str]] = []
+    for i, u in enumerate(units):
+        now: dict[str, float] = {}
+        choice_back: dict[str, str] = {}
+        for c in u.candidates:
+            unary = u.unary[c.name][0] - t0.seconds
+            if i == 0:
+                now[c.name] = unary
+                continue
+            prev = units[i - 1]
+            options = []
+            for pc in prev.candidates:
+                options.append((best[pc.name] + unary + _pair(tracer, base, extra, t0, prev, pc, u, c), pc.name))
+            value, arg = min(options, key=lambda o: (o[0] + _EPS * 0, _rank(o[1])))
+            now[c.name] = value
+            choice_back[c.name] = arg
+        best = now
+        back.append(choice_back)
+    path: list[str] = []
+    if units:
+        last = min(best, key=lambda k: (round(best[k] / _EPS) * _EPS, _rank(k)))
+        path = [last]
+        for i in range(len(units) - 1, 0, -1):
+            path.append(back[i][path[-1]])
+        path.reverse()
+    assign = dict(extra)
+    for u, name in zip(units, path, strict=True):
+        u.choice = name
+        u.how = "fixed" if u.fixed else "dynamic programming"
+        assign[u.name] = u.candidate(name)
+
+    chosen = tracer.price(assign)
+    refined: list[str] = []
+    if refine:
+        chosen = _refine(tracer, units, assign, chosen, refined)
+    for u in unused:
+        units.append(u)
+    return AutoShard(
+        mesh, axis, units, chosen, t0, tracer.count, time.perf_counter() - start, refined, others,
+    )
+
+
+def _rank(name: str) -> int:
+    """Tie-break: prefer the split that keeps less per rank, then the simpler one."""
+    return {"column": 0, "row": 1, "vocab": 0, "hidden": 1, "replicate": 2}.get(name, 3)
+
+
+def _astuple(p: Priced) -> tuple[float, float]:
+    return (p.seconds, p.bytes)
+
+
+def _pair(
+    tracer: _Tracer, base: dict[str, Candidate], extra: dict[str, Candidate], t0: Priced,
+    prev: Unit, pc: Candidate, u: Unit, c: Candidate,
+) -> float:
+    """Transition price of ``prev = pc`` then ``u = c`` beyond their unary prices (0 when either is the baseline)."""
+    if pc is base[prev.name] or c is base[u.name]:
+        return 0.0
+    both = tracer.price({**base, **extra, prev.name: pc, u.name: c}).seconds
+    return both - prev.unary[pc.name][0] - u.unary[c.name][0] + t0.seconds
+
+
+def _refine(tracer: _Tracer, units: list[Unit], assign: dict[str, Candidate], chosen: Priced, log: list[str]) -> Priced:
+    """One pass in order: swap a unit's choice when the whole traced step gets cheaper."""
+    for u in units:
+        if u.fixed:
+            continue
+        for c in u.candidates:
+            if c is assign[u.name]:
+                continue
+            trial = tracer.price({**assign, u.name: c})
+            if trial.seconds < chosen.seconds - max(_EPS, 1e-6 * chosen.seconds):
+                log.append(f"{u.name} {assign[u.name].name} -> {c.name} ({_ms(chosen.seconds)} -> {_ms(trial.seconds)})")
+                assign[u.name] = c
+                u.choice = c.name
+                u.how = "whole-step pass"
+                chosen = trial
+    return chosen
+
+
+def _units(layer: Layer, size: int) -> tuple[list[Unit], list[str]]:
+    units: list[Unit] = []
+    others: list[str] = []
+    for name, sub in layer.named_sublayers(include_self=True):
+        if isinstance(sub, Linear):
+            kind, cands = "Linear", _LINEAR
+        elif isinstance(sub, Embedding):
+            kind, cands = "Embedding", _EMBEDDING
+        else:
+            if sub._parameters:
+                others.append(f"{name or type(sub).__name__} ({type(sub).__name__})")
+            continue
+        keep: list[Candidate] = []
+        dropped: list[str] = []
+        for c in cands:
+            bad = [
+                f"{c.name}: {attr} dim {pl.dim} of length {sub._parameters[attr].shape[pl.dim]} does not divide by {size}"
+                for attr, pl in c.placements
+                if isinstance(pl, Shard) and sub._parameters.get(attr) is not None
+                and sub._parameters[attr].shape[pl.dim] % size
+            ]
+            (dropped.extend(bad) if bad else keep.append(c))
+        units.append(Unit(name, kind, keep, dropped))
+    return units, others
+
+
+def _mean_step(layer: Layer, *inputs: Any) -> Tensor:
+    from mpipar.ops.math import mean
+
+    return mean(layer(*inputs))
+
+
+def _default_pricer() -> Pricer:
+    """The simulator's cost model, found through the ``mpipar.pricers`` entry point."""
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group="mpipar.pricers"))
+    if not found:
+        raise RuntimeError(
+            "auto_shard needs a pricer: pass price=callable(plan) -> (seconds, bytes), or install the simulator "
+            "(pip install -e . registers simulator.auto_price.price_plan under the 'mpipar.pricers' entry point)"
+        )
+    fn: Pricer = found[0].load()
+    return fn
+
+
+# =============================================================================== tracing
+class _Tracer:
+    """Traces the step shape-only on value-less copies of the model, one per assignment (cached)."""
+
+    def __init__(
+        self, layer: Layer, mesh: ProcessMesh, axis: str, inputs: Sequence[Any], step: Step, pricer: Pricer,
+    ) -> None:
+        self.layer, self.mesh, self.axis, self.inputs, self.step, self.pricer = layer, mesh, axis, inputs, step, pricer
+        self.count = 0
+        self._cache: dict[tuple[tuple[str, str], ...], Priced] = {}
+        self._world = max(mesh.process_ids) + 1
+
+    def _key(self, assign: dict[str, Candidate]) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((k, v.name) for k, v in assign.items()))
+
+    def price(self, assign: dict[str, Candidate]) -> Priced:
+        key = self._key(assign)
+        if key not in self._cache:
+            plan = self.plan(assign)
+            seconds, nbytes = self.pricer(plan)
+            self._cache[key] = Priced(float(seconds), float(nbytes))
+        return self._cache[key]
+
+    def first_uses(self, assign: dict[str, Candidate]) -> dict[str, int]:
+        """Unit name -> index of the first forward op reading its weight."""
+        plan = self.plan(assign)
+        names = {t.id: t.name for t in plan.tensors if t.kind == "parameter"}
+        out: dict[str, int] = {}
+        units = set(assign)
+        for op in plan.ops:
+            for tid in op.inputs:
+                pname = names.get(tid)
+                if pname is None or "." not in pname and pname not in ("weight",):
+                    continue
+                owner = pname.rsplit(".", 1)[0] if "." in pname else ""
+                if owner in units and owner not in out:
+                    out[owner] = op.index
+        return out
+
+    def plan(self, assign: dict[str, Candidate]) -> Plan:
+        from mpipar.trace import trace
+
+        self.count += 1
+        with use_backend(create_backend("shape-only", world_size=self._world)):
+            model, params = self._copy()
+            for name, cand in assign.items():
+                for attr, pl in cand.placements:
+                    p = params.get(f"{name}.{attr}" if name else attr)
+                    if p is not None:
+                        shard_tensor(p, self.mesh, _on_axis(self.mesh, self.axis, pl))
+            for p in params.values():
+                if not p.is_dist:
+                    shard_tensor(p, self.mesh, [Replicate()] * self.mesh.ndim)
+            args = [self._abstract(x) for x in self.inputs]
+            with trace({"auto_shard": True}) as rec:
+                loss = self.step(model, *args)
+                if not isinstance(loss, Tensor):
+                    raise TypeError(f"auto_shard step must return the loss Tensor, got {type(loss).__name__}")
+                loss.backward()
+            return rec.plan()
+
+    def _copy(self) -> tuple[Layer, dict[str, Parameter]]:
+        """A copy of the model whose parameters are value-less stand-ins (nothing is materialised)."""
+        memo: dict[int, Any] = {}
+        params: dict[str, Parameter] = {}
+        for name, p in self.layer.named_parameters():
+            q = Parameter.abstract(tuple(p.shape), p.dtype)
+            assert isinstance(q, Parameter)
+            q.name = name
+            q.stop_gradient = p.stop_gradient
+            memo[id(p)] = q
+            params[name] = q
+        return copy.deepcopy(self.layer, memo), params
+
+    def _abstract(self, x: Any) -> Any:
+        if not isinstance(x, Tensor):
+            return x
+        if x.is_dist:
+            if not x.spec.mesh.same_layout(self.mesh):
+                raise ValueError(
+                    f"auto_shard example input {x._label()} lives on mesh {x.spec.mesh}, not on {self.mesh}: "
+                    "lay it out on the mesh being searched (or pass it dense)"
+                )
+            return Tensor.abstract(tuple(x.shape), x.dtype, x.spec)
+        t = Tensor.abstract(tuple(x.shape), x.dtype)
+        return shard_tensor(t, self.mesh, [Replicate()] * self.mesh.ndim)
+
+
+def _iter_units(units: list[Unit]) -> Iterator[Unit]:
+    yield from units
