@@ -15,6 +15,7 @@ it saves. Bytes: the planner's bytes per rank of every reshard of the plan (all 
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 from mpipar.plan import Plan
@@ -30,7 +31,7 @@ UPDATE_STREAMS = 7
 
 def price_plan(plan: Plan, hardware: str | HardwareProfile | None = None) -> tuple[float, float]:
     """``(step seconds on the slowest rank, communicated bytes per rank)`` of ``plan``."""
-    profile = hardware if isinstance(hardware, HardwareProfile) else load_profile(hardware or DEFAULT_HARDWARE)
+    profile = hardware if isinstance(hardware, HardwareProfile) else _profile(hardware or DEFAULT_HARDWARE)
     costs = PlanCosts(plan, profile)
     per_rank: defaultdict[int, float] = defaultdict(float)
     for op in plan.ops:
@@ -52,6 +53,12 @@ def price_plan(plan: Plan, hardware: str | HardwareProfile | None = None) -> tup
             per_rank[rank] += seconds
     comm = float(sum(r.bytes_per_rank for r in plan.reshards))
     return max(per_rank.values(), default=0.0), comm
+
+
+@functools.lru_cache(maxsize=16)
+def _profile(name: str) -> HardwareProfile:
+    """A preset or profile file, read once per process (auto_shard prices a hundred traces)."""
+    return load_profile(name)
 
 
 def _add(per_rank: defaultdict[int, float], times: float | dict[int, float], ranks: tuple[int, ...]) -> None:

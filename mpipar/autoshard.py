@@ -1,4 +1,4 @@
-"""``auto_shard(layer, mesh, example_inputs)``: choose every parameter's placements for any model.
+"""``auto_shard(layer, mesh, example_inputs)`` (``dist.auto_shard``): choose every parameter's placements for any model.
 
     plan = dist.auto_shard(model, mesh, (idx, targets), step=lambda m, x, y: m.loss(x, y))
     print(plan.report())                      # every choice, its candidates and their prices
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,10 +89,10 @@ class Unit:
     dropped: list[str] = field(default_factory=list)
     first_use: int = -1
     fixed: bool = False
-    unary: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """choice -> (seconds, bytes) of the step with only this unit changed from the baseline."""
     choice: str = "replicate"
     how: str = ""
+    stage: Stage | None = None
+    """The DP step that priced this unit (with its siblings)."""
 
     def candidate(self, name: str) -> Candidate:
         for c in self.candidates:
@@ -112,7 +112,7 @@ class AutoShard:
 
     def __init__(
         self, mesh: ProcessMesh, axis: str, units: list[Unit], chosen: Priced, baseline: Priced,
-        traces: int, seconds: float, refined: list[str], others: list[str],
+        traces: int, seconds: float, history: list[str], others: list[str],
     ) -> None:
         self.mesh = mesh
         self.axis = axis
@@ -121,7 +121,7 @@ class AutoShard:
         self.baseline = baseline
         self.traces = traces
         self.search_seconds = seconds
-        self.refined = refined
+        self.history = history
         self.others = others
 
     @property
@@ -160,16 +160,26 @@ class AutoShard:
             f"split axis {self.axis!r}; {self.traces} shape-only traces in {self.search_seconds:.2f} s",
             f"chosen step: {_ms(c.seconds)}, {_bytes(c.bytes)} communicated per rank; "
             f"all replicated: {_ms(b.seconds)}, {_bytes(b.bytes)}",
-            "layer: choice (state; how) | each candidate: step time and bytes with only this layer changed from the baseline",
+            "layer (kind): choice [state of its output; how chosen] | its DP step's candidates: step time, bytes per rank "
+            "with only that step changed from the last round's layout",
         ]
+        shown: set[int] = set()
         for u in self.units:
-            cands = "  ".join(
-                f"{name} {_ms(sec)} {_bytes(nb)}" for name, (sec, nb) in u.unary.items()
-            )
-            extra = f"  [dropped: {'; '.join(u.dropped)}]" if u.dropped else ""
-            lines.append(f"  {u.name} ({u.kind}): {u.choice} ({u.candidate(u.choice).state}; {u.how}) | {cands}{extra}")
-        if self.refined:
-            lines.append("whole-step pass changed: " + "; ".join(self.refined))
+            head = f"  {u.name} ({u.kind}): {u.choice} [{u.candidate(u.choice).state}; {u.how}]"
+            st = u.stage
+            if st is None:
+                lines.append(head)
+            elif id(st) in shown:
+                lines.append(f"{head} | priced with {st.members[0].name}")
+            else:
+                shown.add(id(st))
+                cands = "  ".join(f"{n} {_ms(p.seconds)} {_bytes(p.bytes)}" for n, p in st.unary.items())
+                with_ = f" (with {', '.join(m.name for m in st.members[1:])})" if len(st.members) > 1 else ""
+                lines.append(f"{head} | {cands}{with_}")
+            if u.dropped:
+                lines.append(f"      dropped: {'; '.join(u.dropped)}")
+        lines.extend(f"  {h}" for h in ["DP rounds (each around the layout before it):", *self.history][: 1 + len(self.history)])
+        lines.append(f"  round {len(self.history) + 1}: no change: the layout is a fixed point of the DP")
         if self.others:
             lines.append("replicated (no split candidates): " + ", ".join(self.others))
         return "\n".join(lines)
@@ -205,14 +215,14 @@ def auto_shard(
     axis: str | None = None,
     fixed: dict[str, str] | None = None,
     price: Pricer | None = None,
-    refine: bool = True,
+    rounds: int = 4,
 ) -> AutoShard:
     """Choose placements for ``layer``'s Linear and Embedding sublayers on ``mesh`` (module docstring).
 
     ``example_inputs``: the arguments of one step (tensors: their shape, dtype and layout are
     used, never their values; a dense tensor counts as replicated on ``mesh``). ``step(layer,
     *inputs)`` returns the loss (default: the mean of ``layer(*inputs)``). ``price`` overrides
-    the simulator's cost model; ``refine=False`` skips the whole-step pass.
+    the simulator's cost model; ``rounds`` bounds the DP rounds (module docstring).
     """
     start = time.perf_counter()
     if not isinstance(layer, Layer):
@@ -249,64 +259,128 @@ def auto_shard(
         u.fixed = True
 
     tracer = _Tracer(layer, mesh, axis, example_inputs, run, pricer)
-    order = tracer.first_uses({u.name: u.candidates[0] if u.fixed else u.candidate("replicate") for u in units})
-    unused = [u for u in units if u.name not in order]
-    units = sorted((u for u in units if u.name in order), key=lambda u: order[u.name])
+    uses = tracer.first_uses({u.name: u.candidates[0] if u.fixed else u.candidate("replicate") for u in units})
+    unused = [u for u in units if u.name not in uses]
+    units = sorted((u for u in units if u.name in uses), key=lambda u: uses[u.name])
     for u in unused:  # never used by the step: nothing to price, keep it whole
         u.candidates = [u.candidates[0] if u.fixed else u.candidate("replicate")]
-        u.unary = {}
         u.how = "not used by the step"
         u.choice = u.candidates[0].name
-
-    base = {u.name: (u.candidates[0] if u.fixed else u.candidate("replicate")) for u in units}
     extra = {u.name: u.candidates[0] for u in unused}
-    t0 = tracer.price({**base, **extra})
-    for u in units:
-        for c in u.candidates:
-            u.unary[c.name] = _astuple(tracer.price({**base, **extra, u.name: c}))
+    stages = _stages(units, uses)
+    path = [st.base for st in stages]
+    first: Priced | None = None
+    history: list[str] = []
+    for round_ in range(1, max(1, rounds) + 1):
+        base = {**extra, **{n: c for st, p in zip(stages, path, strict=True) for n, c in st.options[p].items()}}
+        t0 = tracer.price(base)
+        first = first or t0
+        for st, p in zip(stages, path, strict=True):
+            st.base = p
+        new_path = _viterbi(tracer, stages, base, t0)
+        changed = [f"{st.names} {old} -> {now}" for st, old, now in zip(stages, path, new_path, strict=True) if old != now]
+        if not changed:
+            break
+        chosen_trial = tracer.price(
+            {**extra, **{n: c for st, p in zip(stages, new_path, strict=True) for n, c in st.options[p].items()}}
+        )
+        if chosen_trial.seconds >= t0.seconds - max(_EPS, 1e-9 * t0.seconds):
+            # The modelled gain did not survive the whole traced step: keep the layout we had.
+            history.append(f"round {round_}: {'; '.join(changed)} modelled cheaper but the traced step is not "
+                           f"({_ms(t0.seconds)} -> {_ms(chosen_trial.seconds)}): kept round {round_ - 1}'s layout")
+            break
+        history.append(f"round {round_}: {'; '.join(changed)} ({_ms(t0.seconds)} -> {_ms(chosen_trial.seconds)})")
+        path = new_path
+    assign = dict(extra)
+    for st, name in zip(stages, path, strict=True):
+        st.choice = name
+        assign.update(st.options[name])
+        for u in st.members:
+            u.choice = st.options[name][u.name].name
+            u.how = "fixed" if u.fixed else "dynamic programming"
+            u.stage = st
+    chosen = tracer.price(assign)
+    units.extend(unused)
+    assert first is not None or not stages
+    return AutoShard(
+        mesh, axis, units, chosen, first or chosen, tracer.count, time.perf_counter() - start, history, others,
+    )
 
-    # Viterbi: best[c] = cheapest price of units[..i] ending with units[i] = c.
+
+def _viterbi(tracer: _Tracer, stages: list[Stage], base: dict[str, Candidate], t0: Priced) -> list[str]:
+    """The cheapest option per stage under the chain model around ``base`` (unary + neighbour pairs)."""
+    for st in stages:
+        st.unary = {name: tracer.price({**base, **opt}) for name, opt in st.options.items()}
     best: dict[str, float] = {}
     back: list[dict[str, str]] = []
-    for i, u in enumerate(units):
+    for i, st in enumerate(stages):
         now: dict[str, float] = {}
-        choice_back: dict[str, str] = {}
-        for c in u.candidates:
-            unary = u.unary[c.name][0] - t0.seconds
+        came: dict[str, str] = {}
+        for name in st.options:
+            unary = st.unary[name].seconds - t0.seconds
             if i == 0:
-                now[c.name] = unary
+                now[name] = unary
                 continue
-            prev = units[i - 1]
-            options = []
-            for pc in prev.candidates:
-                options.append((best[pc.name] + unary + _pair(tracer, base, extra, t0, prev, pc, u, c), pc.name))
-            value, arg = min(options, key=lambda o: (o[0] + _EPS * 0, _rank(o[1])))
-            now[c.name] = value
-            choice_back[c.name] = arg
+            prev = stages[i - 1]
+            value, arg = min(
+                ((best[p] + unary + _pair(tracer, base, t0, prev, p, st, name), p) for p in prev.options),
+                key=lambda o: (_tie(o[0]), o[1] != prev.base, _rank(o[1])),
+            )
+            now[name] = value
+            came[name] = arg
         best = now
-        back.append(choice_back)
-    path: list[str] = []
-    if units:
-        last = min(best, key=lambda k: (round(best[k] / _EPS) * _EPS, _rank(k)))
-        path = [last]
-        for i in range(len(units) - 1, 0, -1):
-            path.append(back[i][path[-1]])
-        path.reverse()
-    assign = dict(extra)
-    for u, name in zip(units, path, strict=True):
-        u.choice = name
-        u.how = "fixed" if u.fixed else "dynamic programming"
-        assign[u.name] = u.candidate(name)
+        back.append(came)
+    if not stages:
+        return []
+    last = stages[-1]
+    path = [min(best, key=lambda k: (_tie(best[k]), k != last.base, _rank(k)))]
+    for i in range(len(stages) - 1, 0, -1):
+        path.append(back[i][path[-1]])
+    path.reverse()
+    return path
 
-    chosen = tracer.price(assign)
-    refined: list[str] = []
-    if refine:
-        chosen = _refine(tracer, units, assign, chosen, refined)
-    for u in unused:
-        units.append(u)
-    return AutoShard(
-        mesh, axis, units, chosen, t0, tracer.count, time.perf_counter() - start, refined, others,
-    )
+
+@dataclass
+class Stage:
+    """Units reading the same activation (q, k, v of an attention): one step of the DP, one choice."""
+
+    members: list[Unit]
+    options: dict[str, dict[str, Candidate]]
+    base: str
+    unary: dict[str, Priced] = field(default_factory=dict)
+    choice: str = ""
+
+    @property
+    def names(self) -> str:
+        return ", ".join(u.name for u in self.members)
+
+
+def _stages(units: list[Unit], uses: dict[str, tuple[int, int]]) -> list[Stage]:
+    """Group units in order of first use by the activation they read; a stage's options apply one
+    candidate name to all its free members (fixed ones keep theirs)."""
+    groups: list[list[Unit]] = []
+    for u in units:
+        if groups and uses[groups[-1][0].name][1] == uses[u.name][1]:
+            groups[-1].append(u)
+        else:
+            groups.append([u])
+    stages = []
+    for members in groups:
+        free = [u for u in members if not u.fixed]
+        names = [c.name for c in free[0].candidates] if free else ["fixed"]
+        for u in free[1:]:
+            names = [n for n in names if n in {c.name for c in u.candidates}]
+        options = {
+            n: {u.name: (u.candidates[0] if u.fixed else u.candidate(n)) for u in members} for n in names
+        }
+        base = "replicate" if "replicate" in options else names[0]
+        stages.append(Stage(members, options, base))
+    return stages
+
+
+def _tie(seconds: float) -> float:
+    """Seconds rounded so that float noise of summed op times does not break ties."""
+    return round(seconds / _EPS) * _EPS
 
 
 def _rank(name: str) -> int:
@@ -314,37 +388,12 @@ def _rank(name: str) -> int:
     return {"column": 0, "row": 1, "vocab": 0, "hidden": 1, "replicate": 2}.get(name, 3)
 
 
-def _astuple(p: Priced) -> tuple[float, float]:
-    return (p.seconds, p.bytes)
-
-
-def _pair(
-    tracer: _Tracer, base: dict[str, Candidate], extra: dict[str, Candidate], t0: Priced,
-    prev: Unit, pc: Candidate, u: Unit, c: Candidate,
-) -> float:
-    """Transition price of ``prev = pc`` then ``u = c`` beyond their unary prices (0 when either is the baseline)."""
-    if pc is base[prev.name] or c is base[u.name]:
+def _pair(tracer: _Tracer, base: dict[str, Candidate], t0: Priced, prev: Stage, p: str, st: Stage, name: str) -> float:
+    """Transition price of ``prev = p`` then ``st = name`` beyond their unary prices (0 when either is its base)."""
+    if p == prev.base or name == st.base:
         return 0.0
-    both = tracer.price({**base, **extra, prev.name: pc, u.name: c}).seconds
-    return both - prev.unary[pc.name][0] - u.unary[c.name][0] + t0.seconds
-
-
-def _refine(tracer: _Tracer, units: list[Unit], assign: dict[str, Candidate], chosen: Priced, log: list[str]) -> Priced:
-    """One pass in order: swap a unit's choice when the whole traced step gets cheaper."""
-    for u in units:
-        if u.fixed:
-            continue
-        for c in u.candidates:
-            if c is assign[u.name]:
-                continue
-            trial = tracer.price({**assign, u.name: c})
-            if trial.seconds < chosen.seconds - max(_EPS, 1e-6 * chosen.seconds):
-                log.append(f"{u.name} {assign[u.name].name} -> {c.name} ({_ms(chosen.seconds)} -> {_ms(trial.seconds)})")
-                assign[u.name] = c
-                u.choice = c.name
-                u.how = "whole-step pass"
-                chosen = trial
-    return chosen
+    both = tracer.price({**base, **prev.options[p], **st.options[name]}).seconds
+    return both - prev.unary[p].seconds - st.unary[name].seconds + t0.seconds
 
 
 def _units(layer: Layer, size: int) -> tuple[list[Unit], list[str]]:
@@ -416,20 +465,22 @@ class _Tracer:
             self._cache[key] = Priced(float(seconds), float(nbytes))
         return self._cache[key]
 
-    def first_uses(self, assign: dict[str, Candidate]) -> dict[str, int]:
-        """Unit name -> index of the first forward op reading its weight."""
+    def first_uses(self, assign: dict[str, Candidate]) -> dict[str, tuple[int, int]]:
+        """Unit name -> (index of the first op reading its weight, the tensor id of that op's other input)."""
         plan = self.plan(assign)
+        seconds, nbytes = self.pricer(plan)  # the same trace is the first round's baseline
+        self._cache[self._key(assign)] = Priced(float(seconds), float(nbytes))
         names = {t.id: t.name for t in plan.tensors if t.kind == "parameter"}
-        out: dict[str, int] = {}
-        units = set(assign)
+        out: dict[str, tuple[int, int]] = {}
         for op in plan.ops:
-            for tid in op.inputs:
+            for pos, tid in enumerate(op.inputs):
                 pname = names.get(tid)
-                if pname is None or "." not in pname and pname not in ("weight",):
+                if pname is None:
                     continue
-                owner = pname.rsplit(".", 1)[0] if "." in pname else ""
-                if owner in units and owner not in out:
-                    out[owner] = op.index
+                owner, _, attr = pname.rpartition(".")
+                if attr == "weight" and owner in assign and owner not in out:
+                    others = [t for j, t in enumerate(op.inputs) if j != pos]
+                    out[owner] = (op.index, others[0] if others else -1)
         return out
 
     def plan(self, assign: dict[str, Candidate]) -> Plan:
@@ -479,7 +530,3 @@ class _Tracer:
             return Tensor.abstract(tuple(x.shape), x.dtype, x.spec)
         t = Tensor.abstract(tuple(x.shape), x.dtype)
         return shard_tensor(t, self.mesh, [Replicate()] * self.mesh.ndim)
-
-
-def _iter_units(units: list[Unit]) -> Iterator[Unit]:
-    yield from units
