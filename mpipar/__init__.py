@@ -13,6 +13,7 @@ Run the same script with ``python script.py`` (simulator, every rank in-process)
 
 from mpipar import _threads  # noqa: F401, I001  (first: caps BLAS threads under MPI before NumPy loads)
 from mpipar import collective, io, nn, ops, optimizer, pipeline, spmd
+from mpipar.autoshard import auto_shard
 from mpipar.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from mpipar.backend import current_backend, get_rank, get_world_size, set_backend, use_backend
 from mpipar.checkpoint import load_state_dict, save_state_dict
@@ -143,6 +144,7 @@ __all__ = [
     "all_reduce",
     "alltoall",
     "assign",
+    "auto_shard",
     "barrier",
     "broadcast",
     "broadcast_to",
