@@ -24,7 +24,9 @@ APP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 
 
 def _app(argv: list[str] | None = None) -> AppTest:
+    """The app on the built-in sample (the sidebar's "Open" choice; the GPT default has its own tests)."""
     at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["open_plan"] = "built-in sample"
     sys.argv = [APP, *(argv or [])]
     at.run()
     return at

@@ -2,8 +2,9 @@
 
 ``mpipar viz`` runs this module as a subprocess. It runs ``streamlit run viz/app.py`` with the
 server bound to ``--address`` (default 127.0.0.1: only this machine can connect), headless
-(no browser is opened for you; open the printed URL) and without usage statistics, and hands
-the files to the app. ``--address 0.0.0.0`` exposes the dashboard to the network on purpose.
+(no browser is opened for you; open the printed URL), without usage statistics and in
+Streamlit's viewer toolbar mode (no "Deploy" button), and hands the files to the app.
+``--address 0.0.0.0`` exposes the dashboard to the network on purpose.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ APP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "app.py")
 def streamlit_command(files: Sequence[str], address: str = "127.0.0.1", port: int | None = None) -> list[str]:
     """The command line that serves the dashboard (also used by the browser test)."""
     cmd = [sys.executable, "-m", "streamlit", "run", APP, "--server.address", address, "--server.headless", "true",
-           "--browser.gatherUsageStats", "false"]
+           "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
     if port is not None:
         cmd += ["--server.port", str(port)]
     if files:

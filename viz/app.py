@@ -1,12 +1,16 @@
 """The mpipar dashboard (Streamlit): wires plans and timelines to the renderers of ``viz/``.
 
-    streamlit run viz/app.py                                   # the built-in sample, simulated here
+    streamlit run viz/app.py                                   # the project's GPT plan (or the sample), simulated here
     streamlit run viz/app.py -- plan.json [timeline.json [measured.json]]
     mpipar viz plan.json [timeline.json]                       # the same, bound to 127.0.0.1
 
 Files can also be uploaded in the sidebar (JSON plans and timelines, told apart by their
 ``format``; nothing is ever unpickled). A file that cannot be read is reported with the field
-and value at fault, and the sample is shown instead. Every figure comes from a pure renderer
+and value at fault, and the default plan is shown instead. With no file the app opens on
+``examples/gpt.py``'s plan (``viz.default_plan``, traced once, cached); the sidebar keeps the
+built-in sample one click away. The sidebar's hardware selector prices the plan's ops and
+reshards with the simulator's cost model (``viz.plan_time``) on a preset or a calibrated
+profile file, so the pipeline and memory views are in seconds. Every figure comes from a pure renderer
 (``viz.layout``, ``viz.propagation``, ``viz.stepper``, ``viz.comm``, ``viz.timeline_view``,
 ``viz.memory``, ``viz.whatif``); this script holds only state, widgets and downloads.
 """
@@ -30,17 +34,21 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from mpipar.plan import Plan  # noqa: E402
 from mpipar.timeline import Timeline  # noqa: E402
-from simulator.cost import list_presets, load_profile  # noqa: E402
+from simulator.cost import HardwareProfile, list_presets, load_profile  # noqa: E402
 from viz import comm, layout, memory, propagation, stepper, timeline_view, whatif  # noqa: E402
+from viz.default_plan import GPT_ARGS, DefaultPlanError, script_stamp, trace_gpt_plan  # noqa: E402
 from viz.figures import to_png, to_svg  # noqa: E402
 from viz.files import VizFileError, load_document, load_path  # noqa: E402
 from viz.plan_memory import with_memory  # noqa: E402
+from viz.plan_time import ProfileError, measured_on_lanes, priced, profile_from_bytes, profile_from_path  # noqa: E402
+from viz.plan_time import stage_prices as price_stages  # noqa: E402
 from viz.planinfo import itemsize, tensor_label, tensor_spec  # noqa: E402
 from viz.sample import RECOMPUTE_MODES, UNSUPPORTED, ZERO_STAGES, SampleConfig, build_sample  # noqa: E402
 from viz.simulate import (  # noqa: E402
     NoPipeline,
     capacity_bytes,
     compatible_kinds,
+    plan_cost,
     plan_kind,
     plan_microbatches,
     simulate_plan_lanes,
@@ -49,6 +57,13 @@ from viz.tables import arrow_safe  # noqa: E402
 
 VIEWS = ("Layout", "Propagation", "Reshard stepper", "Communication", "Pipeline", "Memory", "What-if")
 ALL = "(all)"
+GPT_CHOICE = "GPT (examples/gpt.py)"
+SAMPLE_CHOICE = "built-in sample"
+OPEN_CHOICES = (GPT_CHOICE, SAMPLE_CHOICE)
+GPT_SOURCE = f"examples/gpt.py {' '.join(GPT_ARGS)} (shape-only)"
+AS_LOADED = "as loaded"
+PROFILE_FILE = "calibrated profile file..."
+DEFAULT_PRESET = "cpu-local"
 
 
 # ------------------------------------------------------------------------------ inputs
@@ -74,25 +89,68 @@ def _parse(digest: str, name: str, _data: bytes) -> Plan | Timeline:
     return load_document(_data, name)
 
 
-def _load_inputs() -> tuple[str, Plan, Timeline | None, Timeline | None]:
-    """(source label, plan, main timeline, overlay timeline); file errors shown, sample as fallback."""
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _load_cli(path: str, mtime_ns: int, size: int) -> Plan | Timeline:
+    del mtime_ns, size  # the cache key: an edited file is read again
+    return load_path(path)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Tracing examples/gpt.py (shape-only, once)...")
+def _gpt_plan(stamp: tuple[int, int]) -> Plan:
+    del stamp  # the cache key: an edited example is traced again
+    return trace_gpt_plan()
+
+
+def _cli_doc(path: str) -> tuple[str, Plan | Timeline]:
+    try:
+        st_ = os.stat(path)
+    except OSError:
+        return "", load_path(path)  # load_path words the missing/unreadable file
+    return f"file:{os.path.abspath(path)}:{st_.st_mtime_ns}:{st_.st_size}", _load_cli(path, st_.st_mtime_ns, st_.st_size)
+
+
+def _default_plan() -> tuple[str, str, Plan, Timeline | None]:
+    """(key, source label, plan, its timeline) of the plan the sidebar's "Open" choice names."""
+    choice = st.sidebar.radio("Open", OPEN_CHOICES, key="open_plan",
+                              help="with no file loaded: the project's GPT example, traced shape-only, or the "
+                                   "built-in sample (a residual MLP)")
+    if choice == GPT_CHOICE:
+        stamp = script_stamp()
+        try:
+            return f"gpt:{stamp}", GPT_SOURCE, _gpt_plan(stamp), None
+        except DefaultPlanError as exc:
+            st.warning(f"{exc}; showing the built-in sample instead.")
+    knobs = st.session_state.get("sample_knobs", (2, 2, 2, "1F1B", 4))
+    plan, sample_t = _sample(*knobs)
+    return f"sample:{knobs}", SAMPLE_CHOICE, plan, sample_t
+
+
+def _load_inputs() -> tuple[str, str, Plan, Timeline | None, Timeline | None]:
+    """(cache key, source label, plan, main timeline, overlay timeline); file errors shown, default plan as fallback."""
     errors: list[str] = []
     docs: list[tuple[str, Plan | Timeline]] = []
+    keys: list[str] = []
     for path in _cli_files():
         try:
-            docs.append((os.path.basename(path), load_path(path)))
+            key, doc = _cli_doc(path)
         except VizFileError as exc:
             errors.append(str(exc))
+            continue
+        docs.append((os.path.basename(path), doc))
+        keys.append(key)
     uploads = st.sidebar.file_uploader(
         "Open plan / timeline JSON", type=["json"], accept_multiple_files=True,
         help="mpipar.plan and mpipar.timeline files (a second timeline is overlaid as the measured one)",
     )
     for up in uploads or []:
         data = up.getvalue()
+        digest = hashlib.sha256(data).hexdigest()
         try:
-            docs.append((up.name, _parse(hashlib.sha256(data).hexdigest(), up.name, data)))
+            docs.append((up.name, _parse(digest, up.name, data)))
         except VizFileError as exc:
             errors.append(str(exc))
+            continue
+        keys.append(f"upload:{digest}")
     for e in errors:
         st.error(e, icon="🚫")
     plan_doc, timelines = _split(docs)
@@ -101,13 +159,13 @@ def _load_inputs() -> tuple[str, Plan, Timeline | None, Timeline | None]:
     main_t = predicted[0][1] if predicted else None
     overlay = measured[0][1] if measured else (predicted[1][1] if len(predicted) > 1 else None)
     if plan_doc is None:
+        key, source, plan, own_t = _default_plan()
         if timelines or errors:
-            st.info("No plan could be loaded; the views below show the built-in sample plan." if errors or not timelines
-                    else "Only timelines were loaded; plan views show the built-in sample plan.")
-        knobs = st.session_state.get("sample_knobs", (2, 2, 2, "1F1B", 4))
-        plan, sample_t = _sample(*knobs)
-        return "built-in sample", plan, main_t or sample_t, overlay
-    return plan_doc[0], plan_doc[1], main_t, overlay
+            st.info(f"No plan could be loaded; the views below show the {source} plan." if errors or not timelines
+                    else f"Only timelines were loaded; plan views show the {source} plan.")
+        return key, source, plan, main_t or own_t, overlay
+    plan_key = next(k for k, (_, d) in zip(keys, docs, strict=True) if d is plan_doc[1])
+    return plan_key, plan_doc[0], plan_doc[1], main_t, overlay
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -238,7 +296,22 @@ def _simulated(key: str, _plan: Plan, kind: str | None, microbatches: int | None
     return simulate_plan_lanes(_plan, kind, microbatches)
 
 
-def view_pipeline(plan: Plan, plan_key: str, main: Timeline | None, overlay: Timeline | None) -> None:
+def _stage_table(plan: Plan, profile: HardwareProfile) -> list[dict[str, Any]]:
+    """Per stage, milliseconds of one micro-batch on the chosen hardware (what the timeline is built from)."""
+    prices = price_stages(plan, profile)
+    rows = []
+    for s in range(len(prices.forward)):
+        rows.append({
+            "stage": s, "F ms": 1e3 * prices.forward[s],
+            "B ms": 1e3 * (prices.backward[s] - prices.backward_weight[s]), "W ms": 1e3 * prices.backward_weight[s],
+            "send F ms": 1e3 * prices.send_forward[s] if s < len(prices.send_forward) else 0.0,
+            "send B ms": 1e3 * prices.send_backward[s - 1] if s > 0 else 0.0,
+        })
+    return rows
+
+
+def view_pipeline(plan: Plan, plan_key: str, main: Timeline | None, overlay: Timeline | None,
+                  hardware: str = AS_LOADED, profile: HardwareProfile | None = None) -> None:
     kinds = compatible_kinds(plan)
     if main is None and kinds:
         main = _simulated(plan_key, plan, None, None)
@@ -246,14 +319,34 @@ def view_pipeline(plan: Plan, plan_key: str, main: Timeline | None, overlay: Tim
         st.info("This plan has no pipeline section and no timeline was loaded: nothing to draw. "
                 "Load a timeline (mpipar.timeline JSON) in the sidebar.")
         return
+    if overlay is not None and overlay.meta.get("source") == "measured":
+        overlay = measured_on_lanes(overlay, main)
+    unit = "s" if main.time_unit == "s" else " time units"
+    c1, c2 = st.columns([1, 3])
+    c1.metric("Predicted step", f"{main.makespan:.6g}{' ' if unit == 's' else ''}{unit}", border=True)
+    if profile is not None:
+        c2.caption(f"Priced on **{hardware}**: each op and reshard of the plan on the busiest rank of its stage "
+                   "(simulator.op_cost.PlanCosts), the schedule simulated with those stage times; the optimizer "
+                   "and its reshards once per step after the flush.")
+    elif main.time_unit != "s":
+        c2.caption("This plan carries no costs: unit times (F 1, B 2). Pick a hardware preset in the sidebar "
+                   "for seconds.")
+    else:
+        c2.caption(f"Costs as loaded ({hardware}).")
     _show(timeline_view.timeline_figure(main, overlay))
     _downloads(lambda: timeline_view.timeline_figure(main, overlay), lambda: timeline_view.timeline_text(main),
                "timeline", "timeline")
     st.download_button("Chrome trace (Perfetto)", lambda: timeline_view.chrome_trace_bytes(main), "trace.json",
                        "application/json", key="chrome", on_click="ignore")
     if overlay is None:
-        st.caption("Load a measured timeline (meta.source = \"measured\") to overlay it on the prediction.")
+        st.caption("Load a measured timeline (meta.source = \"measured\", e.g. from MPIPAR_TRACE) to overlay it on "
+                   "the prediction.")
+    elif "measured_ranks" in overlay.meta:
+        st.caption("Measured outlines: ranks " + ", ".join(str(r) for r in overlay.meta["measured_ranks"])
+                   + " (the first rank of each stage mesh), from the measured file's first to last span.")
     st.dataframe(arrow_safe(timeline_view.bubble_rows(main)), hide_index=True)
+    if profile is not None:
+        st.dataframe(arrow_safe(_stage_table(plan, profile)), hide_index=True)
     if not kinds:
         return
     st.subheader("Two schedules side by side")
@@ -299,8 +392,10 @@ def view_memory(plan: Plan, plan_key: str, main: Timeline | None) -> None:
     if curve is None:
         st.info("No memory per rank in this plan or timeline.")
         return
-    _show(memory.memory_figure(curve, capacity, title, main.time_unit if main else "s"))
-    _downloads(lambda: memory.memory_figure(curve, capacity, title), lambda: memory.memory_text(curve, capacity),
+    # A rank's curve is simulated from the plan (its costs' unit); a lane's comes from the loaded timeline.
+    unit = plan_cost(plan).time_unit if entries else (main.time_unit if main else "s")
+    _show(memory.memory_figure(curve, capacity, title, unit))
+    _downloads(lambda: memory.memory_figure(curve, capacity, title, unit), lambda: memory.memory_text(curve, capacity),
                "memory", "memory")
     if entries:
         peaks = _rank_peaks(plan_key, plan)
@@ -405,14 +500,89 @@ def _sample_knobs() -> None:
         st.session_state["sample_knobs"] = (int(dp), int(tp), int(pp), kind, int(m))
 
 
+def _own_costs(plan: Plan, main_t: Timeline | None) -> str | None:
+    """What "as loaded" means for this plan: its own pipeline costs' profile, or a loaded timeline."""
+    cost = (plan.pipeline or {}).get("cost")
+    if isinstance(cost, dict) and "forward" in cost:
+        return str(cost.get("profile") or cost.get("time_unit", "plan costs"))
+    if main_t is not None:
+        return "the loaded timeline"
+    return None
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _preset(name: str) -> HardwareProfile:
+    return load_profile(name)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _uploaded_profile(digest: str, name: str, _data: bytes) -> HardwareProfile:
+    del digest
+    return profile_from_bytes(_data, name)
+
+
+def _hardware(plan: Plan, main_t: Timeline | None) -> tuple[str, str, HardwareProfile | None]:
+    """The sidebar's hardware selector: (label, cache key, profile); profile None keeps the plan's own costs."""
+    own = _own_costs(plan, main_t)
+    presets = list_presets()
+    options = ([f"{AS_LOADED} ({own})"] if own else []) + presets + [PROFILE_FILE]
+    default = 0 if own else presets.index(DEFAULT_PRESET) if DEFAULT_PRESET in presets else 0
+    choice = st.sidebar.selectbox(
+        "Hardware (prices the plan)", options, index=default, key="hw",
+        help="prices every op and reshard of the plan with the simulator's cost model on this hardware: the "
+             "pipeline and memory views are then in seconds. A calibrated profile comes from "
+             "`python -m simulator calibrate -o profile.json`.",
+    )
+    if choice.startswith(AS_LOADED):
+        return choice, "own", None
+    if choice != PROFILE_FILE:
+        return choice, f"preset:{choice}", _preset(choice)
+    up = st.sidebar.file_uploader("Profile JSON", type=["json"], key="hw_upload")
+    path = st.sidebar.text_input("or its path", key="hw_path", placeholder="profile.json")
+    try:
+        if up is not None:
+            data = up.getvalue()
+            digest = hashlib.sha256(data).hexdigest()
+            return f"{up.name}", f"upload:{digest}", _uploaded_profile(digest, up.name, data)
+        if path.strip():
+            profile = profile_from_path(path)
+            return path.strip(), f"path:{os.path.abspath(path.strip())}:{hash(repr(profile.to_dict()))}", profile
+    except ProfileError as exc:
+        st.sidebar.error(str(exc), icon="🚫")
+    fallback = own or DEFAULT_PRESET
+    st.sidebar.caption(f"No profile loaded yet: prices as {fallback}.")
+    if own:
+        return f"{AS_LOADED} ({own})", "own", None
+    return DEFAULT_PRESET, f"preset:{DEFAULT_PRESET}", _preset(DEFAULT_PRESET)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _with_memory(key: str, _plan: Plan) -> Plan:
+    del key
+    return with_memory(_plan)
+
+
+@st.cache_resource(max_entries=16, show_spinner="Pricing the plan...")
+def _priced(key: str, _plan: Plan, _profile: HardwareProfile) -> Plan:
+    del key
+    return priced(_plan, _profile)
+
+
 def main() -> None:
     st.set_page_config(page_title="mpipar dashboard", layout="wide")
     st.sidebar.title("mpipar")
     _sample_knobs()
-    source, plan, main_t, overlay = _load_inputs()
+    key, source, plan, main_t, overlay = _load_inputs()
     # mpipar plan writes no memory section: derive it from the plan's own tensors
-    plan = with_memory(plan)
-    plan_key = f"{source}:{id(plan)}"
+    plan = _with_memory(key, plan)
+    hardware, hw_key, profile = _hardware(plan, main_t)
+    plan_key = f"{key}|{hw_key}"
+    timed, timed_t = plan, main_t
+    if profile is not None and plan.pipeline:
+        try:
+            timed, timed_t = _priced(plan_key, plan, profile), None  # the priced plan is simulated
+        except ValueError as exc:
+            st.error(f"cannot price this plan on {hardware}: {exc}")
     st.sidebar.caption(f"Plan: **{source}**")
     st.sidebar.text(plan.summary())
     view = st.radio("View", VIEWS, horizontal=True, key="view", label_visibility="collapsed")
@@ -426,9 +596,9 @@ def main() -> None:
     elif view == "Communication":
         view_comm(plan)
     elif view == "Pipeline":
-        view_pipeline(plan, plan_key, main_t, overlay)
+        view_pipeline(timed, plan_key, timed_t, overlay, hardware, profile if timed is not plan else None)
     elif view == "Memory":
-        view_memory(plan, plan_key, main_t)
+        view_memory(timed, plan_key, timed_t)
     else:
         view_whatif(plan, main_t)
 
