@@ -483,7 +483,7 @@ def _whatif_script(plan: Plan, ref: script_whatif.ScriptRef) -> None:
 def _search_defaults(plan: Plan, ref: script_whatif.ScriptRef | None) -> search_view.SearchSpace:
     world = len(all_ranks(plan)) or 1
     presets = [p for p in list_presets() if load_profile(p).memory_bytes]
-    hardware = presets[0] if presets else "h100-nvlink-ib"
+    hardware = "h100-nvlink-ib" if "h100-nvlink-ib" in presets or not presets else presets[0]  # search's default
     if ref is not None and os.path.basename(ref.path) == "gpt.py":
         return search_view.gpt_example_space(ref.args, min(world, search_view.MAX_DEVICES), hardware)
     return search_view.SearchSpace(4, 128, 4, 64, 128, min(world, search_view.MAX_DEVICES), 16, hardware)
