@@ -243,7 +243,9 @@ def test_search_in_the_view_loads_a_candidate_of_the_gpt_plan(gpt_plan: str) -> 
 
 def test_search_on_the_sample_loads_the_sample_with_the_candidates_knobs() -> None:
     at = _whatif([])
-    at.number_input(key="wss_devices").set_value(4).run()
+    for name, value in (("devices", 4), ("layers", 2), ("heads", 2), ("global_batch", 4)):  # a small space
+        at.number_input(key=f"wss_{name}").set_value(value)
+    at.run()
     at.button(key="wss_go").click().run()
     _clean(at)
     options = at.selectbox(key="wss_cand").options

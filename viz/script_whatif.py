@@ -22,10 +22,12 @@ spelling and place.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -230,8 +232,10 @@ def with_knobs(args: Sequence[str], base: Knobs, new: Knobs) -> list[str]:
 # ------------------------------------------------------------------------------ running
 @functools.lru_cache(maxsize=1)
 def _out_dir() -> str:
-    """One private directory per dashboard process for the re-traced plans (mode 0700)."""
-    return tempfile.mkdtemp(prefix="mpipar-whatif-")
+    """One private directory per dashboard process for the re-traced plans (mode 0700), removed at exit."""
+    path = tempfile.mkdtemp(prefix="mpipar-whatif-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def _out_path(ref: ScriptRef, args: Sequence[str]) -> str:
