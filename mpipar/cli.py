@@ -4,6 +4,7 @@
     mpipar info
     mpipar plan SCRIPT [args] -o plan.json [-n 8 | --shape-only]
     mpipar viz plan.json [timeline.json] [--address 127.0.0.1] [--port 8501]
+    mpipar viz [--launcher mpiexec] [--prepare-only] --run examples/gpt.py --mesh dp=2,tp=2 --tiny
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ def _cmd_viz(ns: argparse.Namespace) -> int:
 
     # The dashboard is another package (viz -> simulator -> mpipar): run it, never import it.
     args = [*ns.files, "--address", ns.address] + (["--port", str(ns.port)] if ns.port is not None else [])
+    if ns.run is not None:  # viz.__main__ checks these; --run and the script's own arguments go last
+        args += ["--run-dir", ns.run_dir, "--steps", str(ns.steps), "--launcher", ns.launcher]
+        args += (["--shape-only"] if ns.shape_only else []) + (["--prepare-only"] if ns.prepare_only else [])
+        args += ["--run", *ns.run]
     try:
         return subprocess.call([sys.executable, "-m", "viz", *args])
     except KeyboardInterrupt:
@@ -118,6 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="*", help="plan.json, then optional timeline.json (and a measured one)")
     p.add_argument("--address", default="127.0.0.1", help="address to bind; default: this machine only")
     p.add_argument("--port", type=cliargs.port, default=None)
+    p.add_argument("--run-dir", default="mpipar-run", help="with --run: where its files go (default ./mpipar-run/)")
+    p.add_argument("--steps", type=cliargs.int_range(1, 10_000, "a step count"), default=3,
+                   help="with --run: measured training steps (unless the script's arguments give --steps)")
+    p.add_argument("--launcher", choices=["sim", "mpiexec"], default="sim", help="with --run: simulator or mpiexec")
+    p.add_argument("--shape-only", action="store_true", help="with --run: trace the plan shape-only")
+    p.add_argument("--prepare-only", action="store_true", help="with --run: write the files, start no server")
+    p.add_argument("--run", nargs=argparse.REMAINDER, metavar="SCRIPT ARGS",
+                   help="trace SCRIPT's plan, run a few measured steps (MPIPAR_TRACE), open both (last option)")
     p.set_defaults(func=_cmd_viz)
     ns = parser.parse_args(argv)
     try:

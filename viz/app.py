@@ -35,14 +35,14 @@ from matplotlib.figure import Figure  # noqa: E402
 from mpipar.plan import Plan  # noqa: E402
 from mpipar.timeline import Timeline  # noqa: E402
 from simulator.cost import HardwareProfile, list_presets, load_profile  # noqa: E402
-from viz import comm, layout, memory, propagation, stepper, timeline_view, whatif  # noqa: E402
+from viz import comm, layout, memory, propagation, script_whatif, search_view, stepper, timeline_view, whatif  # noqa: E402
 from viz.default_plan import GPT_ARGS, DefaultPlanError, script_stamp, trace_gpt_plan  # noqa: E402
 from viz.figures import to_png, to_svg  # noqa: E402
 from viz.files import VizFileError, load_document, load_path  # noqa: E402
 from viz.plan_memory import with_memory  # noqa: E402
 from viz.plan_time import ProfileError, measured_on_lanes, priced, profile_from_bytes, profile_from_path  # noqa: E402
 from viz.plan_time import stage_prices as price_stages  # noqa: E402
-from viz.planinfo import itemsize, tensor_label, tensor_spec  # noqa: E402
+from viz.planinfo import all_ranks, itemsize, tensor_label, tensor_spec  # noqa: E402
 from viz.sample import RECOMPUTE_MODES, UNSUPPORTED, ZERO_STAGES, SampleConfig, build_sample  # noqa: E402
 from viz.simulate import (  # noqa: E402
     NoPipeline,
@@ -446,6 +446,230 @@ def _whatif_base(plan: Plan) -> tuple[SampleConfig, str | None]:
 
 
 def view_whatif(plan: Plan, main: Timeline | None) -> None:
+    """The sample re-traced with other knobs, or the plan's own script; then the strategy search."""
+    _whatif_back_button()
+    ref: script_whatif.ScriptRef | None = None
+    if plan.meta.get("builder") == "viz.sample":
+        _whatif_sample(plan, main)
+    else:
+        try:
+            ref = script_whatif.script_ref(plan, _start_dir())
+        except script_whatif.ScriptRefused as exc:
+            # Another model's numbers would be wrong numbers: say why there are none.
+            st.info(f"No what-if for this plan: {exc}. The what-if re-traces the plan's own script "
+                    "(`mpipar plan` records it); this plan's model cannot be re-traced here.")
+        else:
+            _whatif_script(plan, ref)
+    _whatif_search(plan, ref)
+
+
+def _start_dir() -> str:
+    """The directory the dashboard was started in: scripts outside it are never run."""
+    return os.getcwd()
+
+
+def _whatif_back_button() -> None:
+    loaded = st.session_state.get("wi_loaded")
+    if loaded is not None:
+        st.info(f"The other views show the what-if plan **{loaded['label']}**.")
+        if st.button(f"Back to {loaded['base']}", key="wi_back"):
+            del st.session_state["wi_loaded"]
+            st.rerun()
+
+
+def whatif_loaded(source: str, plan: Plan, main_t: Timeline | None,
+                  overlay: Timeline | None) -> tuple[str, Plan, Timeline | None, Timeline | None]:
+    """The what-if plan the user loaded into the views, while the same file is open; else the inputs."""
+    st.session_state["wi_source"] = source  # what a loaded what-if replaces, and what "Back" returns to
+    loaded = st.session_state.get("wi_loaded")
+    if loaded is None:
+        return source, plan, main_t, overlay
+    if loaded["base"] != source:  # another file was opened since: drop the what-if
+        del st.session_state["wi_loaded"]
+        return source, plan, main_t, overlay
+    return loaded["label"], loaded["plan"], loaded["timeline"], None
+
+
+def _load_into_views(label: str, plan: Plan, timeline: Timeline | None, key: str) -> None:
+    if st.button("Load this plan into the other views", key=key):
+        st.session_state["wi_loaded"] = {"base": st.session_state.get("wi_source", ""), "label": label, "plan": plan,
+                                         "timeline": timeline}
+        st.rerun()
+
+
+def _pipeline_timeline(plan: Plan) -> Timeline | None:
+    """The plan's pipeline simulated with its own costs (unit costs without), or None without stages."""
+    if not compatible_kinds(plan):
+        return None
+    try:
+        return simulate_plan_lanes(plan, None, None)
+    except (ValueError, NoPipeline):
+        return None
+
+
+def _knob_widgets(base: script_whatif.Knobs, prefix: str) -> script_whatif.Knobs:
+    c = st.columns(4)
+    dp = int(c[0].number_input("dp", 1, 64, base.dp, key=f"{prefix}_dp"))
+    tp = int(c[1].number_input("tp", 1, 64, base.tp, key=f"{prefix}_tp"))
+    pp = int(c[2].number_input("pp", 1, 16, base.pp, key=f"{prefix}_pp"))
+    m = int(c[3].number_input("micro-batches (0: the script's default)", 0, 256, base.micro_batches or 0,
+                              key=f"{prefix}_m"))
+    c = st.columns(5)
+    schedules = ["(none: eager)", *script_whatif.SCHEDULES]
+    kind = c[0].selectbox("schedule", schedules, index=schedules.index(base.schedule or schedules[0]),
+                          key=f"{prefix}_kind")
+    chunks = int(c[1].number_input("chunks (Interleaved1F1B)", 1, 8, base.chunks, key=f"{prefix}_chunks"))
+    zero = int(c[2].selectbox("ZeRO stage", script_whatif.ZERO_STAGES, index=base.zero, key=f"{prefix}_zero"))
+    recompute = str(c[3].selectbox("recompute", script_whatif.RECOMPUTES,
+                                   index=script_whatif.RECOMPUTES.index(base.recompute), key=f"{prefix}_recompute"))
+    sp = bool(c[4].checkbox("sequence parallel", base.sequence_parallel, key=f"{prefix}_sp"))
+    return script_whatif.Knobs(dp, tp, pp, None if kind == schedules[0] else kind, m or None, chunks, zero, recompute,
+                               sp)
+
+
+def _confirmed_retrace(ref: script_whatif.ScriptRef, args: list[str], key: str) -> Plan | None:
+    """Show the exact command; run it only when the user clicks (results kept per command)."""
+    cmd = script_whatif.retrace_command(ref, args)
+    st.code(script_whatif.command_text(cmd), language="bash")
+    results: dict[tuple[str, ...], Plan] = st.session_state.setdefault("wi_results", {})
+    if tuple(cmd) in results:
+        return results[tuple(cmd)]
+    st.caption("Re-tracing runs the script above on this machine: it runs only when you click.")
+    if not st.button("Run this command", key=key):
+        return None
+    with st.spinner("re-tracing ..."):
+        try:
+            new_plan = script_whatif.retrace(ref, args)
+        except (script_whatif.RetraceFailed, script_whatif.ScriptRefused) as exc:
+            st.error(str(exc))
+            return None
+    results[tuple(cmd)] = new_plan
+    return new_plan
+
+
+def _whatif_script(plan: Plan, ref: script_whatif.ScriptRef) -> None:
+    world = len(all_ranks(plan)) or 1
+    try:
+        base = script_whatif.read_knobs(ref.args, world)
+    except script_whatif.ScriptRefused as exc:
+        st.info(f"No what-if for this plan: {exc}.")
+        return
+    st.caption(f"Change the knobs: `{ref.recorded}` is re-traced with `mpipar plan`"
+               f"{' --shape-only' if ref.shape_only else ''} and diffed against the loaded plan.")
+    knobs = _knob_widgets(base, "wis")
+    args = script_whatif.with_knobs(ref.args, base, knobs)
+    if args == list(ref.args):
+        st.caption("These are the loaded plan's own arguments: change a knob to see a what-if.")
+        return
+    new_plan = _confirmed_retrace(ref, args, "wi_run")
+    if new_plan is None:
+        return
+    new_plan = with_memory(new_plan)
+    rows = whatif.diff_rows(whatif.plan_metrics(plan, _pipeline_timeline(plan)),
+                            whatif.plan_metrics(new_plan, _pipeline_timeline(new_plan)))
+    st.dataframe(arrow_safe({k: v for k, v in r.items() if not k.startswith("_")} for r in rows), hide_index=True)
+    _show(whatif.diff_figure(rows))
+    _downloads(lambda: whatif.diff_figure(rows), lambda: whatif.diff_text(rows), "what-if", "whatif")
+    st.download_button("what-if plan (JSON)", lambda: _plan_json(new_plan), "whatif-plan.json", "application/json",
+                       key="wis-plan", on_click="ignore")
+    _load_into_views(" ".join([ref.recorded, *args]), new_plan, None, "wis_load")
+
+
+def _search_defaults(plan: Plan, ref: script_whatif.ScriptRef | None) -> search_view.SearchSpace:
+    world = len(all_ranks(plan)) or 1
+    presets = [p for p in list_presets() if load_profile(p).memory_bytes]
+    hardware = "h100-nvlink-ib" if "h100-nvlink-ib" in presets or not presets else presets[0]  # search's default
+    if ref is not None and os.path.basename(ref.path) == "gpt.py":
+        return search_view.gpt_example_space(ref.args, min(world, search_view.MAX_DEVICES), hardware)
+    return search_view.SearchSpace(4, 128, 4, 64, 128, min(world, search_view.MAX_DEVICES), 16, hardware)
+
+
+def _whatif_search(plan: Plan, ref: script_whatif.ScriptRef | None) -> None:
+    st.subheader("Strategy search")
+    gpt = ref is not None and os.path.basename(ref.path) == "gpt.py"
+    d = _search_defaults(plan, ref)
+    st.caption(("The model of the loaded `examples/gpt.py` plan" if gpt else "A GPT of the shape below")
+               + ": every layout that divides is priced by the estimator; keep the space small to stay interactive.")
+    c = st.columns(7)
+    names = ("layers", "hidden", "heads", "seq", "vocab", "global_batch", "devices")
+    vals = {n: int(c[i].number_input(n.replace("_", " "), 1, search_view.MAX_DEVICES if n == "devices" else 1 << 20,
+                                     getattr(d, n), key=f"wss_{n}")) for i, n in enumerate(names)}
+    c = st.columns(4)
+    presets = [p for p in list_presets() if load_profile(p).memory_bytes]
+    hardware = c[0].selectbox("hardware", presets, index=presets.index(d.hardware) if d.hardware in presets else 0,
+                              key="wss_hw")
+    limit_mib = int(c[1].number_input("memory limit MiB (0: the device's)", 0, 1 << 30, 0, key="wss_limit"))
+    sample = ref is None and plan.meta.get("builder") == "viz.sample"
+    zeros = [z for z in script_whatif.ZERO_STAGES if not (sample and z == 3)]  # the sample has no ZeRO-3
+    zero = tuple(c[2].multiselect("ZeRO stages", zeros, [0], key="wss_zero"))
+    recompute = tuple(c[3].multiselect("recompute", script_whatif.RECOMPUTES, ["none"], key="wss_recompute"))
+    schedules = tuple(st.multiselect("schedules (pipelines)", script_whatif.SCHEDULES, ["1F1B"], key="wss_sched"))
+    space = search_view.SearchSpace(vals["layers"], vals["hidden"], vals["heads"], vals["seq"], vals["vocab"],
+                                    vals["devices"], vals["global_batch"], str(hardware),
+                                    limit_mib * 2**20 if limit_mib else None, zero, recompute, schedules,
+                                    dropout=d.dropout)
+    if st.button("Search", key="wss_go"):
+        st.session_state["wss_space"] = space
+    asked = st.session_state.get("wss_space")
+    if asked is None:
+        return
+    if asked != space:
+        st.caption("The fields changed since the last search: click Search to run it on them.")
+    try:
+        with st.spinner("searching ..."):
+            result = search_view.run_search(asked)
+    except ValueError as exc:
+        st.error(f"cannot search: {exc}")
+        return
+    points = search_view.candidates(result)
+    front = search_view.pareto_front(points)
+    st.caption(f"{len(points)} candidates priced in {result.seconds:.1f} s ({result.enumerated} enumerated; pruned: "
+               + (", ".join(f"{v} {k}" for k, v in result.pruned.items()) or "none") + f"); {len(front)} on the Pareto front.")
+    if not points:
+        st.info("No candidate divides this model and device count.")
+        return
+    chosen = st.selectbox("Candidate", list(range(len(points))), key="wss_cand",
+                          format_func=lambda i: ("* " if i in front else "") + search_view.candidate_label(points[i]))
+    _show(search_view.search_figure(points, front, result.memory_limit, chosen))
+    _downloads(lambda: search_view.search_figure(points, front, result.memory_limit, chosen),
+               lambda: search_view.search_text(points, front, result.memory_limit), "search", "search")
+    with st.expander("All candidates"):
+        st.dataframe(arrow_safe(search_view.candidate_rows(points, front)), hide_index=True)
+    _load_candidate(plan, ref, points[int(chosen)])
+
+
+def _load_candidate(plan: Plan, ref: script_whatif.ScriptRef | None, cand: search_view.Candidate) -> None:
+    label = search_view.candidate_label(cand)
+    if ref is not None:
+        try:
+            base = script_whatif.read_knobs(ref.args, len(all_ranks(plan)))
+        except script_whatif.ScriptRefused as exc:
+            st.info(f"This candidate cannot be re-traced: {exc}.")
+            return
+        flags = search_view.candidate_flags(cand, scheduled=base.schedule is not None)
+        args = script_whatif.with_knobs(ref.args, base, script_whatif.Knobs(**flags))
+        st.markdown("Re-trace the loaded plan's script with this candidate's flags:")
+        new_plan = _confirmed_retrace(ref, args, "wss_run")
+        if new_plan is not None:
+            _load_into_views(" ".join([ref.recorded, *args]), with_memory(new_plan), None, "wss_load")
+        return
+    if plan.meta.get("builder") == "viz.sample":
+        flags = search_view.candidate_flags(cand, scheduled=True)
+        base_cfg, _ = _whatif_base(plan)
+        kind = flags["schedule"] or base_cfg.schedule
+        try:
+            new_plan, new_t = whatif.whatif_sample(flags["dp"], flags["tp"], flags["pp"], kind, flags["micro_batches"],
+                                                   flags["zero"], flags["recompute"], base_cfg.hidden, base_cfg.batch,
+                                                   base_cfg.profile)
+        except ValueError as exc:
+            st.info(f"The sample cannot take this candidate: {exc}")
+            return
+        _load_into_views(f"sample what-if ({label})", new_plan, new_t, "wss_load")
+        return
+    st.info("This plan records no script to re-trace with the candidate's flags, so no plan can be loaded for it.")
+
+
+def _whatif_sample(plan: Plan, main: Timeline | None) -> None:
     base, note = _whatif_base(plan)
     if note:
         st.warning(note)
@@ -480,6 +704,8 @@ def view_whatif(plan: Plan, main: Timeline | None) -> None:
         _show(timeline_view.timeline_figure(new_t))
     st.download_button("what-if plan (JSON)", lambda: _plan_json(new_plan), "whatif-plan.json", "application/json",
                        key="wi-plan", on_click="ignore")
+    _load_into_views(f"sample what-if (dp={dp},tp={tp},pp={pp} {kind} x{m}, ZeRO {zero}, recompute {recompute})",
+                     new_plan, new_t, "wi_load")
 
 
 def _plan_json(plan: Plan) -> bytes:
@@ -573,6 +799,9 @@ def main() -> None:
     st.sidebar.title("mpipar")
     _sample_knobs()
     key, source, plan, main_t, overlay = _load_inputs()
+    loaded_source, plan, main_t, overlay = whatif_loaded(source, plan, main_t, overlay)  # a what-if the user loaded
+    if loaded_source != source:  # a different plan than the file's: its own cache key
+        key, source = f"{key}|what-if:{loaded_source}:{id(plan)}", loaded_source
     # mpipar plan writes no memory section: derive it from the plan's own tensors
     plan = _with_memory(key, plan)
     hardware, hw_key, profile = _hardware(plan, main_t)
