@@ -76,7 +76,7 @@ from mpi4py import MPI
 
 from mpipar import _threads
 from mpipar.backend import Backend
-from mpipar.comm import Array, Group, PointToPoint, Shape, fold_into
+from mpipar.comm import Array, Completed, Group, Pending, PointToPoint, Shape, fold_into, reduce_arrays, reduce_rows
 from mpipar.mesh import ProcessMesh
 from mpipar.runtime.faults import (
     Watchdog,
@@ -87,9 +87,10 @@ from mpipar.runtime.faults import (
     timeout_from_env,
 )
 from mpipar.runtime.log import flush_std_streams, install_rank_prefix
-from mpipar.runtime.ordered import OrderedCommunicator, _layout, _starts, reduce_mode_from_env
+from mpipar.runtime.ordered import SMALL_REDUCE_BYTES, OrderedCommunicator, _layout, _starts, reduce_mode_from_env
 from mpipar.runtime.sentinel import StderrSentinel
 from mpipar.runtime.sentinel import enabled as sentinel_enabled
+from mpipar.spec import chunk_range
 
 ABORT_FLUSH_S = 0.3
 FOLD_AS_ARRIVING_MIN_BYTES = 512 * 1024
@@ -177,6 +178,7 @@ class MPIRuntime:
             self.mailbox = self.world.Dup()
         self._comms: dict[Group, Any] = {}
         self._side: dict[Group, Any] = {}
+        self._started: dict[Group, tuple[Any, Any]] = {}
         self._trace_comm: Any = None
         self.communicator = MPICommunicator(self)
         atexit.register(self._at_exit)
@@ -199,6 +201,19 @@ class MPIRuntime:
             comm.Set_errhandler(MPI.ERRORS_RETURN)
             self._comms[group] = comm
         return comm
+
+    def started_for(self, group: Group) -> tuple[Any, Any]:
+        """Two duplicates of the group's communicator for started all-reduces: the first carries
+        their first phase (the all-to-all, or the whole gather), the second their all-gather.
+        Each phase is posted in start order on every member, so each communicator sees its
+        collectives in one order everywhere, whatever the timing of the other phase."""
+        comms = self._started.get(group)
+        if comms is None:
+            base = self.comm_for(group)
+            with self.watchdog.watch("creating the group's communicators for started all-reduces", group, 0):
+                comms = (base.Dup(), base.Dup())
+            self._started[group] = comms
+        return comms
 
     def side_for(self, group: Group) -> Any:
         """A duplicate of the group's communicator for check-mode signatures."""
@@ -355,6 +370,15 @@ class MPICommunicator(OrderedCommunicator):
             else:
                 comm.Reduce_scatter([send, mpi_type], [out, mpi_type], counts, op=MPI.SUM)
         return {self.rank: _averaged(out, op, len(group)).reshape(shapes[mine])}
+
+    # ------------------------------------------------------------------ started all-reduce
+    def _all_reduce_start(self, group: Group, bufs: Any, op: str) -> Pending:
+        a = self._mine("all_reduce", group, bufs)
+        if len(group) == 1:
+            return Completed({self.rank: reduce_arrays([a], op, np)})
+        seq = self._number(group, "all_reduce", dtype=a.dtype, reduce_type=op, shape=tuple(a.shape))
+        self._reap()
+        return _StartedAllReduce(self, group, a, op, seq, self._native_type(a.dtype, op, group))
 
     # ------------------------------------------------------------------ ordered reductions
     def _scatter_reduce(
@@ -545,6 +569,94 @@ class MPICommunicator(OrderedCommunicator):
         with self._rt.watchdog.watch(f"exit: sends to {what} not yet received", tuple(sorted({self.rank, *dsts})), 0, p2p=True):
             MPI.Request.Waitall([p[0] for p in self._pending])
         self._pending = []
+
+
+class _StartedAllReduce(Pending):
+    """An all-reduce in non-blocking MPI calls, with the blocking ordered one's result bit for bit.
+
+    Phase 1 on the group's first started communicator: ``Ialltoall(v)`` of the n element
+    ranges (the chunking rule), or for small buffers (n x size <= ``SMALL_REDUCE_BYTES``) an
+    ``Iallgather`` of whole buffers. Once it has completed, this member reduces its range over
+    the n members in group order (``reduce_rows``: element i is ((a0 + a1) + a2) + ... as in
+    every other path) straight into its place in the result, and phase 2 posts an in-place
+    ``Iallgather(v)`` of the ranges on the second communicator. ``MPIPAR_REDUCE=native``
+    float sums are one ``Iallreduce`` instead (MPI's order, as the blocking native path).
+    MPI moves the data of a posted phase while the caller computes (MPICH progresses it
+    inside any later MPI call, ``test`` included); the local reduction runs in ``test`` or
+    ``wait``, whichever first finds phase 1 complete.
+    """
+
+    def __init__(self, owner: MPICommunicator, group: Group, a: np.ndarray, op: str, seq: int, native: Any | None) -> None:
+        self.owner, self.group, self.op, self.seq = owner, group, op, seq
+        self.shape = tuple(a.shape)
+        self.label = f"all_reduce({op}) started"
+        n, i = len(group), group.index(owner.rank)
+        flat = owner._flat(a, a.dtype)
+        self.send = flat  # referenced until phase 1 is complete: MPI reads it meanwhile
+        size = flat.size
+        first, self.second = owner._rt.started_for(group)
+        self.result: np.ndarray | None = None
+        self.rows: np.ndarray | None = None
+        if native is not None:
+            self.out = owner._result(size, flat.dtype)
+            self.phase = "native"
+            self.req = first.Iallreduce([flat, native], [self.out, native], op=MPI.SUM)
+        elif size * n * flat.itemsize <= SMALL_REDUCE_BYTES or size < n:
+            self.rows = np.empty(n * size, dtype=flat.dtype)
+            self.phase = "gather"
+            self.req = first.Iallgather(_spec(flat), _spec(self.rows))
+        else:
+            self.lengths = tuple(e - s for s, e in (chunk_range(size, n, j) for j in range(n)))
+            self.starts = _starts(self.lengths)
+            mine = self.lengths[i]
+            self.out = owner._result(size, flat.dtype)
+            self.rows = np.empty(n * mine, dtype=flat.dtype)
+            self.phase = "scatter"
+            if size % n == 0:
+                self.req = first.Ialltoall(_spec(flat), _spec(self.rows))
+            else:
+                sc, sd = _byte_counts(self.lengths, flat.itemsize)
+                rc, rd = _byte_counts([mine] * n, flat.itemsize)
+                self.req = first.Ialltoallv([_bytes(flat), (sc, sd), MPI.BYTE], [_bytes(self.rows), (rc, rd), MPI.BYTE])
+
+    def _advance(self) -> None:
+        """The request of the current phase has completed: run what follows it."""
+        n = len(self.group)
+        if self.phase == "native":
+            self.result = _averaged(self.out, self.op, n)
+        elif self.phase == "gather":
+            assert self.rows is not None
+            self.result = reduce_rows(self.rows.reshape(n, -1), self.op, np)
+        elif self.phase == "scatter":
+            assert self.rows is not None
+            i = self.group.index(self.owner.rank)
+            mine = self.lengths[i]
+            reduce_rows(self.rows.reshape(n, mine), self.op, np, out=self.out[self.starts[i] : self.starts[i + 1]])
+            self.phase = "allgather"
+            if _uniform(self.lengths) and self.out.size == self.lengths[0] * n:
+                self.req = self.second.Iallgather(MPI.IN_PLACE, _spec(self.out))
+            else:
+                rc, rd = _byte_counts(self.lengths, self.out.itemsize)
+                self.req = self.second.Iallgatherv(MPI.IN_PLACE, [_bytes(self.out), (rc, rd), MPI.BYTE])
+            return
+        else:
+            self.result = self.out
+        self.req = None
+        self.send = self.rows = None  # done with them: let the memory go
+
+    def test(self) -> bool:
+        while self.req is not None and self.req.Test():
+            self._advance()
+        return self.req is None
+
+    def wait(self) -> dict[int, Array]:
+        if self.req is not None:
+            with self.owner._watch(self.label, self.group, self.seq):
+                while self.req is not None:
+                    self.req.Wait()
+                    self._advance()
+        assert self.result is not None
+        return {self.owner.rank: self.result.reshape(self.shape)}
 
 
 def _check_count(status: Any, buf: np.ndarray, src: int, dst: int, tag: int) -> None:

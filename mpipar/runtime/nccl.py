@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mpipar.comm import Array, Group, PointToPoint, Shape
+from mpipar.comm import Array, Communicator, Group, PointToPoint, Shape
 from mpipar.runtime.faults import LEADER_HEAD_START_S
 from mpipar.runtime.mpi import MPIBackend, MPICommunicator, MPIRuntime, runtime
 from mpipar.runtime.ordered import OrderedCommunicator, _starts
@@ -170,6 +170,7 @@ class NCCLCommunicator(MPICommunicator):
     _t_alltoall = OrderedCommunicator._t_alltoall
     _t_allgather_in_place = OrderedCommunicator._t_allgather_in_place
     _scatter_reduce = OrderedCommunicator._scatter_reduce
+    _all_reduce_start = Communicator._all_reduce_start
 
     def _t_alltoallv(self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]) -> None:
         comm, i = self._nccl_for(group), group.index(self.rank)
