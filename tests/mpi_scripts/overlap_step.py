@@ -80,15 +80,17 @@ def run(
     return {"losses": losses, "values": values, **record}
 
 
-def started_cases(seed: int = 5) -> int:
+def started_cases(seed: int = 5) -> tuple[int, list[str]]:
     """``all_reduce_start(...).wait()`` against the blocking ``all_reduce``, bit for bit, on the
     current backend's communicator: small and large, even and uneven sizes, every op, float
-    and integer dtypes, several started at once and waited for in reverse order."""
+    and integer dtypes, several started at once and waited for in reverse order. Returns the
+    number of cases and the kinds of ``Pending`` the communicator handed out."""
     backend = dist.current_backend()
     comm = backend.comm
     world = dist.get_world_size()
     groups = [tuple(range(world)), tuple(range(0, world, 2)), (world - 1,)]
     cases = 0
+    kinds: set[str] = set()
     rng = np.random.default_rng(seed)
     for size in (1, 3, 1000, 16381, 70000):
         for dtype in ("float64", "float32", "int64"):
@@ -105,12 +107,13 @@ def started_cases(seed: int = 5) -> int:
                     started.append(comm.all_reduce_start(group, bufs, op))
                     blocking.append(comm.all_reduce(group, bufs, op))
                 for pending, want in reversed(list(zip(started, blocking, strict=True))):
+                    kinds.add(type(pending).__name__)
                     got = pending.wait()
                     assert sorted(got) == sorted(want), (sorted(got), sorted(want))
                     for r in got:
                         assert got[r].dtype == want[r].dtype and got[r].tobytes() == want[r].tobytes(), (size, dtype, op, r)
                     cases += 1
-    return cases
+    return cases, sorted(kinds)
 
 
 def _starts(result: dict[str, Any]) -> int:
@@ -136,7 +139,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.cases:
         dist.ProcessMesh(list(range(4)))  # starts the backend
-        dist.print_once(f"ok {started_cases()} started all-reduces")
+        cases, kinds = started_cases()
+        dist.print_once(f"ok {cases} started all-reduces ({', '.join(kinds)})")
         return
     sizes = {"hidden": args.hidden, "inner": args.inner}
     plain = run(args.layout, overlap=False, **sizes)
