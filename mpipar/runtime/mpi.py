@@ -33,6 +33,15 @@ Design choices
   0.82-1.10x at 512 KiB, while below 512 KiB the single all-to-all call costs less (the
   fold 1.18-1.51x). An all-reduce reduces its range straight into its place in the result
   and then all-gathers in place (``MPI_IN_PLACE``).
+* **All-gathers as one round of messages** (``MPICommunicator._gather_p2p``): from 256 KiB of
+  result up, every piece's ``Isend``/``Irecv`` is posted at once on the group's communicator
+  and waited for once, instead of MPICH's multi-step ``Allgather`` (each step a rendezvous of
+  every member, costly where ranks share cores); the ordered all-reduce's second half too.
+* **Started all-reduces** (``all_reduce_start``, for ``dist.overlap_grad_reduction``): the
+  ordered algorithm in non-blocking calls (``Ialltoall(v)``, or ``Iallgather`` when small;
+  then, once ``test`` or ``wait`` finds it complete, the local reduction and an in-place
+  ``Iallgather(v)``), on two duplicates of the group's communicator, one per phase, so each
+  sees its calls in start order on every member whatever the timing (``_StartedAllReduce``).
 * **Sub-communicators**: one per rank group, created on first use with
   ``MPI_Comm_create_group`` (collective over the group's members only, so ranks outside
   the group are not involved) and cached; member ``i`` of the group is rank ``i`` of its
