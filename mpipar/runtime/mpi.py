@@ -38,10 +38,11 @@ Design choices
   and waited for once, instead of MPICH's multi-step ``Allgather`` (each step a rendezvous of
   every member, costly where ranks share cores); the ordered all-reduce's second half too.
 * **Started all-reduces** (``all_reduce_start``, for ``dist.overlap_grad_reduction``): the
-  ordered algorithm in non-blocking calls (``Ialltoall(v)``, or ``Iallgather`` when small;
-  then, once ``test`` or ``wait`` finds it complete, the local reduction and an in-place
-  ``Iallgather(v)``), on two duplicates of the group's communicator, one per phase, so each
-  sees its calls in start order on every member whatever the timing (``_StartedAllReduce``).
+  ordered algorithm in non-blocking calls (the ranges as one round of ``Isend``/``Irecv``, or
+  ``Iallgather`` when small; then, once ``test`` or ``wait`` finds them complete, the local
+  reduction and one round of messages with the reduced ranges), on two duplicates of the
+  group's communicator, one per phase, so each sees its calls in start order on every member
+  whatever the timing (``_StartedAllReduce``).
 * **Sub-communicators**: one per rank group, created on first use with
   ``MPI_Comm_create_group`` (collective over the group's members only, so ranks outside
   the group are not involved) and cached; member ``i`` of the group is rank ``i`` of its
@@ -112,6 +113,8 @@ GATHER_P2P_MIN_BYTES = 256 * 1024
 """All-gathers whose result has at least this many bytes post every piece's send and receive
 at once (``MPICommunicator._gather_p2p``) instead of calling ``Allgather(v)``."""
 GATHER_TAG = 0x6D71
+STARTED_TAG = 0x6D72
+"""The tag of a started all-reduce's messages, on the group's started communicators."""
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
@@ -619,16 +622,18 @@ class MPICommunicator(OrderedCommunicator):
 class _StartedAllReduce(Pending):
     """An all-reduce in non-blocking MPI calls, with the blocking ordered one's result bit for bit.
 
-    Phase 1 on the group's first started communicator: ``Ialltoall(v)`` of the n element
-    ranges (the chunking rule), or for small buffers (n x size <= ``SMALL_REDUCE_BYTES``) an
-    ``Iallgather`` of whole buffers. Once it has completed, this member reduces its range over
-    the n members in group order (``reduce_rows``: element i is ((a0 + a1) + a2) + ... as in
-    every other path) straight into its place in the result, and phase 2 posts an in-place
-    ``Iallgather(v)`` of the ranges on the second communicator. ``MPIPAR_REDUCE=native``
-    float sums are one ``Iallreduce`` instead (MPI's order, as the blocking native path).
-    MPI moves the data of a posted phase while the caller computes (MPICH progresses it
-    inside any later MPI call, ``test`` included); the local reduction runs in ``test`` or
-    ``wait``, whichever first finds phase 1 complete.
+    Phase 1 on the group's first started communicator: every member's n element ranges (the
+    chunking rule) go to their members as point-to-point messages, all posted at once, or for
+    small buffers (n x size <= ``SMALL_REDUCE_BYTES``) one ``Iallgather`` of whole buffers.
+    Once phase 1 is complete, this member reduces its range over the n members in group order
+    (``reduce_rows``: element i is ((a0 + a1) + a2) + ... as in every other path) straight into
+    its place in the result, and phase 2 sends it to every member and receives theirs (one
+    round of messages on the second communicator, as ``_gather_p2p``). ``MPIPAR_REDUCE=native``
+    float sums are one ``Iallreduce`` instead (MPI's order, as the blocking native path). MPI
+    moves the data of a posted phase while the caller computes (MPICH progresses it inside any
+    later MPI call, ``test`` included); the local reduction runs in ``test`` or ``wait``,
+    whichever first finds phase 1 complete. Messages between two members on one communicator
+    match in posting order, and every member posts its buckets' phases in start order.
     """
 
     def __init__(self, owner: MPICommunicator, group: Group, a: np.ndarray, op: str, seq: int, native: Any | None) -> None:
@@ -637,7 +642,7 @@ class _StartedAllReduce(Pending):
         self.label = f"all_reduce({op}) started"
         n, i = len(group), group.index(owner.rank)
         flat = owner._flat(a, a.dtype)
-        self.send = flat  # referenced until phase 1 is complete: MPI reads it meanwhile
+        self.send: np.ndarray | None = flat  # referenced until phase 1 is complete: MPI reads it meanwhile
         size = flat.size
         first, self.second = owner._rt.started_for(group)
         self.result: np.ndarray | None = None
@@ -645,27 +650,25 @@ class _StartedAllReduce(Pending):
         if native is not None:
             self.out = owner._result(size, flat.dtype)
             self.phase = "native"
-            self.req = first.Iallreduce([flat, native], [self.out, native], op=MPI.SUM)
+            self.reqs = [first.Iallreduce([flat, native], [self.out, native], op=MPI.SUM)]
         elif size * n * flat.itemsize <= SMALL_REDUCE_BYTES or size < n:
             self.rows = np.empty(n * size, dtype=flat.dtype)
             self.phase = "gather"
-            self.req = first.Iallgather(_spec(flat), _spec(self.rows))
+            self.reqs = [first.Iallgather(_spec(flat), _spec(self.rows))]
         else:
-            self.lengths = tuple(e - s for s, e in (chunk_range(size, n, j) for j in range(n)))
-            self.starts = _starts(self.lengths)
-            mine = self.lengths[i]
+            self.lengths = lengths = tuple(e - s for s, e in (chunk_range(size, n, j) for j in range(n)))
+            self.starts = starts = _starts(lengths)
+            mine = lengths[i]
             self.out = owner._result(size, flat.dtype)
-            self.rows = np.empty(n * mine, dtype=flat.dtype)
+            self.rows = rows = np.empty(n * mine, dtype=flat.dtype)
             self.phase = "scatter"
-            if size % n == 0:
-                self.req = first.Ialltoall(_spec(flat), _spec(self.rows))
-            else:
-                sc, sd = _byte_counts(self.lengths, flat.itemsize)
-                rc, rd = _byte_counts([mine] * n, flat.itemsize)
-                self.req = first.Ialltoallv([_bytes(flat), (sc, sd), MPI.BYTE], [_bytes(self.rows), (rc, rd), MPI.BYTE])
+            rows[i * mine : (i + 1) * mine] = flat[starts[i] : starts[i + 1]]
+            peers = (*range(i + 1, n), *range(i))
+            self.reqs = [first.Irecv(_spec(rows[j * mine : (j + 1) * mine]), j, STARTED_TAG) for j in peers if mine]
+            self.reqs += [first.Isend(_spec(flat[starts[j] : starts[j + 1]]), j, STARTED_TAG) for j in peers if lengths[j]]
 
     def _advance(self) -> None:
-        """The request of the current phase has completed: run what follows it."""
+        """The requests of the current phase have completed: run what follows them."""
         n = len(self.group)
         if self.phase == "native":
             self.result = _averaged(self.out, self.op, n)
@@ -675,32 +678,32 @@ class _StartedAllReduce(Pending):
         elif self.phase == "scatter":
             assert self.rows is not None
             i = self.group.index(self.owner.rank)
-            mine = self.lengths[i]
-            reduce_rows(self.rows.reshape(n, mine), self.op, np, out=self.out[self.starts[i] : self.starts[i + 1]])
+            lengths, starts, out = self.lengths, self.starts, self.out
+            mine = lengths[i]
+            reduce_rows(self.rows.reshape(n, mine), self.op, np, out=out[starts[i] : starts[i + 1]])
             self.phase = "allgather"
-            if _uniform(self.lengths) and self.out.size == self.lengths[0] * n:
-                self.req = self.second.Iallgather(MPI.IN_PLACE, _spec(self.out))
-            else:
-                rc, rd = _byte_counts(self.lengths, self.out.itemsize)
-                self.req = self.second.Iallgatherv(MPI.IN_PLACE, [_bytes(self.out), (rc, rd), MPI.BYTE])
+            self.send = self.rows = None
+            peers = (*range(i + 1, n), *range(i))
+            self.reqs = [self.second.Irecv(_spec(out[starts[j] : starts[j + 1]]), j, STARTED_TAG) for j in peers if lengths[j]]
+            if mine:
+                self.reqs += [self.second.Isend(_spec(out[starts[i] : starts[i + 1]]), j, STARTED_TAG) for j in peers]
             return
         else:
             self.result = self.out
-        self.req = None
+        self.reqs = []
         self.send = self.rows = None  # done with them: let the memory go
 
     def test(self) -> bool:
-        while self.req is not None and self.req.Test():
+        while self.result is None and MPI.Request.Testall(self.reqs):
             self._advance()
-        return self.req is None
+        return self.result is not None
 
     def wait(self) -> dict[int, Array]:
-        if self.req is not None:
+        if self.result is None:
             with self.owner._watch(self.label, self.group, self.seq):
-                while self.req is not None:
-                    self.req.Wait()
+                while self.result is None:
+                    MPI.Request.Waitall(self.reqs)
                     self._advance()
-        assert self.result is not None
         return {self.owner.rank: self.result.reshape(self.shape)}
 
 
