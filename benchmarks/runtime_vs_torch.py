@@ -1,7 +1,20 @@
 """Tensor-parallel MLP step, mpipar under MPI vs PyTorch DTensor on gloo, in one script run.
 
     .venv/bin/pip install -e ".[torch]"                   # torch==2.13.0 (CPU wheel)
-    .venv/bin/python benchmarks/runtime_vs_torch.py [--iters 40] [--rounds 3] [--world 4]
+    .venv/bin/python benchmarks/runtime_vs_torch.py [--iters 40] [--rounds 3] [--world 4] [--step train]
+
+Two comparisons (``--step``: ``train``, ``forward-backward`` or ``both``, the default).
+
+**The training step** (first): the TP MLP of ``tp_mlp_vs_mpi4py.py`` (batch 32, 256 -> 4096 ->
+256 with biases, float32, loss ``mean(y * y)``, forward, backward and SGD with lr 0.01) three
+ways: mpipar and the hand-written mpi4py Megatron MLP (one ``mpiexec -n 4`` launch, timed in
+turns, each checked against the other's losses and weights first), and PyTorch DTensor on
+gloo (``ColwiseParallel``/``RowwiseParallel``, ``torch.optim.SGD``; its first losses checked
+against the hand-written ones). Without PyTorch that column is skipped, saying so. Each round
+takes the median step of each; the result is each one's best round, as a ratio to the
+hand-written step.
+
+**Forward and backward only** (needs PyTorch):
 
 The step: batch 32, 256 -> 4096 -> 256 (Linear, ReLU, Linear, both with bias), loss = sum
 of the output, forward and backward (gradients of every parameter; the input needs none),
@@ -39,6 +52,7 @@ from typing import Any
 import numpy as np
 
 BATCH, IN, HIDDEN = 32, 256, 4096
+TRAIN_LR = 0.01  # tp_mlp_vs_mpi4py's SGD step
 RESULT = "RESULT "
 
 
@@ -188,6 +202,126 @@ def run_torch(world_size: int, iters: int, warmup: int) -> None:
     mp.spawn(_torch_rank, args=(world_size, port, iters, warmup), nprocs=world_size, join=True)
 
 
+# ---------------------------------------------------------------------- the training step (fwd + bwd + SGD)
+def run_train_mpi(iters: int, warmup: int) -> None:
+    """Under mpiexec: mpipar and the hand-written mpi4py Megatron MLP (``tp_mlp_vs_mpi4py``),
+    checked against each other, then timed in turns; rank 0 prints one RESULT line."""
+    from mpi4py import MPI
+    from tp_mlp_vs_mpi4py import hand_written, ours
+
+    import mpipar as dist
+
+    world = MPI.COMM_WORLD
+    if dist.current_backend().name != "mpi":
+        raise SystemExit("the training worker runs under mpiexec (the launcher starts it)")
+    ref_step, ref_state = hand_written(world)
+    ref_losses = [ref_step() for _ in range(2)]
+    our_step, our_state = ours(world)
+    with dist.CommDebugMode() as comm:
+        losses = [our_step() for _ in range(2)]
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
+    for k, want in ref_state().items():
+        np.testing.assert_allclose(our_state()[k], want, rtol=1e-3, atol=1e-5)
+    contenders = {"mpipar": our_step, "mpi4py": hand_written(world)[0]}
+
+    def slowest(seconds: float) -> float:
+        return float(world.allreduce(seconds, op=MPI.MAX))
+
+    times = {name: time_steps(step, world.Barrier, slowest, iters, warmup) for name, step in contenders.items()}
+    if world.Get_rank() == 0:
+        counts = {k: v // 2 for k, v in comm.counts().items()}
+        print(RESULT + json.dumps({"times": times, "losses": ref_losses, "comm": counts}), flush=True)
+
+
+def _torch_train_rank(rank: int, world_size: int, port: int, iters: int, warmup: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        init = weights()
+        model = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, IN))
+        with torch.no_grad():
+            model[0].weight.copy_(torch.from_numpy(init["w1"].T.copy()))
+            model[0].bias.copy_(torch.from_numpy(init["b1"]))
+            model[2].weight.copy_(torch.from_numpy(init["w2"].T.copy()))
+            model[2].bias.copy_(torch.from_numpy(init["b2"]))
+        mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+        model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        opt = torch.optim.SGD(model.parameters(), lr=TRAIN_LR)
+        x = torch.from_numpy(init["x"])
+
+        def step() -> float:
+            y = model(x)
+            loss = (y * y).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return float(loss.detach())
+
+        losses = [step() for _ in range(2)]
+
+        def slowest(seconds: float) -> float:
+            t = torch.tensor([seconds], dtype=torch.float64)
+            tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+            return float(t.item())
+
+        times = time_steps(step, tdist.barrier, slowest, iters, warmup)
+        if rank == 0:
+            print(RESULT + json.dumps({"times": times, "losses": losses}), flush=True)
+    finally:
+        tdist.destroy_process_group()
+
+
+def run_torch_train(world_size: int, iters: int, warmup: int) -> None:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_torch_train_rank, args=(world_size, port, iters, warmup), nprocs=world_size, join=True)
+
+
+def train_section(args: argparse.Namespace, have_torch: bool) -> None:
+    """The TP MLP training step: mpipar vs hand-written mpi4py (one launch, in turns) vs torch."""
+    me = os.path.abspath(__file__)
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    common = ["--iters", str(args.iters), "--warmup", str(args.warmup), "--world", str(args.world)]
+    mpi_cmd = [mpiexec, "-n", str(args.world), sys.executable, me, "--worker", "train-mpi", *common]
+    torch_cmd = [sys.executable, me, "--worker", "train-torch", *common]
+    print(f"\nTP MLP training step {BATCH}x{IN} -> {HIDDEN} -> {IN}, float32, forward+backward+SGD, loss mean(y*y), "
+          f"{args.world} ranks; slowest rank per step, median of {args.iters} steps per round, best of {args.rounds} rounds")
+    if not have_torch:
+        print("  PyTorch is not installed: the DTensor column is skipped (.venv/bin/pip install -e '.[torch]')")
+    best: dict[str, float] = {}
+    losses: dict[str, list[float]] = {}
+    comm: dict[str, int] = {}
+    for r in range(args.rounds):
+        res = _launch(mpi_cmd, timeout=600)
+        losses["mpi4py"] = res["losses"]
+        comm = res["comm"]
+        row = {name: float(np.median(t)) for name, t in res["times"].items()}
+        if have_torch:
+            tres = _launch(torch_cmd, timeout=600)
+            losses["torch"] = tres["losses"]
+            row["torch"] = float(np.median(tres["times"]))
+        for name, t in row.items():
+            best[name] = min(best.get(name, float("inf")), t)
+        print(f"  round {r}: " + ", ".join(f"{name} {t * 1e3:.2f} ms" for name, t in row.items()))
+    if "torch" in losses:
+        np.testing.assert_allclose(losses["torch"], losses["mpi4py"], rtol=1e-4)
+        print(f"  torch's first two losses {losses['torch']} match the hand-written ones {losses['mpi4py']}")
+    print(f"  mpipar's communication per step: {comm}; its first two steps match the hand-written ones (losses, weights)")
+    base = best["mpi4py"]
+    for name, label in (("mpipar", "mpipar"), ("mpi4py", "hand-written mpi4py"), ("torch", "torch DTensor (gloo)")):
+        if name in best:
+            print(f"  {label:<22}{best[name] * 1e3:9.2f} ms/step  {best[name] / base:5.2f}x hand-written")
+
+
 # ---------------------------------------------------------------------- launcher
 def _launch(cmd: list[str], timeout: float) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
@@ -205,20 +339,29 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each contender, in turns")
     parser.add_argument("--world", type=int, default=4)
-    parser.add_argument("--worker", choices=["ours", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--step", choices=["both", "forward-backward", "train"], default="both",
+                        help="which step to compare (default both)")
+    parser.add_argument("--worker", choices=["ours", "torch", "train-mpi", "train-torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker == "ours":
-        run_ours(args.iters, args.warmup)
+    if args.worker is not None:
+        {"ours": lambda: run_ours(args.iters, args.warmup), "torch": lambda: run_torch(args.world, args.iters, args.warmup),
+         "train-mpi": lambda: run_train_mpi(args.iters, args.warmup),
+         "train-torch": lambda: run_torch_train(args.world, args.iters, args.warmup)}[args.worker]()
         return
-    if args.worker == "torch":
-        run_torch(args.world, args.iters, args.warmup)
-        return
+    if HIDDEN % args.world:
+        raise SystemExit(f"--world {args.world} must divide the hidden size {HIDDEN}")
     try:
         import torch
     except ImportError:
-        raise SystemExit("PyTorch is not installed: .venv/bin/pip install -e '.[torch]' (torch==2.13.0, CPU)") from None
-    if HIDDEN % args.world:
-        raise SystemExit(f"--world {args.world} must divide the hidden size {HIDDEN}")
+        torch = None
+    if args.step in ("both", "train"):
+        train_section(args, torch is not None)
+    if args.step == "train":
+        return
+    if torch is None:
+        print("\nPyTorch is not installed: the forward+backward comparison with DTensor is skipped "
+              "(.venv/bin/pip install -e '.[torch]', torch==2.13.0 CPU)")
+        return
     me = os.path.abspath(__file__)
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     common = ["--iters", str(args.iters), "--warmup", str(args.warmup), "--world", str(args.world)]

@@ -87,6 +87,8 @@ def main() -> None:
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over the dp axis")
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     p.add_argument("--offload", action="store_true", help="keep the optimizer's states in host memory between steps")
+    p.add_argument("--overlap", type=cliargs.finite_float(0.0, what="MiB per bucket"), default=None, metavar="MIB",
+                   help="reduce data-parallel gradients in buckets of MIB MiB while backward runs (dist.overlap_grad_reduction)")
     p.add_argument("--batch-size", type=int, default=None, help="global batch (default 16, or 8 with --tiny)")
     p.add_argument("--accumulate-steps", type=int, default=1, help="micro-batches per step (gradient accumulation)")
     p.add_argument("--lr", type=float, default=None)
@@ -163,6 +165,7 @@ def main() -> None:
     run_start, first = time.perf_counter(), done
     # With --schedule, dist.to_static runs each step's micro-batches through the pipeline schedule.
     dist_model = None if args.schedule is None else dist.to_static(model, loader, gpt_loss, opt, pipeline_strategy(args, par.num_stages))
+    overlap = None if args.overlap is None else dist.overlap_grad_reduction(bucket_mib=args.overlap)
     for step in range(done, args.steps):
         step_start = time.perf_counter()
         total = 0.0
@@ -176,7 +179,11 @@ def main() -> None:
                 dist.print_once(dist.memory_report(model, opt, loss).table())
             if args.accumulate_steps > 1:
                 loss = dist.scale(loss, 1.0 / args.accumulate_steps)
-            loss.backward()
+            if overlap is not None:
+                with overlap:  # data-parallel gradient reductions start while backward runs
+                    loss.backward()
+            else:
+                loss.backward()
             total += float(loss)
         if dist_model is None:
             opt.step()

@@ -40,6 +40,7 @@ from mpipar.comm import CommEvent, comm_context
 from mpipar.debug import CommDebugMode
 from mpipar.memory import MemoryReport, memory_report
 from mpipar.optimizer.offload import offload_optimizer
+from mpipar.overlap import GradReduceOverlap, overlap_grad_reduction
 from mpipar.mesh import ProcessMesh
 from mpipar.nn.layer import get_default_dtype, set_default_dtype
 from mpipar.ops.linalg import matmul
@@ -118,6 +119,7 @@ __all__ = [
     "DistModel",
     "DistSpec",
     "DistTensor",
+    "GradReduceOverlap",
     "Group",
     "MemoryReport",
     "Parameter",
@@ -191,6 +193,7 @@ __all__ = [
     "offload_optimizer",
     "ops",
     "optimizer",
+    "overlap_grad_reduction",
     "parse_placements",
     "pipeline",
     "plan_reshard",

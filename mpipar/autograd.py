@@ -273,6 +273,24 @@ def run_backward(
     only the other gradients (zero-bubble ``B``) and returns the rest as ``DeferredWeights``
     (``W``), keeping the nodes it needs.
     """
+    from mpipar import overlap
+
+    session = overlap.begin_backward()  # None unless overlap_grad_reduction() is on (outermost pass)
+    try:
+        deferred = _run_backward(roots, grads, retain_graph, defer)
+    except BaseException:
+        overlap.end_backward(session, failed=True)
+        raise
+    overlap.end_backward(session)  # waits for the gradient buckets still in flight
+    return deferred
+
+
+def _run_backward(
+    roots: Sequence[Tensor],
+    grads: Sequence[Tensor | None],
+    retain_graph: bool,
+    defer: Callable[[Tensor], bool] | None,
+) -> DeferredWeights:
     from mpipar.ops import math as M
     from mpipar.tensor import Tensor
 
@@ -343,8 +361,17 @@ def run_backward(
 
 
 def _accumulate_leaf(leaf: Tensor, g: Tensor) -> None:
+    from mpipar import overlap
+
+    session = overlap.current_session()
+    if session is not None and session.offer(leaf, g):
+        return  # its reduction is bucketed; the session finishes the leaf when it completes
+    _finish_leaf(leaf, _grad_to_layout(leaf, g))
+
+
+def _grad_to_layout(leaf: Tensor, g: Tensor) -> Tensor:
+    """``g`` resharded to the layout ``leaf`` keeps its gradient in (the data-parallel reduction)."""
     from mpipar.comm import comm_context
-    from mpipar.ops import math as M
     from mpipar.tensor import reshard
 
     if leaf.is_dist:
@@ -363,6 +390,13 @@ def _accumulate_leaf(leaf: Tensor, g: Tensor) -> None:
         with comm_context(f"gradient of dense {leaf._label()}"):
             g = reshard(g, mesh, [Replicate()] * mesh.ndim)  # the reduction, as a planned reshard
         g = Tensor.abstract(g.shape, g.dtype) if g.is_abstract else Tensor(g.full_tensor())
+    return g
+
+
+def _finish_leaf(leaf: Tensor, g: Tensor) -> None:
+    """Cast ``g`` (already in the leaf's gradient layout), run the leaf's hooks, accumulate."""
+    from mpipar.ops import math as M
+
     # Cast after the reshard: a Partial gradient is reduced in its own precision first.
     if g.dtype != leaf.dtype:
         g = M.cast(g, leaf.dtype)

@@ -153,6 +153,28 @@ class PointToPoint:
     data: Array | None = field(default=None, repr=False)
 
 
+class Pending:
+    """A started collective (``Communicator.all_reduce_start``): ``test()`` moves it on without
+    blocking and says whether it is done; ``wait()`` blocks until it is and returns the
+    result, keyed by hosted rank like the blocking call's."""
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self) -> dict[int, Array]:
+        raise NotImplementedError
+
+
+class Completed(Pending):
+    """A collective that ran to completion when it was started (the blocking fallback)."""
+
+    def __init__(self, result: dict[int, Array]) -> None:
+        self.result = result
+
+    def wait(self) -> dict[int, Array]:
+        return self.result
+
+
 class Communicator(ABC):
     """Collectives over rank groups. See the module docstring for the calling convention."""
 
@@ -219,6 +241,25 @@ class Communicator(ABC):
         if m is not None:
             self._record("all_reduce", group, [bufs[m]], [out[m]], op)
         return out
+
+    def all_reduce_start(self, group: Group, bufs: Mapping[int, Array], op: str = "sum") -> Pending:
+        """Start ``all_reduce``; its result comes from the returned ``Pending``'s ``wait()``.
+
+        Every member must start its started collectives on a group in the same order, as for
+        blocking ones. The result is the blocking call's, bit for bit (the same sum in group
+        order); only when the data moves differs. Recorders hear the call when it starts.
+        Transports without a non-blocking path run it to completion here.
+        """
+        _check_op(op)
+        group = tuple(group)
+        pending = self._all_reduce_start(group, bufs, op)
+        m = self._first(group, bufs)
+        if m is not None and _recorders:
+            self._record("all_reduce", group, [bufs[m]], [bufs[m]], op)
+        return pending
+
+    def _all_reduce_start(self, group: Group, bufs: Mapping[int, Array], op: str) -> Pending:
+        return Completed(self._all_reduce(group, bufs, op))
 
     def all_gather(self, group: Group, bufs: Mapping[int, Array], shapes: Sequence[Shape]) -> dict[int, list[Array]]:
         """Every member gets the list of all members' buffers (``shapes[i]`` is member i's)."""

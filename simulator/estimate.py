@@ -28,7 +28,10 @@ every event labelled by the layer or part it serves) and scaled by the layers ea
   optimizer step (update FLOPs or bytes, the ZeRO all-gather), as a runtime accumulating
   micro-batches locally does (mpipar's eager loop reduces after every micro-batch instead).
   Nothing overlaps communication with compute except what the schedule itself overlaps
-  (transfers between stages).
+  (transfers between stages) and, with ``--overlap-grad-reduce`` (``dist.overlap_grad_reduction``),
+  the gradient reduction: each part's reduction starts when the last micro-batch's backward
+  is done with it (parts in the reverse of their forward order, one reduction at a time), and
+  only what runs past the end of backward is paid (``exposed_grad_sync``).
 * **not modelled**: buffers (the causal mask), communication buffers, fragmentation, the
   norm's collective in gradient clipping, and the host-side SPMD dispatch of other stages'
   ops that mpipar's eager mode performs on every rank.
@@ -110,6 +113,9 @@ class Estimate:
     reshards: int
     peak_flops_per_device: float = 0.0
     """The profile's dense peak for the plan's compute dtype (what MFU and HFU divide by)."""
+    grad_sync_exposed_s: list[float] | None = None
+    """Per pipeline rank, with ``overlap_grad_reduce``: the gradient reduction not hidden behind
+    the last backward (the rest of ``tail_s`` is the optimizer step); None without overlap."""
 
     @property
     def model_flops(self) -> float:
@@ -173,6 +179,7 @@ class Estimate:
                 "schedule": self.strategy.schedule, "num_stages": self.strategy.num_stages,
                 "micro_batches": self.strategy.micro_batches, "pipeline_s": self.pipeline_s,
                 "bubble_fraction": self.bubble_fraction, "tail_s": self.tail_s,
+                **({} if self.grad_sync_exposed_s is None else {"grad_sync_exposed_s": self.grad_sync_exposed_s}),
             },
             "stages": [asdict(s) for s in self.stages],
             "trace": {"layers_traced": self.layers_traced, "ops": self.ops, "reshards": self.reshards,
@@ -217,7 +224,10 @@ class Estimate:
         lines += [
             "",
             f"step time {self.step_time_s:.4g} s: pipeline {self.pipeline_s:.4g} s (bubble {self.bubble_fraction:.3f}), "
-            f"then gradient reduction + optimizer up to {max(self.tail_s):.4g} s; "
+            f"then gradient reduction + optimizer up to {max(self.tail_s):.4g} s"
+            + ("" if self.grad_sync_exposed_s is None else
+               f" (reduction overlapped with backward, {max(self.grad_sync_exposed_s, default=0.0):.4g} s of it exposed)")
+            + "; "
             f"{self.tokens_per_step / self.step_time_s:,.0f} tokens/s",
             f"MFU {_pct(self.utilization(self.model_flops))}, HFU {_pct(self.utilization(self.hardware_flops))} "
             f"(model FLOPs {self.model_flops:.4g} per step, with recomputation {self.hardware_flops:.4g}; "
@@ -275,13 +285,16 @@ def estimate(
     reshard_overhead: float | None = None,
     update_overhead: float | None = None,
     step: StepTrace | None = None,
+    overlap_grad_reduce: bool = False,
 ) -> Estimate:
     """Trace ``shape`` under ``strategy`` (or reuse ``step``) and price it on ``profile`` (module docstring).
 
     ``memory_bandwidth``, ``vector_flops`` (FLOP/s of non-matmul ops), ``op_overhead`` (host
     seconds per op), ``reshard_overhead`` (per reshard call; default ``op_overhead``): see
     ``simulator.op_cost``. ``update_overhead``: host seconds per parameter the optimizer
-    updates (default ``op_overhead``).
+    updates (default ``op_overhead``). ``overlap_grad_reduce``: the runtime reduces gradients
+    while backward runs (``dist.overlap_grad_reduction``); only the part of the reduction the
+    rest of the last backward cannot hide is paid (``exposed_grad_sync``).
     """
     per_update = op_overhead if update_overhead is None else update_overhead
     if not per_update >= 0:
@@ -386,11 +399,33 @@ def estimate(
     lanes = schedule.num_ranks
     tails = []
     ends = []
+    exposed: list[float] = []
+    # Parts in the order backward reaches them: the reverse of the order forward first runs them.
+    forward_order: list[Part] = []
+    for op, part in zip(plan.ops, step.op_parts, strict=True):
+        if op.phase == "forward" and part != SETUP and part.kind != "handoff" and part not in forward_order:
+            forward_order.append(part)
+
+    def part_seconds(p: Part, bucket: str, r: int) -> float:
+        return seconds.get((p, bucket), empty).at(r)
+
     for k in range(lanes):
         stages = schedule.stages_of(k)
         lane_ranks = step.stage_ranks[stages[0]]
-        tails.append(max(sum(stage_sum(s, b, r) for s in stages for b in ("sync", "optimizer")) for r in lane_ranks))
         ends.append(max((sp.end for sp in timeline.lane(k, "compute")), default=0.0))
+        if not overlap_grad_reduce:
+            tails.append(max(sum(stage_sum(s, b, r) for s in stages for b in ("sync", "optimizer")) for r in lane_ranks))
+            continue
+        mine = [p for p in reversed(forward_order) if any(p in parts_of_stage[s] for s in stages)]
+        lane_tail, lane_exposed = 0.0, 0.0
+        for r in lane_ranks:
+            pieces = [(scale(p), part_seconds(p, "backward", r), part_seconds(p, "sync", r)) for p in mine]
+            e = exposed_grad_sync(pieces)
+            t = e + sum(stage_sum(s, "optimizer", r) for s in stages)
+            if t >= lane_tail:
+                lane_tail, lane_exposed = t, e
+        tails.append(lane_tail)
+        exposed.append(lane_exposed)
     step_time = max(e + t for e, t in zip(ends, tails, strict=True))
 
     # Memory per rank.
@@ -436,7 +471,28 @@ def estimate(
         peaks, step_time, timeline.makespan, tails, timeline.bubble_fraction(), stage_rows, step.seconds,
         len(step.layer_stage), len(plan.ops), len(plan.reshards), _peak_rate(hw, update_dtype if not
                                                                             strategy.mixed_precision else "float16"),
+        exposed if overlap_grad_reduce else None,
     )
+
+
+def exposed_grad_sync(parts: list[tuple[float, float, float]]) -> float:
+    """Seconds of gradient reduction left after the last backward ends, when reductions start
+    as soon as their gradients are ready (``overlap_grad_reduce``).
+
+    ``parts``: in the order backward runs them, ``(count, backward_s, sync_s)``: ``count``
+    layers alike (a traced layer standing for several), each taking ``backward_s`` of backward
+    and then ``sync_s`` of reduction. A reduction starts when its layer's backward is done and
+    the previous reduction has finished (one at a time, as buckets do); what runs past the end
+    of backward is exposed. A fractional count is spread over its whole layers.
+    """
+    now = net = 0.0
+    for count, backward_s, sync_s in parts:
+        whole = max(1, round(count))
+        for _ in range(whole):
+            now += backward_s * count / whole
+            if sync_s > 0:
+                net = max(net, now) + sync_s * count / whole
+    return max(0.0, net - now)
 
 
 def _peak_rate(hw: HardwareProfile, dtype: str) -> float:
@@ -575,6 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--micro-batches", type=cliargs.positive_int, default=1, help="micro-batches per step (default 1)")
     s.add_argument("--schedule", default="1F1B", help="FThenB, 1F1B, Interleaved1F1B or ZBH1 (default 1F1B)")
     s.add_argument("--chunks", type=cliargs.positive_int, default=None, help="model chunks per pipeline rank (Interleaved1F1B; default 2)")
+    s.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="gradient reductions run while backward runs (dist.overlap_grad_reduction): only the unhidden part is paid")
     s.add_argument("--grad-clip", type=cliargs.finite_float(0.0, what="a non-negative norm"), default=None, metavar="NORM", help="global-norm gradient clipping")
     h = p.add_argument_group("hardware")
     h.add_argument("--hardware", default="h100-nvlink-ib", help="a preset (h100-nvlink-ib, a100-nvlink-ib, cpu-local) or a profile JSON")
@@ -635,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
         step = trace_gpt_step(shape, strategy)
         result = estimate(shape, strategy, profile, memory_bandwidth=ns.memory_bandwidth, vector_flops=ns.vector_flops,
                           op_overhead=ns.op_overhead, reshard_overhead=ns.reshard_overhead,
-                          update_overhead=ns.update_overhead, step=step)
+                          update_overhead=ns.update_overhead, step=step, overlap_grad_reduce=ns.overlap_grad_reduce)
         if ns.host_link_bandwidth is not None and not ns.offload:
             raise ValueError("--host-link-bandwidth prices --offload's copies; add --offload or drop it")
         offload = offload_estimate(result, ns.host_link_bandwidth or profile.host_link_Bps) if ns.offload else None

@@ -33,6 +33,16 @@ Design choices
   0.82-1.10x at 512 KiB, while below 512 KiB the single all-to-all call costs less (the
   fold 1.18-1.51x). An all-reduce reduces its range straight into its place in the result
   and then all-gathers in place (``MPI_IN_PLACE``).
+* **All-gathers as one round of messages** (``MPICommunicator._gather_p2p``): from 256 KiB of
+  result up, every piece's ``Isend``/``Irecv`` is posted at once on the group's communicator
+  and waited for once, instead of MPICH's multi-step ``Allgather`` (each step a rendezvous of
+  every member, costly where ranks share cores); the ordered all-reduce's second half too.
+* **Started all-reduces** (``all_reduce_start``, for ``dist.overlap_grad_reduction``): the
+  ordered algorithm in non-blocking calls (the ranges as one round of ``Isend``/``Irecv``, or
+  ``Iallgather`` when small; then, once ``test`` or ``wait`` finds them complete, the local
+  reduction and one round of messages with the reduced ranges), on two duplicates of the
+  group's communicator, one per phase, so each sees its calls in start order on every member
+  whatever the timing (``_StartedAllReduce``).
 * **Sub-communicators**: one per rank group, created on first use with
   ``MPI_Comm_create_group`` (collective over the group's members only, so ranks outside
   the group are not involved) and cached; member ``i`` of the group is rank ``i`` of its
@@ -76,7 +86,7 @@ from mpi4py import MPI
 
 from mpipar import _threads
 from mpipar.backend import Backend
-from mpipar.comm import Array, Group, PointToPoint, Shape, fold_into
+from mpipar.comm import Array, Completed, Group, Pending, PointToPoint, Shape, fold_into, reduce_arrays, reduce_rows
 from mpipar.mesh import ProcessMesh
 from mpipar.runtime.faults import (
     Watchdog,
@@ -87,9 +97,10 @@ from mpipar.runtime.faults import (
     timeout_from_env,
 )
 from mpipar.runtime.log import flush_std_streams, install_rank_prefix
-from mpipar.runtime.ordered import OrderedCommunicator, _layout, _starts, reduce_mode_from_env
+from mpipar.runtime.ordered import SMALL_REDUCE_BYTES, OrderedCommunicator, _layout, _starts, reduce_mode_from_env
 from mpipar.runtime.sentinel import StderrSentinel
 from mpipar.runtime.sentinel import enabled as sentinel_enabled
+from mpipar.spec import chunk_range
 
 ABORT_FLUSH_S = 0.3
 FOLD_AS_ARRIVING_MIN_BYTES = 512 * 1024
@@ -98,6 +109,12 @@ arrives (point to point) instead of after one all-to-all (``MPICommunicator._sca
 FOLD_TAG = 0x6D70
 """The tag of those point-to-point pieces, on the group's own communicator (where no other
 point-to-point traffic runs; collectives there have a context of their own)."""
+GATHER_P2P_MIN_BYTES = 256 * 1024
+"""All-gathers whose result has at least this many bytes post every piece's send and receive
+at once (``MPICommunicator._gather_p2p``) instead of calling ``Allgather(v)``."""
+GATHER_TAG = 0x6D71
+STARTED_TAG = 0x6D72
+"""The tag of a started all-reduce's messages, on the group's started communicators."""
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
@@ -177,6 +194,7 @@ class MPIRuntime:
             self.mailbox = self.world.Dup()
         self._comms: dict[Group, Any] = {}
         self._side: dict[Group, Any] = {}
+        self._started: dict[Group, tuple[Any, Any]] = {}
         self._trace_comm: Any = None
         self.communicator = MPICommunicator(self)
         atexit.register(self._at_exit)
@@ -199,6 +217,19 @@ class MPIRuntime:
             comm.Set_errhandler(MPI.ERRORS_RETURN)
             self._comms[group] = comm
         return comm
+
+    def started_for(self, group: Group) -> tuple[Any, Any]:
+        """Two duplicates of the group's communicator for started all-reduces: the first carries
+        their first phase (the all-to-all, or the whole gather), the second their all-gather.
+        Each phase is posted in start order on every member, so each communicator sees its
+        collectives in one order everywhere, whatever the timing of the other phase."""
+        comms = self._started.get(group)
+        if comms is None:
+            base = self.comm_for(group)
+            with self.watchdog.watch("creating the group's communicators for started all-reduces", group, 0):
+                comms = (base.Dup(), base.Dup())
+            self._started[group] = comms
+        return comms
 
     def side_for(self, group: Group) -> Any:
         """A duplicate of the group's communicator for check-mode signatures."""
@@ -356,6 +387,15 @@ class MPICommunicator(OrderedCommunicator):
                 comm.Reduce_scatter([send, mpi_type], [out, mpi_type], counts, op=MPI.SUM)
         return {self.rank: _averaged(out, op, len(group)).reshape(shapes[mine])}
 
+    # ------------------------------------------------------------------ started all-reduce
+    def _all_reduce_start(self, group: Group, bufs: Any, op: str) -> Pending:
+        a = self._mine("all_reduce", group, bufs)
+        if len(group) == 1:
+            return Completed({self.rank: reduce_arrays([a], op, np)})
+        seq = self._number(group, "all_reduce", dtype=a.dtype, reduce_type=op, shape=tuple(a.shape))
+        self._reap()
+        return _StartedAllReduce(self, group, a, op, seq, self._native_type(a.dtype, op, group))
+
     # ------------------------------------------------------------------ ordered reductions
     def _scatter_reduce(
         self, group: Group, send: Array, counts: tuple[int, ...], same: bool, op: str, out: Array | None = None
@@ -434,8 +474,37 @@ class MPICommunicator(OrderedCommunicator):
         nbytes = int(count) * send.itemsize
         comm.Alltoall([_bytes(send), nbytes, MPI.BYTE], [_bytes(recv), nbytes, MPI.BYTE])
 
+    def _gather_p2p(self, group: Group, send: Array | None, recv: Array, counts: Sequence[int]) -> None:
+        """All-gather as one round of point-to-point messages: every receive and send posted at
+        once on the group's communicator, then one wait (``send`` None: this member's piece is
+        already in its place in ``recv``).
+
+        MPICH's ``Allgather`` for large buffers is a ring or recursive doubling: n - 1 (or
+        log n) steps, each a rendezvous of every member. Where ranks share cores, each step
+        waits for every member to be scheduled; one round of messages waits once.
+        ``benchmarks/runtime_collectives.py`` (8 ranks, 2 shared cores): 0.3x of
+        ``Allgather`` at 4 MiB, 0.7x at 64 MiB; at 64 KiB the two are alike.
+        """
+        n, i = len(group), group.index(self.rank)
+        starts = _starts(tuple(counts))
+        comm = self._rt.comm_for(group)
+        own = recv[starts[i] : starts[i + 1]]
+        if send is not None and own.size:
+            own[...] = send
+        reqs = [
+            comm.Irecv(_spec(recv[starts[j] : starts[j + 1]]), j, GATHER_TAG)
+            for j in (*range(i + 1, n), *range(i))
+            if counts[j]
+        ]
+        if own.size:
+            reqs += [comm.Isend(_spec(own), j, GATHER_TAG) for j in (*range(i + 1, n), *range(i))]
+        MPI.Request.Waitall(reqs)
+
     def _t_allgatherv(self, group: Group, send: Array, recv: Array, counts: Sequence[int]) -> None:
         self._reap()
+        if recv.nbytes >= GATHER_P2P_MIN_BYTES:  # every member has the same counts: all choose alike
+            self._gather_p2p(group, send, recv, counts)
+            return
         comm = self._rt.comm_for(group)
         if _uniform(counts):  # every member passes the same counts, so every member agrees
             if send.size == counts[0] and recv.size == counts[0] * len(group):
@@ -449,6 +518,9 @@ class MPICommunicator(OrderedCommunicator):
 
     def _t_allgather_in_place(self, group: Group, recv: Array, counts: Sequence[int]) -> None:
         self._reap()
+        if recv.nbytes >= GATHER_P2P_MIN_BYTES:
+            self._gather_p2p(group, None, recv, counts)
+            return
         comm = self._rt.comm_for(group)
         if _uniform(counts) and recv.size == counts[0] * len(group):
             comm.Allgather(MPI.IN_PLACE, _spec(recv))
@@ -545,6 +617,94 @@ class MPICommunicator(OrderedCommunicator):
         with self._rt.watchdog.watch(f"exit: sends to {what} not yet received", tuple(sorted({self.rank, *dsts})), 0, p2p=True):
             MPI.Request.Waitall([p[0] for p in self._pending])
         self._pending = []
+
+
+class _StartedAllReduce(Pending):
+    """An all-reduce in non-blocking MPI calls, with the blocking ordered one's result bit for bit.
+
+    Phase 1 on the group's first started communicator: every member's n element ranges (the
+    chunking rule) go to their members as point-to-point messages, all posted at once, or for
+    small buffers (n x size <= ``SMALL_REDUCE_BYTES``) one ``Iallgather`` of whole buffers.
+    Once phase 1 is complete, this member reduces its range over the n members in group order
+    (``reduce_rows``: element i is ((a0 + a1) + a2) + ... as in every other path) straight into
+    its place in the result, and phase 2 sends it to every member and receives theirs (one
+    round of messages on the second communicator, as ``_gather_p2p``). ``MPIPAR_REDUCE=native``
+    float sums are one ``Iallreduce`` instead (MPI's order, as the blocking native path). MPI
+    moves the data of a posted phase while the caller computes (MPICH progresses it inside any
+    later MPI call, ``test`` included); the local reduction runs in ``test`` or ``wait``,
+    whichever first finds phase 1 complete. Messages between two members on one communicator
+    match in posting order, and every member posts its buckets' phases in start order.
+    """
+
+    def __init__(self, owner: MPICommunicator, group: Group, a: np.ndarray, op: str, seq: int, native: Any | None) -> None:
+        self.owner, self.group, self.op, self.seq = owner, group, op, seq
+        self.shape = tuple(a.shape)
+        self.label = f"all_reduce({op}) started"
+        n, i = len(group), group.index(owner.rank)
+        flat = owner._flat(a, a.dtype)
+        self.send: np.ndarray | None = flat  # referenced until phase 1 is complete: MPI reads it meanwhile
+        size = flat.size
+        first, self.second = owner._rt.started_for(group)
+        self.result: np.ndarray | None = None
+        self.rows: np.ndarray | None = None
+        if native is not None:
+            self.out = owner._result(size, flat.dtype)
+            self.phase = "native"
+            self.reqs = [first.Iallreduce([flat, native], [self.out, native], op=MPI.SUM)]
+        elif size * n * flat.itemsize <= SMALL_REDUCE_BYTES or size < n:
+            self.rows = np.empty(n * size, dtype=flat.dtype)
+            self.phase = "gather"
+            self.reqs = [first.Iallgather(_spec(flat), _spec(self.rows))]
+        else:
+            self.lengths = lengths = tuple(e - s for s, e in (chunk_range(size, n, j) for j in range(n)))
+            self.starts = starts = _starts(lengths)
+            mine = lengths[i]
+            self.out = owner._result(size, flat.dtype)
+            self.rows = rows = np.empty(n * mine, dtype=flat.dtype)
+            self.phase = "scatter"
+            rows[i * mine : (i + 1) * mine] = flat[starts[i] : starts[i + 1]]
+            peers = (*range(i + 1, n), *range(i))
+            self.reqs = [first.Irecv(_spec(rows[j * mine : (j + 1) * mine]), j, STARTED_TAG) for j in peers if mine]
+            self.reqs += [first.Isend(_spec(flat[starts[j] : starts[j + 1]]), j, STARTED_TAG) for j in peers if lengths[j]]
+
+    def _advance(self) -> None:
+        """The requests of the current phase have completed: run what follows them."""
+        n = len(self.group)
+        if self.phase == "native":
+            self.result = _averaged(self.out, self.op, n)
+        elif self.phase == "gather":
+            assert self.rows is not None
+            self.result = reduce_rows(self.rows.reshape(n, -1), self.op, np)
+        elif self.phase == "scatter":
+            assert self.rows is not None
+            i = self.group.index(self.owner.rank)
+            lengths, starts, out = self.lengths, self.starts, self.out
+            mine = lengths[i]
+            reduce_rows(self.rows.reshape(n, mine), self.op, np, out=out[starts[i] : starts[i + 1]])
+            self.phase = "allgather"
+            self.send = self.rows = None
+            peers = (*range(i + 1, n), *range(i))
+            self.reqs = [self.second.Irecv(_spec(out[starts[j] : starts[j + 1]]), j, STARTED_TAG) for j in peers if lengths[j]]
+            if mine:
+                self.reqs += [self.second.Isend(_spec(out[starts[i] : starts[i + 1]]), j, STARTED_TAG) for j in peers]
+            return
+        else:
+            self.result = self.out
+        self.reqs = []
+        self.send = self.rows = None  # done with them: let the memory go
+
+    def test(self) -> bool:
+        while self.result is None and MPI.Request.Testall(self.reqs):
+            self._advance()
+        return self.result is not None
+
+    def wait(self) -> dict[int, Array]:
+        if self.result is None:
+            with self.owner._watch(self.label, self.group, self.seq):
+                while self.result is None:
+                    MPI.Request.Waitall(self.reqs)
+                    self._advance()
+        return {self.owner.rank: self.result.reshape(self.shape)}
 
 
 def _check_count(status: Any, buf: np.ndarray, src: int, dst: int, tag: int) -> None:

@@ -49,10 +49,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mpipar.comm import Array, Group, PointToPoint, Shape
+from mpipar.comm import Array, Completed, Group, Pending, PointToPoint, Shape, reduce_arrays, reduce_rows
 from mpipar.runtime.faults import LEADER_HEAD_START_S
 from mpipar.runtime.mpi import MPIBackend, MPICommunicator, MPIRuntime, runtime
-from mpipar.runtime.ordered import OrderedCommunicator, _starts
+from mpipar.runtime.ordered import SMALL_REDUCE_BYTES, OrderedCommunicator, _starts
+from mpipar.spec import chunk_range
 
 NCCL_UNIQUE_ID_BYTES = 128  # ncclUniqueId's size, fixed by nccl.h
 
@@ -110,6 +111,7 @@ class NCCLCommunicator(MPICommunicator):
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.native_sums = False  # MPI's native sums would be handed device buffers
         self._groups: dict[Group, Any] = {}
+        self._reduction_stream: Any = None  # created on the first started all-reduce
         rt.watchdog.on_expire.append(self._abort_all)
         self._world = self._nccl_for(tuple(range(rt.size)))
 
@@ -150,8 +152,13 @@ class NCCLCommunicator(MPICommunicator):
 
     def _p2p(self, comm: Any, sends: Sequence[tuple[Array, int]], recvs: Sequence[tuple[Array, int]]) -> None:
         """One NCCL group of sends ``(uint8 buffer, peer)`` and receives; then wait."""
+        self._p2p_enqueue(comm, sends, recvs, self.stream)
+        self._sync()
+
+    def _p2p_enqueue(self, comm: Any, sends: Sequence[tuple[Array, int]], recvs: Sequence[tuple[Array, int]], on: Any) -> None:
+        """One NCCL group of sends and receives enqueued on stream ``on`` (no wait)."""
         u8 = self._nccl_mod.NCCL_UINT8
-        stream = self.stream.ptr
+        stream = on.ptr
         self._nccl_mod.groupStart()
         try:
             for buf, peer in sends:
@@ -162,7 +169,6 @@ class NCCLCommunicator(MPICommunicator):
                     comm.recv(buf.data.ptr, buf.size, u8, peer, stream)
         finally:
             self._nccl_mod.groupEnd()
-        self._sync()
 
     # ------------------------------------------------------------------ transport
     # The MPI backend's versions of these call MPI on the buffers; device buffers take the
@@ -170,6 +176,64 @@ class NCCLCommunicator(MPICommunicator):
     _t_alltoall = OrderedCommunicator._t_alltoall
     _t_allgather_in_place = OrderedCommunicator._t_allgather_in_place
     _scatter_reduce = OrderedCommunicator._scatter_reduce
+
+    # ------------------------------------------------------------------ started all-reduce
+    def _all_reduce_start(self, group: Group, bufs: Any, op: str) -> Pending:
+        """The ordered all-reduce enqueued whole on the reduction stream, without waiting: the
+        exchange of ranges (or, small, of whole buffers), the local reduction in group order,
+        and the all-gather of the ranges run there in stream order while backward's kernels
+        run on the compute stream. ``wait`` synchronises the reduction stream under the
+        watchdog. The same kernels as the blocking path, so the same bits."""
+        cp = self._cp
+        a = self._mine("all_reduce", group, bufs)
+        n, i = len(group), group.index(self.rank)
+        if n == 1:
+            return Completed({self.rank: reduce_arrays([a], op, cp)})
+        seq = self._number(group, "all_reduce", dtype=a.dtype, reduce_type=op, shape=tuple(a.shape))
+        comm, u8 = self._nccl_for(group), self._nccl_mod.NCCL_UINT8
+        if self._reduction_stream is None:
+            self._reduction_stream = cp.cuda.Stream(non_blocking=True)
+        on = self._reduction_stream
+        # The gradient was written on the compute stream: the reduction waits for that work.
+        on.wait_event(cp.cuda.get_current_stream().record())
+        keep: list[Any] = [a]
+        with on:
+            flat = self._flat(a, a.dtype)
+            size = flat.size
+            keep.append(flat)
+            if size * n * flat.itemsize <= SMALL_REDUCE_BYTES or size < n:
+                rows = cp.empty(n * size, dtype=flat.dtype)
+                keep.append(rows)
+                if size:
+                    comm.allGather(self._u8(flat).data.ptr, self._u8(rows).data.ptr, flat.nbytes, u8, on.ptr)
+                out = reduce_rows(rows.reshape(n, size), op, cp)
+            else:
+                lengths = tuple(e - s for s, e in (chunk_range(size, n, j) for j in range(n)))
+                starts = _starts(lengths)
+                mine = lengths[i]
+                rows = cp.empty(n * mine, dtype=flat.dtype)
+                out = cp.empty(size, dtype=flat.dtype)
+                keep.append(rows)
+                rows[i * mine : (i + 1) * mine] = flat[starts[i] : starts[i + 1]]
+                peers = [j for j in range(n) if j != i]
+                self._p2p_enqueue(
+                    comm,
+                    [(self._u8(flat[starts[j] : starts[j + 1]]), j) for j in peers],
+                    [(self._u8(rows[j * mine : (j + 1) * mine]), j) for j in peers],
+                    on,
+                )
+                reduce_rows(rows.reshape(n, mine), op, cp, out=out[starts[i] : starts[i + 1]])
+                if _uniform(lengths):
+                    comm.allGather(self._u8(out[starts[i] : starts[i + 1]]).data.ptr, self._u8(out).data.ptr,
+                                   mine * out.itemsize, u8, on.ptr)
+                else:
+                    self._p2p_enqueue(
+                        comm,
+                        [(self._u8(out[starts[i] : starts[i + 1]]), j) for j in peers],
+                        [(self._u8(out[starts[j] : starts[j + 1]]), j) for j in peers],
+                        on,
+                    )
+        return _StreamAllReduce(self, on, group, seq, out.reshape(a.shape), keep)
 
     def _t_alltoallv(self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]) -> None:
         comm, i = self._nccl_for(group), group.index(self.rank)
@@ -258,6 +322,28 @@ class NCCLCommunicator(MPICommunicator):
 
     def _recv(self, src: int, dst: int, shape: Shape, dtype: np.dtype, tag: int) -> Array:
         return self._cp.asarray(super()._recv(src, dst, shape, dtype, tag))
+
+
+class _StreamAllReduce(Pending):
+    """A started all-reduce enqueued on the reduction stream (``NCCLCommunicator._all_reduce_start``)."""
+
+    def __init__(self, owner: NCCLCommunicator, stream: Any, group: Group, seq: int, out: Array, keep: list[Any]) -> None:
+        self.owner, self.stream, self.group, self.seq, self.out = owner, stream, group, seq, out
+        self.keep: list[Any] | None = keep  # buffers the stream still reads: not freed before it is done
+
+    def test(self) -> bool:
+        return bool(self.stream.done)
+
+    def wait(self) -> dict[int, Array]:
+        if self.keep is not None:
+            with self.owner._rt.watchdog.watch("all_reduce started on the reduction stream", self.group, self.seq):
+                self.stream.synchronize()
+            self.keep = None
+        return {self.owner.rank: self.out}
+
+
+def _uniform(counts: Sequence[int]) -> bool:
+    return counts.count(counts[0]) == len(counts)
 
 
 def _offsets(counts: Sequence[int], itemsize: int) -> list[int]:

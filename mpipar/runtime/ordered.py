@@ -255,10 +255,16 @@ class OrderedCommunicator(Communicator):
         (building it for every call cost a small collective a measurable share of its time).
         A timeout report names the op as ``all_reduce(sum)``.
         """
+        seq = self._number(group, op, dtype=dtype, reduce_type=reduce_type, **parts)
+        return self._watch(f"{op}({reduce_type})" if reduce_type else op, group, seq)
+
+    def _number(self, group: Group, op: str, *, dtype: Any, reduce_type: str | None = None, **parts: Any) -> int:
+        """The call's number on its group, after the check-mode signature exchange if asked
+        (``_collective`` without the deadline: a started collective is waited for later)."""
         seq = self._seq[group] = self._seq.get(group, 0) + 1
         if self.check_collectives:
             self._check(group, seq, signature(op, dtype=dtype, reduce_type=reduce_type, **parts))
-        return self._watch(f"{op}({reduce_type})" if reduce_type else op, group, seq)
+        return seq
 
     def _mine(self, op: str, group: Group, bufs: Mapping[int, Any]) -> Any:
         if self.rank not in bufs:

@@ -5,7 +5,8 @@ Putting this directory first on ``PYTHONPATH`` makes ``import cupy`` load this m
 
 * arrays are NumPy arrays (``ndarray``, a subclass reporting module ``cupy``) in host memory;
   ``a.data.ptr`` is the buffer's address;
-* ``cuda.Stream`` records the NCCL calls enqueued on it; ``synchronize()`` completes them;
+* ``cuda.Stream`` records the NCCL calls enqueued on it; ``synchronize()`` completes them; a
+  read inside ``with stream:`` of what that stream's NCCL calls wrote is in stream order (allowed);
 * NCCL's calls (``send``/``recv`` in ``groupStart``/``groupEnd``, ``allGather``, ``bcast``) are
   carried over MPI point-to-point messages on a private duplicate of ``MPI.COMM_WORLD``.
 
@@ -48,11 +49,27 @@ class Stream:
         self.pending: list[tuple[int, int]] = []  # (address, bytes) written by enqueued NCCL calls
         self.enqueued = 0
         self.synchronized = 0
+        self.waited: list[Event] = []
         _STREAMS.append(self)
 
     def synchronize(self) -> None:
         self.synchronized += 1
         self.pending.clear()
+
+    @property
+    def done(self) -> bool:
+        """Whether the stream's work has finished: the stand-in carries NCCL's calls at once,
+        but what they wrote stays unreadable to the host until ``synchronize()``."""
+        return True
+
+    def record(self, event: Event | None = None) -> Event:
+        event = event if event is not None else Event()
+        event.stream = self
+        return event
+
+    def wait_event(self, event: Event) -> None:
+        """Later work on this stream runs after the event's (the stand-in runs everything in order)."""
+        self.waited.append(event)
 
     def __enter__(self) -> Stream:
         Stream.current.append(self)
@@ -62,7 +79,19 @@ class Stream:
         Stream.current.pop()
 
 
+class Event:
+    """A CUDA event: where a stream had got to when it was recorded."""
+
+    def __init__(self) -> None:
+        self.stream: Stream | None = None
+
+
 _STREAMS: list[Stream] = []
+
+
+def get_current_stream() -> Stream:
+    """The stream ``with stream:`` made current, else the null stream."""
+    return Stream.current[-1] if Stream.current else _NULL_STREAM
 
 
 def _stream_of(ptr: int) -> Stream:
@@ -79,6 +108,8 @@ def _check_readable(arrays: Any) -> None:
         lo = a.__array_interface__["data"][0]
         hi = lo + a.nbytes
         for s in _STREAMS:
+            if Stream.current and s is Stream.current[-1]:
+                continue  # a kernel on the writing stream runs after the NCCL call: stream order
             for addr, n in s.pending:
                 if addr < hi and lo < addr + n:
                     raise DisciplineError(
@@ -211,7 +242,10 @@ class Device:
 _runtime = types.ModuleType(f"{__name__}.cuda.runtime")
 _runtime.getDeviceCount = lambda: 1  # type: ignore[attr-defined]
 _cuda = types.ModuleType(f"{__name__}.cuda")
+_NULL_STREAM = Stream()
 _cuda.Stream = Stream  # type: ignore[attr-defined]
+_cuda.Event = Event  # type: ignore[attr-defined]
+_cuda.get_current_stream = get_current_stream  # type: ignore[attr-defined]
 _cuda.Device = Device  # type: ignore[attr-defined]
 _cuda.runtime = _runtime  # type: ignore[attr-defined]
 _cuda.is_available = lambda: True  # type: ignore[attr-defined]

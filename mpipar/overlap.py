@@ -1,0 +1,287 @@
+"""Overlapped gradient reduction: data-parallel all-reduces start while backward still runs.
+
+    with dist.overlap_grad_reduction(bucket_mib=4.0):
+        loss.backward()          # buckets of gradients are reduced while later layers' backward runs
+    opt.step()                   # every .grad is complete when backward() returns
+
+Without it, a leaf's Partial gradient is resharded to the leaf's layout as soon as backward
+produces it: one blocking all-reduce per gradient, and the next layer's backward waits for it.
+With it (PyTorch DDP's scheme), each gradient whose reshard is exactly one all-reduce joins the
+open *bucket* of its kind (mesh, axes, reduce op, dtype) in the order backward produces them
+(reverse layer order: the last layer's gradients come first); once a bucket holds
+``bucket_mib`` MiB of gradients it is packed into one buffer per rank and its all-reduce is
+*started* (``Communicator.all_reduce_start``: non-blocking MPI calls under ``mpiexec``). Every
+later op of the backward pass moves the started reductions on (an op hook calls ``test``), and
+when backward ends the last, partly filled buckets start and everything is waited for, in start
+order. Each gradient then takes the rest of its usual path (cast, the leaf's hooks,
+accumulation into ``.grad``) in the order backward produced them.
+
+Results do not depend on it, nor on timing: the ordered reductions sum element by element in
+group order, so reducing a packed bucket gives each gradient the bits its own all-reduce gives,
+and a leaf's contributions are accumulated in the same order. The bytes moved are the same; the
+number of all-reduces is the number of buckets (``bucket_mib=0``: one per gradient, as without
+overlap). Where bucketing would change what others observe, gradients take the usual path:
+layouts whose reshard is not one all-reduce (ZeRO's reduce-scatter), dense leaves, abstract and
+shape-only runs, the one-device reference, plan tracing (``reshard_hooks``) and measured
+timelines (span recorders). Started collectives are ordered per group like blocking ones: every
+rank starts its buckets in the same order, because every rank runs the same backward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mpipar import hooks
+from mpipar.comm import Pending, comm_context
+
+if TYPE_CHECKING:
+    from mpipar.spec import DistSpec
+    from mpipar.tensor import Tensor
+
+DEFAULT_BUCKET_MIB = 4.0
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One gradient contribution to a leaf, in the order backward produced it."""
+
+    leaf: Tensor
+    target: DistSpec | None = None
+    grad: Tensor | None = None
+    """The Partial gradient until its bucket starts; then the reduced one once it is done (or,
+    for a contribution that took the usual path, its resharded gradient from the start)."""
+
+
+@dataclass(eq=False)
+class _Bucket:
+    index: int
+    key: tuple[Any, ...]
+    step: Any
+    entries: list[_Entry] = field(default_factory=list)
+    nbytes: int = 0
+    started: list[tuple[tuple[int, ...], Pending, dict[int, list[tuple[int, tuple[int, ...]]]]]] = field(default_factory=list)
+
+
+class GradReduceOverlap:
+    """The setting ``overlap_grad_reduction`` installs (a context manager).
+
+    ``bucket_mib``: how many MiB of gradients (whole tensors, so every rank draws the same
+    bucket boundaries) a bucket collects before its all-reduce starts; 0 starts one per
+    gradient. ``record``: keep ``events``, the order of bucket starts (``("start", index,
+    bytes)``), backward ops (``("op", name)``) and the final wait (``("wait", buckets)``) of
+    every backward pass, to check that reductions really start while backward runs.
+    """
+
+    def __init__(self, bucket_mib: float = DEFAULT_BUCKET_MIB, record: bool = False) -> None:
+        if not isinstance(bucket_mib, (int, float)) or isinstance(bucket_mib, bool) or not math.isfinite(bucket_mib) or bucket_mib < 0:
+            raise ValueError(f"overlap_grad_reduction: bucket_mib must be a finite number >= 0 (MiB of gradients per bucket), got {bucket_mib!r}")
+        self.bucket_bytes = int(bucket_mib * 2**20)
+        self.record = record
+        self.events: list[tuple[Any, ...]] = []
+        self.buckets_started = 0
+
+    def __enter__(self) -> GradReduceOverlap:
+        _settings.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _settings.remove(self)
+
+
+def overlap_grad_reduction(bucket_mib: float = DEFAULT_BUCKET_MIB, record: bool = False) -> GradReduceOverlap:
+    """Inside ``with``, backward starts data-parallel gradient reductions in buckets while it
+    runs (module docstring). Same results, bit for bit."""
+    return GradReduceOverlap(bucket_mib, record)
+
+
+_settings: list[GradReduceOverlap] = []
+_session: list[_Session] = []
+
+
+def current_session() -> _Session | None:
+    return _session[-1] if _session else None
+
+
+def begin_backward() -> _Session | None:
+    """A session for the backward pass starting now, when overlap is on and no pass is running
+    (a nested pass, as recompute runs, joins the outer one's buckets)."""
+    if not _settings or _session:
+        return None
+    session = _Session(_settings[-1])
+    _session.append(session)
+    hooks.op_hooks.append(session)
+    return session
+
+
+def end_backward(session: _Session | None, failed: bool = False) -> None:
+    """Close ``session``: start what is left, wait for everything, finish the leaves (unless
+    the pass failed: then its buckets are dropped, and the error goes on)."""
+    if session is None:
+        return
+    try:
+        if not failed:
+            session.finish()
+    finally:
+        _session.remove(session)
+        if session in hooks.op_hooks:
+            hooks.op_hooks.remove(session)
+
+
+class _Session:
+    """The buckets of one backward pass."""
+
+    def __init__(self, setting: GradReduceOverlap) -> None:
+        from mpipar.backend import current_backend
+
+        self.setting = setting
+        self.backend = current_backend()
+        self.entries: list[_Entry] = []
+        self.waiting: set[int] = set()  # ids of leaves with a contribution in a bucket
+        self.open: dict[tuple[Any, ...], _Bucket] = {}
+        self.started: list[_Bucket] = []
+        self.done = 0  # buckets at the front of ``started`` that have completed
+        self.count = 0
+
+    # ------------------------------------------------------------------ gradients arrive
+    def offer(self, leaf: Tensor, g: Tensor) -> bool:
+        """Take ``g`` (a contribution to ``leaf``'s gradient) into a bucket, or take it in order
+        behind the leaf's bucketed ones; False: the caller handles it as usual."""
+        step = self._bucketable(leaf, g)
+        if step is None:
+            if id(leaf) not in self.waiting:
+                return False
+            from mpipar.autograd import _grad_to_layout
+
+            # The leaf has a contribution in flight: this one must be added after it.
+            self.entries.append(_Entry(leaf, grad=_grad_to_layout(leaf, g)))
+            return True
+        entry = _Entry(leaf, leaf.grad_spec(), g)
+        self.entries.append(entry)
+        self.waiting.add(id(leaf))
+        op = step.reduce_type or "sum"
+        key = (tuple(step.src.mesh.process_ids), tuple(step.src.mesh.shape), tuple(step.axes), op, np.dtype(g.dtype).str)
+        bucket = self.open.get(key)
+        if bucket is None:
+            bucket = self.open[key] = _Bucket(self.count, key, step)
+            self.count += 1
+        bucket.entries.append(entry)
+        bucket.nbytes += math.prod(g.shape) * np.dtype(g.dtype).itemsize
+        if bucket.nbytes >= self.setting.bucket_bytes:
+            self._start(bucket)
+        self.progress()
+        return True
+
+    def _bucketable(self, leaf: Tensor, g: Tensor) -> Any | None:
+        """The reshard's one all-reduce step when ``g`` may be bucketed, else None."""
+        from mpipar.comm import _span_recorders
+        from mpipar.reshard.planner import plan_reshard
+
+        backend = self.backend
+        if backend.shape_only or backend.reference or hooks.reshard_hooks or _span_recorders:
+            return None
+        if not (leaf.is_dist and g.is_dist) or g._abstract or getattr(leaf, "_grad_any_layout", False):
+            return None
+        target = leaf.grad_spec()
+        if g.spec == target or not g._shards:
+            return None
+        plan = plan_reshard(g.spec, target)
+        if len(plan.steps) != 1 or plan.steps[0].kind != "all_reduce":
+            return None
+        return plan.steps[0]
+
+    # ------------------------------------------------------------------ buckets
+    def _start(self, bucket: _Bucket) -> None:
+        """Pack the bucket (one flat buffer per hosted rank) and start its all-reduce."""
+        del self.open[bucket.key]
+        step, op = bucket.step, bucket.key[3]
+        dtype = np.dtype(bucket.key[4])
+        first = bucket.entries[0].grad
+        assert first is not None
+        hosted = first._shards.keys()
+        groups: list[tuple[int, ...]] = []
+        for r in hosted:
+            for group in step.groups_with(r):
+                if group not in groups:
+                    groups.append(group)
+        names = ", ".join(e.leaf._label() for e in bucket.entries[:4]) + (" ..." if len(bucket.entries) > 4 else "")
+        comm = self.backend.comm
+        with comm_context(f"overlapped gradient reduction, bucket {bucket.index} ({len(bucket.entries)} gradients: {names})"):
+            for group in groups:
+                members = [r for r in group if r in hosted]
+                flats: dict[int, Any] = {}
+                layout: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+                for r in members:
+                    pieces = [e.grad._shards[r] for e in bucket.entries]  # type: ignore[union-attr]
+                    flats[r] = _packed(pieces, dtype, self.backend.xp)
+                    at, where = 0, []
+                    for p in pieces:
+                        where.append((at, tuple(p.shape)))
+                        at += math.prod(p.shape)
+                    layout[r] = where
+                bucket.started.append((group, comm.all_reduce_start(group, flats, op), layout))
+        for e in bucket.entries:
+            e.grad = None  # the packed copy is what travels; the Partial shards may go
+        self.started.append(bucket)
+        self.setting.buckets_started += 1
+        if self.setting.record:
+            self.setting.events.append(("start", bucket.index, bucket.nbytes))
+
+    def progress(self) -> None:
+        """Move started reductions on, in start order (so each member posts the next phase of
+        its buckets in the same order), stopping at the first that is still in flight."""
+        while self.done < len(self.started):
+            if not all(p.test() for _, p, _ in self.started[self.done].started):
+                return
+            self.done += 1
+
+    def on_op(self, op: Any, inputs: Any, used: Any, outputs: Any, result: Any) -> None:
+        """The op hook: every op backward runs gives the started reductions a push."""
+        if self.setting.record:
+            self.setting.events.append(("op", op.name))
+        if self.done < len(self.started):
+            self.progress()
+
+    def finish(self) -> None:
+        """Start the partly filled buckets, wait for all, finish every leaf in arrival order."""
+        from mpipar.autograd import _finish_leaf
+        from mpipar.reshard.executor import freeze
+        from mpipar.tensor import Tensor
+
+        for bucket in list(self.open.values()):  # in the order they were opened: the same everywhere
+            self._start(bucket)
+        if self.setting.record:
+            self.setting.events.append(("wait", len(self.started)))
+        for bucket in self.started:
+            shards: list[dict[int, Any]] = [{} for _ in bucket.entries]
+            for _group, pending, layout in bucket.started:
+                for r, flat in pending.wait().items():
+                    flat = flat.reshape(-1)
+                    for k, (at, shape) in enumerate(layout[r]):
+                        shards[k][r] = freeze(flat[at : at + math.prod(shape)].reshape(shape))
+            dtype = np.dtype(bucket.key[4])
+            for e, mine in zip(bucket.entries, shards, strict=True):
+                assert e.target is not None
+                e.grad = Tensor._from_shards(e.target, mine, dtype)
+        self.done = len(self.started)
+        if self in hooks.op_hooks:  # the adds below are accumulation, not backward
+            hooks.op_hooks.remove(self)
+        for e in self.entries:
+            assert e.grad is not None
+            _finish_leaf(e.leaf, e.grad)
+        self.entries = []
+
+
+def _packed(pieces: list[Any], dtype: np.dtype, xp: Any) -> Any:
+    """The pieces back to back in one new flat buffer (the bucket a started reduction sends)."""
+    out = xp.empty(sum(math.prod(p.shape) for p in pieces), dtype=dtype)
+    at = 0
+    for p in pieces:
+        size = math.prod(p.shape)
+        out[at : at + size].reshape(p.shape)[...] = p
+        at += size
+    return out
+
