@@ -89,6 +89,7 @@ from mpipar.parallel import (
 from mpipar.placement import Partial, Placement, ReduceType, Replicate, Shard, parse_placements
 from mpipar.random import get_rng_state, seed, set_rng_state
 from mpipar.recompute import recompute
+from mpipar.replay import CompiledStep, compile_step
 from mpipar.reshard import ReshardPlan, ReshardStep, plan_reshard
 from mpipar.runtime.log import print_once
 from mpipar.spec import DistSpec, chunk_range
@@ -101,6 +102,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CommDebugMode",
     "CommEvent",
+    "CompiledStep",
     "DistModel",
     "DistSpec",
     "DistTensor",
@@ -137,6 +139,7 @@ __all__ = [
     "chunk_range",
     "collective",
     "comm_context",
+    "compile_step",
     "concat",
     "current_backend",
     "divide",

@@ -33,7 +33,7 @@ from mpipar.placement import Replicate
 from mpipar.reshard.executor import freeze
 from mpipar.spec import Box, DistSpec, box_shape, full_box
 from mpipar.spmd import registry as spmd
-from mpipar.tensor import Tensor, _reshard, reshard, reshards_made, reuse_enabled
+from mpipar.tensor import Shape, Tensor, _reshard, reshard, reshards_made, reuse_enabled
 
 Array = Any
 
@@ -428,45 +428,68 @@ def _run_dist(
             continue
         with comm_context(f"{op.name} input {i}: {decision.rule_label}"), hooks.op_inputs(op.name):
             used.append(_reshard_input(t, need[i], backend))
-    memo: dict[tuple[Any, ...], Any] = {}
+    if decision.out_specs is None:
+        return _replicate_only_outputs(op, used, attrs, decision, mesh), used, decision.res
+    # Replicas holding the same arrays with the same boxes share one context: the kernel runs,
+    # and its outputs are normalised, checked and frozen, once per distinct piece.
+    memo: dict[tuple[Any, ...], list[Any]] = {}
     per_rank: dict[int, list[Any]] = {}
     multi = op.multi_output
-    for r, _, ctx in decision.ranks:
+    dtypes = decision.dtypes
+    for r, shapes, ctx in decision.ranks:
         arrays = [u._shards[r] for u in used]
-        key = (tuple(map(id, arrays)), id(ctx))  # one context per distinct (input, output) boxes
-        if key not in memo:
+        key = (tuple(map(id, arrays)), id(ctx))
+        got = memo.get(key)
+        if got is None:
             result = op.kernel(ctx, *arrays, **attrs)
-            memo[key] = list(result) if multi else [result]
-        per_rank[r] = memo[key]
-    out_specs = decision.out_specs
-    if out_specs is None:  # replicate-only: outputs are replicated, shapes from the kernel
-        sample = next(iter(per_rank.values()), None)
-        if sample is None:
-            raise ValueError(f"{op.name} is replicate-only and this process hosts no rank of {mesh}; give it a rule")
-        replicated = [Replicate()] * mesh.ndim
-        out_specs = [DistSpec(np.shape(a), mesh, replicated) for a in sample]
-        local_shapes = {r: tuple(s.local_shape(r) for s in out_specs) for r in per_rank}
-    else:
-        local_shapes = {r: shapes for r, shapes, _ in decision.ranks}
+            got = list(result) if multi else [result]
+            for j, (arr, dt, shape) in enumerate(zip(got, dtypes, shapes, strict=True)):
+                if isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
+                    arr = np.asarray(arr)
+                if arr.dtype != dt:
+                    arr = arr.astype(dt)
+                if arr.shape != shape:
+                    spec = decision.out_specs[j]
+                    raise AssertionError(
+                        f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
+                        f"{op.rule_name} says {list(shape)} ({spec})"
+                    )
+                got[j] = freeze(arr)
+            memo[key] = got
+        per_rank[r] = got
     outs = []
-    for j, (spec, dt) in enumerate(zip(out_specs, decision.dtypes, strict=True)):
-        shards = {}
-        for r, rank_out in per_rank.items():
-            arr = rank_out[j]
-            if isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
-                arr = np.asarray(arr)
-            if arr.dtype != dt:
-                arr = arr.astype(dt)
-            if arr.shape != local_shapes[r][j]:
-                raise AssertionError(
-                    f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
-                    f"{op.rule_name} says {list(spec.local_shape(r))} ({spec})"
-                )
-            shards[r] = arr
-        out = Tensor._from_shards(spec, shards, dt)
+    for j, (spec, dt) in enumerate(zip(decision.out_specs, dtypes, strict=True)):
+        out = Tensor.__new__(Tensor)
+        Tensor.__init__(out, None, dtype=dt)  # a fresh storage id; the shards are frozen above
+        out._spec = spec
+        out._shards = {r: got[j] for r, got in per_rank.items()}
+        out._shape = Shape(spec.shape)
         out._reshards = {}  # a computed value: reshard it once (``mpipar.tensor.reshard``)
         outs.append(out)
     return outs, used, decision.res
+
+
+def _replicate_only_outputs(op: OpDef, used: list[Tensor], attrs: dict[str, Any], decision: Decision, mesh: ProcessMesh) -> list[Tensor]:
+    """A replicate-only op's outputs: replicated, with the shapes its kernel returns."""
+    per_rank: dict[int, list[Any]] = {}
+    for r, _, ctx in decision.ranks:
+        result = op.kernel(ctx, *[u._shards[r] for u in used], **attrs)
+        per_rank[r] = list(result) if op.multi_output else [result]
+    sample = next(iter(per_rank.values()), None)
+    if sample is None:
+        raise ValueError(f"{op.name} is replicate-only and this process hosts no rank of {mesh}; give it a rule")
+    replicated = [Replicate()] * mesh.ndim
+    outs = []
+    for j, dt in enumerate(decision.dtypes):
+        spec = DistSpec(np.shape(sample[j]), mesh, replicated)
+        shards = {}
+        for r, rank_out in per_rank.items():
+            arr = np.asarray(rank_out[j]) if isinstance(rank_out[j], np.generic) else rank_out[j]
+            shards[r] = arr.astype(dt) if arr.dtype != dt else arr
+        out = Tensor._from_shards(spec, shards, dt)
+        out._reshards = {}
+        outs.append(out)
+    return outs
 
 
 def _gather_stored_split(op: OpDef, flat: list[Tensor]) -> list[Tensor]:
