@@ -91,6 +91,7 @@ class StepPlayer:
         if not self.recording:
             return
         specs = tuple(t._spec if t._spec is not None else t._shape for t in flat)
+        attrs = dispatch.decision_attrs(op, attrs)
         self.program.append(_Entry(op, specs, tuple(t._dtype for t in flat), dict(attrs), reuse, decision))
         self.position = len(self.program)
         for t in flat:
@@ -117,6 +118,7 @@ def _same_call(entry: _Entry, flat: list[Tensor], attrs: dict[str, Any], reuse: 
             return False
     if reuse != entry.reuse:
         return False
+    attrs = dispatch.decision_attrs(entry.op, attrs)
     try:
         return bool(attrs == entry.attrs)
     except (TypeError, ValueError):  # an attribute that cannot be compared (an array): decide afresh
@@ -130,6 +132,9 @@ def _layout_key(value: Any) -> Any:
         return (type(value), tuple(_layout_key(v) for v in value))
     if isinstance(value, dict):
         return (dict, tuple((k, _layout_key(v)) for k, v in value.items()))
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if isinstance(shape, tuple) and dtype is not None:  # a NumPy (or CuPy) array: its shape and dtype
+        return (type(value), shape, dtype)
     return ("other", type(value))
 
 

@@ -86,6 +86,9 @@ class OpDef:
     """The first argument is a list of tensors (concat)."""
     sample: Callable[[np.random.Generator], list[tuple[list[Any], dict[str, Any]]]] | None = None
     """Example inputs for the rule checker: ``[(inputs, attrs), ...]``."""
+    volatile_attrs: tuple[str, ...] = ()
+    """Attributes that change on every call and decide neither the rule nor the dtypes (dropout's
+    random key): left out of the decision cache's key and the replay's check."""
 
     @cached_property
     def rule_name(self) -> str:
@@ -339,6 +342,17 @@ def _frozen(value: Any) -> Any:
     return (type(value), value)
 
 
+def decision_attrs(op: OpDef, attrs: dict[str, Any]) -> dict[str, Any]:
+    """The attributes an op call's decision depends on: those its rule reads when its output
+    dtypes come from the inputs alone (``scale``'s factor is a value, not a layout: a clipping
+    coefficient changes every step), else all but the volatile ones."""
+    if op.dtype is None and op.rule_attrs is not None:
+        return {k: attrs[k] for k in op.rule_attrs if k in attrs} if op.rule_attrs else {}
+    if not op.volatile_attrs:
+        return attrs
+    return {k: v for k, v in attrs.items() if k not in op.volatile_attrs}
+
+
 def _freeze_attrs(attrs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple((k, _frozen(v)) for k, v in attrs.items()) if attrs else ()
 
@@ -351,7 +365,7 @@ def _decision_key(
     hashable (such a call is decided afresh)."""
     ins = tuple(t._spec if t._spec is not None else (t._shape, mesh) for t in flat)
     try:
-        key = (op.name, ins, tuple(t._dtype for t in flat), _freeze_attrs(attrs), reuse, tuple(nest) if op.list_input else None)
+        key = (op.name, ins, tuple(t._dtype for t in flat), _freeze_attrs(decision_attrs(op, attrs)), reuse, tuple(nest) if op.list_input else None)
         hash(key)
     except TypeError:
         return None
