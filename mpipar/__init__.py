@@ -91,6 +91,7 @@ from mpipar.parallel import (
 from mpipar.placement import Partial, Placement, ReduceType, Replicate, Shard, parse_placements
 from mpipar.random import get_rng_state, seed, set_rng_state
 from mpipar.recompute import recompute
+from mpipar.replay import CompiledStep, compile_step
 from mpipar.reshard import ReshardPlan, ReshardStep, plan_reshard
 from mpipar.runtime.log import print_once
 from mpipar.spec import DistSpec, chunk_range
@@ -116,6 +117,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "CommDebugMode",
     "CommEvent",
+    "CompiledStep",
     "DistModel",
     "DistSpec",
     "DistTensor",
@@ -154,6 +156,7 @@ __all__ = [
     "chunk_range",
     "collective",
     "comm_context",
+    "compile_step",
     "concat",
     "current_backend",
     "divide",

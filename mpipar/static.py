@@ -17,6 +17,10 @@ batch into micro-batches (locally, per data-parallel shard) and runs the schedul
 (``mpipar.pipeline.runner``): in the simulator all actions in one dependency-respecting
 order, under MPI each process its own pipeline rank's list. Without a pipeline a step is the
 eager forward, backward and update, which is what the plan describes.
+
+Every training step after the first replays the first one's per-op decisions (rules, reshard
+targets, output layouts: ``mpipar.replay``); a batch of another shape or layout, or a parameter
+moved to another placement, records them again. Results are the eager step's, bit for bit.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from mpipar.optimizer.optimizer import Optimizer
 from mpipar.pipeline.runner import PipelineRunner, Probe, batch_parts, probe
 from mpipar.pipeline.schedule import Schedule, build_schedule
 from mpipar.plan import Plan
+from mpipar.replay import CompiledStep
 from mpipar.tensor import Tensor
 
 
@@ -78,6 +83,9 @@ class DistModel:
         self._probe: Probe | None = None
         self._schedule: Schedule | None = None
         self._plan: Plan | None = None
+        self.replay: CompiledStep[Tensor] = CompiledStep(self._train_step)
+        """The training step, replayed after its first call (``mpipar.replay``): ``.retraces``
+        counts the steps that recorded their decisions (the first, and each change of layout)."""
 
     # ------------------------------------------------------------------ modes
     def train(self) -> DistModel:
@@ -183,6 +191,10 @@ class DistModel:
             with autograd.no_grad():
                 return self._loss(batch) if self.mode == "eval" else self.layer(*batch)
         self._prepare(batch)
+        return self.replay(*batch)
+
+    def _train_step(self, *batch: Tensor) -> Tensor:
+        """One training step (replayed by ``self.replay`` after the first)."""
         assert self._probe is not None
         m = self.microbatches
         parts = batch_parts(batch, m)

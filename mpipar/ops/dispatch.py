@@ -33,7 +33,7 @@ from mpipar.placement import Replicate
 from mpipar.reshard.executor import freeze
 from mpipar.spec import Box, DistSpec, box_shape, full_box
 from mpipar.spmd import registry as spmd
-from mpipar.tensor import Tensor, reshard, reshards_made, reuse_enabled
+from mpipar.tensor import Shape, Tensor, _reshard, reshard, reshards_made, reuse_enabled
 
 Array = Any
 
@@ -86,6 +86,9 @@ class OpDef:
     """The first argument is a list of tensors (concat)."""
     sample: Callable[[np.random.Generator], list[tuple[list[Any], dict[str, Any]]]] | None = None
     """Example inputs for the rule checker: ``[(inputs, attrs), ...]``."""
+    volatile_attrs: tuple[str, ...] = ()
+    """Attributes that change on every call and decide neither the rule nor the dtypes (dropout's
+    random key): left out of the decision cache's key and the replay's check."""
 
     @cached_property
     def rule_name(self) -> str:
@@ -172,6 +175,10 @@ def _nest(specs: Sequence[DistSpec], nest: Sequence[Any]) -> list[Any]:
 def _reuse_info(flat: list[Tensor]) -> spmd.Reuse | None:
     """For the conflict policy: which inputs hold the same value, and the layouts each value was
     already resharded to this step (free to use again); None when there is nothing to reuse."""
+    if not any(t._reshards for t in flat):  # the common case, decided without building sets
+        sids = [t._sid for t in flat if t._spec is not None]
+        if len(set(sids)) == len(sids):
+            return None
     info: list[tuple[int, frozenset[DistSpec]]] = []
     first: dict[int, int] = {}
     reusable = False
@@ -294,16 +301,89 @@ def _run_dense(op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, 
     return outs
 
 
-def _run_dist(
-    op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor], backend: Any
-) -> tuple[list[Tensor], list[Tensor], spmd.SpmdResult | None]:
-    mesh = dist_inputs[0].spec.mesh
-    for t in dist_inputs[1:]:
-        if not t.spec.mesh.same_layout(mesh):
-            raise ValueError(
-                f"{op.name}: inputs live on different meshes: {_label(dist_inputs[0])} and {_label(t)}; "
-                "move one with dist.reshard(tensor, mesh, placements) first"
-            )
+@dataclass(eq=False)
+class Decision:
+    """Everything ``_run_dist`` derives from an op call's layouts, attributes and dtypes.
+
+    A pure function of its key (``_decision_key``): the rule's answer, the specs each input
+    must be resharded to, the output specs and dtypes, and per hosted rank the input and
+    output boxes with the kernel context built from them. Cached (``_DECISIONS``) and replayed
+    (``mpipar.replay``), so that a training step asks each rule, builds each spec and each box
+    list once, not on every step. Results never depend on whether a decision was cached.
+    """
+
+    res: spmd.SpmdResult | None
+    need: list[DistSpec]
+    out_specs: list[DistSpec] | None
+    """None for replicate-only ops: their output shapes come from the kernel."""
+    rule_label: str
+    dtypes: list[np.dtype]
+    reshard: tuple[bool, ...]
+    """Per flat input: must it be resharded to ``need[i]``? (dense inputs always are)"""
+    ranks: tuple[tuple[int, tuple[tuple[int, ...], ...], KernelContext], ...]
+    """Per hosted rank: its id, its outputs' local shapes and its kernel context (one object for
+    ranks with the same boxes, so that replicas holding the same arrays compute once)."""
+
+
+_DECISIONS: dict[tuple[Any, ...], Decision] = {}
+_replaying: list[Any] = []
+"""The step being replayed or recorded (``mpipar.replay.StepPlayer``), innermost last."""
+_DECISIONS_MAX = 8192
+_decisions_backend: list[Any] = [None]
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable stand-in for an attribute value; scalars keep their type (``1``, ``1.0`` and
+    ``True`` are equal keys in Python but may give other output dtypes)."""
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_frozen(v) for v in value))
+    if isinstance(value, dict):
+        return (dict, tuple(sorted((k, _frozen(v)) for k, v in value.items())))
+    return (type(value), value)
+
+
+def decision_attrs(op: OpDef, attrs: dict[str, Any]) -> dict[str, Any]:
+    """The attributes an op call's decision depends on: those its rule reads when its output
+    dtypes come from the inputs alone (``scale``'s factor is a value, not a layout: a clipping
+    coefficient changes every step), else all but the volatile ones."""
+    if op.dtype is None and op.rule_attrs is not None:
+        return {k: attrs[k] for k in op.rule_attrs if k in attrs} if op.rule_attrs else {}
+    if not op.volatile_attrs:
+        return attrs
+    return {k: v for k, v in attrs.items() if k not in op.volatile_attrs}
+
+
+def _freeze_attrs(attrs: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple((k, _frozen(v)) for k, v in attrs.items()) if attrs else ()
+
+
+def _decision_key(
+    op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], reuse: spmd.Reuse | None, mesh: ProcessMesh
+) -> tuple[Any, ...] | None:
+    """What a decision depends on: the op, each input's spec (dense: shape, on the op's mesh),
+    dtypes, the attributes and what was already resharded; None when the attributes are not
+    hashable (such a call is decided afresh)."""
+    ins = tuple(t._spec if t._spec is not None else (t._shape, mesh) for t in flat)
+    try:
+        key = (op.name, ins, tuple(t._dtype for t in flat), _freeze_attrs(decision_attrs(op, attrs)), reuse, tuple(nest) if op.list_input else None)
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def cached_decision(key: tuple[Any, ...] | None, backend: Any) -> Decision | None:
+    """The decision made earlier for ``key`` on ``backend`` (decisions hold hosted ranks)."""
+    if _decisions_backend[0] is not backend:
+        _DECISIONS.clear()
+        _decisions_backend[0] = backend
+        return None
+    return _DECISIONS.get(key) if key is not None else None
+
+
+def _decide(
+    op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], mesh: ProcessMesh, backend: Any
+) -> Decision:
     replicated = [Replicate()] * mesh.ndim
     specs = [t.spec if t.is_dist else DistSpec(t.shape, mesh, replicated) for t in flat]
     res: spmd.SpmdResult | None = None
@@ -316,52 +396,114 @@ def _run_dist(
         need = res.flat_inputs()
         out_specs = list(res.outputs)
         rule_label = f"rule {res.rule}: {res.reason}"
+    reshard_flags = tuple(not (t.is_dist and have == want) for t, have, want in zip(flat, specs, need, strict=True))
+    ranks = []
+    contexts: dict[tuple[Any, ...], KernelContext] = {}
+    for r in backend.hosted_ranks(mesh):
+        in_boxes = tuple(s.boxes[r] for s in need)
+        out_boxes = tuple(s.boxes[r] for s in out_specs) if out_specs is not None else ()
+        ctx = contexts.get((in_boxes, out_boxes))
+        if ctx is None:
+            ctx = contexts[(in_boxes, out_boxes)] = KernelContext(need, out_specs or [], list(in_boxes), list(out_boxes), backend.xp)
+        ranks.append((r, tuple(box_shape(b) for b in out_boxes), ctx))
+    dtypes = op.out_dtypes([t.dtype for t in flat], attrs)
+    return Decision(res, need, out_specs, rule_label, dtypes, reshard_flags, tuple(ranks))
+
+
+def _run_dist(
+    op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor], backend: Any
+) -> tuple[list[Tensor], list[Tensor], spmd.SpmdResult | None]:
+    mesh = dist_inputs[0].spec.mesh
+    reuse = _reuse_info(flat) if reuse_enabled() else None
+    player = _replaying[-1] if _replaying else None
+    decision = player.next(op, flat, attrs, reuse) if player is not None else None
+    if decision is None:
+        key = _decision_key(op, flat, nest, attrs, reuse, mesh)
+        decision = cached_decision(key, backend)
+        if decision is None:
+            for t in dist_inputs[1:]:
+                if not t.spec.mesh.same_layout(mesh):
+                    raise ValueError(
+                        f"{op.name}: inputs live on different meshes: {_label(dist_inputs[0])} and {_label(t)}; "
+                        "move one with dist.reshard(tensor, mesh, placements) first"
+                    )
+            decision = _decide(op, flat, nest, attrs, mesh, backend)
+            if key is not None:
+                if len(_DECISIONS) >= _DECISIONS_MAX:
+                    _DECISIONS.clear()
+                _DECISIONS[key] = decision
+        if player is not None:
+            player.record(op, flat, attrs, reuse, decision)
+    need = decision.need
     used: list[Tensor] = []
-    for i, (t, have, want) in enumerate(zip(flat, specs, need, strict=True)):
-        if t.is_dist and have == want:
+    for i, (t, move) in enumerate(zip(flat, decision.reshard, strict=True)):
+        if not move:
             used.append(t)
             continue
-        with comm_context(f"{op.name} input {i}: {rule_label}"), hooks.op_inputs(op.name):
-            used.append(_reshard_input(t, want))
-    hosted = backend.hosted_ranks(mesh)
-    memo: dict[tuple[Any, ...], Any] = {}
+        with comm_context(f"{op.name} input {i}: {decision.rule_label}"), hooks.op_inputs(op.name):
+            used.append(_reshard_input(t, need[i], backend))
+    if decision.out_specs is None:
+        return _replicate_only_outputs(op, used, attrs, decision, mesh), used, decision.res
+    # Replicas holding the same arrays with the same boxes share one context: the kernel runs,
+    # and its outputs are normalised, checked and frozen, once per distinct piece.
+    memo: dict[tuple[Any, ...], list[Any]] = {}
     per_rank: dict[int, list[Any]] = {}
-    in_boxes_all = [s.boxes for s in need]
-    for r in hosted:
+    multi = op.multi_output
+    dtypes = decision.dtypes
+    for r, shapes, ctx in decision.ranks:
         arrays = [u._shards[r] for u in used]
-        in_boxes = [b[r] for b in in_boxes_all]
-        out_boxes = [s.boxes[r] for s in out_specs] if out_specs is not None else []
-        key = (tuple(id(a) for a in arrays), tuple(in_boxes), tuple(out_boxes))
-        if key not in memo:
-            ctx = KernelContext(need, out_specs or [], in_boxes, out_boxes, backend.xp)
+        key = (tuple(map(id, arrays)), id(ctx))
+        got = memo.get(key)
+        if got is None:
             result = op.kernel(ctx, *arrays, **attrs)
-            memo[key] = list(result) if op.multi_output else [result]
-        per_rank[r] = memo[key]
-    dtypes = op.out_dtypes([t.dtype for t in flat], attrs)
-    if out_specs is None:  # replicate-only: outputs are replicated, shapes from the kernel
-        sample = next(iter(per_rank.values()), None)
-        if sample is None:
-            raise ValueError(f"{op.name} is replicate-only and this process hosts no rank of {mesh}; give it a rule")
-        out_specs = [DistSpec(np.shape(a), mesh, replicated) for a in sample]
+            got = list(result) if multi else [result]
+            for j, (arr, dt, shape) in enumerate(zip(got, dtypes, shapes, strict=True)):
+                if isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
+                    arr = np.asarray(arr)
+                if arr.dtype != dt:
+                    arr = arr.astype(dt)
+                if arr.shape != shape:
+                    spec = decision.out_specs[j]
+                    raise AssertionError(
+                        f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
+                        f"{op.rule_name} says {list(shape)} ({spec})"
+                    )
+                got[j] = freeze(arr)
+            memo[key] = got
+        per_rank[r] = got
     outs = []
-    for j, (spec, dt) in enumerate(zip(out_specs, dtypes, strict=True)):
-        shards = {}
-        for r, rank_out in per_rank.items():
-            arr = rank_out[j]
-            if isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
-                arr = np.asarray(arr)
-            if arr.dtype != dt:
-                arr = arr.astype(dt)
-            if tuple(arr.shape) != spec.local_shape(r):
-                raise AssertionError(
-                    f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
-                    f"{op.rule_name} says {list(spec.local_shape(r))} ({spec})"
-                )
-            shards[r] = arr
-        out = Tensor._from_shards(spec, shards, dt)
+    for j, (spec, dt) in enumerate(zip(decision.out_specs, dtypes, strict=True)):
+        out = Tensor.__new__(Tensor)
+        Tensor.__init__(out, None, dtype=dt)  # a fresh storage id; the shards are frozen above
+        out._spec = spec
+        out._shards = {r: got[j] for r, got in per_rank.items()}
+        out._shape = Shape(spec.shape)
         out._reshards = {}  # a computed value: reshard it once (``mpipar.tensor.reshard``)
         outs.append(out)
-    return outs, used, res
+    return outs, used, decision.res
+
+
+def _replicate_only_outputs(op: OpDef, used: list[Tensor], attrs: dict[str, Any], decision: Decision, mesh: ProcessMesh) -> list[Tensor]:
+    """A replicate-only op's outputs: replicated, with the shapes its kernel returns."""
+    per_rank: dict[int, list[Any]] = {}
+    for r, _, ctx in decision.ranks:
+        result = op.kernel(ctx, *[u._shards[r] for u in used], **attrs)
+        per_rank[r] = list(result) if op.multi_output else [result]
+    sample = next(iter(per_rank.values()), None)
+    if sample is None:
+        raise ValueError(f"{op.name} is replicate-only and this process hosts no rank of {mesh}; give it a rule")
+    replicated = [Replicate()] * mesh.ndim
+    outs = []
+    for j, dt in enumerate(decision.dtypes):
+        spec = DistSpec(np.shape(sample[j]), mesh, replicated)
+        shards = {}
+        for r, rank_out in per_rank.items():
+            arr = np.asarray(rank_out[j]) if isinstance(rank_out[j], np.generic) else rank_out[j]
+            shards[r] = arr.astype(dt) if arr.dtype != dt else arr
+        out = Tensor._from_shards(spec, shards, dt)
+        out._reshards = {}
+        outs.append(out)
+    return outs
 
 
 def _gather_stored_split(op: OpDef, flat: list[Tensor]) -> list[Tensor]:
@@ -383,9 +525,15 @@ def _gather_stored_split(op: OpDef, flat: list[Tensor]) -> list[Tensor]:
     return gathered
 
 
-def _reshard_input(t: Tensor, want: DistSpec) -> Tensor:
-    """Reshard an op input (``reshard`` records an identity-backward node when grads flow)."""
-    return reshard(t, want.mesh, list(want.placements))
+def _reshard_input(t: Tensor, want: DistSpec, backend: Any = None) -> Tensor:
+    """Reshard an op input (``reshard`` records an identity-backward node when grads flow).
+
+    With ``backend`` (the distributed path, whose inputs were checked to share the op's mesh, so
+    no pipeline boundary is crossed) the target spec goes straight to the reshard: it is already
+    a checked spec, and rebuilding it from placements on every call is pure overhead."""
+    if backend is None or (hooks.stage_runs and t.is_dist):
+        return reshard(t, want.mesh, list(want.placements))
+    return _reshard(t, want, backend)
 
 
 def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor], attrs: dict[str, Any]) -> None:

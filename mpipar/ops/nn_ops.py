@@ -276,6 +276,7 @@ register_op(
         "dropout", _dropout, lambda c, g: [apply("dropout_grad", [c.outputs[1], g[0]], {"p": c.attrs.get("p", 0.5)})],
         num_outputs=2, save_inputs=(), save_outputs=(1,), nondiff_outputs=(1,), rule_attrs=(),
         dtype=lambda dt, a: [dt[0], np.bool_],
+        volatile_attrs=("key",),  # a new random key every call
         sample=lambda r: [([r.standard_normal((6, 8))], {"p": 0.3, "key": 12345}), ([r.standard_normal((3, 4, 5))], {"p": 0.5, "key": 7})],
     )
 )

@@ -1,0 +1,202 @@
+"""A replayed training step: the first call records every op's decisions, later calls replay them.
+
+    @dist.compile_step
+    def train_step(x, y):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        return loss
+
+    for x, y in loader():
+        loss = train_step(x, y)        # step 1 records; steps 2.. replay
+
+An eager step asks, for every op, the op's SPMD rule which layouts to run on, builds the
+target specs, the output specs and dtypes and each hosted rank's boxes. These depend only on
+the layouts, shapes, dtypes and attributes the step sees, which in a training loop are the
+same every step. ``compile_step`` records the decision (``mpipar.ops.dispatch.Decision``) of
+each op in order on the first call and hands them back by position on later calls, after a
+cheap check per op (the same op, input specs, dtypes, attributes and reuse of reshards): no
+rule lookup, no spec or box building, no key hashing. The kernels and the collectives still run
+every step on the step's data, so a replayed step computes bit-for-bit what the eager step
+computes.
+
+Which recording a call replays is chosen by a cheap key: the layout (shape, dtype, spec) of
+every tensor argument, the backend, and the layout of every parameter the recording used. A
+new input shape or layout, or a parameter moved to another placement, records a new program
+(``retraces`` counts them); an op whose check fails mid-step (control flow that depends on the
+data) ends the replay there: the rest of the step runs eagerly and records, and that new
+recording replaces the old one for the key.
+
+``dist.to_static`` replays its training steps the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from mpipar.backend import current_backend
+from mpipar.ops import dispatch
+from mpipar.tensor import Parameter, Tensor
+
+R = TypeVar("R")
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One recorded op call: what the check compares, and the decision to hand back."""
+
+    op: Any
+    specs: tuple[Any, ...]
+    """Per flat input its spec (dense: its shape)."""
+    dtypes: tuple[Any, ...]
+    attrs: dict[str, Any]
+    reuse: Any
+    decision: dispatch.Decision
+
+
+class StepPlayer:
+    """Replays a program of decisions by position; records where it has none (or diverged)."""
+
+    def __init__(self, program: list[_Entry] | None) -> None:
+        self.program: list[_Entry] = program if program is not None else []
+        self.position = 0
+        self.recording = program is None
+        self.diverged = False
+        self.replayed = 0
+        self.params: dict[int, tuple[weakref.ref[Tensor], Any]] = {}
+
+    def next(self, op: Any, flat: list[Tensor], attrs: dict[str, Any], reuse: Any) -> dispatch.Decision | None:
+        """The recorded decision of this op call, or None (then dispatch decides and ``record``s)."""
+        if self.recording:
+            return None
+        program, i = self.program, self.position
+        if i < len(program):
+            entry = program[i]
+            if entry.op is op and _same_call(entry, flat, attrs, reuse):
+                self.position = i + 1
+                self.replayed += 1
+                return entry.decision
+        # The step took another path here: keep what matched, record the rest afresh.
+        self.diverged = True
+        self.recording = True
+        del program[i:]
+        return None
+
+    def record(self, op: Any, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, decision: dispatch.Decision) -> None:
+        if not self.recording:
+            return
+        specs = tuple(t._spec if t._spec is not None else t._shape for t in flat)
+        attrs = dispatch.decision_attrs(op, attrs)
+        self.program.append(_Entry(op, specs, tuple(t._dtype for t in flat), dict(attrs), reuse, decision))
+        self.position = len(self.program)
+        for t in flat:
+            if isinstance(t, Parameter) and t._spec is not None and id(t) not in self.params:
+                self.params[id(t)] = (weakref.ref(t), t._spec)
+
+    def __enter__(self) -> StepPlayer:
+        dispatch._replaying.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        dispatch._replaying.remove(self)
+
+
+def _same_call(entry: _Entry, flat: list[Tensor], attrs: dict[str, Any], reuse: Any) -> bool:
+    specs = entry.specs
+    if len(specs) != len(flat):
+        return False
+    for t, s, dt in zip(flat, specs, entry.dtypes, strict=True):
+        have = t._spec if t._spec is not None else t._shape
+        if have is not s and have != s:
+            return False
+        if t._dtype != dt:
+            return False
+    if reuse != entry.reuse:
+        return False
+    attrs = dispatch.decision_attrs(entry.op, attrs)
+    try:
+        return bool(attrs == entry.attrs)
+    except (TypeError, ValueError):  # an attribute that cannot be compared (an array): decide afresh
+        return False
+
+
+def _layout_key(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return ("tensor", value._spec if value._spec is not None else None, tuple(value._shape), value._dtype)
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_layout_key(v) for v in value))
+    if isinstance(value, dict):
+        return (dict, tuple((k, _layout_key(v)) for k, v in value.items()))
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if isinstance(shape, tuple) and dtype is not None:  # a NumPy (or CuPy) array: its shape and dtype
+        return (type(value), shape, dtype)
+    return ("other", type(value))
+
+
+@dataclass(eq=False)
+class _Program:
+    entries: list[_Entry]
+    params: list[tuple[weakref.ref[Tensor], Any]]
+
+    def params_unchanged(self) -> bool:
+        """Is every parameter the recording used still alive and laid out as it was?"""
+        for ref, spec in self.params:
+            p = ref()
+            if p is None or (p._spec is not spec and p._spec != spec):
+                return False
+        return True
+
+
+class CompiledStep(Generic[R]):
+    """What ``compile_step`` returns: call it like the function (see the module docstring)."""
+
+    def __init__(self, fn: Callable[..., R]) -> None:
+        self.fn = fn
+        self._programs: dict[Any, _Program] = {}
+        self.retraces = 0
+        """How many calls recorded a program (the first call, and each change of layout)."""
+        self.replayed_ops = 0
+        """Ops whose decision came from a recording, over all calls."""
+        self.enabled = True
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        if not self.enabled:
+            return self.fn(*args, **kwargs)
+        key = (id(current_backend()), _layout_key(args), _layout_key(kwargs))
+        program = self._programs.get(key)
+        if program is not None and not program.params_unchanged():
+            program = None
+        player = StepPlayer(program.entries if program is not None else None)
+        with player:
+            out = self.fn(*args, **kwargs)
+        self.replayed_ops += player.replayed
+        if player.recording:  # a first call, a new layout, or a step that left its recording
+            self.retraces += 1
+            if len(self._programs) >= 64:  # layouts that never repeat: keep the memory bounded
+                self._programs.clear()
+            params = dict(player.params)
+            if program is not None:
+                params.update({id(ref()): (ref, spec) for ref, spec in program.params if ref() is not None})
+            self._programs[key] = _Program(player.program, list(params.values()))
+        return out
+
+    def reset(self) -> None:
+        """Forget every recording (the next call records again)."""
+        self._programs.clear()
+
+
+def compile_step(fn: Callable[..., R]) -> CompiledStep[R]:
+    """Replay ``fn``'s per-op decisions after its first call (see the module docstring).
+
+    Use it as a decorator on a training step, or wrap a step function. Results are bit-for-bit
+    those of calling ``fn`` directly; ``.retraces`` counts the calls that had to record.
+    """
+    if not callable(fn):
+        raise TypeError(f"compile_step needs a function (the training step), got {type(fn).__name__}")
+    return CompiledStep(fn)
