@@ -208,6 +208,19 @@ class KeptTensor:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class StateRecord:
+    """One parameter's model state as layouts: ``entries`` are ``(category, itemsize, placements)``
+    (parameter, gradient, each optimizer state) on the stage mesh ``mesh`` (its process ids);
+    ``update`` is the layout its update runs in (``None``: dense, every element on every rank)."""
+
+    part: Part
+    mesh: tuple[int, ...]
+    shape: tuple[int, ...]
+    entries: tuple[tuple[str, int, str], ...]
+    update: str | None
+
+
 @dataclass
 class StepTrace:
     shape: GPTShape
@@ -234,6 +247,9 @@ class StepTrace:
     layer_kept: list[KeptTensor] = field(default_factory=list)
     """What layer 0 keeps for backward on the first rank of its stage."""
     seconds: float = 0.0
+    state_records: list[StateRecord] = field(default_factory=list)
+    """Per parameter: its shape and the layouts of what it keeps (``simulator.fast_estimate``
+    re-evaluates them on a mesh with another data-parallel degree)."""
 
     @property
     def num_stages(self) -> int:
@@ -391,6 +407,7 @@ def trace_gpt_step(shape: GPTShape, strategy: Strategy, layers_traced: int | Non
         grad_sync = {i for i, out in rec.reshard_outs if id(out) in synced and rec.reshard_parts[i] != SETUP}
         parts = {id(p): rec.param_parts.get(id(p), LAST) for p in params}
         model_state, update_elements, per_element = _model_state(params, opt, parts, strategy)
+        records = _state_records(params, opt, parts)
         counts: dict[Part, int] = {}
         for p in params:
             counts[parts[id(p)]] = counts.get(parts[id(p)], 0) + 1
@@ -399,7 +416,7 @@ def trace_gpt_step(shape: GPTShape, strategy: Strategy, layers_traced: int | Non
         shape, strategy, plan, [tuple(m.process_ids) for m in meshes], [par.stage_of_layer(i, traced) for i in range(traced)],
         rec.op_parts, rec.reshard_parts, grad_sync,
         rec.weight_ops, activations, model_state, update_elements, counts, per_element, layer_kept,
-        time.perf_counter() - started,
+        time.perf_counter() - started, records,
     )
 
 
@@ -503,6 +520,28 @@ def _activations(
 
 
 UPDATE_STATES = {"adamw": 2, "momentum": 1}
+
+
+def _state_records(params: list[Parameter], opt: Any, parts: dict[int, Part]) -> list[StateRecord]:
+    """``_model_state``'s inputs as layouts, one record per parameter (same names, same categories)."""
+    states: dict[str, list[Tensor]] = {}
+    for key, t in opt.state_tensors().items():
+        states.setdefault(re.sub(r"\.[^.]+$", "", key), []).append(t)
+    out = []
+    for i, p in enumerate(params):
+        if not p.is_dist:
+            raise ValueError(f"parameter {p.name or i} is dense; the GPT trace lays out every parameter")
+        entries = [("parameters", np.dtype(p.dtype).itemsize, p.spec.placements_str)]
+        if p.grad is not None:
+            entries.append(("gradients", np.dtype(p.grad.dtype).itemsize, p.grad.spec.placements_str))
+        for t in states.get(p.name or f"param_{i}", []):
+            entries.append(("optimizer_state", np.dtype(t.dtype).itemsize, t.spec.placements_str))
+            if tuple(t.shape) != tuple(p.shape) or t.spec.mesh != p.spec.mesh:
+                raise ValueError(f"optimizer state of {p.name} has shape {t.shape} on {t.spec.mesh}, not its parameter's")
+        layout = opt.layout_of(p)
+        out.append(StateRecord(parts[id(p)], tuple(p.spec.mesh.process_ids), tuple(p.shape), tuple(entries),
+                               layout.placements_str if layout is not None else None))
+    return out
 
 
 def _model_state(
