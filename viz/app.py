@@ -497,8 +497,9 @@ def _whatif_search(plan: Plan, ref: script_whatif.ScriptRef | None) -> None:
                + ": every layout that divides is priced by the estimator; keep the space small to stay interactive.")
     c = st.columns(7)
     names = ("layers", "hidden", "heads", "seq", "vocab", "global_batch", "devices")
-    vals = {n: int(c[i].number_input(n.replace("_", " "), 1, search_view.MAX_DEVICES if n == "devices" else 1 << 20,
-                                     getattr(d, n), key=f"wss_{n}")) for i, n in enumerate(names)}
+    vals = {n: int(c[i].number_input(n.replace("_", " "), 1, search_view.BOUNDS[n],
+                                     min(getattr(d, n), search_view.BOUNDS[n]), key=f"wss_{n}"))
+            for i, n in enumerate(names)}
     c = st.columns(4)
     presets = [p for p in list_presets() if load_profile(p).memory_bytes]
     hardware = c[0].selectbox("hardware", presets, index=presets.index(d.hardware) if d.hardware in presets else 0,
