@@ -69,6 +69,12 @@ def test_run_refuses_files_and_a_missing_script(tmp_path: object, capsys: pytest
         viz_main.main(["--run"])
     assert "--run needs a script" in capsys.readouterr().err
     assert not os.path.exists(f"{tmp_path}/r/plan.json")
+    with open(f"{tmp_path}/file", "w") as f:
+        f.write("x")
+    with pytest.raises(SystemExit):
+        viz_main.main(["--run-dir", f"{tmp_path}/file", "--run", "examples/gpt.py"])
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert viz_main.run_directory(str(tmp_path)) == str(tmp_path)  # an existing run directory is reused
 
 
 def test_mpipar_viz_forwards_run_and_its_options(monkeypatch: pytest.MonkeyPatch) -> None:

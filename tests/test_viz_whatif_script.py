@@ -209,6 +209,10 @@ def test_pareto_front_and_search_figure() -> None:
 def test_search_space_is_bounded() -> None:
     with pytest.raises(ValueError, match="devices = 1000"):
         search_view.run_search(search_view.SearchSpace(2, 16, 2, 16, 128, 1000, 8, "h100-nvlink-ib"))
+    with pytest.raises(ValueError, match="global_batch = 100000"):
+        search_view.run_search(search_view.SearchSpace(2, 16, 2, 16, 128, 4, 100_000, "h100-nvlink-ib"))
+    assert search_view.gpt_example_space(["--tiny", "--batch-size", "999999999"], 4, "h100-nvlink-ib").global_batch == 8
+    assert search_view.gpt_example_space(["--batch-size=32"], 4, "h100-nvlink-ib").global_batch == 32
     with pytest.raises(ValueError, match="at least one ZeRO stage"):
         search_view.run_search(search_view.SearchSpace(2, 16, 2, 16, 128, 4, 8, "h100-nvlink-ib", zero_stages=()))
 

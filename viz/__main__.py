@@ -37,9 +37,23 @@ def streamlit_command(files: Sequence[str], address: str = "127.0.0.1", port: in
     return cmd
 
 
+def run_directory(text: str) -> str:
+    """An argparse type: a directory to (re)use, or one to create whose parent exists and is writable."""
+    if not text or "\x00" in text or len(text) > 4096:
+        raise argparse.ArgumentTypeError(f"{text!r:.80} is not a directory path")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
+    target = text if os.path.isdir(text) else os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(target):
+        raise argparse.ArgumentTypeError(f"{text}: the directory {target} does not exist")
+    if not os.access(target, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: {target} is not writable")
+    return text
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """``--run SCRIPT [args]`` and its options (shared with ``mpipar viz``); ``--run`` comes last."""
-    parser.add_argument("--run-dir", default=DEFAULT_DIR, type=cliargs.output_path,
+    parser.add_argument("--run-dir", default=DEFAULT_DIR, type=run_directory,
                         help=f"with --run: where the plan, measured timeline and log go (default ./{DEFAULT_DIR}/)")
     parser.add_argument("--steps", type=cliargs.int_range(1, 10_000, "a step count"), default=3,
                         help="with --run: measured training steps, unless the script's arguments give --steps")

@@ -420,15 +420,12 @@ _WHATIF_BOUNDS = {"dp": 64, "tp": 64, "pp": 16, "microbatches": 256, "hidden": 1
 
 
 def _whatif_base(plan: Plan) -> tuple[SampleConfig, str | None]:
-    """The sample configuration a plan's ``meta.config`` names, or the defaults and why.
+    """The sample configuration a sample plan's ``meta.config`` names, or the defaults and why.
 
     The plan may come from anywhere: its config is untrusted, so it is used only when it is a
     valid sample configuration within the widgets' bounds (a huge ``hidden`` would re-trace
     for ever, an unknown schedule would fail the selectbox).
     """
-    if plan.meta.get("builder") != "viz.sample":
-        return SampleConfig(), ("This plan was not made by the built-in sample, so its model cannot be re-traced "
-                                "here; the what-if plans are the sample's model, compared with the loaded plan.")
     config = plan.meta.get("config")
     if not isinstance(config, dict):
         return SampleConfig(), f"The plan's meta.config {config!r:.80} is not an object; using the sample's defaults."
@@ -592,8 +589,9 @@ def _whatif_search(plan: Plan, ref: script_whatif.ScriptRef | None) -> None:
                + ": every layout that divides is priced by the estimator; keep the space small to stay interactive.")
     c = st.columns(7)
     names = ("layers", "hidden", "heads", "seq", "vocab", "global_batch", "devices")
-    vals = {n: int(c[i].number_input(n.replace("_", " "), 1, search_view.MAX_DEVICES if n == "devices" else 1 << 20,
-                                     getattr(d, n), key=f"wss_{n}")) for i, n in enumerate(names)}
+    vals = {n: int(c[i].number_input(n.replace("_", " "), 1, search_view.BOUNDS[n],
+                                     min(getattr(d, n), search_view.BOUNDS[n]), key=f"wss_{n}"))
+            for i, n in enumerate(names)}
     c = st.columns(4)
     presets = [p for p in list_presets() if load_profile(p).memory_bytes]
     hardware = c[0].selectbox("hardware", presets, index=presets.index(d.hardware) if d.hardware in presets else 0,

@@ -26,6 +26,9 @@ from viz.figures import new_figure
 from viz.planinfo import fmt_bytes
 
 MAX_DEVICES = 64  # the search enumerates every divisor triple: keep the dashboard's answer interactive
+# Upper bounds of the fields (the batch bounds the divisor loops, the shape the traced tensors).
+BOUNDS = {"layers": 256, "hidden": 1 << 16, "heads": 1024, "seq": 1 << 16, "vocab": 1 << 20, "devices": MAX_DEVICES,
+          "global_batch": 4096}
 
 
 @dataclass(frozen=True)
@@ -48,13 +51,13 @@ class SearchSpace:
     dropout: float = 0.0
 
     def check(self) -> None:
-        for name in ("layers", "hidden", "heads", "seq", "vocab", "devices", "global_batch"):
+        for name, bound in BOUNDS.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"search {name} must be a positive integer, got {value!r}")
-        if self.devices > MAX_DEVICES:
-            raise ValueError(f"search devices = {self.devices}: the dashboard searches at most {MAX_DEVICES} devices "
-                             "(use `python -m simulator search` for more)")
+            if value > bound:
+                raise ValueError(f"search {name} = {value}: the dashboard searches at most {bound} "
+                                 "(use `python -m simulator search` for more)")
         if not (self.zero_stages and self.recomputes and self.schedules):
             raise ValueError("pick at least one ZeRO stage, one recompute mode and one schedule to search")
 
@@ -182,6 +185,8 @@ def gpt_example_space(args: list[str] | tuple[str, ...], devices: int, hardware:
 
     batch_text = value("--batch-size")
     batch = int(batch_text) if batch_text and batch_text.isdigit() and 0 < len(batch_text) < 10 else None
+    if batch is not None and not 0 < batch <= BOUNDS["global_batch"]:
+        batch = None  # an out-of-range recorded batch (the plan is untrusted): the example's default instead
     if "--tiny" in args:
         return SearchSpace(2, 16, 2, 16, 128, devices, batch or 8, hardware, dropout=0.1)
     return SearchSpace(4, 128, 4, 64, 128, devices, batch or 16, hardware)
