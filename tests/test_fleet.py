@@ -341,6 +341,34 @@ def test_vocab_parallel_embedding_and_parallel_cross_entropy_match_dense(mp: int
         np.testing.assert_allclose(g_head, want[2][:, part[r]], rtol=1e-10, atol=1e-13)
 
 
+def test_split_and_concat_are_each_others_backward() -> None:
+    """c_concat gathers the members' slices (group None: the world); its gradient is this
+    member's slice; c_split slices and its gradient is gathered whole."""
+    from mpipar.distributed.fleet.meta_parallel.mp_ops import c_concat, c_split
+
+    whole = np.arange(12.0).reshape(2, 6)
+    weights = np.arange(12.0).reshape(2, 6) + 1  # a loss sum(w * y) with the same w on every member
+
+    def program(rank: int) -> tuple[np.ndarray, ...]:
+        piece = dist.to_tensor(np.split(whole, 3, axis=-1)[rank])
+        piece.stop_gradient = False
+        joined = c_concat(piece)
+        dist.sum(dist.multiply(joined, dist.to_tensor(weights))).backward()
+        full = dist.to_tensor(whole)
+        full.stop_gradient = False
+        mine = c_split(full)
+        dist.sum(dist.multiply(mine, dist.to_tensor(np.split(weights, 3, axis=-1)[rank]))).backward()
+        return joined.numpy(), _grad(piece), mine.numpy(), _grad(full)
+
+    got = per_rank(3, program)
+    for r in range(3):
+        joined, g_piece, mine, g_full = got[r]
+        np.testing.assert_array_equal(joined, whole)
+        np.testing.assert_array_equal(g_piece, np.split(weights, 3, axis=-1)[r])
+        np.testing.assert_array_equal(mine, np.split(whole, 3, axis=-1)[r])
+        np.testing.assert_array_equal(g_full, weights)  # every member's slice gradient, gathered
+
+
 def test_layer_errors_name_the_layer_and_the_size() -> None:
     with pytest.raises(ValueError, match=re.escape("ColumnParallelLinear: no model-parallel group; call fleet.init")):
         ColumnParallelLinear(4, 4)
