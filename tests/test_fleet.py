@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import REPO
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mpipar as dist
 from mpipar.distributed import fleet
@@ -367,6 +369,55 @@ def test_split_and_concat_are_each_others_backward() -> None:
         np.testing.assert_array_equal(g_piece, np.split(weights, 3, axis=-1)[r])
         np.testing.assert_array_equal(mine, np.split(whole, 3, axis=-1)[r])
         np.testing.assert_array_equal(g_full, weights)  # every member's slice gradient, gathered
+
+
+@settings(max_examples=20)
+@given(
+    mp=st.sampled_from([1, 2, 3, 4]),
+    lead=st.lists(st.integers(1, 3), min_size=1, max_size=2),
+    sizes=st.tuples(st.integers(1, 5), st.integers(1, 3), st.integers(1, 5)),
+    gather=st.booleans(),
+    has_bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_column_then_row_matches_dense_on_any_shape(
+    mp: int, lead: list[int], sizes: tuple[int, int, int], gather: bool, has_bias: bool, seed: int
+) -> None:
+    """Megatron's pair (column with or without gather, then row with or without a parallel
+    input) on random shapes and degrees: output and every gradient equal the dense pair's."""
+    n_in, k, n_out = sizes
+    hidden = k * mp  # the split dim must divide by mp
+    x = np.random.default_rng(seed).normal(size=(*lead, n_in))
+
+    def dense() -> list[np.ndarray]:
+        dist.seed(seed)
+        with dist.nn.layer.default_dtype("float64"):
+            a = dist.nn.Linear(n_in, hidden, bias_attr=None if has_bias else False)
+            b = dist.nn.Linear(hidden, n_out)
+        xt = dist.to_tensor(x)
+        xt.stop_gradient = False
+        y = b(dist.nn.functional.gelu(a(xt)))
+        dist.sum(dist.multiply(y, y)).backward()
+        return [y.numpy(), _grad(xt), _grad(a.weight), _grad(b.weight), _grad(b.bias)]
+
+    def program(rank: int) -> list[np.ndarray]:
+        init(mp=mp)
+        dist.seed(seed)
+        with dist.nn.layer.default_dtype("float64"):
+            a = ColumnParallelLinear(n_in, hidden, has_bias=has_bias, gather_output=gather)
+            b = RowParallelLinear(hidden, n_out, input_is_parallel=not gather)
+        xt = dist.to_tensor(x)
+        xt.stop_gradient = False
+        y = b(dist.nn.functional.gelu(a(xt)))
+        dist.sum(dist.multiply(y, y)).backward()
+        return [y.numpy(), _grad(xt), _grad(a.weight), _grad(b.weight), _grad(b.bias)]
+
+    want = dense()
+    for r, got in per_rank(mp, program).items():
+        part = np.split(np.arange(hidden), mp)[r]
+        expect = [want[0], want[1], want[2][:, part], want[3][part], want[4]]
+        for g, w in zip(got, expect, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
 
 
 def test_layer_errors_name_the_layer_and_the_size() -> None:
