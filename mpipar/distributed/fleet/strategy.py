@@ -29,7 +29,7 @@ _SHARDING_KEYS: dict[str, Any] = {
     "sharding_segment_strategy": "segment_broadcast_MB",
     "segment_broadcast_MB": 32.0,
     "segment_anchors": None,
-    "sharding_degree": 8,
+    "sharding_degree": 1,
     "mp_degree": 1,
     "pp_degree": 1,
     "dp_degree": 1,
