@@ -60,6 +60,22 @@ def per_rank(n: int, program: Callable[[int], Any]) -> dict[int, Any]:
     return results
 
 
+def recorded(rank: int) -> Any:
+    """A ``CommDebugMode`` on rank 0 only: the threads of per-rank programs share the process's
+    recorders, so one recorder hears the world; ``rank0_counts`` keeps rank 0's collectives."""
+    return dist.CommDebugMode() if rank == 0 else contextlib.nullcontext()
+
+
+def rank0_counts(mode: Any) -> dict[str, int]:
+    if mode is None:
+        return {}
+    counts: dict[str, int] = {}
+    for e in mode.events:
+        if 0 in e.ranks:
+            counts[e.op] = counts.get(e.op, 0) + 1
+    return counts
+
+
 def init(dp: int = 1, pp: int = 1, sh: int = 1, mp: int = 1, **configs: Any) -> fleet.HybridCommunicateGroup:
     """``fleet.init`` with these degrees (``sh``: sharding) and strategy attributes ``configs``."""
     s = fleet.DistributedStrategy()
@@ -420,6 +436,32 @@ def test_column_then_row_matches_dense_on_any_shape(
             np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
 
 
+def test_collectives_of_a_tensor_parallel_step_are_pinned() -> None:
+    """Embedding -> column -> row -> column head -> parallel cross entropy on mp=2, then the
+    optimizer on dp=2: the all-reduces Megatron's layout needs, and no more."""
+    ids = np.random.default_rng(8).integers(0, 8, size=(2, 3))
+
+    def program(rank: int) -> tuple[dict[str, int], dict[str, int]]:
+        init(dp=2, mp=2)
+        dist.seed(1)
+        emb, col = VocabParallelEmbedding(8, 4), ColumnParallelLinear(4, 8, gather_output=False)
+        row, head = RowParallelLinear(8, 4, input_is_parallel=True), ColumnParallelLinear(4, 8, gather_output=False)
+        layers = [emb, col, row, head]
+        opt = fleet.distributed_optimizer(dist.optimizer.SGD(parameters=[p for m in layers for p in m.parameters()]))
+        with recorded(rank) as step:
+            logits = head(row(col(emb(dist.to_tensor(ids)))))
+            dist.mean(ParallelCrossEntropy()(logits, dist.to_tensor(ids))).backward()
+        with recorded(rank) as update:
+            opt.step()
+        return rank0_counts(step), rank0_counts(update)
+
+    step, update = per_rank(4, program)[0]
+    # forward: embedding 1, row 1, cross entropy 3 (max, sum of exp, target); backward: the two
+    # column layers' c_identity
+    assert step == {"all_reduce": 7}
+    assert update == {"all_reduce": 7}  # dp: one per parameter (emb 1, col 2, row 2, head 2)
+
+
 def test_layer_errors_name_the_layer_and_the_size() -> None:
     with pytest.raises(ValueError, match=re.escape("ColumnParallelLinear: no model-parallel group; call fleet.init")):
         ColumnParallelLinear(4, 4)
@@ -622,10 +664,10 @@ def test_recompute_reruns_the_collectives_and_keeps_the_gradients() -> None:
                 layer = PipelineLayer([LayerDesc(ColumnParallelLinear, 4, 6, gather_output=False),
                                        LayerDesc(RowParallelLinear, 6, 4, input_is_parallel=True)])  # fmt: skip
             assert layer._recompute_interval == (1 if recompute else 0)
-            with dist.CommDebugMode() as comm:
+            with recorded(rank) as comm:
                 out = layer(dist.to_tensor(x))
                 dist.mean(dist.multiply(out, out)).backward()
-            return [comm.counts().get("all_reduce", 0), *(_grad(p) for p in layer.parameters())]
+            return [rank0_counts(comm).get("all_reduce", 0), *(_grad(p) for p in layer.parameters())]
 
         return run
 
