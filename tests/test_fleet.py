@@ -436,30 +436,53 @@ def test_column_then_row_matches_dense_on_any_shape(
             np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
 
 
-def test_collectives_of_a_tensor_parallel_step_are_pinned() -> None:
+@pytest.mark.parametrize(("bucket_mb", "update_calls"), [(32, 1), (1e-9, 7)])
+def test_collectives_of_a_tensor_parallel_step_are_pinned(bucket_mb: float, update_calls: int) -> None:
     """Embedding -> column -> row -> column head -> parallel cross entropy on mp=2, then the
-    optimizer on dp=2: the all-reduces Megatron's layout needs, and no more."""
+    optimizer on dp=2: the all-reduces Megatron's layout needs, and no more; the update's
+    gradients in one bucket (32 MB), or one call per parameter when buckets hold one byte."""
     ids = np.random.default_rng(8).integers(0, 8, size=(2, 3))
 
-    def program(rank: int) -> tuple[dict[str, int], dict[str, int]]:
-        init(dp=2, mp=2)
+    def program(rank: int) -> tuple[dict[str, int], dict[str, int], list[np.ndarray]]:
+        init(dp=2, mp=2, sharding_configs={"segment_broadcast_MB": bucket_mb})
         dist.seed(1)
         emb, col = VocabParallelEmbedding(8, 4), ColumnParallelLinear(4, 8, gather_output=False)
         row, head = RowParallelLinear(8, 4, input_is_parallel=True), ColumnParallelLinear(4, 8, gather_output=False)
-        layers = [emb, col, row, head]
-        opt = fleet.distributed_optimizer(dist.optimizer.SGD(parameters=[p for m in layers for p in m.parameters()]))
+        params = [p for m in (emb, col, row, head) for p in m.parameters()]
+        opt = fleet.distributed_optimizer(dist.optimizer.SGD(parameters=params))
         with recorded(rank) as step:
-            logits = head(row(col(emb(dist.to_tensor(ids)))))
-            dist.mean(ParallelCrossEntropy()(logits, dist.to_tensor(ids))).backward()
+            logits = head(row(col(emb(dist.to_tensor(ids[rank // 2 :: 2])))))  # this dp rank's row
+            dist.mean(ParallelCrossEntropy()(logits, dist.to_tensor(ids[rank // 2 :: 2]))).backward()
         with recorded(rank) as update:
             opt.step()
-        return rank0_counts(step), rank0_counts(update)
+        return rank0_counts(step), rank0_counts(update), [p.numpy() for p in params]
 
-    step, update = per_rank(4, program)[0]
+    out = per_rank(4, program)
     # forward: embedding 1, row 1, cross entropy 3 (max, sum of exp, target); backward: the two
     # column layers' c_identity
-    assert step == {"all_reduce": 7}
-    assert update == {"all_reduce": 7}  # dp: one per parameter (emb 1, col 2, row 2, head 2)
+    assert out[0][0] == {"all_reduce": 7}
+    assert out[0][1] == {"all_reduce": update_calls}
+    for a, b in zip(out[0][2], out[2][2], strict=True):  # dp replicas stepped alike
+        np.testing.assert_array_equal(a, b)
+
+
+def test_buckets_give_the_same_bits_as_one_call_per_parameter() -> None:
+    def run(bucket_mb: float) -> list[np.ndarray]:
+        def program(rank: int) -> list[np.ndarray]:
+            init(dp=2, sharding_configs={"segment_broadcast_MB": bucket_mb})
+            dist.seed(4)
+            layers = [dist.nn.Linear(3, 5), dist.nn.Linear(5, 2)]
+            params = [p for m in layers for p in m.parameters()]
+            opt = fleet.distributed_optimizer(dist.optimizer.SGD(learning_rate=0.5, parameters=params))
+            x = np.random.default_rng(rank).normal(size=(4, 3)).astype("float32")
+            dist.mean(layers[1](layers[0](dist.to_tensor(x)))).backward()
+            opt.step()
+            return [p.numpy() for p in params]
+
+        return per_rank(2, program)[0]
+
+    for a, b in zip(run(32), run(1e-9), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_layer_errors_name_the_layer_and_the_size() -> None:
