@@ -233,7 +233,9 @@ def test_topology_round_trips_and_parallel_modes() -> None:
         assert topo.get_rank(**dict(zip(topo.get_hybrid_group_names(), topo.get_coord(r), strict=True))) == r
     assert topo.get_comm_list("sharding")[0] == [0, 2, 4]
     assert topo.get_axis_list("data", 1) == list(range(6, 12))
-    assert topo.mesh().shape == [2, 1, 3, 2] or tuple(topo.mesh().shape) == (2, 1, 3, 2)
+    mesh = topo.mesh()  # the same layout as a ProcessMesh, for placements on its axes
+    assert list(mesh.shape) == [2, 1, 3, 2] and mesh.dim_names == ["data", "pipe", "sharding", "model"]
+    assert list(mesh.process_ids) == list(range(12))
     with pytest.raises(ValueError, match="get_rank: model=2 is outside the axis of size 2"):
         topo.get_rank(data=0, pipe=0, sharding=0, model=2)
     modes = per_rank(2, lambda r: [init(dp=2).get_parallel_mode(), init(sh=2).get_parallel_mode(), init(mp=2).get_parallel_mode()])
