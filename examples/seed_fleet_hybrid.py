@@ -109,48 +109,48 @@ hcg = fleet.get_hybrid_communicate_group()
 
 
 class Embed(paddle.nn.Layer):
-    def __init__(self, vocab, hidden):
+    def __init__(self, vocab: int, hidden: int) -> None:
         super().__init__()
         self.word = VocabParallelEmbedding(vocab, hidden)  # vocabulary rows split over the model group
 
-    def forward(self, ids):
+    def forward(self, ids: paddle.Tensor) -> paddle.Tensor:
         return self.word(ids)  # (B, T, H)
 
 
 class Block(paddle.nn.Layer):
     """Pre-norm MLP block, Megatron's split: up by columns, down by rows, one all_reduce."""
 
-    def __init__(self, hidden):
+    def __init__(self, hidden: int) -> None:
         super().__init__()
         self.norm = paddle.nn.LayerNorm(hidden)
         self.up = ColumnParallelLinear(hidden, 4 * hidden, gather_output=False)
         self.down = RowParallelLinear(4 * hidden, hidden, input_is_parallel=True)
 
-    def forward(self, x):
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         h = paddle.nn.functional.gelu(self.up(self.norm(x)))  # (B, T, 4H / mp)
         return x + self.down(h)  # (B, T, H)
 
 
 class Head(paddle.nn.Layer):
-    def __init__(self, hidden, vocab):
+    def __init__(self, hidden: int, vocab: int) -> None:
         super().__init__()
         self.norm = paddle.nn.LayerNorm(hidden)
         self.out = ColumnParallelLinear(hidden, vocab, gather_output=False)
 
-    def forward(self, x):
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         return self.out(self.norm(x))  # (B, T, vocab / mp): logits stay split
 
 
 class LMLoss(paddle.nn.Layer):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.ce = ParallelCrossEntropy()
 
-    def forward(self, logits, labels):
+    def forward(self, logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
         return paddle.mean(self.ce(logits, labels))
 
 
-def tied_head(embedding, x):
+def tied_head(embedding: VocabParallelEmbedding, x: paddle.Tensor) -> paddle.Tensor:
     """Logits against the embedding table: x enters every model rank (c_identity), each
     multiplies by its own vocabulary rows, so the logits come out split by vocabulary."""
     x = c_identity(x, hcg.get_model_parallel_group())
@@ -176,7 +176,7 @@ share = hcg.get_data_parallel_rank() * sharding + hcg.get_sharding_parallel_rank
 rows = slice(share * BATCH // data_ranks, (share + 1) * BATCH // data_ranks)
 
 
-def batch(step):
+def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
     """Sequences of a fixed rule (next = 3 * token + 1 mod vocab) from random starts: learnable."""
     rng = np.random.default_rng([step, 1])
     tokens = np.empty((BATCH, SEQ + 1), dtype="int64")

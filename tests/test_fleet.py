@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import REPO
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mpipar as dist
 from mpipar.distributed import fleet
@@ -56,6 +58,22 @@ def per_rank(n: int, program: Callable[[int], Any]) -> dict[int, Any]:
     with dist.use_backend(backend):
         backend.world.run(lambda: results.__setitem__(dist.get_rank(), program(dist.get_rank())))
     return results
+
+
+def recorded(rank: int) -> Any:
+    """A ``CommDebugMode`` on rank 0 only: the threads of per-rank programs share the process's
+    recorders, so one recorder hears the world; ``rank0_counts`` keeps rank 0's collectives."""
+    return dist.CommDebugMode() if rank == 0 else contextlib.nullcontext()
+
+
+def rank0_counts(mode: Any) -> dict[str, int]:
+    if mode is None:
+        return {}
+    counts: dict[str, int] = {}
+    for e in mode.events:
+        if 0 in e.ranks:
+            counts[e.op] = counts.get(e.op, 0) + 1
+    return counts
 
 
 def init(dp: int = 1, pp: int = 1, sh: int = 1, mp: int = 1, **configs: Any) -> fleet.HybridCommunicateGroup:
@@ -215,7 +233,9 @@ def test_topology_round_trips_and_parallel_modes() -> None:
         assert topo.get_rank(**dict(zip(topo.get_hybrid_group_names(), topo.get_coord(r), strict=True))) == r
     assert topo.get_comm_list("sharding")[0] == [0, 2, 4]
     assert topo.get_axis_list("data", 1) == list(range(6, 12))
-    assert topo.mesh().shape == [2, 1, 3, 2] or tuple(topo.mesh().shape) == (2, 1, 3, 2)
+    mesh = topo.mesh()  # the same layout as a ProcessMesh, for placements on its axes
+    assert list(mesh.shape) == [2, 1, 3, 2] and mesh.dim_names == ["data", "pipe", "sharding", "model"]
+    assert list(mesh.process_ids) == list(range(12))
     with pytest.raises(ValueError, match="get_rank: model=2 is outside the axis of size 2"):
         topo.get_rank(data=0, pipe=0, sharding=0, model=2)
     modes = per_rank(2, lambda r: [init(dp=2).get_parallel_mode(), init(sh=2).get_parallel_mode(), init(mp=2).get_parallel_mode()])
@@ -339,6 +359,132 @@ def test_vocab_parallel_embedding_and_parallel_cross_entropy_match_dense(mp: int
         np.testing.assert_allclose(loss, want[0], rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(g_emb, want[1][part[r]], rtol=1e-10, atol=1e-13)
         np.testing.assert_allclose(g_head, want[2][:, part[r]], rtol=1e-10, atol=1e-13)
+
+
+def test_split_and_concat_are_each_others_backward() -> None:
+    """c_concat gathers the members' slices (group None: the world); its gradient is this
+    member's slice; c_split slices and its gradient is gathered whole."""
+    from mpipar.distributed.fleet.meta_parallel.mp_ops import c_concat, c_split
+
+    whole = np.arange(12.0).reshape(2, 6)
+    weights = np.arange(12.0).reshape(2, 6) + 1  # a loss sum(w * y) with the same w on every member
+
+    def program(rank: int) -> tuple[np.ndarray, ...]:
+        piece = dist.to_tensor(np.split(whole, 3, axis=-1)[rank])
+        piece.stop_gradient = False
+        joined = c_concat(piece)
+        dist.sum(dist.multiply(joined, dist.to_tensor(weights))).backward()
+        full = dist.to_tensor(whole)
+        full.stop_gradient = False
+        mine = c_split(full)
+        dist.sum(dist.multiply(mine, dist.to_tensor(np.split(weights, 3, axis=-1)[rank]))).backward()
+        return joined.numpy(), _grad(piece), mine.numpy(), _grad(full)
+
+    got = per_rank(3, program)
+    for r in range(3):
+        joined, g_piece, mine, g_full = got[r]
+        np.testing.assert_array_equal(joined, whole)
+        np.testing.assert_array_equal(g_piece, np.split(weights, 3, axis=-1)[r])
+        np.testing.assert_array_equal(mine, np.split(whole, 3, axis=-1)[r])
+        np.testing.assert_array_equal(g_full, weights)  # every member's slice gradient, gathered
+
+
+@settings(max_examples=20)
+@given(
+    mp=st.sampled_from([1, 2, 3, 4]),
+    lead=st.lists(st.integers(1, 3), min_size=1, max_size=2),
+    sizes=st.tuples(st.integers(1, 5), st.integers(1, 3), st.integers(1, 5)),
+    gather=st.booleans(),
+    has_bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_column_then_row_matches_dense_on_any_shape(
+    mp: int, lead: list[int], sizes: tuple[int, int, int], gather: bool, has_bias: bool, seed: int
+) -> None:
+    """Megatron's pair (column with or without gather, then row with or without a parallel
+    input) on random shapes and degrees: output and every gradient equal the dense pair's."""
+    n_in, k, n_out = sizes
+    hidden = k * mp  # the split dim must divide by mp
+    x = np.random.default_rng(seed).normal(size=(*lead, n_in))
+
+    def dense() -> list[np.ndarray]:
+        dist.seed(seed)
+        with dist.nn.layer.default_dtype("float64"):
+            a = dist.nn.Linear(n_in, hidden, bias_attr=None if has_bias else False)
+            b = dist.nn.Linear(hidden, n_out)
+        xt = dist.to_tensor(x)
+        xt.stop_gradient = False
+        y = b(dist.nn.functional.gelu(a(xt)))
+        dist.sum(dist.multiply(y, y)).backward()
+        return [y.numpy(), _grad(xt), _grad(a.weight), _grad(b.weight), _grad(b.bias)]
+
+    def program(rank: int) -> list[np.ndarray]:
+        init(mp=mp)
+        dist.seed(seed)
+        with dist.nn.layer.default_dtype("float64"):
+            a = ColumnParallelLinear(n_in, hidden, has_bias=has_bias, gather_output=gather)
+            b = RowParallelLinear(hidden, n_out, input_is_parallel=not gather)
+        xt = dist.to_tensor(x)
+        xt.stop_gradient = False
+        y = b(dist.nn.functional.gelu(a(xt)))
+        dist.sum(dist.multiply(y, y)).backward()
+        return [y.numpy(), _grad(xt), _grad(a.weight), _grad(b.weight), _grad(b.bias)]
+
+    want = dense()
+    for r, got in per_rank(mp, program).items():
+        part = np.split(np.arange(hidden), mp)[r]
+        expect = [want[0], want[1], want[2][:, part], want[3][part], want[4]]
+        for g, w in zip(got, expect, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("bucket_mb", "update_calls"), [(32, 1), (1e-9, 7)])
+def test_collectives_of_a_tensor_parallel_step_are_pinned(bucket_mb: float, update_calls: int) -> None:
+    """Embedding -> column -> row -> column head -> parallel cross entropy on mp=2, then the
+    optimizer on dp=2: the all-reduces Megatron's layout needs, and no more; the update's
+    gradients in one bucket (32 MB), or one call per parameter when buckets hold one byte."""
+    ids = np.random.default_rng(8).integers(0, 8, size=(2, 3))
+
+    def program(rank: int) -> tuple[dict[str, int], dict[str, int], list[np.ndarray]]:
+        init(dp=2, mp=2, sharding_configs={"segment_broadcast_MB": bucket_mb})
+        dist.seed(1)
+        emb, col = VocabParallelEmbedding(8, 4), ColumnParallelLinear(4, 8, gather_output=False)
+        row, head = RowParallelLinear(8, 4, input_is_parallel=True), ColumnParallelLinear(4, 8, gather_output=False)
+        params = [p for m in (emb, col, row, head) for p in m.parameters()]
+        opt = fleet.distributed_optimizer(dist.optimizer.SGD(parameters=params))
+        with recorded(rank) as step:
+            logits = head(row(col(emb(dist.to_tensor(ids[rank // 2 :: 2])))))  # this dp rank's row
+            dist.mean(ParallelCrossEntropy()(logits, dist.to_tensor(ids[rank // 2 :: 2]))).backward()
+        with recorded(rank) as update:
+            opt.step()
+        return rank0_counts(step), rank0_counts(update), [p.numpy() for p in params]
+
+    out = per_rank(4, program)
+    # forward: embedding 1, row 1, cross entropy 3 (max, sum of exp, target); backward: the two
+    # column layers' c_identity
+    assert out[0][0] == {"all_reduce": 7}
+    assert out[0][1] == {"all_reduce": update_calls}
+    for a, b in zip(out[0][2], out[2][2], strict=True):  # dp replicas stepped alike
+        np.testing.assert_array_equal(a, b)
+
+
+def test_buckets_give_the_same_bits_as_one_call_per_parameter() -> None:
+    def run(bucket_mb: float) -> list[np.ndarray]:
+        def program(rank: int) -> list[np.ndarray]:
+            init(dp=2, sharding_configs={"segment_broadcast_MB": bucket_mb})
+            dist.seed(4)
+            layers = [dist.nn.Linear(3, 5), dist.nn.Linear(5, 2)]
+            params = [p for m in layers for p in m.parameters()]
+            opt = fleet.distributed_optimizer(dist.optimizer.SGD(learning_rate=0.5, parameters=params))
+            x = np.random.default_rng(rank).normal(size=(4, 3)).astype("float32")
+            dist.mean(layers[1](layers[0](dist.to_tensor(x)))).backward()
+            opt.step()
+            return [p.numpy() for p in params]
+
+        return per_rank(2, program)[0]
+
+    for a, b in zip(run(32), run(1e-9), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_layer_errors_name_the_layer_and_the_size() -> None:
@@ -543,10 +689,10 @@ def test_recompute_reruns_the_collectives_and_keeps_the_gradients() -> None:
                 layer = PipelineLayer([LayerDesc(ColumnParallelLinear, 4, 6, gather_output=False),
                                        LayerDesc(RowParallelLinear, 6, 4, input_is_parallel=True)])  # fmt: skip
             assert layer._recompute_interval == (1 if recompute else 0)
-            with dist.CommDebugMode() as comm:
+            with recorded(rank) as comm:
                 out = layer(dist.to_tensor(x))
                 dist.mean(dist.multiply(out, out)).backward()
-            return [comm.counts().get("all_reduce", 0), *(_grad(p) for p in layer.parameters())]
+            return [rank0_counts(comm).get("all_reduce", 0), *(_grad(p) for p in layer.parameters())]
 
         return run
 
@@ -668,14 +814,11 @@ def test_seed_example_from_the_command_line_prints_one_devices_losses() -> None:
 @pytest.mark.parametrize(
     ("n", "flags", "batch"),
     [
-        (8, (), ()),  # mp=2, pp=2, sharding=2 (the seed's sharding_configs spelling)
-        (8, ("--num-dp", "2", "--num-sharding", "1", "--schedule", "FThenB"), ()),
-        (8, ("--sharding-stage", "2", "--recompute", "--offload"), ()),
-        (4, ("--num-mp", "1", "--num-pp", "4"), ("--batch-size", "4", "--accumulate-steps", "4")),
-        pytest.param(16, ("--num-dp", "2"), (), marks=pytest.mark.slow),  # all four degrees 2 (16 threads)
-        (8, (), ("--gradient-merge", "2")),
-        (8, (), ("--shared-embedding",)),  # tied embedding on stages 0 and 1, clipping engaged
+        # the defaults (mp=2, pp=2, sharding=2 in the seed's spelling) run from the command line above
+        (8, ("--num-dp", "2", "--num-sharding", "1", "--schedule", "FThenB"), ("--shared-embedding",)),  # tied, clipped
+        (8, ("--sharding-stage", "2", "--recompute", "--offload"), ("--gradient-merge", "2")),
         (4, ("--num-mp", "1", "--num-pp", "4"), ("--shared-embedding", "--batch-size", "4", "--accumulate-steps", "4")),
+        pytest.param(16, ("--num-dp", "2"), (), marks=pytest.mark.slow),  # all four degrees 2 (16 threads)
     ],
 )
 def test_seed_example_prints_one_devices_losses(n: int, flags: tuple[str, ...], batch: tuple[str, ...]) -> None:

@@ -9,7 +9,9 @@ One ``step()`` of ``HybridParallelOptimizer`` on each rank, in this order:
    each member a different share, so gradients are averaged over both. Sharding stage 1
    all-reduces every gradient over the sharding group; stage 2 reduces each gradient to the
    one member that owns the parameter and the others drop it. Then the data group
-   all-reduces what is left (its members own the same parameters);
+   all-reduces what is left (its members own the same parameters). The all-reduces go in
+   buckets of ``sharding_configs['segment_broadcast_MB']`` (32 MB by default): consecutive
+   gradients flattened into one buffer, one call each;
 3. gradient clipping by global norm, with each gradient counted once: the squares of
    model-parallel slices (``is_distributed``) are summed over the model group, replicated
    ones are not (nor a weight tied across stages, but on its first stage); the sums are then added over the sharding group (each member holds its own
@@ -130,26 +132,47 @@ class HybridParallelOptimizer:
 
     def _reduce_gradients(self) -> None:
         hcg = self._hcg
-        dp = hcg.get_data_parallel_world_size()
         me = hcg.get_global_rank()
+        groups = []  # the groups every remaining gradient is averaged over, fused in buckets
+        if self._sharding > 1 and self._stage == 1:
+            groups.append(hcg.get_sharding_parallel_group())
+        if hcg.get_data_parallel_world_size() > 1:
+            groups.append(hcg.get_data_parallel_group())
+        pending: list[tuple[Tensor, np.ndarray]] = []
         for p in self._params:
             if p.grad is None:
                 continue  # unused on every replica alike (they run the same program)
-            g = Tensor(np.array(p.grad.numpy(), copy=True))
-            if self._sharding > 1:
-                group = hcg.get_sharding_parallel_group()
-                if self._stage == 1:
-                    all_reduce(g, op=ReduceOp.AVG, group=group)
-                else:
-                    owner = self._owner[id(p)]
-                    reduce(g, dst=owner, op=ReduceOp.SUM, group=group)
-                    if owner != me:
-                        p.grad = None  # stage 2: only the owner keeps the gradient
-                        continue
-                    g = Tensor(g.numpy() / self._sharding)
-            if dp > 1:
-                all_reduce(g, op=ReduceOp.AVG, group=hcg.get_data_parallel_group())
-            p.grad = g
+            g = np.array(p.grad.numpy(), copy=True)
+            if self._sharding > 1 and self._stage == 2:
+                owner = self._owner[id(p)]
+                t = Tensor(g)
+                reduce(t, dst=owner, op=ReduceOp.SUM, group=hcg.get_sharding_parallel_group())
+                if owner != me:
+                    p.grad = None  # stage 2: only the owner keeps the gradient
+                    continue
+                g = t.numpy() / self._sharding
+            pending.append((p, g))
+        for bucket in self._buckets(pending):
+            flat = Tensor(np.concatenate([g.reshape(-1) for _, g in bucket]))
+            for group in groups:
+                all_reduce(flat, op=ReduceOp.AVG, group=group)
+            values, start = flat.numpy(), 0
+            for p, g in bucket:
+                p.grad = Tensor(values[start : start + g.size].reshape(g.shape))
+                start += g.size
+
+    def _buckets(self, pending: list[tuple[Tensor, np.ndarray]]) -> list[list[tuple[Tensor, np.ndarray]]]:
+        """Consecutive gradients of one dtype, each bucket closed once it holds ``segment_broadcast_MB``:
+        one collective per bucket instead of one per tensor (the sums are the same, element by element)."""
+        buckets: list[list[tuple[Tensor, np.ndarray]]] = []
+        size = 0
+        for p, g in pending:
+            if not buckets or size >= self._strategy.bucket_bytes or buckets[-1][0][1].dtype != g.dtype:
+                buckets.append([])
+                size = 0
+            buckets[-1].append((p, g))
+            size += g.nbytes
+        return buckets
 
     def _clip_gradients(self, clip_norm: float) -> None:
         hcg = self._hcg

@@ -29,7 +29,7 @@ _SHARDING_KEYS: dict[str, Any] = {
     "sharding_segment_strategy": "segment_broadcast_MB",
     "segment_broadcast_MB": 32.0,
     "segment_anchors": None,
-    "sharding_degree": 8,
+    "sharding_degree": 1,
     "mp_degree": 1,
     "pp_degree": 1,
     "dp_degree": 1,
@@ -140,6 +140,8 @@ class Resolved:
     gradient_merge_steps: int
     gradient_merge_avg: bool
     recompute: bool
+    bucket_bytes: int = 32 << 20
+    """Gradients are all-reduced in buckets of about this size (``segment_broadcast_MB``)."""
 
     @property
     def degrees(self) -> tuple[int, int, int, int]:
@@ -222,6 +224,7 @@ class DistributedStrategy:
             gradient_merge_steps=merge,
             gradient_merge_avg=bool(self._configs["gradient_merge_configs"].values["avg"]),
             recompute=bool(self.recompute),
+            bucket_bytes=max(1, int(sharding.values["segment_broadcast_MB"] * (1 << 20))),
         )
 
     def _merge_steps(self) -> int:

@@ -15,7 +15,8 @@ function          forward                          backward
 ================  ===============================  ===================================
 
 ``c_identity`` and ``mp_allreduce`` are ``mpipar.collective``'s (manual mode); the split and
-concat pair is added here. A group of one member makes all four the identity.
+concat pair is added here. ``group=None`` is the world, as for every manual collective; a
+group of one member makes all four the identity.
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ import numpy as np
 
 from mpipar.backend import current_backend
 from mpipar.collective import Group, _link, _read, _transport, c_identity, mp_allreduce
+from mpipar.collective import _members as _group_members
 from mpipar.tensor import Tensor
 
 
-def _members(group: Group | None) -> tuple[int, ...]:
-    if group is None:
-        return (current_backend().rank,)
-    if current_backend().rank not in group.ranks:
-        raise ValueError(f"rank {current_backend().rank} is not a member of the model-parallel {group}")
-    return group.ranks
+def _members(group: Group | None, call: str) -> tuple[int, ...]:
+    """The group's ranks (the world for None, as every manual collective takes it)."""
+    members = _group_members(group, call)
+    if members is None:
+        raise ValueError(f"{call}: rank {current_backend().rank} is not a member of {group}")
+    return members
 
 
 def _pieces(value: np.ndarray, n: int, what: str) -> list[np.ndarray]:
@@ -59,7 +61,7 @@ def _slice_last(value: np.ndarray, members: tuple[int, ...], what: str) -> np.nd
 
 def c_split(x: Tensor, group: Group | None = None) -> Tensor:
     """Forward: this member's slice of the last dim; backward: all_gather of the slices' gradients."""
-    members = _members(group)
+    members = _members(group, "c_split")
     value = _slice_last(_read(x, "c_split input"), members, "c_split")
     out = Tensor(value, dtype=value.dtype)
 
@@ -74,7 +76,7 @@ def c_split(x: Tensor, group: Group | None = None) -> Tensor:
 
 def c_concat(x: Tensor, group: Group | None = None) -> Tensor:
     """Forward: all_gather along the last dim (members' slices in group order); backward: this member's slice."""
-    members = _members(group)
+    members = _members(group, "c_concat")
     value = _gather_last(_read(x, "c_concat input"), members, "c_concat")
     out = Tensor(value, dtype=value.dtype)
 
