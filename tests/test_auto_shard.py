@@ -133,6 +133,30 @@ def test_gpt_plan_collectives_equal_the_hand_annotated_model(gpt_plan: AutoShard
     assert _collectives(auto, mesh) == _collectives(hand, mesh)
 
 
+def test_free_embedding_differs_from_the_built_in_tensor_parallel_gpt_only_by_cheaper_collectives(
+    gpt_plan: AutoShard,
+) -> None:
+    mesh = _mesh()
+    auto = GPT(CFG)
+    dist.shard_layer(auto, mesh, gpt_plan)
+    got, hand = _collectives(auto, mesh), _collectives(GPT(CFG, GPTParallel([mesh])), mesh)
+    act = float(BATCH * CFG.block_size * CFG.n_embd * 8)  # the embedding's output, float64
+    wpe = float(CFG.block_size * CFG.n_embd * 8)
+    # The embedding's all_reduce becomes an all_gather of the half each rank holds, and wpe's
+    # gradient is reduce-scattered into its split instead of all-reduced: nothing else moves.
+    assert got - hand == Counter({("forward", "all_gather", act / 2): 1, ("backward", "reduce_scatter", wpe / 2): 1})
+    assert hand - got == Counter({("forward", "all_reduce", act): 1, ("backward", "all_reduce", wpe): 1})
+
+
+def test_built_in_gpt_with_the_embeddings_pinned_has_the_hand_annotated_collectives() -> None:
+    mesh = _mesh()
+    plan = dist.auto_shard(GPT(CFG), mesh, _tokens(0), step=_gpt_step, price=_cpu, fixed={"wte": "vocab", "wpe": "replicate"})
+    assert plan.choices == {**MEGATRON, "lm_head": "column", "wte": "vocab", "wpe": "replicate"}
+    auto = GPT(CFG)
+    dist.shard_layer(auto, mesh, plan)
+    assert _collectives(auto, mesh) == _collectives(GPT(CFG, GPTParallel([mesh])), mesh)
+
+
 def test_tied_head_makes_the_embedding_vocabulary_parallel_with_megatrons_collectives() -> None:
     mesh = _mesh()
     plan = dist.auto_shard(TiedGPT(CFG), mesh, _tokens(0), step=_gpt_step, price=_cpu, fixed={"wpe": "replicate"})
