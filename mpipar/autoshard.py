@@ -41,6 +41,7 @@ How it chooses:
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -244,6 +245,8 @@ def auto_shard(
     axis = mesh.dim_names[-1] if axis is None else axis
     if axis not in mesh.dim_names:
         raise ValueError(f"auto_shard axis {axis!r} is not an axis of mesh {mesh} (axes {list(mesh.dim_names)})")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"auto_shard rounds must be an int >= 1, got {rounds!r}")
     size = mesh.get_dim_size(axis)
     pricer = price if price is not None else _default_pricer()
     run = step if step is not None else _mean_step
@@ -280,7 +283,7 @@ def auto_shard(
     first: Priced | None = None
     history: list[str] = []
     converged = False
-    for round_ in range(1, max(1, rounds) + 1):
+    for round_ in range(1, rounds + 1):
         base = {**extra, **{n: c for st, p in zip(stages, path, strict=True) for n, c in st.options[p].items()}}
         t0 = tracer.price(base)
         first = first or t0
@@ -472,16 +475,24 @@ class _Tracer:
     def price(self, assign: dict[str, Candidate]) -> Priced:
         key = self._key(assign)
         if key not in self._cache:
-            plan = self.plan(assign)
-            seconds, nbytes = self.pricer(plan)
-            self._cache[key] = Priced(float(seconds), float(nbytes))
+            self._cache[key] = self._priced(self.plan(assign))
         return self._cache[key]
+
+    def _priced(self, plan: Plan) -> Priced:
+        """The pricer's answer, checked: two finite non-negative numbers."""
+        out = self.pricer(plan)
+        try:
+            seconds, nbytes = (float(v) for v in out)
+        except (TypeError, ValueError):
+            raise TypeError(f"auto_shard price(plan) must return (seconds, bytes), got {out!r}") from None
+        if not (math.isfinite(seconds) and math.isfinite(nbytes) and seconds >= 0 and nbytes >= 0):
+            raise ValueError(f"auto_shard price(plan) must return finite non-negative (seconds, bytes), got {out!r}")
+        return Priced(seconds, nbytes)
 
     def first_uses(self, assign: dict[str, Candidate]) -> dict[str, tuple[int, int]]:
         """Unit name -> (index of the first op reading its weight, the tensor id of that op's other input)."""
         plan = self.plan(assign)
-        seconds, nbytes = self.pricer(plan)  # the same trace is the first round's baseline
-        self._cache[self._key(assign)] = Priced(float(seconds), float(nbytes))
+        self._cache[self._key(assign)] = self._priced(plan)  # the same trace is the first round's base
         names = {t.id: t.name for t in plan.tensors if t.kind == "parameter"}
         out: dict[str, tuple[int, int]] = {}
         for op in plan.ops:

@@ -18,7 +18,7 @@ from threadpoolctl import threadpool_limits
 import mpipar as dist
 from mpipar.autoshard import AutoShard
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel, gpt_loss
-from mpipar.nn import Linear, ReLU, Sequential
+from mpipar.nn import Layer, Linear, ReLU, Sequential
 from mpipar.plan import Plan
 from mpipar.tensor import Tensor
 from mpipar.trace import trace
@@ -254,3 +254,57 @@ def test_bad_requests_name_what_is_wrong() -> None:
     other = dist.ProcessMesh([0, 1], dim_names=["tp"])
     with pytest.raises(ValueError, match="auto_shard chose placements for mesh"):
         dist.shard_layer(_mlp(6, 2), other, plan)
+    elsewhere = dist.shard_tensor(np.zeros((4, 6)), other, [dist.Shard(0)])
+    with pytest.raises(ValueError, match=r"example input .* lives on mesh .* not on"):
+        dist.auto_shard(_mlp(6, 2), mesh, (elsewhere,), price=lambda p: (1.0, 0.0))
+    with pytest.raises(ValueError, match="rounds must be an int >= 1, got 0"):
+        dist.auto_shard(_mlp(6, 2), mesh, x, rounds=0)
+    with pytest.raises(ValueError, match=r"finite non-negative \(seconds, bytes\), got \(nan, 0.0\)"):
+        dist.auto_shard(_mlp(6, 2), mesh, x, price=lambda p: (float("nan"), 0.0))
+    with pytest.raises(TypeError, match=r"must return \(seconds, bytes\), got 'fast'"):
+        dist.auto_shard(_mlp(6, 2), mesh, x, price=lambda p: "fast")
+
+
+class _WithSpare(Layer):
+    """A Linear the step never calls: nothing to price, it stays replicated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = Linear(6, 6)
+        self.spare = Linear(6, 6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.used(x)
+
+
+def test_a_layer_the_step_does_not_use_stays_replicated() -> None:
+    plan = dist.auto_shard(_WithSpare(), _mesh(), (Tensor(np.zeros((4, 6))),), price=lambda p: (1.0, 0.0))
+    assert plan.choices["spare"] == "replicate"
+    assert "spare (Linear): replicate [R; not used by the step]" in plan.report()
+
+
+def test_data_parallel_axis_keeps_parameters_replicated_and_matches_one_device() -> None:
+    mesh = dist.ProcessMesh(np.arange(4).reshape(2, 2), dim_names=["dp", "tp"])
+    x = np.random.default_rng(0).standard_normal((256, 512))
+    plan = dist.auto_shard(_mlp(512, 2), mesh, (dist.shard_tensor(x, mesh, [dist.Shard(0), dist.Replicate()]),))
+    assert plan.choices == {"0": "column", "2": "row"}
+    assert plan.placements()["2.bias"] == [dist.Replicate(), dist.Replicate()]
+
+    def losses() -> list[float]:
+        dist.seed(0)
+        model = _mlp(512, 2)
+        dist.shard_layer(model, mesh, plan)
+        opt = dist.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+        out = []
+        for _ in range(2):
+            loss = dist.mean(dist.square(model(dist.shard_tensor(x, mesh, [dist.Shard(0), dist.Replicate()]))))
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            out.append(float(loss.full_tensor()))
+        return out
+
+    sharded = losses()
+    with dist.use_backend(ReferenceBackend()):
+        one_device = losses()
+    np.testing.assert_allclose(sharded, one_device, rtol=1e-12)
