@@ -308,3 +308,12 @@ def test_data_parallel_axis_keeps_parameters_replicated_and_matches_one_device()
     with dist.use_backend(ReferenceBackend()):
         one_device = losses()
     np.testing.assert_allclose(sharded, one_device, rtol=1e-12)
+
+
+@pytest.mark.mpi
+def test_under_mpi_every_process_agrees_and_training_matches_one_device() -> None:
+    from mpi_scripts.launch import mpirun
+
+    run = mpirun(2, "tests/mpi_scripts/auto_shard_mlp.py", timeout=240)
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.lines_of(0)[-1].startswith("ok 0=column,2=row [")
