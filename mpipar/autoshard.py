@@ -426,11 +426,12 @@ def _units(layer: Layer, size: int) -> tuple[list[Unit], list[str]]:
         keep: list[Candidate] = []
         dropped: list[str] = []
         for c in cands:
+            # Only the parameters this sublayer has (a Linear without bias has no bias placement).
+            c = Candidate(c.name, tuple((a, pl) for a, pl in c.placements if sub._parameters.get(a) is not None), c.state)
             bad = [
                 f"{c.name}: {attr} dim {pl.dim} of length {sub._parameters[attr].shape[pl.dim]} does not divide by {size}"
                 for attr, pl in c.placements
-                if isinstance(pl, Shard) and sub._parameters.get(attr) is not None
-                and sub._parameters[attr].shape[pl.dim] % size
+                if isinstance(pl, Shard) and sub._parameters[attr].shape[pl.dim] % size
             ]
             (dropped.extend(bad) if bad else keep.append(c))
         units.append(Unit(name, kind, keep, dropped))
@@ -503,7 +504,8 @@ class _Tracer:
                 owner, _, attr = pname.rpartition(".")
                 if attr == "weight" and owner in assign and owner not in out:
                     others = [t for j, t in enumerate(op.inputs) if j != pos]
-                    out[owner] = (op.index, others[0] if others else -1)
+                    # No other input (a weight transposed first): a key no other unit shares.
+                    out[owner] = (op.index, others[0] if others else -(op.index + 1))
         return out
 
     def plan(self, assign: dict[str, Candidate]) -> Plan:

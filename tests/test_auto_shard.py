@@ -208,6 +208,9 @@ def test_mlp_stack_gets_column_then_row_pairs() -> None:
     assert plan.choices == {"0": "column", "2": "row", "4": "column", "6": "row"}
     assert plan.placements()["0.weight"] == [dist.Replicate(), dist.Shard(1)]
     assert plan.placements()["2.weight"] == [dist.Replicate(), dist.Shard(0)]
+    no_bias = Sequential(Linear(512, 512, bias_attr=False), ReLU(), Linear(512, 512, bias_attr=False))
+    plan = dist.auto_shard(no_bias, _mesh(), (x,))
+    assert plan.placements() == {"0.weight": [dist.Replicate(), dist.Shard(1)], "2.weight": [dist.Replicate(), dist.Shard(0)]}
 
 
 def test_mlp_trained_with_the_chosen_layout_matches_one_device() -> None:
