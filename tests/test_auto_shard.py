@@ -238,6 +238,35 @@ def test_mlp_trained_with_the_chosen_layout_matches_one_device() -> None:
     np.testing.assert_allclose(sharded, one_device, rtol=1e-12)
 
 
+# ----------------------------------------------------------------------------- the DP itself
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dp_finds_the_brute_force_optimum_of_a_chain_priced_pairwise(seed: int) -> None:
+    """A pricer whose step price is exactly a sum of per-layer and neighbour-pair terms (read off
+    the traced plan's weight placements): the DP's answer is the cheapest of all 3**5 layouts."""
+    import itertools
+
+    depth = 5
+    rng = np.random.default_rng(seed)
+    unary = rng.uniform(0, 1, (depth, 3))
+    pair = rng.uniform(0, 1, (depth - 1, 3, 3))
+    codes = {"R": 0, "S(1)": 1, "S(0)": 2}  # replicate, column, row of a (6, 6) weight on a 1-D mesh
+    names = ["replicate", "column", "row"]
+
+    def price(plan: Plan) -> tuple[float, float]:
+        layout = {t.name: codes[t.placements] for t in plan.tensors if t.kind == "parameter" and t.name.endswith("weight")}
+        c = [layout[f"{2 * i}.weight"] for i in range(depth)]
+        return float(sum(unary[i, c[i]] for i in range(depth)) + sum(pair[i, c[i], c[i + 1]] for i in range(depth - 1))), 0.0
+
+    def total(c: tuple[int, ...]) -> float:
+        return float(sum(unary[i, c[i]] for i in range(depth)) + sum(pair[i, c[i], c[i + 1]] for i in range(depth - 1)))
+
+    best = min(itertools.product(range(3), repeat=depth), key=total)
+    plan = dist.auto_shard(_mlp(6, depth), dist.ProcessMesh([0, 1], dim_names=["tp"]), (Tensor(np.zeros((4, 6))),), price=price)
+    assert plan.choices == {str(2 * i): names[c] for i, c in enumerate(best)}
+    assert plan.chosen.seconds == pytest.approx(total(best))
+    assert plan.converged and plan.traces < 3**depth
+
+
 # ----------------------------------------------------------------------------- bad input
 def test_bad_requests_name_what_is_wrong() -> None:
     mesh = _mesh()
