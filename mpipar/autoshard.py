@@ -92,7 +92,6 @@ class Unit:
     kind: str
     candidates: list[Candidate]
     dropped: list[str] = field(default_factory=list)
-    first_use: int = -1
     fixed: bool = False
     choice: str = "replicate"
     how: str = ""
@@ -108,6 +107,8 @@ class Unit:
 
 @dataclass(frozen=True)
 class Priced:
+    """One traced step's price: seconds on the slowest rank, bytes communicated per rank."""
+
     seconds: float
     bytes: float
 
