@@ -293,6 +293,8 @@ def test_bad_requests_name_what_is_wrong() -> None:
         dist.auto_shard(_mlp(6, 2), mesh, x, rounds=0)
     with pytest.raises(ValueError, match=r"finite non-negative \(seconds, bytes\), got \(nan, 0.0\)"):
         dist.auto_shard(_mlp(6, 2), mesh, x, price=lambda p: (float("nan"), 0.0))
+    with pytest.raises(ValueError, match="no hardware profile 'nope'"):
+        dist.auto_shard(_mlp(6, 2), mesh, x, price=lambda p: price_plan(p, "nope"))
     with pytest.raises(TypeError, match=r"must return \(seconds, bytes\), got 'fast'"):
         dist.auto_shard(_mlp(6, 2), mesh, x, price=lambda p: "fast")
 
