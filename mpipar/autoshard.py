@@ -434,6 +434,8 @@ def _units(layer: Layer, size: int) -> tuple[list[Unit], list[str]]:
                 for attr, pl in c.placements
                 if isinstance(pl, Shard) and sub._parameters[attr].shape[pl.dim] % size
             ]
+            if size == 1 and c.name != "replicate":
+                bad = [f"{c.name}: the split axis has one rank, a split is the whole tensor"]
             (dropped.extend(bad) if bad else keep.append(c))
         units.append(Unit(name, kind, keep, dropped))
     return units, others

@@ -283,6 +283,8 @@ def test_bad_requests_name_what_is_wrong() -> None:
     plan = dist.auto_shard(odd, mesh, x, price=lambda p: (1.0, 0.0))
     assert [c.name for c in plan.units[0].candidates] == ["replicate", "row"]
     assert "weight dim 1 of length 5 does not divide by 2" in plan.report()
+    one = dist.auto_shard(_mlp(6, 2), dist.ProcessMesh([[0], [1]], dim_names=["dp", "tp"]), x, price=lambda p: (1.0, 0.0))
+    assert one.choices == {"0": "replicate", "2": "replicate"} and "the split axis has one rank" in one.report()
     other = dist.ProcessMesh([0, 1], dim_names=["tp"])
     with pytest.raises(ValueError, match="auto_shard chose placements for mesh"):
         dist.shard_layer(_mlp(6, 2), other, plan)
