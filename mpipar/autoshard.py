@@ -18,18 +18,22 @@ How it chooses:
    reduction of a Partial one, the loss's, the gradients' -- is in the plan with the planner's
    bytes. ``price(plan) -> (seconds, bytes)`` prices it; the default is the simulator's cost
    model (``simulator.auto_price.price_plan`` through the ``mpipar.pricers`` entry point).
-3. *Dynamic programming* over the units in order. A unit's choice fixes the layout of the
-   activation it hands on (its *state*: ``R`` replicated, ``S`` split on the last dim, ``P``
-   partial sums), so the step's price is modelled as a unary price per unit and a transition
-   price per pair of neighbours (``state`` of one unit -> choice of the next). Both come from
-   traces that differ from a baseline (every free unit replicated) in one unit or one
-   neighbouring pair: ``unary(u, c) = T(u=c) - T(base)``, ``pair(c', c) = T(u-1=c', u=c) -
-   T(u-1=c') - T(u=c) + T(base)``. Viterbi over the chain gives the cheapest sequence: about
-   ``1 + 2n + 4n`` traces for ``n`` units, never the ``3**n`` combinations.
-4. The chosen layout is traced once more as a whole and its price reported against the
-   all-replicated baseline; a pass over the units then tries each other candidate against the
-   whole traced step and keeps one only if the whole step gets cheaper (interactions longer
-   than a neighbour pair, such as a residual stream, are priced there).
+3. *Dynamic programming* over the units in order of first use; units reading the same
+   activation (an attention's q, k and v) form one step of the chain and take one choice. A
+   step's choice fixes the layout of the activation it hands on (its *state*: ``R``
+   replicated, ``S`` split on the last dim, ``P`` partial sums), so the step's price is
+   modelled as a unary price per chain step and a transition price per pair of neighbours
+   (the state one hands on -> the choice of the next). Both are read off traces that differ
+   from a *base* layout in one chain step or one neighbouring pair: ``unary(i, c) =
+   T(i=c) - T(base)``, ``pair(c', c) = T(i-1=c', i=c) - T(i-1=c') - T(i=c) + T(base)``.
+   Viterbi over the chain gives the cheapest sequence under that model: about ``1 + 2n + 4n``
+   traces for ``n`` chain steps with three candidates, never the ``3**n`` combinations.
+4. *Rounds*: the first base is everything replicated; each round's result, if its whole traced
+   step is cheaper, is the next round's base, until a round changes nothing (a fixed point:
+   no single step or neighbouring pair of steps can be changed for a cheaper step) or
+   ``rounds`` is reached. Prices around the final layout see the interactions a chain cannot
+   (a residual stream two layers long, the loss), which is why a second round often moves a
+   few choices.
 
 ``fixed={"name": "choice"}`` pins units (the candidates above, by sublayer name).
 """
@@ -37,6 +41,7 @@ How it chooses:
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -87,7 +92,6 @@ class Unit:
     kind: str
     candidates: list[Candidate]
     dropped: list[str] = field(default_factory=list)
-    first_use: int = -1
     fixed: bool = False
     choice: str = "replicate"
     how: str = ""
@@ -103,6 +107,8 @@ class Unit:
 
 @dataclass(frozen=True)
 class Priced:
+    """One traced step's price: seconds on the slowest rank, bytes communicated per rank."""
+
     seconds: float
     bytes: float
 
@@ -112,7 +118,7 @@ class AutoShard:
 
     def __init__(
         self, mesh: ProcessMesh, axis: str, units: list[Unit], chosen: Priced, baseline: Priced,
-        traces: int, seconds: float, history: list[str], others: list[str],
+        traces: int, seconds: float, history: list[str], others: list[str], converged: bool,
     ) -> None:
         self.mesh = mesh
         self.axis = axis
@@ -122,6 +128,8 @@ class AutoShard:
         self.traces = traces
         self.search_seconds = seconds
         self.history = history
+        self.converged = converged
+        """False when ``rounds`` ran out before a round changed nothing."""
         self.others = others
 
     @property
@@ -178,8 +186,10 @@ class AutoShard:
                 lines.append(f"{head} | {cands}{with_}")
             if u.dropped:
                 lines.append(f"      dropped: {'; '.join(u.dropped)}")
-        lines.extend(f"  {h}" for h in ["DP rounds (each around the layout before it):", *self.history][: 1 + len(self.history)])
-        lines.append(f"  round {len(self.history) + 1}: no change: the layout is a fixed point of the DP")
+        lines.append("DP rounds (each around the layout the round before chose):")
+        lines.extend(f"  {h}" for h in self.history)
+        if not self.converged:
+            lines.append("  stopped: rounds ran out before a round changed nothing (raise rounds=)")
         if self.others:
             lines.append("replicated (no split candidates): " + ", ".join(self.others))
         return "\n".join(lines)
@@ -236,6 +246,8 @@ def auto_shard(
     axis = mesh.dim_names[-1] if axis is None else axis
     if axis not in mesh.dim_names:
         raise ValueError(f"auto_shard axis {axis!r} is not an axis of mesh {mesh} (axes {list(mesh.dim_names)})")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"auto_shard rounds must be an int >= 1, got {rounds!r}")
     size = mesh.get_dim_size(axis)
     pricer = price if price is not None else _default_pricer()
     run = step if step is not None else _mean_step
@@ -271,7 +283,8 @@ def auto_shard(
     path = [st.base for st in stages]
     first: Priced | None = None
     history: list[str] = []
-    for round_ in range(1, max(1, rounds) + 1):
+    converged = False
+    for round_ in range(1, rounds + 1):
         base = {**extra, **{n: c for st, p in zip(stages, path, strict=True) for n, c in st.options[p].items()}}
         t0 = tracer.price(base)
         first = first or t0
@@ -280,6 +293,8 @@ def auto_shard(
         new_path = _viterbi(tracer, stages, base, t0)
         changed = [f"{st.names} {old} -> {now}" for st, old, now in zip(stages, path, new_path, strict=True) if old != now]
         if not changed:
+            converged = True
+            history.append(f"round {round_}: no change: the layout is a fixed point of the DP")
             break
         chosen_trial = tracer.price(
             {**extra, **{n: c for st, p in zip(stages, new_path, strict=True) for n, c in st.options[p].items()}}
@@ -287,7 +302,8 @@ def auto_shard(
         if chosen_trial.seconds >= t0.seconds - max(_EPS, 1e-9 * t0.seconds):
             # The modelled gain did not survive the whole traced step: keep the layout we had.
             history.append(f"round {round_}: {'; '.join(changed)} modelled cheaper but the traced step is not "
-                           f"({_ms(t0.seconds)} -> {_ms(chosen_trial.seconds)}): kept round {round_ - 1}'s layout")
+                           f"({_ms(t0.seconds)} -> {_ms(chosen_trial.seconds)}): kept the layout before it")
+            converged = True
             break
         history.append(f"round {round_}: {'; '.join(changed)} ({_ms(t0.seconds)} -> {_ms(chosen_trial.seconds)})")
         path = new_path
@@ -301,9 +317,9 @@ def auto_shard(
             u.stage = st
     chosen = tracer.price(assign)
     units.extend(unused)
-    assert first is not None or not stages
+    assert first is not None  # rounds >= 1: the first round always prices its base
     return AutoShard(
-        mesh, axis, units, chosen, first or chosen, tracer.count, time.perf_counter() - start, history, others,
+        mesh, axis, units, chosen, first, tracer.count, time.perf_counter() - start, history, others, converged,
     )
 
 
@@ -365,7 +381,7 @@ def _stages(units: list[Unit], uses: dict[str, tuple[int, int]]) -> list[Stage]:
         else:
             groups.append([u])
     stages = []
-    for members in groups:
+    for members in groups:  # replicate is every free unit's candidate: the names never run out
         free = [u for u in members if not u.fixed]
         names = [c.name for c in free[0].candidates] if free else ["fixed"]
         for u in free[1:]:
@@ -411,12 +427,15 @@ def _units(layer: Layer, size: int) -> tuple[list[Unit], list[str]]:
         keep: list[Candidate] = []
         dropped: list[str] = []
         for c in cands:
+            # Only the parameters this sublayer has (a Linear without bias has no bias placement).
+            c = Candidate(c.name, tuple((a, pl) for a, pl in c.placements if sub._parameters.get(a) is not None), c.state)
             bad = [
                 f"{c.name}: {attr} dim {pl.dim} of length {sub._parameters[attr].shape[pl.dim]} does not divide by {size}"
                 for attr, pl in c.placements
-                if isinstance(pl, Shard) and sub._parameters.get(attr) is not None
-                and sub._parameters[attr].shape[pl.dim] % size
+                if isinstance(pl, Shard) and sub._parameters[attr].shape[pl.dim] % size
             ]
+            if size == 1 and c.name != "replicate":
+                bad = [f"{c.name}: the split axis has one rank, a split is the whole tensor"]
             (dropped.extend(bad) if bad else keep.append(c))
         units.append(Unit(name, kind, keep, dropped))
     return units, others
@@ -460,16 +479,24 @@ class _Tracer:
     def price(self, assign: dict[str, Candidate]) -> Priced:
         key = self._key(assign)
         if key not in self._cache:
-            plan = self.plan(assign)
-            seconds, nbytes = self.pricer(plan)
-            self._cache[key] = Priced(float(seconds), float(nbytes))
+            self._cache[key] = self._priced(self.plan(assign))
         return self._cache[key]
+
+    def _priced(self, plan: Plan) -> Priced:
+        """The pricer's answer, checked: two finite non-negative numbers."""
+        out = self.pricer(plan)
+        try:
+            seconds, nbytes = (float(v) for v in out)
+        except (TypeError, ValueError):
+            raise TypeError(f"auto_shard price(plan) must return (seconds, bytes), got {out!r}") from None
+        if not (math.isfinite(seconds) and math.isfinite(nbytes) and seconds >= 0 and nbytes >= 0):
+            raise ValueError(f"auto_shard price(plan) must return finite non-negative (seconds, bytes), got {out!r}")
+        return Priced(seconds, nbytes)
 
     def first_uses(self, assign: dict[str, Candidate]) -> dict[str, tuple[int, int]]:
         """Unit name -> (index of the first op reading its weight, the tensor id of that op's other input)."""
         plan = self.plan(assign)
-        seconds, nbytes = self.pricer(plan)  # the same trace is the first round's baseline
-        self._cache[self._key(assign)] = Priced(float(seconds), float(nbytes))
+        self._cache[self._key(assign)] = self._priced(plan)  # the same trace is the first round's base
         names = {t.id: t.name for t in plan.tensors if t.kind == "parameter"}
         out: dict[str, tuple[int, int]] = {}
         for op in plan.ops:
@@ -480,7 +507,8 @@ class _Tracer:
                 owner, _, attr = pname.rpartition(".")
                 if attr == "weight" and owner in assign and owner not in out:
                     others = [t for j, t in enumerate(op.inputs) if j != pos]
-                    out[owner] = (op.index, others[0] if others else -1)
+                    # No other input (a weight transposed first): a key no other unit shares.
+                    out[owner] = (op.index, others[0] if others else -(op.index + 1))
         return out
 
     def plan(self, assign: dict[str, Candidate]) -> Plan:

@@ -18,7 +18,7 @@ from threadpoolctl import threadpool_limits
 import mpipar as dist
 from mpipar.autoshard import AutoShard
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel, gpt_loss
-from mpipar.nn import Linear, ReLU, Sequential
+from mpipar.nn import Layer, Linear, ReLU, Sequential
 from mpipar.plan import Plan
 from mpipar.tensor import Tensor
 from mpipar.trace import trace
@@ -133,6 +133,30 @@ def test_gpt_plan_collectives_equal_the_hand_annotated_model(gpt_plan: AutoShard
     assert _collectives(auto, mesh) == _collectives(hand, mesh)
 
 
+def test_free_embedding_differs_from_the_built_in_tensor_parallel_gpt_only_by_cheaper_collectives(
+    gpt_plan: AutoShard,
+) -> None:
+    mesh = _mesh()
+    auto = GPT(CFG)
+    dist.shard_layer(auto, mesh, gpt_plan)
+    got, hand = _collectives(auto, mesh), _collectives(GPT(CFG, GPTParallel([mesh])), mesh)
+    act = float(BATCH * CFG.block_size * CFG.n_embd * 8)  # the embedding's output, float64
+    wpe = float(CFG.block_size * CFG.n_embd * 8)
+    # The embedding's all_reduce becomes an all_gather of the half each rank holds, and wpe's
+    # gradient is reduce-scattered into its split instead of all-reduced: nothing else moves.
+    assert got - hand == Counter({("forward", "all_gather", act / 2): 1, ("backward", "reduce_scatter", wpe / 2): 1})
+    assert hand - got == Counter({("forward", "all_reduce", act): 1, ("backward", "all_reduce", wpe): 1})
+
+
+def test_built_in_gpt_with_the_embeddings_pinned_has_the_hand_annotated_collectives() -> None:
+    mesh = _mesh()
+    plan = dist.auto_shard(GPT(CFG), mesh, _tokens(0), step=_gpt_step, price=_cpu, fixed={"wte": "vocab", "wpe": "replicate"})
+    assert plan.choices == {**MEGATRON, "lm_head": "column", "wte": "vocab", "wpe": "replicate"}
+    auto = GPT(CFG)
+    dist.shard_layer(auto, mesh, plan)
+    assert _collectives(auto, mesh) == _collectives(GPT(CFG, GPTParallel([mesh])), mesh)
+
+
 def test_tied_head_makes_the_embedding_vocabulary_parallel_with_megatrons_collectives() -> None:
     mesh = _mesh()
     plan = dist.auto_shard(TiedGPT(CFG), mesh, _tokens(0), step=_gpt_step, price=_cpu, fixed={"wpe": "replicate"})
@@ -184,6 +208,9 @@ def test_mlp_stack_gets_column_then_row_pairs() -> None:
     assert plan.choices == {"0": "column", "2": "row", "4": "column", "6": "row"}
     assert plan.placements()["0.weight"] == [dist.Replicate(), dist.Shard(1)]
     assert plan.placements()["2.weight"] == [dist.Replicate(), dist.Shard(0)]
+    no_bias = Sequential(Linear(512, 512, bias_attr=False), ReLU(), Linear(512, 512, bias_attr=False))
+    plan = dist.auto_shard(no_bias, _mesh(), (x,))
+    assert plan.placements() == {"0.weight": [dist.Replicate(), dist.Shard(1)], "2.weight": [dist.Replicate(), dist.Shard(0)]}
 
 
 def test_mlp_trained_with_the_chosen_layout_matches_one_device() -> None:
@@ -211,6 +238,35 @@ def test_mlp_trained_with_the_chosen_layout_matches_one_device() -> None:
     np.testing.assert_allclose(sharded, one_device, rtol=1e-12)
 
 
+# ----------------------------------------------------------------------------- the DP itself
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dp_finds_the_brute_force_optimum_of_a_chain_priced_pairwise(seed: int) -> None:
+    """A pricer whose step price is exactly a sum of per-layer and neighbour-pair terms (read off
+    the traced plan's weight placements): the DP's answer is the cheapest of all 3**5 layouts."""
+    import itertools
+
+    depth = 5
+    rng = np.random.default_rng(seed)
+    unary = rng.uniform(0, 1, (depth, 3))
+    pair = rng.uniform(0, 1, (depth - 1, 3, 3))
+    codes = {"R": 0, "S(1)": 1, "S(0)": 2}  # replicate, column, row of a (6, 6) weight on a 1-D mesh
+    names = ["replicate", "column", "row"]
+
+    def price(plan: Plan) -> tuple[float, float]:
+        layout = {t.name: codes[t.placements] for t in plan.tensors if t.kind == "parameter" and t.name.endswith("weight")}
+        c = [layout[f"{2 * i}.weight"] for i in range(depth)]
+        return float(sum(unary[i, c[i]] for i in range(depth)) + sum(pair[i, c[i], c[i + 1]] for i in range(depth - 1))), 0.0
+
+    def total(c: tuple[int, ...]) -> float:
+        return float(sum(unary[i, c[i]] for i in range(depth)) + sum(pair[i, c[i], c[i + 1]] for i in range(depth - 1)))
+
+    best = min(itertools.product(range(3), repeat=depth), key=total)
+    plan = dist.auto_shard(_mlp(6, depth), dist.ProcessMesh([0, 1], dim_names=["tp"]), (Tensor(np.zeros((4, 6))),), price=price)
+    assert plan.choices == {str(2 * i): names[c] for i, c in enumerate(best)}
+    assert plan.chosen.seconds == pytest.approx(total(best))
+    assert plan.converged and plan.traces < 3**depth
+
+
 # ----------------------------------------------------------------------------- bad input
 def test_bad_requests_name_what_is_wrong() -> None:
     mesh = _mesh()
@@ -227,6 +283,73 @@ def test_bad_requests_name_what_is_wrong() -> None:
     plan = dist.auto_shard(odd, mesh, x, price=lambda p: (1.0, 0.0))
     assert [c.name for c in plan.units[0].candidates] == ["replicate", "row"]
     assert "weight dim 1 of length 5 does not divide by 2" in plan.report()
+    one = dist.auto_shard(_mlp(6, 2), dist.ProcessMesh([[0], [1]], dim_names=["dp", "tp"]), x, price=lambda p: (1.0, 0.0))
+    assert one.choices == {"0": "replicate", "2": "replicate"} and "the split axis has one rank" in one.report()
     other = dist.ProcessMesh([0, 1], dim_names=["tp"])
     with pytest.raises(ValueError, match="auto_shard chose placements for mesh"):
         dist.shard_layer(_mlp(6, 2), other, plan)
+    elsewhere = dist.shard_tensor(np.zeros((4, 6)), other, [dist.Shard(0)])
+    with pytest.raises(ValueError, match=r"example input .* lives on mesh .* not on"):
+        dist.auto_shard(_mlp(6, 2), mesh, (elsewhere,), price=lambda p: (1.0, 0.0))
+    with pytest.raises(ValueError, match="rounds must be an int >= 1, got 0"):
+        dist.auto_shard(_mlp(6, 2), mesh, x, rounds=0)
+    with pytest.raises(ValueError, match=r"finite non-negative \(seconds, bytes\), got \(nan, 0.0\)"):
+        dist.auto_shard(_mlp(6, 2), mesh, x, price=lambda p: (float("nan"), 0.0))
+    with pytest.raises(ValueError, match="no hardware profile 'nope'"):
+        dist.auto_shard(_mlp(6, 2), mesh, x, price=lambda p: price_plan(p, "nope"))
+    with pytest.raises(TypeError, match=r"must return \(seconds, bytes\), got 'fast'"):
+        dist.auto_shard(_mlp(6, 2), mesh, x, price=lambda p: "fast")
+
+
+class _WithSpare(Layer):
+    """A Linear the step never calls: nothing to price, it stays replicated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = Linear(6, 6)
+        self.spare = Linear(6, 6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.used(x)
+
+
+def test_a_layer_the_step_does_not_use_stays_replicated() -> None:
+    plan = dist.auto_shard(_WithSpare(), _mesh(), (Tensor(np.zeros((4, 6))),), price=lambda p: (1.0, 0.0))
+    assert plan.choices["spare"] == "replicate"
+    assert "spare (Linear): replicate [R; not used by the step]" in plan.report()
+
+
+def test_data_parallel_axis_keeps_parameters_replicated_and_matches_one_device() -> None:
+    mesh = dist.ProcessMesh(np.arange(4).reshape(2, 2), dim_names=["dp", "tp"])
+    x = np.random.default_rng(0).standard_normal((256, 512))
+    plan = dist.auto_shard(_mlp(512, 2), mesh, (dist.shard_tensor(x, mesh, [dist.Shard(0), dist.Replicate()]),))
+    assert plan.choices == {"0": "column", "2": "row"}
+    assert plan.placements()["2.bias"] == [dist.Replicate(), dist.Replicate()]
+
+    def losses() -> list[float]:
+        dist.seed(0)
+        model = _mlp(512, 2)
+        dist.shard_layer(model, mesh, plan)
+        opt = dist.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+        out = []
+        for _ in range(2):
+            loss = dist.mean(dist.square(model(dist.shard_tensor(x, mesh, [dist.Shard(0), dist.Replicate()]))))
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            out.append(float(loss.full_tensor()))
+        return out
+
+    sharded = losses()
+    with dist.use_backend(ReferenceBackend()):
+        one_device = losses()
+    np.testing.assert_allclose(sharded, one_device, rtol=1e-12)
+
+
+@pytest.mark.mpi
+def test_under_mpi_every_process_agrees_and_training_matches_one_device() -> None:
+    from mpi_scripts.launch import mpirun
+
+    run = mpirun(2, "tests/mpi_scripts/auto_shard_mlp.py", timeout=240)
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.lines_of(0)[-1].startswith("ok 0=column,2=row [")
