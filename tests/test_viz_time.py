@@ -78,13 +78,15 @@ def _clean(at: AppTest) -> None:
 def _expected_step(plan: Plan, preset: str) -> float:
     """The cost model's step for the plan's ops on ``preset``: each rank's seconds summed by stage and
     phase (PlanCosts.op_time / reshard_time, rank by rank), the busiest rank of each stage, hand-offs
-    as sends, the plan's own schedule simulated."""
+    as sends, the plan's own schedule simulated, then each lane's gradient sync once (the parameters'
+    gradient reshards, as simulator.estimate prices them)."""
     costs = PlanCosts(plan, load_profile(preset))
     stages = stage_meshes(plan)
     n = len(stages)
     ranks = {s: plan.mesh(m).process_ids for s, m in stages.items()}
     mesh_stage = {m: s for s, m in stages.items()}
-    per_rank = {(ph, s): dict.fromkeys(ranks[s], 0.0) for ph in ("forward", "backward") for s in range(n)}
+    params = {t.name for t in plan.tensors if t.kind == "parameter"}
+    per_rank = {(ph, s): dict.fromkeys(ranks[s], 0.0) for ph in ("forward", "backward", "sync") for s in range(n)}
     for op in plan.ops:
         s = stage_of(plan, op)
         for r in costs.op_ranks(op):
@@ -96,12 +98,16 @@ def _expected_step(plan: Plan, preset: str) -> float:
             send[res.phase][edge] += max(costs.reshard_time(res, r) for r in costs.reshard_ranks(res))
             continue
         s = stage_of(plan, plan.ops[res.op]) if res.op is not None else mesh_stage[res.src_mesh]
+        named = res.reason.split("'")[1] if res.reason.startswith("gradient of DistTensor '") else None
+        phase = "sync" if res.op is None and named in params else res.phase
         for r in costs.reshard_ranks(res):
-            per_rank[(res.phase, s)][r] += costs.reshard_time(res, r)
+            per_rank[(phase, s)][r] += costs.reshard_time(res, r)
     fwd = tuple(max(per_rank[("forward", s)].values()) for s in range(n))
     bwd = tuple(max(per_rank[("backward", s)].values()) for s in range(n))
     cost = PipelineCost(fwd, bwd, (0.0,) * n, tuple(send["forward"]), tuple(send["backward"]), "s")
-    return simulate_schedule(Schedule.from_dict(plan.pipeline["schedule"]), cost).makespan
+    timeline = simulate_schedule(Schedule.from_dict(plan.pipeline["schedule"]), cost)
+    # one stage per lane here: lane s ends its step with stage s's gradient sync
+    return max(max(sp.end for sp in timeline.lane(s)) + max(per_rank[("sync", s)].values()) for s in range(n))
 
 
 def test_gpt_pipeline_total_is_the_cost_models_prediction(gpt_plan_path: str) -> None:

@@ -18,8 +18,11 @@ own: ``simulator.op_cost.PlanCosts`` gives each op's and each reshard's seconds 
   which zero-bubble schedules run apart as ``W``; other schedules charge ``B + W`` as one.
 * ``send_forward[s]`` / ``send_backward[s]``: a reshard between two meshes (a pipeline
   hand-off), its busiest rank's steps (collectives and point-to-point transfers).
-* ``step_end``: optimizer ops and reshards, once per step on each lane after its last
-  backward (OPT on the compute track, COLL on the comm track).
+* ``step_end``: once per step on each lane after its last backward, as ``simulator.estimate``
+  and the sample price it (a runtime accumulating micro-batches locally): the gradient
+  synchronisation (the reshards autograd inserts to bring a parameter's gradient to its layout,
+  ``reason`` "gradient of DistTensor 'name' ..." or a tensor of kind gradient; COLL on the comm
+  track), then the optimizer's ops (OPT, compute track) and its reshards (COLL).
 
 ``priced(plan, profile)`` returns a copy of the plan whose ``pipeline.cost`` holds these
 seconds (``time_unit: "s"``), so ``viz.simulate`` (pipeline and memory views) draws seconds.
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +67,8 @@ class StagePrices:
     backward_weight: tuple[float, ...]
     send_forward: tuple[float, ...]
     send_backward: tuple[float, ...]
+    grad_sync: dict[int, float]
+    """Per lane: the parameters' gradient reshards (data-parallel all-reduce, ...), once per step."""
     optimizer: dict[int, float]
     """Per lane: optimizer ops on the busiest rank of the lane."""
     optimizer_comm: dict[int, float]
@@ -120,6 +126,19 @@ def _weight_op(plan: Plan, op: PlanOp, param_shapes: set[tuple[int | None, tuple
     return transposed and (out.mesh, tuple(out.shape[-2:])) in param_shapes
 
 
+_GRAD_OF = re.compile(r"^gradient of DistTensor '([^']*)'")
+
+
+def grad_sync(plan: Plan, r: PlanReshard, param_names: set[str]) -> bool:
+    """A reshard autograd inserted to bring a parameter's gradient to the parameter's layout."""
+    if r.op is not None or r.phase != "backward":
+        return False
+    if plan.tensor(r.new_tensor).kind == "gradient":
+        return True
+    m = _GRAD_OF.match(r.reason)
+    return m is not None and m.group(1) in param_names
+
+
 def _op_stages(plan: Plan, op: PlanOp, mesh_stages: Mapping[int, list[int]]) -> list[int]:
     s = stage_of(plan, op)
     if s is not None:
@@ -151,6 +170,8 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
     mesh_lane = {mid: ss[0] % lanes for mid, ss in mesh_stages.items()}
     param_shapes = {(t.mesh, tuple(t.shape)) for t in plan.tensors if t.kind == "parameter"}
     ledgers = {(phase, s): _Ledger() for phase in (*PHASES, "weight") for s in range(n)}
+    param_names = {t.name for t in plan.tensors if t.kind == "parameter" and t.name}
+    sync = {lane: _Ledger() for lane in range(lanes)}
     opt = {lane: _Ledger() for lane in range(lanes)}
     opt_comm = {lane: _Ledger() for lane in range(lanes)}
     sends = {(phase, s): _Ledger() for phase in PHASES for s in range(max(n - 1, 0))}
@@ -181,6 +202,9 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
             continue
         if r.phase not in PHASES:
             continue
+        if grad_sync(plan, r, param_names) and r.src_mesh in mesh_lane:
+            sync[mesh_lane[r.src_mesh]].add(costs.reshard_ranks(r), costs.reshard_times(r))
+            continue
         if r.src_mesh != r.dst_mesh:
             src = mesh_stages.get(r.src_mesh, [])
             dst = mesh_stages.get(r.dst_mesh, [])
@@ -203,6 +227,7 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
         forward, backward, weight,
         tuple(sends[("forward", s)].most() for s in range(n - 1)),
         tuple(sends[("backward", s)].most() for s in range(n - 1)),
+        {lane: sync[lane].most() for lane in range(lanes)},
         {lane: opt[lane].most() for lane in range(lanes)},
         {lane: opt_comm[lane].most() for lane in range(lanes)},
         profile.name or "profile",
@@ -221,10 +246,12 @@ def cost_section(prices: StagePrices) -> dict[str, Any]:
 
 
 def step_end_section(prices: StagePrices) -> dict[str, list[dict[str, Any]]]:
-    """``pipeline.step_end``: the optimizer (and its reshards) once per step on each lane."""
+    """``pipeline.step_end``: gradient sync, optimizer and its reshards, once per step on each lane."""
     out: dict[str, list[dict[str, Any]]] = {}
     for lane in sorted(prices.optimizer):
         items = []
+        if prices.grad_sync.get(lane, 0.0) > 0:
+            items.append({"name": "gradient sync", "kind": "COLL", "track": "comm", "duration": prices.grad_sync[lane]})
         if prices.optimizer[lane] > 0:
             items.append({"name": "optimizer", "kind": "OPT", "track": "compute", "duration": prices.optimizer[lane]})
         if prices.optimizer_comm.get(lane, 0.0) > 0:
