@@ -565,7 +565,8 @@ def _with_memory(key: str, _plan: Plan) -> Plan:
 @st.cache_resource(max_entries=16, show_spinner="Pricing the plan...")
 def _priced(key: str, _plan: Plan, _profile: HardwareProfile) -> Plan:
     del key
-    return priced(_plan, _profile)
+    # an eager plan gains a one-stage pipeline section when priced: its memory can then be derived too
+    return with_memory(priced(_plan, _profile))
 
 
 def main() -> None:
@@ -578,7 +579,7 @@ def main() -> None:
     hardware, hw_key, profile = _hardware(plan, main_t)
     plan_key = f"{key}|{hw_key}"
     timed, timed_t = plan, main_t
-    if profile is not None and plan.pipeline:
+    if profile is not None and plan.meshes:
         try:
             timed, timed_t = _priced(plan_key, plan, profile), None  # the priced plan is simulated
         except ValueError as exc:

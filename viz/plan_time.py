@@ -26,6 +26,8 @@ own: ``simulator.op_cost.PlanCosts`` gives each op's and each reshard's seconds 
 
 ``priced(plan, profile)`` returns a copy of the plan whose ``pipeline.cost`` holds these
 seconds (``time_unit: "s"``), so ``viz.simulate`` (pipeline and memory views) draws seconds.
+A plan without a pipeline section (an eager script's) is priced as one stage holding the
+whole step (``one_step_pipeline``).
 
     plan = priced(Plan.load("plan.json"), load_profile("h100-nvlink-ib"))
     simulate_plan(plan).makespan                       # predicted step, seconds
@@ -42,6 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mpipar.pipeline import build_schedule
 from mpipar.plan import Plan, PlanOp, PlanReshard
 from mpipar.timeline import Timeline
 from mpipar.untrusted import FileFormatError, parse_json, read_bounded
@@ -52,6 +55,8 @@ from viz.planinfo import stage_meshes, stage_of
 MAX_PROFILE_BYTES = 1 << 20
 """A hardware profile is a few hundred bytes; larger files are refused before parsing."""
 PHASES = ("forward", "backward")
+ONE_STEP = "one_step"
+"""``pipeline.one_step``: the section ``priced`` writes for a plan that had none (one stage, every mesh)."""
 
 
 class ProfileError(ValueError):
@@ -161,13 +166,21 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
     stages = stage_meshes(plan)
     if not stages:
         raise ValueError("this plan has no pipeline section (pipeline.stages): nothing to price per stage")
+    one_step = bool((plan.pipeline or {}).get(ONE_STEP))
+    if one_step:
+        # The whole step as one stage (``priced``): each mesh priced as a part of its own, the parts
+        # then run one after the other (an eager step waits for each mesh's output in turn).
+        stages = {i: m.id for i, m in enumerate(plan.meshes)}
     n = max(stages) + 1
     if sorted(stages) != list(range(n)):
         raise ValueError(f"plan field pipeline.stages: stages {sorted(stages)} are not 0..{n - 1}")
     costs = costs or PlanCosts(plan, profile)
-    mesh_stages = _mesh_stages(plan)
-    lanes = _num_lanes(plan)
+    mesh_stages = {m: [s] for s, m in stages.items()} if one_step else _mesh_stages(plan)
+    lanes = 1 if one_step else _num_lanes(plan)
     mesh_lane = {mid: ss[0] % lanes for mid, ss in mesh_stages.items()}
+    mesh_of_op = {}  # one_step: an op's part is its output's mesh, whatever its scope says
+    if one_step:
+        mesh_of_op = {op.index: plan.tensor(op.outputs[0]).mesh for op in plan.ops if op.outputs}
     param_shapes = {(t.mesh, tuple(t.shape)) for t in plan.tensors if t.kind == "parameter"}
     ledgers = {(phase, s): _Ledger() for phase in (*PHASES, "weight") for s in range(n)}
     param_names = {t.name for t in plan.tensors if t.kind == "parameter" and t.name}
@@ -184,7 +197,8 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
             continue
         if op.phase not in PHASES:
             continue
-        owners = _op_stages(plan, op, mesh_stages)
+        owners = (list(mesh_stages.get(mesh_of_op.get(op.index), [])) if one_step  # type: ignore[arg-type]
+                  else _op_stages(plan, op, mesh_stages))
         if not owners:
             continue
         times = costs.op_times(op)
@@ -216,17 +230,20 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
                 for e in edges:
                     sends[(r.phase, e)].add(costs.reshard_ranks(r), costs.reshard_times(r), 1.0 / len(edges))
                 continue
-        owners = _reshard_stages(plan, r, mesh_stages)
+        owners = list(mesh_stages.get(r.src_mesh, [])) if one_step else _reshard_stages(plan, r, mesh_stages)
         for s in owners:
             ledgers[(r.phase, s)].add(costs.reshard_ranks(r), costs.reshard_times(r), 1.0 / len(owners))
 
     forward = tuple(ledgers[("forward", s)].most() for s in range(n))
     backward = tuple(ledgers[("backward", s)].most() for s in range(n))
     weight = tuple(min(ledgers[("weight", s)].most(), backward[s]) for s in range(n))
+    send_f = tuple(sends[("forward", s)].most() for s in range(n - 1))
+    send_b = tuple(sends[("backward", s)].most() for s in range(n - 1))
+    if one_step:  # the parts one after the other, hand-offs between them included
+        forward, backward, weight = (sum(forward) + sum(send_f),), (sum(backward) + sum(send_b),), (sum(weight),)
+        send_f = send_b = ()
     return StagePrices(
-        forward, backward, weight,
-        tuple(sends[("forward", s)].most() for s in range(n - 1)),
-        tuple(sends[("backward", s)].most() for s in range(n - 1)),
+        forward, backward, weight, send_f, send_b,
         {lane: sync[lane].most() for lane in range(lanes)},
         {lane: opt[lane].most() for lane in range(lanes)},
         {lane: opt_comm[lane].most() for lane in range(lanes)},
@@ -262,16 +279,31 @@ def step_end_section(prices: StagePrices) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def one_step_pipeline(plan: Plan) -> dict[str, Any]:
+    """A pipeline section for a plan without one: the whole step as one stage, one micro-batch.
+
+    Its lane is labelled with the ranks of the plan's largest mesh; every mesh's ops are priced in
+    it (``stage_prices`` reads ``one_step``): per mesh its busiest rank, the meshes one after the
+    other; forward, backward, then gradient sync and optimizer.
+    """
+    mesh = max(plan.meshes, key=lambda m: (len(m.process_ids), -m.id))
+    return {"stages": [{"stage": 0, "mesh": mesh.id, "rank": 0}], "num_microbatches": 1,
+            "schedule": build_schedule("1F1B", 1, 1).to_dict(), ONE_STEP: True}
+
+
 def priced(plan: Plan, profile: HardwareProfile) -> Plan:
     """A copy of ``plan`` whose pipeline costs are its own ops and reshards on ``profile``, in seconds.
 
     The plan's own ``cost`` and ``step_end`` (if any) are replaced: every number then comes from
-    one cost model on one profile. A plan without a pipeline section is returned as is.
+    one cost model on one profile. A plan without a pipeline section (an eager script's) gets
+    ``one_step_pipeline``: its step as one stage. A plan without any mesh is returned as is.
     """
-    if not plan.pipeline or not stage_meshes(plan):
+    if not plan.meshes:
         return plan
+    pipeline = dict(plan.pipeline) if plan.pipeline and stage_meshes(plan) else one_step_pipeline(plan)
+    plan = dataclasses.replace(plan, pipeline=pipeline)
     prices = stage_prices(plan, profile)
-    pipeline = {**plan.pipeline, "cost": cost_section(prices), "step_end": step_end_section(prices)}
+    pipeline = {**pipeline, "cost": cost_section(prices), "step_end": step_end_section(prices)}
     return dataclasses.replace(plan, pipeline=pipeline)
 
 
