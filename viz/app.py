@@ -364,9 +364,12 @@ def view_pipeline(plan: Plan, plan_key: str, main: Timeline | None, overlay: Tim
     _downloads(lambda: timeline_view.side_by_side_figure(main, other), None, "schedules", "schedules")
 
 
-def _capacity_choice(plan: Plan) -> float | None:
+def _capacity_choice(plan: Plan, profile: HardwareProfile | None = None) -> float | None:
     own = capacity_bytes(plan)
-    options: dict[str, float | None] = {f"plan ({'none' if own is None else f'{own / 2**30:.0f} GiB'})": own}
+    options: dict[str, float | None] = {}
+    if profile is not None and profile.memory_bytes:  # the hardware the plan is priced on comes first
+        options[f"priced on: {profile.name} ({profile.memory_bytes / 2**30:.0f} GiB)"] = float(profile.memory_bytes)
+    options[f"plan ({'none' if own is None else f'{own / 2**30:.0f} GiB'})"] = own
     for name in list_presets():
         cap = load_profile(name).memory_bytes
         if cap:
@@ -376,8 +379,8 @@ def _capacity_choice(plan: Plan) -> float | None:
     return options[label]
 
 
-def view_memory(plan: Plan, plan_key: str, main: Timeline | None) -> None:
-    capacity = _capacity_choice(plan)
+def view_memory(plan: Plan, plan_key: str, main: Timeline | None, profile: HardwareProfile | None = None) -> None:
+    capacity = _capacity_choice(plan, profile)
     entries = [e["rank"] for e in (plan.memory or {}).get("ranks", []) if isinstance(e, dict)]
     curve = None
     title = None
@@ -599,7 +602,7 @@ def main() -> None:
     elif view == "Pipeline":
         view_pipeline(timed, plan_key, timed_t, overlay, hardware, profile if timed is not plan else None)
     elif view == "Memory":
-        view_memory(timed, plan_key, timed_t)
+        view_memory(timed, plan_key, timed_t, profile if timed is not plan else None)
     else:
         view_whatif(plan, main_t)
 
