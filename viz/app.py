@@ -326,8 +326,8 @@ def view_pipeline(plan: Plan, plan_key: str, main: Timeline | None, overlay: Tim
     c1.metric("Predicted step", f"{main.makespan:.6g}{' ' if unit == 's' else ''}{unit}", border=True)
     if profile is not None:
         c2.caption(f"Priced on **{hardware}**: each op and reshard of the plan on the busiest rank of its stage "
-                   "(simulator.op_cost.PlanCosts), the schedule simulated with those stage times; the optimizer "
-                   "and its reshards once per step after the flush.")
+                   "(simulator.op_cost.PlanCosts), the schedule simulated with those stage times; the gradient "
+                   "sync and the optimizer once per step after the flush.")
     elif main.time_unit != "s":
         c2.caption("This plan carries no costs: unit times (F 1, B 2). Pick a hardware preset in the sidebar "
                    "for seconds.")
