@@ -9,6 +9,7 @@ every view draws it without a "no data" notice, and the Deploy button is configu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -75,16 +76,18 @@ def _clean(at: AppTest) -> None:
     assert not at.error, [e.value for e in at.error]
 
 
-def _expected_step(plan: Plan, preset: str) -> float:
-    """The cost model's step for the plan's ops on ``preset``: each rank's seconds summed by stage and
-    phase (PlanCosts.op_time / reshard_time, rank by rank), the busiest rank of each stage, hand-offs
-    as sends, the plan's own schedule simulated."""
+def _expected_parts(plan: Plan, preset: str) -> tuple[tuple[float, ...], tuple[float, ...], dict[str, list[float]],
+                                                     list[float]]:
+    """The cost model's seconds for the plan's ops on ``preset``, recomputed rank by rank
+    (PlanCosts.op_time / reshard_time): per stage the busiest rank's forward and backward, the
+    hand-offs between stages, and each stage's gradient sync (the parameters' gradient reshards)."""
     costs = PlanCosts(plan, load_profile(preset))
     stages = stage_meshes(plan)
     n = len(stages)
     ranks = {s: plan.mesh(m).process_ids for s, m in stages.items()}
     mesh_stage = {m: s for s, m in stages.items()}
-    per_rank = {(ph, s): dict.fromkeys(ranks[s], 0.0) for ph in ("forward", "backward") for s in range(n)}
+    params = {t.name for t in plan.tensors if t.kind == "parameter"}
+    per_rank = {(ph, s): dict.fromkeys(ranks[s], 0.0) for ph in ("forward", "backward", "sync") for s in range(n)}
     for op in plan.ops:
         s = stage_of(plan, op)
         for r in costs.op_ranks(op):
@@ -96,12 +99,24 @@ def _expected_step(plan: Plan, preset: str) -> float:
             send[res.phase][edge] += max(costs.reshard_time(res, r) for r in costs.reshard_ranks(res))
             continue
         s = stage_of(plan, plan.ops[res.op]) if res.op is not None else mesh_stage[res.src_mesh]
+        named = res.reason.split("'")[1] if res.reason.startswith("gradient of DistTensor '") else None
+        phase = "sync" if res.op is None and named in params else res.phase
         for r in costs.reshard_ranks(res):
-            per_rank[(res.phase, s)][r] += costs.reshard_time(res, r)
+            per_rank[(phase, s)][r] += costs.reshard_time(res, r)
     fwd = tuple(max(per_rank[("forward", s)].values()) for s in range(n))
     bwd = tuple(max(per_rank[("backward", s)].values()) for s in range(n))
+    return fwd, bwd, send, [max(per_rank[("sync", s)].values()) for s in range(n)]
+
+
+def _expected_step(plan: Plan, preset: str) -> float:
+    """The plan's own schedule simulated with ``_expected_parts``' stage times, then each lane's
+    gradient sync once (as simulator.estimate prices it)."""
+    fwd, bwd, send, sync = _expected_parts(plan, preset)
+    n = len(fwd)
     cost = PipelineCost(fwd, bwd, (0.0,) * n, tuple(send["forward"]), tuple(send["backward"]), "s")
-    return simulate_schedule(Schedule.from_dict(plan.pipeline["schedule"]), cost).makespan
+    timeline = simulate_schedule(Schedule.from_dict(plan.pipeline["schedule"]), cost)
+    # one stage per lane here: lane s ends its step with stage s's gradient sync
+    return max(max(sp.end for sp in timeline.lane(s)) + sync[s] for s in range(n))
 
 
 def test_gpt_pipeline_total_is_the_cost_models_prediction(gpt_plan_path: str) -> None:
@@ -129,6 +144,24 @@ def test_memory_and_pipeline_are_in_seconds(gpt_plan_path: str) -> None:
     assert plan_cost(timed).time_unit == "s" and timed.pipeline["cost"]["profile"] == "a100-nvlink-ib"
     assert all(v > 0 for v in timed.pipeline["cost"]["forward"])
     assert simulate_plan(timed).time_unit == "s"
+
+
+def test_a_plan_without_pipeline_is_priced_as_one_step(tmp_path: Path, gpt_plan_path: str) -> None:
+    """An eager script's plan (no pipeline section): its meshes one after the other, then the sync."""
+    staged = Plan.load(gpt_plan_path)
+    plan = dataclasses.replace(staged, pipeline=None)
+    fwd, bwd, send, sync = _expected_parts(staged, "cpu-local")
+    expected = sum(fwd) + sum(send["forward"]) + sum(bwd) + sum(send["backward"]) + max(sync)
+    timed = priced(plan, load_profile("cpu-local"))
+    assert simulate_plan(timed).makespan == pytest.approx(expected, rel=1e-9)
+    assert min(send["forward"]) > 0 and max(sync) > 0  # the hand-offs and the gradient sync are in the step
+    path = tmp_path / "eager.json"
+    plan.save(path)
+    at = _app([str(path)], view="Pipeline")
+    assert at.metric[0].value == f"{expected:.6g} s"
+    at.radio(key="view").set_value("Memory").run()
+    _clean(at)
+    assert len(at.get("image")) == 2 and not at.info  # memory derived once priced as one stage
 
 
 def test_profile_files_are_untrusted(tmp_path: Path, gpt_plan_path: str) -> None:
@@ -216,7 +249,7 @@ def _walk(at: AppTest) -> None:
 
 def test_the_deploy_button_is_configured_away() -> None:
     # `streamlit run viz/app.py` reads viz/.streamlit/config.toml (tomllib is 3.11+: read the section by hand)
-    section, settings = "", {}
+    section, settings = "", dict[str, str]()
     for line in (ROOT / "viz" / ".streamlit" / "config.toml").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line.startswith("["):

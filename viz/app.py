@@ -326,8 +326,8 @@ def view_pipeline(plan: Plan, plan_key: str, main: Timeline | None, overlay: Tim
     c1.metric("Predicted step", f"{main.makespan:.6g}{' ' if unit == 's' else ''}{unit}", border=True)
     if profile is not None:
         c2.caption(f"Priced on **{hardware}**: each op and reshard of the plan on the busiest rank of its stage "
-                   "(simulator.op_cost.PlanCosts), the schedule simulated with those stage times; the optimizer "
-                   "and its reshards once per step after the flush.")
+                   "(simulator.op_cost.PlanCosts), the schedule simulated with those stage times; the gradient "
+                   "sync and the optimizer once per step after the flush.")
     elif main.time_unit != "s":
         c2.caption("This plan carries no costs: unit times (F 1, B 2). Pick a hardware preset in the sidebar "
                    "for seconds.")
@@ -364,9 +364,12 @@ def view_pipeline(plan: Plan, plan_key: str, main: Timeline | None, overlay: Tim
     _downloads(lambda: timeline_view.side_by_side_figure(main, other), None, "schedules", "schedules")
 
 
-def _capacity_choice(plan: Plan) -> float | None:
+def _capacity_choice(plan: Plan, profile: HardwareProfile | None = None) -> float | None:
     own = capacity_bytes(plan)
-    options: dict[str, float | None] = {f"plan ({'none' if own is None else f'{own / 2**30:.0f} GiB'})": own}
+    options: dict[str, float | None] = {}
+    if profile is not None and profile.memory_bytes:  # the hardware the plan is priced on comes first
+        options[f"priced on: {profile.name} ({profile.memory_bytes / 2**30:.0f} GiB)"] = float(profile.memory_bytes)
+    options[f"plan ({'none' if own is None else f'{own / 2**30:.0f} GiB'})"] = own
     for name in list_presets():
         cap = load_profile(name).memory_bytes
         if cap:
@@ -376,8 +379,8 @@ def _capacity_choice(plan: Plan) -> float | None:
     return options[label]
 
 
-def view_memory(plan: Plan, plan_key: str, main: Timeline | None) -> None:
-    capacity = _capacity_choice(plan)
+def view_memory(plan: Plan, plan_key: str, main: Timeline | None, profile: HardwareProfile | None = None) -> None:
+    capacity = _capacity_choice(plan, profile)
     entries = [e["rank"] for e in (plan.memory or {}).get("ranks", []) if isinstance(e, dict)]
     curve = None
     title = None
@@ -789,7 +792,8 @@ def _with_memory(key: str, _plan: Plan) -> Plan:
 @st.cache_resource(max_entries=16, show_spinner="Pricing the plan...")
 def _priced(key: str, _plan: Plan, _profile: HardwareProfile) -> Plan:
     del key
-    return priced(_plan, _profile)
+    # an eager plan gains a one-stage pipeline section when priced: its memory can then be derived too
+    return with_memory(priced(_plan, _profile))
 
 
 def main() -> None:
@@ -805,7 +809,7 @@ def main() -> None:
     hardware, hw_key, profile = _hardware(plan, main_t)
     plan_key = f"{key}|{hw_key}"
     timed, timed_t = plan, main_t
-    if profile is not None and plan.pipeline:
+    if profile is not None and plan.meshes:
         try:
             timed, timed_t = _priced(plan_key, plan, profile), None  # the priced plan is simulated
         except ValueError as exc:
@@ -825,7 +829,7 @@ def main() -> None:
     elif view == "Pipeline":
         view_pipeline(timed, plan_key, timed_t, overlay, hardware, profile if timed is not plan else None)
     elif view == "Memory":
-        view_memory(timed, plan_key, timed_t)
+        view_memory(timed, plan_key, timed_t, profile if timed is not plan else None)
     else:
         view_whatif(plan, main_t)
 

@@ -18,11 +18,16 @@ own: ``simulator.op_cost.PlanCosts`` gives each op's and each reshard's seconds 
   which zero-bubble schedules run apart as ``W``; other schedules charge ``B + W`` as one.
 * ``send_forward[s]`` / ``send_backward[s]``: a reshard between two meshes (a pipeline
   hand-off), its busiest rank's steps (collectives and point-to-point transfers).
-* ``step_end``: optimizer ops and reshards, once per step on each lane after its last
-  backward (OPT on the compute track, COLL on the comm track).
+* ``step_end``: once per step on each lane after its last backward, as ``simulator.estimate``
+  and the sample price it (a runtime accumulating micro-batches locally): the gradient
+  synchronisation (the reshards autograd inserts to bring a parameter's gradient to its layout,
+  ``reason`` "gradient of DistTensor 'name' ..." or a tensor of kind gradient; COLL on the comm
+  track), then the optimizer's ops (OPT, compute track) and its reshards (COLL).
 
 ``priced(plan, profile)`` returns a copy of the plan whose ``pipeline.cost`` holds these
 seconds (``time_unit: "s"``), so ``viz.simulate`` (pipeline and memory views) draws seconds.
+A plan without a pipeline section (an eager script's) is priced as one stage holding the
+whole step (``one_step_pipeline``).
 
     plan = priced(Plan.load("plan.json"), load_profile("h100-nvlink-ib"))
     simulate_plan(plan).makespan                       # predicted step, seconds
@@ -34,10 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mpipar.pipeline import build_schedule
 from mpipar.plan import Plan, PlanOp, PlanReshard
 from mpipar.timeline import Timeline
 from mpipar.untrusted import FileFormatError, parse_json, read_bounded
@@ -48,6 +55,8 @@ from viz.planinfo import stage_meshes, stage_of
 MAX_PROFILE_BYTES = 1 << 20
 """A hardware profile is a few hundred bytes; larger files are refused before parsing."""
 PHASES = ("forward", "backward")
+ONE_STEP = "one_step"
+"""``pipeline.one_step``: the section ``priced`` writes for a plan that had none (one stage, every mesh)."""
 
 
 class ProfileError(ValueError):
@@ -63,6 +72,8 @@ class StagePrices:
     backward_weight: tuple[float, ...]
     send_forward: tuple[float, ...]
     send_backward: tuple[float, ...]
+    grad_sync: dict[int, float]
+    """Per lane: the parameters' gradient reshards (data-parallel all-reduce, ...), once per step."""
     optimizer: dict[int, float]
     """Per lane: optimizer ops on the busiest rank of the lane."""
     optimizer_comm: dict[int, float]
@@ -120,6 +131,19 @@ def _weight_op(plan: Plan, op: PlanOp, param_shapes: set[tuple[int | None, tuple
     return transposed and (out.mesh, tuple(out.shape[-2:])) in param_shapes
 
 
+_GRAD_OF = re.compile(r"^gradient of DistTensor '([^']*)'")
+
+
+def grad_sync(plan: Plan, r: PlanReshard, param_names: set[str]) -> bool:
+    """A reshard autograd inserted to bring a parameter's gradient to the parameter's layout."""
+    if r.op is not None or r.phase != "backward":
+        return False
+    if plan.tensor(r.new_tensor).kind == "gradient":
+        return True
+    m = _GRAD_OF.match(r.reason)
+    return m is not None and m.group(1) in param_names
+
+
 def _op_stages(plan: Plan, op: PlanOp, mesh_stages: Mapping[int, list[int]]) -> list[int]:
     s = stage_of(plan, op)
     if s is not None:
@@ -142,15 +166,25 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
     stages = stage_meshes(plan)
     if not stages:
         raise ValueError("this plan has no pipeline section (pipeline.stages): nothing to price per stage")
+    one_step = bool((plan.pipeline or {}).get(ONE_STEP))
+    if one_step:
+        # The whole step as one stage (``priced``): each mesh priced as a part of its own, the parts
+        # then run one after the other (an eager step waits for each mesh's output in turn).
+        stages = {i: m.id for i, m in enumerate(plan.meshes)}
     n = max(stages) + 1
     if sorted(stages) != list(range(n)):
         raise ValueError(f"plan field pipeline.stages: stages {sorted(stages)} are not 0..{n - 1}")
     costs = costs or PlanCosts(plan, profile)
-    mesh_stages = _mesh_stages(plan)
-    lanes = _num_lanes(plan)
+    mesh_stages = {m: [s] for s, m in stages.items()} if one_step else _mesh_stages(plan)
+    lanes = 1 if one_step else _num_lanes(plan)
     mesh_lane = {mid: ss[0] % lanes for mid, ss in mesh_stages.items()}
+    mesh_of_op = {}  # one_step: an op's part is its output's mesh, whatever its scope says
+    if one_step:
+        mesh_of_op = {op.index: plan.tensor(op.outputs[0]).mesh for op in plan.ops if op.outputs}
     param_shapes = {(t.mesh, tuple(t.shape)) for t in plan.tensors if t.kind == "parameter"}
     ledgers = {(phase, s): _Ledger() for phase in (*PHASES, "weight") for s in range(n)}
+    param_names = {t.name for t in plan.tensors if t.kind == "parameter" and t.name}
+    sync = {lane: _Ledger() for lane in range(lanes)}
     opt = {lane: _Ledger() for lane in range(lanes)}
     opt_comm = {lane: _Ledger() for lane in range(lanes)}
     sends = {(phase, s): _Ledger() for phase in PHASES for s in range(max(n - 1, 0))}
@@ -163,7 +197,8 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
             continue
         if op.phase not in PHASES:
             continue
-        owners = _op_stages(plan, op, mesh_stages)
+        owners = (list(mesh_stages.get(mesh_of_op.get(op.index), [])) if one_step  # type: ignore[arg-type]
+                  else _op_stages(plan, op, mesh_stages))
         if not owners:
             continue
         times = costs.op_times(op)
@@ -181,6 +216,9 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
             continue
         if r.phase not in PHASES:
             continue
+        if grad_sync(plan, r, param_names) and r.src_mesh in mesh_lane:
+            sync[mesh_lane[r.src_mesh]].add(costs.reshard_ranks(r), costs.reshard_times(r))
+            continue
         if r.src_mesh != r.dst_mesh:
             src = mesh_stages.get(r.src_mesh, [])
             dst = mesh_stages.get(r.dst_mesh, [])
@@ -192,17 +230,21 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
                 for e in edges:
                     sends[(r.phase, e)].add(costs.reshard_ranks(r), costs.reshard_times(r), 1.0 / len(edges))
                 continue
-        owners = _reshard_stages(plan, r, mesh_stages)
+        owners = list(mesh_stages.get(r.src_mesh, [])) if one_step else _reshard_stages(plan, r, mesh_stages)
         for s in owners:
             ledgers[(r.phase, s)].add(costs.reshard_ranks(r), costs.reshard_times(r), 1.0 / len(owners))
 
     forward = tuple(ledgers[("forward", s)].most() for s in range(n))
     backward = tuple(ledgers[("backward", s)].most() for s in range(n))
     weight = tuple(min(ledgers[("weight", s)].most(), backward[s]) for s in range(n))
+    send_f = tuple(sends[("forward", s)].most() for s in range(n - 1))
+    send_b = tuple(sends[("backward", s)].most() for s in range(n - 1))
+    if one_step:  # the parts one after the other, hand-offs between them included
+        forward, backward, weight = (sum(forward) + sum(send_f),), (sum(backward) + sum(send_b),), (sum(weight),)
+        send_f = send_b = ()
     return StagePrices(
-        forward, backward, weight,
-        tuple(sends[("forward", s)].most() for s in range(n - 1)),
-        tuple(sends[("backward", s)].most() for s in range(n - 1)),
+        forward, backward, weight, send_f, send_b,
+        {lane: sync[lane].most() for lane in range(lanes)},
         {lane: opt[lane].most() for lane in range(lanes)},
         {lane: opt_comm[lane].most() for lane in range(lanes)},
         profile.name or "profile",
@@ -221,10 +263,12 @@ def cost_section(prices: StagePrices) -> dict[str, Any]:
 
 
 def step_end_section(prices: StagePrices) -> dict[str, list[dict[str, Any]]]:
-    """``pipeline.step_end``: the optimizer (and its reshards) once per step on each lane."""
+    """``pipeline.step_end``: gradient sync, optimizer and its reshards, once per step on each lane."""
     out: dict[str, list[dict[str, Any]]] = {}
     for lane in sorted(prices.optimizer):
         items = []
+        if prices.grad_sync.get(lane, 0.0) > 0:
+            items.append({"name": "gradient sync", "kind": "COLL", "track": "comm", "duration": prices.grad_sync[lane]})
         if prices.optimizer[lane] > 0:
             items.append({"name": "optimizer", "kind": "OPT", "track": "compute", "duration": prices.optimizer[lane]})
         if prices.optimizer_comm.get(lane, 0.0) > 0:
@@ -235,16 +279,31 @@ def step_end_section(prices: StagePrices) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def one_step_pipeline(plan: Plan) -> dict[str, Any]:
+    """A pipeline section for a plan without one: the whole step as one stage, one micro-batch.
+
+    Its lane is labelled with the ranks of the plan's largest mesh; every mesh's ops are priced in
+    it (``stage_prices`` reads ``one_step``): per mesh its busiest rank, the meshes one after the
+    other; forward, backward, then gradient sync and optimizer.
+    """
+    mesh = max(plan.meshes, key=lambda m: (len(m.process_ids), -m.id))
+    return {"stages": [{"stage": 0, "mesh": mesh.id, "rank": 0}], "num_microbatches": 1,
+            "schedule": build_schedule("1F1B", 1, 1).to_dict(), ONE_STEP: True}
+
+
 def priced(plan: Plan, profile: HardwareProfile) -> Plan:
     """A copy of ``plan`` whose pipeline costs are its own ops and reshards on ``profile``, in seconds.
 
     The plan's own ``cost`` and ``step_end`` (if any) are replaced: every number then comes from
-    one cost model on one profile. A plan without a pipeline section is returned as is.
+    one cost model on one profile. A plan without a pipeline section (an eager script's) gets
+    ``one_step_pipeline``: its step as one stage. A plan without any mesh is returned as is.
     """
-    if not plan.pipeline or not stage_meshes(plan):
+    if not plan.meshes:
         return plan
+    pipeline = dict(plan.pipeline) if plan.pipeline and stage_meshes(plan) else one_step_pipeline(plan)
+    plan = dataclasses.replace(plan, pipeline=pipeline)
     prices = stage_prices(plan, profile)
-    pipeline = {**plan.pipeline, "cost": cost_section(prices), "step_end": step_end_section(prices)}
+    pipeline = {**pipeline, "cost": cost_section(prices), "step_end": step_end_section(prices)}
     return dataclasses.replace(plan, pipeline=pipeline)
 
 
