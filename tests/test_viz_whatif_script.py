@@ -56,6 +56,8 @@ def _argv_and_cwd(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def _whatif(argv: list[str]) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=180)
+    if not argv:  # no file: the sidebar's built-in sample (the app's default is the GPT plan)
+        at.session_state["open_plan"] = "built-in sample"
     sys.argv = [APP, *argv]
     at.run()
     at.radio(key="view").set_value("What-if").run()
