@@ -41,8 +41,16 @@ def trace_script(script: str, args: Sequence[str], backend: Any, meta: dict[str,
         original_step(self)
         for i, p in enumerate(self._parameter_list):
             recorder.mark(p, "parameter", p.name or f"param_{i}")
+        # States an offload_optimizer keeps in host memory: named in meta so memory views put
+        # them on the host, not the device (the plan's tensor records stay device-agnostic).
+        offload = getattr(self, "offload", None)
+        host: list[int] = []
         for name, t in self.state_tensors().items():
-            recorder.mark(t, "optimizer_state", name)
+            tid = recorder.mark(t, "optimizer_state", name)
+            if offload is not None and offload.offloads(name.rsplit(".", 1)[-1]):
+                host.append(tid)
+        if host:
+            recorder.meta["host_tensors"] = host
         raise _FirstStepDone(recorder.plan())
 
     def call(self: DistModel, *batch: Any) -> Any:

@@ -83,3 +83,34 @@ def test_memory_view_draws_the_gpt_plan(gpt_plan_path: str) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.info, [i.value for i in at.info]
     assert len(at.get("image")) == 2  # the chosen rank's curve and every rank's peak
+
+
+def _eager_plan(tmp: Path, *extra: str) -> Plan:
+    out = str(tmp / f"plan{len(extra)}.json")
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "mpipar.cli", "plan", "-o", out, "-n", "4", "examples/gpt.py", "--tiny",
+                    "--mesh", "dp=2,tp=2", *extra], cwd=ROOT, env=env, check=True, timeout=300,
+                   stdin=subprocess.DEVNULL, capture_output=True)
+    return Plan.load(out)
+
+
+def test_offloaded_optimizer_states_are_host_memory_not_device(tmp_path: Path) -> None:
+    """gpt.py --offload: the plan names its optimizer states as host-resident; the memory section
+    moves exactly their bytes from the device's optimizer_state to host_optimizer_state."""
+    from viz.plan_memory import HOST_KEY, host_tensors
+
+    plain, offloaded = _eager_plan(tmp_path), _eager_plan(tmp_path, "--offload")
+    states = {t.id for t in offloaded.tensors if t.kind == "optimizer_state"}
+    assert states and host_tensors(offloaded) == states and host_tensors(plain) == set()
+    before = {e["rank"]: e for e in memory_section(plain)["ranks"]}
+    after = {e["rank"]: e for e in memory_section(offloaded)["ranks"]}
+    assert sorted(before) == sorted(after) == [0, 1, 2, 3]
+    for r, e in after.items():
+        assert before[r]["optimizer_state"] > 0 and HOST_KEY not in before[r]
+        assert e["optimizer_state"] == 0 and e[HOST_KEY] == before[r]["optimizer_state"]
+        assert e["parameters"] == before[r]["parameters"]
+    # meta comes with the file: entries that are not optimizer-state ids name nothing on the host
+    params = [t.id for t in offloaded.tensors if t.kind == "parameter"]
+    forged = dataclasses.replace(offloaded, meta={**offloaded.meta, "host_tensors": [*params, "x", True, -1]})
+    assert host_tensors(forged) == set()
+    assert all(HOST_KEY not in e for e in memory_section(forged)["ranks"])

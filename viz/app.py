@@ -39,10 +39,10 @@ from viz import comm, layout, memory, propagation, script_whatif, search_view, s
 from viz.default_plan import GPT_ARGS, DefaultPlanError, script_stamp, trace_gpt_plan  # noqa: E402
 from viz.figures import to_png, to_svg  # noqa: E402
 from viz.files import VizFileError, load_document, load_path  # noqa: E402
-from viz.plan_memory import with_memory  # noqa: E402
+from viz.plan_memory import HOST_KEY, with_memory  # noqa: E402
 from viz.plan_time import ProfileError, measured_on_lanes, priced, profile_from_bytes, profile_from_path  # noqa: E402
 from viz.plan_time import stage_prices as price_stages  # noqa: E402
-from viz.planinfo import all_ranks, itemsize, tensor_label, tensor_spec  # noqa: E402
+from viz.planinfo import all_ranks, fmt_bytes, itemsize, tensor_label, tensor_spec  # noqa: E402
 from viz.sample import RECOMPUTE_MODES, UNSUPPORTED, ZERO_STAGES, SampleConfig, build_sample  # noqa: E402
 from viz.simulate import (  # noqa: E402
     NoPipeline,
@@ -51,6 +51,7 @@ from viz.simulate import (  # noqa: E402
     plan_cost,
     plan_kind,
     plan_microbatches,
+    rank_memory,
     simulate_plan_lanes,
 )
 from viz.tables import arrow_safe  # noqa: E402
@@ -388,6 +389,10 @@ def view_memory(plan: Plan, plan_key: str, main: Timeline | None, profile: Hardw
         rank = st.selectbox("Rank", entries, key="mem_rank")
         curve = _rank_curve(plan_key, plan, int(rank))
         title = f"rank {rank} over the step ({plan_kind(plan)})"
+        host = (rank_memory(plan, int(rank)) or {}).get(HOST_KEY)
+        if isinstance(host, int | float) and host > 0:
+            st.caption(f"Offloaded: {fmt_bytes(float(host))} of optimizer state in rank {rank}'s host memory "
+                       "(moved to the device for the update; not in the device curve below).")
     elif main is not None and main.memory:
         lane = st.selectbox("Lane", sorted(main.memory), key="mem_lane")
         curve = main.memory[lane]

@@ -5,7 +5,8 @@ pipeline section but no ``memory`` section, so the Memory view had nothing to dr
 module derives that section from the plan itself, the way the sample does:
 
 * model state: every tensor of kind parameter / gradient / optimizer_state, its local bytes
-  on each rank of its mesh (a plan traced before backward records no gradient tensors, so
+  on each rank of its mesh (optimizer states ``meta.host_tensors`` names, an offloading
+  optimizer's, under ``host_optimizer_state``: host memory, not the device) (a plan traced before backward records no gradient tensors, so
   that category is what the plan holds, never a guess);
 * activations: forward outputs of kind activation kept for backward (all but the inner ops of
   a recompute region), per stage, on each rank of the stage mesh;
@@ -25,6 +26,24 @@ from viz.planinfo import local_bytes, rank_positions, stage_of
 
 RECOMPUTE_SCOPE = "recompute"
 STATE_CATEGORIES = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer_state"}
+
+
+HOST_KEY = "host_optimizer_state"
+"""Memory-section key of the optimizer-state bytes an ``offload_optimizer`` keeps in host memory
+(not on the device, so not in the device curve or peak)."""
+
+
+def host_tensors(plan: Plan) -> set[int]:
+    """Ids of the optimizer states the plan's ``meta.host_tensors`` says live in host memory.
+
+    ``mpipar plan`` writes it for an offloading optimizer. The plan may come from anywhere: only
+    entries that are ids of optimizer-state tensors count; anything else names nothing on the host.
+    """
+    listed = plan.meta.get("host_tensors")
+    if not isinstance(listed, list):
+        return set()
+    states = {t.id for t in plan.tensors if t.kind == "optimizer_state"}
+    return {i for i in listed if isinstance(i, int) and not isinstance(i, bool) and i in states}
 
 
 def kept_forward_ops(plan: Plan) -> set[int]:
@@ -61,11 +80,15 @@ def memory_section(plan: Plan, capacity_bytes: float | None = None, profile: str
         for r in m.process_ids:
             ranks[r] = {"rank": r, "parameters": 0, "gradients": 0, "optimizer_state": 0, "activations": {},
                         "messages": {}}
+    on_host = host_tensors(plan)
     for t in plan.tensors:
         if t.mesh is None or t.kind not in STATE_CATEGORIES:
             continue
         for r, i in positions[t.mesh].items():
-            ranks[r][STATE_CATEGORIES[t.kind]] += local_bytes(t, i)
+            if t.id in on_host:
+                ranks[r][HOST_KEY] = ranks[r].get(HOST_KEY, 0) + local_bytes(t, i)
+            else:
+                ranks[r][STATE_CATEGORIES[t.kind]] += local_bytes(t, i)
     kept = kept_forward_ops(plan)
     for op in plan.ops:
         s = stage_of(plan, op)
