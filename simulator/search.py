@@ -347,7 +347,14 @@ def _branch_and_bound(
 
 
 def _progress_bar(done: int, total: int) -> None:
+    """A bar redrawn in place on a terminal; plain lines (every tenth) when stderr is a file or pipe."""
     width = 30
+    if not sys.stderr.isatty():
+        step = max(1, total // 10)
+        if done == total or done // step != (done - 1) // step:
+            sys.stderr.write(f"search: {done}/{total} candidates resolved\n")
+            sys.stderr.flush()
+        return
     filled = width * done // total
     if done != total and filled == width * (done - 1) // total:
         return  # redraw only when the bar grows: a line per candidate floods logs
