@@ -116,9 +116,11 @@ def enumerate_strategies(
     shape: GPTShape, devices: int, global_batch: int, pruned: dict[str, int],
     *, zero_stages: tuple[int, ...] = (0, 1, 2, 3), recomputes: tuple[str, ...] = RECOMPUTES,
     schedules: tuple[str, ...] = SCHEDULES, mixed_precision: bool = True,
+    micro_batch_sizes: tuple[int, ...] | None = None,
 ) -> Iterator[tuple[Strategy, int]]:
     """Every (strategy, micro-batch size) that divides: heads by tp, layers by pp x chunks,
-    batch by dp x micro-batches x micro-batch size. Counts what it drops in ``pruned``."""
+    batch by dp x micro-batches x micro-batch size. Counts what it drops in ``pruned``.
+    ``micro_batch_sizes``: only these (default: every divisor of the batch per replica)."""
     def drop(reason: str) -> None:
         pruned[reason] = pruned.get(reason, 0) + 1
 
@@ -133,6 +135,8 @@ def enumerate_strategies(
                 continue
             per_replica = global_batch // dp
             for mbs in divisors(per_replica):
+                if micro_batch_sizes is not None and mbs not in micro_batch_sizes:
+                    continue
                 micro = per_replica // mbs
                 for schedule in schedules if pp > 1 else ("1F1B",):
                     for chunks in INTERLEAVED_CHUNKS if schedule == "Interleaved1F1B" else (1,):

@@ -13,8 +13,10 @@ from simulator.published_configs import NARAYANAN_2021_TABLE_1, PublishedRun
 from simulator.search import search
 
 HW = load_profile("a100-nvlink-ib")
-# The published layouts' own knobs, plus the alternatives the search must weigh against them.
-SPACE = {"zero_stages": (0, 1), "recomputes": ("selective", "full"), "schedules": ("1F1B", "Interleaved1F1B")}
+# Every dp x tp x pp and sequence-parallel choice with the published layouts' other knobs and
+# micro-batches of 1 or 2 (the whole space is benchmarks/search_vs_published.py's: slow here).
+SPACE = {"zero_stages": (0,), "recomputes": ("selective",), "schedules": ("1F1B", "Interleaved1F1B"),
+         "micro_batch_sizes": (1, 2)}
 
 
 def _check(row: PublishedRun) -> None:
