@@ -70,6 +70,7 @@ def test_state_bound_never_exceeds_the_estimate() -> None:
         assert state_lower_bound(SHAPE, st) <= min(direct.model_state_bytes_per_rank.values())
 
 
+@pytest.mark.slow  # prices 22 candidates with estimate itself (about 40 s on the shared machine)
 def test_fast_search_finds_the_exhaustive_best() -> None:
     space = {"zero_stages": (0,), "recomputes": ("none", "full"), "schedules": ("1F1B",)}
     shape = GPTShape(4, 64, 4, seq=32, vocab=128)
