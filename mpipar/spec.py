@@ -25,6 +25,7 @@ alone. The global value is the local values reduced over every Partial axis.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,27 @@ from mpipar.placement import Partial, Placement, Replicate, Shard, check_placeme
 
 Box = tuple[tuple[int, int], ...]
 """A box of a tensor: one half-open ``(start, stop)`` range per tensor dim."""
+
+
+@functools.lru_cache(maxsize=16384)
+def _boxes_in_mesh_order(shape: tuple[int, ...], mesh_shape: tuple[int, ...], shards: tuple[tuple[int, ...], ...]) -> tuple[Box, ...]:
+    """``DistSpec.box_at`` of every mesh coordinate, row-major (the order of ``ProcessMesh.process_ids``)."""
+    out = []
+    for coord in itertools.product(*(range(n) for n in mesh_shape)):
+        box = []
+        for n, axes in zip(shape, shards, strict=True):
+            start, stop = 0, n
+            for a in axes:
+                s, e = chunk_range(stop - start, mesh_shape[a], coord[a])
+                start, stop = start + s, start + e
+            box.append((start, stop))
+        out.append(tuple(box))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=16384)
+def _shapes_in_mesh_order(shape: tuple[int, ...], mesh_shape: tuple[int, ...], shards: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    return tuple(box_shape(b) for b in _boxes_in_mesh_order(shape, mesh_shape, shards))
 
 
 def chunk_range(size: int, parts: int, index: int) -> tuple[int, int]:
@@ -231,7 +253,18 @@ class DistSpec:
     @cached_property
     def boxes(self) -> dict[int, Box]:
         """Every rank's global box, keyed by process id."""
-        return {r: self.box_at(self.mesh.coordinate(r)) for r in self.mesh.process_ids}
+        # The boxes depend on the shape, the mesh's shape and the shard axes only, not on which
+        # processes hold them: computed once per layout and shared by every mesh of that shape
+        # (a shape-only trace of a thousand ranks builds the same layouts on many stage meshes).
+        shards = tuple(self.shard_axes(d) for d in range(len(self.shape)))
+        return dict(zip(self.mesh.process_ids, _boxes_in_mesh_order(tuple(self.shape), tuple(self.mesh.shape), shards),
+                        strict=True))
+
+    @cached_property
+    def local_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Every rank's local shape, in ``mesh.process_ids`` order."""
+        shards = tuple(self.shard_axes(d) for d in range(len(self.shape)))
+        return _shapes_in_mesh_order(tuple(self.shape), tuple(self.mesh.shape), shards)
 
     def local_box(self, rank: int) -> Box:
         try:

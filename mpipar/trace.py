@@ -79,7 +79,7 @@ class PlanRecorder:
         if t.is_dist:
             spec = t.spec
             mesh = self._mesh_id(spec.mesh)
-            locals_ = tuple(spec.local_shape(r) for r in spec.mesh.process_ids)
+            locals_ = spec.local_shapes
             pls = spec.placements_str
         else:
             mesh, locals_, pls = None, (), ""

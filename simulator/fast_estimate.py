@@ -122,6 +122,9 @@ class InvariantCosts:
     """``{"intra" | "inter": {"forward" | "backward": seconds}}`` of one stage boundary."""
     activations: dict[Part, int]
     trace_seconds: float
+    gemm_flops: dict[tuple[Part, str], float]
+    """Matmul FLOPs per (part, ``forward`` | ``backward``) on the busiest rank: what no profile can
+    run faster than its best GEMM rate (the search's lower bounds)."""
 
 
 def invariant_costs(step: StepTrace, hw: HardwareProfile, over: Overheads = Overheads()) -> InvariantCosts:
@@ -130,9 +133,12 @@ def invariant_costs(step: StepTrace, hw: HardwareProfile, over: Overheads = Over
     costs = over.costs(plan, hw)
     params = {t.id for t in plan.tensors if t.kind == "parameter"}
     seconds: dict[tuple[Part, str], float] = {}
+    gemm: dict[tuple[Part, str], float] = {}
     for op, part in zip(plan.ops, step.op_parts, strict=True):
         if part == SETUP or op.phase not in ("forward", "backward"):
             continue
+        if op.op == "matmul":
+            _add(gemm, part, op.phase, max((costs.op_flops(op, r) for r in costs.op_ranks(op)), default=0.0))
         t = _most(costs.op_times(op))
         _add(seconds, part, op.phase, t)
         _add(seconds, part, f"{op.phase}/{op_family(op.op)}", t)
@@ -155,7 +161,7 @@ def invariant_costs(step: StepTrace, hw: HardwareProfile, over: Overheads = Over
         if bucket in ("forward", "backward"):
             _add(seconds, part, f"{bucket}/comm", t)
     activations = {p: max(v.values(), default=0) for p, v in step.activations.items()}
-    return InvariantCosts(seconds, handoff, activations, step.seconds)
+    return InvariantCosts(seconds, handoff, activations, step.seconds, gemm)
 
 
 # ---------------------------------------------------------------------- data-parallel costs
@@ -285,7 +291,7 @@ def applicable(shape: GPTShape, strategy: Strategy, hw: HardwareProfile) -> str:
     """Why the fast path cannot price ``strategy`` ("" when it can)."""
     if shape.layers < TRACED_LAYERS:
         return f"the model has {shape.layers} layers; the fast path traces {TRACED_LAYERS}"
-    counts = layers_per_stage(shape, strategy)
+    counts = layer_counts(shape.layers, strategy.pp, strategy.chunks)
     if min(counts) < 1:
         return "a pipeline stage has no layer"
     n = hw.devices_per_node
@@ -296,6 +302,14 @@ def applicable(shape: GPTShape, strategy: Strategy, hw: HardwareProfile) -> str:
         if n % size and size % n:
             return f"{what} groups of {size} ranks cut {n}-device nodes unevenly"
     return ""
+
+
+@functools.lru_cache(maxsize=4096)
+def layer_counts(layers: int, pp: int, chunks: int) -> list[int]:
+    """``layers_per_stage``: the model's rule places layers by stage count alone, so a one-rank-wide
+    mesh of the same pipeline answers for any ``dp x tp``."""
+    probe = Strategy(1, 1, pp, schedule="Interleaved1F1B" if chunks > 1 else "1F1B", chunks=chunks)
+    return layers_per_stage(GPTShape(layers, 1, 1, 1, 1), probe)
 
 
 # ---------------------------------------------------------------------- pipeline
@@ -408,7 +422,7 @@ def assemble(
     shape: GPTShape, strategy: Strategy, hw: HardwareProfile, inv: InvariantCosts, ctx: PricedContext,
 ) -> FastEstimate:
     """``estimate``'s pipeline, tails and peaks from the two halves of the ledger (module docstring)."""
-    counts = layers_per_stage(shape, strategy)
+    counts = layer_counts(shape.layers, strategy.pp, strategy.chunks)
     parts = stage_parts(strategy, counts)
 
     def value(part: Part, bucket: str) -> float:
@@ -446,9 +460,9 @@ def assemble(
 # ---------------------------------------------------------------------- traces, cached
 class TraceCache:
     """Traces shared across strategies, one per (micro-batch size, tp, sequence parallel, recompute,
-    ZeRO, dp > 1), traced with ``dp`` 1 or 2 and two stages of two layers. The invariant costs come
-    from the ZeRO-0 trace (ZeRO only adds data-parallel work), the data-parallel costs from the
-    strategy's own. The micro-batch size stays in every key: the rules pick an op's layouts by
+    ZeRO, dp 1 or 2), two stages of two layers each. The invariant costs come from the ZeRO-0
+    trace, the data-parallel costs from the one with the strategy's ZeRO stage (``dp = 1``
+    strategies use the first for both; ``TraceCache.invariant`` says why two). The micro-batch size stays in every key: the rules pick an op's layouts by
     the bytes they move, so a larger batch can change how the head and loss are laid out, and
     with them the layout their gradients are reduced from."""
 
@@ -464,37 +478,35 @@ class TraceCache:
     def traces(self) -> int:
         return len(self._steps)
 
-    @staticmethod
-    def key(shape: GPTShape, strategy: Strategy, zero: int | None = None) -> tuple[object, ...]:
-        z = (strategy.zero if zero is None else zero) if strategy.dp > 1 else 0
-        return (shape, strategy.tp, strategy.sequence_parallel, strategy.recompute, z, strategy.dp > 1,
-                strategy.mixed_precision, strategy.optimizer, strategy.grad_clip)
-
-    def has_invariant(self, shape: GPTShape, strategy: Strategy) -> bool:
-        return self.key(shape, strategy, 0) in self._inv
-
-    def trace(self, shape: GPTShape, strategy: Strategy, zero: int | None = None) -> StepTrace:
-        key = self.key(shape, strategy, zero)
+    def trace(self, shape: GPTShape, strategy: Strategy, dp: int, zero: int) -> StepTrace:
+        """The ``dp``-wide (1 or 2), two-stage trace of ``strategy``'s layer under ZeRO ``zero``."""
+        key = (shape, strategy.tp, strategy.sequence_parallel, strategy.recompute, zero, dp, strategy.mixed_precision,
+               strategy.optimizer, strategy.grad_clip)
         if key not in self._steps:
-            z = key[4]
-            assert isinstance(z, int)
-            traced = Strategy(2 if strategy.dp > 1 else 1, strategy.tp, 2, strategy.sequence_parallel, strategy.recompute,
-                              z, strategy.mixed_precision, strategy.optimizer, 1, "1F1B", 1, strategy.grad_clip)
+            traced = Strategy(dp, strategy.tp, 2, strategy.sequence_parallel, strategy.recompute, zero,
+                              strategy.mixed_precision, strategy.optimizer, 1, "1F1B", 1, strategy.grad_clip)
             step = trace_gpt_step(shape, traced, TRACED_LAYERS)
             self._steps[key] = step
             self.trace_seconds += step.seconds
         return self._steps[key]
 
     def invariant(self, shape: GPTShape, strategy: Strategy) -> InvariantCosts:
-        key = self.key(shape, strategy, 0)
+        """From the ZeRO-0 trace, ``dp = 2`` for any ``dp > 1``: the rules lay the head and loss out
+        by global sizes, so one data-parallel replica can pick other layouts than two (two and
+        more agree on the shapes the tests cover)."""
+        dp = 1 if strategy.dp == 1 else 2
+        key = (shape, strategy.tp, strategy.sequence_parallel, strategy.recompute, dp, strategy.mixed_precision,
+               strategy.optimizer, strategy.grad_clip)
         if key not in self._inv:
-            self._inv[key] = invariant_costs(self.trace(shape, strategy, 0), self.hw, self.over)
+            self._inv[key] = invariant_costs(self.trace(shape, strategy, dp, 0), self.hw, self.over)
         return self._inv[key]
 
     def context(self, shape: GPTShape, strategy: Strategy) -> PricedContext | None:
-        key = self.key(shape, strategy)
+        dp, zero = (1, 0) if strategy.dp == 1 else (2, strategy.zero)
+        key = (shape, strategy.tp, strategy.sequence_parallel, strategy.recompute, zero, dp, strategy.mixed_precision,
+               strategy.optimizer, strategy.grad_clip)
         if key not in self._ctx:
-            self._ctx[key] = ContextCosts(self.trace(shape, strategy), self.hw, self.over)
+            self._ctx[key] = ContextCosts(self.trace(shape, strategy, dp, zero), self.hw, self.over)
         return self._ctx[key].at(strategy.dp)
 
     def estimate(self, shape: GPTShape, strategy: Strategy) -> FastEstimate | None:

@@ -9,16 +9,20 @@ The search knows nothing of the cost model's internals: it only calls ``estimate
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from mpipar import cliargs
+from mpipar.pipeline import resolve_kind
 from simulator.cost import HardwareProfile, load_profile
 from simulator.estimate import Estimate, estimate, parse_count
 from simulator.estimate import build_parser as estimate_parser
+from simulator.fast_estimate import TraceCache, applicable, layer_counts, lower_bound_stage_times, stage_parts
 from simulator.step_trace import GPTShape, Strategy
 
 SCHEDULES = ("FThenB", "1F1B", "Interleaved1F1B", "ZBH1")
@@ -27,10 +31,10 @@ INTERLEAVED_CHUNKS = (2, 4)
 
 
 def model_flops_per_step(shape: GPTShape, global_batch: int) -> float:
-    """Model FLOPs of one training step, forward and backward, no recompute (Narayanan et al.
-    2021, Eq. 3). One small function so the estimator's own MFU can replace it."""
+    """Model FLOPs of one training step, forward and backward, no recompute: Narayanan et al. 2021
+    Eq. 3 with 72 for its 96 (which counts a full recompute), as ``Estimate.model_flops`` does."""
     b, s, n, h, v = global_batch, shape.seq, shape.layers, shape.hidden, shape.vocab
-    return 96.0 * b * s * n * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * n * h))
+    return 72.0 * b * s * n * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * n * h))
 
 
 def divisors(n: int) -> list[int]:
@@ -112,9 +116,11 @@ def enumerate_strategies(
     shape: GPTShape, devices: int, global_batch: int, pruned: dict[str, int],
     *, zero_stages: tuple[int, ...] = (0, 1, 2, 3), recomputes: tuple[str, ...] = RECOMPUTES,
     schedules: tuple[str, ...] = SCHEDULES, mixed_precision: bool = True,
+    micro_batch_sizes: tuple[int, ...] | None = None,
 ) -> Iterator[tuple[Strategy, int]]:
     """Every (strategy, micro-batch size) that divides: heads by tp, layers by pp x chunks,
-    batch by dp x micro-batches x micro-batch size. Counts what it drops in ``pruned``."""
+    batch by dp x micro-batches x micro-batch size. Counts what it drops in ``pruned``.
+    ``micro_batch_sizes``: only these (default: every divisor of the batch per replica)."""
     def drop(reason: str) -> None:
         pruned[reason] = pruned.get(reason, 0) + 1
 
@@ -129,6 +135,8 @@ def enumerate_strategies(
                 continue
             per_replica = global_batch // dp
             for mbs in divisors(per_replica):
+                if micro_batch_sizes is not None and mbs not in micro_batch_sizes:
+                    continue
                 micro = per_replica // mbs
                 for schedule in schedules if pp > 1 else ("1F1B",):
                     for chunks in INTERLEAVED_CHUNKS if schedule == "Interleaved1F1B" else (1,):
@@ -142,13 +150,62 @@ def enumerate_strategies(
                                                    micro, schedule, chunks), mbs
 
 
+def state_lower_bound(shape: GPTShape, strategy: Strategy) -> float:
+    """Bytes of model state on a pipeline rank, at least: its share of the layers' weight matrices
+    and biases (``12h^2 + 13h`` per layer, split ``tp`` ways, no replicated norms or embedding),
+    times the bytes each parameter keeps (parameter, gradient, optimizer states and master
+    weights), the ZeRO-split ones over ``dp``. The true state is never smaller: shards are at
+    least the average and everything left out only adds."""
+    h = shape.hidden
+    per_layer = (12 * h * h + 13 * h) / strategy.tp
+    layers = shape.layers // strategy.pp
+    mixed = strategy.mixed_precision
+    param = grad = 2 if mixed else 4
+    states = {"adamw": 8, "momentum": 4}[strategy.optimizer] + (4 if mixed else 0)
+    dp, z = strategy.dp, strategy.zero
+    return layers * per_layer * (param / (dp if z >= 3 else 1) + grad / (dp if z >= 2 else 1) + states / (dp if z >= 1 else 1))
+
+
+def _chain_bound(stages: list[tuple[float, float, float]], strategy: Strategy) -> float:
+    """A step-time lower bound from per-stage (forward, backward input, backward weight) seconds of
+    one micro-batch: pipeline rank k cannot start before micro-batch 0 crossed the stages before
+    its first, then computes all its actions one at a time, and (unsplit backward) its last
+    backward still has to reach stage 0."""
+    m, pp = strategy.micro_batches, strategy.pp
+    split = resolve_kind(strategy.schedule).split_backward
+    best = 0.0
+    fill = drain = 0.0
+    for k in range(pp):
+        work = sum(m * sum(stages[s]) for s in range(k, len(stages), pp))
+        best = max(best, fill + work + (0.0 if split else drain))
+        fill += stages[k][0]
+        drain += stages[k][1] + stages[k][2]
+    return best
+
+
+def _in_flight_lower_bound(strategy: Strategy) -> int:
+    """Micro-batches the first pipeline rank holds at once, at least (FThenB: all of them)."""
+    if strategy.schedule == "FThenB":
+        return strategy.micro_batches
+    return min(strategy.micro_batches, strategy.pp)
+
+
 def search(
     shape: GPTShape, devices: int, global_batch: int, hardware: HardwareProfile | str = "h100-nvlink-ib",
     *, memory_limit: int | None = None, top_k: int = 5, progress: Callable[[int, int], None] | None = None,
-    **space: object,
+    fast: bool = True, **space: object,
 ) -> SearchResult:
-    """Price every strategy that divides and rank those within ``memory_limit`` (default: the
-    profile's device memory) by predicted step time. ``space``: ``enumerate_strategies`` options."""
+    """Rank the strategies that divide and fit within ``memory_limit`` (default: the profile's
+    device memory) by predicted step time; ``space``: ``enumerate_strategies`` options.
+
+    ``fast`` (default): branch and bound over ``simulator.fast_estimate``, whose numbers equal
+    ``estimate``'s. A candidate is dropped unpriced when a lower bound already rules it out:
+    model state alone over the limit (``state_lower_bound``), state plus the activations its
+    first pipeline rank must hold over the limit, or a step-time lower bound (GEMM FLOPs at the
+    profile's best GEMM rate, then the traced costs of its micro-batch size) no better than the
+    ``top_k``-th best priced so far. Every candidate it returns was priced exactly.
+    ``fast=False`` calls ``estimate`` on every candidate (slow; the reference).
+    """
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ValueError(f"search devices must be a positive int, got {devices!r}")
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
@@ -160,30 +217,148 @@ def search(
     started = time.perf_counter()
     pruned: dict[str, int] = {}
     todo = list(enumerate_strategies(shape, devices, global_batch, pruned, **space))  # type: ignore[arg-type]
+    enumerated = len(todo) + sum(pruned.values())
     flops = model_flops_per_step(shape, global_batch)
+    peak_rate = max(hw.flops_per_s.values()) * devices
+
+    def candidate(strategy: Strategy, mbs: int, t: float, peak: int, bubble: float) -> Candidate:
+        return Candidate(strategy, mbs, t, peak, bubble, global_batch * shape.seq / t, flops / t / peak_rate, peak <= limit)
+
+    def sized(mbs: int) -> GPTShape:
+        return GPTShape(shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab, mbs, shape.dropout)
+
     fitting: list[Candidate] = []
     over: list[Candidate] = []
-    for i, (strategy, mbs) in enumerate(todo):
-        sized = GPTShape(shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab, mbs, shape.dropout)
-        est: Estimate = estimate(sized, strategy, hw)
-        peak = max(est.peak_bytes_per_rank.values())
-        t = est.step_time_s
-        peak_rate = max(hw.flops_per_s.values()) * devices
-        cand = Candidate(strategy, mbs, t, peak, est.bubble_fraction, global_batch * shape.seq / t,
-                         flops / t / peak_rate, peak <= limit)
-        (fitting if cand.fits else over).append(cand)
-        if progress is not None:
-            progress(i + 1, len(todo))
+    if not fast:
+        for i, (strategy, mbs) in enumerate(todo):
+            est: Estimate = estimate(sized(mbs), strategy, hw)
+            cand = candidate(strategy, mbs, est.step_time_s, max(est.peak_bytes_per_rank.values()), est.bubble_fraction)
+            (fitting if cand.fits else over).append(cand)
+            if progress is not None:
+                progress(i + 1, len(todo))
+    else:
+        fitting, over = _branch_and_bound(shape, todo, hw, limit, top_k, pruned, candidate, sized, progress)
     if over:
         pruned["over the memory limit"] = len(over)
     fitting.sort(key=lambda c: c.step_time_s)
-    return SearchResult(shape, devices, global_batch, hw.name, limit, fitting[:top_k], len(todo) + sum(
-        v for k, v in pruned.items() if k != "over the memory limit"), pruned, len(todo), over,
-        time.perf_counter() - started)
+    return SearchResult(shape, devices, global_batch, hw.name, limit, fitting[:top_k], enumerated, pruned,
+                        len(fitting) + len(over), over, time.perf_counter() - started)
+
+
+def _branch_and_bound(
+    shape: GPTShape, todo: list[tuple[Strategy, int]], hw: HardwareProfile, limit: int, top_k: int,
+    pruned: dict[str, int], candidate: Callable[..., Candidate], sized: Callable[[int], GPTShape],
+    progress: Callable[[int, int], None] | None,
+) -> tuple[list[Candidate], list[Candidate]]:
+    """``search``'s fast path: best-first on step-time lower bounds, pricing exactly only what may rank."""
+    cache = TraceCache(hw)
+    total = len(todo)
+    done = 0
+
+    def tick(n: int = 1) -> None:
+        nonlocal done
+        done += n
+        if progress is not None and n:
+            progress(done, total)
+
+    reasons: dict[int, str] = {}
+
+    def drop(reason: str, i: int) -> None:
+        pruned[reason] = pruned.get(reason, 0) + 1
+        reasons[i] = reason
+        tick()
+
+    dtype = "float16" if todo and todo[0][0].mixed_precision else "float32"
+    best_gemm = max(hw.flops_per_s.get(dtype, 0.0), hw.flops_per_s.get("bfloat16" if dtype == "float16" else dtype, 0.0))
+    best_gemm *= hw.gemm_efficiency_max if hw.gpu_model else hw.compute_efficiency
+
+    def counts(st: Strategy) -> list[int]:
+        return layer_counts(shape.layers, st.pp, st.chunks)
+
+    # Level 0: model state alone; then a bound from the micro-batch size 1 trace of the same
+    # layer (GEMM FLOPs and layer activations grow exactly with the micro-batch).
+    heap: list[tuple[float, int, int]] = []
+    smallest_memory: tuple[float, int] | None = None
+    for i, (st, mbs) in enumerate(todo):
+        state = state_lower_bound(shape, st)
+        if smallest_memory is None or state < smallest_memory[0]:
+            smallest_memory = (state, i)
+        if state > limit:
+            drop("model state over the memory limit (bound)", i)
+            continue
+        one = cache.invariant(sized(1), st) if applicable(sized(1), st, hw) == "" else None
+        if one is None:
+            heapq.heappush(heap, (0.0, 2, i))
+            continue
+        parts = stage_parts(st, counts(st))
+        act = sum(k * (one.activations.get(p, 0) * (1 if p.kind == "first" else mbs)) for p, k in parts[0])
+        if state + act * _in_flight_lower_bound(st) > limit:
+            drop("state + activations over the memory limit (bound)", i)
+            continue
+        stages = [(mbs * sum(k * one.gemm_flops.get((p, "forward"), 0.0) for p, k in ps) / best_gemm,
+                   mbs * sum(k * one.gemm_flops.get((p, "backward"), 0.0) for p, k in ps) / best_gemm, 0.0) for ps in parts]
+        heapq.heappush(heap, (_chain_bound(stages, st), 1, i))
+
+    fitting: list[Candidate] = []
+    over: list[Candidate] = []
+    kth: list[float] = []  # the top_k best fitting step times, as a max-heap (negated)
+
+    def bound() -> float:
+        return -kth[0] if len(kth) >= top_k else math.inf
+
+    while heap:
+        lb, level, i = heapq.heappop(heap)
+        if lb >= bound():
+            heapq.heappush(heap, (lb, level, i))
+            break
+        st, mbs = todo[i]
+        if level == 1:  # the traced costs of this micro-batch size: a tighter bound, an exact activation count
+            inv = cache.invariant(sized(mbs), st)
+            parts = stage_parts(st, counts(st))
+            act = sum(k * inv.activations.get(p, 0) for p, k in parts[0])
+            if state_lower_bound(shape, st) + act * _in_flight_lower_bound(st) > limit:
+                drop("state + activations over the memory limit (bound)", i)
+                continue
+            heapq.heappush(heap, (max(lb, _chain_bound(lower_bound_stage_times(inv, st, counts(st)), st)), 2, i))
+            continue
+        fast_est = cache.estimate(sized(mbs), st)
+        if fast_est is not None:
+            cand = candidate(st, mbs, fast_est.step_time_s, fast_est.peak_bytes, fast_est.bubble_fraction)
+        else:  # a layout the shared traces do not cover: the estimator itself
+            est = estimate(sized(mbs), st, hw)
+            cand = candidate(st, mbs, est.step_time_s, max(est.peak_bytes_per_rank.values()), est.bubble_fraction)
+        tick()
+        if cand.fits:
+            fitting.append(cand)
+            heapq.heappush(kth, -cand.step_time_s)
+            if len(kth) > top_k:
+                heapq.heappop(kth)
+        else:
+            over.append(cand)
+    if heap:
+        pruned["slower than the top candidates (bound)"] = len(heap)
+        tick(len(heap))
+    if not fitting and not over and smallest_memory is not None:
+        # Nothing priced: price the candidate with the least state, so the advice has numbers.
+        st, mbs = todo[smallest_memory[1]]
+        est = estimate(sized(mbs), st, hw)
+        over.append(candidate(st, mbs, est.step_time_s, max(est.peak_bytes_per_rank.values()), est.bubble_fraction))
+        reason = reasons[smallest_memory[1]]
+        pruned[reason] -= 1
+        if not pruned[reason]:
+            del pruned[reason]
+    return fitting, over
 
 
 def _progress_bar(done: int, total: int) -> None:
+    """A bar redrawn in place on a terminal; plain lines (every tenth) when stderr is a file or pipe."""
     width = 30
+    if not sys.stderr.isatty():
+        step = max(1, total // 10)
+        if done == total or done // step != (done - 1) // step:
+            sys.stderr.write(f"search: {done}/{total} candidates resolved\n")
+            sys.stderr.flush()
+        return
     filled = width * done // total
     if done != total and filled == width * (done - 1) // total:
         return  # redraw only when the bar grows: a line per candidate floods logs

@@ -20,6 +20,7 @@ Run it with ``examples/gpt.py``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -103,6 +104,15 @@ def _normal(std: float) -> ParamAttr:
     return ParamAttr(initializer=Normal(0.0, std))
 
 
+@functools.lru_cache(maxsize=8)
+def _causal_mask(size: int, dtype: str) -> np.ndarray:
+    """The additive causal mask, one read-only array per size and dtype shared by every block
+    (a 2048-long float32 mask is 16 MiB: built once, not once per layer and per trace)."""
+    mask = np.triu(np.full((size, size), -1e9, dtype=dtype), k=1)
+    mask.flags.writeable = False
+    return mask
+
+
 class CausalSelfAttention(Layer):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__(dtype=cfg.dtype)
@@ -113,8 +123,7 @@ class CausalSelfAttention(Layer):
         self.v = Linear(h, h, weight_attr=_normal(0.02))
         self.proj = Linear(h, h, weight_attr=_normal(0.02 / math.sqrt(2 * cfg.n_layer)))
         self.attn_drop = Dropout(cfg.dropout)
-        mask = np.triu(np.full((cfg.block_size, cfg.block_size), -1e9, dtype=cfg.dtype), k=1)
-        self.register_buffer("causal_mask", Tensor(mask))
+        self.register_buffer("causal_mask", Tensor(_causal_mask(cfg.block_size, str(np.dtype(cfg.dtype)))))
         self.par: GPTParallel | None = None
         self.mesh: ProcessMesh | None = None
 
