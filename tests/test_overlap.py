@@ -50,6 +50,14 @@ def test_first_bucket_starts_before_backward_ends(layout: str) -> None:
     assert kinds[-1] == "wait" or kinds.index("wait") > last_op
 
 
+def test_reduce_scattered_gradients_take_the_usual_path() -> None:
+    plain = run("dp", overlap=False, zero=2)
+    over = run("dp", overlap=True, zero=2)
+    assert digest(plain) == digest(over) and plain["counts"] == over["counts"] and plain["bytes"] == over["bytes"]
+    assert plain["counts"].get("reduce_scatter", 0) > 0
+    assert _starts(over["events"]) == 0  # ZeRO-2 reduce-scatters: nothing to bucket
+
+
 def test_started_all_reduce_matches_the_blocking_one_in_the_simulator() -> None:
     dist.ProcessMesh(list(range(4)))
     cases, kinds = started_cases()

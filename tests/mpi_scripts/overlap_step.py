@@ -34,9 +34,10 @@ def _mesh(layout: str) -> tuple[dist.ProcessMesh, list[Any], list[Any], list[Any
 
 
 def run(
-    layout: str, overlap: bool, bucket_mib: float = 0.004, steps: int = 3, hidden: int = HIDDEN, inner: int = INNER
+    layout: str, overlap: bool, bucket_mib: float = 0.004, steps: int = 3, hidden: int = HIDDEN, inner: int = INNER,
+    zero: int = 0,
 ) -> dict[str, Any]:
-    """Train ``steps`` steps; the losses, each parameter's global value, the all-reduce counts
+    """Train ``steps`` steps (``zero``: with that ZeRO stage over dp); the losses, each parameter's global value, the all-reduce counts
     and bytes of the last step, and (with overlap) the recorded start/op order of its backward."""
     mesh, data_pl, col_pl, row_pl = _mesh(layout)
     rng = np.random.default_rng(7)
@@ -50,6 +51,8 @@ def run(
         params.append(p)
     w0, w1, w2, w3, scale = params
     opt = dist.optimizer.SGD(learning_rate=0.1, parameters=params)
+    if zero:  # ZeRO-2/3 over dp: gradients reduce-scattered, not all-reduced (never bucketed)
+        opt = dist.shard_optimizer(opt, {2: dist.ShardingStage2, 3: dist.ShardingStage3}[zero]("dp"))
     losses: list[float] = []
     record: dict[str, Any] = {}
     setting = dist.overlap_grad_reduction(bucket_mib=bucket_mib, record=True) if overlap else None
