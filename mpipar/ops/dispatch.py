@@ -561,10 +561,10 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
         attrs=attrs,
         inputs=[autograd.pack_saved(used[i]) if i in saved_in else None for i in range(len(used))],
         outputs=[autograd.pack_saved(outs[j]) if j in op.save_outputs else None for j in range(len(outs))],
-        input_shapes=[tuple(t.shape) for t in flat],
-        input_dtypes=[t.dtype for t in flat],
+        input_shapes=[tuple(t._shape) for t in flat],
+        input_dtypes=[t._dtype for t in flat],
         needs_grad=needs,
-        input_specs=[u.spec if u.is_dist else None for u in used],
+        input_specs=[u._spec for u in used],  # None for a dense input
     )
     parents = [u if need else None for u, need in zip(used, needs, strict=True)]
     node = autograd.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]
