@@ -6,9 +6,10 @@
 The step: batch 32, 256 -> 4096 -> 256 (Linear with bias, ReLU, Linear with bias), float32,
 loss ``mean(y * y)``, forward, backward and SGD, the hidden dim split over the ranks (Megatron:
 first weight ``Shard(1)``, second ``Shard(0)``). The hand-written version is Megatron's MLP:
-one all-reduce forward (the second matmul's partial sums), none backward. Three variants run
-in turns in one launch, on the same ranks: the hand-written one, mpipar, and mpipar with each
-reshard once turned off (``reuse_reshards(False)``: what the step did before). Before timing,
+one all-reduce forward (the second matmul's partial sums), none backward. Four variants run
+in turns in one launch, on the same ranks: the hand-written one, mpipar, mpipar replayed
+(``dist.compile_step``: the first step's decisions handed back by position) and mpipar with
+each reshard once turned off (``reuse_reshards(False)``: what the step did before). Before timing,
 every variant's loss and updated weights are checked against the hand-written ones, and
 mpipar's all-reduces per step are counted. A step is timed between barriers, the slowest rank
 counts; a round's time is the median over ``--iters`` steps; the result is the best round of
@@ -115,8 +116,10 @@ def main() -> None:
     ref_step, ref_state = hand_written(world)
     ref_losses = [ref_step() for _ in range(2)]
     variants: dict[str, Callable[[], float]] = {"hand-written mpi4py": hand_written(world)[0]}
-    for label, reuse in (("mpipar", True), ("mpipar, reuse off", False)):
+    for label, reuse in (("mpipar", True), ("mpipar, replayed", True), ("mpipar, reuse off", False)):
         step, state = ours(world)
+        if label == "mpipar, replayed":
+            step = dist.compile_step(step)
         with reuse_reshards(reuse), dist.CommDebugMode() as comm:
             losses = [step() for _ in range(2)]
         np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)

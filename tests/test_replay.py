@@ -256,3 +256,18 @@ def test_to_static_replays_its_steps() -> None:
 def test_compile_step_rejects_non_callables() -> None:
     with pytest.raises(TypeError, match="compile_step needs a function"):
         dist.compile_step(3)  # type: ignore[arg-type]
+
+
+def test_decision_cache_tells_apart_attributes_that_decide_dtypes_and_layouts() -> None:
+    """Cached decisions are keyed on what decides them: ``cast``'s dtype, ``sum``'s axis."""
+    mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
+    x = dist.shard_tensor(np.arange(24, dtype=np.float64).reshape(4, 6), mesh, [dist.Shard(0)])
+    assert dist.cast(x, np.float32).dtype == np.float32
+    assert dist.cast(x, np.float16).dtype == np.float16
+    s0, s1 = dist.sum(x, axis=0), dist.sum(x, axis=1)
+    assert s0.shape == [6] and s1.shape == [4]
+    assert np.array_equal(s0.full_tensor(), x.full_tensor().sum(0))
+    assert np.array_equal(s1.full_tensor(), x.full_tensor().sum(1))
+    # A value-only attribute is no part of the key: the same decision, other values.
+    assert np.array_equal(dist.scale(x, 2.0).full_tensor(), 2.0 * x.full_tensor())
+    assert np.array_equal(dist.scale(x, 3.0).full_tensor(), 3.0 * x.full_tensor())

@@ -146,6 +146,8 @@ def _label(t: Tensor) -> str:
 
 def _flatten(op: OpDef, inputs: Sequence[Any]) -> tuple[list[Tensor], list[Any]]:
     """Flatten list inputs; return flat tensors and the nesting to give the rule."""
+    if not op.list_input:
+        return list(inputs), [None] * len(inputs)
     flat: list[Tensor] = []
     nest: list[Any] = []
     for i, x in enumerate(inputs):
@@ -210,24 +212,32 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     """Run op ``name`` on ``inputs`` (Tensors, or a list of Tensors for list ops)."""
     for start_hook in hooks.op_start_hooks:
         start_hook.on_op_start(name)
-    op = get_op(name)
+    op = _OPS.get(name) or get_op(name)
     attrs = attrs or {}
     flat, nest = _flatten(op, inputs)
+    # One pass over the inputs: their types, which are distributed, whether any is shape-only.
+    dist_inputs: list[Tensor] = []
+    abstract = False
     for i, t in enumerate(flat):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: input {i} must be a Tensor, got {type(t).__name__}")
+        if t._spec is not None:
+            dist_inputs.append(t)
+        abstract = abstract or t._abstract
     original = list(flat)
     backend = current_backend()
     stage_run = hooks.stage_runs[-1] if hooks.stage_runs else None
-    first_dist = next((t for t in flat if t.is_dist), None)
+    first_dist = dist_inputs[0] if dist_inputs else None
     # Inside a pipeline stage run, ops of the other stages only run their rule (no data, no comm).
     inactive = stage_run is not None and first_dist is not None and not stage_run.op_is_real(first_dist.spec.mesh, op.name)
     if stage_run is not None and first_dist is not None:
         stage_run.note_inputs(flat, first_dist.spec.mesh)
-    gathered = [] if inactive else _gather_stored_split(op, flat)
-    dist_inputs = [t for t in flat if t.is_dist]
+    gathered, swapped = ([], False) if inactive else _gather_stored_split(op, flat)
+    if swapped:  # ZeRO-3 put gathered parameters in ``flat``
+        dist_inputs = [t for t in flat if t.is_dist]
+        abstract = any(t._abstract for t in flat)
     result: spmd.SpmdResult | None = None
-    if inactive or backend.shape_only or any(t._abstract for t in flat):
+    if inactive or backend.shape_only or abstract:
         outs, used, result = _run_abstract(op, flat, nest, attrs, dist_inputs)
     elif backend.reference or not dist_inputs:
         outs = _run_dense(op, flat, nest, attrs, dist_inputs)
@@ -506,8 +516,9 @@ def _replicate_only_outputs(op: OpDef, used: list[Tensor], attrs: dict[str, Any]
     return outs
 
 
-def _gather_stored_split(op: OpDef, flat: list[Tensor]) -> list[Tensor]:
-    """Replace parameters stored split (ZeRO-3) by their gathered compute layout, in place in ``flat``."""
+def _gather_stored_split(op: OpDef, flat: list[Tensor]) -> tuple[list[Tensor], bool]:
+    """Replace parameters stored split (ZeRO-3) by their gathered compute layout, in place in
+    ``flat``; return the gathered copies to free after the op, and whether any was replaced."""
     gathered: list[Tensor] = []
     memo: dict[int, Tensor] = {}
     for i, t in enumerate(flat):
@@ -522,7 +533,7 @@ def _gather_stored_split(op: OpDef, flat: list[Tensor]) -> list[Tensor]:
             if g._shards:
                 gathered.append(g)
         flat[i] = memo[id(t)]
-    return gathered
+    return gathered, bool(memo)
 
 
 def _reshard_input(t: Tensor, want: DistSpec, backend: Any = None) -> Tensor:
@@ -550,10 +561,10 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
         attrs=attrs,
         inputs=[autograd.pack_saved(used[i]) if i in saved_in else None for i in range(len(used))],
         outputs=[autograd.pack_saved(outs[j]) if j in op.save_outputs else None for j in range(len(outs))],
-        input_shapes=[tuple(t.shape) for t in flat],
-        input_dtypes=[t.dtype for t in flat],
+        input_shapes=[tuple(t._shape) for t in flat],
+        input_dtypes=[t._dtype for t in flat],
         needs_grad=needs,
-        input_specs=[u.spec if u.is_dist else None for u in used],
+        input_specs=[u._spec for u in used],  # None for a dense input
     )
     parents = [u if need else None for u, need in zip(used, needs, strict=True)]
     node = autograd.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]
