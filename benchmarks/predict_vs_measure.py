@@ -11,10 +11,11 @@
    on its own one-rank mesh and divides by the ops and updates a trace of it counts); what a
    collective costs amid Python work (a 1 KiB all-reduce over 2 and over 8 ranks after 0, 0.3,
    1, 3 and 10 ms of NumPy work, the extra time per collective: ``call + 2 (n - 1) alpha``);
-   NumPy's elementwise FLOP rate. Host costs move with the machine's load, so they are
-   measured again before each strategy. A collective's cost depends on the work before it:
-   ranks time-sharing cores drift apart while they work and the collective waits for the
-   last (here about 0.7 ms right after another collective, 3 ms after 1 ms of work), so each
+   NumPy's elementwise FLOP rate and the 512x512 GEMM rate (calibrate's measurement, taken
+   again: the prediction's GEMM rates are the profile's moved to it). Host costs move with
+   the machine's load, so they are measured again before each strategy. A collective's cost
+   depends on the work before it: ranks time-sharing cores drift apart while they work and
+   the collective waits for the last (here about 0.7 ms right after another collective, 3 ms after 1 ms of work), so each
    of the plan's collectives is priced at its own gap (rank 0's modelled work since its
    previous collective), interpolated between the measured gaps. And what kernels cost in a
    training step: gpt.py's model on each rank's one-rank mesh at micro-batch 2 and 16 (the
@@ -163,6 +164,14 @@ def worker(steps: int) -> None:
     for _ in range(reps):
         np.tanh(np.exp(x * x + x))
     vector = 4 * x.size * reps / (time.perf_counter() - start)
+    # The GEMM rate as calibrate measures it (512x512, every rank at once), now: the kernel
+    # probe's ratio is then against rates taken at the same load, not the profile's.
+    a = np.full((512, 512), 0.5, dtype=np.float32)
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    gemm = 2 * 512**3 * 10 / (time.perf_counter() - start)
     # An mpipar all-reduce (1 KiB) over groups of 2 and of 8 ranks after ``gap`` seconds of
     # NumPy work on every rank (all at once, as training interleaves them), for each gap of
     # the grid. What a collective costs here depends on that gap: 8 ranks time-sharing 2
@@ -173,7 +182,7 @@ def worker(steps: int) -> None:
     for _ in range(200):
         np.tanh(unit * unit + unit)
     per_unit = (time.perf_counter() - start) / 200
-    out: dict[str, float] = {"op": per_op, "update": per_update, "vector_flops": vector,
+    out: dict[str, float] = {"op": per_op, "update": per_update, "vector_flops": vector, "gemm_flops": gemm,
                              **{f"model_fb{b}": min(ts) for b, ts in probe.items()}}
     for n in (2, 8):
         group = dist.ProcessMesh([rank // n * n + i for i in range(n)], dim_names=["g"])
@@ -254,6 +263,21 @@ def loaded_profile(profile: Any, alpha_loaded: float, kernel_scale: float = 1.0)
         f"{profile.name}-loaded", link, link, {k: v / kernel_scale for k, v in profile.flops_per_s.items()},
         profile.devices_per_node, profile.compute_efficiency, profile.memory_bytes, profile.reduction_Bps,
         f"{profile.description}; link latency and kernel rates measured amid Python work by benchmarks/predict_vs_measure.py",
+    )
+
+
+def at_load(profile: Any, gemm_flops: float) -> Any:
+    """``profile`` with its GEMM rates moved to ``gemm_flops`` (float32, the worker's 512x512
+    GEMM now; other dtypes in the profile's proportion)."""
+    from simulator.cost import HardwareProfile
+
+    base = profile.flops_per_s.get("float32")
+    if not base or not gemm_flops > 0 or gemm_flops == float("inf"):
+        raise ValueError(f"profile {profile.name!r}: float32 GEMM rate {base!r}, measured {gemm_flops!r}; need both > 0")
+    return HardwareProfile(
+        profile.name, profile.intra_node, profile.inter_node,
+        {k: v * gemm_flops / base for k, v in profile.flops_per_s.items()}, profile.devices_per_node,
+        profile.compute_efficiency, profile.memory_bytes, profile.reduction_Bps, profile.description,
     )
 
 
@@ -432,32 +456,33 @@ def main() -> None:
         # with collectives as far apart as the plan puts them.
         step = gpt_step(mesh)
         host = host_costs(20)
+        now = at_load(profile, host["gemm_flops"])
         scale = kernel_scale({b: host[f"model_fb{b}"] for b in KERNEL_BATCHES},
-                             {b: kernel_seconds(probes[b], profile, host["vector_flops"]) for b in KERNEL_BATCHES})
+                             {b: kernel_seconds(probes[b], now, host["vector_flops"]) for b in KERNEL_BATCHES})
         # Every kernel at the rate it runs at in a training step (the probe's), the GEMMs' and the
         # elementwise ops' alike; the ``hot`` prediction keeps the calibration loops' rates.
         trained = {**host, "vector_flops": host["vector_flops"] / scale}
-        gaps = collective_gaps(step, loaded_profile(profile, 0.0, scale), trained)
+        gaps = collective_gaps(step, loaded_profile(now, 0.0, scale), trained)
         alpha, base = loaded_latency(host, gaps)
-        p = predict(step, loaded_profile(profile, alpha, scale), trained, base)
-        hot_gaps = collective_gaps(step, profile, host)
+        p = predict(step, loaded_profile(now, alpha, scale), trained, base)
+        hot_gaps = collective_gaps(step, now, host)
         hot_alpha, hot_base = loaded_latency(host, hot_gaps)
-        hot = predict(step, loaded_profile(profile, hot_alpha), host, hot_base)
+        hot = predict(step, loaded_profile(now, hot_alpha), host, hot_base)
         m, sp = measure(mesh, ns.steps)
         predicted.append(p)
         measured.append(m)
         spread.append(sp)
         rows.append((mesh, statistics.median(gaps) if gaps else 0.0, host, scale, alpha, base, hot, p, m, sp))
-    print(f"\n{'strategy':<16} {'gap ms':>6} {'op us':>6} {'call us':>7} {'alpha us':>8} {'vec GF/s':>8} {'kern x':>6} "
-          f"{'hot s':>7} {'predicted s':>11} {'measured s':>11} {'+-':>6} {'pred/meas':>9}")
+    print(f"\n{'strategy':<16} {'gap ms':>6} {'op us':>6} {'call us':>7} {'alpha us':>8} {'vec GF/s':>8} {'GEMM GF/s':>9} "
+          f"{'kern x':>6} {'hot s':>7} {'predicted s':>11} {'measured s':>11} {'+-':>6} {'pred/meas':>9}")
     for mesh, gap, host, scale, alpha, base, hot, p, m, sp in rows:
         ratio = p / m
         mark = "ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")
         print(f"{mesh:<16} {gap * 1e3:>6.2f} {host['op'] * 1e6:>6.0f} {base * 1e6:>7.0f} {alpha * 1e6:>8.0f} {host['vector_flops'] / 1e9:>8.2f} "
-              f"{scale:>6.2f} {hot:>7.4f} {p:>11.4f} {m:>11.4f} {sp:>6.3f} {ratio:>9.2f}  {mark}")
+              f"{host['gemm_flops'] / 1e9:>9.1f} {scale:>6.2f} {hot:>7.4f} {p:>11.4f} {m:>11.4f} {sp:>6.3f} {ratio:>9.2f}  {mark}")
     print("(gap: the median work before one of rank 0's collectives; op: host time per mpipar op; call + 2(n-1) alpha: "
           "an n-rank all-reduce, averaged over the plan's collectives, each after its own gap of work; vec: "
-          "elementwise FLOP rate of the calibration loop; kern x: measured kernel seconds per priced second in gpt.py's "
+          "elementwise FLOP rate of the calibration loop; GEMM: float32 512x512 rate now; kern x: measured kernel seconds per priced second in gpt.py's "
           "model (one rank, micro-batch 2 -> 16), which divides every kernel rate; hot: the prediction at the "
           "calibration loops' rates (kern x = 1); 8 ranks at once)")
     ok, ties = order_agrees(names, predicted, measured, spread)

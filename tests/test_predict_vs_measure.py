@@ -76,3 +76,13 @@ def test_the_pipeline_plan_prices_every_kernel_at_the_scaled_rate() -> None:
     host = {"op": 0.0, "update": 0.0, "vector_flops": 1e9}
     gemm_only = pvm.predict(step, pvm.loaded_profile(_compute_only(), 0.0, 2.5), host, 0.0)
     assert base < gemm_only < 2.5 * base - 1e-6 * base
+
+
+def test_at_load_moves_every_gemm_rate_in_proportion() -> None:
+    prof = _compute_only(4e10)
+    now = pvm.at_load(prof, 1e10)
+    assert now.flops_per_s == pytest.approx({"float32": 1e10, "float64": 5e9})
+    assert now.intra_node == prof.intra_node
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="float32 GEMM rate"):
+            pvm.at_load(prof, bad)
