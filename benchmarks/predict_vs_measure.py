@@ -15,18 +15,19 @@
    again: the prediction's GEMM rates are the profile's moved to it). Host costs move with
    the machine's load, so they are measured again before each strategy. A collective's cost
    depends on the work before it: ranks time-sharing cores drift apart while they work and
-   the collective waits for the last (here about 0.7 ms right after another collective, 3 ms after 1 ms of work), so each
-   of the plan's collectives is priced at its own gap (rank 0's modelled work since its
-   previous collective), interpolated between the measured gaps. And what kernels cost in a
-   training step: gpt.py's model on each rank's one-rank mesh at micro-batch 2 and 16 (the
-   per-rank batches of dp=8 and of a pipeline stage); the two runs dispatch the same ops, so
-   the growth of their forward+backward over the growth of their priced kernel seconds
-   (``kern x``) is measured kernel time per priced kernel second. The calibration's rates come
-   from tight loops on hot operands (a 512x512 GEMM, an elementwise chain over 64 KiB); in the
-   model the kernels run about half as fast per FLOP (here ``kern x`` ~2: batched GEMMs of a
-   layer's matrices, weight gradients as per-sequence products summed after, several NumPy
-   passes per elementwise op, operands that other ops wrote earlier), and every kernel rate of
-   the prediction is divided by it. The ``hot`` column keeps the loops' rates.
+   the collective waits for the last (here about 0.7 ms right after another collective, 3 ms
+   after 1 ms of work), so each of the plan's collectives is priced at its own gap (rank 0's
+   modelled work since its previous collective), interpolated between the measured gaps. And
+   what kernels cost in a training step: gpt.py's model on each rank's one-rank mesh at
+   micro-batch 2 and 16 (the per-rank batches of dp=8 and of a pipeline stage); the two runs
+   dispatch the same ops, so the growth of their forward+backward over the growth of their
+   priced kernel seconds (``kern x``) is measured kernel time per priced kernel second. The
+   calibration's rates come from tight loops on hot operands (a 512x512 GEMM, an elementwise
+   chain over 64 KiB); in the model the kernels run 2-3x slower per FLOP (``kern x`` 2.0-2.8
+   here under load: batched GEMMs of a layer's matrices, weight gradients as per-sequence
+   products summed after, several NumPy passes per elementwise op, operands that other ops
+   wrote earlier), and every kernel rate of the prediction is divided by it. The ``hot``
+   column keeps the loops' rates.
 2. **Predict** each strategy with ``simulator.estimate`` (shape-only trace of gpt.py's default
    model: 4 layers, hidden 128, 4 heads, seq 64, vocab 128, global batch 16, float32, AdamW with
    global-norm clipping; one micro-batch, so a pipeline runs its stages one after another as
