@@ -11,12 +11,23 @@
    on its own one-rank mesh and divides by the ops and updates a trace of it counts); what a
    collective costs amid Python work (a 1 KiB all-reduce over 2 and over 8 ranks after 0, 0.3,
    1, 3 and 10 ms of NumPy work, the extra time per collective: ``call + 2 (n - 1) alpha``);
-   NumPy's elementwise FLOP rate. Host costs move with the machine's load, so they are
-   measured again before each strategy. A collective's cost depends on the work before it:
-   ranks time-sharing cores drift apart while they work and the collective waits for the
-   last (here about 0.7 ms right after another collective, 3 ms after 1 ms of work), so each
-   of the plan's collectives is priced at its own gap (rank 0's modelled work since its
-   previous collective), interpolated between the measured gaps.
+   NumPy's elementwise FLOP rate and the 512x512 GEMM rate (calibrate's measurement, taken
+   again: the prediction's GEMM rates are the profile's moved to it). Host costs move with
+   the machine's load, so they are measured again before each strategy. A collective's cost
+   depends on the work before it: ranks time-sharing cores drift apart while they work and
+   the collective waits for the last (here about 0.7 ms right after another collective, 3 ms
+   after 1 ms of work), so each of the plan's collectives is priced at its own gap (rank 0's
+   modelled work since its previous collective), interpolated between the measured gaps. And
+   what kernels cost in a training step: gpt.py's model on each rank's one-rank mesh at
+   micro-batch 2 and 16 (the per-rank batches of dp=8 and of a pipeline stage); the two runs
+   dispatch the same ops, so the growth of their forward+backward over the growth of their
+   priced kernel seconds (``kern x``) is measured kernel time per priced kernel second. The
+   calibration's rates come from tight loops on hot operands (a 512x512 GEMM, an elementwise
+   chain over 64 KiB); in the model the kernels run 2-3x slower per FLOP (``kern x`` 2.0-2.8
+   here under load: batched GEMMs of a layer's matrices, weight gradients as per-sequence
+   products summed after, several NumPy passes per elementwise op, operands that other ops
+   wrote earlier), and every kernel rate of the prediction is divided by it. The ``hot``
+   column keeps the loops' rates.
 2. **Predict** each strategy with ``simulator.estimate`` (shape-only trace of gpt.py's default
    model: 4 layers, hidden 128, 4 heads, seq 64, vocab 128, global batch 16, float32, AdamW with
    global-norm clipping; one micro-batch, so a pipeline runs its stages one after another as
@@ -50,6 +61,13 @@ MPIEXEC = os.path.join(BIN, "mpiexec")
 DEFAULT_STRATEGIES = "dp=8;dp=2,tp=4;dp=1,tp=2,pp=4"
 GLOBAL_BATCH = 16
 
+
+SEQ, VOCAB = 64, 128
+GPT_CONFIG: dict[str, Any] = {"vocab_size": VOCAB, "block_size": SEQ, "n_layer": 4, "n_head": 4, "n_embd": 128,
+                              "dropout": 0.0, "dtype": "float32"}
+"""gpt.py's default model (what ``gpt_step`` traces and the worker's kernel probe runs)."""
+KERNEL_BATCHES = (2, 16)
+"""Per-rank micro-batches of the kernel probe: dp=8's (16 / 8) and a pipeline stage's (all 16)."""
 
 GAP_GRID = (0.0, 3e-4, 1e-3, 3e-3, 1e-2)
 """Seconds of work between collectives at which the worker times an all-reduce (interpolated)."""
@@ -110,6 +128,34 @@ def worker(steps: int) -> None:
     alone = tiny(1, clip=False)
     per_op = own["fb"] / own["fb_ops"]
     per_update = alone["update"] / alone["params"]
+
+    def model_fb(batch: int) -> float:
+        """Median seconds of forward+backward of gpt.py's default model, ``batch`` sequences, on
+        this rank's one-rank mesh (every rank at once)."""
+        mesh = dist.ProcessMesh([[rank]], dim_names=["dp", "tp"])
+        dist.seed(0)
+        par = GPTParallel([mesh])
+        model = GPT(GPTConfig(**GPT_CONFIG), par)
+        idx = dist.shard_tensor(np.arange(batch * SEQ, dtype=np.int64).reshape(batch, SEQ) % VOCAB, mesh,
+                                par.activation(mesh, seq_split=False))
+
+        def fb() -> float:
+            start = time.perf_counter()
+            model.loss(idx, idx).backward()
+            model.clear_gradients()
+            return time.perf_counter() - start
+
+        fb()
+        comm.Barrier()
+        return statistics.median(fb() for _ in range(3))
+
+    # The kernels' own cost at training sizes: the same model at the smallest and the largest
+    # per-rank micro-batch of the strategies (same ops, same host overhead; only the kernels
+    # grow), twice in turn, the better of each (a neighbour's burst spoils one, not both).
+    probe: dict[int, list[float]] = {b: [] for b in KERNEL_BATCHES}
+    for _ in range(2):
+        for b in KERNEL_BATCHES:
+            probe[b].append(model_fb(b))
     # Elementwise passes (add, multiply, exp, tanh: one FLOP per element each in op_cost's table)
     # over 64 KiB arrays, all ranks at once.
     x = np.full(16384, 0.5, dtype=np.float32)
@@ -119,6 +165,14 @@ def worker(steps: int) -> None:
     for _ in range(reps):
         np.tanh(np.exp(x * x + x))
     vector = 4 * x.size * reps / (time.perf_counter() - start)
+    # The GEMM rate as calibrate measures it (512x512, every rank at once), now: the kernel
+    # probe's ratio is then against rates taken at the same load, not the profile's.
+    a = np.full((512, 512), 0.5, dtype=np.float32)
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    gemm = 2 * 512**3 * 10 / (time.perf_counter() - start)
     # An mpipar all-reduce (1 KiB) over groups of 2 and of 8 ranks after ``gap`` seconds of
     # NumPy work on every rank (all at once, as training interleaves them), for each gap of
     # the grid. What a collective costs here depends on that gap: 8 ranks time-sharing 2
@@ -129,7 +183,8 @@ def worker(steps: int) -> None:
     for _ in range(200):
         np.tanh(unit * unit + unit)
     per_unit = (time.perf_counter() - start) / 200
-    out: dict[str, float] = {"op": per_op, "update": per_update, "vector_flops": vector}
+    out: dict[str, float] = {"op": per_op, "update": per_update, "vector_flops": vector, "gemm_flops": gemm,
+                             **{f"model_fb{b}": min(ts) for b, ts in probe.items()}}
     for n in (2, 8):
         group = dist.ProcessMesh([rank // n * n + i for i in range(n)], dim_names=["g"])
         partial = dist.dtensor_from_local(np.ones(256, dtype=np.float32), group, [dist.Partial()])
@@ -198,17 +253,85 @@ def loaded_latency(host: dict[str, float], gaps: list[float]) -> tuple[float, fl
     return alpha, base
 
 
-def loaded_profile(profile: Any, alpha_loaded: float) -> Any:
-    """``profile`` with the link latency ranks show between Python work on this machine."""
+def loaded_profile(profile: Any, alpha_loaded: float, kernel_scale: float = 1.0) -> Any:
+    """``profile`` with the link latency ranks show between Python work on this machine and its
+    GEMM rates divided by ``kernel_scale`` (what kernels cost in a training step, ``kernel_scale``)."""
     from simulator.cost import HardwareProfile, Link
 
     alpha = max(alpha_loaded, profile.intra_node.alpha_s)
     link = Link(alpha, profile.intra_node.bandwidth_Bps)
     return HardwareProfile(
-        f"{profile.name}-loaded", link, link, dict(profile.flops_per_s), profile.devices_per_node,
-        profile.compute_efficiency, profile.memory_bytes, profile.reduction_Bps,
-        f"{profile.description}; link latency measured between Python work by benchmarks/predict_vs_measure.py",
+        f"{profile.name}-loaded", link, link, {k: v / kernel_scale for k, v in profile.flops_per_s.items()},
+        profile.devices_per_node, profile.compute_efficiency, profile.memory_bytes, profile.reduction_Bps,
+        f"{profile.description}; link latency and kernel rates measured amid Python work by benchmarks/predict_vs_measure.py",
     )
+
+
+def at_load(profile: Any, gemm_flops: float) -> Any:
+    """``profile`` with its GEMM rates moved to ``gemm_flops`` (float32, the worker's 512x512
+    GEMM now; other dtypes in the profile's proportion)."""
+    from simulator.cost import HardwareProfile
+
+    base = profile.flops_per_s.get("float32")
+    if not base or not gemm_flops > 0 or gemm_flops == float("inf"):
+        raise ValueError(f"profile {profile.name!r}: float32 GEMM rate {base!r}, measured {gemm_flops!r}; need both > 0")
+    return HardwareProfile(
+        profile.name, profile.intra_node, profile.inter_node,
+        {k: v * gemm_flops / base for k, v in profile.flops_per_s.items()}, profile.devices_per_node,
+        profile.compute_efficiency, profile.memory_bytes, profile.reduction_Bps, profile.description,
+    )
+
+
+def one_rank_step(batch: int) -> Any:
+    """gpt.py's default model on one rank, ``batch`` sequences: what the worker's kernel probe runs."""
+    from simulator.step_trace import GPTShape, Strategy, trace_gpt_step
+
+    shape = GPTShape(layers=GPT_CONFIG["n_layer"], hidden=GPT_CONFIG["n_embd"], heads=GPT_CONFIG["n_head"], seq=SEQ,
+                     vocab=VOCAB, micro_batch_size=batch, dropout=0.0)
+    return trace_gpt_step(shape, Strategy(), layers_traced=shape.layers)
+
+
+def kernel_seconds(step: Any, profile: Any, vector_flops: float) -> float:
+    """The model's kernel seconds (FLOPs at the calibrated rates, no host overhead) of a one-rank
+    step's forward and backward."""
+    from simulator.op_cost import PlanCosts
+    from simulator.step_trace import SETUP
+
+    costs = PlanCosts(step.plan, profile, vector_flops=vector_flops, op_overhead=0.0, reshard_overhead=0.0)
+    total = 0.0
+    for op, part in zip(step.plan.ops, step.op_parts, strict=True):
+        if part == SETUP or op.phase not in ("forward", "backward"):
+            continue
+        times = costs.op_times(op)
+        total += times.get(0, 0.0) if isinstance(times, dict) else times
+    return total
+
+
+def kernel_scale(measured: dict[int, float], priced: dict[int, float]) -> float:
+    """Measured kernel seconds per priced kernel second in gpt.py's model: the growth of its
+    measured forward+backward from the small to the large probe batch over the growth of its
+    priced kernel seconds. Both runs dispatch the same ops, so the host overhead cancels.
+
+    The calibration's rates come from tight loops on hot operands (a 512x512 GEMM, an
+    elementwise chain over 64 KiB); a training step's kernels run slower per FLOP (batched
+    GEMMs of a layer's matrices, weight gradients as per-sequence products then a sum, several
+    NumPy passes per elementwise op, operands other ops wrote earlier).
+    """
+    small, large = KERNEL_BATCHES
+    for name, values in (("measured", measured), ("priced", priced)):
+        for b in KERNEL_BATCHES:
+            v = values.get(b)
+            if not isinstance(v, float | int) or not v >= 0 or v == float("inf"):
+                raise ValueError(f"kernel probe: {name} seconds at micro-batch {b} is {v!r}; expected a finite number >= 0")
+    grew, priced_growth = measured[large] - measured[small], priced[large] - priced[small]
+    if not priced_growth > 0:
+        raise ValueError(f"kernel probe: priced kernel seconds do not grow from micro-batch {small} to {large} "
+                         f"({priced[small]!r} -> {priced[large]!r})")
+    if not grew > 0:
+        raise ValueError(f"kernel probe: measured forward+backward did not grow from micro-batch {small} to {large} "
+                         f"({measured[small]:.4g} s -> {measured[large]:.4g} s): the machine's load changed during "
+                         "the probe; run again")
+    return grew / priced_growth
 
 
 def gpt_step(mesh: str) -> Any:
@@ -216,7 +339,8 @@ def gpt_step(mesh: str) -> Any:
     from simulator.step_trace import GPTShape, Strategy, trace_gpt_step
 
     d = degrees(mesh)
-    shape = GPTShape(layers=4, hidden=128, heads=4, seq=64, vocab=128, micro_batch_size=GLOBAL_BATCH // d["dp"], dropout=0.0)
+    shape = GPTShape(layers=GPT_CONFIG["n_layer"], hidden=GPT_CONFIG["n_embd"], heads=GPT_CONFIG["n_head"], seq=SEQ,
+                     vocab=VOCAB, micro_batch_size=GLOBAL_BATCH // d["dp"], dropout=0.0)
     strategy = Strategy(dp=d["dp"], tp=d["tp"], pp=d["pp"], grad_clip=1.0)
     return trace_gpt_step(shape, strategy, layers_traced=shape.layers)
 
@@ -327,29 +451,41 @@ def main() -> None:
     names = [s.strip() for s in ns.strategies.split(";") if s.strip()]
     predicted, measured, spread = [], [], []
     rows = []
+    probes = {b: one_rank_step(b) for b in KERNEL_BATCHES}
     for mesh in names:
         # Host costs move with the machine's load: measure them right before the run they predict,
         # with collectives as far apart as the plan puts them.
         step = gpt_step(mesh)
         host = host_costs(20)
-        gaps = collective_gaps(step, profile, host)
+        now = at_load(profile, host["gemm_flops"])
+        scale = kernel_scale({b: host[f"model_fb{b}"] for b in KERNEL_BATCHES},
+                             {b: kernel_seconds(probes[b], now, host["vector_flops"]) for b in KERNEL_BATCHES})
+        # Every kernel at the rate it runs at in a training step (the probe's), the GEMMs' and the
+        # elementwise ops' alike; the ``hot`` prediction keeps the calibration loops' rates.
+        trained = {**host, "vector_flops": host["vector_flops"] / scale}
+        gaps = collective_gaps(step, loaded_profile(now, 0.0, scale), trained)
         alpha, base = loaded_latency(host, gaps)
-        p = predict(step, loaded_profile(profile, alpha), host, base)
+        p = predict(step, loaded_profile(now, alpha, scale), trained, base)
+        hot_gaps = collective_gaps(step, now, host)
+        hot_alpha, hot_base = loaded_latency(host, hot_gaps)
+        hot = predict(step, loaded_profile(now, hot_alpha), host, hot_base)
         m, sp = measure(mesh, ns.steps)
         predicted.append(p)
         measured.append(m)
         spread.append(sp)
-        rows.append((mesh, statistics.median(gaps) if gaps else 0.0, host, alpha, base, p, m, sp))
-    print(f"\n{'strategy':<16} {'gap ms':>6} {'op us':>6} {'call us':>7} {'alpha us':>8} {'vec GF/s':>8} "
-          f"{'predicted s':>11} {'measured s':>11} {'+-':>6} {'pred/meas':>9}")
-    for mesh, gap, host, alpha, base, p, m, sp in rows:
+        rows.append((mesh, statistics.median(gaps) if gaps else 0.0, host, scale, alpha, base, hot, p, m, sp))
+    print(f"\n{'strategy':<16} {'gap ms':>6} {'op us':>6} {'call us':>7} {'alpha us':>8} {'vec GF/s':>8} {'GEMM GF/s':>9} "
+          f"{'kern x':>6} {'hot s':>7} {'predicted s':>11} {'measured s':>11} {'+-':>6} {'pred/meas':>9}")
+    for mesh, gap, host, scale, alpha, base, hot, p, m, sp in rows:
         ratio = p / m
         mark = "ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")
         print(f"{mesh:<16} {gap * 1e3:>6.2f} {host['op'] * 1e6:>6.0f} {base * 1e6:>7.0f} {alpha * 1e6:>8.0f} {host['vector_flops'] / 1e9:>8.2f} "
-              f"{p:>11.4f} {m:>11.4f} {sp:>6.3f} {ratio:>9.2f}  {mark}")
+              f"{host['gemm_flops'] / 1e9:>9.1f} {scale:>6.2f} {hot:>7.4f} {p:>11.4f} {m:>11.4f} {sp:>6.3f} {ratio:>9.2f}  {mark}")
     print("(gap: the median work before one of rank 0's collectives; op: host time per mpipar op; call + 2(n-1) alpha: "
           "an n-rank all-reduce, averaged over the plan's collectives, each after its own gap of work; vec: "
-          "elementwise FLOP rate; 8 ranks at once)")
+          "elementwise FLOP rate of the calibration loop; GEMM: float32 512x512 rate now; kern x: measured kernel seconds per priced second in gpt.py's "
+          "model (one rank, micro-batch 2 -> 16), which divides every kernel rate; hot: the prediction at the "
+          "calibration loops' rates (kern x = 1); 8 ranks at once)")
     ok, ties = order_agrees(names, predicted, measured, spread)
     by_pred = " < ".join(n for _, n in sorted(zip(predicted, names, strict=True)))
     by_meas = " < ".join(n for _, n in sorted(zip(measured, names, strict=True)))

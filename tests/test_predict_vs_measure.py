@@ -1,0 +1,88 @@
+"""benchmarks/predict_vs_measure.py's pricing: kernels at the rate they run at in a training step.
+
+The benchmark itself (calibration, mpiexec runs) is not run here; these check the pure parts:
+the kernel probe's scale and that the prediction of the eager pipeline plan prices every
+kernel (GEMMs and elementwise ops alike) at the scaled rate.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import predict_vs_measure as pvm
+
+from simulator.cost import HardwareProfile, Link
+
+FREE = Link(0.0, 1e30)
+
+
+def _compute_only(gemm_flops: float = 4e10) -> HardwareProfile:
+    """Links that cost nothing: a step's time is its kernels' alone."""
+    return HardwareProfile("compute-only", FREE, FREE, {"float32": gemm_flops, "float64": gemm_flops / 2})
+
+
+def test_kernel_scale_is_measured_growth_over_priced_growth() -> None:
+    small, large = pvm.KERNEL_BATCHES
+    # Host overhead (the 1.0 s both runs share) cancels: only the growth counts.
+    assert pvm.kernel_scale({small: 1.0 + 0.2, large: 1.0 + 2.6}, {small: 0.1, large: 1.3}) == pytest.approx(2.0)
+    assert pvm.kernel_scale({small: 0.5, large: 0.8}, {small: 0.1, large: 0.4}) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("measured", "priced", "words"),
+    [
+        ({2: math.nan, 16: 1.0}, {2: 0.1, 16: 0.5}, "measured seconds at micro-batch 2 is nan"),
+        ({2: 0.5, 16: -1.0}, {2: 0.1, 16: 0.5}, "measured seconds at micro-batch 16 is -1.0"),
+        ({2: 0.5}, {2: 0.1, 16: 0.5}, "measured seconds at micro-batch 16 is None"),
+        ({2: 0.5, 16: 1.0}, {2: 0.1, 16: math.inf}, "priced seconds at micro-batch 16 is inf"),
+        ({2: 0.5, 16: 1.0}, {2: 0.5, 16: 0.5}, "priced kernel seconds do not grow"),
+        ({2: 0.9, 16: 0.8}, {2: 0.1, 16: 0.5}, "did not grow from micro-batch 2 to 16"),
+    ],
+)
+def test_kernel_scale_refuses_a_bad_probe(measured: dict[int, float], priced: dict[int, float], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        pvm.kernel_scale(measured, priced)
+
+
+def test_kernel_seconds_grow_with_the_probe_batch() -> None:
+    """The probe's two batches run the same ops: the priced kernels grow about 8x (2 -> 16 sequences)."""
+    prof = _compute_only()
+    steps = {b: pvm.one_rank_step(b) for b in pvm.KERNEL_BATCHES}
+    assert len(steps[2].plan.ops) == len(steps[16].plan.ops)
+    k = {b: pvm.kernel_seconds(steps[b], prof, 1e9) for b in pvm.KERNEL_BATCHES}
+    assert 7.0 < k[16] / k[2] <= 8.0 + 1e-9, k
+
+
+def _predict(step: Any, scale: float) -> float:
+    host = {"op": 0.0, "update": 0.0, "vector_flops": 1e9 / scale}
+    return pvm.predict(step, pvm.loaded_profile(_compute_only(), 0.0, scale), host, 0.0)
+
+
+def test_the_pipeline_plan_prices_every_kernel_at_the_scaled_rate() -> None:
+    """gpt.py's eager pp=4 plan (stages one after another): with free links and no host
+    overhead the step is its kernels, so scaling the kernel rates by 1/k scales it by k exactly
+    -- only if the GEMMs (the profile) and the elementwise ops (vector_flops) both follow."""
+    step = pvm.gpt_step("dp=1,tp=2,pp=4")
+    base = _predict(step, 1.0)
+    assert base > 0
+    assert _predict(step, 2.5) == pytest.approx(2.5 * base, rel=1e-9)
+    # Scaling one of the two alone moves the step by less: both families carry real time.
+    host = {"op": 0.0, "update": 0.0, "vector_flops": 1e9}
+    gemm_only = pvm.predict(step, pvm.loaded_profile(_compute_only(), 0.0, 2.5), host, 0.0)
+    assert base < gemm_only < 2.5 * base - 1e-6 * base
+
+
+def test_at_load_moves_every_gemm_rate_in_proportion() -> None:
+    prof = _compute_only(4e10)
+    now = pvm.at_load(prof, 1e10)
+    assert now.flops_per_s == pytest.approx({"float32": 1e10, "float64": 5e9})
+    assert now.intra_node == prof.intra_node
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="float32 GEMM rate"):
+            pvm.at_load(prof, bad)
