@@ -426,7 +426,7 @@ def _run_dist(
     mesh = dist_inputs[0].spec.mesh
     reuse = _reuse_info(flat) if reuse_enabled() else None
     player = _replaying[-1] if _replaying else None
-    decision = player.next(op, flat, attrs, reuse) if player is not None else None
+    decision = player.next(op, flat, attrs, reuse, backend) if player is not None else None
     if decision is None:
         key = _decision_key(op, flat, nest, attrs, reuse, mesh)
         decision = cached_decision(key, backend)
@@ -443,7 +443,7 @@ def _run_dist(
                     _DECISIONS.clear()
                 _DECISIONS[key] = decision
         if player is not None:
-            player.record(op, flat, attrs, reuse, decision)
+            player.record(op, flat, attrs, reuse, decision, backend)
     need = decision.need
     used: list[Tensor] = []
     for i, (t, move) in enumerate(zip(flat, decision.reshard, strict=True)):
