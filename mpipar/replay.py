@@ -54,7 +54,8 @@ class _Entry:
     specs: tuple[Any, ...]
     """Per flat input its spec (dense: its shape)."""
     dtypes: tuple[Any, ...]
-    attrs: dict[str, Any]
+    attrs: tuple[Any, ...]
+    """The attributes that decide, frozen with their types (``1`` and ``1.0`` differ)."""
     reuse: Any
     decision: dispatch.Decision
 
@@ -95,8 +96,8 @@ class StepPlayer:
         if not self.recording or backend is not self.backend:
             return
         specs = tuple(t._spec if t._spec is not None else t._shape for t in flat)
-        attrs = dispatch.decision_attrs(op, attrs)
-        self.program.append(_Entry(op, specs, tuple(t._dtype for t in flat), dict(attrs), reuse, decision))
+        frozen = dispatch.freeze_attrs(dispatch.decision_attrs(op, attrs))
+        self.program.append(_Entry(op, specs, tuple(t._dtype for t in flat), frozen, reuse, decision))
         self.position = len(self.program)
         for t in flat:
             if isinstance(t, Parameter) and t._spec is not None and id(t) not in self.params:
@@ -122,9 +123,10 @@ def _same_call(entry: _Entry, flat: list[Tensor], attrs: dict[str, Any], reuse: 
             return False
     if reuse != entry.reuse:
         return False
-    attrs = dispatch.decision_attrs(entry.op, attrs)
+    if not entry.attrs:
+        return not dispatch.decision_attrs(entry.op, attrs)
     try:
-        return bool(attrs == entry.attrs)
+        return bool(dispatch.freeze_attrs(dispatch.decision_attrs(entry.op, attrs)) == entry.attrs)
     except (TypeError, ValueError):  # an attribute that cannot be compared (an array): decide afresh
         return False
 

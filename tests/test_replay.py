@@ -284,3 +284,13 @@ def test_another_backend_records_again() -> None:
     assert fn.retraces == 2
     fn(x)
     assert fn.retraces == 2  # the first backend's recording is still there
+
+
+def test_replay_checks_attributes_that_decide_dtypes() -> None:
+    """The same step with a dtype argument: each call casts to the dtype it was given."""
+    mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
+    x = dist.shard_tensor(np.ones((4, 2)), mesh, [dist.Shard(0)])
+    fn = dist.compile_step(lambda dt: dist.cast(x, dt))
+    assert [fn(dt).dtype for dt in (np.float32, np.float16, np.float16, np.float32)] == [
+        np.float32, np.float16, np.float16, np.float32
+    ]

@@ -363,7 +363,7 @@ def decision_attrs(op: OpDef, attrs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in attrs.items() if k not in op.volatile_attrs}
 
 
-def _freeze_attrs(attrs: dict[str, Any]) -> tuple[Any, ...]:
+def freeze_attrs(attrs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple((k, _frozen(v)) for k, v in attrs.items()) if attrs else ()
 
 
@@ -375,7 +375,7 @@ def _decision_key(
     hashable (such a call is decided afresh)."""
     ins = tuple(t._spec if t._spec is not None else (t._shape, mesh) for t in flat)
     try:
-        key = (op.name, ins, tuple(t._dtype for t in flat), _freeze_attrs(decision_attrs(op, attrs)), reuse, tuple(nest) if op.list_input else None)
+        key = (op.name, ins, tuple(t._dtype for t in flat), freeze_attrs(decision_attrs(op, attrs)), reuse, tuple(nest) if op.list_input else None)
         hash(key)
     except TypeError:
         return None
