@@ -54,7 +54,8 @@ class _Entry:
     specs: tuple[Any, ...]
     """Per flat input its spec (dense: its shape)."""
     dtypes: tuple[Any, ...]
-    attrs: dict[str, Any]
+    attrs: tuple[Any, ...]
+    """The attributes that decide, frozen with their types (``1`` and ``1.0`` differ)."""
     reuse: Any
     decision: dispatch.Decision
 
@@ -62,7 +63,9 @@ class _Entry:
 class StepPlayer:
     """Replays a program of decisions by position; records where it has none (or diverged)."""
 
-    def __init__(self, program: list[_Entry] | None) -> None:
+    def __init__(self, program: list[_Entry] | None, backend: Any = None) -> None:
+        self.backend = backend
+        """Decisions hold the hosted ranks of the backend they were made on: replay only there."""
         self.program: list[_Entry] = program if program is not None else []
         self.position = 0
         self.recording = program is None
@@ -70,9 +73,11 @@ class StepPlayer:
         self.replayed = 0
         self.params: dict[int, tuple[weakref.ref[Tensor], Any]] = {}
 
-    def next(self, op: Any, flat: list[Tensor], attrs: dict[str, Any], reuse: Any) -> dispatch.Decision | None:
+    def next(self, op: Any, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, backend: Any) -> dispatch.Decision | None:
         """The recorded decision of this op call, or None (then dispatch decides and ``record``s)."""
         if self.recording:
+            return None
+        if backend is not self.backend:  # another backend inside the step: decide afresh
             return None
         program, i = self.program, self.position
         if i < len(program):
@@ -87,12 +92,12 @@ class StepPlayer:
         del program[i:]
         return None
 
-    def record(self, op: Any, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, decision: dispatch.Decision) -> None:
-        if not self.recording:
+    def record(self, op: Any, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, decision: dispatch.Decision, backend: Any) -> None:
+        if not self.recording or backend is not self.backend:
             return
         specs = tuple(t._spec if t._spec is not None else t._shape for t in flat)
-        attrs = dispatch.decision_attrs(op, attrs)
-        self.program.append(_Entry(op, specs, tuple(t._dtype for t in flat), dict(attrs), reuse, decision))
+        frozen = dispatch.freeze_attrs(dispatch.decision_attrs(op, attrs))
+        self.program.append(_Entry(op, specs, tuple(t._dtype for t in flat), frozen, reuse, decision))
         self.position = len(self.program)
         for t in flat:
             if isinstance(t, Parameter) and t._spec is not None and id(t) not in self.params:
@@ -118,9 +123,10 @@ def _same_call(entry: _Entry, flat: list[Tensor], attrs: dict[str, Any], reuse: 
             return False
     if reuse != entry.reuse:
         return False
-    attrs = dispatch.decision_attrs(entry.op, attrs)
+    if not entry.attrs:
+        return not dispatch.decision_attrs(entry.op, attrs)
     try:
-        return bool(attrs == entry.attrs)
+        return bool(dispatch.freeze_attrs(dispatch.decision_attrs(entry.op, attrs)) == entry.attrs)
     except (TypeError, ValueError):  # an attribute that cannot be compared (an array): decide afresh
         return False
 
@@ -142,6 +148,8 @@ def _layout_key(value: Any) -> Any:
 class _Program:
     entries: list[_Entry]
     params: list[tuple[weakref.ref[Tensor], Any]]
+    backend: Any
+    """The backend it was recorded on (held, so that its id in the key is never reused)."""
 
     def params_unchanged(self) -> bool:
         """Is every parameter the recording used still alive and laid out as it was?"""
@@ -168,11 +176,12 @@ class CompiledStep(Generic[R]):
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if not self.enabled:
             return self.fn(*args, **kwargs)
-        key = (id(current_backend()), _layout_key(args), _layout_key(kwargs))
+        backend = current_backend()
+        key = (id(backend), _layout_key(args), _layout_key(kwargs))
         program = self._programs.get(key)
-        if program is not None and not program.params_unchanged():
+        if program is not None and (program.backend is not backend or not program.params_unchanged()):
             program = None
-        player = StepPlayer(program.entries if program is not None else None)
+        player = StepPlayer(program.entries if program is not None else None, backend)
         with player:
             out = self.fn(*args, **kwargs)
         self.replayed_ops += player.replayed
@@ -183,7 +192,7 @@ class CompiledStep(Generic[R]):
             params = dict(player.params)
             if program is not None:
                 params.update({id(ref()): (ref, spec) for ref, spec in program.params if ref() is not None})
-            self._programs[key] = _Program(player.program, list(params.values()))
+            self._programs[key] = _Program(player.program, list(params.values()), backend)
         return out
 
     def reset(self) -> None:

@@ -271,3 +271,26 @@ def test_decision_cache_tells_apart_attributes_that_decide_dtypes_and_layouts() 
     # A value-only attribute is no part of the key: the same decision, other values.
     assert np.array_equal(dist.scale(x, 2.0).full_tensor(), 2.0 * x.full_tensor())
     assert np.array_equal(dist.scale(x, 3.0).full_tensor(), 3.0 * x.full_tensor())
+
+
+def test_another_backend_records_again() -> None:
+    """Decisions hold the hosted ranks of their backend: a new backend is a new recording."""
+    step, _ = tp_mlp("tp", adam=False)()
+    fn = dist.compile_step(step)
+    x = _batches([8])[0][0]
+    fn(x)
+    with dist.use_backend(SimBackend(4)):
+        fn(x)
+    assert fn.retraces == 2
+    fn(x)
+    assert fn.retraces == 2  # the first backend's recording is still there
+
+
+def test_replay_checks_attributes_that_decide_dtypes() -> None:
+    """The same step with a dtype argument: each call casts to the dtype it was given."""
+    mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
+    x = dist.shard_tensor(np.ones((4, 2)), mesh, [dist.Shard(0)])
+    fn = dist.compile_step(lambda dt: dist.cast(x, dt))
+    assert [fn(dt).dtype for dt in (np.float32, np.float16, np.float16, np.float32)] == [
+        np.float32, np.float16, np.float16, np.float32
+    ]

@@ -363,7 +363,7 @@ def decision_attrs(op: OpDef, attrs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in attrs.items() if k not in op.volatile_attrs}
 
 
-def _freeze_attrs(attrs: dict[str, Any]) -> tuple[Any, ...]:
+def freeze_attrs(attrs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple((k, _frozen(v)) for k, v in attrs.items()) if attrs else ()
 
 
@@ -375,7 +375,7 @@ def _decision_key(
     hashable (such a call is decided afresh)."""
     ins = tuple(t._spec if t._spec is not None else (t._shape, mesh) for t in flat)
     try:
-        key = (op.name, ins, tuple(t._dtype for t in flat), _freeze_attrs(decision_attrs(op, attrs)), reuse, tuple(nest) if op.list_input else None)
+        key = (op.name, ins, tuple(t._dtype for t in flat), freeze_attrs(decision_attrs(op, attrs)), reuse, tuple(nest) if op.list_input else None)
         hash(key)
     except TypeError:
         return None
@@ -426,7 +426,7 @@ def _run_dist(
     mesh = dist_inputs[0].spec.mesh
     reuse = _reuse_info(flat) if reuse_enabled() else None
     player = _replaying[-1] if _replaying else None
-    decision = player.next(op, flat, attrs, reuse) if player is not None else None
+    decision = player.next(op, flat, attrs, reuse, backend) if player is not None else None
     if decision is None:
         key = _decision_key(op, flat, nest, attrs, reuse, mesh)
         decision = cached_decision(key, backend)
@@ -443,7 +443,7 @@ def _run_dist(
                     _DECISIONS.clear()
                 _DECISIONS[key] = decision
         if player is not None:
-            player.record(op, flat, attrs, reuse, decision)
+            player.record(op, flat, attrs, reuse, decision, backend)
     need = decision.need
     used: list[Tensor] = []
     for i, (t, move) in enumerate(zip(flat, decision.reshard, strict=True)):
