@@ -6,9 +6,11 @@ and through the NCCL stand-in. The training steps live in ``tests/mpi_scripts/ov
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
-from mpi_scripts.launch import mpirun
+from mpi_scripts.launch import REPO, mpirun
 from mpi_scripts.overlap_step import digest, run, started_cases
 from test_nccl_standin import NCCL_ENV
 
@@ -130,3 +132,20 @@ def test_overlap_through_the_nccl_standin_is_bit_identical() -> None:
     cases = mpirun(4, "tests/mpi_scripts/nccl_standin_run.py", "tests/mpi_scripts/overlap_step.py", "--cases", env=NCCL_ENV, timeout=300)
     assert cases.returncode == 0, cases.output[-4000:]
     assert "ok 110 started all-reduces (_StreamAllReduce)" in cases.output
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mesh", [("--mesh", "dp=2,tp=2,pp=2", "--sequence-parallel", "--recompute", "full"),
+                                  ("--mesh", "dp=4,pp=2", "--recompute", "selective")], ids=["dp2tp2pp2-sp-full", "dp4pp2-sel"])
+def test_gpt_with_overlap_under_mpiexec_prints_the_simulators_losses(mesh: tuple[str, ...]) -> None:
+    """Pipelines and recompute (a nested backward joins the outer pass's buckets) under
+    ``--overlap``: the losses of the simulator without overlap, to the last printed digit."""
+    common = ("--tiny", "--dtype", "float64", "--steps", "3", "--sample", "0", *mesh)
+    sim = subprocess.run([sys.executable, "-m", "simulator", "-n", "8", "examples/gpt.py", *common],
+                         cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert sim.returncode == 0, sim.stderr[-3000:]
+    run = mpirun(8, "examples/gpt.py", *common, "--overlap", "0.01", timeout=300)
+    assert run.returncode == 0, run.output[-4000:]
+    want = [line for line in sim.stdout.splitlines() if line.startswith("step ") and " loss " in line]
+    got = [line for line in run.lines_of(0) if line.startswith("step ") and " loss " in line]
+    assert len(want) == 3 and got == want, (got, want)
