@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from mpipar.distribute import reshard, shard_tensor
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import Partial, Placement, Replicate, Shard
-from mpipar.tensor import Tensor, reshard, shard_tensor
+from mpipar.tensor import Tensor
 
 __all__ = ["placement", "sbp", "to_global", "to_local"]
 
@@ -156,3 +157,15 @@ def to_local(tensor: Tensor) -> Any:
     if not tensor.is_dist:
         return tensor
     return Tensor(tensor.local_tensor())
+
+
+def _tensor_placement(self: Tensor) -> Any:
+    """OneFlow's ``tensor.placement`` (``None`` for a local tensor)."""
+    return placement.from_mesh(self._spec.mesh) if self._spec is not None else None
+
+
+# Installed from here, as mpipar.ops.tensor_methods installs the operators: the OneFlow spelling
+# builds on ``tensor.py``, which does not know it.
+Tensor.placement = property(_tensor_placement)  # type: ignore[attr-defined]
+Tensor.to_global = to_global  # type: ignore[attr-defined]
+Tensor.to_local = to_local  # type: ignore[attr-defined]

@@ -33,7 +33,6 @@ from mpipar.checkpoint.format import (
     byte_view,
     checksum,
     checksum_async,
-    load_metadata,
     numpy_dtype,
     open_data_file,
     read_header,
@@ -41,7 +40,9 @@ from mpipar.checkpoint.format import (
     st_dtype,
 )
 from mpipar.checkpoint.layout import decode_value, path_name
+from mpipar.checkpoint.save import remove_commit_leftovers
 from mpipar.checkpoint.stats import ChunkRead, note_open, note_read
+from mpipar.checkpoint.validate import load_metadata
 from mpipar.placement import Partial, Replicate
 from mpipar.reshard.executor import execute_plan
 from mpipar.reshard.planner import plan_reshard
@@ -82,8 +83,6 @@ def load_state_dict(state_dict: dict[str, Any], path: str | os.PathLike[str]) ->
     coord.raise_if_failed(error, f"checkpoint load from {root}")
     if coord.is_leader:
         # A save killed between its two renames left the previous checkpoint beside this one.
-        from mpipar.checkpoint.save import remove_commit_leftovers
-
         remove_commit_leftovers(root)
     return state_dict
 

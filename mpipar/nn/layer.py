@@ -16,6 +16,7 @@ import numpy as np
 
 from mpipar import hooks
 from mpipar import random as mrandom
+from mpipar.distribute import reshard
 from mpipar.nn.initializer import Constant, Initializer, XavierUniform
 from mpipar.tensor import Parameter, Tensor
 
@@ -169,8 +170,6 @@ class Layer:
 
     def set_state_dict(self, state: dict[str, Any]) -> None:
         """Copy values in place, each into the parameter's own layout."""
-        from mpipar.tensor import reshard
-
         own = self.state_dict()
         missing = [k for k in own if k not in state]
         if missing:

@@ -23,10 +23,12 @@ import numpy as np
 from mpipar import autograd, hooks
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
+from mpipar.distribute import reshard
+from mpipar.ops import math as M
 from mpipar.optimizer.lr import LRScheduler
 from mpipar.optimizer.offload import OffloadConfig, move_states
 from mpipar.spec import DistSpec
-from mpipar.tensor import Tensor, reshard
+from mpipar.tensor import Tensor
 
 Array = Any
 
@@ -49,8 +51,6 @@ class ClipGradByGlobalNorm:
         self.clip_norm = float(clip_norm)
 
     def __call__(self, params_grads: list[tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:
-        from mpipar.ops import math as M
-
         if not params_grads:
             return params_grads
         # Sum of squares per mesh (pipeline stages live on different meshes), then across meshes.
