@@ -28,7 +28,7 @@ import numpy as np
 
 from mpipar.backend import current_backend
 from mpipar.mesh import ProcessMesh
-from mpipar.placement import Partial, Placement, Replicate
+from mpipar.placement import Placement, Replicate
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import DistSpec
@@ -307,8 +307,7 @@ class Tensor:
     def grad_spec(self) -> DistSpec:
         """The layout this leaf's gradient is kept in: its own (Partial read as Replicate)."""
         spec = self.spec
-        pls = self.grad_placements or [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
-        return DistSpec(spec.shape, spec.mesh, pls)
+        return DistSpec(spec.shape, spec.mesh, self.grad_placements) if self.grad_placements else spec.without_partial()
 
     def clear_grad(self, set_to_zero: bool = False) -> None:
         self.grad = None
@@ -362,9 +361,6 @@ class Tensor:
                 "pass one of the same shape and dtype"
             )
         self._value = freeze(np.array(new, copy=True))
-
-    def _local_value(self) -> Array:
-        return self.local_tensor()
 
     def full_tensor(self) -> np.ndarray:
         """The global value as a NumPy array, on every process (a collective under MPI)."""

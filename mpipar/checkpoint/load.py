@@ -43,7 +43,6 @@ from mpipar.checkpoint.layout import decode_value, path_name
 from mpipar.checkpoint.save import remove_commit_leftovers
 from mpipar.checkpoint.stats import ChunkRead, note_open, note_read
 from mpipar.checkpoint.validate import load_metadata
-from mpipar.placement import Partial, Replicate
 from mpipar.reshard.executor import execute_plan
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import Box, box_intersect, box_numel, box_relative, box_shape, full_box
@@ -246,7 +245,7 @@ class _Loader:
         if backend.reference:
             t._take_storage(Tensor._from_reference(spec, _frozen(self._read_full(name, entry))))
             return
-        filled = spec.with_placements([Replicate() if isinstance(p, Partial) else p for p in spec.placements])
+        filled = spec.without_partial()
         ranks = backend.hosted_ranks(spec.mesh)
         boxes = {r: filled.boxes[r] for r in ranks}
         dests: dict[Box, np.ndarray] = {}

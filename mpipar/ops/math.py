@@ -35,10 +35,6 @@ def _float_like(dt: Sequence[Any], a: dict[str, Any]) -> list[Any]:
     return [d if np.issubdtype(d, np.floating) else np.float64]
 
 
-def _same_as(i: int) -> Any:
-    return lambda dt, a: [dt[i]]
-
-
 def _samples_binary(rng: np.random.Generator) -> list[tuple[list[Any], dict[str, Any]]]:
     return [
         ([rng.standard_normal((5, 6)), rng.standard_normal((5, 6))], {}),

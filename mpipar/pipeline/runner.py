@@ -30,7 +30,7 @@ from typing import Any
 from mpipar import autograd, hooks
 from mpipar import random as mrandom
 from mpipar.backend import current_backend
-from mpipar.distribute import _reshard, reshard
+from mpipar.distribute import _reshard, reshard_to
 from mpipar.mesh import ProcessMesh
 from mpipar.ops.math import ones_like_global, scale
 from mpipar.pipeline.actions import Action
@@ -217,20 +217,20 @@ class PipelineRunner:
                 st.deferred.run()
         elif kind == "SEND_F":
             for key, src, dst in self.states[(s, m)].outgoing:
-                out = reshard(src, dst.mesh, list(dst.placements))
+                out = reshard_to(src, dst)
                 if hosting_all or out.hosted_ranks:
                     self.inbox_f[(key, m)] = out
         elif kind == "RECV_F":
             for key, t in self.info.transfers.items():
                 if key[0] == s and (key, m) not in self.inbox_f:
                     placeholder = Tensor._from_shards(t.src, {}, t.dtype)
-                    self.inbox_f[(key, m)] = reshard(placeholder, t.dst.mesh, list(t.dst.placements))
+                    self.inbox_f[(key, m)] = reshard_to(placeholder, t.dst)
         elif kind == "SEND_B":
             for key, leaf in self.states[(s, m)].incoming:
                 if leaf.grad is None:
                     continue
                 back = self._grad_layout(self.info.transfers[key].src)
-                out = reshard(leaf.grad, back.mesh, list(back.placements))
+                out = reshard_to(leaf.grad, back)
                 if hosting_all or out.hosted_ranks:
                     self.inbox_b[(key, m)] = out
         elif kind == "RECV_B":
@@ -239,7 +239,7 @@ class PipelineRunner:
                     grad_spec = self._grad_layout(t.dst)
                     back = self._grad_layout(t.src)
                     placeholder = Tensor._from_shards(grad_spec, {}, t.dtype)
-                    self.inbox_b[(key, m)] = reshard(placeholder, back.mesh, list(back.placements))
+                    self.inbox_b[(key, m)] = reshard_to(placeholder, back)
 
     @staticmethod
     def _grad_layout(spec: DistSpec) -> DistSpec:
