@@ -92,7 +92,7 @@ from mpipar.placement import Partial, Placement, ReduceType, Replicate, Shard, p
 from mpipar.random import get_rng_state, seed, set_rng_state
 from mpipar.recompute import recompute
 from mpipar.reshard import ReshardPlan, ReshardStep, plan_reshard
-from mpipar.runtime import measured  # noqa: F401  (registers the MPIPAR_TRACE start with the backend)
+from mpipar.runtime import measured as _measured  # noqa: F401  (registers the MPIPAR_TRACE start with the backend)
 from mpipar.runtime.log import print_once
 from mpipar.spec import DistSpec, chunk_range
 from mpipar.static import DistModel, Strategy, to_static
