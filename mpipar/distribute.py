@@ -157,6 +157,8 @@ def reshard_to(tensor: Tensor, spec: DistSpec) -> Tensor:
     For callers that already hold the target layout (an op's rule, a leaf's gradient layout, a
     saved note): no re-validation and no list of placements rebuilt, the same path otherwise.
     """
+    if tuple(spec.shape) != tuple(tensor.shape):
+        raise ValueError(f"reshard of {tensor._label()} to {spec}: the target layout is of another global shape")
     dst = _interned_spec(tuple(spec.shape), spec.mesh, tuple(spec.placements))
     backend = current_backend()
     if hooks.stage_runs and tensor.is_dist and not tensor.spec.mesh.same_layout(dst.mesh):

@@ -75,3 +75,10 @@ def test_methods_installed_from_above_tensor_py_work() -> None:
     assert mesh.get_submesh_with_dim("x") == mesh  # installed by mpipar.backend
     with tape.no_grad():
         assert not dist.is_grad_enabled()
+
+
+def test_reshard_to_refuses_a_spec_of_another_shape() -> None:
+    mesh = dist.ProcessMesh([0, 1], dim_names=["x"])
+    x = dist.shard_tensor(np.ones((4, 2)), mesh, [dist.Shard(0)])
+    with pytest.raises(ValueError, match=r"reshard of DistTensor of shape \[4, 2\] to \[4, 3\]@.*another global shape"):
+        reshard_to(x, dist.DistSpec([4, 3], mesh, [dist.Replicate()]))
