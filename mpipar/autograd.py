@@ -15,162 +15,28 @@ the consumer's rule reshards as it needs).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
-if TYPE_CHECKING:
-    from mpipar.tensor import Tensor
-
-_grad_enabled = True
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def is_grad_enabled() -> bool:
-    return _grad_enabled
-
-
-class _GradMode(contextlib.ContextDecorator):
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._saved: list[bool] = []
-
-    def __enter__(self) -> None:
-        global _grad_enabled
-        self._saved.append(_grad_enabled)
-        _grad_enabled = self.enabled
-
-    def __exit__(self, *exc: object) -> None:
-        global _grad_enabled
-        _grad_enabled = self._saved.pop()
-
-
-def no_grad(func: F | None = None) -> Any:
-    """Context manager (``with dist.no_grad():``) or decorator: record no tape."""
-    mode = _GradMode(False)
-    return mode(func) if func is not None else mode
-
-
-def enable_grad() -> _GradMode:
-    return _GradMode(True)
-
-
-_saved_hooks: list[tuple[Callable[[Any], Any], Callable[[Any], Any]]] = []
-
-
-@contextlib.contextmanager
-def saved_tensors_hooks(pack: Callable[[Tensor], Any], unpack: Callable[[Any], Tensor]) -> Iterator[None]:
-    """Ops recorded inside save ``pack(t)`` instead of ``t``; backward uses ``unpack(saved)``.
-
-    ZeRO-3 packs a gathered parameter as a note to gather it again, so the full weight is not
-    held between forward and backward.
-    """
-    _saved_hooks.append((pack, unpack))
-    try:
-        yield
-    finally:
-        _saved_hooks.pop()
-
-
-class Packed:
-    """A saved value replaced by a pack hook, with the unpack function to get it back."""
-
-    __slots__ = ("payload", "unpack")
-
-    def __init__(self, payload: Any, unpack: Callable[[Any], Tensor]) -> None:
-        self.payload = payload
-        self.unpack = unpack
-
-
-def _regather(payload: Any) -> Tensor:
-    from mpipar.comm import comm_context
-    from mpipar.tensor import reshard
-
-    param, spec = payload
-    with no_grad(), comm_context(f"backward: gather {param._label()} stored split (ZeRO-3)"):
-        return reshard(param, spec.mesh, list(spec.placements))
-
-
-def pack_saved(t: Tensor) -> Any:
-    """What a node keeps of ``t``: the tensor itself, or what the innermost pack hook makes.
-
-    A parameter gathered from split storage (ZeRO-3) is kept as a note to gather it again.
-    """
-    regather = getattr(t, "_regather", None)
-    if regather is not None:
-        return Packed(regather, _regather)
-    if not _saved_hooks:
-        return t.detach()
-    pack, unpack = _saved_hooks[-1]
-    out = pack(t)
-    return out.detach() if out is t else Packed(out, unpack)
-
-
-def _unpacked(values: list[Any]) -> list[Any]:
-    return [v.unpack(v.payload) if isinstance(v, Packed) else v for v in values]
-
-
-@dataclass(eq=False)
-class GradContext:
-    """What a gradient function sees: saved forward tensors (detached), attributes, metadata."""
-
-    op: str
-    attrs: dict[str, Any]
-    inputs: list[Tensor | None]
-    """Forward inputs as the kernel saw them (after the rule's reshard); None if not saved."""
-    outputs: list[Tensor | None]
-    input_shapes: list[tuple[int, ...]]
-    input_dtypes: list[Any]
-    needs_grad: list[bool]
-    input_specs: list[Any] | None = None
-    """Each input's layout as the kernel saw it (a ``DistSpec``; None for dense); None if not recorded."""
-
-
-@dataclass(eq=False)
-class Node:
-    """One recorded op call."""
-
-    op: str
-    grad_fn: Callable[[GradContext, list[Tensor | None]], Sequence[Tensor | None]]
-    ctx: GradContext
-    parents: list[Tensor | None]
-    """The tensors gradients flow to, one per (flattened) input; None where none is needed."""
-    num_outputs: int = 1
-    name: str = ""
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def release(self) -> None:
-        """Drop saved tensors (after backward without retain_graph)."""
-        self.ctx.inputs = [None] * len(self.ctx.inputs)
-        self.ctx.outputs = [None] * len(self.ctx.outputs)
-
-    def saved_tensors(self) -> list[Tensor]:
-        return [t for t in (*self.ctx.inputs, *self.ctx.outputs) if t is not None]
-
-
-def _reshard_grad(ctx: GradContext, grads: list[Tensor | None]) -> list[Tensor | None]:
-    g = grads[0]
-    back = ctx.attrs.get("source_spec")
-    if g is None or back is None or not g.is_dist or g.spec.mesh.same_layout(back.mesh):
-        return [g]  # same mesh: the value is the gradient; consumers reshard as they need
-    # Across meshes (a pipeline hand-off) the gradient goes back to the source's mesh.
-    from mpipar.comm import comm_context
-    from mpipar.placement import Partial, Replicate
-    from mpipar.tensor import reshard
-
-    placements = [Replicate() if isinstance(p, Partial) else p for p in back.placements]
-    with comm_context(f"backward of the hand-off {g.spec.mesh.process_ids} <- {back.mesh.process_ids}"):
-        return [reshard(g, back.mesh, placements)]
-
-
-def reshard_node(source: Tensor) -> Node:
-    """The node of a reshard: its backward passes the gradient through (back to the source's
-    mesh when the reshard crossed meshes)."""
-    attrs = {"source_spec": source.spec if source.is_dist else None}
-    ctx = GradContext("reshard", attrs, [None], [None], [tuple(source.shape)], [source.dtype], [True])
-    return Node("reshard", _reshard_grad, ctx, [source])
+from mpipar import hooks, overlap
+from mpipar.comm import comm_context
+from mpipar.distribute import reshard, reshard_to
+from mpipar.ops import math as M
+from mpipar.placement import Replicate
+from mpipar.tape import (  # noqa: F401  (re-exported: the tape's names are importable from here as before)
+    GradContext,
+    Node,
+    Packed,
+    _unpacked,
+    enable_grad,
+    is_grad_enabled,
+    no_grad,
+    pack_saved,
+    saved_tensors_hooks,
+    set_grad_enabled,
+)
+from mpipar.tensor import Tensor
 
 
 def _merge_order(nodes: list[Node]) -> list[Node]:
@@ -221,8 +87,6 @@ def _topo_order(root: Tensor) -> list[Node]:
 
 def backward(root: Tensor, grad: Tensor | None = None, retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that wants a gradient."""
-    from mpipar import hooks
-
     with hooks.phase("backward"):
         _backward(root, grad, retain_graph)
 
@@ -273,15 +137,13 @@ def run_backward(
     only the other gradients (zero-bubble ``B``) and returns the rest as ``DeferredWeights``
     (``W``), keeping the nodes it needs.
     """
-    from mpipar import overlap
-
     session = overlap.begin_backward()  # None unless overlap_grad_reduction() is on (outermost pass)
     try:
         deferred = _run_backward(roots, grads, retain_graph, defer)
     except BaseException:
-        overlap.end_backward(session, failed=True)
+        overlap.end_backward(session, _finish_leaf, failed=True)
         raise
-    overlap.end_backward(session)  # waits for the gradient buckets still in flight
+    overlap.end_backward(session, _finish_leaf)  # waits for the gradient buckets still in flight
     return deferred
 
 
@@ -291,9 +153,6 @@ def _run_backward(
     retain_graph: bool,
     defer: Callable[[Tensor], bool] | None,
 ) -> DeferredWeights:
-    from mpipar.ops import math as M
-    from mpipar.tensor import Tensor
-
     deferred = DeferredWeights()
     with no_grad():
         seeds: list[tuple[Tensor, Tensor]] = []
@@ -361,19 +220,14 @@ def _run_backward(
 
 
 def _accumulate_leaf(leaf: Tensor, g: Tensor) -> None:
-    from mpipar import overlap
-
     session = overlap.current_session()
-    if session is not None and session.offer(leaf, g):
+    if session is not None and session.offer(leaf, g, _grad_to_layout):
         return  # its reduction is bucketed; the session finishes the leaf when it completes
     _finish_leaf(leaf, _grad_to_layout(leaf, g))
 
 
 def _grad_to_layout(leaf: Tensor, g: Tensor) -> Tensor:
     """``g`` resharded to the layout ``leaf`` keeps its gradient in (the data-parallel reduction)."""
-    from mpipar.comm import comm_context
-    from mpipar.tensor import reshard
-
     if leaf.is_dist:
         target = leaf.grad_spec()
         # A leaf standing in for a recomputed block's input lets its gradient keep the layout the
@@ -381,11 +235,8 @@ def _grad_to_layout(leaf: Tensor, g: Tensor) -> Tensor:
         keep_layout = getattr(leaf, "_grad_any_layout", False) and g.is_dist
         if not keep_layout and (not g.is_dist or g.spec != target):
             with comm_context(f"gradient of {leaf._label()} to its layout {target.placements_str}"):
-                g = reshard(g, target.mesh, list(target.placements))
+                g = reshard_to(g, target)
     elif g.is_dist:  # a dense leaf used in a distributed computation: its gradient is dense
-        from mpipar.placement import Replicate
-        from mpipar.tensor import Tensor
-
         mesh = g.spec.mesh
         with comm_context(f"gradient of dense {leaf._label()}"):
             g = reshard(g, mesh, [Replicate()] * mesh.ndim)  # the reduction, as a planned reshard
@@ -395,8 +246,6 @@ def _grad_to_layout(leaf: Tensor, g: Tensor) -> Tensor:
 
 def _finish_leaf(leaf: Tensor, g: Tensor) -> None:
     """Cast ``g`` (already in the leaf's gradient layout), run the leaf's hooks, accumulate."""
-    from mpipar.ops import math as M
-
     # Cast after the reshard: a Partial gradient is reduced in its own precision first.
     if g.dtype != leaf.dtype:
         g = M.cast(g, leaf.dtype)
@@ -407,7 +256,11 @@ def _finish_leaf(leaf: Tensor, g: Tensor) -> None:
     leaf.grad = g if leaf.grad is None else M.add(leaf.grad, g)
 
 
-@contextlib.contextmanager
-def set_grad_enabled(mode: bool) -> Iterator[None]:
-    with _GradMode(mode):
-        yield
+def _tensor_backward(self: Tensor, grad_tensor: Any = None, retain_graph: bool = False) -> None:
+    """Accumulate gradients of this tensor into every leaf that requires one."""
+    backward(self, grad_tensor, retain_graph)
+
+
+# Installed from here, as ``mpipar.ops.tensor_methods`` installs the operators: ``tensor.py``
+# sits below the ops this engine runs, so it cannot call the engine itself.
+Tensor.backward = _tensor_backward  # type: ignore[method-assign]

@@ -48,12 +48,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpipar.backend import create_backend, use_backend
+from mpipar.distribute import shard_tensor
 from mpipar.mesh import ProcessMesh
 from mpipar.nn.layer import Layer
 from mpipar.nn.layers import Embedding, Linear
+from mpipar.ops.math import mean
 from mpipar.placement import Placement, Replicate, Shard
 from mpipar.plan import Plan
-from mpipar.tensor import Parameter, Tensor, shard_tensor
+from mpipar.tensor import Parameter, Tensor
+from mpipar.trace import trace
 
 Pricer = Callable[[Plan], tuple[float, float]]
 """A traced step -> (seconds of the step, bytes communicated per rank)."""
@@ -442,8 +445,6 @@ def _units(layer: Layer, size: int) -> tuple[list[Unit], list[str]]:
 
 
 def _mean_step(layer: Layer, *inputs: Any) -> Tensor:
-    from mpipar.ops.math import mean
-
     return mean(layer(*inputs))
 
 
@@ -512,8 +513,6 @@ class _Tracer:
         return out
 
     def plan(self, assign: dict[str, Candidate]) -> Plan:
-        from mpipar.trace import trace
-
         self.count += 1
         with use_backend(create_backend("shape-only", world_size=self._world)):
             model, params = self._copy()

@@ -22,9 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mpipar import mesh as _mesh
+from mpipar import xp as _xp
+from mpipar.mesh import ProcessMesh
+
 if TYPE_CHECKING:
     from mpipar.comm import Communicator
-    from mpipar.mesh import ProcessMesh
 
 
 class Backend(ABC):
@@ -130,8 +133,6 @@ def _auto_name() -> str:
     if name:
         return name
     if launched_by_mpi():
-        from mpipar import xp as _xp
-
         return "nccl" if _xp.cuda_usable() else "mpi"
     return "sim"
 
@@ -165,12 +166,16 @@ def set_backend(backend: Backend | str) -> Backend:
     return _current
 
 
+start_hooks: list[Callable[[Backend], None]] = []
+"""Called with each backend installed when ``MPIPAR_TRACE`` is set: ``mpipar.runtime.measured``
+registers its start here (it builds on this module, so this module does not import it)."""
+
+
 def _trace_if_asked(backend: Backend) -> None:
     """Start the measured timeline of ``MPIPAR_TRACE`` (once per process; a collective under MPI)."""
     if os.environ.get("MPIPAR_TRACE"):
-        from mpipar.runtime.measured import start_from_env
-
-        start_from_env(backend)
+        for hook in start_hooks:
+            hook(backend)
 
 
 @contextlib.contextmanager
@@ -192,3 +197,21 @@ def get_rank() -> int:
 def get_world_size() -> int:
     """The number of processes under MPI; the virtual world's size in the simulator."""
     return current_backend().world_size
+
+
+# ---------------------------------------------------------------- where meshes meet the backend
+def _check_mesh(mesh: ProcessMesh) -> None:
+    """Refuse a mesh naming ranks outside the current backend's world (the simulator grows its world)."""
+    current_backend().validate_mesh(mesh)
+
+
+def _get_submesh_with_dim(self: ProcessMesh, dim_name: str) -> ProcessMesh:
+    """The 1-d mesh along ``dim_name`` through this process (rank 0's under the simulator)."""
+    hosted = current_backend().hosted_ranks(self)
+    rank = hosted[0] if hosted else self.process_ids[0]
+    return ProcessMesh(list(self.rank_group(dim_name, rank)), dim_names=[dim_name])
+
+
+# Registered from here: mesh.py sits below the backends, which are what a mesh is checked against.
+_mesh.build_checks.append(_check_mesh)
+ProcessMesh.get_submesh_with_dim = _get_submesh_with_dim  # type: ignore[attr-defined]

@@ -15,12 +15,17 @@ import sys
 import numpy as np
 
 from mpipar import cliargs
+from mpipar.backend import create_backend, current_backend
+from mpipar.mesh import ProcessMesh
+from mpipar.placement import parse_placements
+from mpipar.plan_script import trace_script
+from mpipar.reshard import plan_reshard
+from mpipar.spec import DistSpec
+from mpipar.version import __version__
 
 
 def _parse_mesh(text: str, names: str | None, flag: str, max_world: int) -> object:
     """``2x2`` (ids 0..3), ``2x2:4,5,6,7`` (explicit ids) or ``4`` ."""
-    from mpipar.mesh import ProcessMesh
-
     dims_part, _, ids_part = text.partition(":")
     try:
         dims = [int(x) for x in dims_part.lower().split("x")]
@@ -40,10 +45,6 @@ def _parse_mesh(text: str, names: str | None, flag: str, max_world: int) -> obje
 
 
 def _cmd_reshard(ns: argparse.Namespace) -> int:
-    from mpipar.placement import parse_placements
-    from mpipar.reshard import plan_reshard
-    from mpipar.spec import DistSpec
-
     src_mesh = _parse_mesh(ns.mesh, ns.names, "--mesh", ns.max_world)
     dst_mesh = _parse_mesh(ns.dst_mesh, ns.names, "--dst-mesh", ns.max_world) if ns.dst_mesh else src_mesh
     src = DistSpec(ns.shape, src_mesh, parse_placements(ns.src))  # type: ignore[arg-type]
@@ -59,17 +60,11 @@ def _cmd_reshard(ns: argparse.Namespace) -> int:
 
 
 def _cmd_info(ns: argparse.Namespace) -> int:
-    import mpipar
-    from mpipar.backend import current_backend
-
-    print(f"mpipar {mpipar.__version__}, backend: {current_backend().describe()}")
+    print(f"mpipar {__version__}, backend: {current_backend().describe()}")
     return 0
 
 
 def _cmd_plan(ns: argparse.Namespace) -> int:
-    from mpipar.backend import create_backend
-    from mpipar.plan_script import trace_script
-
     backend = create_backend("shape-only" if ns.shape_only else "sim", world_size=ns.nprocs)
     plan = trace_script(ns.script, ns.args, backend, {"world_size": ns.nprocs, "shape_only": ns.shape_only})
     try:

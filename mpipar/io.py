@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from mpipar import random as mrandom
+from mpipar.backend import get_rank, get_world_size
 from mpipar.tensor import Tensor
 
 
@@ -87,8 +88,6 @@ class DistributedBatchSampler(BatchSampler):
         self, dataset: Dataset, batch_size: int, num_replicas: int | None = None, rank: int | None = None,
         shuffle: bool = False, drop_last: bool = False,
     ) -> None:
-        from mpipar.backend import get_rank, get_world_size
-
         super().__init__(dataset, shuffle=shuffle, batch_size=batch_size * (num_replicas or get_world_size()), drop_last=drop_last)
         self.num_replicas = num_replicas or get_world_size()
         self.rank = get_rank() if rank is None else rank

@@ -12,11 +12,15 @@ happens along mesh axis ``i``. "Axis" always means a mesh axis here; "dim" a ten
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from typing import Any
 
 import numpy as np
+
+build_checks: list[Callable[[ProcessMesh], None]] = []
+"""Called with every mesh built: ``mpipar.backend`` registers its world check here (this module
+sits below the backends and imports nothing of mpipar)."""
 
 
 class ProcessMesh:
@@ -56,10 +60,8 @@ class ProcessMesh:
         ids.flags.writeable = False
         self._ids = ids
         self._dim_names = tuple(dim_names)
-        # Lazily imported to keep mesh.py free of a backend dependency at import time.
-        from mpipar.backend import current_backend
-
-        current_backend().validate_mesh(self)
+        for check in build_checks:
+            check(self)
 
     @classmethod
     def unchecked(cls, ids: Any, dim_names: Sequence[str]) -> ProcessMesh:
@@ -179,14 +181,6 @@ class ProcessMesh:
         names = [self._dim_names[i] for i in order]
         moved = ProcessMesh(np.transpose(self._ids, order), dim_names=names)
         return moved if index is None else moved[index]
-
-    def get_submesh_with_dim(self, dim_name: str) -> ProcessMesh:
-        """The 1-d mesh along ``dim_name`` through this process (rank 0's under the simulator)."""
-        from mpipar.backend import current_backend
-
-        hosted = current_backend().hosted_ranks(self)
-        rank = hosted[0] if hosted else self.process_ids[0]
-        return ProcessMesh(list(self.rank_group(dim_name, rank)), dim_names=[dim_name])
 
     # --------------------------------------------------------------------- value object
     def _key(self) -> tuple[Any, ...]:

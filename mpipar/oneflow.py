@@ -16,6 +16,7 @@ import numpy as np
 
 from mpipar import random as mrandom
 from mpipar.backend import current_backend
+from mpipar.distribute import reshard, shard_tensor
 from mpipar.mesh import ProcessMesh
 from mpipar.nn.functional import gelu, relu
 from mpipar.nn.layer import get_default_dtype
@@ -25,7 +26,7 @@ from mpipar.optimizer import Adam as _Adam
 from mpipar.optimizer import AdamW as _AdamW
 from mpipar.optimizer import Optimizer
 from mpipar.placement import Partial, Placement, Replicate, Shard
-from mpipar.tensor import Tensor, reshard, shard_tensor
+from mpipar.tensor import Tensor
 
 __all__ = [
     "gelu",
@@ -276,3 +277,13 @@ class _OptimNamespace:
 
 
 optim = _OptimNamespace()
+def _tensor_placement(self: Tensor) -> Any:
+    """OneFlow's ``tensor.placement`` (``None`` for a local tensor)."""
+    return placement.from_mesh(self._spec.mesh) if self._spec is not None else None
+
+
+# Installed from here, as mpipar.ops.tensor_methods installs the operators: the OneFlow spelling
+# builds on ``tensor.py``, which does not know it.
+Tensor.placement = property(_tensor_placement)  # type: ignore[attr-defined]
+Tensor.to_global = to_global  # type: ignore[attr-defined]
+Tensor.to_local = to_local  # type: ignore[attr-defined]

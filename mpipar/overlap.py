@@ -30,17 +30,21 @@ rank starts its buckets in the same order, because every rank runs the same back
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mpipar import hooks
-from mpipar.comm import Pending, comm_context
+from mpipar.backend import current_backend
+from mpipar.comm import Pending, _span_recorders, comm_context
+from mpipar.reshard.executor import freeze
+from mpipar.reshard.planner import plan_reshard
+from mpipar.tensor import Tensor
 
 if TYPE_CHECKING:
     from mpipar.spec import DistSpec
-    from mpipar.tensor import Tensor
 
 DEFAULT_BUCKET_MIB = 4.0
 
@@ -117,14 +121,14 @@ def begin_backward() -> _Session | None:
     return session
 
 
-def end_backward(session: _Session | None, failed: bool = False) -> None:
+def end_backward(session: _Session | None, finish_leaf: Callable[[Tensor, Tensor], None], failed: bool = False) -> None:
     """Close ``session``: start what is left, wait for everything, finish the leaves (unless
     the pass failed: then its buckets are dropped, and the error goes on)."""
     if session is None:
         return
     try:
         if not failed:
-            session.finish()
+            session.finish(finish_leaf)
     finally:
         _session.remove(session)
         if session in hooks.op_hooks:
@@ -135,8 +139,6 @@ class _Session:
     """The buckets of one backward pass."""
 
     def __init__(self, setting: GradReduceOverlap) -> None:
-        from mpipar.backend import current_backend
-
         self.setting = setting
         self.backend = current_backend()
         self.entries: list[_Entry] = []
@@ -147,17 +149,16 @@ class _Session:
         self.count = 0
 
     # ------------------------------------------------------------------ gradients arrive
-    def offer(self, leaf: Tensor, g: Tensor) -> bool:
+    def offer(self, leaf: Tensor, g: Tensor, to_layout: Callable[[Tensor, Tensor], Tensor]) -> bool:
         """Take ``g`` (a contribution to ``leaf``'s gradient) into a bucket, or take it in order
-        behind the leaf's bucketed ones; False: the caller handles it as usual."""
+        behind the leaf's bucketed ones; False: the caller handles it as usual. ``to_layout``
+        is the engine's reshard of a gradient to its leaf's layout (handed in by autograd)."""
         step = self._bucketable(leaf, g)
         if step is None:
             if id(leaf) not in self.waiting:
                 return False
-            from mpipar.autograd import _grad_to_layout
-
             # The leaf has a contribution in flight: this one must be added after it.
-            self.entries.append(_Entry(leaf, grad=_grad_to_layout(leaf, g)))
+            self.entries.append(_Entry(leaf, grad=to_layout(leaf, g)))
             return True
         entry = _Entry(leaf, leaf.grad_spec(), g)
         self.entries.append(entry)
@@ -177,9 +178,6 @@ class _Session:
 
     def _bucketable(self, leaf: Tensor, g: Tensor) -> Any | None:
         """The reshard's one all-reduce step when ``g`` may be bucketed, else None."""
-        from mpipar.comm import _span_recorders
-        from mpipar.reshard.planner import plan_reshard
-
         backend = self.backend
         if backend.shape_only or backend.reference or hooks.reshard_hooks or _span_recorders:
             return None
@@ -245,12 +243,9 @@ class _Session:
         if self.done < len(self.started):
             self.progress()
 
-    def finish(self) -> None:
-        """Start the partly filled buckets, wait for all, finish every leaf in arrival order."""
-        from mpipar.autograd import _finish_leaf
-        from mpipar.reshard.executor import freeze
-        from mpipar.tensor import Tensor
-
+    def finish(self, finish_leaf: Callable[[Tensor, Tensor], None]) -> None:
+        """Start the partly filled buckets, wait for all, finish every leaf in arrival order
+        (``finish_leaf``: the engine's cast, hooks and accumulation, handed in by autograd)."""
         for bucket in list(self.open.values()):  # in the order they were opened: the same everywhere
             self._start(bucket)
         if self.setting.record:
@@ -271,7 +266,7 @@ class _Session:
             hooks.op_hooks.remove(self)
         for e in self.entries:
             assert e.grad is not None
-            _finish_leaf(e.leaf, e.grad)
+            finish_leaf(e.leaf, e.grad)
         self.entries = []
 
 

@@ -22,13 +22,14 @@ from typing import Any
 import numpy as np
 
 from mpipar.backend import current_backend
+from mpipar.distribute import dtensor_from_local, reshard, shard_tensor
 from mpipar.io import DataLoader
 from mpipar.mesh import ProcessMesh
 from mpipar.nn.layer import Layer
 from mpipar.optimizer.optimizer import Optimizer
 from mpipar.placement import Placement, Replicate, Shard
 from mpipar.spec import DistSpec
-from mpipar.tensor import Tensor, dtensor_from_local, shard_tensor
+from mpipar.tensor import Tensor
 
 
 # =============================================================================== shard_layer
@@ -160,7 +161,6 @@ def shard_op(
     elsewhere. A Layer's parameters still dense or on another mesh move there (replicated) on
     the first call. ``out_shard_specs`` lays the outputs out the same way.
     """
-    from mpipar.tensor import reshard
 
     def placements_of(spec: Sequence[Any], ndim: int) -> list[Placement]:
         if len(spec) != ndim:

@@ -33,6 +33,7 @@ value; ``Plan.from_dict(p.to_dict()) == p`` (lossless).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -41,6 +42,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
+from mpipar.mesh import ProcessMesh
 from mpipar.pipeline.schedule.base import Schedule
 from mpipar.placement import REDUCE_TYPES, placement_problem
 from mpipar.untrusted import FileFormatError, load_json
@@ -66,11 +70,20 @@ DTYPE_ITEMSIZE = {
 """The element types a plan may name, with their bytes: every consumer can size any tensor."""
 
 
-class PlanFormatError(FileFormatError):
-    """A plan file or dict that does not follow the format; ``field`` is the path at fault."""
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype name: the plan's table, else NumPy's, else 4 (the one dtype table
+    the dashboard and the estimator size tensors with)."""
+    if dtype in DTYPE_ITEMSIZE:
+        return DTYPE_ITEMSIZE[dtype]
+    try:
+        return int(np.dtype(dtype).itemsize)
+    except TypeError:
+        return 4
 
-    def __init__(self, field_path: str, value: Any, problem: str, source: str | None = None) -> None:
-        super().__init__("plan", field_path, value, problem, source)
+
+PlanFormatError = FileFormatError
+"""A plan that does not follow the format: the one format error of every file mpipar reads
+(``kind`` "plan"; ``field`` is the path at fault). The name is kept for callers and tests."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,13 @@ class PlanMesh:
     shape: tuple[int, ...]
     process_ids: tuple[int, ...]
     dim_names: tuple[str, ...]
+
+
+@functools.lru_cache(maxsize=256)
+def process_mesh(m: PlanMesh) -> ProcessMesh:
+    """The ``ProcessMesh`` of a plan's mesh, not checked against a backend's world: a plan of a
+    1024-rank world is read in a process that hosts none of it (the dashboard, the estimator)."""
+    return ProcessMesh.unchecked(np.asarray(m.process_ids, dtype=np.int64).reshape(m.shape), m.dim_names)
 
 
 @dataclass(frozen=True)
@@ -217,10 +237,8 @@ class Plan:
         name = os.fspath(path)
         try:
             data = load_json(name, kind="plan")
-        except PlanFormatError:
-            raise
         except FileFormatError as exc:
-            raise PlanFormatError(exc.field, exc.value, exc.problem, name) from None
+            raise FileFormatError("plan", exc.field, exc.value, exc.problem, name) from None
         return cls.from_dict(data, source=name)
 
     @classmethod
@@ -228,19 +246,19 @@ class Plan:
         """Build a plan from its JSON form, refusing anything malformed (``PlanFormatError``)."""
         try:
             return cls._from_dict(data)
-        except PlanFormatError as exc:
+        except FileFormatError as exc:
             if source is None or exc.source is not None:
                 raise
-            raise PlanFormatError(exc.field, exc.value, exc.problem, source) from None
+            raise FileFormatError("plan", exc.field, exc.value, exc.problem, source) from None
 
     @classmethod
     def _from_dict(cls, data: Any) -> Plan:
         v = _V(data)
         v.require_object("", data)
         if data.get("format") != FORMAT:
-            raise PlanFormatError("format", data.get("format"), f"is not {FORMAT!r} (is this a plan file?)")
+            raise FileFormatError("plan", "format", data.get("format"), f"is not {FORMAT!r} (is this a plan file?)")
         if data.get("version") != VERSION:
-            raise PlanFormatError("version", data.get("version"), f"is not a supported version (this mpipar reads {VERSION})")
+            raise FileFormatError("plan", "version", data.get("version"), f"is not a supported version (this mpipar reads {VERSION})")
         meshes = [
             PlanMesh(
                 v.int(f"meshes[{i}].id", m.get("id")),
@@ -253,15 +271,15 @@ class Plan:
         mesh_ids = {m.id for m in meshes}
         for i, m in enumerate(meshes):
             if len(m.dim_names) != len(m.shape) or _prod(m.shape) != len(m.process_ids):
-                raise PlanFormatError(f"meshes[{i}]", asdict(m), "has inconsistent shape, process_ids and dim_names")
+                raise FileFormatError("plan", f"meshes[{i}]", asdict(m), "has inconsistent shape, process_ids and dim_names")
         tensors = []
         for i, t in enumerate(v.objects("tensors", data.get("tensors"))):
             mesh = t.get("mesh")
             if mesh is not None and v.int(f"tensors[{i}].mesh", mesh) not in mesh_ids:
-                raise PlanFormatError(f"tensors[{i}].mesh", mesh, "names no mesh of the plan")
+                raise FileFormatError("plan", f"tensors[{i}].mesh", mesh, "names no mesh of the plan")
             kind = v.str(f"tensors[{i}].kind", t.get("kind"))
             if kind not in TENSOR_KINDS:
-                raise PlanFormatError(f"tensors[{i}].kind", kind, f"is not one of {TENSOR_KINDS}")
+                raise FileFormatError("plan", f"tensors[{i}].kind", kind, f"is not one of {TENSOR_KINDS}")
             tensors.append(
                 PlanTensor(
                     v.int(f"tensors[{i}].id", t.get("id")),
@@ -279,13 +297,13 @@ class Plan:
         for i, o in enumerate(v.objects("ops", data.get("ops"))):
             phase = v.str(f"ops[{i}].phase", o.get("phase"))
             if phase not in PHASES:
-                raise PlanFormatError(f"ops[{i}].phase", phase, f"is not one of {PHASES}")
+                raise FileFormatError("plan", f"ops[{i}].phase", phase, f"is not one of {PHASES}")
             ins = v.ints(f"ops[{i}].inputs", o.get("inputs"))
             outs = v.ints(f"ops[{i}].outputs", o.get("outputs"))
             for name, ids in (("inputs", ins), ("outputs", outs)):
                 for j, tid in enumerate(ids):
                     if tid not in tensor_ids:
-                        raise PlanFormatError(f"ops[{i}].{name}[{j}]", tid, "names no tensor of the plan")
+                        raise FileFormatError("plan", f"ops[{i}].{name}[{j}]", tid, "names no tensor of the plan")
             ops.append(
                 PlanOp(
                     v.int(f"ops[{i}].index", o.get("index")),
@@ -331,18 +349,18 @@ def _check_pipeline(v: _V, pipeline: Any, mesh_ids: set[int]) -> None:
     for i, st in enumerate(stages):
         stage = v.int(f"pipeline.stages[{i}].stage", st.get("stage"))
         if not 0 <= stage < MAX_PIPELINE_COUNT or stage in seen:
-            raise PlanFormatError(f"pipeline.stages[{i}].stage", stage, "is not a new stage number in [0, 2^20)")
+            raise FileFormatError("plan", f"pipeline.stages[{i}].stage", stage, "is not a new stage number in [0, 2^20)")
         seen.add(stage)
         mesh = v.int(f"pipeline.stages[{i}].mesh", st.get("mesh"))
         if mesh not in mesh_ids:
-            raise PlanFormatError(f"pipeline.stages[{i}].mesh", mesh, "names no mesh of the plan")
+            raise FileFormatError("plan", f"pipeline.stages[{i}].mesh", mesh, "names no mesh of the plan")
         if st.get("rank") is not None and v.int(f"pipeline.stages[{i}].rank", st["rank"]) < 0:
-            raise PlanFormatError(f"pipeline.stages[{i}].rank", st["rank"], "is negative")
+            raise FileFormatError("plan", f"pipeline.stages[{i}].rank", st["rank"], "is negative")
     if seen and seen != set(range(len(stages))):
-        raise PlanFormatError("pipeline.stages", sorted(seen), f"are not the stages 0..{len(stages) - 1}")
+        raise FileFormatError("plan", "pipeline.stages", sorted(seen), f"are not the stages 0..{len(stages) - 1}")
     m = pipeline.get("num_microbatches")
     if m is not None and not 1 <= v.int("pipeline.num_microbatches", m) <= MAX_PIPELINE_COUNT:
-        raise PlanFormatError("pipeline.num_microbatches", m, "is not in [1, 2^20]")
+        raise FileFormatError("plan", "pipeline.num_microbatches", m, "is not in [1, 2^20]")
     schedule = pipeline.get("schedule")
     if schedule is not None:
         _check_schedule(v, schedule, len(stages))
@@ -351,7 +369,7 @@ def _check_pipeline(v: _V, pipeline: Any, mesh_ids: set[int]) -> None:
         v.require_object("pipeline.cost", cost)
         unit = cost.get("time_unit", "unit")
         if unit not in ("s", "unit"):
-            raise PlanFormatError("pipeline.cost.time_unit", unit, "is not 's' or 'unit'")
+            raise FileFormatError("plan", "pipeline.cost.time_unit", unit, "is not 's' or 'unit'")
         for key in ("profile",):
             if cost.get(key) is not None:
                 v.str(f"pipeline.cost.{key}", cost[key])
@@ -359,8 +377,8 @@ def _check_pipeline(v: _V, pipeline: Any, mesh_ids: set[int]) -> None:
             if key in cost:
                 values = v.list(f"pipeline.cost.{key}", cost[key])
                 if len(values) != max(len(stages) - fewer, 0):
-                    raise PlanFormatError(
-                        f"pipeline.cost.{key}", values, f"has {len(values)} entries for {len(stages)} stage(s)"
+                    raise FileFormatError(
+                        "plan", f"pipeline.cost.{key}", values, f"has {len(values)} entries for {len(stages)} stage(s)"
                     )
                 for j, x in enumerate(values):
                     v.num(f"pipeline.cost.{key}[{j}]", x)
@@ -372,7 +390,7 @@ def _check_pipeline(v: _V, pipeline: Any, mesh_ids: set[int]) -> None:
         v.require_object("pipeline.step_end", step_end)
         for lane, items in step_end.items():
             if not lane.isdigit() or len(lane) > 7:
-                raise PlanFormatError("pipeline.step_end", lane, "has a key that is not a pipeline rank")
+                raise FileFormatError("plan", "pipeline.step_end", lane, "has a key that is not a pipeline rank")
             for j, item in enumerate(v.objects(f"pipeline.step_end[{lane!r}]", items)):
                 at = f"pipeline.step_end[{lane!r}][{j}]"
                 for key in ("name", "kind", "track"):
@@ -388,15 +406,15 @@ def _check_schedule(v: _V, schedule: Any, num_stages: int) -> None:
     for key in ("num_stages", "num_microbatches"):
         n = v.int(f"pipeline.schedule.{key}", schedule.get(key))
         if not 1 <= n <= MAX_PIPELINE_COUNT:
-            raise PlanFormatError(f"pipeline.schedule.{key}", n, "is not in [1, 2^20]")
+            raise FileFormatError("plan", f"pipeline.schedule.{key}", n, "is not in [1, 2^20]")
     if num_stages and schedule["num_stages"] != num_stages:
-        raise PlanFormatError(
-            "pipeline.schedule.num_stages", schedule["num_stages"], f"is not the {num_stages} stages of pipeline.stages"
+        raise FileFormatError(
+            "plan", "pipeline.schedule.num_stages", schedule["num_stages"], f"is not the {num_stages} stages of pipeline.stages"
         )
     try:
         Schedule.from_dict(schedule)
     except (TypeError, ValueError) as exc:
-        raise PlanFormatError("pipeline.schedule", "{...}", f"is not a valid schedule: {exc}") from None
+        raise FileFormatError("plan", "pipeline.schedule", "{...}", f"is not a valid schedule: {exc}") from None
 
 
 def _check_memory(v: _V, memory: Any) -> None:
@@ -411,7 +429,7 @@ def _check_memory(v: _V, memory: Any) -> None:
     for i, entry in enumerate(v.objects("memory.ranks", memory.get("ranks", []))):
         rank = v.int(f"memory.ranks[{i}].rank", entry.get("rank"))
         if rank < 0 or rank in ranks:
-            raise PlanFormatError(f"memory.ranks[{i}].rank", rank, "is negative or repeats an earlier entry's rank")
+            raise FileFormatError("plan", f"memory.ranks[{i}].rank", rank, "is negative or repeats an earlier entry's rank")
         ranks.add(rank)
         for key, value in entry.items():
             at = f"memory.ranks[{i}].{v.str(f'memory.ranks[{i}]', key)}"
@@ -420,7 +438,7 @@ def _check_memory(v: _V, memory: Any) -> None:
             if isinstance(value, dict):
                 for stage, nbytes in value.items():
                     if not stage.isdigit() or len(stage) > 7:
-                        raise PlanFormatError(at, stage, "has a key that is not a stage number")
+                        raise FileFormatError("plan", at, stage, "has a key that is not a stage number")
                     v.num(f"{at}[{stage!r}]", nbytes)
             else:
                 v.num(at, value)
@@ -447,12 +465,12 @@ def _reshard_from_dict(v: _V, i: int, r: Mapping[str, Any], mesh_ids: set[int]) 
     v.require_object(f"{path}.dst", dst)
     for name, end in (("src", src), ("dst", dst)):
         if v.int(f"{path}.{name}.mesh", end.get("mesh")) not in mesh_ids:
-            raise PlanFormatError(f"{path}.{name}.mesh", end.get("mesh"), "names no mesh of the plan")
+            raise FileFormatError("plan", f"{path}.{name}.mesh", end.get("mesh"), "names no mesh of the plan")
     steps = []
     for j, s in enumerate(v.objects(f"{path}.steps", r.get("steps"))):
         kind = v.str(f"{path}.steps[{j}].kind", s.get("kind"))
         if kind not in STEP_KINDS:
-            raise PlanFormatError(f"{path}.steps[{j}].kind", kind, f"is not one of {STEP_KINDS}")
+            raise FileFormatError("plan", f"{path}.steps[{j}].kind", kind, f"is not one of {STEP_KINDS}")
         steps.append(
             PlanStep(
                 kind,
@@ -498,11 +516,11 @@ class _V:
 
     def require_object(self, path: str, value: Any) -> None:
         if not isinstance(value, dict):
-            raise PlanFormatError(path or "<document>", value, "is not a JSON object")
+            raise FileFormatError("plan", path or "<document>", value, "is not a JSON object")
 
     def list(self, path: str, value: Any) -> list[Any]:
         if not isinstance(value, list):
-            raise PlanFormatError(path, value, "is not a list")
+            raise FileFormatError("plan", path, value, "is not a list")
         return value
 
     def objects(self, path: str, value: Any) -> list[dict[str, Any]]:
@@ -513,29 +531,29 @@ class _V:
 
     def int(self, path: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise PlanFormatError(path, value, "is not an integer")
+            raise FileFormatError("plan", path, value, "is not an integer")
         if not -MAX_PLAN_INT < value < MAX_PLAN_INT:
-            raise PlanFormatError(path, value, f"is out of range (|value| must be below 2^62 = {MAX_PLAN_INT})")
+            raise FileFormatError("plan", path, value, f"is out of range (|value| must be below 2^62 = {MAX_PLAN_INT})")
         return value
 
     def num(self, path: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise PlanFormatError(path, value, "is not a non-negative number")
+            raise FileFormatError("plan", path, value, "is not a non-negative number")
         if isinstance(value, int) and not 0 <= value <= MAX_PLAN_FLOAT:
-            raise PlanFormatError(path, value, f"is not a non-negative number up to {MAX_PLAN_FLOAT:g}")
+            raise FileFormatError("plan", path, value, f"is not a non-negative number up to {MAX_PLAN_FLOAT:g}")
         if isinstance(value, int) and float(value) != value:
             # Stored as a float: an integer it cannot hold exactly would load as another value.
-            raise PlanFormatError(path, value, "is an integer no float holds exactly; write it as a float")
+            raise FileFormatError("plan", path, value, "is an integer no float holds exactly; write it as a float")
         out = float(value)
         if not (math.isfinite(out) and 0 <= out <= MAX_PLAN_FLOAT):
-            raise PlanFormatError(path, value, f"is not a finite non-negative number up to {MAX_PLAN_FLOAT:g}")
+            raise FileFormatError("plan", path, value, f"is not a finite non-negative number up to {MAX_PLAN_FLOAT:g}")
         return out
 
     def str(self, path: str, value: Any) -> str:
         if not isinstance(value, str):
-            raise PlanFormatError(path, value, "is not a string")
+            raise FileFormatError("plan", path, value, "is not a string")
         if len(value) > MAX_PLAN_STR:
-            raise PlanFormatError(path, value, f"is {len(value)} characters long, over the limit of {MAX_PLAN_STR}")
+            raise FileFormatError("plan", path, value, f"is {len(value)} characters long, over the limit of {MAX_PLAN_STR}")
         return value
 
     def ints(self, path: str, value: Any) -> tuple[int, ...]:
@@ -548,7 +566,7 @@ class _V:
 def _dtype(v: _V, path: str, value: Any) -> str:
     text = v.str(path, value)
     if text not in DTYPE_ITEMSIZE:
-        raise PlanFormatError(path, text, f"is not an element type a plan names ({', '.join(DTYPE_ITEMSIZE)})")
+        raise FileFormatError("plan", path, text, f"is not an element type a plan names ({', '.join(DTYPE_ITEMSIZE)})")
     return text
 
 
@@ -557,7 +575,7 @@ def _reduce_type(v: _V, path: str, value: Any) -> str | None:
         return None
     text = v.str(path, value)
     if text not in REDUCE_TYPES:
-        raise PlanFormatError(path, text, f"is not a reduce type; known types are {REDUCE_TYPES}")
+        raise FileFormatError("plan", path, text, f"is not a reduce type; known types are {REDUCE_TYPES}")
     return text
 
 
@@ -565,12 +583,12 @@ def _check_placements(text: str, mesh: PlanMesh, ndim: int, path: str) -> None:
     """The checks ``DistSpec`` makes: one placement per mesh axis, shard dims inside the tensor."""
     problem = placement_problem(text, len(mesh.shape), ndim)
     if problem:
-        raise PlanFormatError(path, text, problem.replace("for a mesh of", f"for mesh {mesh.id} of"))
+        raise FileFormatError("plan", path, text, problem.replace("for a mesh of", f"for mesh {mesh.id} of"))
 
 
 def _check_shape(shape: Sequence[int], path: str) -> None:
     if any(n < 0 for n in shape):
-        raise PlanFormatError(path, list(shape), "has a negative size")
+        raise FileFormatError("plan", path, list(shape), "has a negative size")
 
 
 def _check_plan(plan: Plan) -> None:
@@ -578,28 +596,28 @@ def _check_plan(plan: Plan) -> None:
     meshes: dict[int, PlanMesh] = {}
     for i, m in enumerate(plan.meshes):
         if m.id in meshes:
-            raise PlanFormatError(f"meshes[{i}].id", m.id, "repeats the id of an earlier mesh")
+            raise FileFormatError("plan", f"meshes[{i}].id", m.id, "repeats the id of an earlier mesh")
         meshes[m.id] = m
         if any(n < 1 for n in m.shape):
-            raise PlanFormatError(f"meshes[{i}].shape", list(m.shape), "has an axis of size < 1")
+            raise FileFormatError("plan", f"meshes[{i}].shape", list(m.shape), "has an axis of size < 1")
         if len(m.dim_names) != len(m.shape):
-            raise PlanFormatError(
-                f"meshes[{i}].dim_names", list(m.dim_names), f"names {len(m.dim_names)} axes of a {len(m.shape)}-d mesh"
+            raise FileFormatError(
+                "plan", f"meshes[{i}].dim_names", list(m.dim_names), f"names {len(m.dim_names)} axes of a {len(m.shape)}-d mesh"
             )
         if len(set(m.dim_names)) != len(m.dim_names):
-            raise PlanFormatError(f"meshes[{i}].dim_names", list(m.dim_names), "repeats an axis name")
+            raise FileFormatError("plan", f"meshes[{i}].dim_names", list(m.dim_names), "repeats an axis name")
         if _prod(m.shape) != len(m.process_ids):
-            raise PlanFormatError(
-                f"meshes[{i}].process_ids", list(m.process_ids), f"is not one rank per cell of shape {list(m.shape)}"
+            raise FileFormatError(
+                "plan", f"meshes[{i}].process_ids", list(m.process_ids), f"is not one rank per cell of shape {list(m.shape)}"
             )
         if any(r < 0 for r in m.process_ids):
-            raise PlanFormatError(f"meshes[{i}].process_ids", list(m.process_ids), "has a negative rank")
+            raise FileFormatError("plan", f"meshes[{i}].process_ids", list(m.process_ids), "has a negative rank")
         if len(set(m.process_ids)) != len(m.process_ids):
-            raise PlanFormatError(f"meshes[{i}].process_ids", list(m.process_ids), "repeats a rank")
+            raise FileFormatError("plan", f"meshes[{i}].process_ids", list(m.process_ids), "repeats a rank")
     tensors: dict[int, PlanTensor] = {}
     for i, t in enumerate(plan.tensors):
         if t.id in tensors:
-            raise PlanFormatError(f"tensors[{i}].id", t.id, "repeats the id of an earlier tensor")
+            raise FileFormatError("plan", f"tensors[{i}].id", t.id, "repeats the id of an earlier tensor")
         tensors[t.id] = t
         _check_shape(t.shape, f"tensors[{i}].shape")
         if t.mesh is None:
@@ -607,24 +625,24 @@ def _check_plan(plan: Plan) -> None:
         mesh = meshes[t.mesh]
         _check_placements(t.placements, mesh, len(t.shape), f"tensors[{i}].placements")
         if t.local_shapes and len(t.local_shapes) != len(mesh.process_ids):
-            raise PlanFormatError(
-                f"tensors[{i}].local_shapes", len(t.local_shapes), f"shapes for a mesh of {len(mesh.process_ids)} ranks"
+            raise FileFormatError(
+                "plan", f"tensors[{i}].local_shapes", len(t.local_shapes), f"shapes for a mesh of {len(mesh.process_ids)} ranks"
             )
         for j, s in enumerate(t.local_shapes):
             if len(s) != len(t.shape) or any(a < 0 or a > b for a, b in zip(s, t.shape, strict=True)):
-                raise PlanFormatError(
-                    f"tensors[{i}].local_shapes[{j}]", list(s), f"does not fit the tensor shape {list(t.shape)}"
+                raise FileFormatError(
+                    "plan", f"tensors[{i}].local_shapes[{j}]", list(s), f"does not fit the tensor shape {list(t.shape)}"
                 )
     for i, r in enumerate(plan.reshards):
         if r.index != i:
-            raise PlanFormatError(f"reshards[{i}].index", r.index, f"is not its position {i} in the list")
+            raise FileFormatError("plan", f"reshards[{i}].index", r.index, f"is not its position {i} in the list")
         for field_name, tid in (("tensor", r.tensor), ("new_tensor", r.new_tensor)):
             if tid not in tensors:
-                raise PlanFormatError(f"reshards[{i}].{field_name}", tid, "names no tensor of the plan")
+                raise FileFormatError("plan", f"reshards[{i}].{field_name}", tid, "names no tensor of the plan")
         if r.op is not None and not 0 <= r.op < len(plan.ops):
-            raise PlanFormatError(f"reshards[{i}].op", r.op, "names no op of the plan")
+            raise FileFormatError("plan", f"reshards[{i}].op", r.op, "names no op of the plan")
         if r.phase not in PHASES:
-            raise PlanFormatError(f"reshards[{i}].phase", r.phase, f"is not one of {PHASES}")
+            raise FileFormatError("plan", f"reshards[{i}].phase", r.phase, f"is not one of {PHASES}")
         _check_shape(r.shape, f"reshards[{i}].shape")
         src_mesh, dst_mesh = meshes[r.src_mesh], meshes[r.dst_mesh]
         _check_placements(r.src, src_mesh, len(r.shape), f"reshards[{i}].src.placements")
@@ -632,20 +650,20 @@ def _check_plan(plan: Plan) -> None:
         ranks = set(src_mesh.process_ids) | set(dst_mesh.process_ids)
         for j, s in enumerate(r.steps):
             if len(set(s.axes)) != len(s.axes):
-                raise PlanFormatError(f"reshards[{i}].steps[{j}].axes", list(s.axes), "repeats an axis")
+                raise FileFormatError("plan", f"reshards[{i}].steps[{j}].axes", list(s.axes), "repeats an axis")
             for a in s.axes:
                 if a not in src_mesh.dim_names:
-                    raise PlanFormatError(
-                        f"reshards[{i}].steps[{j}].axes", a,
+                    raise FileFormatError(
+                        "plan", f"reshards[{i}].steps[{j}].axes", a,
                         f"is not an axis of mesh {src_mesh.id} {list(src_mesh.dim_names)}",
                     )
             for k, piece in enumerate(s.pieces):
                 if len(piece) != 3 or piece[0] not in ranks or piece[1] not in ranks or piece[2] < 0:
-                    raise PlanFormatError(
-                        f"reshards[{i}].steps[{j}].pieces[{k}]", list(piece),
+                    raise FileFormatError(
+                        "plan", f"reshards[{i}].steps[{j}].pieces[{k}]", list(piece),
                         "is not (src rank, dst rank, bytes) between the reshard's meshes",
                     )
     for i, o in enumerate(plan.ops):
         for j, ri in enumerate(o.reshards):
             if not 0 <= ri < len(plan.reshards):
-                raise PlanFormatError(f"ops[{i}].reshards[{j}]", ri, "names no reshard of the plan")
+                raise FileFormatError("plan", f"ops[{i}].reshards[{j}]", ri, "names no reshard of the plan")

@@ -16,7 +16,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from mpipar.backend import set_backend
+from mpipar.optimizer.optimizer import Optimizer
 from mpipar.plan import Plan
+from mpipar.static import DistModel
+from mpipar.trace import PlanRecorder
 
 
 class _FirstStepDone(Exception):
@@ -27,10 +30,6 @@ class _FirstStepDone(Exception):
 
 def trace_script(script: str, args: Sequence[str], backend: Any, meta: dict[str, Any] | None = None) -> Plan:
     """Run ``script`` until its first training step and return that step's plan."""
-    from mpipar.optimizer.optimizer import Optimizer
-    from mpipar.static import DistModel
-    from mpipar.trace import PlanRecorder
-
     if not os.path.isfile(script):
         raise SystemExit(f"mpipar plan: no such script: {script}")
     set_backend(backend)

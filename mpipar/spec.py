@@ -33,7 +33,7 @@ from functools import cached_property
 from typing import Any
 
 from mpipar.mesh import ProcessMesh
-from mpipar.placement import Partial, Placement, Replicate, Shard, check_placements, placements_str
+from mpipar.placement import Partial, Placement, Replicate, Shard, check_placements, parse_placements, placements_str
 
 Box = tuple[tuple[int, int], ...]
 """A box of a tensor: one half-open ``(start, stop)`` range per tensor dim."""
@@ -291,6 +291,12 @@ class DistSpec:
     def with_placements(self, placements: Sequence[Placement]) -> DistSpec:
         return DistSpec(self.shape, self.mesh, placements)
 
+    def without_partial(self) -> DistSpec:
+        """The same layout with every Partial read as Replicate (the reduced value's layout)."""
+        if not any(isinstance(p, Partial) for p in self.placements):
+            return self
+        return DistSpec(self.shape, self.mesh, [Replicate() if isinstance(p, Partial) else p for p in self.placements])
+
     def with_mesh(self, mesh: ProcessMesh, placements: Sequence[Placement] | None = None) -> DistSpec:
         return DistSpec(self.shape, mesh, self.placements if placements is None else placements)
 
@@ -310,6 +316,4 @@ class DistSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DistSpec:
-        from mpipar.placement import parse_placements
-
         return cls(data["shape"], ProcessMesh.from_dict(data["mesh"]), parse_placements(data["placements"]))

@@ -30,14 +30,18 @@ from typing import Any
 
 from mpipar import autograd, hooks
 from mpipar.backend import current_backend
+from mpipar.distribute import shard_tensor
 from mpipar.nn.layer import Layer
-from mpipar.ops.math import add, scale
+from mpipar.ops.math import add, ones_like_global, scale
 from mpipar.optimizer.optimizer import Optimizer
+from mpipar.parallel import ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer
 from mpipar.pipeline.runner import PipelineRunner, Probe, batch_parts, probe
 from mpipar.pipeline.schedule import Schedule, build_schedule
+from mpipar.placement import Replicate
 from mpipar.plan import Plan
 from mpipar.replay import CompiledStep
 from mpipar.tensor import Tensor
+from mpipar.trace import PlanRecorder
 
 
 class _Section:
@@ -71,8 +75,6 @@ class DistModel:
     def __init__(
         self, layer: Layer, loader: Any, loss: Callable[..., Tensor] | None, optimizer: Optimizer | None, strategy: Strategy | None
     ) -> None:
-        from mpipar.parallel import ShardingStage1, ShardingStage2, ShardingStage3, shard_optimizer
-
         self.layer, self.loader, self.loss_fn = layer, loader, loss
         self.strategy = strategy or Strategy()
         if optimizer is not None and self.strategy.sharding.enable:
@@ -120,9 +122,6 @@ class DistModel:
     def _prepare(self, batch: Sequence[Tensor]) -> None:
         if self._probe is not None:
             return
-        from mpipar.ops.math import ones_like_global
-        from mpipar.trace import PlanRecorder
-
         m = self.microbatches
         first = batch_parts(batch, m)[0]
         for name, p in self.layer.named_parameters():
@@ -140,9 +139,6 @@ class DistModel:
                     autograd.run_backward([loss], [ones_like_global(loss)])
         # A dense parameter belongs to the stage whose op used it: replicate it on that mesh, so
         # its gradient stays among that stage's ranks (a dense gradient would need every process).
-        from mpipar.placement import Replicate
-        from mpipar.tensor import shard_tensor
-
         for p, mesh in self._probe.dense_params:
             shard_tensor(p, mesh, [Replicate()] * mesh.ndim)
         self._grad_params = [p for p in params if p.grad is not None]

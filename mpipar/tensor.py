@@ -20,21 +20,18 @@ Arrays held by a tensor are read-only; operations build new arrays.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from mpipar import autograd, hooks
 from mpipar.backend import current_backend
-from mpipar.comm import current_context, note_reused_reshard
 from mpipar.mesh import ProcessMesh
-from mpipar.placement import Partial, Placement, Replicate, check_placements
+from mpipar.placement import Placement, Replicate
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
-from mpipar.spec import DistSpec, box_relative
+from mpipar.spec import DistSpec
 from mpipar.xp import to_numpy
 
 Array = Any
@@ -286,39 +283,23 @@ class Tensor:
         """Ranks whose shard this process holds (empty for dense tensors)."""
         return tuple(self._shards)
 
-    # OneFlow's global-tensor spelling (seed 002); the mapping lives in mpipar.oneflow
+    # OneFlow's global-tensor spelling (seed 002); ``placement``, ``to_global`` and ``to_local``
+    # are installed by mpipar.oneflow, which builds on this module
     @property
     def is_global(self) -> bool:
         return self._spec is not None
-
-    @property
-    def placement(self) -> Any:
-        """OneFlow's ``tensor.placement`` (``None`` for a local tensor)."""
-        from mpipar.oneflow import placement
-
-        return placement.from_mesh(self._spec.mesh) if self._spec is not None else None
 
     @property
     def sbp(self) -> tuple[Placement, ...] | None:
         """OneFlow's ``tensor.sbp``: one SBP (an mpipar placement) per placement dimension."""
         return tuple(self._spec.placements) if self._spec is not None else None
 
-    def to_global(self, placement: Any, sbp: Any) -> Tensor:
-        from mpipar.oneflow import to_global
-
-        return to_global(self, placement, sbp)
-
-    def to_local(self) -> Any:
-        from mpipar.oneflow import to_local
-
-        return to_local(self)
-
     def _label(self) -> str:
         kind = "DistTensor" if self.is_dist else "Tensor"
         name = f" {self.name!r}" if self.name else ""
         return f"{kind}{name} of shape {list(self._shape)}"
 
-    # ------------------------------------------------------------------ autograd
+    # ------------------------------------------------------------------ autograd (``backward`` is installed by mpipar.autograd)
     @property
     def is_leaf(self) -> bool:
         return self._grad_fn is None
@@ -326,14 +307,7 @@ class Tensor:
     def grad_spec(self) -> DistSpec:
         """The layout this leaf's gradient is kept in: its own (Partial read as Replicate)."""
         spec = self.spec
-        pls = self.grad_placements or [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
-        return DistSpec(spec.shape, spec.mesh, pls)
-
-    def backward(self, grad_tensor: Any = None, retain_graph: bool = False) -> None:
-        """Accumulate gradients of this tensor into every leaf that requires one."""
-        from mpipar.autograd import backward
-
-        backward(self, grad_tensor, retain_graph)
+        return DistSpec(spec.shape, spec.mesh, self.grad_placements) if self.grad_placements else spec.without_partial()
 
     def clear_grad(self, set_to_zero: bool = False) -> None:
         self.grad = None
@@ -387,9 +361,6 @@ class Tensor:
                 "pass one of the same shape and dtype"
             )
         self._value = freeze(np.array(new, copy=True))
-
-    def _local_value(self) -> Array:
-        return self.local_tensor()
 
     def full_tensor(self) -> np.ndarray:
         """The global value as a NumPy array, on every process (a collective under MPI)."""
@@ -470,7 +441,7 @@ class Parameter(Tensor):
         self.stop_gradient = not value
 
 
-# ======================================================================== marking & resharding
+# ======================================================================== values and each-reshard-once
 def _as_array(data: Any, dtype: Any, copy: bool) -> np.ndarray:
     if isinstance(data, Tensor):
         data = data.full_tensor()
@@ -483,134 +454,6 @@ def _as_array(data: Any, dtype: Any, copy: bool) -> np.ndarray:
     if arr.dtype == object:
         raise TypeError(f"cannot make a tensor from {data!r}: it is not a rectangular numeric array")
     return arr
-
-
-def _shards_from_global(
-    spec: DistSpec, value: np.ndarray | None, init: Callable[[tuple[int, ...], Any], Array] | None = None
-) -> dict[int, Array]:
-    """The hosted shards of ``spec``: cut out of the global ``value``, or generated box by box by
-    ``init`` (a lazy value). No communication; replicas share one array."""
-    backend = current_backend()
-    xp = backend.xp
-    no_partial = spec.with_placements([Replicate() if isinstance(p, Partial) else p for p in spec.placements])
-    full = tuple((0, n) for n in spec.shape)
-    by_box: dict[Any, Array] = {}
-    shards = {}
-    source = freeze(xp.asarray(value)) if value is not None else None
-    for r in backend.hosted_ranks(spec.mesh):
-        box = no_partial.boxes[r]
-        if box not in by_box:
-            if source is not None:
-                by_box[box] = source[box_relative(box, full)]
-            else:
-                assert init is not None
-                by_box[box] = freeze(xp.asarray(init(tuple(spec.shape), box)))
-        shards[r] = by_box[box]
-    dtype = source.dtype if source is not None else next(iter(shards.values())).dtype if shards else np.float32
-    if no_partial == spec:
-        return shards
-    # Replicate -> Partial is local: the planner's partial steps split the value exactly.
-    return execute_plan(plan_reshard(no_partial, spec), shards, dtype, backend)
-
-
-def _spec_for(
-    what: str | Callable[[], str], shape: Sequence[int], mesh: ProcessMesh, placements: list[Placement]
-) -> DistSpec:
-    """Build a spec, prefixing any error with the tensor it was meant for (``what``, or a
-    function giving it, called only on an error)."""
-    try:
-        return _interned_spec(tuple(shape), mesh, tuple(placements))
-    except ValueError as exc:
-        raise ValueError(f"{what if isinstance(what, str) else what()}: {exc}") from None
-
-
-@functools.lru_cache(maxsize=4096)
-def _interned_spec(shape: tuple[int, ...], mesh: ProcessMesh, placements: tuple[Placement, ...]) -> DistSpec:
-    """One spec object per value: a training step asks for the same few layouts over and over,
-    and a shared object keeps its cached boxes and hits the plan cache by identity."""
-    return DistSpec(shape, mesh, placements)
-
-
-def shard_tensor(
-    data: Any,
-    mesh: ProcessMesh,
-    placements: Sequence[Placement],
-    dtype: Any = None,
-    stop_gradient: bool | None = None,
-) -> Tensor:
-    """Distribute ``data`` over ``mesh`` with ``placements`` (one per mesh axis).
-
-    ``data`` is a NumPy array, a nested list or a ``Tensor``. A ``Tensor`` is marked in place
-    (and returned): it keeps its identity, so a ``Parameter`` stays a ``Parameter`` and the
-    seeds' ``dist.shard_tensor(x, mesh, [dist.Shard(0)])`` without assignment works. A
-    distributed tensor is resharded to the new layout. Partial placements split the value so
-    that reducing the shards gives it back (sum: the first rank of the axis holds it, the
-    others zero; avg, max, min: every rank holds it).
-    """
-    if not isinstance(mesh, ProcessMesh):
-        raise TypeError(f"shard_tensor mesh must be a dist.ProcessMesh, got {type(mesh).__name__}")
-    pls = check_placements(placements, "shard_tensor placements")
-    backend = current_backend()
-    if isinstance(data, Tensor):
-        target = data
-        if dtype is not None and np.dtype(dtype) != data.dtype:
-            raise ValueError(
-                f"shard_tensor marks {data._label()} in place and cannot change its dtype "
-                f"{data.dtype} to {np.dtype(dtype)}; cast it first"
-            )
-        spec = _spec_for(f"shard_tensor of {data._label()}", data.shape, mesh, pls)
-        if data._abstract or backend.shape_only:
-            target._init = None
-            target._take_storage(Tensor.abstract(data.shape, data.dtype, spec))
-        elif data._init is not None and not backend.reference:
-            # A lazy value: each hosted rank generates its own shard, never the whole tensor.
-            init, data._init = data._init, None
-            target._set_dist(spec, _shards_from_global(spec, None, init), data.dtype)
-        elif data._grad_fn is not None:
-            # A tensor with history: the marked value is a reshard of the old one, on the tape.
-            history = data.detach()
-            history._grad_fn, history._out_index = data._grad_fn, data._out_index
-            history.stop_gradient = data.stop_gradient
-            moved = reshard(history, mesh, pls)
-            target._take_storage(moved)
-            target._grad_fn, target._out_index = moved._grad_fn, moved._out_index
-        elif data.is_dist:
-            target._take_storage(reshard(data, mesh, pls))
-        elif backend.reference:
-            target._take_storage(Tensor._from_reference(spec, data._value))
-        else:
-            target._set_dist(spec, _shards_from_global(spec, data._value), data.dtype)
-    else:
-        value = _as_array(data, dtype, copy=True)
-        spec = _spec_for(f"shard_tensor of an array of shape {list(value.shape)}", value.shape, mesh, pls)
-        if backend.shape_only:
-            target = Tensor.abstract(value.shape, value.dtype, spec)
-        elif backend.reference:
-            target = Tensor._from_reference(spec, value)
-        else:
-            target = Tensor._from_shards(spec, _shards_from_global(spec, value), value.dtype)
-    if stop_gradient is not None:
-        target.stop_gradient = stop_gradient
-    return target
-
-
-def reshard(tensor: Tensor, mesh: ProcessMesh, placements: Sequence[Placement]) -> Tensor:
-    """A new tensor with ``tensor``'s value laid out as ``placements`` on ``mesh``.
-
-    Same mesh or another one (other processes, other shape), any placements, uneven sizes.
-    A dense tensor is distributed (every process holds its value, so no communication).
-    """
-    if not isinstance(tensor, Tensor):
-        raise TypeError(f"reshard needs a dist tensor, got {type(tensor).__name__}")
-    if not isinstance(mesh, ProcessMesh):
-        raise TypeError(f"reshard mesh must be a dist.ProcessMesh, got {type(mesh).__name__}")
-    pls = check_placements(placements, "reshard placements")
-    dst = _spec_for(lambda: f"reshard of {tensor._label()}", tensor.shape, mesh, pls)
-    backend = current_backend()
-    if hooks.stage_runs and tensor.is_dist and not tensor.spec.mesh.same_layout(mesh):
-        # A pipeline stage boundary inside a stage-filtered forward (mpipar.pipeline.runner).
-        return hooks.stage_runs[-1].boundary(tensor, dst)
-    return _reshard(tensor, dst, backend)
 
 
 _reuse_enabled = [True]
@@ -641,146 +484,6 @@ def reshards_made(tensor: Tensor) -> frozenset[DistSpec]:
     if not cache:
         return frozenset()
     return frozenset(spec for spec, (sid, _) in cache.items() if sid == tensor._sid)
-
-
-def _reused(tensor: Tensor, dst: DistSpec) -> Tensor | None:
-    """The reshard of ``tensor`` to ``dst`` an earlier consumer made, as a new tensor; None if none.
-
-    Valid while the value is unchanged (an in-place update gives a new storage id). The result
-    shares the stored shards (read-only) and gets its own reshard node, so gradients reaching
-    it flow back to ``tensor`` as a fresh reshard's would.
-    """
-    cache = tensor._reshards
-    entry = cache.get(dst) if cache else None
-    if entry is None or entry[0] != tensor._sid:
-        return None
-    out = entry[1].detach()
-    plan = plan_reshard(tensor.spec, dst)
-    if plan.steps:
-        for hook in hooks.reshard_hooks:
-            reuse_hook = getattr(hook, "on_reshard_reused", None)
-            if reuse_hook is not None:
-                reuse_hook(tensor, out, plan, current_context())
-        note_reused_reshard(plan.src.placements_str, plan.dst.placements_str, tensor.dtype)
-    return out
-
-
-def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
-    """The reshard itself (``reshard`` minus the pipeline-boundary check).
-
-    Each reshard once: a computed value (an op's output) already resharded to ``dst`` is not
-    resharded again while it is unchanged; the earlier result is used (and reported as reused).
-    """
-    cacheable = tensor._reshards is not None and tensor.is_dist and not backend.reference and _reuse_enabled[-1]
-    out: Tensor | None = _reused(tensor, dst) if cacheable else None
-    if out is not None:
-        out.stop_gradient = tensor.stop_gradient
-        if not tensor.stop_gradient and autograd.is_grad_enabled():
-            out._grad_fn = autograd.reshard_node(tensor)
-        return out
-    out = _reshard_now(tensor, dst, backend)
-    if cacheable:
-        out._reshards = {}
-        assert tensor._reshards is not None
-        tensor._reshards[dst] = (tensor._sid, out.detach())
-    out.stop_gradient = tensor.stop_gradient
-    if not tensor.stop_gradient and autograd.is_grad_enabled():
-        out._grad_fn = autograd.reshard_node(tensor)
-    return out
-
-
-def _reshard_now(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
-    """Move the data (or, shape-only, plan the move)."""
-    if tensor._abstract or backend.shape_only:
-        out = Tensor.abstract(tensor.shape, tensor.dtype, dst)
-        if tensor.is_dist:
-            plan = plan_reshard(tensor.spec, dst)
-            if plan.steps:
-                for hook in hooks.reshard_hooks:
-                    hook.on_reshard(tensor, out, plan, current_context())
-    elif backend.reference:
-        assert tensor._value is not None
-        out = Tensor._from_reference(dst, tensor._value)
-    elif not tensor.is_dist:
-        out = Tensor._from_shards(dst, _shards_from_global(dst, np.asarray(tensor._value)), tensor.dtype)
-    else:
-        plan = plan_reshard(tensor.spec, dst)
-        shards = execute_plan(plan, tensor._shards, tensor.dtype, backend)
-        out = Tensor._from_shards(dst, shards, tensor.dtype)
-        if plan.steps:
-            for hook in hooks.reshard_hooks:
-                hook.on_reshard(tensor, out, plan, current_context())
-    return out
-
-
-def dtensor_from_local(
-    local: Array | Mapping[int, Array] | Callable[[int], Array],
-    mesh: ProcessMesh,
-    placements: Sequence[Placement],
-    shape: Sequence[int] | None = None,
-    dtype: Any = None,
-) -> Tensor:
-    """Assemble a distributed tensor from its local shards, without communication.
-
-    ``local``: the shard of this process's rank (under MPI), a ``{rank: array}`` dict
-    covering the hosted ranks, or a function ``rank -> array``. ``shape`` is the global
-    shape; when omitted, every Shard is assumed even (local size x ranks). Each shard must
-    have exactly the shape the chunking rule gives its rank. ``dtype`` is needed only where
-    this process hosts no rank of the mesh and ``local`` is a function (it then cannot be read
-    off a shard); every process must agree on it.
-    """
-    pls = check_placements(placements, "dtensor_from_local placements")
-    backend = current_backend()
-    hosted = backend.hosted_ranks(mesh)
-    if callable(local) and not hasattr(local, "shape"):
-        given = {r: local(r) for r in hosted}
-    elif isinstance(local, Mapping):
-        missing = [r for r in hosted if r not in local]
-        if missing:
-            raise ValueError(f"dtensor_from_local: no shard given for hosted rank(s) {missing} of {mesh}")
-        given = {r: local[r] for r in hosted}
-    elif hasattr(backend, "assemble_locals"):
-        # a per-rank program in the simulator: the other ranks' pieces are in their threads
-        given = backend.assemble_locals(mesh, local)
-    else:
-        given = {r: local for r in hosted}
-    arrays = {r: np.asarray(a) if not hasattr(a, "__cuda_array_interface__") else a for r, a in given.items()}
-    if shape is None:
-        if not arrays:
-            raise ValueError("dtensor_from_local needs shape= when this process hosts no rank of the mesh")
-        sample = next(iter(arrays.values()))
-        guess = list(sample.shape)
-        for a, p in enumerate(pls):
-            if p.is_shard():
-                guess[p.dim] *= mesh.shape[a]  # type: ignore[attr-defined]
-        shape = guess
-    spec = DistSpec(shape, mesh, pls)
-    want = np.dtype(dtype) if dtype is not None else None
-    dtype = None
-    for r, a in arrays.items():
-        expected = spec.local_shape(r)
-        if tuple(a.shape) != expected:
-            raise ValueError(
-                f"dtensor_from_local: the shard of rank {r} has shape {list(a.shape)}, but global shape "
-                f"{list(spec.shape)} with placements {spec.placements_str} on {mesh} gives rank {r} "
-                f"a shard of shape {list(expected)} (chunking rule: first n % k chunks one longer)"
-            )
-        if dtype is None:
-            dtype = a.dtype
-        elif a.dtype != dtype:
-            raise ValueError(f"dtensor_from_local: shards have different dtypes {dtype} and {a.dtype} (rank {r})")
-    if want is not None and dtype is not None and dtype != want:
-        raise ValueError(f"dtensor_from_local: shards are {dtype} but dtype={want} was given")
-    final = want or dtype or getattr(local, "dtype", None)
-    if final is None:
-        raise ValueError(
-            f"dtensor_from_local: this process hosts no rank of {mesh}, so the dtype cannot be read off a shard; "
-            "pass dtype= (the same on every process)"
-        )
-    if backend.reference:
-        raise ValueError("dtensor_from_local builds from per-rank shards, which --reference mode does not have")
-    xp = backend.xp
-    return Tensor._from_shards(spec, {r: xp.array(a) for r, a in arrays.items()}, final)
 
 
 def to_tensor(data: Any, dtype: Any = None, stop_gradient: bool = True) -> Tensor:

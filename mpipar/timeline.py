@@ -59,11 +59,9 @@ MAX_TIMELINE_STR = 1 << 16
 """Longer span names are refused: they are a flood, not a label."""
 
 
-class TimelineFormatError(FileFormatError):
-    """A timeline file or dict that does not follow the format. ``field`` is the path at fault."""
-
-    def __init__(self, field_path: str, value: Any, problem: str, source: str | None = None) -> None:
-        super().__init__("timeline", field_path, value, problem, source)
+TimelineFormatError = FileFormatError
+"""A timeline that does not follow the format: the one format error of every file mpipar reads
+(``kind`` "timeline"; ``field`` is the path at fault). The name is kept for callers and tests."""
 
 
 @dataclass(frozen=True)
@@ -182,14 +180,14 @@ class Timeline:
             if not isinstance(s, Span):
                 raise TypeError(f"Timeline spans[{i}] is {type(s).__name__}, not a Span")
         if time_unit not in TIME_UNITS:
-            raise TimelineFormatError("time_unit", time_unit, f"is not one of {', '.join(TIME_UNITS)}")
+            raise FileFormatError("timeline", "time_unit", time_unit, f"is not one of {', '.join(TIME_UNITS)}")
         rank_list = sorted({s.rank for s in span_list}) if ranks is None else [int(r) for r in ranks]
         if len(set(rank_list)) != len(rank_list):
-            raise TimelineFormatError("ranks", rank_list, "repeats a rank")
+            raise FileFormatError("timeline", "ranks", rank_list, "repeats a rank")
         known = set(rank_list)
         for i, s in enumerate(span_list):
             if s.rank not in known:
-                raise TimelineFormatError(f"spans[{i}].rank", s.rank, f"is not one of the timeline's ranks {rank_list}")
+                raise FileFormatError("timeline", f"spans[{i}].rank", s.rank, f"is not one of the timeline's ranks {rank_list}")
         curves: dict[int, MemoryCurve] | None = None
         if memory is not None:
             items = list(memory.values()) if isinstance(memory, Mapping) else list(memory)
@@ -198,10 +196,10 @@ class Timeline:
                 if not isinstance(curve, MemoryCurve):
                     raise TypeError(f"Timeline memory holds MemoryCurve values, got {type(curve).__name__}")
                 if curve.rank not in known:
-                    raise TimelineFormatError("memory.rank", curve.rank, f"is not one of the timeline's ranks {rank_list}")
+                    raise FileFormatError("timeline", "memory.rank", curve.rank, f"is not one of the timeline's ranks {rank_list}")
                 if set(curve.bytes) != set(items[0].bytes):
-                    raise TimelineFormatError(
-                        f"memory[rank {curve.rank}].bytes", sorted(curve.bytes),
+                    raise FileFormatError(
+                        "timeline", f"memory[rank {curve.rank}].bytes", sorted(curve.bytes),
                         f"has other categories than rank {items[0].rank}'s {sorted(items[0].bytes)}; give every rank the same",
                     )
                 curves[curve.rank] = curve
@@ -316,43 +314,43 @@ class Timeline:
     def from_dict(cls, data: Any) -> Timeline:
         """Read ``to_dict()``'s form, refusing any malformed field (``TimelineFormatError``)."""
         if not isinstance(data, Mapping):
-            raise TimelineFormatError("<top level>", type(data).__name__, "is not a JSON object")
+            raise FileFormatError("timeline", "<top level>", type(data).__name__, "is not a JSON object")
         allowed = {"format", "version", "time_unit", "ranks", "spans", "memory", "meta"}
         for key in data:
             if key not in allowed:
-                raise TimelineFormatError(str(key), data[key], f"is not a timeline field; fields are {sorted(allowed)}")
+                raise FileFormatError("timeline", str(key), data[key], f"is not a timeline field; fields are {sorted(allowed)}")
         if data.get("format") != FORMAT:
-            raise TimelineFormatError(
-                "format", data.get("format"), f"is not {FORMAT!r}; this is not an mpipar timeline"
+            raise FileFormatError(
+                "timeline", "format", data.get("format"), f"is not {FORMAT!r}; this is not an mpipar timeline"
                 + (" (it is a plan; open it with the dashboard or the plan loader)" if data.get("format") == "mpipar.plan" else "")
             )
         version = data.get("version")
         if isinstance(version, bool) or not isinstance(version, int):
-            raise TimelineFormatError("version", version, "is not an integer version")
+            raise FileFormatError("timeline", "version", version, "is not an integer version")
         if version != VERSION:
-            raise TimelineFormatError(
-                "version", version, f"is not supported; this mpipar reads timeline version {VERSION}"
+            raise FileFormatError(
+                "timeline", "version", version, f"is not supported; this mpipar reads timeline version {VERSION}"
                 + (" (upgrade mpipar to read newer files)" if version > VERSION else "")
             )
         time_unit = data.get("time_unit", "s")
         if time_unit not in TIME_UNITS:
-            raise TimelineFormatError("time_unit", time_unit, f"is not one of {', '.join(TIME_UNITS)}")
+            raise FileFormatError("timeline", "time_unit", time_unit, f"is not one of {', '.join(TIME_UNITS)}")
         ranks = data.get("ranks")
         if not isinstance(ranks, list):
-            raise TimelineFormatError("ranks", ranks, "is not a list of rank ids")
+            raise FileFormatError("timeline", "ranks", ranks, "is not a list of rank ids")
         for i, r in enumerate(ranks):
             _check_rank(r, f"ranks[{i}]")
         if len(set(ranks)) != len(ranks):
-            raise TimelineFormatError("ranks", ranks, "repeats a rank")
+            raise FileFormatError("timeline", "ranks", ranks, "repeats a rank")
         spans_data = data.get("spans")
         if not isinstance(spans_data, list):
-            raise TimelineFormatError("spans", spans_data, "is not a list of spans")
+            raise FileFormatError("timeline", "spans", spans_data, "is not a list of spans")
         rank_set = set(ranks)
         spans = []
         for i, item in enumerate(spans_data):
             _check_span(item, f"spans[{i}]")
             if item["rank"] not in rank_set:
-                raise TimelineFormatError(f"spans[{i}].rank", item["rank"], f"is not listed in ranks {ranks}")
+                raise FileFormatError("timeline", f"spans[{i}].rank", item["rank"], f"is not listed in ranks {ranks}")
             spans.append(Span(item["rank"], item["name"], item["kind"], item.get("stage"), item.get("microbatch"),
                               item["start"], item["end"], item["track"], item.get("peer")))
         memory = None
@@ -360,7 +358,7 @@ class Timeline:
             memory = _read_memory(data["memory"], rank_set)
         meta = data.get("meta", {})
         if not isinstance(meta, Mapping):
-            raise TimelineFormatError("meta", meta, "is not a JSON object")
+            raise FileFormatError("timeline", "meta", meta, "is not a JSON object")
         _check_lane_ranks(meta.get("lane_ranks"))
         return cls(spans, ranks=ranks, memory=memory, time_unit=time_unit, meta=meta)
 
@@ -379,7 +377,7 @@ class Timeline:
         try:
             data = read_bounded(name, kind="timeline")
         except FileFormatError as exc:
-            raise TimelineFormatError(exc.field, exc.value, exc.problem, name) from None
+            raise FileFormatError("timeline", exc.field, exc.value, exc.problem, name) from None
         return cls.from_json(data, source=name)
 
     @classmethod
@@ -388,12 +386,10 @@ class Timeline:
         try:
             data = parse_json(text, kind="timeline", source=source)
             return cls.from_dict(data)
-        except TimelineFormatError as exc:
+        except FileFormatError as exc:
             if exc.source is not None:
                 raise
-            raise TimelineFormatError(exc.field, exc.value, exc.problem, source) from None
-        except FileFormatError as exc:
-            raise TimelineFormatError(exc.field, exc.value, exc.problem, source) from None
+            raise FileFormatError("timeline", exc.field, exc.value, exc.problem, source) from None
 
     # ------------------------------------------------------------------ Chrome trace
     def to_chrome_trace(self) -> dict[str, Any]:
@@ -526,7 +522,7 @@ def _as_action(name: str) -> Any:
 
 def _check_rank(value: Any, path: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_TIMELINE_INT:
-        raise TimelineFormatError(path, value, "is not an integer rank in [0, 2^62)")
+        raise FileFormatError("timeline", path, value, "is not an integer rank in [0, 2^62)")
 
 
 def _check_lane_ranks(value: Any) -> None:
@@ -534,10 +530,10 @@ def _check_lane_ranks(value: Any) -> None:
     if value is None:
         return
     if not isinstance(value, Mapping):
-        raise TimelineFormatError("meta.lane_ranks", value, "is not an object of lane -> list of ranks")
+        raise FileFormatError("timeline", "meta.lane_ranks", value, "is not an object of lane -> list of ranks")
     for lane, members in value.items():
         if not isinstance(members, list):
-            raise TimelineFormatError(f"meta.lane_ranks.{lane}", members, "is not a list of ranks")
+            raise FileFormatError("timeline", f"meta.lane_ranks.{lane}", members, "is not a list of ranks")
         for i, r in enumerate(members):
             _check_rank(r, f"meta.lane_ranks.{lane}[{i}]")
 
@@ -545,108 +541,108 @@ def _check_lane_ranks(value: Any) -> None:
 def _check_exact_float(value: Any, path: str) -> None:
     """Memory curves are stored as floats: an integer no float holds exactly would load changed."""
     if isinstance(value, int) and float(value) != value:
-        raise TimelineFormatError(path, value, "is an integer no float holds exactly; write it as a float")
+        raise FileFormatError("timeline", path, value, "is an integer no float holds exactly; write it as a float")
 
 
 def _check_time(value: Any, path: str) -> None:
     # A huge int would overflow math.isfinite itself; 1e300 bounds both kinds.
     if isinstance(value, bool) or not isinstance(value, int | float) or not -1e300 <= value <= 1e300:
-        raise TimelineFormatError(path, value, "is not a number in [-1e300, 1e300]")
+        raise FileFormatError("timeline", path, value, "is not a number in [-1e300, 1e300]")
 
 
 def _check_span(item: Any, path: str) -> None:
     if not isinstance(item, Mapping):
-        raise TimelineFormatError(path, item, "is not an object with fields " + ", ".join(_SPAN_FIELDS))
+        raise FileFormatError("timeline", path, item, "is not an object with fields " + ", ".join(_SPAN_FIELDS))
     for key in item:
         if key not in _SPAN_FIELD_SET:
-            raise TimelineFormatError(f"{path}.{key}", item[key], f"is not a span field; fields are {list(_SPAN_FIELDS)}")
+            raise FileFormatError("timeline", f"{path}.{key}", item[key], f"is not a span field; fields are {list(_SPAN_FIELDS)}")
     for key in ("rank", "name", "kind", "start", "end", "track"):
         if key not in item:
-            raise TimelineFormatError(f"{path}.{key}", None, "is missing")
+            raise FileFormatError("timeline", f"{path}.{key}", None, "is missing")
     _check_rank(item["rank"], f"{path}.rank")
     if not isinstance(item["name"], str) or not item["name"] or len(item["name"]) > MAX_TIMELINE_STR:
-        raise TimelineFormatError(
-            f"{path}.name", item["name"], f"is not a non-empty string of at most {MAX_TIMELINE_STR} characters"
+        raise FileFormatError(
+            "timeline", f"{path}.name", item["name"], f"is not a non-empty string of at most {MAX_TIMELINE_STR} characters"
         )
     if item["kind"] not in SPAN_KINDS:
-        raise TimelineFormatError(f"{path}.kind", item["kind"], f"is not one of {', '.join(SPAN_KINDS)}")
+        raise FileFormatError("timeline", f"{path}.kind", item["kind"], f"is not one of {', '.join(SPAN_KINDS)}")
     if item["track"] not in TRACKS:
-        raise TimelineFormatError(f"{path}.track", item["track"], f"is not one of {', '.join(TRACKS)}")
+        raise FileFormatError("timeline", f"{path}.track", item["track"], f"is not one of {', '.join(TRACKS)}")
     for key in ("stage", "microbatch", "peer"):
         value = item.get(key)
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_TIMELINE_INT
         ):
-            raise TimelineFormatError(f"{path}.{key}", value, "is not an integer in [0, 2^62) or null")
+            raise FileFormatError("timeline", f"{path}.{key}", value, "is not an integer in [0, 2^62) or null")
     _check_time(item["start"], f"{path}.start")
     _check_time(item["end"], f"{path}.end")
     if item["end"] < item["start"]:
-        raise TimelineFormatError(f"{path}.end", item["end"], f"is before the span's start {item['start']!r}")
+        raise FileFormatError("timeline", f"{path}.end", item["end"], f"is before the span's start {item['start']!r}")
     if item["kind"] in _PIPELINE_KINDS and (token := TOKEN_RE.match(item["name"])) is not None:
         # A pipeline token as name must agree with the span's own fields.
         if token.group(2).split("_", 1)[0] != item["kind"]:
-            raise TimelineFormatError(f"{path}.kind", item["kind"], f"disagrees with its name {item['name']!r}")
+            raise FileFormatError("timeline", f"{path}.kind", item["kind"], f"disagrees with its name {item['name']!r}")
         for key, want in (("stage", int(token.group(1))), ("microbatch", int(token.group(3)))):
             if item.get(key) is not None and item[key] != want:
-                raise TimelineFormatError(f"{path}.{key}", item[key], f"disagrees with its name {item['name']!r}")
+                raise FileFormatError("timeline", f"{path}.{key}", item[key], f"disagrees with its name {item['name']!r}")
 
 
 def _check_memory_rank(item: Any, path: str, categories: Sequence[str]) -> None:
     if not isinstance(item, Mapping):
-        raise TimelineFormatError(path, item, "is not an object with rank, times, bytes")
+        raise FileFormatError("timeline", path, item, "is not an object with rank, times, bytes")
     for key in ("rank", "times", "bytes"):
         if key not in item:
-            raise TimelineFormatError(f"{path}.{key}", None, "is missing")
+            raise FileFormatError("timeline", f"{path}.{key}", None, "is missing")
     _check_rank(item["rank"], f"{path}.rank")
     times = item["times"]
     if not isinstance(times, list) or not times:
-        raise TimelineFormatError(f"{path}.times", times, "is not a non-empty list of times")
+        raise FileFormatError("timeline", f"{path}.times", times, "is not a non-empty list of times")
     for i, t in enumerate(times):
         _check_time(t, f"{path}.times[{i}]")
         _check_exact_float(t, f"{path}.times[{i}]")
         if i and t < times[i - 1]:
-            raise TimelineFormatError(f"{path}.times[{i}]", t, f"is before the previous time {times[i - 1]!r}")
+            raise FileFormatError("timeline", f"{path}.times[{i}]", t, f"is before the previous time {times[i - 1]!r}")
     values = item["bytes"]
     if not isinstance(values, Mapping):
-        raise TimelineFormatError(f"{path}.bytes", values, "is not an object of category -> byte list")
+        raise FileFormatError("timeline", f"{path}.bytes", values, "is not an object of category -> byte list")
     for cat in values:
         if cat not in MEMORY_CATEGORIES:
-            raise TimelineFormatError(f"{path}.bytes.{cat}", values[cat], f"is under an unknown category; use {', '.join(MEMORY_CATEGORIES)}")
+            raise FileFormatError("timeline", f"{path}.bytes.{cat}", values[cat], f"is under an unknown category; use {', '.join(MEMORY_CATEGORIES)}")
     for cat in categories:
         series = values.get(cat)
         if not isinstance(series, list) or len(series) != len(times):
-            raise TimelineFormatError(
-                f"{path}.bytes.{cat}", series, f"is not a list of {len(times)} byte counts (one per time)"
+            raise FileFormatError(
+                "timeline", f"{path}.bytes.{cat}", series, f"is not a list of {len(times)} byte counts (one per time)"
             )
         for i, v in enumerate(series):
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1e300:
-                raise TimelineFormatError(f"{path}.bytes.{cat}[{i}]", v, "is not a finite non-negative byte count")
+                raise FileFormatError("timeline", f"{path}.bytes.{cat}[{i}]", v, "is not a finite non-negative byte count")
             _check_exact_float(v, f"{path}.bytes.{cat}[{i}]")
 
 
 def _read_memory(data: Any, ranks: set[int]) -> list[MemoryCurve]:
     if not isinstance(data, Mapping):
-        raise TimelineFormatError("memory", data, "is not an object with categories and ranks")
+        raise FileFormatError("timeline", "memory", data, "is not an object with categories and ranks")
     categories = data.get("categories")
     if not isinstance(categories, list) or not categories:
-        raise TimelineFormatError("memory.categories", categories, "is not a non-empty list of categories")
+        raise FileFormatError("timeline", "memory.categories", categories, "is not a non-empty list of categories")
     for i, cat in enumerate(categories):
         if cat not in MEMORY_CATEGORIES:
-            raise TimelineFormatError(f"memory.categories[{i}]", cat, f"is not one of {', '.join(MEMORY_CATEGORIES)}")
+            raise FileFormatError("timeline", f"memory.categories[{i}]", cat, f"is not one of {', '.join(MEMORY_CATEGORIES)}")
         if cat in categories[:i]:
-            raise TimelineFormatError(f"memory.categories[{i}]", cat, "repeats a category")
+            raise FileFormatError("timeline", f"memory.categories[{i}]", cat, "repeats a category")
     per_rank = data.get("ranks")
     if not isinstance(per_rank, list):
-        raise TimelineFormatError("memory.ranks", per_rank, "is not a list of per-rank curves")
+        raise FileFormatError("timeline", "memory.ranks", per_rank, "is not a list of per-rank curves")
     curves = []
     for i, item in enumerate(per_rank):
         path = f"memory.ranks[{i}]"
         _check_memory_rank(item, path, categories)
         if item["rank"] not in ranks:
-            raise TimelineFormatError(f"{path}.rank", item["rank"], f"is not listed in ranks {sorted(ranks)}")
+            raise FileFormatError("timeline", f"{path}.rank", item["rank"], f"is not listed in ranks {sorted(ranks)}")
         extra = [c for c in item["bytes"] if c not in categories]
         if extra:
-            raise TimelineFormatError(f"{path}.bytes.{extra[0]}", item["bytes"][extra[0]], "is not in memory.categories")
+            raise FileFormatError("timeline", f"{path}.bytes.{extra[0]}", item["bytes"][extra[0]], "is not in memory.categories")
         curves.append(
             MemoryCurve(item["rank"], tuple(float(t) for t in item["times"]),
                         {c: tuple(float(v) for v in item["bytes"][c]) for c in categories})

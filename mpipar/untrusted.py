@@ -15,7 +15,7 @@ This module is the single door they come through:
   error from deep inside the standard library.
 
 Format-specific checks (a plan's meshes, a checkpoint's boxes) build on these and raise the same
-error type (``PlanFormatError``, ``TimelineFormatError`` and ``CheckpointError`` are subclasses).
+error type (``PlanFormatError`` and ``TimelineFormatError`` are other names of it, ``CheckpointError`` a subclass).
 """
 
 from __future__ import annotations

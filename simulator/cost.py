@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from mpipar.pipeline.actions import Action
+from mpipar.untrusted import load_json
 
 PROFILE_FORMAT = "mpipar.hardware"
 PROFILE_VERSION = 1
@@ -342,8 +343,6 @@ class HardwareProfile:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> HardwareProfile:
         """Read a profile file through ``mpipar.untrusted`` (regular file, size/depth caps, bounded numbers)."""
-        from mpipar.untrusted import load_json  # local: keeps this edit out of the module's import block
-
         name = os.fspath(path)
         data = load_json(name, kind="profile", max_bytes=1 << 20)
         return cls.from_dict(data, source=name)

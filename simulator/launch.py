@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from mpipar.backend import Backend, set_backend
+from simulator.per_rank import ManualModeError, PerRankBackend, run_per_rank
 
 MANUAL_NAMES = frozenset(
     {
@@ -76,8 +77,6 @@ def run_script(script: str, args: Sequence[str], backend: Backend) -> None:
 
 def run_script_per_rank(script: str, args: Sequence[str], world_size: int) -> None:
     """Execute ``script`` once per virtual rank, each in its own thread (``simulator.per_rank``)."""
-    from simulator.per_rank import ManualModeError, PerRankBackend, run_per_rank
-
     backend = PerRankBackend(world_size)
     _prepare(script, args, backend)
     try:

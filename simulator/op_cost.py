@@ -42,9 +42,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mpipar.mesh import ProcessMesh
 from mpipar.placement import parse_placements
 from mpipar.plan import Plan, PlanMesh, PlanOp, PlanReshard, PlanStep
+from mpipar.plan import process_mesh as plan_mesh
 from mpipar.spec import DistSpec
 from simulator.cost import HardwareProfile
 
@@ -92,11 +92,6 @@ def op_family(name: str) -> str:
     if name in GATHER_OPS or name.startswith("embedding"):
         return "embedding"
     return "elementwise"
-
-
-@functools.lru_cache(maxsize=256)
-def plan_mesh(m: PlanMesh) -> ProcessMesh:
-    return ProcessMesh.unchecked(np.asarray(m.process_ids, dtype=np.int64).reshape(m.shape), m.dim_names)
 
 
 @functools.lru_cache(maxsize=65536)

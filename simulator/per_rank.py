@@ -42,7 +42,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from mpipar import autograd, comm
+from mpipar import comm, tape
 from mpipar import random as mp_random
 from mpipar.comm import Array, Communicator, Shape
 from mpipar.mesh import ProcessMesh
@@ -110,12 +110,12 @@ class PerRankWorld:
     # ------------------------------------------------------------------ process-wide state
     @staticmethod
     def _capture() -> tuple[Any, ...]:
-        return (autograd.is_grad_enabled(), mp_random.get_rng_state(), list(comm._context))
+        return (tape.is_grad_enabled(), mp_random.get_rng_state(), list(comm._context))
 
     @staticmethod
     def _restore(saved: tuple[Any, ...]) -> None:
         grad, rng, context = saved
-        autograd._grad_enabled = grad
+        tape._grad_enabled = grad
         mp_random.set_rng_state(rng)
         comm._context[:] = context
 

@@ -88,12 +88,3 @@ def artist_count(fig: Figure) -> int:
     for ax in fig.axes:
         total += len(ax.patches) + len(ax.lines) + len(ax.collections) + len(ax.images) + len(ax.texts)
     return total
-
-
-def message_figure(text: str, width: float = 6.0, height: float = 1.2) -> Figure:
-    """A figure that only says why there is nothing to draw."""
-    fig = new_figure(width, height)
-    ax = fig.add_subplot()
-    ax.axis("off")
-    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
-    return fig

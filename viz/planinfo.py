@@ -2,8 +2,10 @@
 
 A plan stores meshes as ids and placements as compact strings (``S(0)R``); the views need
 ``ProcessMesh``/``DistSpec`` values to ask for boxes, groups and reshard steps. Meshes are
-rebuilt with ``ProcessMesh.unchecked`` so a plan of a 1024-rank world opens in a process that
-hosts none of it. All functions are pure and cheap to call again (specs are cached).
+rebuilt with ``mpipar.plan.process_mesh`` (not checked against a backend's world) so a plan of
+a 1024-rank world opens in a process that hosts none of it; dtype sizes come from
+``mpipar.plan.itemsize``, the plan's own table. All functions are pure and cheap to call again
+(specs are cached).
 
     mesh = plan_mesh(plan, 0); spec = tensor_spec(plan, plan.tensors[3])
     stage_of(plan, op)        # the pipeline stage an op belongs to, from its scope or its mesh
@@ -15,39 +17,21 @@ import functools
 import re
 from collections.abc import Sequence
 
-import numpy as np
-
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import parse_placements
-from mpipar.plan import Plan, PlanMesh, PlanOp, PlanReshard, PlanTensor
+from mpipar.plan import Plan, PlanMesh, PlanOp, PlanTensor, itemsize, process_mesh
 from mpipar.spec import DistSpec
 
-_ITEMSIZE = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 _STAGE_SCOPE = re.compile(r"^stage(\d+)(?:\.|$)")
 
 
-def itemsize(dtype: str) -> int:
-    """Bytes per element of a dtype name (NumPy's names plus bfloat16 and float8)."""
-    if dtype in _ITEMSIZE:
-        return _ITEMSIZE[dtype]
-    try:
-        return int(np.dtype(dtype).itemsize)
-    except TypeError:
-        return 4
-
-
-@functools.lru_cache(maxsize=256)
-def _mesh(m: PlanMesh) -> ProcessMesh:
-    return ProcessMesh.unchecked(np.asarray(m.process_ids, dtype=np.int64).reshape(m.shape), m.dim_names)
-
-
 def plan_mesh(plan: Plan, mesh_id: int) -> ProcessMesh:
-    return _mesh(plan.mesh(mesh_id))
+    return process_mesh(plan.mesh(mesh_id))
 
 
 @functools.lru_cache(maxsize=4096)
 def _spec(shape: tuple[int, ...], m: PlanMesh, placements: str) -> DistSpec:
-    return DistSpec(shape, _mesh(m), parse_placements(placements))
+    return DistSpec(shape, process_mesh(m), parse_placements(placements))
 
 
 def spec_of(plan: Plan, shape: Sequence[int], mesh_id: int, placements: str) -> DistSpec:
@@ -59,10 +43,6 @@ def tensor_spec(plan: Plan, tensor: PlanTensor) -> DistSpec | None:
     if tensor.mesh is None:
         return None
     return spec_of(plan, tensor.shape, tensor.mesh, tensor.placements)
-
-
-def reshard_specs(plan: Plan, r: PlanReshard) -> tuple[DistSpec, DistSpec]:
-    return spec_of(plan, r.shape, r.src_mesh, r.src), spec_of(plan, r.shape, r.dst_mesh, r.dst)
 
 
 def tensor_label(t: PlanTensor) -> str:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import stat
 import struct
 import sys
 from collections.abc import Iterable
@@ -39,7 +38,7 @@ from typing import Any
 import crc32c as _crc32c
 import numpy as np
 
-from mpipar.untrusted import FileFormatError, inside, open_regular, parse_json, read_bounded
+from mpipar.untrusted import FileFormatError, open_regular, parse_json
 
 FORMAT = "mpipar.checkpoint"
 VERSION = 1
@@ -392,46 +391,6 @@ def _fsync_and_close(f: Any) -> None:
 # ============================================================================ metadata
 def dump_metadata(meta: dict[str, Any]) -> bytes:
     return json.dumps(meta, indent=1, sort_keys=False, allow_nan=False).encode("utf-8")
-
-
-def load_metadata(path: str) -> dict[str, Any]:
-    """Read and check ``path/metadata.json`` as untrusted input; a missing one explains what the directory is.
-
-    The file is read through ``mpipar.untrusted`` (a regular file only, size and depth capped,
-    numbers bounded) and its whole schema is validated (``validate.check_metadata``) before
-    anything uses it: every refusal is a ``CheckpointError`` naming the file, field and value.
-    """
-    meta_path = os.path.join(path, METADATA)
-    try:
-        mode = os.stat(meta_path).st_mode
-    except FileNotFoundError:
-        raise CheckpointError(describe_missing(path)) from None
-    except OSError as exc:
-        raise CheckpointError(field_path="<file>", value=meta_path, problem=f"cannot be read ({exc.strerror})",
-                              source=meta_path) from None
-    if stat.S_ISDIR(mode):
-        raise CheckpointError(field_path="<file>", value=meta_path, problem="is a directory, not a metadata file",
-                              source=meta_path)
-    try:
-        # A metadata.json that is a symlink out of the directory is not read.
-        inside(path, METADATA, kind="checkpoint", field_path="<file>")
-        meta = parse_json(read_bounded(meta_path, kind="checkpoint", max_bytes=MAX_METADATA_BYTES),
-                          kind="checkpoint", source=meta_path, max_bytes=MAX_METADATA_BYTES,
-                          max_int_digits=METADATA_INT_DIGITS)
-    except FileFormatError as exc:
-        raise CheckpointError.of(exc) from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{meta_path} is not an mpipar checkpoint metadata file (format {FORMAT!r} expected)")
-    if meta.get("version") != VERSION:
-        raise CheckpointError(
-            f"checkpoint {path} has format version {meta.get('version')!r}; this mpipar reads version {VERSION}"
-        )
-    if meta.get("checksum") != CHECKSUM:
-        raise CheckpointError(f"checkpoint {path} uses checksum {meta.get('checksum')!r}; expected {CHECKSUM!r}")
-    from mpipar.checkpoint.validate import check_metadata
-
-    check_metadata(meta, path)
-    return meta
 
 
 METADATA_INT_DIGITS = 80

@@ -33,7 +33,6 @@ from mpipar.checkpoint.format import (
     byte_view,
     checksum,
     checksum_async,
-    load_metadata,
     numpy_dtype,
     open_data_file,
     read_header,
@@ -41,8 +40,9 @@ from mpipar.checkpoint.format import (
     st_dtype,
 )
 from mpipar.checkpoint.layout import decode_value, path_name
+from mpipar.checkpoint.save import remove_commit_leftovers
 from mpipar.checkpoint.stats import ChunkRead, note_open, note_read
-from mpipar.placement import Partial, Replicate
+from mpipar.checkpoint.validate import load_metadata
 from mpipar.reshard.executor import execute_plan
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import Box, box_intersect, box_numel, box_relative, box_shape, full_box
@@ -82,8 +82,6 @@ def load_state_dict(state_dict: dict[str, Any], path: str | os.PathLike[str]) ->
     coord.raise_if_failed(error, f"checkpoint load from {root}")
     if coord.is_leader:
         # A save killed between its two renames left the previous checkpoint beside this one.
-        from mpipar.checkpoint.save import remove_commit_leftovers
-
         remove_commit_leftovers(root)
     return state_dict
 
@@ -247,7 +245,7 @@ class _Loader:
         if backend.reference:
             t._take_storage(Tensor._from_reference(spec, _frozen(self._read_full(name, entry))))
             return
-        filled = spec.with_placements([Replicate() if isinstance(p, Partial) else p for p in spec.placements])
+        filled = spec.without_partial()
         ranks = backend.hosted_ranks(spec.mesh)
         boxes = {r: filled.boxes[r] for r in ranks}
         dests: dict[Box, np.ndarray] = {}

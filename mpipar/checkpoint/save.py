@@ -64,9 +64,11 @@ from mpipar.checkpoint.layout import (
     unpartial_placements,
 )
 from mpipar.checkpoint.stats import note_write
+from mpipar.distribute import reshard
 from mpipar.spec import box_relative
-from mpipar.tensor import Tensor, reshard
+from mpipar.tensor import Tensor
 from mpipar.untrusted import FileFormatError, parse_json, read_bounded
+from mpipar.version import __version__
 from mpipar.xp import to_numpy
 
 after_file_written: list[Callable[[str], None]] = []
@@ -298,8 +300,6 @@ def _metadata(
     coord: Coordinator,
     backend_name: str,
 ) -> dict[str, Any]:
-    from mpipar import __version__
-
     crc_by_key: dict[str, int] = {}
     for rank, plan in files.items():
         if len(crc_of[rank]) != len(plan.pieces):

@@ -34,10 +34,11 @@ import numpy as np
 
 from mpipar.backend import current_backend
 from mpipar.checkpoint.coord import Coordinator
-from mpipar.checkpoint.format import METADATA, CheckpointError, describe_missing, load_metadata
+from mpipar.checkpoint.format import METADATA, CheckpointError, describe_missing
 from mpipar.checkpoint.layout import decode_value
 from mpipar.checkpoint.load import load_state_dict
 from mpipar.checkpoint.save import save_state_dict
+from mpipar.checkpoint.validate import load_metadata
 from mpipar.optimizer.lr import LRScheduler
 from mpipar.optimizer.optimizer import MASTER
 from mpipar.random import get_rng_state, set_rng_state

@@ -17,13 +17,25 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from typing import Any
 
 import numpy as np
 
-from mpipar.checkpoint.format import _ST_DTYPES, MAX_DIM, METADATA, CheckpointError
+from mpipar.checkpoint.format import (
+    _ST_DTYPES,
+    CHECKSUM,
+    FORMAT,
+    MAX_DIM,
+    MAX_METADATA_BYTES,
+    METADATA,
+    METADATA_INT_DIGITS,
+    VERSION,
+    CheckpointError,
+    describe_missing,
+)
 from mpipar.placement import placement_problem
-from mpipar.untrusted import FileFormatError, inside
+from mpipar.untrusted import FileFormatError, inside, parse_json, read_bounded
 
 ARRAY_KINDS = ("dist", "dense", "array", "scalar")
 MAX_NDIM = 64
@@ -260,3 +272,41 @@ def _check_structure(c: _Check, state: Any, tensors: dict[str, Any]) -> None:
                 raise c.fail(f"{where}.float", value, "is not 'nan', 'inf' or '-inf'")
         else:
             raise c.fail(where, kind, "is not a known structure node kind")
+
+
+def load_metadata(path: str) -> dict[str, Any]:
+    """Read and check ``path/metadata.json`` as untrusted input; a missing one explains what the directory is.
+
+    The file is read through ``mpipar.untrusted`` (a regular file only, size and depth capped,
+    numbers bounded) and its whole schema is validated (``validate.check_metadata``) before
+    anything uses it: every refusal is a ``CheckpointError`` naming the file, field and value.
+    """
+    meta_path = os.path.join(path, METADATA)
+    try:
+        mode = os.stat(meta_path).st_mode
+    except FileNotFoundError:
+        raise CheckpointError(describe_missing(path)) from None
+    except OSError as exc:
+        raise CheckpointError(field_path="<file>", value=meta_path, problem=f"cannot be read ({exc.strerror})",
+                              source=meta_path) from None
+    if stat.S_ISDIR(mode):
+        raise CheckpointError(field_path="<file>", value=meta_path, problem="is a directory, not a metadata file",
+                              source=meta_path)
+    try:
+        # A metadata.json that is a symlink out of the directory is not read.
+        inside(path, METADATA, kind="checkpoint", field_path="<file>")
+        meta = parse_json(read_bounded(meta_path, kind="checkpoint", max_bytes=MAX_METADATA_BYTES),
+                          kind="checkpoint", source=meta_path, max_bytes=MAX_METADATA_BYTES,
+                          max_int_digits=METADATA_INT_DIGITS)
+    except FileFormatError as exc:
+        raise CheckpointError.of(exc) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{meta_path} is not an mpipar checkpoint metadata file (format {FORMAT!r} expected)")
+    if meta.get("version") != VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has format version {meta.get('version')!r}; this mpipar reads version {VERSION}"
+        )
+    if meta.get("checksum") != CHECKSUM:
+        raise CheckpointError(f"checkpoint {path} uses checksum {meta.get('checksum')!r}; expected {CHECKSUM!r}")
+    check_metadata(meta, path)
+    return meta

@@ -16,6 +16,7 @@ import numpy as np
 
 from mpipar import hooks
 from mpipar import random as mrandom
+from mpipar.distribute import reshard_to
 from mpipar.nn.initializer import Constant, Initializer, XavierUniform
 from mpipar.tensor import Parameter, Tensor
 
@@ -169,8 +170,6 @@ class Layer:
 
     def set_state_dict(self, state: dict[str, Any]) -> None:
         """Copy values in place, each into the parameter's own layout."""
-        from mpipar.tensor import reshard
-
         own = self.state_dict()
         missing = [k for k in own if k not in state]
         if missing:
@@ -181,7 +180,7 @@ class Layer:
                 value = Tensor(np.asarray(value, dtype=target.dtype))
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(f"set_state_dict: {key} has shape {list(value.shape)}, the layer's is {list(target.shape)}")
-            moved = reshard(value, target.spec.mesh, list(target.spec.placements)) if target.is_dist else Tensor(value.full_tensor())
+            moved = reshard_to(value, target.spec) if target.is_dist else Tensor(value.full_tensor())
             target._take_storage(moved)
 
     load_dict = set_state_dict

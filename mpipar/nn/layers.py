@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from mpipar.distribute import reshard, shard_tensor
 from mpipar.mesh import ProcessMesh
 from mpipar.nn import functional as F
 from mpipar.nn.initializer import Constant
 from mpipar.nn.layer import Layer, ParamAttr
+from mpipar.ops.linalg import matmul
+from mpipar.ops.math import add
 from mpipar.placement import Placement, Replicate, Shard
-from mpipar.tensor import Tensor, reshard, shard_tensor
+from mpipar.tensor import Tensor
 
 
 class Linear(Layer):
@@ -222,9 +225,6 @@ class RowParallelLinear(Layer):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        from mpipar.ops.linalg import matmul
-        from mpipar.ops.math import add
-
         out = matmul(x, self.weight)
         out = reshard_axis(out, self.mesh, self.axis, Replicate())
         return add(out, self.bias) if self.bias is not None else out

@@ -25,15 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import autograd, hooks
+from mpipar import hooks, tape
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
+from mpipar.distribute import _reshard, reshard_to
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import Replicate
 from mpipar.reshard.executor import freeze
 from mpipar.spec import Box, DistSpec, box_shape, full_box
 from mpipar.spmd import registry as spmd
-from mpipar.tensor import Shape, Tensor, _reshard, reshard, reshards_made, reuse_enabled
+from mpipar.tensor import Shape, Tensor, reshards_made, reuse_enabled
 
 Array = Any
 
@@ -64,7 +65,7 @@ class OpDef:
     name: str
     kernel: Callable[..., Any]
     """``kernel(ctx, *local_arrays, **attrs)`` -> array, or tuple of arrays (several outputs)."""
-    grad: Callable[[autograd.GradContext, list[Any]], Sequence[Any]] | None = None
+    grad: Callable[[tape.GradContext, list[Any]], Sequence[Any]] | None = None
     num_outputs: int | Callable[[dict[str, Any]], int] = 1
     """A count, or a function of the attributes (split)."""
     rule: str | None = None
@@ -281,7 +282,7 @@ def _run_abstract(
             used.append(_reshard_input(t, want))
     outs = [Tensor.abstract(s.shape, dt, s) for s, dt in zip(res.outputs, dtypes, strict=True)]
     for t in outs:
-        t._reshards = {}  # a computed value: reshard it once (``mpipar.tensor.reshard``)
+        t._reshards = {}  # a computed value: reshard it once (``mpipar.distribute.reshard``)
     return outs, used, res
 
 
@@ -488,7 +489,7 @@ def _run_dist(
         out._spec = spec
         out._shards = {r: got[j] for r, got in per_rank.items()}
         out._shape = Shape(spec.shape)
-        out._reshards = {}  # a computed value: reshard it once (``mpipar.tensor.reshard``)
+        out._reshards = {}  # a computed value: reshard it once (``mpipar.distribute.reshard``)
         outs.append(out)
     return outs, used, decision.res
 
@@ -527,7 +528,7 @@ def _gather_stored_split(op: OpDef, flat: list[Tensor]) -> tuple[list[Tensor], b
             continue
         if id(t) not in memo:
             with comm_context(f"{op.name}: gather {t._label()} stored split (ZeRO-3)"):
-                g = reshard(t, full.mesh, list(full.placements))
+                g = reshard_to(t, full)
             g._regather = (t, full)  # type: ignore[attr-defined]
             memo[id(t)] = g
             if g._shards:
@@ -537,37 +538,37 @@ def _gather_stored_split(op: OpDef, flat: list[Tensor]) -> tuple[list[Tensor], b
 
 
 def _reshard_input(t: Tensor, want: DistSpec, backend: Any = None) -> Tensor:
-    """Reshard an op input (``reshard`` records an identity-backward node when grads flow).
+    """Reshard an op input (``reshard_to`` records an identity-backward node when grads flow).
 
     With ``backend`` (the distributed path, whose inputs were checked to share the op's mesh, so
     no pipeline boundary is crossed) the target spec goes straight to the reshard: it is already
     a checked spec, and rebuilding it from placements on every call is pure overhead."""
     if backend is None or (hooks.stage_runs and t.is_dist):
-        return reshard(t, want.mesh, list(want.placements))
+        return reshard_to(t, want)
     return _reshard(t, want, backend)
 
 
 def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor], attrs: dict[str, Any]) -> None:
     diff = range(len(flat)) if op.differentiable is None else op.differentiable
     needs = [i in diff and not t.stop_gradient for i, t in enumerate(flat)]
-    requires = autograd.is_grad_enabled() and op.grad is not None and any(needs)
+    requires = tape.is_grad_enabled() and op.grad is not None and any(needs)
     for j, t in enumerate(outs):
         t.stop_gradient = not requires or j in op.nondiff_outputs
     if not requires:
         return
     saved_in = range(len(used)) if op.save_inputs is None else op.save_inputs
-    ctx = autograd.GradContext(
+    ctx = tape.GradContext(
         op=op.name,
         attrs=attrs,
-        inputs=[autograd.pack_saved(used[i]) if i in saved_in else None for i in range(len(used))],
-        outputs=[autograd.pack_saved(outs[j]) if j in op.save_outputs else None for j in range(len(outs))],
+        inputs=[tape.pack_saved(used[i]) if i in saved_in else None for i in range(len(used))],
+        outputs=[tape.pack_saved(outs[j]) if j in op.save_outputs else None for j in range(len(outs))],
         input_shapes=[tuple(t._shape) for t in flat],
         input_dtypes=[t._dtype for t in flat],
         needs_grad=needs,
         input_specs=[u._spec for u in used],  # None for a dense input
     )
     parents = [u if need else None for u, need in zip(used, needs, strict=True)]
-    node = autograd.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]
+    node = tape.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]
     for j, t in enumerate(outs):
         t._grad_fn = node
         t._out_index = j

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpipar.autograd import GradContext
+from mpipar.ops.creation import _pair
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
+from mpipar.ops.manipulation import reduce_to_shape, squeeze, unsqueeze
+from mpipar.tape import GradContext
 from mpipar.tensor import Tensor
 
 Array = Any
@@ -20,8 +22,6 @@ def _matmul_kernel(ctx: KernelContext, x: Array, y: Array, trans_x: bool = False
 
 
 def _matmul_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
-    from mpipar.ops.math import reduce_to_shape
-
     x, y = ctx.inputs
     gout = g[0]
     tx, ty = bool(ctx.attrs.get("trans_x")), bool(ctx.attrs.get("trans_y"))
@@ -52,9 +52,6 @@ register_op(OpDef("matmul", _matmul_kernel, _matmul_grad, sample=_samples))
 
 def matmul(x: Any, y: Any, transpose_x: bool = False, transpose_y: bool = False, name: str | None = None) -> Tensor:
     """``x @ y`` with optional transposes of the last two dims; 1-d operands as in NumPy."""
-    from mpipar.ops.manipulation import squeeze, unsqueeze
-    from mpipar.ops.math import _pair
-
     xt, yt = _pair(x, y)
     if xt.ndim == 0 or yt.ndim == 0:
         raise ValueError(f"matmul needs tensors with at least one dim, got shapes {list(xt.shape)} and {list(yt.shape)}")

@@ -7,19 +7,35 @@ from typing import Any
 
 import numpy as np
 
-from mpipar.autograd import GradContext
+from mpipar.ops.creation import as_tensor, zeros_like_global
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
 from mpipar.spmd.rules.common import norm_axis
 from mpipar.spmd.rules.manipulation import resolve_shape, slice_bounds, split_sections
+from mpipar.tape import GradContext
 from mpipar.tensor import Tensor
 
 Array = Any
 
 
 def _t(x: Any) -> Tensor:
-    from mpipar.ops.math import as_tensor
-
     return as_tensor(x)
+
+
+def reduce_to_shape(g: Tensor | None, shape: Sequence[int]) -> Tensor | None:
+    """Sum a broadcast gradient back to ``shape`` (the inverse of NumPy broadcasting).
+
+    Here, below ``math.py``, because ``expand``'s gradient is this sum and ``sum``'s gradient is
+    an ``expand``: the sum is called by its registered name, so neither module imports the other's.
+    """
+    if g is None:
+        return None
+    shape = tuple(shape)
+    if tuple(g.shape) == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
+    out = apply("sum", [g], {"axis": tuple(int(a) for a in axes), "keepdim": True}) if axes else g
+    return reshape(out, list(shape)) if tuple(out.shape) != shape else out
 
 
 # ----------------------------------------------------------------------------- reshape-like
@@ -72,8 +88,6 @@ def _expand_kernel(ctx: KernelContext, x: Array, shape: Sequence[int] = (), **_:
 
 
 def _expand_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
-    from mpipar.ops.math import reduce_to_shape
-
     return [reduce_to_shape(g[0], ctx.input_shapes[0])]
 
 
@@ -95,8 +109,6 @@ def _split_kernel(ctx: KernelContext, x: Array, num_or_sections: Any = 2, axis: 
 
 
 def _split_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
-    from mpipar.ops.math import zeros_like_global
-
     shape = ctx.input_shapes[0]
     a = norm_axis(ctx.attrs.get("axis", 0), len(shape), "split")
     secs = split_sections(shape[a], ctx.attrs.get("num_or_sections", 2), "split")

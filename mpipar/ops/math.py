@@ -13,48 +13,19 @@ from typing import Any
 
 import numpy as np
 
-from mpipar.autograd import GradContext
 from mpipar.comm import comm_context
+from mpipar.distribute import reshard
+from mpipar.ops.creation import _pair, as_tensor, ones_like_global, zeros_like_global  # noqa: F401  (re-exported)
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
+from mpipar.ops.manipulation import expand, reduce_to_shape, reshape
 from mpipar.spmd.rules.common import norm_axes
-from mpipar.tensor import Tensor, reshard
+from mpipar.tape import GradContext
+from mpipar.tensor import Tensor
 
 Array = Any
 
 
 # ----------------------------------------------------------------------------- conversions
-def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
-    """``x`` as a Tensor; Python numbers take ``like``'s dtype when that keeps them exact."""
-    if isinstance(x, Tensor):
-        return x
-    if (
-        like is not None
-        and isinstance(x, (int, float, bool, np.number))
-        and (np.issubdtype(like.dtype, np.floating) or (isinstance(x, (int, bool)) and np.issubdtype(like.dtype, np.integer)))
-    ):
-        return Tensor(np.asarray(x, dtype=like.dtype))
-    return Tensor(np.asarray(x))
-
-
-def _pair(x: Any, y: Any) -> tuple[Tensor, Tensor]:
-    xt = x if isinstance(x, Tensor) else None
-    yt = y if isinstance(y, Tensor) else None
-    return as_tensor(x, yt), as_tensor(y, xt)
-
-
-def reduce_to_shape(g: Tensor | None, shape: Sequence[int]) -> Tensor | None:
-    """Sum a broadcast gradient back to ``shape`` (the inverse of NumPy broadcasting)."""
-    if g is None:
-        return None
-    shape = tuple(shape)
-    if tuple(g.shape) == shape:
-        return g
-    lead = g.ndim - len(shape)
-    axes = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
-    out = sum_(g, axis=axes, keepdim=True) if axes else g
-    return reshape(out, list(shape)) if tuple(out.shape) != shape else out
-
-
 def _bool(dt: Sequence[Any], a: dict[str, Any]) -> list[Any]:
     return [np.bool_]
 
@@ -62,10 +33,6 @@ def _bool(dt: Sequence[Any], a: dict[str, Any]) -> list[Any]:
 def _float_like(dt: Sequence[Any], a: dict[str, Any]) -> list[Any]:
     d = np.result_type(*dt)
     return [d if np.issubdtype(d, np.floating) else np.float64]
-
-
-def _same_as(i: int) -> Any:
-    return lambda dt, a: [dt[i]]
 
 
 def _samples_binary(rng: np.random.Generator) -> list[tuple[list[Any], dict[str, Any]]]:
@@ -483,35 +450,3 @@ def max_(x: Any, axis: Any = None, keepdim: bool = False, name: str | None = Non
 
 def min_(x: Any, axis: Any = None, keepdim: bool = False, name: str | None = None) -> Tensor:
     return apply("min", [as_tensor(x)], {"axis": _axis_attr(axis), "keepdim": bool(keepdim)})
-
-
-def ones_like_global(t: Tensor) -> Tensor:
-    """Ones with ``t``'s layout (a Partial read as Replicate): the seed of a backward pass."""
-    from mpipar.backend import current_backend
-    from mpipar.placement import Partial, Replicate
-    from mpipar.spec import DistSpec
-
-    if t.is_abstract:
-        spec = t._spec
-        if spec is not None:
-            spec = DistSpec(spec.shape, spec.mesh, [Replicate() if isinstance(p, Partial) else p for p in spec.placements])
-        return Tensor.abstract(t.shape, t.dtype, spec)
-    if not t.is_dist:
-        return Tensor(np.ones(t.shape, dtype=t.dtype))
-    if current_backend().reference:
-        return Tensor._from_reference(t.spec, np.ones(t.shape, dtype=t.dtype))
-    spec = t.spec
-    spec = DistSpec(spec.shape, spec.mesh, [Replicate() if isinstance(p, Partial) else p for p in spec.placements])
-    xp = current_backend().xp
-    return Tensor._from_shards(spec, {r: xp.ones(spec.local_shape(r), dtype=t.dtype) for r in t._shards}, t.dtype)
-
-
-def zeros_like_global(like: Tensor, shape: Sequence[int]) -> Tensor:
-    """Zeros of ``shape`` in ``like``'s dtype (dense: it joins any layout as Replicate)."""
-    if like.is_abstract:
-        return Tensor.abstract(shape, like.dtype)
-    return Tensor(np.zeros(tuple(shape), dtype=like.dtype))
-
-
-# Imported last: manipulation ops (reshape, expand) used by the gradients above.
-from mpipar.ops.manipulation import expand, reshape  # noqa: E402

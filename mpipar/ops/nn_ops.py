@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 from mpipar import random as mrandom
-from mpipar.autograd import GradContext
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
 from mpipar.spmd.rules.common import norm_axis
+from mpipar.tape import GradContext
 
 Array = Any
 

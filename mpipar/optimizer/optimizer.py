@@ -23,10 +23,12 @@ import numpy as np
 from mpipar import autograd, hooks
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
+from mpipar.distribute import reshard_to
+from mpipar.ops import math as M
 from mpipar.optimizer.lr import LRScheduler
 from mpipar.optimizer.offload import OffloadConfig, move_states
 from mpipar.spec import DistSpec
-from mpipar.tensor import Tensor, reshard
+from mpipar.tensor import Tensor
 
 Array = Any
 
@@ -49,8 +51,6 @@ class ClipGradByGlobalNorm:
         self.clip_norm = float(clip_norm)
 
     def __call__(self, params_grads: list[tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:
-        from mpipar.ops import math as M
-
         if not params_grads:
             return params_grads
         # Sum of squares per mesh (pipeline stages live on different meshes), then across meshes.
@@ -146,8 +146,8 @@ class Optimizer:
         layout = self.layout_of(p)
         backend = current_backend()
         with comm_context(f"optimizer update of {p._label()}"):
-            pv = p if layout is None or (p.is_dist and p.spec == layout) else reshard(p, layout.mesh, list(layout.placements))
-            gv = g if layout is None or (g.is_dist and g.spec == layout) else reshard(g, layout.mesh, list(layout.placements))
+            pv = p if layout is None or (p.is_dist and p.spec == layout) else reshard_to(p, layout)
+            gv = g if layout is None or (g.is_dist and g.spec == layout) else reshard_to(g, layout)
         fresh = id(p) not in self._states  # states made this step start on the device: nothing to fetch
         state = self._state(p, layout)
         ranks = tuple(p.spec.mesh.process_ids) if p.is_dist else tuple(range(backend.world_size))
@@ -192,7 +192,7 @@ class Optimizer:
         state["step"] = state.get("step", 0) + 1
         if p.is_dist and new_p.is_dist and new_p.spec != p.spec:
             with comm_context(f"optimizer: gather the updated {p._label()}"):
-                new_p = reshard(new_p, p.spec.mesh, list(p.spec.placements))
+                new_p = reshard_to(new_p, p.spec)
         p._take_storage(new_p)
 
     def _state(self, p: Tensor, layout: DistSpec | None) -> dict[str, Any]:
@@ -298,7 +298,7 @@ def _state_in_layout(state: dict[str, Any], key: str, p: Tensor, layout: DistSpe
     if value.is_dist and value.spec == layout:
         return value
     with comm_context(f"optimizer: restore {key}"):
-        return reshard(value, layout.mesh, list(layout.placements))
+        return reshard_to(value, layout)
 
 
 def _zeros(p: Tensor, layout: DistSpec | None, dtype: Any = None) -> Tensor:

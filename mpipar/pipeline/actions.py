@@ -199,18 +199,6 @@ def final_backward_kind(split_backward: bool) -> str:
     return "W" if split_backward else "B"
 
 
-def send_of(action: Action) -> tuple[str, int] | None:
-    """For a compute action, the send that ships its result: (kind, receiving stage), or None.
-
-    A forward's output goes to the next stage, a backward's input gradient to the previous one.
-    """
-    if action.kind == "F":
-        return ("SEND_F", action.stage + 1)
-    if action.kind == "B":
-        return ("SEND_B", action.stage - 1)
-    return None
-
-
 def matching(action: Action) -> Action:
     """The other half of a transfer: ``0SEND_F2`` <-> ``1RECV_F2``, ``1SEND_B2`` <-> ``0RECV_B2``."""
     s, m = action.stage, action.microbatch
@@ -246,16 +234,3 @@ def producer(action: Action) -> Action:
     if action.kind == "SEND_B":
         return B(action.stage, action.microbatch)
     raise ValueError(f"{action} is not a send")
-
-
-def recv_for(action: Action) -> Action | None:
-    """The receive a compute action needs on its own rank when its upstream stage is elsewhere.
-
-    ``sFm`` needs ``sRECV_Fm`` (unless s == 0); ``sBm`` needs ``sRECV_Bm`` (unless last stage,
-    which the caller handles by passing only cross-rank cases).
-    """
-    if action.kind == "F":
-        return Action("RECV_F", action.stage, action.microbatch)
-    if action.kind == "B":
-        return Action("RECV_B", action.stage, action.microbatch)
-    return None

@@ -30,11 +30,13 @@ from typing import Any
 from mpipar import autograd, hooks
 from mpipar import random as mrandom
 from mpipar.backend import current_backend
+from mpipar.distribute import _reshard, reshard_to
 from mpipar.mesh import ProcessMesh
+from mpipar.ops.math import ones_like_global, scale
 from mpipar.pipeline.actions import Action
 from mpipar.pipeline.schedule import Schedule
 from mpipar.spec import DistSpec
-from mpipar.tensor import Parameter, Tensor, reshard
+from mpipar.tensor import Parameter, Tensor
 
 Key = tuple[int, int]  # (stage the tensor enters, index among that stage's incoming transfers)
 
@@ -108,8 +110,6 @@ class StageRun:
             self.incoming.append((key, leaf))
             return leaf
         if self.target < 0:  # the probe: a planned reshard, on the tape (the plan's backward crosses it)
-            from mpipar.tensor import _reshard
-
             shadow = src if src.is_abstract else Tensor.abstract(src.shape, src.dtype, src.spec)
             if shadow is not src:
                 shadow.stop_gradient, shadow._grad_fn, shadow._out_index = src.stop_gradient, src._grad_fn, src._out_index
@@ -217,20 +217,20 @@ class PipelineRunner:
                 st.deferred.run()
         elif kind == "SEND_F":
             for key, src, dst in self.states[(s, m)].outgoing:
-                out = reshard(src, dst.mesh, list(dst.placements))
+                out = reshard_to(src, dst)
                 if hosting_all or out.hosted_ranks:
                     self.inbox_f[(key, m)] = out
         elif kind == "RECV_F":
             for key, t in self.info.transfers.items():
                 if key[0] == s and (key, m) not in self.inbox_f:
                     placeholder = Tensor._from_shards(t.src, {}, t.dtype)
-                    self.inbox_f[(key, m)] = reshard(placeholder, t.dst.mesh, list(t.dst.placements))
+                    self.inbox_f[(key, m)] = reshard_to(placeholder, t.dst)
         elif kind == "SEND_B":
             for key, leaf in self.states[(s, m)].incoming:
                 if leaf.grad is None:
                     continue
                 back = self._grad_layout(self.info.transfers[key].src)
-                out = reshard(leaf.grad, back.mesh, list(back.placements))
+                out = reshard_to(leaf.grad, back)
                 if hosting_all or out.hosted_ranks:
                     self.inbox_b[(key, m)] = out
         elif kind == "RECV_B":
@@ -239,13 +239,11 @@ class PipelineRunner:
                     grad_spec = self._grad_layout(t.dst)
                     back = self._grad_layout(t.src)
                     placeholder = Tensor._from_shards(grad_spec, {}, t.dtype)
-                    self.inbox_b[(key, m)] = reshard(placeholder, back.mesh, list(back.placements))
+                    self.inbox_b[(key, m)] = reshard_to(placeholder, back)
 
     @staticmethod
     def _grad_layout(spec: DistSpec) -> DistSpec:
-        from mpipar.placement import Partial, Replicate
-
-        return spec.with_placements([Replicate() if isinstance(p, Partial) else p for p in spec.placements])
+        return spec.without_partial()
 
     def _forward(self, s: int, m: int) -> None:
         run = StageRun(s, m, self.inbox_f)
@@ -273,8 +271,6 @@ class PipelineRunner:
                 roots.append(src)
                 grads.append(g)
         if st.loss is not None and not st.loss.stop_gradient:
-            from mpipar.ops.math import ones_like_global, scale
-
             roots.append(st.loss)
             grads.append(scale(ones_like_global(st.loss), 1.0 / self.m))
         defer = (lambda t: isinstance(t, Parameter)) if split else None

@@ -54,7 +54,7 @@ import numpy as np
 
 from mpipar import comm as _comm
 from mpipar import hooks
-from mpipar.backend import Backend
+from mpipar.backend import Backend, start_hooks
 from mpipar.timeline import SPAN_KINDS, TRACKS, Span, SpanRecorder, Timeline
 
 ENV = "MPIPAR_TRACE"
@@ -295,6 +295,9 @@ def start_from_env(backend: Backend, environ: Any = None) -> MeasuredTrace | Non
 
 
 # ---------------------------------------------------------------------- reading one
+
+start_hooks.append(start_from_env)  # the backend calls it when MPIPAR_TRACE is set
+
 def summary(timeline: Timeline, top: int = 8) -> str:
     """Per rank: compute and comm time and the share of the run; the ops and collectives that took longest."""
     lines = [f"{len(timeline.ranks)} ranks, {len(timeline.spans)} spans, {timeline.makespan:.4f} s from first to last span"]

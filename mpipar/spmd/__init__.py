@@ -5,6 +5,7 @@
     >>> r.inputs, r.outputs        # the layouts the op runs on; outputs may be Partial
 """
 
+from mpipar.spmd import rules  # noqa: F401  (importing the package registers every built-in rule)
 from mpipar.spmd.einsum import EinsumSpec
 from mpipar.spmd.registry import (
     Rule,

@@ -21,7 +21,7 @@ choose the one whose input reshards receive the fewest bytes per rank (the resha
 own cost), counting for a Partial kept through a multilinear op the reduction it defers to
 the output (see ``_deferred_reduction``) and pricing as free a reshard an earlier consumer of
 the same value already made, or another input of the op holding the same value makes (each
-reshard once, ``mpipar.tensor.reshard``); ties go to fewer Partial outputs (a Partial must be
+reshard once, ``mpipar.distribute.reshard``); ties go to fewer Partial outputs (a Partial must be
 reduced later), then to leaving earlier inputs unchanged. Non-linear ops never consume
 Partial: a Partial input of a non-linear op has no ``P`` candidate and is reduced by the
 reshard the rule asks for.

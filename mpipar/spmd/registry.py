@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import Any
 
 from mpipar.spec import DistSpec
+from mpipar.spmd.einsum import solve_backward, solve_forward
 
 SpecArg = DistSpec | Sequence[DistSpec]
 
@@ -69,24 +70,18 @@ class EinsumRule(Rule):
         self.build = build
 
     def infer_forward(self, inputs: Sequence[SpecArg], **attrs: Any) -> SpmdResult:
-        from mpipar.spmd.einsum import solve_forward
-
         flat, shape_of = _flatten(inputs)
         espec = self.build(flat, **attrs)
         ins, outs, reason = solve_forward(espec, flat)
         return SpmdResult(shape_of(ins), tuple(outs), self.name, reason)
 
     def infer_forward_reusing(self, inputs: Sequence[SpecArg], reuse: Reuse, **attrs: Any) -> SpmdResult:
-        from mpipar.spmd.einsum import solve_forward
-
         flat, shape_of = _flatten(inputs)
         espec = self.build(flat, **attrs)
         ins, outs, reason = solve_forward(espec, flat, reuse)
         return SpmdResult(shape_of(ins), tuple(outs), self.name, reason)
 
     def infer_backward(self, inputs: Sequence[SpecArg], outputs: Sequence[DistSpec], **attrs: Any) -> SpmdResult:
-        from mpipar.spmd.einsum import solve_backward
-
         flat, shape_of = _flatten(inputs)
         espec = self.build(flat, **attrs)
         ins, outs, reason = solve_backward(espec, flat, list(outputs))
@@ -150,12 +145,10 @@ def register_rule(name: str, rule: Rule | None = None) -> Callable[[Any], Any]:
 
 
 def has_rule(name: str) -> bool:
-    _load_rules()
     return name in _RULES
 
 
 def get_rule(name: str) -> Rule:
-    _load_rules()
     try:
         return _RULES[name]
     except KeyError:
@@ -168,18 +161,7 @@ def get_rule(name: str) -> Rule:
 
 
 def registered_rules() -> list[str]:
-    _load_rules()
     return sorted(_RULES)
-
-
-_loaded = False
-
-
-def _load_rules() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        import mpipar.spmd.rules  # noqa: F401  (registers every built-in rule)
 
 
 def _freeze(value: Any) -> Any:

@@ -23,6 +23,7 @@ from typing import Any
 from mpipar.distributed.fleet import meta_parallel, utils
 from mpipar.distributed.fleet.base import (
     barrier_worker,
+    complete,
     get_hybrid_communicate_group,
     init,
     is_first_worker,
@@ -71,14 +72,11 @@ def distributed_optimizer(optimizer: Any, strategy: DistributedStrategy | None =
 
     ``strategy`` may be given again here (Paddle's static spelling); it must then be the one
     ``fleet.init`` built the groups from, since the groups cannot change under a built model."""
-    if strategy is not None:
-        from mpipar.distributed.fleet.base import complete
-
-        if complete(strategy.resolved()) != resolved_strategy("fleet.distributed_optimizer"):
-            raise ValueError(
-                "fleet.distributed_optimizer: the strategy differs from the one fleet.init built the groups "
-                "from; pass it to fleet.init(is_collective=True, strategy=...) before building the model"
-            )
+    if strategy is not None and complete(strategy.resolved()) != resolved_strategy("fleet.distributed_optimizer"):
+        raise ValueError(
+            "fleet.distributed_optimizer: the strategy differs from the one fleet.init built the groups "
+            "from; pass it to fleet.init(is_collective=True, strategy=...) before building the model"
+        )
     return HybridParallelOptimizer(optimizer, get_hybrid_communicate_group(), resolved_strategy("fleet.distributed_optimizer"))
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipar.backend import current_backend
+from mpipar.collective import barrier
 from mpipar.distributed.fleet.strategy import DistributedStrategy, Resolved
 from mpipar.distributed.fleet.topology import AXES, CommunicateTopology, HybridCommunicateGroup
 
@@ -112,8 +113,6 @@ def is_first_worker() -> bool:
 
 
 def barrier_worker() -> None:
-    from mpipar.collective import barrier
-
     barrier()
 
 

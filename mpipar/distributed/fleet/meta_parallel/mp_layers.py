@@ -28,6 +28,7 @@ import numpy as np
 
 from mpipar import random as mrandom
 from mpipar.collective import Group, ReduceOp, all_reduce
+from mpipar.distributed.fleet.base import hcg_or_none
 from mpipar.distributed.fleet.meta_parallel.mp_ops import c_concat, c_identity, c_split, mp_allreduce
 from mpipar.nn import functional as F
 from mpipar.nn.initializer import Constant, XavierUniform
@@ -42,8 +43,6 @@ def _mp_group(mp_group: Group | None, layer: str) -> Group:
         if not isinstance(mp_group, Group):
             raise TypeError(f"{layer}: mp_group must be a Group (dist.new_group), got {type(mp_group).__name__}")
         return mp_group
-    from mpipar.distributed.fleet.base import hcg_or_none
-
     hcg = hcg_or_none()
     if hcg is None:
         raise ValueError(

@@ -29,6 +29,7 @@ import numpy as np
 
 from mpipar import random as mrandom
 from mpipar.collective import all_reduce, new_group
+from mpipar.distributed.fleet.base import hcg_or_none, resolved_strategy
 from mpipar.nn.layer import Layer
 from mpipar.recompute import recompute
 from mpipar.tensor import Tensor
@@ -86,8 +87,6 @@ class PipelineLayer(Layer):
         recompute_ctx: Any = None, num_virtual_pipeline_stages: int | None = None,
     ) -> None:
         super().__init__()
-        from mpipar.distributed.fleet.base import hcg_or_none, resolved_strategy
-
         hcg = hcg_or_none()
         pp = hcg.get_pipe_parallel_world_size() if hcg is not None else 1
         if topology is not None:

@@ -1,0 +1,58 @@
+"""Tensors the ops and gradients make from nothing or from Python values: the layer below them.
+
+``as_tensor`` (Python numbers take the dtype of the tensor they meet), and the ones and zeros
+that seed a backward pass or fill a missing gradient. Only ``tensor.py`` below: every op module
+may use these without importing another op module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mpipar.backend import current_backend
+from mpipar.tensor import Tensor
+
+
+def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
+    """``x`` as a Tensor; Python numbers take ``like``'s dtype when that keeps them exact."""
+    if isinstance(x, Tensor):
+        return x
+    if (
+        like is not None
+        and isinstance(x, (int, float, bool, np.number))
+        and (np.issubdtype(like.dtype, np.floating) or (isinstance(x, (int, bool)) and np.issubdtype(like.dtype, np.integer)))
+    ):
+        return Tensor(np.asarray(x, dtype=like.dtype))
+    return Tensor(np.asarray(x))
+
+
+def _pair(x: Any, y: Any) -> tuple[Tensor, Tensor]:
+    xt = x if isinstance(x, Tensor) else None
+    yt = y if isinstance(y, Tensor) else None
+    return as_tensor(x, yt), as_tensor(y, xt)
+
+
+def ones_like_global(t: Tensor) -> Tensor:
+    """Ones with ``t``'s layout (a Partial read as Replicate): the seed of a backward pass."""
+    if t.is_abstract:
+        spec = t._spec
+        if spec is not None:
+            spec = spec.without_partial()
+        return Tensor.abstract(t.shape, t.dtype, spec)
+    if not t.is_dist:
+        return Tensor(np.ones(t.shape, dtype=t.dtype))
+    if current_backend().reference:
+        return Tensor._from_reference(t.spec, np.ones(t.shape, dtype=t.dtype))
+    spec = t.spec.without_partial()
+    xp = current_backend().xp
+    return Tensor._from_shards(spec, {r: xp.ones(spec.local_shape(r), dtype=t.dtype) for r in t._shards}, t.dtype)
+
+
+def zeros_like_global(like: Tensor, shape: Sequence[int]) -> Tensor:
+    """Zeros of ``shape`` in ``like``'s dtype (dense: it joins any layout as Replicate)."""
+    if like.is_abstract:
+        return Tensor.abstract(shape, like.dtype)
+    return Tensor(np.zeros(tuple(shape), dtype=like.dtype))

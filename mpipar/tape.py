@@ -1,0 +1,144 @@
+"""The tape: grad mode, the nodes ops record, and what a node saves of its tensors.
+
+The bottom of autograd, below ``tensor.py`` and the ops: it imports nothing of mpipar, so
+anything may record onto it. Walking it backwards (the engine, written in ops) lives in
+``mpipar.autograd``, above the ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from mpipar.tensor import Tensor
+
+_grad_enabled = True
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled
+
+
+class _GradMode(contextlib.ContextDecorator):
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._saved: list[bool] = []
+
+    def __enter__(self) -> None:
+        global _grad_enabled
+        self._saved.append(_grad_enabled)
+        _grad_enabled = self.enabled
+
+    def __exit__(self, *exc: object) -> None:
+        global _grad_enabled
+        _grad_enabled = self._saved.pop()
+
+
+def no_grad(func: F | None = None) -> Any:
+    """Context manager (``with dist.no_grad():``) or decorator: record no tape."""
+    mode = _GradMode(False)
+    return mode(func) if func is not None else mode
+
+
+def enable_grad() -> _GradMode:
+    return _GradMode(True)
+
+
+@contextlib.contextmanager
+def set_grad_enabled(mode: bool) -> Iterator[None]:
+    with _GradMode(mode):
+        yield
+
+
+_saved_hooks: list[tuple[Callable[[Any], Any], Callable[[Any], Any]]] = []
+
+
+@contextlib.contextmanager
+def saved_tensors_hooks(pack: Callable[[Tensor], Any], unpack: Callable[[Any], Tensor]) -> Iterator[None]:
+    """Ops recorded inside save ``pack(t)`` instead of ``t``; backward uses ``unpack(saved)``.
+
+    ZeRO-3 packs a gathered parameter as a note to gather it again, so the full weight is not
+    held between forward and backward.
+    """
+    _saved_hooks.append((pack, unpack))
+    try:
+        yield
+    finally:
+        _saved_hooks.pop()
+
+
+class Packed:
+    """A saved value replaced by a pack hook, with the unpack function to get it back."""
+
+    __slots__ = ("payload", "unpack")
+
+    def __init__(self, payload: Any, unpack: Callable[[Any], Tensor]) -> None:
+        self.payload = payload
+        self.unpack = unpack
+
+
+regather: list[Callable[[Any], Tensor]] = []
+"""How a ZeRO-3 note ``(param, spec)`` is gathered again: a reshard, which lives above this
+module, so ``mpipar.distribute`` registers it here when it loads."""
+
+
+def pack_saved(t: Tensor) -> Any:
+    """What a node keeps of ``t``: the tensor itself, or what the innermost pack hook makes.
+
+    A parameter gathered from split storage (ZeRO-3) is kept as a note to gather it again.
+    """
+    note = getattr(t, "_regather", None)
+    if note is not None:
+        return Packed(note, regather[-1])
+    if not _saved_hooks:
+        return t.detach()
+    pack, unpack = _saved_hooks[-1]
+    out = pack(t)
+    return out.detach() if out is t else Packed(out, unpack)
+
+
+def _unpacked(values: list[Any]) -> list[Any]:
+    return [v.unpack(v.payload) if isinstance(v, Packed) else v for v in values]
+
+
+@dataclass(eq=False)
+class GradContext:
+    """What a gradient function sees: saved forward tensors (detached), attributes, metadata."""
+
+    op: str
+    attrs: dict[str, Any]
+    inputs: list[Tensor | None]
+    """Forward inputs as the kernel saw them (after the rule's reshard); None if not saved."""
+    outputs: list[Tensor | None]
+    input_shapes: list[tuple[int, ...]]
+    input_dtypes: list[Any]
+    needs_grad: list[bool]
+    input_specs: list[Any] | None = None
+    """Each input's layout as the kernel saw it (a ``DistSpec``; None for dense); None if not recorded."""
+
+
+@dataclass(eq=False)
+class Node:
+    """One recorded op call."""
+
+    op: str
+    grad_fn: Callable[[GradContext, list[Tensor | None]], Sequence[Tensor | None]]
+    ctx: GradContext
+    parents: list[Tensor | None]
+    """The tensors gradients flow to, one per (flattened) input; None where none is needed."""
+    num_outputs: int = 1
+    name: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def release(self) -> None:
+        """Drop saved tensors (after backward without retain_graph)."""
+        self.ctx.inputs = [None] * len(self.ctx.inputs)
+        self.ctx.outputs = [None] * len(self.ctx.outputs)
+
+    def saved_tensors(self) -> list[Tensor]:
+        return [t for t in (*self.ctx.inputs, *self.ctx.outputs) if t is not None]
