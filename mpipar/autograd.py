@@ -273,8 +273,10 @@ def run_backward(
     only the other gradients (zero-bubble ``B``) and returns the rest as ``DeferredWeights``
     (``W``), keeping the nodes it needs.
     """
-    from mpipar import overlap
+    from mpipar import hooks, overlap
 
+    for hook in hooks.backward_hooks:
+        hook.on_backward(roots)
     session = overlap.begin_backward()  # None unless overlap_grad_reduction() is on (outermost pass)
     try:
         deferred = _run_backward(roots, grads, retain_graph, defer)
