@@ -4,8 +4,8 @@ A plan written by ``mpipar plan`` has tensors (kind, dtype, placements, local sh
 pipeline section but no ``memory`` section, so the Memory view had nothing to draw. This
 module derives that section from the plan itself, the way the sample does:
 
-* model state: every tensor of kind parameter / gradient / optimizer_state, its local bytes
-  on each rank of its mesh (optimizer states ``meta.host_tensors`` names, an offloading
+* model state: every tensor of kind parameter / gradient / optimizer_state (a named one in its
+  last layout, ``state_tensors``), its local bytes on each rank of its mesh (optimizer states ``meta.host_tensors`` names, an offloading
   optimizer's, under ``host_optimizer_state``: host memory, not the device) (a plan traced before backward records no gradient tensors, so
   that category is what the plan holds, never a guess);
 * activations: what the autograd tape keeps for backward, per stage, on each rank of its mesh.
@@ -48,6 +48,26 @@ def host_tensors(plan: Plan) -> set[int]:
         return set()
     states = {t.id for t in plan.tensors if t.kind == "optimizer_state"}
     return {i for i in listed if isinstance(i, int) and not isinstance(i, bool) and i in states}
+
+
+def state_tensors(plan: Plan) -> set[int]:
+    """Ids of the model-state tensors (parameters, gradients, optimizer states) a step holds.
+
+    A state re-laid out during the traced step -- ZeRO-3 splits its parameters at the first
+    update -- is in the plan once per layout under one name: its last entry is the layout it
+    keeps from then on (the one ``memory_report`` sees in any later step). Unnamed entries count
+    each.
+    """
+    last: dict[tuple[str, str], int] = {}
+    out: set[int] = set()
+    for t in plan.tensors:
+        if t.kind not in STATE_CATEGORIES:
+            continue
+        if t.name:
+            last[(t.kind, t.name)] = t.id
+        else:
+            out.add(t.id)
+    return out | set(last.values())
 
 
 def kept_forward_ops(plan: Plan) -> set[int]:
@@ -120,8 +140,9 @@ def memory_section(plan: Plan, capacity_bytes: float | None = None, profile: str
             ranks[r] = {"rank": r, "parameters": 0, "gradients": 0, "optimizer_state": 0, "activations": {},
                         "messages": {}}
     on_host = host_tensors(plan)
+    current = state_tensors(plan)
     for t in plan.tensors:
-        if t.mesh is None or t.kind not in STATE_CATEGORIES:
+        if t.mesh is None or t.id not in current:
             continue
         for r, i in positions[t.mesh].items():
             if t.id in on_host:
