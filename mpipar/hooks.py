@@ -17,7 +17,7 @@ op_start_hooks: list[Any] = []
 op_hooks: list[Any] = []
 reshard_hooks: list[Any] = []
 backward_hooks: list[Any] = []
-"""Called as ``hook.on_backward(roots)`` when a backward pass starts, its tape still whole (plan
+"""Called as ``hook.on_backward(roots)`` when an outermost backward pass starts, its tape still whole (plan
 tracing records what the tape keeps for backward)."""
 stage_runs: list[Any] = []
 """The pipeline stage run in progress (``mpipar.pipeline.runner.StageRun``), innermost last."""

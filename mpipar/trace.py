@@ -7,7 +7,8 @@
 Recording is observation only: it never changes what runs. Under the shape-only backend the
 same program records a plan without computing anything.
 
-When the first backward pass starts, the recorder writes what its tape keeps for backward
+When the first backward pass starts (and each one following it before any forward op: a
+pipeline's stages), the recorder writes what its tape keeps for backward
 into ``meta["kept_for_backward"]``: ``[tensor id, op index]`` pairs, each storage once, the op
 being the forward op whose tape node keeps it (null for a node no op made: a recompute region's,
 which keeps the region's inputs). The tensors are ``mpipar.memory.tape_storages``' -- the rule
@@ -46,6 +47,8 @@ class PlanRecorder:
         self._owner: int | None = None
         self._node_ops: weakref.WeakKeyDictionary[Node, int] = weakref.WeakKeyDictionary()
         self._by_storage: dict[int, int] = {}
+        self._kept_storages: set[int] = set()
+        self._kept_done = False
         """Storage id -> the first plan tensor holding it (a node keeps a detached twin of an op's
         output: the same storage, which the plan already names)."""
 
@@ -157,9 +160,11 @@ class PlanRecorder:
         if self._foreign():
             return
         index = len(self._ops)
-        node = outputs[0]._grad_fn if outputs else None
-        if node is not None and hooks.current_phase() == "forward":
-            self._node_ops[node] = index
+        if hooks.current_phase() == "forward":
+            node = outputs[0]._grad_fn if outputs else None
+            if node is not None:
+                self._node_ops[node] = index
+            self._kept_done = KEPT_KEY in self.meta  # a forward after a backward: the record is whole
         for r in self._pending:
             old = self._reshards[r]
             self._reshards[r] = PlanReshard(**{**old.__dict__, "op": index})
@@ -205,12 +210,16 @@ class PlanRecorder:
         )
 
     def on_backward(self, roots: Sequence[Tensor]) -> None:
-        """The first backward pass: record what its tape keeps (later passes -- a recompute
-        region's inside backward, further micro-batches -- keep the first's record)."""
-        if self._foreign() or KEPT_KEY in self.meta:
+        """A backward pass starts: record what its tape keeps. Passes one after another with no
+        forward op between (a pipeline's stages, each its own graph) add to the record; once a
+        forward op follows (the next micro-batch or step), the record is complete."""
+        if self._foreign() or self._kept_done:
             return
-        kept = tape_storages(roots, lambda t: isinstance(t, Parameter))
-        self.meta[KEPT_KEY] = [[self._storage_id(t), self._node_ops.get(node)] for node, t in kept]
+        record = self.meta.setdefault(KEPT_KEY, [])
+        for node, t in tape_storages(roots, lambda t: isinstance(t, Parameter)):
+            if t._sid not in self._kept_storages:
+                self._kept_storages.add(t._sid)
+                record.append([self._storage_id(t), self._node_ops.get(node)])
 
     # ------------------------------------------------------------------ result
     def plan(self) -> Plan:
