@@ -15,6 +15,7 @@ the consumer's rule reshards as it needs).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,6 +138,28 @@ def run_backward(
     only the other gradients (zero-bubble ``B``) and returns the rest as ``DeferredWeights``
     (``W``), keeping the nodes it needs.
     """
+    depth = getattr(_backward_depth, "n", 0)
+    if depth == 0:  # not a pass run inside another's backward (recompute's)
+        for hook in hooks.backward_hooks:
+            hook.on_backward(roots)
+    _backward_depth.n = depth + 1
+    try:
+        return _run_backward_once(roots, grads, retain_graph, defer)
+    finally:
+        _backward_depth.n = depth
+
+
+_backward_depth = threading.local()
+"""``.n``: backward passes running now in this thread (recompute runs one inside another's
+backward; the simulator's per-rank programs are threads, each with its own passes)."""
+
+
+def _run_backward_once(
+    roots: Sequence[Tensor],
+    grads: Sequence[Tensor | None],
+    retain_graph: bool,
+    defer: Callable[[Tensor], bool] | None,
+) -> DeferredWeights:
     session = overlap.begin_backward()  # None unless overlap_grad_reduction() is on (outermost pass)
     try:
         deferred = _run_backward(roots, grads, retain_graph, defer)

@@ -3,7 +3,7 @@
 Dispatch calls every ``op_start_hooks`` entry as ``hook.on_op_start(name)`` when an op
 begins (before its inputs are resharded) and every ``op_hooks`` entry after it ran (measured
 timelines time ops between the two); ``reshard`` calls every ``reshard_hooks`` entry after a
-reshard. ``phase`` (forward, backward, optimizer) and ``scope`` (the layer being called)
+reshard; every backward pass starts by calling the ``backward_hooks``. ``phase`` (forward, backward, optimizer) and ``scope`` (the layer being called)
 label what runs inside them.
 """
 
@@ -16,6 +16,9 @@ from typing import Any
 op_start_hooks: list[Any] = []
 op_hooks: list[Any] = []
 reshard_hooks: list[Any] = []
+backward_hooks: list[Any] = []
+"""Called as ``hook.on_backward(roots)`` when an outermost backward pass starts, its tape still whole (plan
+tracing records what the tape keeps for backward)."""
 stage_runs: list[Any] = []
 """The pipeline stage run in progress (``mpipar.pipeline.runner.StageRun``), innermost last."""
 

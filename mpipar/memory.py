@@ -20,7 +20,7 @@ change on a mesh axis of one rank) is the same arrays as its source, so it count
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +115,28 @@ def kept_items(node: Node) -> list[tuple[str, Tensor]]:
     return kept
 
 
+def tape_storages(roots: Sequence[Tensor], is_parameter: Callable[[Tensor], bool]) -> list[tuple[Node, Tensor]]:
+    """What the tape behind ``roots`` keeps for backward: each storage once (the first node
+    keeping it, in forward order, claims it), parameters (``is_parameter``) left out.
+
+    The one rule for activations: ``memory_report`` sums these, and the plan recorder
+    (``mpipar.trace``) writes them into a plan, so the dashboard's memory view counts the same.
+    """
+    seen: set[int] = set()
+    nodes: dict[int, Node] = {}
+    for root in roots:
+        for node in _topo_order(root):
+            nodes.setdefault(id(node), node)
+    out: list[tuple[Node, Tensor]] = []
+    for node in nodes.values():
+        for t in kept_tensors(node):
+            if t._sid in seen or is_parameter(t):
+                continue
+            seen.add(t._sid)
+            out.append((node, t))
+    return out
+
+
 def _noted(packed: Packed) -> list[Tensor]:
     """Tensors a pack hook's note holds (a re-gather note: the shard or parameter it gathers from)."""
     payload = packed.payload
@@ -141,13 +163,9 @@ def memory_report(model: Any = None, optimizer: Any = None, loss: Tensor | None 
             on_host = offload is not None and offload.offloads(name.rsplit(".", 1)[-1])
             report.add(t, "optimizer_state", ranks, on_host=on_host)
     if loss is not None and loss._grad_fn is not None:
-        seen: set[int] = {p._sid for p in params}
-        for node in _topo_order(loss):
-            for t in kept_tensors(node):
-                if t._sid in seen:
-                    continue
-                seen.add(t._sid)
-                report.add(t, "activations", ranks)
+        param_sids = {p._sid for p in params}
+        for _, t in tape_storages([loss], lambda t: t._sid in param_sids):
+            report.add(t, "activations", ranks)
     for r in ranks | set(report.host):
         report.per_rank.setdefault(r, dict.fromkeys(CATEGORIES, 0))
     return report

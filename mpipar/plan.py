@@ -26,7 +26,8 @@ A plan is a versioned JSON document::
 and ``Plan.from_dict`` checks the document as a whole: meshes (positive axes, distinct
 non-negative ranks, distinct axis names), placements parsed and checked against the tensor and
 mesh exactly as ``DistSpec`` checks them, local shapes that fit, unique ids, resolved references,
-every integer within ``MAX_PLAN_INT`` and every string within ``MAX_PLAN_STR`` characters. Any
+every integer within ``MAX_PLAN_INT`` and every string within ``MAX_PLAN_STR`` characters;
+``meta.kept_for_backward`` (what the tape keeps, ``mpipar.trace``) names tensors and ops of the plan. Any
 failure is a ``PlanFormatError`` (a ``FileFormatError``) naming the file, the field path and the
 value; ``Plan.from_dict(p.to_dict()) == p`` (lossless).
 """
@@ -667,3 +668,26 @@ def _check_plan(plan: Plan) -> None:
         for j, ri in enumerate(o.reshards):
             if not 0 <= ri < len(plan.reshards):
                 raise FileFormatError("plan", f"ops[{i}].reshards[{j}]", ri, "names no reshard of the plan")
+    _check_kept(plan.meta.get(KEPT_KEY), tensors, len(plan.ops))
+
+
+KEPT_KEY = "kept_for_backward"
+"""Meta key ``mpipar.trace`` writes: ``[tensor id, forward op index or null]`` per storage the
+tape keeps for backward."""
+
+
+def _check_kept(kept: Any, tensors: Mapping[int, PlanTensor], num_ops: int) -> None:
+    """``meta.kept_for_backward``: pairs naming a tensor of the plan and an op of it (or null)."""
+    if kept is None:
+        return
+    if not isinstance(kept, list):
+        raise FileFormatError("plan", f"meta.{KEPT_KEY}", kept, "is not a list of [tensor id, op index] pairs")
+    for i, pair in enumerate(kept):
+        at = f"meta.{KEPT_KEY}[{i}]"
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise FileFormatError("plan", at, pair, "is not a [tensor id, op index or null] pair")
+        tid, op = pair
+        if isinstance(tid, bool) or not isinstance(tid, int) or tid not in tensors:
+            raise FileFormatError("plan", f"{at}[0]", tid, "names no tensor of the plan")
+        if op is not None and (isinstance(op, bool) or not isinstance(op, int) or not 0 <= op < num_ops):
+            raise FileFormatError("plan", f"{at}[1]", op, "names no op of the plan (an op index, or null)")

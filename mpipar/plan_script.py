@@ -17,7 +17,7 @@ from typing import Any
 
 from mpipar.backend import set_backend
 from mpipar.optimizer.optimizer import Optimizer
-from mpipar.plan import Plan
+from mpipar.plan import KEPT_KEY, Plan
 from mpipar.static import DistModel
 from mpipar.trace import PlanRecorder
 
@@ -38,25 +38,16 @@ def trace_script(script: str, args: Sequence[str], backend: Any, meta: dict[str,
 
     def step(self: Optimizer) -> None:
         original_step(self)
-        for i, p in enumerate(self._parameter_list):
-            recorder.mark(p, "parameter", p.name or f"param_{i}")
-        # States an offload_optimizer keeps in host memory: named in meta so memory views put
-        # them on the host, not the device (the plan's tensor records stay device-agnostic).
-        offload = getattr(self, "offload", None)
-        host: list[int] = []
-        for name, t in self.state_tensors().items():
-            tid = recorder.mark(t, "optimizer_state", name)
-            if offload is not None and offload.offloads(name.rsplit(".", 1)[-1]):
-                host.append(tid)
-        if host:
-            recorder.meta["host_tensors"] = host
+        recorder.mark_optimizer(self)  # parameters, gradients, states (offloaded ones named in meta)
         raise _FirstStepDone(recorder.plan())
 
     def call(self: DistModel, *batch: Any) -> Any:
         Optimizer.step = original_step  # type: ignore[method-assign]
         original_call(self, *batch)
         plan = self.plan
-        plan.meta.update(recorder.meta)
+        # This recorder's own notes name its tensor ids, not the model's plan's: only the run's
+        # description (script, args, backend) carries over.
+        plan.meta.update({k: v for k, v in recorder.meta.items() if k not in (KEPT_KEY, "host_tensors")})
         raise _FirstStepDone(plan)
 
     Optimizer.step = step  # type: ignore[method-assign]

@@ -15,7 +15,8 @@ and the plan (``mpipar.plan``: ops with their rule decisions, every reshard with
 forward and backward, the stages and the schedule's per-rank actions). Each call then cuts the
 batch into micro-batches (locally, per data-parallel shard) and runs the schedule
 (``mpipar.pipeline.runner``): in the simulator all actions in one dependency-respecting
-order, under MPI each process its own pipeline rank's list. Without a pipeline a step is the
+order, under MPI each process its own pipeline rank's list. After the first step's update the
+plan also holds the gradients and the optimizer's states (their layouts, as an eager plan). Without a pipeline a step is the
 eager forward, backward and update, which is what the plan describes.
 
 Every training step after the first replays the first one's per-op decisions (rules, reshard
@@ -85,6 +86,8 @@ class DistModel:
         self._probe: Probe | None = None
         self._schedule: Schedule | None = None
         self._plan: Plan | None = None
+        self._recorder: PlanRecorder | None = None
+        """The probe's recorder, until the first update adds the optimizer's states to the plan."""
         self.replay: CompiledStep[Tensor] = CompiledStep(self._train_step)
         """The training step, replayed after its first call (``mpipar.replay``): ``.retraces``
         counts the steps that recorded their decisions (the first, and each change of layout)."""
@@ -158,6 +161,7 @@ class DistModel:
             "schedule": self._schedule.to_dict() if self._schedule is not None else None,
         }
         self._plan = recorder.plan()
+        self._recorder = recorder
 
     def _chunks(self, requested: int) -> int:
         """Virtual stages per pipeline rank, read off the model: stage s must live on mesh s mod p."""
@@ -205,6 +209,13 @@ class DistModel:
             losses = runner.step()
         if self.optimizer is not None:
             self.optimizer.step()
+            recorder = self._recorder
+            if recorder is not None:
+                # The probe ran no update: the first step's gradients (before they are cleared)
+                # and the optimizer's states, which exist from now on, join the plan, as an
+                # eager script's plan has them.
+                recorder.mark_optimizer(self.optimizer)
+                self._plan, self._recorder = recorder.plan(), None
             self.optimizer.clear_grad()
         return self._mean(losses)
 

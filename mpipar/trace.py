@@ -6,18 +6,28 @@
 
 Recording is observation only: it never changes what runs. Under the shape-only backend the
 same program records a plan without computing anything.
+
+When the first backward pass starts (and each one following it before any forward op: a
+pipeline's stages), the recorder writes what its tape keeps for backward
+into ``meta["kept_for_backward"]``: ``[tensor id, op index]`` pairs, each storage once, the op
+being the forward op whose tape node keeps it (null for a node no op made: a recompute region's,
+which keeps the region's inputs). The tensors are ``mpipar.memory.tape_storages``' -- the rule
+``memory_report`` sums -- so a plan's memory view and the runtime's report count the same bytes.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 from mpipar import hooks
+from mpipar.autograd import Node
 from mpipar.backend import current_backend
+from mpipar.memory import tape_storages
 from mpipar.mesh import ProcessMesh
-from mpipar.plan import Plan, PlanMesh, PlanOp, PlanReshard, PlanStep, PlanTensor
+from mpipar.plan import KEPT_KEY, Plan, PlanMesh, PlanOp, PlanReshard, PlanStep, PlanTensor
 from mpipar.reshard.planner import ReshardPlan
 from mpipar.tensor import Parameter, Tensor
 
@@ -35,6 +45,12 @@ class PlanRecorder:
         self.pipeline: dict[str, Any] | None = None
         self.memory: dict[str, Any] | None = None
         self._owner: int | None = None
+        self._node_ops: weakref.WeakKeyDictionary[Node, int] = weakref.WeakKeyDictionary()
+        self._by_storage: dict[int, int] = {}
+        self._kept_storages: set[int] = set()
+        self._kept_done = False
+        """Storage id -> the first plan tensor holding it (a node keeps a detached twin of an op's
+        output: the same storage, which the plan already names)."""
 
     # ------------------------------------------------------------------ context
     def _foreign(self) -> bool:
@@ -47,11 +63,13 @@ class PlanRecorder:
         self._owner = getattr(current_backend(), "program_rank", None)
         hooks.op_hooks.append(self)
         hooks.reshard_hooks.append(self)
+        hooks.backward_hooks.append(self)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         hooks.op_hooks.remove(self)
         hooks.reshard_hooks.remove(self)
+        hooks.backward_hooks.remove(self)
 
     # ------------------------------------------------------------------ ids
     def _mesh_id(self, mesh: ProcessMesh) -> int:
@@ -67,6 +85,24 @@ class PlanRecorder:
         old = self._tensors[tid]
         self._tensors[tid] = PlanTensor(tid, name or old.name, kind, old.shape, old.dtype, old.mesh, old.placements, old.local_shapes)
         return tid
+
+    def mark_optimizer(self, optimizer: Any) -> None:
+        """Label what an optimizer holds after its step: each parameter, its gradient, its states
+        (``meta["host_tensors"]``: the states an ``offload_optimizer`` keeps in host memory, so
+        memory views put them on the host, not the device; tensor records stay device-agnostic)."""
+        for i, p in enumerate(optimizer._parameter_list):
+            name = p.name or f"param_{i}"
+            self.mark(p, "parameter", name)
+            if p.grad is not None:
+                self.mark(p.grad, "gradient", f"{name}@GRAD")
+        offload = getattr(optimizer, "offload", None)
+        host: list[int] = []
+        for name, t in optimizer.state_tensors().items():
+            tid = self.mark(t, "optimizer_state", name)
+            if offload is not None and offload.offloads(name.rsplit(".", 1)[-1]):
+                host.append(tid)
+        if host:
+            self.meta["host_tensors"] = host
 
     def tensor_id(self, t: Tensor) -> int:
         tid = self._ids.get(t)
@@ -84,7 +120,17 @@ class PlanRecorder:
         else:
             mesh, locals_, pls = None, (), ""
         self._tensors[tid] = PlanTensor(tid, t.name or "", kind, tuple(t.shape), str(t.dtype), mesh, pls, locals_)
+        self._by_storage.setdefault(t._sid, tid)
         return tid
+
+    def _storage_id(self, t: Tensor) -> int:
+        """The plan tensor already naming ``t``'s storage in ``t``'s layout, else ``t``'s own entry."""
+        tid = self._by_storage.get(t._sid)
+        if tid is not None:
+            known = self._tensors[tid]
+            if known.shape == tuple(t.shape) and known.placements == (t.spec.placements_str if t.is_dist else ""):
+                return tid
+        return self.tensor_id(t)
 
     # ------------------------------------------------------------------ hooks
     def on_reshard(self, src: Tensor, out: Tensor, plan: ReshardPlan, reason: str) -> None:
@@ -114,6 +160,11 @@ class PlanRecorder:
         if self._foreign():
             return
         index = len(self._ops)
+        if hooks.current_phase() == "forward":
+            node = outputs[0]._grad_fn if outputs else None
+            if node is not None:
+                self._node_ops[node] = index
+            self._kept_done = KEPT_KEY in self.meta  # a forward after a backward: the record is whole
         for r in self._pending:
             old = self._reshards[r]
             self._reshards[r] = PlanReshard(**{**old.__dict__, "op": index})
@@ -157,6 +208,18 @@ class PlanRecorder:
                 tuple(tensor.shape), str(tensor.dtype), mesh, src, mesh, dst, float(bytes_per_rank), (step,),
             )
         )
+
+    def on_backward(self, roots: Sequence[Tensor]) -> None:
+        """A backward pass starts: record what its tape keeps. Passes one after another with no
+        forward op between (a pipeline's stages, each its own graph) add to the record; once a
+        forward op follows (the next micro-batch or step), the record is complete."""
+        if self._foreign() or self._kept_done:
+            return
+        record = self.meta.setdefault(KEPT_KEY, [])
+        for node, t in tape_storages(roots, lambda t: isinstance(t, Parameter)):
+            if t._sid not in self._kept_storages:
+                self._kept_storages.add(t._sid)
+                record.append([self._storage_id(t), self._node_ops.get(node)])
 
     # ------------------------------------------------------------------ result
     def plan(self) -> Plan:

@@ -21,8 +21,9 @@ from the plan come:
   synchronisation (the reshards making parameter gradients) and the optimizer once per step,
   after the pipeline flush;
 * memory per rank: parameters, gradients and optimizer state from the plan's tensors of those
-  kinds; activations of one micro-batch of a stage as the bytes of its forward ops' outputs
-  (an upper bound on what backward keeps); one hand-off message as a communication buffer;
+  kinds; activations of one micro-batch of a stage as what its tape keeps for backward (the
+  trace's ``meta.kept_for_backward``, ``viz.plan_memory``); one hand-off message as a
+  communication buffer;
 * the schedule (``mpipar.pipeline.build_schedule``) simulated by ``simulator.simulate_schedule``.
 
 Knobs: ``zero=1`` keeps each velocity split over ``dp`` (the layout rule of
