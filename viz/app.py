@@ -563,21 +563,30 @@ def _whatif_script(plan: Plan, ref: script_whatif.ScriptRef) -> None:
                f"{' --shape-only' if ref.shape_only else ''} and diffed against the loaded plan.")
     knobs = _knob_widgets(base, "wis")
     args = script_whatif.with_knobs(ref.args, base, knobs)
+    loaded = whatif.plan_metrics(plan, _pipeline_timeline(plan))
     if args == list(ref.args):
-        st.caption("These are the loaded plan's own arguments: change a knob to see a what-if.")
+        st.caption("These are the loaded plan's own arguments: change a knob to see a what-if. The loaded plan:")
+        _loaded_metrics_table(loaded)
         return
     new_plan = _confirmed_retrace(ref, args, "wi_run")
     if new_plan is None:
+        st.caption("The loaded plan (the what-if's column appears once the command has run):")
+        _loaded_metrics_table(loaded)
         return
     new_plan = with_memory(new_plan)
-    rows = whatif.diff_rows(whatif.plan_metrics(plan, _pipeline_timeline(plan)),
-                            whatif.plan_metrics(new_plan, _pipeline_timeline(new_plan)))
+    rows = whatif.diff_rows(loaded, whatif.plan_metrics(new_plan, _pipeline_timeline(new_plan)))
     st.dataframe(arrow_safe({k: v for k, v in r.items() if not k.startswith("_")} for r in rows), hide_index=True)
     _show(whatif.diff_figure(rows))
     _downloads(lambda: whatif.diff_figure(rows), lambda: whatif.diff_text(rows), "what-if", "whatif")
     st.download_button("what-if plan (JSON)", lambda: _plan_json(new_plan), "whatif-plan.json", "application/json",
                        key="wis-plan", on_click="ignore")
     _load_into_views(" ".join([ref.recorded, *args]), new_plan, None, "wis_load")
+
+
+def _loaded_metrics_table(metrics: dict[str, Any]) -> None:
+    """The loaded plan's own numbers (what a what-if is compared with), before any re-trace."""
+    rows = [{"metric": r["metric"], "loaded": r["loaded"]} for r in whatif.diff_rows(metrics, {})]
+    st.dataframe(arrow_safe(rows), hide_index=True)
 
 
 def _search_defaults(plan: Plan, ref: script_whatif.ScriptRef | None) -> search_view.SearchSpace:
