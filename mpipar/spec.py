@@ -39,7 +39,7 @@ Box = tuple[tuple[int, int], ...]
 """A box of a tensor: one half-open ``(start, stop)`` range per tensor dim."""
 
 
-@functools.lru_cache(maxsize=16384)
+@functools.lru_cache(maxsize=2048)  # bounded: an entry of a 1024-rank mesh holds 1024 boxes
 def _boxes_in_mesh_order(shape: tuple[int, ...], mesh_shape: tuple[int, ...], shards: tuple[tuple[int, ...], ...]) -> tuple[Box, ...]:
     """``DistSpec.box_at`` of every mesh coordinate, row-major (the order of ``ProcessMesh.process_ids``)."""
     out = []
@@ -55,7 +55,7 @@ def _boxes_in_mesh_order(shape: tuple[int, ...], mesh_shape: tuple[int, ...], sh
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=16384)
+@functools.lru_cache(maxsize=2048)
 def _shapes_in_mesh_order(shape: tuple[int, ...], mesh_shape: tuple[int, ...], shards: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
     return tuple(box_shape(b) for b in _boxes_in_mesh_order(shape, mesh_shape, shards))
 

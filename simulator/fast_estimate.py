@@ -313,7 +313,7 @@ def layer_counts(layers: int, pp: int, chunks: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------- pipeline
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=64)  # bounded: a long interleaved schedule holds tens of thousands of actions
 def _schedule(kind: str, stages: int, micro: int, chunks: int) -> Schedule:
     return build_schedule(kind, stages, micro, chunks)
 
