@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -29,3 +30,15 @@ def _fresh_sim_backend() -> Iterator[None]:
     """A fresh simulator world (growing with the meshes a test builds) for each test."""
     with mpipar.use_backend(SimBackend()):
         yield
+
+
+@pytest.fixture(scope="session")
+def gpt_plan_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``mpipar plan``'s plan of examples/gpt.py (dp=2,tp=2,pp=2, 1F1B), traced once per session
+    for the dashboard tests (read-only: tests load it, never write it)."""
+    out = str(tmp_path_factory.mktemp("gpt") / "plan.json")
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "mpipar.cli", "plan", "-o", out, "-n", "8", "examples/gpt.py",
+                    "--mesh", "dp=2,tp=2,pp=2", "--schedule", "1F1B"], cwd=REPO, env=env, check=True,
+                   timeout=300, stdin=subprocess.DEVNULL, capture_output=True)
+    return out

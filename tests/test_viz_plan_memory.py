@@ -22,16 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "viz" / "app.py")
 
 
-@pytest.fixture(scope="module")
-def gpt_plan_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = str(tmp_path_factory.mktemp("gpt") / "plan.json")
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "mpipar.cli", "plan", "-o", out, "-n", "8", "examples/gpt.py",
-                    "--mesh", "dp=2,tp=2,pp=2", "--schedule", "1F1B"], cwd=ROOT, env=env, check=True,
-                   timeout=300, stdin=subprocess.DEVNULL, capture_output=True)
-    return out
-
-
 @pytest.fixture(autouse=True)
 def _argv() -> Iterator[None]:
     saved = list(sys.argv)
