@@ -133,7 +133,8 @@ def test_script_outside_the_start_directory_is_refused(tmp_path: object) -> None
     plan.save(path)
     at = _whatif([path])
     assert any("outside the directory" in i.value for i in at.info)
-    assert not at.code and not at.dataframe
+    # no command to run, and only the loaded plan's own numbers (no what-if column)
+    assert not at.code and [list(d.value.columns) for d in at.dataframe] == [["metric", "loaded"]]
     assert not os.path.exists(marker)
 
 
@@ -150,7 +151,8 @@ def test_a_plan_without_a_script_shows_no_foreign_numbers(tmp_path: object) -> N
     plan.save(path)
     at = _whatif([path])
     assert any("records no meta.script" in i.value for i in at.info)
-    assert not at.dataframe and not at.warning
+    # only the loaded plan's own numbers: no what-if column, no other model's numbers
+    assert [list(d.value.columns) for d in at.dataframe] == [["metric", "loaded"]] and not at.warning
 
 
 @pytest.mark.parametrize(("meta", "match"), [

@@ -462,7 +462,8 @@ def view_whatif(plan: Plan, main: Timeline | None) -> None:
         except script_whatif.ScriptRefused as exc:
             # Another model's numbers would be wrong numbers: say why there are none.
             st.info(f"No what-if for this plan: {exc}. The what-if re-traces the plan's own script "
-                    "(`mpipar plan` records it); this plan's model cannot be re-traced here.")
+                    "(`mpipar plan` records it); this plan's model cannot be re-traced here. The loaded plan:")
+            _loaded_metrics_table(whatif.plan_metrics(plan, _pipeline_timeline(plan)))
         else:
             _whatif_script(plan, ref)
     _whatif_search(plan, ref)

@@ -39,7 +39,7 @@ VIEWS = {  # view -> a text only that view shows, to know its own content (not t
     "Communication": "Traffic of",
     "Pipeline": "Chrome trace (Perfetto)",
     "Memory": "Device capacity line",
-    "What-if": "What-if pipeline timeline",
+    "What-if": "Strategy search",  # the GPT plan re-traces its own script; the search is always there
 }
 
 NO_DATA = ("nothing to draw", "No memory", "no data", "has no pipeline", "could be loaded")
