@@ -113,15 +113,15 @@ def main() -> None:
     add_pipeline_args(p)
     args = p.parse_args()
     check_checkpoint_flags(args)
-    setup(args, seed=args.seed)
     if args.sample < 0:
         raise SystemExit(f"--sample {args.sample}: the number of characters to generate must be >= 0")
     if args.layers is not None and args.layers < 1:
         raise SystemExit(f"--layers {args.layers}: a GPT needs at least one transformer block")
     if args.profile is not None and not args.auto:
         raise SystemExit(f"--profile {args.profile}: only --auto prices strategies on a profile; add --auto")
-    if args.auto:
+    if args.auto:  # before seeding: the search's traces build models, which would advance the generator
         auto_configure(args)
+    setup(args, seed=args.seed)
     args.mesh = args.mesh or default_mesh()
     degrees = parse_mesh(args.mesh)
     chunks = args.chunks if args.schedule == "Interleaved1F1B" else 1
