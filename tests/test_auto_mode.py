@@ -15,10 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import REPO
 from mpi_scripts.launch import mpirun
 
+import mpipar as dist
+from mpipar.nn import Linear
 from simulator.cost import PRESET_DIR
 
 GPT = "examples/gpt.py"
@@ -125,3 +128,61 @@ def test_a_malformed_profile_file_is_named_with_its_field(tmp_path: Path) -> Non
 def test_profile_without_auto_is_an_error(tmp_path: Path) -> None:
     out = run(GPT, "--tiny", "--profile", "cpu-local", home=tmp_path)
     assert out.returncode != 0 and "--profile cpu-local: only --auto" in out.stderr, out.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ dist.Strategy(auto=True)
+STRATEGY_SCRIPT = "tests/mpi_scripts/auto_strategy.py"
+
+
+def strategy_run(*args: str, home: Path) -> tuple[list[str], str]:
+    """``(loss lines, "chosen <schedule> <m>")`` of the script under ``python -m simulator -n 2``."""
+    out = run("-m", "simulator", "-n", "2", STRATEGY_SCRIPT, *args, home=home)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    return [line for line in lines if line.startswith("loss ")], next(line for line in lines if line.startswith("chosen "))
+
+
+def test_strategy_auto_picks_a_schedule_and_trains_as_if_it_was_given(tmp_path: Path) -> None:
+    """Two pipeline stages, batch 8: the pick is a real schedule and micro-batch count (ZBH1 or
+    1F1B, m dividing 8), reported with its runner-up, and the losses (dropout on) are those of the
+    same settings given by hand, bit for bit."""
+    out = run("-m", "simulator", "-n", "2", STRATEGY_SCRIPT, "auto", home=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "using the 'cpu-local' preset" in out.stdout and "a training step does not calibrate" in out.stdout
+    report = re.search(r"^Strategy\(auto=True\): schedule (\S+), (\d+) micro-batches \(predicted step ([\d.]+) ms on cpu-local\); "
+                       r"runner-up (\S+), (\d+) micro-batches \(([\d.]+) ms\)$", out.stdout, re.M)
+    assert report, out.stdout
+    kind, m = report.group(1), int(report.group(2))
+    assert kind in ("FThenB", "1F1B", "ZBH1") and 8 % m == 0 and float(report.group(3)) <= float(report.group(6))
+    lines = out.stdout.splitlines()
+    assert f"chosen {kind} {m}" in lines
+    auto_losses = [line for line in lines if line.startswith("loss ")]
+    given_losses, given = strategy_run(kind, str(m), home=tmp_path)
+    assert given == f"chosen {kind} {m}" and len(auto_losses) == 3 and auto_losses == given_losses
+
+
+@pytest.mark.mpi
+def test_strategy_auto_under_mpiexec_runs_rank_0s_pick_on_every_rank(tmp_path: Path) -> None:
+    got = mpirun(2, STRATEGY_SCRIPT, "auto", env={"HOME": str(tmp_path), "MPIPAR_PROFILE": "cpu-local"}, timeout=240)
+    assert got.returncode == 0, got.output[-4000:]
+    lines = got.lines_of(0)
+    chosen = next(line for line in lines if line.startswith("chosen ")).split()
+    given_losses, given = strategy_run(chosen[1], chosen[2], home=tmp_path)
+    assert given == " ".join(chosen)
+    # Rank 1 (the last stage) ran the same schedule, or the step would have deadlocked; the losses
+    # are the simulator's run of the same settings (1e-9: MPI's own float64 sums in group order).
+    have = [float(line.split()[1]) for line in lines if line.startswith("loss ")]
+    want = [float(line.split()[1]) for line in given_losses]
+    assert len(have) == 3 and all(abs(h - w) <= 1e-9 * abs(w) for h, w in zip(have, want, strict=True))
+
+
+def test_strategy_auto_refuses_a_model_it_cannot_price() -> None:
+    layer = Linear(4, 4)
+    step = dist.to_static(layer, None, lambda out, label: dist.mean(out), None, dist.Strategy(auto=True))
+    with pytest.raises(ValueError, match=r"Strategy\(auto=True\) prices mpipar.models.gpt.GPT models, got Linear"):
+        step(dist.Tensor(np.ones((2, 4))), dist.Tensor(np.ones((2, 4))))
+
+
+def test_strategy_auto_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="Strategy auto must be True or False, got 'yes'"):
+        dist.Strategy(auto="yes")  # type: ignore[arg-type]
