@@ -6,6 +6,7 @@
     mpiexec -n 8 python examples/gpt.py --mesh dp=2,tp=4 --zero 2 --recompute selective
     python examples/gpt.py --tiny --steps 6 --save-every 3 --save-dir ck   # ck/step-3, ck/step-6
     python -m simulator -n 4 examples/gpt.py --tiny --steps 6 --mesh dp=4 --resume ck/step-3
+    python -m simulator -n 4 examples/gpt.py --tiny --auto  # the search picks mesh, schedule, ...
 
 The mesh is dp x tp per pipeline stage, pp stages (naive pipeline by reshard across stage
 meshes); see mpipar/models/gpt.py for the layout. The text is the .py files of the running
@@ -33,6 +34,9 @@ from mpipar import cliargs
 from mpipar.checkpoint import load_training_state, prune_series, resolve_checkpoint, save_training_state, step_path
 from mpipar.io import DataLoader, Dataset, RandomBatchSampler
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel, gpt_loss
+from simulator.auto import choose, resolve_profile
+from simulator.search import Candidate
+from simulator.step_trace import GPTShape
 
 
 def load_corpus(max_chars: int) -> np.ndarray:
@@ -101,23 +105,34 @@ def main() -> None:
     p.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint (or a --save-dir's latest one)")
     p.add_argument("--save-final", default=None, metavar="PATH", help="save the final state (weights, optimizer, ...) there")
     p.add_argument("--sample", type=int, default=48, metavar="N", help="characters the trained model writes at the end (0: none)")
+    p.add_argument("--layers", type=int, default=None, help="transformer blocks (default 4; with --tiny max(2, pp x chunks), or 4 with --auto)")
+    p.add_argument("--auto", action="store_true",
+                   help="let the strategy search choose --mesh, --schedule, --micro-batches, --zero, ... for this world")
+    p.add_argument("--profile", default=None, metavar="PATH",
+                   help="with --auto: the hardware profile to price on (default: this machine's cached calibration)")
     add_pipeline_args(p)
     args = p.parse_args()
     check_checkpoint_flags(args)
-    setup(args, seed=args.seed)
     if args.sample < 0:
         raise SystemExit(f"--sample {args.sample}: the number of characters to generate must be >= 0")
+    if args.layers is not None and args.layers < 1:
+        raise SystemExit(f"--layers {args.layers}: a GPT needs at least one transformer block")
+    if args.profile is not None and not args.auto:
+        raise SystemExit(f"--profile {args.profile}: only --auto prices strategies on a profile; add --auto")
+    if args.auto:  # before seeding: the search's traces build models, which would advance the generator
+        auto_configure(args)
+    setup(args, seed=args.seed)
     args.mesh = args.mesh or default_mesh()
     degrees = parse_mesh(args.mesh)
     chunks = args.chunks if args.schedule == "Interleaved1F1B" else 1
     if args.tiny:
-        layers = max(2, degrees["pp"] * chunks)
+        layers = args.layers or max(2, degrees["pp"] * chunks)
         cfg = GPTConfig(vocab_size=128, block_size=16, n_layer=layers, n_head=2, n_embd=16, dropout=0.1, dtype=args.dtype)
         batch, chars, lr = args.batch_size or 8, 50_000, args.lr or 3e-3
         if args.schedule is not None and args.batch_size is None:  # room for a micro-batch per stage and dp shard
             batch = max(batch, degrees["dp"] * (args.micro_batches or degrees["pp"] * chunks))
     else:
-        cfg = GPTConfig(vocab_size=128, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0, dtype=args.dtype)
+        cfg = GPTConfig(vocab_size=128, block_size=64, n_layer=args.layers or 4, n_head=4, n_embd=128, dropout=0.0, dtype=args.dtype)
         batch, chars, lr = args.batch_size or 16, 2_000_000, args.lr or 3e-3
     dp, tp, pp = degrees["dp"], degrees["tp"], degrees["pp"]
     backend = dist.current_backend()
@@ -216,11 +231,104 @@ def main() -> None:
                         f"{decode(prompt)}|{decode(text)}", flush=True)
 
 
-def default_mesh() -> str:
-    """Data parallel over the whole world when a launcher fixed its size (mpiexec -n, simulator -n); else one rank."""
+def fixed_world() -> int | None:
+    """The world size a launcher fixed (mpiexec -n, simulator -n), else None (the simulator grows its world)."""
     backend = dist.current_backend()
     fixed = backend.name in ("mpi", "nccl") or (getattr(backend, "_fixed", None) is not None and not getattr(backend, "reference", False))
-    return f"dp={backend.world_size if fixed else 1}"
+    return backend.world_size if fixed else None
+
+
+def default_mesh() -> str:
+    """Data parallel over the whole world when a launcher fixed its size (mpiexec -n, simulator -n); else one rank."""
+    return f"dp={fixed_world() or 1}"
+
+
+AUTO_EXCLUSIVE = (("--mesh", "mesh", None), ("--schedule", "schedule", None), ("--micro-batches", "micro_batches", None),
+                  ("--accumulate-steps", "accumulate_steps", 1), ("--zero", "zero", 0), ("--recompute", "recompute", "none"),
+                  ("--sequence-parallel", "sequence_parallel", False))
+"""Flags --auto sets itself (flag, attribute, default): giving one too is an error naming both."""
+
+
+def auto_configure(args: argparse.Namespace) -> None:
+    """``--auto``: search this world's strategies for this model and batch, then set the flags of the
+    fastest as if they had been given. Under mpiexec rank 0 searches and broadcasts its choice, so
+    every rank trains the same layout (and no rank waits on a calibration of its own)."""
+    for flag, attr, default in AUTO_EXCLUSIVE:
+        if getattr(args, attr) != default:
+            value = "" if isinstance(default, bool) else f" {getattr(args, attr)}"
+            raise SystemExit(f"--auto and {flag}{value}: --auto chooses {flag} itself; give one or the other")
+    backend = dist.current_backend()
+    if backend.name in ("mpi", "nccl"):
+        from mpi4py import MPI  # the launcher's world; imported here so the simulator needs no MPI
+
+        outcome = auto_search(args) if MPI.COMM_WORLD.rank == 0 else None
+        outcome = MPI.COMM_WORLD.bcast(outcome, root=0)
+    else:
+        outcome = auto_search(args)
+    if isinstance(outcome, str):  # rank 0's error, raised on every rank so none waits for the others
+        raise SystemExit(outcome)
+    for key, value in outcome.items():
+        setattr(args, key, value)
+
+
+def auto_search(args: argparse.Namespace) -> dict[str, object] | str:
+    """Rank 0's part of --auto: the profile, the search, the report; the chosen flags (or an error)."""
+    world = fixed_world()
+    batch = args.batch_size or (8 if args.tiny else 16)
+    layers = args.layers or 4
+    # The GPTConfig main() builds: (hidden, heads, block, dropout) of --tiny and of the default model.
+    shape = GPTShape(layers, 16, 2, 16, 128, 1, 0.1) if args.tiny else GPTShape(layers, 128, 4, 64, 128, 1, 0.0)
+
+    def say(line: str) -> None:
+        dist.print_once(line, file=sys.stderr, flush=True)
+
+    try:
+        resolved = resolve_profile(args.profile, world or 1, can_calibrate=world is not None, say=say)
+        result = choose(shape, world or 1, batch, resolved.profile)
+    except ValueError as exc:
+        return f"--auto: {exc}"
+    if not result.ranked:
+        return f"--auto: no strategy for {world or 1} rank(s), batch {batch}, {layers} layers: {result.advice() or 'none divides'}"
+    dist.print_once(f"auto: profile {resolved.profile.name} from {resolved.source}; {result.enumerated} strategies for "
+                    f"{world or 1} rank(s), batch {batch}, {layers} layers, {result.priced} priced in {result.seconds:.1f} s", flush=True)
+    chosen = auto_flags(result.ranked[0], layers, batch)
+    dist.print_once(f"auto: chose     {flag_text(chosen)}  (predicted step {1e3 * result.ranked[0].step_time_s:.3f} ms)", flush=True)
+    if len(result.ranked) > 1:
+        dist.print_once(f"auto: runner-up {flag_text(auto_flags(result.ranked[1], layers, batch))}  "
+                        f"(predicted step {1e3 * result.ranked[1].step_time_s:.3f} ms)", flush=True)
+    else:
+        dist.print_once("auto: no runner-up (one strategy divides and fits)", flush=True)
+    return chosen
+
+
+def auto_flags(c: Candidate, layers: int, batch: int) -> dict[str, object]:
+    """The example's flags (argparse attributes) of a searched strategy. One pipeline stage runs its
+    micro-batches as gradient accumulation (the search prices pp=1 as a 1F1B of one stage)."""
+    st = c.strategy
+    staged = st.pp > 1
+    return {"mesh": f"dp={st.dp},tp={st.tp},pp={st.pp}", "schedule": st.schedule if staged else None,
+            "micro_batches": st.micro_batches if staged else None, "chunks": st.chunks if st.chunks > 1 else 2,
+            "accumulate_steps": 1 if staged else st.micro_batches, "sequence_parallel": st.sequence_parallel,
+            "zero": st.zero, "recompute": st.recompute, "layers": layers, "batch_size": batch}
+
+
+def flag_text(flags: dict[str, object]) -> str:
+    """The command-line spelling of ``auto_flags`` (what to pass to reproduce the run without --auto)."""
+    out = [f"--mesh {flags['mesh']}"]
+    if flags["schedule"] is not None:
+        out.append(f"--schedule {flags['schedule']} --micro-batches {flags['micro_batches']}")
+        if flags["schedule"] == "Interleaved1F1B":
+            out.append(f"--chunks {flags['chunks']}")
+    if flags["accumulate_steps"] != 1:
+        out.append(f"--accumulate-steps {flags['accumulate_steps']}")
+    if flags["sequence_parallel"]:
+        out.append("--sequence-parallel")
+    if flags["zero"]:
+        out.append(f"--zero {flags['zero']}")
+    if flags["recompute"] != "none":
+        out.append(f"--recompute {flags['recompute']}")
+    out.append(f"--layers {flags['layers']} --batch-size {flags['batch_size']}")
+    return " ".join(out)
 
 
 def header(model: GPT, mesh: str, ranks: int, batch: int, accumulate: int, block: int, chars: int) -> str:

@@ -9,6 +9,10 @@
         loss = dist_model(x, y)                     # one step: forward, backward, update
     dist_model.plan                                 # mpipar.plan.Plan of the step
 
+``dist.Strategy(auto=True)``: on the first step the simulator's estimator chooses the pipeline
+schedule and micro-batch count for the model's own layout and the batch (a ``mpipar.models.gpt.GPT``;
+through the ``mpipar.strategy_search`` entry point), as if they had been set by hand.
+
 The first call probes the step with every op in shape-only mode: the pipeline stages (runs of
 ops on one mesh between cross-mesh reshards, seed 000 §4.3/4.4), the transfers between them
 and the plan (``mpipar.plan``: ops with their rule decisions, every reshard with its bytes,
@@ -27,9 +31,13 @@ moved to another placement, records them again. Results are the eager step's, bi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
 from typing import Any
 
+import numpy as np
+
 from mpipar import autograd, hooks
+from mpipar import random as _random
 from mpipar.backend import current_backend
 from mpipar.distribute import shard_tensor
 from mpipar.nn.layer import Layer
@@ -41,6 +49,7 @@ from mpipar.pipeline.schedule import Schedule, build_schedule
 from mpipar.placement import Replicate
 from mpipar.plan import Plan
 from mpipar.replay import CompiledStep
+from mpipar.runtime.log import print_once
 from mpipar.tensor import Tensor
 from mpipar.trace import PlanRecorder
 
@@ -54,9 +63,13 @@ class _Section:
 
 
 class Strategy:
-    """Paddle's ``dist.Strategy``: ``pipeline``, ``sharding`` and ``gradient_merge`` sections."""
+    """Paddle's ``dist.Strategy``: ``pipeline``, ``sharding`` and ``gradient_merge`` sections.
+    ``auto=True``: ``to_static`` chooses the pipeline schedule and micro-batches itself (module doc)."""
 
-    def __init__(self, config: dict[str, dict[str, Any]] | None = None) -> None:
+    def __init__(self, config: dict[str, dict[str, Any]] | None = None, *, auto: bool = False) -> None:
+        if not isinstance(auto, bool):
+            raise TypeError(f"Strategy auto must be True or False, got {auto!r}")
+        self.auto = auto
         self.pipeline = _Section(enable=False, schedule_mode="1F1B", accumulate_steps=1, micro_batch_size=None, vpp_degree=1)
         self.sharding = _Section(enable=False, stage=1, degree=None, mesh_dim="dp")
         self.gradient_merge = _Section(enable=False, k_steps=1)
@@ -67,7 +80,8 @@ class Strategy:
             target.__dict__.update(values)
 
     def __repr__(self) -> str:
-        return f"Strategy(pipeline={self.pipeline}, sharding={self.sharding}, gradient_merge={self.gradient_merge})"
+        auto = ", auto=True" if self.auto else ""
+        return f"Strategy(pipeline={self.pipeline}, sharding={self.sharding}, gradient_merge={self.gradient_merge}{auto})"
 
 
 class DistModel:
@@ -88,6 +102,8 @@ class DistModel:
         self._plan: Plan | None = None
         self._recorder: PlanRecorder | None = None
         """The probe's recorder, until the first update adds the optimizer's states to the plan."""
+        self.auto_choice: Any = None
+        """With ``Strategy(auto=True)``, after the first step: the search's pick (``report()`` says it)."""
         self.replay: CompiledStep[Tensor] = CompiledStep(self._train_step)
         """The training step, replayed after its first call (``mpipar.replay``): ``.retraces``
         counts the steps that recorded their decisions (the first, and each change of layout)."""
@@ -125,6 +141,8 @@ class DistModel:
     def _prepare(self, batch: Sequence[Tensor]) -> None:
         if self._probe is not None:
             return
+        if self.strategy.auto:
+            self._choose_pipeline(batch)
         m = self.microbatches
         first = batch_parts(batch, m)[0]
         for name, p in self.layer.named_parameters():
@@ -162,6 +180,41 @@ class DistModel:
         }
         self._plan = recorder.plan()
         self._recorder = recorder
+
+    def _choose_pipeline(self, batch: Sequence[Tensor]) -> None:
+        """``Strategy(auto=True)``: the search picks schedule and micro-batches for this model and
+        batch. Under MPI rank 0 decides and broadcasts, so every rank runs the same schedule; the
+        generator's state is kept, so the step draws what it would with those settings given."""
+        found = list(entry_points(group="mpipar.strategy_search"))
+        if not found:
+            raise RuntimeError("Strategy(auto=True) needs the simulator's search (pip install -e . registers "
+                               "simulator.auto:choose_pipeline under the 'mpipar.strategy_search' entry point)")
+        if not batch or not hasattr(batch[0], "shape") or not batch[0].shape:
+            raise ValueError("Strategy(auto=True): the first step's batch must be tensors with a batch dimension")
+        backend = current_backend()
+        kinds = ("FThenB", "1F1B", "ZBH1", "Interleaved1F1B")
+        saved = _random.get_rng_state()
+        choice, failure = None, None
+        if backend.name != "mpi" or backend.rank == 0:
+            try:
+                choice = found[0].load()(self.layer, int(batch[0].shape[0]), backend.world_size,
+                                         lambda line: print_once(line, flush=True))
+            except ValueError as exc:
+                failure = exc
+        _random.set_rng_state(saved)
+        code = np.array([-1, 0] if choice is None else [kinds.index(choice.schedule), choice.micro_batches], dtype=np.int64)
+        if backend.name == "mpi":
+            world = tuple(range(backend.world_size))
+            code = backend.comm.broadcast(world, {backend.rank: code}, 0, (2,), np.int64)[backend.rank]
+        if failure is not None:
+            raise failure
+        if code[0] < 0:
+            raise ValueError("Strategy(auto=True): rank 0's search failed (its error is in rank 0's output)")
+        if choice is not None:
+            print_once(choice.report(), flush=True)
+            self.auto_choice = choice
+        pipe = self.strategy.pipeline
+        pipe.enable, pipe.schedule_mode, pipe.accumulate_steps = True, kinds[int(code[0])], int(code[1])
 
     def _chunks(self, requested: int) -> int:
         """Virtual stages per pipeline rank, read off the model: stage s must live on mesh s mod p."""
