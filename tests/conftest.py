@@ -42,3 +42,13 @@ def gpt_plan_path(tmp_path_factory: pytest.TempPathFactory) -> str:
                     "--mesh", "dp=2,tp=2,pp=2", "--schedule", "1F1B"], cwd=REPO, env=env, check=True,
                    timeout=300, stdin=subprocess.DEVNULL, capture_output=True)
     return out
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``slow`` cases run on demand (``pytest -m slow`` or ``MPIPAR_SLOW=1``), not in the default suite."""
+    if "slow" in (config.getoption("-m") or "") or os.environ.get("MPIPAR_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: run on demand with `pytest -m slow` or MPIPAR_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
