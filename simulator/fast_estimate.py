@@ -40,12 +40,11 @@ from dataclasses import dataclass, replace
 from mpipar.mesh import ProcessMesh
 from mpipar.parallel import ShardingStage1
 from mpipar.pipeline import Schedule, build_schedule
-from mpipar.pipeline.actions import final_backward_kind
 from mpipar.placement import Replicate, parse_placements
 from mpipar.plan import PlanMesh, PlanReshard, PlanStep
 from mpipar.spec import DistSpec
 from simulator.cost import HardwareProfile, Link, PipelineCost, collective_time
-from simulator.estimate import UPDATE_FLOPS, _overlapped, layers_per_stage
+from simulator.estimate import UPDATE_FLOPS, _overlapped, _peak_in_flight_bytes, layers_per_stage
 from simulator.op_cost import PlanCosts, _local_shapes, op_family
 from simulator.schedule_sim import _Run
 from simulator.step_trace import FIRST, LAST, SETUP, GPTShape, Part, StepTrace, Strategy, trace_gpt_step
@@ -327,25 +326,13 @@ class _Pipe:
     """Activation bytes held at once on each lane."""
 
 
-def _peak_bytes(schedule: Schedule, lane: int, stage_bytes: dict[int, int]) -> int:
-    done = final_backward_kind(schedule.split_backward)
-    live = peak = 0
-    for action in schedule.actions[lane]:
-        if action.kind == "F":
-            live += stage_bytes[action.stage]
-            peak = max(peak, live)
-        elif action.kind == done:
-            live -= stage_bytes[action.stage]
-    return peak
-
-
 def _simulate(strategy: Strategy, micro: int, cost: PipelineCost, act: tuple[int, ...]) -> _Pipe:
     schedule = _schedule(strategy.schedule, strategy.num_stages, micro, strategy.chunks)
     timeline = _Run(schedule, cost).timeline()  # the schedule was validated when built
     lanes = schedule.num_ranks
     ends = tuple(max((sp.end for sp in timeline.lane(k, "compute")), default=0.0) for k in range(lanes))
     busy = sum(timeline.busy(r) for r in timeline.ranks)
-    flight = tuple(_peak_bytes(schedule, k, {s: act[s] for s in schedule.stages_of(k)}) for k in range(lanes))
+    flight = tuple(_peak_in_flight_bytes(schedule, k, {s: act[s] for s in schedule.stages_of(k)}) for k in range(lanes))
     return _Pipe(ends, timeline.makespan, busy, flight)
 
 
