@@ -147,26 +147,52 @@ def run_ours(iters: int, warmup: int) -> None:
 
 
 # ---------------------------------------------------------------------- torch worker
+def _torch_tp_mlp(world_size: int) -> tuple[Any, Any]:
+    """The MLP with our initial values, Megatron-split by DTensor's Colwise/RowwiseParallel, and its input."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    init = weights()
+    model = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, IN))
+    with torch.no_grad():  # torch keeps (out, in) weights
+        model[0].weight.copy_(torch.from_numpy(init["w1"].T.copy()))
+        model[0].bias.copy_(torch.from_numpy(init["b1"]))
+        model[2].weight.copy_(torch.from_numpy(init["w2"].T.copy()))
+        model[2].bias.copy_(torch.from_numpy(init["b2"]))
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    return model, torch.from_numpy(init["x"])
+
+
+def _torch_slowest(seconds: float) -> float:
+    """The slowest rank's seconds (one float over gloo)."""
+    import torch
+    import torch.distributed as tdist
+
+    t = torch.tensor([seconds], dtype=torch.float64)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _spawn_torch(worker: Any, world_size: int, iters: int, warmup: int) -> None:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(world_size, port, iters, warmup), nprocs=world_size, join=True)
+
+
 def _torch_rank(rank: int, world_size: int, port: int, iters: int, warmup: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
     import torch.distributed as tdist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        init = weights()
-        model = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, IN))
-        with torch.no_grad():  # torch keeps (out, in) weights
-            model[0].weight.copy_(torch.from_numpy(init["w1"].T.copy()))
-            model[0].bias.copy_(torch.from_numpy(init["b1"]))
-            model[2].weight.copy_(torch.from_numpy(init["w2"].T.copy()))
-            model[2].bias.copy_(torch.from_numpy(init["b2"]))
-        mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
-        model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-        x = torch.from_numpy(init["x"])
+        model, x = _torch_tp_mlp(world_size)
 
         def forward_backward() -> Any:
             loss = model(x).sum()
@@ -181,12 +207,7 @@ def _torch_rank(rank: int, world_size: int, port: int, iters: int, warmup: int) 
         order = [model[0].weight, model[0].bias, model[2].weight, model[2].bias]  # as ours: w1, b1, w2, b2
         norms = [float(torch.linalg.vector_norm(p.grad.full_tensor())) for p in order]
 
-        def slowest(seconds: float) -> float:
-            t = torch.tensor([seconds], dtype=torch.float64)
-            tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-            return float(t.item())
-
-        times = time_steps(step, tdist.barrier, slowest, iters, warmup)
+        times = time_steps(step, tdist.barrier, _torch_slowest, iters, warmup)
         if rank == 0:
             print(RESULT + json.dumps({"times": times, "loss": float(loss.detach()), "grad_norms": norms}), flush=True)
     finally:
@@ -194,12 +215,7 @@ def _torch_rank(rank: int, world_size: int, port: int, iters: int, warmup: int) 
 
 
 def run_torch(world_size: int, iters: int, warmup: int) -> None:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_torch_rank, args=(world_size, port, iters, warmup), nprocs=world_size, join=True)
+    _spawn_torch(_torch_rank, world_size, iters, warmup)
 
 
 # ---------------------------------------------------------------------- the training step (fwd + bwd + SGD)
@@ -237,23 +253,12 @@ def _torch_train_rank(rank: int, world_size: int, port: int, iters: int, warmup:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
     import torch.distributed as tdist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        init = weights()
-        model = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, IN))
-        with torch.no_grad():
-            model[0].weight.copy_(torch.from_numpy(init["w1"].T.copy()))
-            model[0].bias.copy_(torch.from_numpy(init["b1"]))
-            model[2].weight.copy_(torch.from_numpy(init["w2"].T.copy()))
-            model[2].bias.copy_(torch.from_numpy(init["b2"]))
-        mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
-        model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        model, x = _torch_tp_mlp(world_size)
         opt = torch.optim.SGD(model.parameters(), lr=TRAIN_LR)
-        x = torch.from_numpy(init["x"])
 
         def step() -> float:
             y = model(x)
@@ -265,12 +270,7 @@ def _torch_train_rank(rank: int, world_size: int, port: int, iters: int, warmup:
 
         losses = [step() for _ in range(2)]
 
-        def slowest(seconds: float) -> float:
-            t = torch.tensor([seconds], dtype=torch.float64)
-            tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-            return float(t.item())
-
-        times = time_steps(step, tdist.barrier, slowest, iters, warmup)
+        times = time_steps(step, tdist.barrier, _torch_slowest, iters, warmup)
         if rank == 0:
             print(RESULT + json.dumps({"times": times, "losses": losses}), flush=True)
     finally:
@@ -278,12 +278,7 @@ def _torch_train_rank(rank: int, world_size: int, port: int, iters: int, warmup:
 
 
 def run_torch_train(world_size: int, iters: int, warmup: int) -> None:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_torch_train_rank, args=(world_size, port, iters, warmup), nprocs=world_size, join=True)
+    _spawn_torch(_torch_train_rank, world_size, iters, warmup)
 
 
 def train_section(args: argparse.Namespace, have_torch: bool) -> None:
