@@ -26,6 +26,7 @@ from mpipar.optimizer import Adam as _Adam
 from mpipar.optimizer import AdamW as _AdamW
 from mpipar.optimizer import Optimizer
 from mpipar.placement import Partial, Placement, Replicate, Shard
+from mpipar.spec import box_shape
 from mpipar.tensor import Tensor
 
 __all__ = [
@@ -230,13 +231,13 @@ def randn(*size: Any, dtype: Any = None, placement: Any = None, sbp: Any = None,
 
 def zeros(*size: Any, dtype: Any = None, placement: Any = None, sbp: Any = None, requires_grad: bool = False) -> Tensor:
     shape, dt = _shape_of(size, "zeros"), _dtype_of(dtype)
-    value = Tensor.lazy(shape, dt, lambda shp, box: np.zeros([e - s for s, e in box], dtype=dt))
+    value = Tensor.lazy(shape, dt, lambda shp, box: np.zeros(box_shape(box), dtype=dt))
     return _finish(value, placement, sbp, requires_grad, "zeros")
 
 
 def ones(*size: Any, dtype: Any = None, placement: Any = None, sbp: Any = None, requires_grad: bool = False) -> Tensor:
     shape, dt = _shape_of(size, "ones"), _dtype_of(dtype)
-    value = Tensor.lazy(shape, dt, lambda shp, box: np.ones([e - s for s, e in box], dtype=dt))
+    value = Tensor.lazy(shape, dt, lambda shp, box: np.ones(box_shape(box), dtype=dt))
     return _finish(value, placement, sbp, requires_grad, "ones")
 
 
