@@ -450,7 +450,7 @@ def _whatif_base(plan: Plan) -> tuple[SampleConfig, str | None]:
     return base, None
 
 
-def view_whatif(plan: Plan, main: Timeline | None) -> None:
+def view_whatif(plan: Plan, plan_key: str, main: Timeline | None) -> None:
     """The sample re-traced with other knobs, or the plan's own script; then the strategy search."""
     _whatif_back_button()
     ref: script_whatif.ScriptRef | None = None
@@ -463,9 +463,9 @@ def view_whatif(plan: Plan, main: Timeline | None) -> None:
             # Another model's numbers would be wrong numbers: say why there are none.
             st.info(f"No what-if for this plan: {exc}. The what-if re-traces the plan's own script "
                     "(`mpipar plan` records it); this plan's model cannot be re-traced here. The loaded plan:")
-            _loaded_metrics_table(whatif.plan_metrics(plan, _pipeline_timeline(plan)))
+            _loaded_metrics_table(_loaded_metrics(plan_key, plan))
         else:
-            _whatif_script(plan, ref)
+            _whatif_script(plan, plan_key, ref)
     _whatif_search(plan, ref)
 
 
@@ -553,7 +553,7 @@ def _confirmed_retrace(ref: script_whatif.ScriptRef, args: list[str], key: str) 
     return new_plan
 
 
-def _whatif_script(plan: Plan, ref: script_whatif.ScriptRef) -> None:
+def _whatif_script(plan: Plan, plan_key: str, ref: script_whatif.ScriptRef) -> None:
     world = len(all_ranks(plan)) or 1
     try:
         base = script_whatif.read_knobs(ref.args, world)
@@ -564,7 +564,7 @@ def _whatif_script(plan: Plan, ref: script_whatif.ScriptRef) -> None:
                f"{' --shape-only' if ref.shape_only else ''} and diffed against the loaded plan.")
     knobs = _knob_widgets(base, "wis")
     args = script_whatif.with_knobs(ref.args, base, knobs)
-    loaded = whatif.plan_metrics(plan, _pipeline_timeline(plan))
+    loaded = _loaded_metrics(plan_key, plan)
     if args == list(ref.args):
         st.caption("These are the loaded plan's own arguments: change a knob to see a what-if. The loaded plan:")
         _loaded_metrics_table(loaded)
@@ -582,6 +582,14 @@ def _whatif_script(plan: Plan, ref: script_whatif.ScriptRef) -> None:
     st.download_button("what-if plan (JSON)", lambda: _plan_json(new_plan), "whatif-plan.json", "application/json",
                        key="wis-plan", on_click="ignore")
     _load_into_views(" ".join([ref.recorded, *args]), new_plan, None, "wis_load")
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _loaded_metrics(key: str, _plan: Plan) -> dict[str, Any]:
+    """The loaded plan's what-if metrics (its pipeline simulated, its memory peaks): once per plan,
+    not on every rerun a widget of the view triggers."""
+    del key
+    return whatif.plan_metrics(_plan, _pipeline_timeline(_plan))
 
 
 def _loaded_metrics_table(metrics: dict[str, Any]) -> None:
@@ -846,7 +854,7 @@ def main() -> None:
     elif view == "Memory":
         view_memory(timed, plan_key, timed_t, profile if timed is not plan else None)
     else:
-        view_whatif(plan, main_t)
+        view_whatif(plan, plan_key, main_t)
 
 
 main()
