@@ -671,6 +671,10 @@ def _check_plan(plan: Plan) -> None:
     _check_kept(plan.meta.get(KEPT_KEY), tensors, len(plan.ops))
 
 
+HOST_TENSORS_KEY = "host_tensors"
+"""Meta key ``mpipar.trace`` writes: the ids of the optimizer states an ``offload_optimizer`` keeps
+in host memory (readers check each entry: the plan may come from anywhere)."""
+
 KEPT_KEY = "kept_for_backward"
 """Meta key ``mpipar.trace`` writes: ``[tensor id, forward op index or null]`` per storage the
 tape keeps for backward."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from mpipar.backend import set_backend
 from mpipar.optimizer.optimizer import Optimizer
-from mpipar.plan import KEPT_KEY, Plan
+from mpipar.plan import HOST_TENSORS_KEY, KEPT_KEY, Plan
 from mpipar.static import DistModel
 from mpipar.trace import PlanRecorder
 
@@ -47,7 +47,7 @@ def trace_script(script: str, args: Sequence[str], backend: Any, meta: dict[str,
         plan = self.plan
         # This recorder's own notes name its tensor ids, not the model's plan's: only the run's
         # description (script, args, backend) carries over.
-        plan.meta.update({k: v for k, v in recorder.meta.items() if k not in (KEPT_KEY, "host_tensors")})
+        plan.meta.update({k: v for k, v in recorder.meta.items() if k not in (KEPT_KEY, HOST_TENSORS_KEY)})
         raise _FirstStepDone(plan)
 
     Optimizer.step = step  # type: ignore[method-assign]

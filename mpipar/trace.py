@@ -27,7 +27,7 @@ from mpipar.autograd import Node
 from mpipar.backend import current_backend
 from mpipar.memory import tape_storages
 from mpipar.mesh import ProcessMesh
-from mpipar.plan import KEPT_KEY, Plan, PlanMesh, PlanOp, PlanReshard, PlanStep, PlanTensor
+from mpipar.plan import HOST_TENSORS_KEY, KEPT_KEY, Plan, PlanMesh, PlanOp, PlanReshard, PlanStep, PlanTensor
 from mpipar.reshard.planner import ReshardPlan
 from mpipar.tensor import Parameter, Tensor
 
@@ -102,7 +102,7 @@ class PlanRecorder:
             if offload is not None and offload.offloads(name.rsplit(".", 1)[-1]):
                 host.append(tid)
         if host:
-            self.meta["host_tensors"] = host
+            self.meta[HOST_TENSORS_KEY] = host
 
     def tensor_id(self, t: Tensor) -> int:
         tid = self._ids.get(t)

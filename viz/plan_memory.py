@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mpipar.plan import KEPT_KEY, Plan
+from mpipar.plan import HOST_TENSORS_KEY, KEPT_KEY, Plan
 from viz.planinfo import local_bytes, rank_positions, stage_of
 
 RECOMPUTE_SCOPE = "recompute"
@@ -43,7 +43,7 @@ def host_tensors(plan: Plan) -> set[int]:
     ``mpipar plan`` writes it for an offloading optimizer. The plan may come from anywhere: only
     entries that are ids of optimizer-state tensors count; anything else names nothing on the host.
     """
-    listed = plan.meta.get("host_tensors")
+    listed = plan.meta.get(HOST_TENSORS_KEY)
     if not isinstance(listed, list):
         return set()
     states = {t.id for t in plan.tensors if t.kind == "optimizer_state"}
