@@ -57,6 +57,24 @@ class ParamAttr:
         self.trainable, self.need_clip = trainable, need_clip
 
 
+def parameter_initializer(attr: ParamAttr, is_bias: bool, default: Initializer | None = None) -> Initializer:
+    """The initializer a parameter gets: ``attr``'s, else ``default``, else zeros for a bias and
+    XavierUniform for a weight (Paddle's rule)."""
+    return attr.initializer or default or (Constant(0.0) if is_bias else XavierUniform())
+
+
+def lazy_parameter(shape: Sequence[int], dtype: Any, box_init: Any, attr: ParamAttr) -> Parameter:
+    """A lazy ``Parameter`` drawn box by box by ``box_init``, carrying ``attr``'s trainability,
+    name, learning-rate factor and clipping flag."""
+    p = Tensor.lazy(shape, dtype, box_init, kind=Parameter)
+    assert isinstance(p, Parameter)
+    p.stop_gradient = not attr.trainable
+    p.name = attr.name
+    p.optimize_attr = {"learning_rate": attr.learning_rate}  # type: ignore[attr-defined]
+    p.need_clip = attr.need_clip  # type: ignore[attr-defined]
+    return p
+
+
 class Layer:
     """Base class of every layer."""
 
@@ -103,16 +121,9 @@ class Layer:
     ) -> Parameter:
         """A new (lazy) parameter: XavierUniform for weights, zeros for biases, unless told."""
         attr = attr if isinstance(attr, ParamAttr) else ParamAttr()
-        init = attr.initializer or default_initializer or (Constant(0.0) if is_bias else XavierUniform())
         dt = np.dtype(dtype) if dtype is not None else self._dtype
-        box_init = init.box_init(mrandom.next_key(), dt)
-        p = Tensor.lazy(shape, dt, box_init, kind=Parameter)
-        assert isinstance(p, Parameter)
-        p.stop_gradient = not attr.trainable
-        p.name = attr.name
-        p.optimize_attr = {"learning_rate": attr.learning_rate}  # type: ignore[attr-defined]
-        p.need_clip = attr.need_clip  # type: ignore[attr-defined]
-        return p
+        box_init = parameter_initializer(attr, is_bias, default_initializer).box_init(mrandom.next_key(), dt)
+        return lazy_parameter(shape, dt, box_init, attr)
 
     def add_parameter(self, name: str, parameter: Parameter) -> Parameter:
         setattr(self, name, parameter)

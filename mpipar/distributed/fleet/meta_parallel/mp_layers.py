@@ -31,8 +31,7 @@ from mpipar.collective import Group, ReduceOp, all_reduce
 from mpipar.distributed.fleet.base import hcg_or_none
 from mpipar.distributed.fleet.meta_parallel.mp_ops import c_concat, c_identity, c_split, mp_allreduce
 from mpipar.nn import functional as F
-from mpipar.nn.initializer import Constant, XavierUniform
-from mpipar.nn.layer import Layer, ParamAttr
+from mpipar.nn.layer import Layer, ParamAttr, lazy_parameter, parameter_initializer
 from mpipar.ops.manipulation import unsqueeze
 from mpipar.ops.math import add, as_tensor, cast, exp, log, multiply, subtract, sum_
 from mpipar.tensor import Parameter, Tensor
@@ -67,9 +66,8 @@ def split_parameter(
     """Slice ``index`` of ``parts`` along ``axis`` of the parameter ``layer.create_parameter(shape)``
     would make (``axis=None``: the whole parameter): the same random draw, only this slice's box."""
     attr = attr if isinstance(attr, ParamAttr) else ParamAttr()
-    init = attr.initializer or (Constant(0.0) if is_bias else XavierUniform())
     dtype = layer._dtype
-    whole = init.box_init(mrandom.next_key(), dtype)
+    whole = parameter_initializer(attr, is_bias).box_init(mrandom.next_key(), dtype)
     local = list(shape)
     offset = [0] * len(shape)
     if axis is not None:
@@ -80,12 +78,7 @@ def split_parameter(
     def box_init(_shape: tuple[int, ...], box: tuple[tuple[int, int], ...]) -> Any:
         return whole(full_shape, tuple((lo + o, hi + o) for (lo, hi), o in zip(box, offset, strict=True)))
 
-    p = Tensor.lazy(local, dtype, box_init, kind=Parameter)
-    assert isinstance(p, Parameter)
-    p.stop_gradient = not attr.trainable
-    p.name = attr.name
-    p.optimize_attr = {"learning_rate": attr.learning_rate}  # type: ignore[attr-defined]
-    p.need_clip = attr.need_clip  # type: ignore[attr-defined]
+    p = lazy_parameter(local, dtype, box_init, attr)
     p.is_distributed = axis is not None and parts > 1  # type: ignore[attr-defined]
     p.split_axis = axis  # type: ignore[attr-defined]
     return p
