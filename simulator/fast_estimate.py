@@ -37,11 +37,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from mpipar.mesh import ProcessMesh
 from mpipar.parallel import ShardingStage1
 from mpipar.pipeline import Schedule, build_schedule
 from mpipar.placement import Replicate, parse_placements
-from mpipar.plan import PlanMesh, PlanReshard, PlanStep
+from mpipar.plan import PlanMesh, PlanReshard, PlanStep, process_mesh
 from mpipar.spec import DistSpec
 from simulator.cost import HardwareProfile, Link, PipelineCost, collective_time
 from simulator.estimate import UPDATE_FLOPS, _overlapped, _peak_in_flight_bytes, layers_per_stage
@@ -269,20 +268,13 @@ def _zero_splits_agree(step: StepTrace, real: dict[tuple[int, ...], PlanMesh]) -
         pls = list(parse_placements(rec.entries[0][2]))
         pls[0] = Replicate()
         m = real[rec.mesh]
-        mesh = _process_mesh(m)
+        mesh = process_mesh(m)
         base = DistSpec(rec.shape, mesh, pls)
         spec = stage.layout(None, base)  # type: ignore[arg-type]
         # No split: the update runs in the parameter's own layout (``Optimizer.layout_of``).
         if (spec if spec is not None else base).placements_str != rec.update:
             return False
     return True
-
-
-@functools.lru_cache(maxsize=256)
-def _process_mesh(m: PlanMesh) -> ProcessMesh:
-    import numpy as np
-
-    return ProcessMesh.unchecked(np.asarray(m.process_ids, dtype=np.int64).reshape(m.shape), m.dim_names)
 
 
 # ---------------------------------------------------------------------- applicability
