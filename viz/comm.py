@@ -22,7 +22,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
 from mpipar.plan import PHASES, Plan
-from viz.figures import COLLECTIVE_COLORS, new_figure
+from viz.figures import COLLECTIVE_COLORS, empty_notice, new_figure
 from viz.planinfo import all_ranks, fmt_bytes, plan_mesh
 from viz.propagation import COMM_KINDS
 
@@ -122,8 +122,7 @@ def traffic_figure(plan: Plan, phase: str | None = None) -> Figure:
     fig = new_figure(6.4, 5.4)
     ax = fig.add_subplot()
     if not ranks or not m.any():
-        ax.axis("off")
-        ax.text(0.5, 0.5, "no traffic" + (f" in {phase}" if phase else ""), ha="center", va="center")
+        empty_notice(ax, "no traffic" + (f" in {phase}" if phase else ""))
         return fig
     positive = m[m > 0]
     image = ax.imshow(np.where(m > 0, m, np.nan), cmap="viridis", interpolation="nearest",

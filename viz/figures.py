@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 
 from matplotlib import colormaps
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
@@ -53,6 +54,12 @@ def new_figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def empty_notice(ax: Axes, text: str) -> None:
+    """An axes with nothing to draw: no frame, ``text`` in its middle."""
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center")
 
 
 def block_color(index: int) -> str:

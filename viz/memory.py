@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from mpipar.plan import Plan
 from mpipar.timeline import MEMORY_CATEGORIES, MemoryCurve
-from viz.figures import MEMORY_COLORS, new_figure
+from viz.figures import MEMORY_COLORS, empty_notice, new_figure
 from viz.planinfo import fmt_bytes
 from viz.simulate import lane_of_rank, rank_memory, simulate_plan
 
@@ -110,8 +110,7 @@ def peaks_figure(rows: list[dict[str, Any]], capacity: float | None = None) -> F
     fig = new_figure(9.0, 3.4)
     ax = fig.add_subplot()
     if not rows:
-        ax.axis("off")
-        ax.text(0.5, 0.5, "no per-rank memory in this plan", ha="center", va="center")
+        empty_notice(ax, "no per-rank memory in this plan")
         return fig
     rows = sorted(rows, key=lambda r: r["rank"])
     peak = max(r["peak"] for r in rows)

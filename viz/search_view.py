@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from simulator.search import Candidate, SearchResult, search
 from simulator.step_trace import GPTShape
-from viz.figures import new_figure
+from viz.figures import empty_notice, new_figure
 from viz.planinfo import fmt_bytes
 
 MAX_DEVICES = 64  # the search enumerates every divisor triple: keep the dashboard's answer interactive
@@ -123,8 +123,7 @@ def search_figure(points: list[Candidate], front: list[int], memory_limit: int |
     fig = new_figure(7.5, 4.2)
     ax = fig.add_subplot()
     if not points:
-        ax.axis("off")
-        ax.text(0.5, 0.5, "no candidate divides this model and device count", ha="center", va="center")
+        empty_notice(ax, "no candidate divides this model and device count")
         return fig
     mem = np.array([c.peak_bytes for c in points], dtype=float) / 2**20
     ms = np.array([c.step_time_s for c in points], dtype=float) * 1e3

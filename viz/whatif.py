@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from mpipar.plan import PHASES, Plan
 from mpipar.timeline import Timeline
-from viz.figures import new_figure
+from viz.figures import empty_notice, new_figure
 from viz.memory import rank_peaks
 from viz.planinfo import all_ranks, fmt_bytes
 from viz.sample import build_sample
@@ -95,8 +95,7 @@ def diff_figure(rows: list[dict[str, Any]]) -> Figure:
     fig = new_figure(8.0, 0.6 + 0.32 * max(len(data), 2))
     ax = fig.add_subplot()
     if not data:
-        ax.axis("off")
-        ax.text(0.5, 0.5, "no comparable metrics", ha="center", va="center")
+        empty_notice(ax, "no comparable metrics")
         return fig
     names = [d[0] for d in data]
     ratios = np.array([d[1] for d in data], dtype=float)
