@@ -35,6 +35,18 @@ How it chooses:
    (a residual stream two layers long, the loss), which is why a second round often moves a
    few choices.
 
+5. *Conventional layouts within a tolerance*: the cost model is not exact (its target is
+   about 10% of a real step), so a difference of a fraction of a percent says nothing about
+   which layout is really faster. After the DP, a pass in order of first use moves each unit
+   to its layer type's *conventional* layout -- the one Megatron-LM and Paddle's fleet write
+   by hand -- when the whole traced step stays within ``tolerance`` (default 1%) of the
+   cheapest one found. Conventional: for an ``Embedding`` indexed by the step's inputs (token
+   ids: the vocabulary) the ``vocab`` split (``VocabParallelEmbedding``); for one indexed by
+   values the model makes itself (positions) ``replicate`` (Megatron keeps position tables
+   whole); a ``Linear`` has none (its column/row pairs are what the pricing finds wherever a
+   split pays, and what a layer costs decides the rest). The report says per unit what was
+   kept and at what price; ``tolerance=0`` keeps the cheapest layout.
+
 ``fixed={"name": "choice"}`` pins units (the candidates above, by sublayer name).
 """
 
@@ -100,6 +112,8 @@ class Unit:
     how: str = ""
     stage: Stage | None = None
     """The DP step that priced this unit (with its siblings)."""
+    conventional: str | None = None
+    """Its layer type's conventional candidate (module docstring, point 5), None when it has none."""
 
     def candidate(self, name: str) -> Candidate:
         for c in self.candidates:
@@ -122,6 +136,7 @@ class AutoShard:
     def __init__(
         self, mesh: ProcessMesh, axis: str, units: list[Unit], chosen: Priced, baseline: Priced,
         traces: int, seconds: float, history: list[str], others: list[str], converged: bool,
+        cheapest: Priced, cheapest_choices: dict[str, str], tolerance: float,
     ) -> None:
         self.mesh = mesh
         self.axis = axis
@@ -134,6 +149,11 @@ class AutoShard:
         self.converged = converged
         """False when ``rounds`` ran out before a round changed nothing."""
         self.others = others
+        self.cheapest = cheapest
+        """The cheapest traced step the DP found, before conventional layouts were kept (``chosen`` is within tolerance of it)."""
+        self.cheapest_choices = cheapest_choices
+        """The DP's choices before the conventional pass (``tolerance=0`` would return these)."""
+        self.tolerance = tolerance
 
     @property
     def choices(self) -> dict[str, str]:
@@ -171,6 +191,8 @@ class AutoShard:
             f"split axis {self.axis!r}; {self.traces} shape-only traces in {self.search_seconds:.2f} s",
             f"chosen step: {_ms(c.seconds)}, {_bytes(c.bytes)} communicated per rank; "
             f"all replicated: {_ms(b.seconds)}, {_bytes(b.bytes)}",
+            f"cheapest step found: {_ms(self.cheapest.seconds)} (the chosen one is {_pct(c.seconds, self.cheapest.seconds)} "
+            f"above it; conventional layouts are kept within {100 * self.tolerance:g}%)",
             "layer (kind): choice [state of its output; how chosen] | its DP step's candidates: step time, bytes per rank "
             "with only that step changed from the last round's layout",
         ]
@@ -205,6 +227,10 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms"
 
 
+def _pct(seconds: float, of: float) -> str:
+    return f"{100 * (seconds - of) / of:.2f}%" if of > 0 else "0.00%"
+
+
 def _bytes(n: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= size:
@@ -229,13 +255,16 @@ def auto_shard(
     fixed: dict[str, str] | None = None,
     price: Pricer | None = None,
     rounds: int = 4,
+    tolerance: float = 0.01,
 ) -> AutoShard:
     """Choose placements for ``layer``'s Linear and Embedding sublayers on ``mesh`` (module docstring).
 
     ``example_inputs``: the arguments of one step (tensors: their shape, dtype and layout are
     used, never their values; a dense tensor counts as replicated on ``mesh``). ``step(layer,
     *inputs)`` returns the loss (default: the mean of ``layer(*inputs)``). ``price`` overrides
-    the simulator's cost model; ``rounds`` bounds the DP rounds (module docstring).
+    the simulator's cost model; ``rounds`` bounds the DP rounds; ``tolerance`` (a fraction of the
+    step, default 0.01) is how much slower than the cheapest layout found the step may get for
+    conventional layouts to be kept (module docstring, point 5; 0: the cheapest).
     """
     start = time.perf_counter()
     if not isinstance(layer, Layer):
@@ -251,6 +280,9 @@ def auto_shard(
         raise ValueError(f"auto_shard axis {axis!r} is not an axis of mesh {mesh} (axes {list(mesh.dim_names)})")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"auto_shard rounds must be an int >= 1, got {rounds!r}")
+    if (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance)
+            or not 0 <= tolerance < 1):
+        raise ValueError(f"auto_shard tolerance must be a fraction of the step in [0, 1), got {tolerance!r}")
     size = mesh.get_dim_size(axis)
     pricer = price if price is not None else _default_pricer()
     run = step if step is not None else _mean_step
@@ -274,7 +306,9 @@ def auto_shard(
         u.fixed = True
 
     tracer = _Tracer(layer, mesh, axis, example_inputs, run, pricer)
-    uses = tracer.first_uses({u.name: u.candidates[0] if u.fixed else u.candidate("replicate") for u in units})
+    uses, data_indexed = tracer.first_uses({u.name: u.candidates[0] if u.fixed else u.candidate("replicate") for u in units})
+    for u in units:
+        u.conventional = _convention(u, u.name in data_indexed)
     unused = [u for u in units if u.name not in uses]
     units = sorted((u for u in units if u.name in uses), key=lambda u: uses[u.name])
     for u in unused:  # never used by the step: nothing to price, keep it whole
@@ -318,12 +352,65 @@ def auto_shard(
             u.choice = st.options[name][u.name].name
             u.how = "fixed" if u.fixed else "dynamic programming"
             u.stage = st
-    chosen = tracer.price(assign)
+    cheapest = tracer.price(assign)
+    cheapest_choices = {u.name: u.choice for u in units}
+    chosen = _keep_conventional(tracer, stages, assign, cheapest, tolerance, history)
     units.extend(unused)
     assert first is not None  # rounds >= 1: the first round always prices its base
     return AutoShard(
         mesh, axis, units, chosen, first, tracer.count, time.perf_counter() - start, history, others, converged,
+        cheapest, {**cheapest_choices, **{u.name: u.choice for u in unused}}, float(tolerance),
     )
+
+
+def _convention(unit: Unit, data_indexed: bool) -> str | None:
+    """The layout Megatron-LM and Paddle's fleet give this layer type by hand (module docstring, point 5)."""
+    if unit.kind != "Embedding":
+        return None
+    wanted = "vocab" if data_indexed else "replicate"
+    return wanted if wanted in {c.name for c in unit.candidates} else None
+
+
+def _keep_conventional(
+    tracer: _Tracer, stages: list[Stage], assign: dict[str, Candidate], cheapest: Priced, tolerance: float,
+    history: list[str],
+) -> Priced:
+    """Move each DP step, in order, to its members' conventional candidate when the whole traced step
+    stays within ``tolerance`` of ``cheapest``; update ``assign`` and the units' ``how``; the step's price."""
+    budget = cheapest.seconds * (1.0 + tolerance) + _EPS
+    current = cheapest
+    moves: list[str] = []
+    for st in stages:
+        free = [u for u in st.members if not u.fixed]
+        wanted = {u.conventional for u in free}
+        if not free or len(wanted) != 1:
+            continue  # nothing to move, or siblings with different conventions (one choice per step)
+        conv = wanted.pop()
+        if conv is None or conv == st.choice or conv not in st.options:
+            continue
+        old = st.choice
+        trial_assign = {**assign, **st.options[conv]}
+        trial = tracer.price(trial_assign)
+        delta = _pct(trial.seconds, current.seconds)
+        delta = delta if delta.startswith("-") else f"+{delta}"
+        if trial.seconds <= budget:
+            assign.clear()
+            assign.update(trial_assign)
+            current = trial
+            st.choice = conv
+            for u in free:
+                u.choice = conv
+                u.how = (f"conventional: {conv} within {delta} of {old} (the DP's choice), the conventional layout kept "
+                         f"(tolerance {100 * tolerance:g}%)")
+            moves.append(f"{st.names} {old} -> {conv} ({delta})")
+        else:
+            for u in free:
+                u.how += (f"; the conventional {conv} would cost {delta} of the step, over the tolerance "
+                          f"({100 * tolerance:g}% above the cheapest)")
+    if moves:
+        history.append(f"conventional layouts kept: {'; '.join(moves)} ({_ms(cheapest.seconds)} -> {_ms(current.seconds)}, "
+                       f"{_pct(current.seconds, cheapest.seconds)} above the cheapest)")
+    return current
 
 
 def _viterbi(tracer: _Tracer, stages: list[Stage], base: dict[str, Candidate], t0: Priced) -> list[str]:
@@ -494,8 +581,10 @@ class _Tracer:
             raise ValueError(f"auto_shard price(plan) must return finite non-negative (seconds, bytes), got {out!r}")
         return Priced(seconds, nbytes)
 
-    def first_uses(self, assign: dict[str, Candidate]) -> dict[str, tuple[int, int]]:
-        """Unit name -> (index of the first op reading its weight, the tensor id of that op's other input)."""
+    def first_uses(self, assign: dict[str, Candidate]) -> tuple[dict[str, tuple[int, int]], set[str]]:
+        """Unit name -> (index of the first op reading its weight, the tensor id of that op's other
+        input); and the units whose first use's other input is computed from the step's inputs
+        (an Embedding indexed by token ids, not by positions the model makes itself)."""
         plan = self.plan(assign)
         self._cache[self._key(assign)] = self._priced(plan)  # the same trace is the first round's base
         names = {t.id: t.name for t in plan.tensors if t.kind == "parameter"}
@@ -510,7 +599,8 @@ class _Tracer:
                     others = [t for j, t in enumerate(op.inputs) if j != pos]
                     # No other input (a weight transposed first): a key no other unit shares.
                     out[owner] = (op.index, others[0] if others else -(op.index + 1))
-        return out
+        derived = _from_inputs(plan)
+        return out, {name for name, (_, other) in out.items() if other in derived}
 
     def plan(self, assign: dict[str, Candidate]) -> Plan:
         self.count += 1
@@ -526,6 +616,9 @@ class _Tracer:
                     shard_tensor(p, self.mesh, [Replicate()] * self.mesh.ndim)
             args = [self._abstract(x) for x in self.inputs]
             with trace({"auto_shard": True}) as rec:
+                for i, a in enumerate(args):
+                    if isinstance(a, Tensor):
+                        rec.mark(a, "input", f"input {i}")
                 loss = self.step(model, *args)
                 if not isinstance(loss, Tensor):
                     raise TypeError(f"auto_shard step must return the loss Tensor, got {type(loss).__name__}")
@@ -557,3 +650,19 @@ class _Tracer:
             return Tensor.abstract(tuple(x.shape), x.dtype, x.spec)
         t = Tensor.abstract(tuple(x.shape), x.dtype)
         return shard_tensor(t, self.mesh, [Replicate()] * self.mesh.ndim)
+
+
+def _from_inputs(plan: Plan) -> set[int]:
+    """Ids of the forward tensors computed from the step's inputs (kind ``input``), through ops and reshards."""
+    derived = {t.id for t in plan.tensors if t.kind == "input"}
+    by_index = {r.index: r for r in plan.reshards}
+    for op in plan.ops:
+        if op.phase != "forward":
+            continue
+        for ri in op.reshards:
+            r = by_index.get(ri)
+            if r is not None and r.tensor in derived:
+                derived.add(r.new_tensor)
+        if any(i in derived for i in op.inputs):
+            derived.update(op.outputs)
+    return derived
