@@ -110,6 +110,9 @@ def main() -> None:
                    help="let the strategy search choose --mesh, --schedule, --micro-batches, --zero, ... for this world")
     p.add_argument("--profile", default=None, metavar="PATH",
                    help="with --auto: the hardware profile to price on (default: this machine's cached calibration)")
+    p.add_argument("--memory-limit", type=cliargs.positive_int, default=None, metavar="BYTES",
+                   help="with --auto: bytes per rank a strategy may use (default: the profile's device memory, "
+                   "or this host's memory over the ranks)")
     add_pipeline_args(p)
     args = p.parse_args()
     check_checkpoint_flags(args)
@@ -119,6 +122,8 @@ def main() -> None:
         raise SystemExit(f"--layers {args.layers}: a GPT needs at least one transformer block")
     if args.profile is not None and not args.auto:
         raise SystemExit(f"--profile {args.profile}: only --auto prices strategies on a profile; add --auto")
+    if args.memory_limit is not None and not args.auto:
+        raise SystemExit(f"--memory-limit {args.memory_limit}: only --auto searches within a memory limit; add --auto")
     if args.auto:  # before seeding: the search's traces build models, which would advance the generator
         auto_configure(args)
     setup(args, seed=args.seed)
@@ -284,13 +289,14 @@ def auto_search(args: argparse.Namespace) -> dict[str, object] | str:
 
     try:
         resolved = resolve_profile(args.profile, world or 1, can_calibrate=world is not None, say=say)
-        result = choose(shape, world or 1, batch, resolved.profile)
+        result = choose(shape, world or 1, batch, resolved.profile, limit_bytes=args.memory_limit)
     except ValueError as exc:
         return f"--auto: {exc}"
     if not result.ranked:
         return f"--auto: no strategy for {world or 1} rank(s), batch {batch}, {layers} layers: {result.advice() or 'none divides'}"
     dist.print_once(f"auto: profile {resolved.profile.name} from {resolved.source}; {result.enumerated} strategies for "
-                    f"{world or 1} rank(s), batch {batch}, {layers} layers, {result.priced} priced in {result.seconds:.1f} s", flush=True)
+                    f"{world or 1} rank(s), batch {batch}, {layers} layers, {result.priced} priced in {result.seconds:.1f} s; "
+                    f"memory limit {result.memory_limit:,} bytes per rank", flush=True)
     chosen = auto_flags(result.ranked[0], layers, batch)
     dist.print_once(f"auto: chose     {flag_text(chosen)}  (predicted step {1e3 * result.ranked[0].step_time_s:.3f} ms)", flush=True)
     if len(result.ranked) > 1:

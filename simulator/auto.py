@@ -20,7 +20,7 @@ from mpipar.models.gpt import GPT
 from simulator.backend import ShapeOnlyBackend
 from simulator.cost import HardwareProfile, load_profile
 from simulator.estimate import estimate
-from simulator.search import SearchResult, divisors, search
+from simulator.search import RECOMPUTES, SearchResult, divisors, search
 from simulator.step_trace import GPTShape, Strategy
 
 FALLBACK_PRESET = "cpu-local"
@@ -95,16 +95,23 @@ def memory_limit(profile: HardwareProfile, world: int) -> int:
     return int(host) // max(1, world)
 
 
-def choose(shape: GPTShape, world: int, global_batch: int, profile: HardwareProfile, top_k: int = 2) -> SearchResult:
-    """The search over dp x tp x pp of ``world``, sequence parallelism, ZeRO 0-3, every micro-batch
-    count and schedule, in the script's precision (no mixed precision). Recompute stays off: it
-    only trades time for memory, and the space (4x larger with it) must take seconds.
+def choose(shape: GPTShape, world: int, global_batch: int, profile: HardwareProfile, top_k: int = 2,
+           limit_bytes: int | None = None) -> SearchResult:
+    """The search over dp x tp x pp of ``world``, sequence parallelism, ZeRO 0-3, recompute none,
+    selective and full, every micro-batch count and schedule, in the script's precision (no mixed
+    precision), within ``limit_bytes`` per rank (default ``memory_limit(profile, world)``).
+    Recompute only trades time for memory, so it wins only where less recompute does not fit: the
+    search drops a recomputing candidate unpriced once the same strategy with less recompute was
+    priced and fits (``search``'s dominance rule), which keeps the larger space to seconds.
 
     Runs under a backend of its own: the traces build meshes of up to ``2 x tp`` ranks, which the
     script's backend (a world fixed at ``world`` ranks, perhaps fewer) would refuse."""
+    if limit_bytes is not None and (isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 1):
+        raise ValueError(f"memory limit must be a positive number of bytes, got {limit_bytes!r}")
+    limit = memory_limit(profile, world) if limit_bytes is None else limit_bytes
     with dist.use_backend(ShapeOnlyBackend()):
-        return search(shape, world, global_batch, profile, memory_limit=memory_limit(profile, world), top_k=top_k,
-                      mixed_precision=False, recomputes=("none",))
+        return search(shape, world, global_batch, profile, memory_limit=limit, top_k=top_k,
+                      mixed_precision=False, recomputes=RECOMPUTES, drop_dominated=True)
 
 
 PIPELINE_SCHEDULES = ("FThenB", "1F1B", "ZBH1")

@@ -15,7 +15,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mpipar import cliargs
 from mpipar.pipeline import resolve_kind
@@ -193,7 +193,7 @@ def _in_flight_lower_bound(strategy: Strategy) -> int:
 def search(
     shape: GPTShape, devices: int, global_batch: int, hardware: HardwareProfile | str = "h100-nvlink-ib",
     *, memory_limit: int | None = None, top_k: int = 5, progress: Callable[[int, int], None] | None = None,
-    fast: bool = True, **space: object,
+    fast: bool = True, drop_dominated: bool = False, **space: object,
 ) -> SearchResult:
     """Rank the strategies that divide and fit within ``memory_limit`` (default: the profile's
     device memory) by predicted step time; ``space``: ``enumerate_strategies`` options.
@@ -205,6 +205,12 @@ def search(
     profile's best GEMM rate, then the traced costs of its micro-batch size) no better than the
     ``top_k``-th best priced so far. Every candidate it returns was priced exactly.
     ``fast=False`` calls ``estimate`` on every candidate (slow; the reference).
+
+    ``drop_dominated`` (fast path only): a recomputing candidate is dropped unpriced once the
+    same strategy and micro-batch size with less recompute was priced and fits: recompute only
+    adds work, so it can never be faster, and the ranking then lists distinct layouts, not one
+    layout at three recompute levels (``--auto``'s choice and runner-up). Off by default: the
+    top k are then exactly the exhaustive search's.
     """
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ValueError(f"search devices must be a positive int, got {devices!r}")
@@ -237,7 +243,7 @@ def search(
             if progress is not None:
                 progress(i + 1, len(todo))
     else:
-        fitting, over = _branch_and_bound(shape, todo, hw, limit, top_k, pruned, candidate, sized, progress)
+        fitting, over = _branch_and_bound(shape, todo, hw, limit, top_k, pruned, candidate, sized, progress, drop_dominated)
     if over:
         pruned["over the memory limit"] = len(over)
     fitting.sort(key=lambda c: c.step_time_s)
@@ -248,7 +254,7 @@ def search(
 def _branch_and_bound(
     shape: GPTShape, todo: list[tuple[Strategy, int]], hw: HardwareProfile, limit: int, top_k: int,
     pruned: dict[str, int], candidate: Callable[..., Candidate], sized: Callable[[int], GPTShape],
-    progress: Callable[[int, int], None] | None,
+    progress: Callable[[int, int], None] | None, drop_dominated: bool = False,
 ) -> tuple[list[Candidate], list[Candidate]]:
     """``search``'s fast path: best-first on step-time lower bounds, pricing exactly only what may rank."""
     cache = TraceCache(hw)
@@ -278,40 +284,84 @@ def _branch_and_bound(
     # Level 0: model state alone; then a bound from the micro-batch size 1 trace of the same
     # layer (GEMM FLOPs and layer activations grow exactly with the micro-batch).
     heap: list[tuple[float, int, int]] = []
+    queued: dict[int, float] = {}  # candidate -> its key while in the heap
+    resume: dict[int, int] = {}  # a candidate waiting for a lighter sibling (level 3) -> its real level
+    index = {key: i for i, key in enumerate(todo)}
+
+    def push(lb: float, level: int, i: int) -> None:
+        heapq.heappush(heap, (lb, level, i))
+        queued[i] = lb
+
+    def lighter(i: int) -> list[int]:
+        """The same strategy and micro-batch size with less recompute (``drop_dominated``)."""
+        st, mbs = todo[i]
+        if not drop_dominated or st.recompute not in RECOMPUTES[1:]:
+            return []
+        found = (index.get((replace(st, recompute=r), mbs)) for r in RECOMPUTES[: RECOMPUTES.index(st.recompute)])
+        return [j for j in found if j is not None]
+
+    def first_bound(i: int) -> tuple[float, int] | None:
+        """The micro-batch size 1 trace's bound and the next level; None when it is dropped."""
+        st, mbs = todo[i]
+        one = cache.invariant(sized(1), st) if applicable(sized(1), st, hw) == "" else None
+        if one is None:
+            return 0.0, 2
+        parts = stage_parts(st, counts(st))
+        act = sum(k * (one.activations.get(p, 0) * (1 if p.kind == "first" else mbs)) for p, k in parts[0])
+        if state_lower_bound(shape, st) + act * _in_flight_lower_bound(st) > limit:
+            drop("state + activations over the memory limit (bound)", i)
+            return None
+        stages = [(mbs * sum(k * one.gemm_flops.get((p, "forward"), 0.0) for p, k in ps) / best_gemm,
+                   mbs * sum(k * one.gemm_flops.get((p, "backward"), 0.0) for p, k in ps) / best_gemm, 0.0) for ps in parts]
+        return _chain_bound(stages, st), 1
+
     smallest_memory: tuple[float, int] | None = None
-    for i, (st, mbs) in enumerate(todo):
+    for i, (st, _) in enumerate(todo):
         state = state_lower_bound(shape, st)
         if smallest_memory is None or state < smallest_memory[0]:
             smallest_memory = (state, i)
         if state > limit:
             drop("model state over the memory limit (bound)", i)
             continue
-        one = cache.invariant(sized(1), st) if applicable(sized(1), st, hw) == "" else None
-        if one is None:
-            heapq.heappush(heap, (0.0, 2, i))
+        if lighter(i):  # traced only if its lighter sibling does not settle it (the loop below)
+            push(0.0, 0, i)
             continue
-        parts = stage_parts(st, counts(st))
-        act = sum(k * (one.activations.get(p, 0) * (1 if p.kind == "first" else mbs)) for p, k in parts[0])
-        if state + act * _in_flight_lower_bound(st) > limit:
-            drop("state + activations over the memory limit (bound)", i)
-            continue
-        stages = [(mbs * sum(k * one.gemm_flops.get((p, "forward"), 0.0) for p, k in ps) / best_gemm,
-                   mbs * sum(k * one.gemm_flops.get((p, "backward"), 0.0) for p, k in ps) / best_gemm, 0.0) for ps in parts]
-        heapq.heappush(heap, (_chain_bound(stages, st), 1, i))
+        got = first_bound(i)
+        if got is not None:
+            push(got[0], got[1], i)
 
     fitting: list[Candidate] = []
     over: list[Candidate] = []
     kth: list[float] = []  # the top_k best fitting step times, as a max-heap (negated)
+    fit: set[tuple[Strategy, int]] = set()  # priced and within the limit (drop_dominated)
 
     def bound() -> float:
         return -kth[0] if len(kth) >= top_k else math.inf
 
     while heap:
         lb, level, i = heapq.heappop(heap)
+        queued.pop(i, None)
         if lb >= bound():
-            heapq.heappush(heap, (lb, level, i))
+            push(lb, level, i)
             break
         st, mbs = todo[i]
+        light = lighter(i)
+        if any(todo[j] in fit for j in light):
+            drop("the same strategy with less recompute fits (dominated)", i)
+            continue
+        waits = [queued[j] for j in light if j in queued]
+        if waits:
+            # Price the lighter sibling first: if it fits, this one is dominated. Its bound is this
+            # one's too (recompute only adds work: never faster, checked pairwise on real searches).
+            resume.setdefault(i, level)
+            push(max(lb, *waits), 3, i)
+            continue
+        level = resume.pop(i, level)
+        if level == 0:
+            got = first_bound(i)
+            if got is not None:
+                push(max(lb, got[0]), got[1], i)
+            continue
         if level == 1:  # the traced costs of this micro-batch size: a tighter bound, an exact activation count
             inv = cache.invariant(sized(mbs), st)
             parts = stage_parts(st, counts(st))
@@ -319,7 +369,7 @@ def _branch_and_bound(
             if state_lower_bound(shape, st) + act * _in_flight_lower_bound(st) > limit:
                 drop("state + activations over the memory limit (bound)", i)
                 continue
-            heapq.heappush(heap, (max(lb, _chain_bound(lower_bound_stage_times(inv, st, counts(st)), st)), 2, i))
+            push(max(lb, _chain_bound(lower_bound_stage_times(inv, st, counts(st)), st)), 2, i)
             continue
         fast_est = cache.estimate(sized(mbs), st)
         if fast_est is not None:
@@ -330,6 +380,7 @@ def _branch_and_bound(
         tick()
         if cand.fits:
             fitting.append(cand)
+            fit.add((st, mbs))
             heapq.heappush(kth, -cand.step_time_s)
             if len(kth) > top_k:
                 heapq.heappop(kth)
