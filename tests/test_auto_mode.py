@@ -125,6 +125,28 @@ def test_a_malformed_profile_file_is_named_with_its_field(tmp_path: Path) -> Non
     assert out.returncode != 0 and f"--profile '{bad}'" in out.stderr and "name" in out.stderr, out.stderr[-2000:]
 
 
+def test_a_memory_limit_only_recompute_meets_picks_it_and_trains_as_its_flags_would(profile: Path, tmp_path: Path) -> None:
+    """Two ranks, ``--memory-limit 170000``: only full recompute fits this model (its smallest peaks:
+    none 196,096 bytes, selective 186,880, full 152,832; ``tests/test_auto_recompute.py``), so the
+    choice and the runner-up both say ``--recompute full``, and training runs with it."""
+    out = run("-m", "simulator", "-n", "2", GPT, *COMMON, "--auto", "--profile", str(profile),
+              "--memory-limit", "170000", home=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "memory limit 170,000 bytes per rank" in out.stdout
+    picked = choices(out.stdout)
+    for kind in ("chose", "runner-up"):
+        flags = picked[kind][0]
+        assert flags[flags.index("--recompute") + 1] == "full", out.stdout
+    explicit = run("-m", "simulator", "-n", "2", GPT, *COMMON, *picked["chose"][0], home=tmp_path)
+    assert explicit.returncode == 0, explicit.stderr[-3000:]
+    assert losses(out.stdout) == losses(explicit.stdout)
+
+
+def test_memory_limit_without_auto_is_an_error(tmp_path: Path) -> None:
+    out = run(GPT, "--tiny", "--memory-limit", "1000", home=tmp_path)
+    assert out.returncode != 0 and "--memory-limit 1000: only --auto" in out.stderr, out.stderr[-2000:]
+
+
 def test_profile_without_auto_is_an_error(tmp_path: Path) -> None:
     out = run(GPT, "--tiny", "--profile", "cpu-local", home=tmp_path)
     assert out.returncode != 0 and "--profile cpu-local: only --auto" in out.stderr, out.stderr[-2000:]
