@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from mpipar import hooks, tape
-from mpipar.backend import current_backend
+from mpipar.backend import check_mesh, current_backend
 from mpipar.comm import comm_context, current_context, note_reused_reshard
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import Placement, check_placements
@@ -92,8 +92,9 @@ def shard_tensor(
     """
     if not isinstance(mesh, ProcessMesh):
         raise TypeError(f"shard_tensor mesh must be a dist.ProcessMesh, got {type(mesh).__name__}")
-    pls = check_placements(placements, "shard_tensor placements")
     backend = current_backend()
+    check_mesh(mesh, backend)
+    pls = check_placements(placements, "shard_tensor placements")
     if isinstance(data, Tensor):
         target = data
         if dtype is not None and np.dtype(dtype) != data.dtype:
@@ -161,6 +162,7 @@ def reshard_to(tensor: Tensor, spec: DistSpec) -> Tensor:
         raise ValueError(f"reshard of {tensor._label()} to {spec}: the target layout is of another global shape")
     dst = _interned_spec(tuple(spec.shape), spec.mesh, tuple(spec.placements))
     backend = current_backend()
+    check_mesh(dst.mesh, backend)
     if hooks.stage_runs and tensor.is_dist and not tensor.spec.mesh.same_layout(dst.mesh):
         # A pipeline stage boundary inside a stage-filtered forward (mpipar.pipeline.runner).
         return hooks.stage_runs[-1].boundary(tensor, dst)
@@ -181,10 +183,6 @@ def _reused(tensor: Tensor, dst: DistSpec) -> Tensor | None:
     out = entry[1].detach()
     plan = plan_reshard(tensor.spec, dst)
     if plan.steps:
-        for hook in hooks.reshard_hooks:
-            reuse_hook = getattr(hook, "on_reshard_reused", None)
-            if reuse_hook is not None:
-                reuse_hook(tensor, out, plan, current_context())
         note_reused_reshard(plan.src.placements_str, plan.dst.placements_str, tensor.dtype)
     return out
 
@@ -255,6 +253,7 @@ def dtensor_from_local(
     """
     pls = check_placements(placements, "dtensor_from_local placements")
     backend = current_backend()
+    check_mesh(mesh, backend)
     hosted = backend.hosted_ranks(mesh)
     if callable(local) and not hasattr(local, "shape"):
         given = {r: local(r) for r in hosted}
@@ -326,7 +325,7 @@ def reshard_node(source: Tensor) -> tape.Node:
     return tape.Node("reshard", _reshard_grad, ctx, [source])
 
 
-def _regather(payload: Any) -> Tensor:
+def _regather(payload: tuple[Tensor, DistSpec]) -> Tensor:
     """Gather a ZeRO-3 parameter again for backward, from the note ``(param, spec)`` saved for it."""
     param, spec = payload
     with tape.no_grad(), comm_context(f"backward: gather {param._label()} stored split (ZeRO-3)"):

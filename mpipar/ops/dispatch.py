@@ -135,7 +135,7 @@ def _dense_mesh() -> ProcessMesh:
     """A one-rank mesh the dense path uses to ask rules for output shapes."""
     global _DENSE_MESH
     if _DENSE_MESH is None:
-        _DENSE_MESH = ProcessMesh.unchecked([0], ["dense"])
+        _DENSE_MESH = ProcessMesh([0], ["dense"])
     return _DENSE_MESH
 
 
@@ -523,13 +523,13 @@ def _gather_stored_split(op: OpDef, flat: list[Tensor]) -> tuple[list[Tensor], b
     gathered: list[Tensor] = []
     memo: dict[int, Tensor] = {}
     for i, t in enumerate(flat):
-        full = getattr(t, "_compute_spec", None)
+        full = t._compute_spec
         if full is None or not t.is_dist or t.spec == full:
             continue
         if id(t) not in memo:
             with comm_context(f"{op.name}: gather {t._label()} stored split (ZeRO-3)"):
                 g = reshard_to(t, full)
-            g._regather = (t, full)  # type: ignore[attr-defined]
+            g._regather = (t, full)
             memo[id(t)] = g
             if g._shards:
                 gathered.append(g)
