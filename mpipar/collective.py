@@ -323,11 +323,10 @@ def _traced(
     ``placements`` are real placement strings on the group's 1-D mesh, so the plan file loads
     through ``Plan.from_dict``'s checks; a rooted call names its root in ``call`` (the reshard's
     reason) because no placement says "on one rank only"."""
-    recorders = [h for h in hooks.reshard_hooks if hasattr(h, "on_manual_collective")]
-    if not recorders:
+    if not hooks.reshard_hooks:
         return
     t = tensor if isinstance(tensor, Tensor) else Tensor(np.asarray(tensor))
-    for rec in recorders:
+    for rec in list(hooks.reshard_hooks):
         rec.on_manual_collective(call, members, kind, reduce_type, placements[0], placements[1], t, nbytes, pieces)
 
 

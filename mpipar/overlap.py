@@ -181,7 +181,7 @@ class _Session:
         backend = self.backend
         if backend.shape_only or backend.reference or hooks.reshard_hooks or _span_recorders:
             return None
-        if not (leaf.is_dist and g.is_dist) or g._abstract or getattr(leaf, "_grad_any_layout", False):
+        if not (leaf.is_dist and g.is_dist) or g._abstract or leaf._grad_any_layout:
             return None
         target = leaf.grad_spec()
         if g.spec == target or not g._shards:

@@ -95,6 +95,21 @@ class Tensor:
     outputs have one (shared with their detached views, which saved tensors are); leaves
     (parameters, inputs) do not, so a parameter never holds a gathered copy across steps."""
 
+    # Fields one module sets and another reads, declared here so that both see one typed name
+    # (the tensor module is below all of them; none of them is imported here).
+    _compute_spec: DistSpec | None = None
+    """ZeRO-3: the layout a parameter stored split is computed in. Set by
+    ``parallel.shard_optimizer`` (stage 3); read by ``ops.dispatch``, which gathers to it
+    before each op that uses the parameter."""
+    _regather: tuple[Tensor, DistSpec] | None = None
+    """A gathered copy that backward gathers again instead of keeping: ``(source, layout)``.
+    Set by ``ops.dispatch`` (ZeRO-3) and ``models.gpt`` (sequence parallel); read by
+    ``tape.pack_saved`` (what a node saves) and ``simulator.step_trace`` (the parameter behind it)."""
+    _grad_any_layout: bool = False
+    """The gradient of this leaf keeps the layout backward gave it (Partial too). Set by
+    ``recompute`` on a recomputed block's detached inputs; read by ``autograd`` and ``overlap``,
+    which otherwise reshard a leaf's gradient to its own layout."""
+
     def __init__(
         self,
         data: Any = None,

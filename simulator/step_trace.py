@@ -317,7 +317,7 @@ def _parameter_behind(t: Tensor) -> Parameter | None:
     """``t`` itself if a parameter, or the parameter a ZeRO-3 gathered copy was made from."""
     if isinstance(t, Parameter):
         return t
-    note = getattr(t, "_regather", None)
+    note = t._regather
     if note is not None and isinstance(note[0], Parameter):
         return note[0]
     return None
