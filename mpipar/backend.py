@@ -81,6 +81,19 @@ class Backend(ABC):
     def describe(self) -> str:
         return f"{self.name} (world size {self.world_size})"
 
+    # Per-rank programs in one process (``simulator.per_rank``) override these two; declared
+    # here so that callers (tensors, tracing, timelines, dtensor_from_local) ask every backend.
+    @property
+    def program_rank(self) -> int | None:
+        """The rank whose program runs in this thread; None where one program drives every
+        hosted rank (this process's programs are not per rank)."""
+        return None
+
+    def assemble_locals(self, mesh: ProcessMesh, local: Any) -> dict[int, Any] | None:
+        """The pieces of all hosted ranks of ``mesh`` when the running program gave only its
+        own piece ``local`` (``dtensor_from_local``); None where one program holds every piece."""
+        return None
+
 
 _factories: dict[str, Callable[..., Backend]] = {}
 _current: Backend | None = None

@@ -40,6 +40,7 @@ import numpy as np
 from mpipar import autograd, hooks
 from mpipar.backend import Backend, current_backend
 from mpipar.comm import Array, Shape
+from mpipar.modes import Mode, execution_mode
 from mpipar.reshard.executor import freeze
 from mpipar.tensor import Tensor
 from mpipar.xp import to_numpy
@@ -227,7 +228,7 @@ def _transport(call: str) -> ManualTransport:
         return make(call)  # type: ignore[no-any-return]
     if backend.name in ("mpi", "nccl"):
         return CommTransport(backend)
-    if backend.reference:
+    if execution_mode((), backend) is Mode.DENSE:
         raise ManualCallError(
             f"{call}: under --reference a manual program runs as one device, but the world was fixed to "
             f"{backend.world_size} ranks; drop -n (python -m simulator --reference script.py)"

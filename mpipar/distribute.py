@@ -19,6 +19,7 @@ from mpipar import hooks, tape
 from mpipar.backend import check_mesh, current_backend
 from mpipar.comm import comm_context, current_context, note_reused_reshard
 from mpipar.mesh import ProcessMesh
+from mpipar.modes import Mode, execution_mode
 from mpipar.placement import Placement, check_placements
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
@@ -103,10 +104,11 @@ def shard_tensor(
                 f"{data.dtype} to {np.dtype(dtype)}; cast it first"
             )
         spec = _spec_for(f"shard_tensor of {data._label()}", data.shape, mesh, pls)
-        if data._abstract or backend.shape_only:
+        mode = execution_mode([data], backend)
+        if mode is Mode.ABSTRACT:
             target._init = None
             target._take_storage(Tensor.abstract(data.shape, data.dtype, spec))
-        elif data._init is not None and not backend.reference:
+        elif data._init is not None and mode is Mode.DISTRIBUTED:
             # A lazy value: each hosted rank generates its own shard, never the whole tensor.
             init, data._init = data._init, None
             target._set_dist(spec, _shards_from_global(spec, None, init), data.dtype)
@@ -120,16 +122,17 @@ def shard_tensor(
             target._grad_fn, target._out_index = moved._grad_fn, moved._out_index
         elif data.is_dist:
             target._take_storage(reshard(data, mesh, pls))
-        elif backend.reference:
+        elif mode is Mode.DENSE:
             target._take_storage(Tensor._from_reference(spec, data._value))
         else:
             target._set_dist(spec, _shards_from_global(spec, data._value), data.dtype)
     else:
         value = _as_array(data, dtype, copy=True)
         spec = _spec_for(f"shard_tensor of an array of shape {list(value.shape)}", value.shape, mesh, pls)
-        if backend.shape_only:
+        mode = execution_mode((), backend)
+        if mode is Mode.ABSTRACT:
             target = Tensor.abstract(value.shape, value.dtype, spec)
-        elif backend.reference:
+        elif mode is Mode.DENSE:
             target = Tensor._from_reference(spec, value)
         else:
             target = Tensor._from_shards(spec, _shards_from_global(spec, value), value.dtype)
@@ -193,7 +196,11 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     Each reshard once: a computed value (an op's output) already resharded to ``dst`` is not
     resharded again while it is unchanged; the earlier result is used (and reported as reused).
     """
-    cacheable = tensor._reshards is not None and tensor.is_dist and not backend.reference and _reuse_enabled[-1]
+    # One big device moves nothing, so there is nothing to reuse.
+    cacheable = (
+        tensor._reshards is not None and tensor.is_dist and _reuse_enabled[-1]
+        and execution_mode((), backend) is not Mode.DENSE
+    )
     out: Tensor | None = _reused(tensor, dst) if cacheable else None
     if out is not None:
         out.stop_gradient = tensor.stop_gradient
@@ -213,14 +220,15 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
 
 def _reshard_now(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     """Move the data (or, shape-only, plan the move)."""
-    if tensor._abstract or backend.shape_only:
+    mode = execution_mode([tensor], backend)
+    if mode is Mode.ABSTRACT:
         out = Tensor.abstract(tensor.shape, tensor.dtype, dst)
         if tensor.is_dist:
             plan = plan_reshard(tensor.spec, dst)
             if plan.steps:
                 for hook in hooks.reshard_hooks:
                     hook.on_reshard(tensor, out, plan, current_context())
-    elif backend.reference:
+    elif mode is Mode.DENSE:
         assert tensor._value is not None
         out = Tensor._from_reference(dst, tensor._value)
     elif not tensor.is_dist:
@@ -262,11 +270,11 @@ def dtensor_from_local(
         if missing:
             raise ValueError(f"dtensor_from_local: no shard given for hosted rank(s) {missing} of {mesh}")
         given = {r: local[r] for r in hosted}
-    elif hasattr(backend, "assemble_locals"):
-        # a per-rank program in the simulator: the other ranks' pieces are in their threads
-        given = backend.assemble_locals(mesh, local)
     else:
-        given = {r: local for r in hosted}
+        # A per-rank program in the simulator gives only its own piece: the other ranks' pieces
+        # are in their threads, and the backend assembles them.
+        assembled = backend.assemble_locals(mesh, local)
+        given = assembled if assembled is not None else {r: local for r in hosted}
     arrays = {r: np.asarray(a) if not hasattr(a, "__cuda_array_interface__") else a for r, a in given.items()}
     if shape is None:
         if not arrays:
@@ -300,7 +308,7 @@ def dtensor_from_local(
             f"dtensor_from_local: this process hosts no rank of {mesh}, so the dtype cannot be read off a shard; "
             "pass dtype= (the same on every process)"
         )
-    if backend.reference:
+    if execution_mode((), backend) is Mode.DENSE:
         raise ValueError("dtensor_from_local builds from per-rank shards, which --reference mode does not have")
     xp = backend.xp
     return Tensor._from_shards(spec, {r: xp.array(a) for r, a in arrays.items()}, final)

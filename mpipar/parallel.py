@@ -143,7 +143,6 @@ def shard_optimizer(optimizer: Optimizer, shard_fn: _ShardingStage | None = None
             shard_tensor(p, layout.mesh, list(layout.placements))  # stored split, in place
             p._compute_spec = full
     optimizer._update_layout = lambda p: layouts.get(id(p))
-    optimizer._sharding = shard_fn  # type: ignore[attr-defined]
     return optimizer
 
 

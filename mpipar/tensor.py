@@ -28,6 +28,7 @@ import numpy as np
 
 from mpipar.backend import current_backend
 from mpipar.mesh import ProcessMesh
+from mpipar.modes import Mode, execution_mode
 from mpipar.placement import Placement, Replicate
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
@@ -180,7 +181,7 @@ class Tensor:
     def _materialize(self) -> None:
         init, self._init = self._init, None
         assert init is not None
-        if current_backend().shape_only:
+        if execution_mode() is Mode.ABSTRACT:
             self._abstract = True
             return
         value = np.asarray(init(tuple(self._shape), tuple((0, n) for n in self._shape)), dtype=self._dtype)
@@ -348,7 +349,7 @@ class Tensor:
             return self._value
         if rank is None and len(self._shards) > 1:
             # a per-rank program in the simulator (simulator.per_rank) means its own rank
-            rank = getattr(current_backend(), "program_rank", None)
+            rank = current_backend().program_rank
         if rank is None:
             if len(self._shards) != 1:
                 raise ValueError(

@@ -30,6 +30,7 @@ from mpipar.backend import current_backend
 from mpipar.comm import comm_context
 from mpipar.distribute import _reshard, reshard_to
 from mpipar.mesh import ProcessMesh
+from mpipar.modes import Mode, execution_mode
 from mpipar.placement import Replicate
 from mpipar.reshard.executor import freeze
 from mpipar.spec import Box, DistSpec, box_shape, full_box
@@ -216,15 +217,13 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     op = _OPS.get(name) or get_op(name)
     attrs = attrs or {}
     flat, nest = _flatten(op, inputs)
-    # One pass over the inputs: their types, which are distributed, whether any is shape-only.
+    # One pass over the inputs: their types, and which are distributed.
     dist_inputs: list[Tensor] = []
-    abstract = False
     for i, t in enumerate(flat):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: input {i} must be a Tensor, got {type(t).__name__}")
         if t._spec is not None:
             dist_inputs.append(t)
-        abstract = abstract or t._abstract
     original = list(flat)
     backend = current_backend()
     stage_run = hooks.stage_runs[-1] if hooks.stage_runs else None
@@ -236,11 +235,11 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     gathered, swapped = ([], False) if inactive else _gather_stored_split(op, flat)
     if swapped:  # ZeRO-3 put gathered parameters in ``flat``
         dist_inputs = [t for t in flat if t.is_dist]
-        abstract = any(t._abstract for t in flat)
+    mode = Mode.ABSTRACT if inactive else execution_mode(flat, backend)
     result: spmd.SpmdResult | None = None
-    if inactive or backend.shape_only or abstract:
+    if mode is Mode.ABSTRACT:
         outs, used, result = _run_abstract(op, flat, nest, attrs, dist_inputs)
-    elif backend.reference or not dist_inputs:
+    elif mode is Mode.DENSE or not dist_inputs:  # one device, or a dense op: whole values
         outs = _run_dense(op, flat, nest, attrs, dist_inputs)
         used = flat
     else:

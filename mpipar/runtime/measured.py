@@ -119,7 +119,7 @@ class MeasuredTrace:
         start = min(max(start, self._last_comm_end), end)
         kind = PHASE_KINDS.get(hooks.current_phase(), "OTHER")
         mesh = next((t.spec.mesh for t in (*outputs, *used) if t.is_dist), None)
-        own = getattr(self.backend, "program_rank", None)
+        own = self.backend.program_rank
         if self.backend.reference:
             ranks: Iterable[int] = (0,)  # one big device
         elif own is not None and mesh is None:  # a per-rank program's own work (simulator.per_rank)
