@@ -55,6 +55,7 @@ import numpy as np
 from mpipar import comm as _comm
 from mpipar import hooks
 from mpipar.backend import Backend, start_hooks
+from mpipar.modes import Mode, execution_mode
 from mpipar.timeline import SPAN_KINDS, TRACKS, Span, SpanRecorder, Timeline
 
 ENV = "MPIPAR_TRACE"
@@ -76,6 +77,8 @@ class MeasuredTrace:
 
     def __init__(self, backend: Backend, origin: float | None = None) -> None:
         self.backend = backend
+        self.one_device = execution_mode((), backend) is Mode.DENSE
+        """The reference backend: every span is on the one big device's lane 0."""
         self.clock = _comm.span_clock
         self.origin = self.clock() if origin is None else origin
         self._lanes: dict[int, SpanRecorder] = {}
@@ -120,7 +123,7 @@ class MeasuredTrace:
         kind = PHASE_KINDS.get(hooks.current_phase(), "OTHER")
         mesh = next((t.spec.mesh for t in (*outputs, *used) if t.is_dist), None)
         own = self.backend.program_rank
-        if self.backend.reference:
+        if self.one_device:
             ranks: Iterable[int] = (0,)  # one big device
         elif own is not None and mesh is None:  # a per-rank program's own work (simulator.per_rank)
             ranks = (own,)
@@ -157,14 +160,14 @@ class MeasuredTrace:
 
     # ------------------------------------------------------------------ results
     def world_ranks(self) -> list[int]:
-        if self.backend.reference:
+        if self.one_device:
             return [0]
         return list(range(max(self.backend.world_size, max(self._lanes, default=-1) + 1)))
 
     def local_spans(self) -> list[Span]:
         """This process's spans: its lanes, and ops on dense tensors on each rank it hosts."""
         spans = [s for lane in self._lanes.values() for s in lane.spans]
-        hosted = [r for r in self.world_ranks() if self.backend.reference or self.backend.hosts(r)]
+        hosted = [r for r in self.world_ranks() if self.one_device or self.backend.hosts(r)]
         for name, kind, start, end in self._dense:
             spans.extend(
                 Span(r, name, kind, None, None, start - self.origin, end - self.origin, "compute") for r in hosted
@@ -280,7 +283,7 @@ def start_from_env(backend: Backend, environ: Any = None) -> MeasuredTrace | Non
     global _active
     env = os.environ if environ is None else environ
     raw = env.get(ENV, "").strip()
-    if not raw or _active is not None or backend.shape_only:
+    if not raw or _active is not None or execution_mode((), backend) is Mode.ABSTRACT:
         return _active
     path = os.path.abspath(raw)
     folder = os.path.dirname(path)
