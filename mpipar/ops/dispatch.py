@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -336,8 +336,19 @@ class Decision:
 
 
 _DECISIONS: dict[tuple[Any, ...], Decision] = {}
-_replaying: list[Any] = []
-"""The step being replayed or recorded (``mpipar.replay.StepPlayer``), innermost last."""
+
+
+class StepPlayer(Protocol):
+    """A compiled step being recorded or replayed (``mpipar.replay.StepPlayer``, above the ops):
+    it hands dispatch each call's recorded ``Decision`` by position, or records a new one."""
+
+    def next(self, op: OpDef, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, backend: Any) -> Decision | None: ...
+
+    def record(self, op: OpDef, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, decision: Decision, backend: Any) -> None: ...
+
+
+_replaying: list[StepPlayer] = []
+"""The step being replayed or recorded, innermost last."""
 _DECISIONS_MAX = 8192
 _decisions_backend: list[Any] = [None]
 
