@@ -27,7 +27,7 @@ from mpipar import xp as _xp
 from mpipar.mesh import ProcessMesh
 
 if TYPE_CHECKING:
-    from mpipar.comm import Communicator
+    from mpipar.comm import Communicator, ManualTransport
 
 
 class Backend(ABC):
@@ -81,12 +81,17 @@ class Backend(ABC):
     def describe(self) -> str:
         return f"{self.name} (world size {self.world_size})"
 
-    # Per-rank programs in one process (``simulator.per_rank``) override these two; declared
+    # Per-rank programs in one process (``simulator.per_rank``) override these three; declared
     # here so that callers (tensors, tracing, timelines, dtensor_from_local) ask every backend.
     @property
     def program_rank(self) -> int | None:
         """The rank whose program runs in this thread; None where one program drives every
         hosted rank (this process's programs are not per rank)."""
+        return None
+
+    def manual_transport(self, call: str) -> ManualTransport | None:
+        """The transport of manual ``call`` for the running per-rank program; None where the
+        backend's communicator serves manual mode (MPI, NCCL) or nothing does."""
         return None
 
     def assemble_locals(self, mesh: ProcessMesh, local: Any) -> dict[int, Any] | None:
