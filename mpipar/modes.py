@@ -45,8 +45,9 @@ def execution_mode(tensors: Iterable[HasMode] = (), backend: Backend | None = No
     tensors involved: ``ABSTRACT`` if the backend is shape-only or any of ``tensors`` is
     abstract, else ``DENSE`` under the reference backend, else ``DISTRIBUTED``."""
     backend = current_backend() if backend is None else backend
-    if backend.shape_only or any(t.is_abstract for t in tensors):
+    if backend.shape_only:
         return Mode.ABSTRACT
-    if backend.reference:
-        return Mode.DENSE
-    return Mode.DISTRIBUTED
+    for t in tensors:  # a plain loop: every op asks, and a generator costs more than the answer
+        if t.is_abstract:
+            return Mode.ABSTRACT
+    return Mode.DENSE if backend.reference else Mode.DISTRIBUTED
