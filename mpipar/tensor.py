@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -110,6 +111,23 @@ class Tensor:
     """The gradient of this leaf keeps the layout backward gave it (Partial too). Set by
     ``recompute`` on a recomputed block's detached inputs; read by ``autograd`` and ``overlap``,
     which otherwise reshard a leaf's gradient to its own layout."""
+
+    # Paddle's parameter attributes, with Paddle's defaults: declared on every tensor because
+    # the optimizers take any trainable tensor, not only a Parameter.
+    need_clip: bool = True
+    """Set by ``nn.layer`` (``ParamAttr(need_clip=...)``); read by the gradient clips
+    (``optimizer.ClipGradByGlobalNorm``, fleet's hybrid optimizer)."""
+    optimize_attr: Mapping[str, float] = MappingProxyType({"learning_rate": 1.0})
+    """Per-parameter options (``learning_rate``: a multiplier). Set by ``nn.layer``; read by
+    ``Optimizer.step``."""
+    is_distributed: bool = False
+    """Fleet: a model-parallel slice. Set by ``fleet.meta_parallel.mp_layers``; read by fleet's
+    optimizer, whose clip sums it over the model group."""
+    split_axis: int | None = None
+    """Fleet: the dim a model-parallel weight is split along (set by ``mp_layers``)."""
+    is_firstly_shared: bool = True
+    """Fleet: False on the copies of a weight shared by pipeline stages after the first. Set by
+    ``fleet.meta_parallel.pp_layers``; read by fleet's clip, which counts the weight once."""
 
     def __init__(
         self,

@@ -57,7 +57,7 @@ class ClipGradByGlobalNorm:
         # Sum of squares per mesh (pipeline stages live on different meshes), then across meshes.
         per_mesh: dict[Any, Tensor] = {}
         for p, g in params_grads:
-            if getattr(p, "need_clip", True):
+            if p.need_clip:
                 sq = M.sum_(M.square(g))
                 key = tuple(sq.spec.mesh.process_ids) if sq.is_dist else None
                 per_mesh[key] = sq if key not in per_mesh else M.add(per_mesh[key], sq)
@@ -65,13 +65,13 @@ class ClipGradByGlobalNorm:
             return params_grads
         if execution_mode() is Mode.ABSTRACT:
             # No values to compare with clip_norm: trace the step that clips (what it costs when it does).
-            return [(p, M.scale(g, 1.0) if getattr(p, "need_clip", True) else g) for p, g in params_grads]
+            return [(p, M.scale(g, 1.0) if p.need_clip else g) for p, g in params_grads]
         total = sum(float(v) for _, v in sorted(per_mesh.items(), key=lambda kv: kv[0] or ()))
         norm = float(np.sqrt(total))
         if norm <= self.clip_norm:
             return params_grads
         factor = self.clip_norm / norm
-        return [(p, M.scale(g, factor) if getattr(p, "need_clip", True) else g) for p, g in params_grads]
+        return [(p, M.scale(g, factor) if p.need_clip else g) for p, g in params_grads]
 
 
 class Optimizer:
@@ -133,7 +133,7 @@ class Optimizer:
                 params_grads = self._grad_clip(params_grads)
             lr = self.get_lr()
             for p, g in params_grads:
-                self._step_param(p, g, lr * float(getattr(p, "optimize_attr", {}).get("learning_rate", 1.0)))
+                self._step_param(p, g, lr * float(p.optimize_attr.get("learning_rate", 1.0)))
 
     def layout_of(self, p: Tensor) -> DistSpec | None:
         """The layout ``p`` is updated and its states are kept in (None: dense)."""

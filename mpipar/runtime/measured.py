@@ -48,7 +48,7 @@ import os
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -180,15 +180,15 @@ class MeasuredTrace:
             "source": "measured",
             "backend": self.backend.name,
             "world_size": len(self.world_ranks()),
-            "time_origin": "a barrier when the backend started" if _gathers(self.backend) else "the start of tracing",
+            "time_origin": "a barrier when the backend started" if isinstance(self.backend, GathersTimelines) else "the start of tracing",
             "clock": "time.perf_counter, seconds",
         }
         info.update(meta or {})
         spans = self.local_spans()
-        if not _gathers(self.backend):
+        if not isinstance(self.backend, GathersTimelines):
             info["dropped_spans"] = self.dropped
             return Timeline(spans, ranks=self.world_ranks(), time_unit="s", meta=info)
-        parts = self.backend.gather_at_root(encode_spans(spans, self.dropped))  # type: ignore[attr-defined]
+        parts = self.backend.gather_at_root(encode_spans(spans, self.dropped))
         if parts is None:
             return None
         per_rank, dropped = [], 0
@@ -215,9 +215,14 @@ class MeasuredTrace:
         return timeline
 
 
-def _gathers(backend: Backend) -> bool:
-    """True for backends where each process hosts part of the world (MPI, NCCL)."""
-    return callable(getattr(backend, "gather_at_root", None))
+@runtime_checkable
+class GathersTimelines(Protocol):
+    """A backend where each process hosts part of the world (MPI, NCCL): the timeline's time
+    origin is a barrier of the world, and rank 0 gathers every rank's spans."""
+
+    def trace_origin(self) -> float: ...
+
+    def gather_at_root(self, arrays: Sequence[np.ndarray]) -> list[list[np.ndarray]] | None: ...
 
 
 # ---------------------------------------------------------------------- buffer encoding
@@ -291,7 +296,7 @@ def start_from_env(backend: Backend, environ: Any = None) -> MeasuredTrace | Non
         raise ValueError(
             f"{ENV}={raw!r}: the folder {folder!r} does not exist; create it or name a file in an existing folder"
         )
-    origin = backend.trace_origin() if _gathers(backend) else None  # type: ignore[attr-defined]
+    origin = backend.trace_origin() if isinstance(backend, GathersTimelines) else None
     _active = MeasuredTrace(backend, origin).start()
     atexit.register(_active.write, path)
     return _active
