@@ -20,14 +20,14 @@ import sys
 import time
 
 from simulator.estimate import estimate
-from simulator.step_trace import GPTShape, Strategy, trace_gpt_step
+from simulator.step_trace import GPTShape, GPTStrategy, trace_gpt_step
 
 MESHES = [(1, 8, 8), (2, 8, 16), (8, 8, 16), (32, 8, 16)]
 
 
 def best_of(repeat: int, dp: int, tp: int, pp: int) -> tuple[float, float, int]:
     shape = GPTShape.from_params(175e9)
-    strategy = Strategy(dp=dp, tp=tp, pp=pp, sequence_parallel=True, recompute="selective", zero=1,
+    strategy = GPTStrategy(dp=dp, tp=tp, pp=pp, sequence_parallel=True, recompute="selective", zero=1,
                         mixed_precision=True, micro_batches=64, schedule="1F1B")
     best = (float("inf"), 0.0, 0)
     for _ in range(repeat):

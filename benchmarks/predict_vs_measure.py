@@ -284,11 +284,11 @@ def at_load(profile: Any, gemm_flops: float) -> Any:
 
 def one_rank_step(batch: int) -> Any:
     """gpt.py's default model on one rank, ``batch`` sequences: what the worker's kernel probe runs."""
-    from simulator.step_trace import GPTShape, Strategy, trace_gpt_step
+    from simulator.step_trace import GPTShape, GPTStrategy, trace_gpt_step
 
     shape = GPTShape(layers=GPT_CONFIG["n_layer"], hidden=GPT_CONFIG["n_embd"], heads=GPT_CONFIG["n_head"], seq=SEQ,
                      vocab=VOCAB, micro_batch_size=batch, dropout=0.0)
-    return trace_gpt_step(shape, Strategy(), layers_traced=shape.layers)
+    return trace_gpt_step(shape, GPTStrategy(), layers_traced=shape.layers)
 
 
 def kernel_seconds(step: Any, profile: Any, vector_flops: float) -> float:
@@ -336,12 +336,12 @@ def kernel_scale(measured: dict[int, float], priced: dict[int, float]) -> float:
 
 def gpt_step(mesh: str) -> Any:
     """gpt.py's default model and this mesh, every layer traced (it is small)."""
-    from simulator.step_trace import GPTShape, Strategy, trace_gpt_step
+    from simulator.step_trace import GPTShape, GPTStrategy, trace_gpt_step
 
     d = degrees(mesh)
     shape = GPTShape(layers=GPT_CONFIG["n_layer"], hidden=GPT_CONFIG["n_embd"], heads=GPT_CONFIG["n_head"], seq=SEQ,
                      vocab=VOCAB, micro_batch_size=GLOBAL_BATCH // d["dp"], dropout=0.0)
-    strategy = Strategy(dp=d["dp"], tp=d["tp"], pp=d["pp"], grad_clip=1.0)
+    strategy = GPTStrategy(dp=d["dp"], tp=d["tp"], pp=d["pp"], grad_clip=1.0)
     return trace_gpt_step(shape, strategy, layers_traced=shape.layers)
 
 

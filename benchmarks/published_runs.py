@@ -28,14 +28,14 @@ from dataclasses import dataclass
 
 from simulator.cost import HardwareProfile, load_profile
 from simulator.estimate import Estimate, estimate
-from simulator.step_trace import GPTShape, Strategy, trace_gpt_step
+from simulator.step_trace import GPTShape, GPTStrategy, trace_gpt_step
 
 
 @dataclass(frozen=True)
 class Row:
     name: str
     shape: GPTShape
-    strategy: Strategy
+    strategy: GPTStrategy
     published_s: float | None
     role: str
     """``calibration`` (a constant was fitted to it) or ``validation``."""
@@ -45,9 +45,9 @@ def _gpt(layers: int, hidden: int, heads: int, micro_batch_size: int = 1) -> GPT
     return GPTShape(layers, hidden, heads, 2048, 51200, micro_batch_size, 0.1)
 
 
-def _strategy(pp: int, micro_batches: int, recompute: str, chunks: int = 1) -> Strategy:
+def _strategy(pp: int, micro_batches: int, recompute: str, chunks: int = 1) -> GPTStrategy:
     schedule = "Interleaved1F1B" if chunks > 1 else "1F1B"
-    return Strategy(dp=1, tp=8, pp=pp, sequence_parallel=recompute == "selective", recompute=recompute, zero=0,
+    return GPTStrategy(dp=1, tp=8, pp=pp, sequence_parallel=recompute == "selective", recompute=recompute, zero=0,
                     mixed_precision=True, micro_batches=micro_batches, schedule=schedule, chunks=chunks)
 
 

@@ -255,7 +255,7 @@ def _grad_to_layout(leaf: Tensor, g: Tensor) -> Tensor:
         target = leaf.grad_spec()
         # A leaf standing in for a recomputed block's input lets its gradient keep the layout the
         # block's backward gave it (Partial too), exactly as the block's ordinary backward would.
-        keep_layout = getattr(leaf, "_grad_any_layout", False) and g.is_dist
+        keep_layout = leaf._grad_any_layout and g.is_dist
         if not keep_layout and (not g.is_dist or g.spec != target):
             with comm_context(f"gradient of {leaf._label()} to its layout {target.placements_str}"):
                 g = reshard_to(g, target)

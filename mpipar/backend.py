@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpipar import mesh as _mesh
 from mpipar import xp as _xp
 from mpipar.mesh import ProcessMesh
 
 if TYPE_CHECKING:
-    from mpipar.comm import Communicator
+    from mpipar.comm import Communicator, ManualTransport
 
 
 class Backend(ABC):
@@ -80,6 +80,24 @@ class Backend(ABC):
 
     def describe(self) -> str:
         return f"{self.name} (world size {self.world_size})"
+
+    # Per-rank programs in one process (``simulator.per_rank``) override these three; declared
+    # here so that callers (tensors, tracing, timelines, dtensor_from_local) ask every backend.
+    @property
+    def program_rank(self) -> int | None:
+        """The rank whose program runs in this thread; None where one program drives every
+        hosted rank (this process's programs are not per rank)."""
+        return None
+
+    def manual_transport(self, call: str) -> ManualTransport | None:
+        """The transport of manual ``call`` for the running per-rank program; None where the
+        backend's communicator serves manual mode (MPI, NCCL) or nothing does."""
+        return None
+
+    def assemble_locals(self, mesh: ProcessMesh, local: Any) -> dict[int, Any] | None:
+        """The pieces of all hosted ranks of ``mesh`` when the running program gave only its
+        own piece ``local`` (``dtensor_from_local``); None where one program holds every piece."""
+        return None
 
 
 _factories: dict[str, Callable[..., Backend]] = {}
@@ -200,18 +218,37 @@ def get_world_size() -> int:
 
 
 # ---------------------------------------------------------------- where meshes meet the backend
-def _check_mesh(mesh: ProcessMesh) -> None:
-    """Refuse a mesh naming ranks outside the current backend's world (the simulator grows its world)."""
-    current_backend().validate_mesh(mesh)
+_checked_meshes: weakref.WeakKeyDictionary[Backend, set[ProcessMesh]] = weakref.WeakKeyDictionary()
+"""Per backend, the meshes already checked against its world: the check runs where meshes meet
+the backend (every reshard among them), so each mesh pays for it once, not per call."""
+
+
+def check_mesh(mesh: ProcessMesh, backend: Backend | None = None) -> None:
+    """Refuse a mesh naming ranks outside ``backend``'s world (the current one by default).
+
+    ``ProcessMesh`` is a pure value and checks nothing of the world when built; this is called
+    where a mesh first meets a backend (``shard_tensor``, ``reshard``/``reshard_to``,
+    ``dtensor_from_local``, ``get_submesh_with_dim``). The simulator without ``-n`` grows its
+    world here with the meshes used.
+    """
+    backend = current_backend() if backend is None else backend
+    seen = _checked_meshes.get(backend)
+    if seen is None:
+        seen = _checked_meshes[backend] = set()
+    if mesh not in seen:
+        backend.validate_mesh(mesh)
+        seen.add(mesh)
 
 
 def _get_submesh_with_dim(self: ProcessMesh, dim_name: str) -> ProcessMesh:
     """The 1-d mesh along ``dim_name`` through this process (rank 0's under the simulator)."""
-    hosted = current_backend().hosted_ranks(self)
+    backend = current_backend()
+    check_mesh(self, backend)
+    hosted = backend.hosted_ranks(self)
     rank = hosted[0] if hosted else self.process_ids[0]
     return ProcessMesh(list(self.rank_group(dim_name, rank)), dim_names=[dim_name])
 
 
-# Registered from here: mesh.py sits below the backends, which are what a mesh is checked against.
-_mesh.build_checks.append(_check_mesh)
+# Installed from here: the method asks which ranks this process hosts, a question of the
+# backend, and mesh.py sits below the backends.
 ProcessMesh.get_submesh_with_dim = _get_submesh_with_dim  # type: ignore[attr-defined]

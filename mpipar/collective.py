@@ -33,13 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from mpipar import autograd, hooks
 from mpipar.backend import Backend, current_backend
-from mpipar.comm import Array, Shape
+from mpipar.comm import Array, ManualTransport, Shape
+from mpipar.modes import Mode, execution_mode
 from mpipar.reshard.executor import freeze
 from mpipar.tensor import Tensor
 from mpipar.xp import to_numpy
@@ -112,20 +113,6 @@ class Task:
 
 
 _DONE = Task()
-
-
-class ManualTransport(Protocol):
-    """Moves one rank's buffers; each method returns this rank's result (``group`` has >= 2 members)."""
-
-    def all_reduce(self, group: Group_, buf: Array, op: str) -> Array: ...
-    def all_gather(self, group: Group_, buf: Array) -> list[Array]: ...
-    def reduce_scatter(self, group: Group_, chunks: Sequence[Array], op: str) -> Array: ...
-    def all_to_all(self, group: Group_, chunks: Sequence[Array], recv_shapes: Sequence[Shape]) -> list[Array]: ...
-    def broadcast(self, group: Group_, buf: Array, root: int) -> Array: ...
-    def reduce(self, group: Group_, buf: Array, op: str, root: int) -> Array | None: ...
-    def barrier(self, group: Group_) -> None: ...
-    def send(self, dst: int, buf: Array) -> None: ...
-    def recv(self, src: int, shape: Shape, dtype: np.dtype) -> Array: ...
 
 
 class CommTransport:
@@ -222,12 +209,12 @@ def _members(group: Group | None, call: str) -> tuple[int, ...] | None:
 
 def _transport(call: str) -> ManualTransport:
     backend = current_backend()
-    make = getattr(backend, "manual_transport", None)
-    if make is not None:
-        return make(call)  # type: ignore[no-any-return]
+    own = backend.manual_transport(call)
+    if own is not None:
+        return own
     if backend.name in ("mpi", "nccl"):
         return CommTransport(backend)
-    if backend.reference:
+    if execution_mode((), backend) is Mode.DENSE:
         raise ManualCallError(
             f"{call}: under --reference a manual program runs as one device, but the world was fixed to "
             f"{backend.world_size} ranks; drop -n (python -m simulator --reference script.py)"
@@ -323,11 +310,10 @@ def _traced(
     ``placements`` are real placement strings on the group's 1-D mesh, so the plan file loads
     through ``Plan.from_dict``'s checks; a rooted call names its root in ``call`` (the reshard's
     reason) because no placement says "on one rank only"."""
-    recorders = [h for h in hooks.reshard_hooks if hasattr(h, "on_manual_collective")]
-    if not recorders:
+    if not hooks.reshard_hooks:
         return
     t = tensor if isinstance(tensor, Tensor) else Tensor(np.asarray(tensor))
-    for rec in recorders:
+    for rec in list(hooks.reshard_hooks):
         rec.on_manual_collective(call, members, kind, reduce_type, placements[0], placements[1], t, nbytes, pieces)
 
 

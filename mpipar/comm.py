@@ -18,7 +18,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -63,14 +63,40 @@ class CommEvent:
         return f"{self.op}{rt} ranks={list(self.ranks)} in={self.input_nbytes}B out={self.output_nbytes}B{why}"
 
 
+class ManualTransport(Protocol):
+    """Manual mode's transport (``mpipar.collective``): moves one rank's buffers; each method
+    returns this rank's result (``group`` has >= 2 members). A backend running one program per
+    rank in one process supplies it (``Backend.manual_transport``)."""
+
+    def all_reduce(self, group: tuple[int, ...], buf: Array, op: str) -> Array: ...
+    def all_gather(self, group: tuple[int, ...], buf: Array) -> list[Array]: ...
+    def reduce_scatter(self, group: tuple[int, ...], chunks: Sequence[Array], op: str) -> Array: ...
+    def all_to_all(self, group: tuple[int, ...], chunks: Sequence[Array], recv_shapes: Sequence[Shape]) -> list[Array]: ...
+    def broadcast(self, group: tuple[int, ...], buf: Array, root: int) -> Array: ...
+    def reduce(self, group: tuple[int, ...], buf: Array, op: str, root: int) -> Array | None: ...
+    def barrier(self, group: tuple[int, ...]) -> None: ...
+    def send(self, dst: int, buf: Array) -> None: ...
+    def recv(self, src: int, shape: Shape, dtype: np.dtype) -> Array: ...
+
+
+class CommRecorder(Protocol):
+    """Hears every collective as a ``CommEvent`` (``debug.CommDebugMode``)."""
+
+    def record(self, event: CommEvent) -> None: ...
+
+
+class CommSpanRecorder(Protocol):
+    """Hears each public call's interval (``runtime.measured``): ``ranks`` the members taking
+    part (recorders keep those this process hosts), times from ``span_clock``."""
+
+    def record_comm(self, name: str, kind: str, ranks: Sequence[int], start: float, end: float, peer: int | None) -> None: ...
+
+
 # Recorders (CommDebugMode instances, tracers) register here; the base class feeds them.
-_recorders: list[Any] = []
+_recorders: list[CommRecorder] = []
 _context: list[str] = []
-# Span recorders (measured timelines, ``mpipar.runtime.measured``) get each public call's
-# interval: ``rec.record_comm(name, kind, ranks, start, end, peer)``, ``ranks`` the members
-# taking part (recorders keep those this process hosts), times from ``span_clock``. Empty:
-# calls are not timed at all.
-_span_recorders: list[Any] = []
+# Span recorders (measured timelines) register here. Empty: calls are not timed at all.
+_span_recorders: list[CommSpanRecorder] = []
 span_clock = time.perf_counter
 
 

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from mpipar import hooks, tape
-from mpipar.backend import current_backend
+from mpipar.backend import check_mesh, current_backend
 from mpipar.comm import comm_context, current_context, note_reused_reshard
 from mpipar.mesh import ProcessMesh
+from mpipar.modes import Mode, execution_mode
 from mpipar.placement import Placement, check_placements
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
@@ -92,8 +93,9 @@ def shard_tensor(
     """
     if not isinstance(mesh, ProcessMesh):
         raise TypeError(f"shard_tensor mesh must be a dist.ProcessMesh, got {type(mesh).__name__}")
-    pls = check_placements(placements, "shard_tensor placements")
     backend = current_backend()
+    check_mesh(mesh, backend)
+    pls = check_placements(placements, "shard_tensor placements")
     if isinstance(data, Tensor):
         target = data
         if dtype is not None and np.dtype(dtype) != data.dtype:
@@ -102,10 +104,11 @@ def shard_tensor(
                 f"{data.dtype} to {np.dtype(dtype)}; cast it first"
             )
         spec = _spec_for(f"shard_tensor of {data._label()}", data.shape, mesh, pls)
-        if data._abstract or backend.shape_only:
+        mode = execution_mode([data], backend)
+        if mode is Mode.ABSTRACT:
             target._init = None
             target._take_storage(Tensor.abstract(data.shape, data.dtype, spec))
-        elif data._init is not None and not backend.reference:
+        elif data._init is not None and mode is Mode.DISTRIBUTED:
             # A lazy value: each hosted rank generates its own shard, never the whole tensor.
             init, data._init = data._init, None
             target._set_dist(spec, _shards_from_global(spec, None, init), data.dtype)
@@ -119,16 +122,17 @@ def shard_tensor(
             target._grad_fn, target._out_index = moved._grad_fn, moved._out_index
         elif data.is_dist:
             target._take_storage(reshard(data, mesh, pls))
-        elif backend.reference:
+        elif mode is Mode.DENSE:
             target._take_storage(Tensor._from_reference(spec, data._value))
         else:
             target._set_dist(spec, _shards_from_global(spec, data._value), data.dtype)
     else:
         value = _as_array(data, dtype, copy=True)
         spec = _spec_for(f"shard_tensor of an array of shape {list(value.shape)}", value.shape, mesh, pls)
-        if backend.shape_only:
+        mode = execution_mode((), backend)
+        if mode is Mode.ABSTRACT:
             target = Tensor.abstract(value.shape, value.dtype, spec)
-        elif backend.reference:
+        elif mode is Mode.DENSE:
             target = Tensor._from_reference(spec, value)
         else:
             target = Tensor._from_shards(spec, _shards_from_global(spec, value), value.dtype)
@@ -161,6 +165,7 @@ def reshard_to(tensor: Tensor, spec: DistSpec) -> Tensor:
         raise ValueError(f"reshard of {tensor._label()} to {spec}: the target layout is of another global shape")
     dst = _interned_spec(tuple(spec.shape), spec.mesh, tuple(spec.placements))
     backend = current_backend()
+    check_mesh(dst.mesh, backend)
     if hooks.stage_runs and tensor.is_dist and not tensor.spec.mesh.same_layout(dst.mesh):
         # A pipeline stage boundary inside a stage-filtered forward (mpipar.pipeline.runner).
         return hooks.stage_runs[-1].boundary(tensor, dst)
@@ -181,10 +186,6 @@ def _reused(tensor: Tensor, dst: DistSpec) -> Tensor | None:
     out = entry[1].detach()
     plan = plan_reshard(tensor.spec, dst)
     if plan.steps:
-        for hook in hooks.reshard_hooks:
-            reuse_hook = getattr(hook, "on_reshard_reused", None)
-            if reuse_hook is not None:
-                reuse_hook(tensor, out, plan, current_context())
         note_reused_reshard(plan.src.placements_str, plan.dst.placements_str, tensor.dtype)
     return out
 
@@ -195,7 +196,11 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     Each reshard once: a computed value (an op's output) already resharded to ``dst`` is not
     resharded again while it is unchanged; the earlier result is used (and reported as reused).
     """
-    cacheable = tensor._reshards is not None and tensor.is_dist and not backend.reference and _reuse_enabled[-1]
+    # One big device moves nothing, so there is nothing to reuse.
+    cacheable = (
+        tensor._reshards is not None and tensor.is_dist and _reuse_enabled[-1]
+        and execution_mode((), backend) is not Mode.DENSE
+    )
     out: Tensor | None = _reused(tensor, dst) if cacheable else None
     if out is not None:
         out.stop_gradient = tensor.stop_gradient
@@ -215,14 +220,15 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
 
 def _reshard_now(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     """Move the data (or, shape-only, plan the move)."""
-    if tensor._abstract or backend.shape_only:
+    mode = execution_mode([tensor], backend)
+    if mode is Mode.ABSTRACT:
         out = Tensor.abstract(tensor.shape, tensor.dtype, dst)
         if tensor.is_dist:
             plan = plan_reshard(tensor.spec, dst)
             if plan.steps:
                 for hook in hooks.reshard_hooks:
                     hook.on_reshard(tensor, out, plan, current_context())
-    elif backend.reference:
+    elif mode is Mode.DENSE:
         assert tensor._value is not None
         out = Tensor._from_reference(dst, tensor._value)
     elif not tensor.is_dist:
@@ -255,6 +261,7 @@ def dtensor_from_local(
     """
     pls = check_placements(placements, "dtensor_from_local placements")
     backend = current_backend()
+    check_mesh(mesh, backend)
     hosted = backend.hosted_ranks(mesh)
     if callable(local) and not hasattr(local, "shape"):
         given = {r: local(r) for r in hosted}
@@ -263,11 +270,11 @@ def dtensor_from_local(
         if missing:
             raise ValueError(f"dtensor_from_local: no shard given for hosted rank(s) {missing} of {mesh}")
         given = {r: local[r] for r in hosted}
-    elif hasattr(backend, "assemble_locals"):
-        # a per-rank program in the simulator: the other ranks' pieces are in their threads
-        given = backend.assemble_locals(mesh, local)
     else:
-        given = {r: local for r in hosted}
+        # A per-rank program in the simulator gives only its own piece: the other ranks' pieces
+        # are in their threads, and the backend assembles them.
+        assembled = backend.assemble_locals(mesh, local)
+        given = assembled if assembled is not None else {r: local for r in hosted}
     arrays = {r: np.asarray(a) if not hasattr(a, "__cuda_array_interface__") else a for r, a in given.items()}
     if shape is None:
         if not arrays:
@@ -301,7 +308,7 @@ def dtensor_from_local(
             f"dtensor_from_local: this process hosts no rank of {mesh}, so the dtype cannot be read off a shard; "
             "pass dtype= (the same on every process)"
         )
-    if backend.reference:
+    if execution_mode((), backend) is Mode.DENSE:
         raise ValueError("dtensor_from_local builds from per-rank shards, which --reference mode does not have")
     xp = backend.xp
     return Tensor._from_shards(spec, {r: xp.array(a) for r, a in arrays.items()}, final)
@@ -326,7 +333,7 @@ def reshard_node(source: Tensor) -> tape.Node:
     return tape.Node("reshard", _reshard_grad, ctx, [source])
 
 
-def _regather(payload: Any) -> Tensor:
+def _regather(payload: tuple[Tensor, DistSpec]) -> Tensor:
     """Gather a ZeRO-3 parameter again for backward, from the note ``(param, spec)`` saved for it."""
     param, spec = payload
     with tape.no_grad(), comm_context(f"backward: gather {param._label()} stored split (ZeRO-3)"):

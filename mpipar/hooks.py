@@ -10,16 +10,58 @@ label what runs inside them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-op_start_hooks: list[Any] = []
-op_hooks: list[Any] = []
-reshard_hooks: list[Any] = []
-backward_hooks: list[Any] = []
+if TYPE_CHECKING:
+    from mpipar.mesh import ProcessMesh
+    from mpipar.reshard.planner import ReshardPlan
+    from mpipar.spec import DistSpec
+    from mpipar.tensor import Tensor
+
+
+# What each registry's entries provide. Protocols, not base classes: the recorders live above
+# this module (``trace``, ``runtime.measured``, ``overlap``) and need not inherit from it. ``op``
+# is an ``ops.dispatch.OpDef`` and ``result`` its ``spmd.SpmdResult`` (None when dense); both
+# live above this module, which the ops import.
+class OpStartHook(Protocol):
+    def on_op_start(self, name: str) -> None: ...
+
+
+class OpHook(Protocol):
+    def on_op(self, op: Any, inputs: Sequence[Tensor], used: Sequence[Tensor], outputs: Sequence[Tensor], result: Any) -> None: ...
+
+
+class ReshardHook(Protocol):
+    def on_reshard(self, src: Tensor, out: Tensor, plan: ReshardPlan, reason: str) -> None: ...
+
+    def on_manual_collective(
+        self, call: str, group: tuple[int, ...], kind: str, reduce_type: str | None, src: str, dst: str,
+        tensor: Tensor, bytes_per_rank: float, pieces: tuple[tuple[int, int, int], ...] = (),
+    ) -> None: ...
+
+
+class BackwardHook(Protocol):
+    def on_backward(self, roots: Sequence[Tensor]) -> None: ...
+
+
+class StageRunHook(Protocol):
+    """A pipeline stage run in progress (``mpipar.pipeline.runner.StageRun``)."""
+
+    def note_inputs(self, inputs: Sequence[Tensor], mesh: ProcessMesh) -> None: ...
+
+    def op_is_real(self, mesh: ProcessMesh, op: str) -> bool: ...
+
+    def boundary(self, src: Tensor, dst: DistSpec) -> Tensor: ...
+
+
+op_start_hooks: list[OpStartHook] = []
+op_hooks: list[OpHook] = []
+reshard_hooks: list[ReshardHook] = []
+backward_hooks: list[BackwardHook] = []
 """Called as ``hook.on_backward(roots)`` when an outermost backward pass starts, its tape still whole (plan
 tracing records what the tape keeps for backward)."""
-stage_runs: list[Any] = []
+stage_runs: list[StageRunHook] = []
 """The pipeline stage run in progress (``mpipar.pipeline.runner.StageRun``), innermost last."""
 
 _phase: list[str] = ["forward"]

@@ -12,19 +12,21 @@ happens along mesh axis ``i``. "Axis" always means a mesh axis here; "dim" a ten
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-build_checks: list[Callable[[ProcessMesh], None]] = []
-"""Called with every mesh built: ``mpipar.backend`` registers its world check here (this module
-sits below the backends and imports nothing of mpipar)."""
-
 
 class ProcessMesh:
-    """An N-d mesh of process ids. Equality and hash are by value (shape, ids, names)."""
+    """An N-d mesh of process ids. Equality and hash are by value (shape, ids, names).
+
+    A pure value: building one checks only the ids themselves (rectangular, non-negative, each
+    once), never a backend. Whether the world has those ranks is asked where a mesh meets a
+    backend (``mpipar.backend.check_mesh``: shard_tensor, reshard, dtensor_from_local), so a
+    plan of a 1024-rank world can be read in a process that hosts none of it.
+    """
 
     __slots__ = ("__dict__", "_dim_names", "_ids")
 
@@ -60,18 +62,6 @@ class ProcessMesh:
         ids.flags.writeable = False
         self._ids = ids
         self._dim_names = tuple(dim_names)
-        for check in build_checks:
-            check(self)
-
-    @classmethod
-    def unchecked(cls, ids: Any, dim_names: Sequence[str]) -> ProcessMesh:
-        """A mesh not validated against the backend's world (bookkeeping meshes, plans at scale)."""
-        mesh = cls.__new__(cls)
-        arr = np.asarray(ids, dtype=np.int64).copy()
-        arr.flags.writeable = False
-        mesh._ids = arr
-        mesh._dim_names = tuple(dim_names)
-        return mesh
 
     # ----------------------------------------------------------------------- basic views
     @property

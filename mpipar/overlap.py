@@ -39,6 +39,7 @@ import numpy as np
 from mpipar import hooks
 from mpipar.backend import current_backend
 from mpipar.comm import Pending, _span_recorders, comm_context
+from mpipar.modes import Mode, execution_mode
 from mpipar.reshard.executor import freeze
 from mpipar.reshard.planner import plan_reshard
 from mpipar.tensor import Tensor
@@ -179,9 +180,9 @@ class _Session:
     def _bucketable(self, leaf: Tensor, g: Tensor) -> Any | None:
         """The reshard's one all-reduce step when ``g`` may be bucketed, else None."""
         backend = self.backend
-        if backend.shape_only or backend.reference or hooks.reshard_hooks or _span_recorders:
+        if execution_mode([g], backend) is not Mode.DISTRIBUTED or hooks.reshard_hooks or _span_recorders:
             return None
-        if not (leaf.is_dist and g.is_dist) or g._abstract or getattr(leaf, "_grad_any_layout", False):
+        if not (leaf.is_dist and g.is_dist) or leaf._grad_any_layout:
             return None
         target = leaf.grad_spec()
         if g.spec == target or not g._shards:

@@ -25,6 +25,7 @@ from mpipar.backend import current_backend
 from mpipar.distribute import dtensor_from_local, reshard, shard_tensor
 from mpipar.io import DataLoader
 from mpipar.mesh import ProcessMesh
+from mpipar.modes import Mode, execution_mode
 from mpipar.nn.layer import Layer
 from mpipar.optimizer.optimizer import Optimizer
 from mpipar.placement import Placement, Replicate, Shard
@@ -141,9 +142,8 @@ def shard_optimizer(optimizer: Optimizer, shard_fn: _ShardingStage | None = None
         if shard_fn.stage == 3:
             full = p.spec
             shard_tensor(p, layout.mesh, list(layout.placements))  # stored split, in place
-            p._compute_spec = full  # type: ignore[attr-defined]
+            p._compute_spec = full
     optimizer._update_layout = lambda p: layouts.get(id(p))
-    optimizer._sharding = shard_fn  # type: ignore[attr-defined]
     return optimizer
 
 
@@ -232,7 +232,7 @@ class ShardDataloader:
             if self._meta is None:
                 sample = self.loader.load_indices(indices[:1])
                 self._meta = [(tuple(a.shape[1:]), a.dtype) for a in sample]
-            if backend.reference:
+            if execution_mode((), backend) is Mode.DENSE:  # one device: the whole batch
                 yield [self._whole(i, a) for i, a in enumerate(self.loader.load_indices(indices))]
                 continue
             # Which batch rows do the ranks hosted here hold?

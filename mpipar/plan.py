@@ -97,9 +97,9 @@ class PlanMesh:
 
 @functools.lru_cache(maxsize=256)
 def process_mesh(m: PlanMesh) -> ProcessMesh:
-    """The ``ProcessMesh`` of a plan's mesh, not checked against a backend's world: a plan of a
-    1024-rank world is read in a process that hosts none of it (the dashboard, the estimator)."""
-    return ProcessMesh.unchecked(np.asarray(m.process_ids, dtype=np.int64).reshape(m.shape), m.dim_names)
+    """The ``ProcessMesh`` of a plan's mesh (a pure value: a plan of a 1024-rank world is read in
+    a process that hosts none of it, the dashboard or the estimator)."""
+    return ProcessMesh(np.asarray(m.process_ids, dtype=np.int64).reshape(m.shape), list(m.dim_names))
 
 
 @dataclass(frozen=True)

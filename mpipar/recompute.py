@@ -37,7 +37,7 @@ def recompute(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             d.stop_gradient = t.stop_gradient
             # The gradient leaves in whatever layout it has (Partial too), as it would without
             # recompute: the caller's tape reduces it where the ordinary backward would.
-            d._grad_any_layout = True  # type: ignore[attr-defined]
+            d._grad_any_layout = True
             detached.append(d)
         new_args = list(args)
         for i, d in zip(tensor_pos, detached, strict=True):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from mpipar.spec import DistSpec
     from mpipar.tensor import Tensor
 
 _grad_enabled = True
@@ -82,7 +83,7 @@ class Packed:
         self.unpack = unpack
 
 
-regather: list[Callable[[Any], Tensor]] = []
+regather: list[Callable[[tuple[Tensor, DistSpec]], Tensor]] = []
 """How a ZeRO-3 note ``(param, spec)`` is gathered again: a reshard, which lives above this
 module, so ``mpipar.distribute`` registers it here when it loads."""
 
@@ -92,7 +93,7 @@ def pack_saved(t: Tensor) -> Any:
 
     A parameter gathered from split storage (ZeRO-3) is kept as a note to gather it again.
     """
-    note = getattr(t, "_regather", None)
+    note = t._regather
     if note is not None:
         return Packed(note, regather[-1])
     if not _saved_hooks:

@@ -22,12 +22,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from mpipar.backend import current_backend
 from mpipar.mesh import ProcessMesh
+from mpipar.modes import Mode, execution_mode
 from mpipar.placement import Placement, Replicate
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
@@ -94,6 +96,38 @@ class Tensor:
     ``target spec -> (storage id of the source when resharded, a view of the result)``. Ops'
     outputs have one (shared with their detached views, which saved tensors are); leaves
     (parameters, inputs) do not, so a parameter never holds a gathered copy across steps."""
+
+    # Fields one module sets and another reads, declared here so that both see one typed name
+    # (the tensor module is below all of them; none of them is imported here).
+    _compute_spec: DistSpec | None = None
+    """ZeRO-3: the layout a parameter stored split is computed in. Set by
+    ``parallel.shard_optimizer`` (stage 3); read by ``ops.dispatch``, which gathers to it
+    before each op that uses the parameter."""
+    _regather: tuple[Tensor, DistSpec] | None = None
+    """A gathered copy that backward gathers again instead of keeping: ``(source, layout)``.
+    Set by ``ops.dispatch`` (ZeRO-3) and ``models.gpt`` (sequence parallel); read by
+    ``tape.pack_saved`` (what a node saves) and ``simulator.step_trace`` (the parameter behind it)."""
+    _grad_any_layout: bool = False
+    """The gradient of this leaf keeps the layout backward gave it (Partial too). Set by
+    ``recompute`` on a recomputed block's detached inputs; read by ``autograd`` and ``overlap``,
+    which otherwise reshard a leaf's gradient to its own layout."""
+
+    # Paddle's parameter attributes, with Paddle's defaults: declared on every tensor because
+    # the optimizers take any trainable tensor, not only a Parameter.
+    need_clip: bool = True
+    """Set by ``nn.layer`` (``ParamAttr(need_clip=...)``); read by the gradient clips
+    (``optimizer.ClipGradByGlobalNorm``, fleet's hybrid optimizer)."""
+    optimize_attr: Mapping[str, float] = MappingProxyType({"learning_rate": 1.0})
+    """Per-parameter options (``learning_rate``: a multiplier). Set by ``nn.layer``; read by
+    ``Optimizer.step``."""
+    is_distributed: bool = False
+    """Fleet: a model-parallel slice. Set by ``fleet.meta_parallel.mp_layers``; read by fleet's
+    optimizer, whose clip sums it over the model group."""
+    split_axis: int | None = None
+    """Fleet: the dim a model-parallel weight is split along (set by ``mp_layers``)."""
+    is_firstly_shared: bool = True
+    """Fleet: False on the copies of a weight shared by pipeline stages after the first. Set by
+    ``fleet.meta_parallel.pp_layers``; read by fleet's clip, which counts the weight once."""
 
     def __init__(
         self,
@@ -165,7 +199,7 @@ class Tensor:
     def _materialize(self) -> None:
         init, self._init = self._init, None
         assert init is not None
-        if current_backend().shape_only:
+        if execution_mode() is Mode.ABSTRACT:
             self._abstract = True
             return
         value = np.asarray(init(tuple(self._shape), tuple((0, n) for n in self._shape)), dtype=self._dtype)
@@ -333,7 +367,7 @@ class Tensor:
             return self._value
         if rank is None and len(self._shards) > 1:
             # a per-rank program in the simulator (simulator.per_rank) means its own rank
-            rank = getattr(current_backend(), "program_rank", None)
+            rank = current_backend().program_rank
         if rank is None:
             if len(self._shards) != 1:
                 raise ValueError(

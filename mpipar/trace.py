@@ -57,10 +57,10 @@ class PlanRecorder:
         """Is this call from another rank's program? Per-rank programs in the simulator
         (``simulator.per_rank``) share the hooks; a recorder keeps the program that opened it,
         as each process's recorder does under MPI."""
-        return self._owner is not None and getattr(current_backend(), "program_rank", None) != self._owner
+        return self._owner is not None and current_backend().program_rank != self._owner
 
     def __enter__(self) -> PlanRecorder:
-        self._owner = getattr(current_backend(), "program_rank", None)
+        self._owner = current_backend().program_rank
         hooks.op_hooks.append(self)
         hooks.reshard_hooks.append(self)
         hooks.backward_hooks.append(self)

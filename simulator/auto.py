@@ -21,7 +21,7 @@ from simulator.backend import ShapeOnlyBackend
 from simulator.cost import HardwareProfile, load_profile
 from simulator.estimate import estimate
 from simulator.search import RECOMPUTES, SearchResult, divisors, search
-from simulator.step_trace import GPTShape, Strategy
+from simulator.step_trace import GPTShape, GPTStrategy
 
 FALLBACK_PRESET = "cpu-local"
 CALIBRATE_TIMEOUT_S = 180.0
@@ -168,7 +168,7 @@ def choose_pipeline(layer: object, global_batch: int, world: int, say: Callable[
     with dist.use_backend(ShapeOnlyBackend()):
         for kind in schedules:
             for m in divisors(per_replica):
-                st = Strategy(dp, tp, pp, par.sequence_parallel and tp > 1, par.recompute, 0, False, "adamw", m, kind, par.chunks)
+                st = GPTStrategy(dp, tp, pp, par.sequence_parallel and tp > 1, par.recompute, 0, False, "adamw", m, kind, par.chunks)
                 sized = GPTShape(shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab, per_replica // m, shape.dropout)
                 est = estimate(sized, st, hw)
                 if max(est.peak_bytes_per_rank.values()) <= limit:

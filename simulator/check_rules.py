@@ -80,7 +80,7 @@ def _random_placements(rng: np.random.Generator, mesh: dist.ProcessMesh, value: 
 
 
 def _dense(op: OpDef, arrays: list[np.ndarray], inputs: Sequence[Any], attrs: dict[str, Any]) -> list[np.ndarray]:
-    mesh = dist.ProcessMesh.unchecked([0], ["dense"])
+    mesh = dist.ProcessMesh([0], ["dense"])
     specs = [DistSpec(a.shape, mesh, [Replicate()]) for a in arrays]
     res = registry.infer_forward(op.rule_name, _nest_like(inputs, specs), **_rule_attrs(op, attrs))
     ctx = KernelContext(specs, list(res.outputs), [full_box(a.shape) for a in arrays], [full_box(s.shape) for s in res.outputs])

@@ -48,7 +48,7 @@ from mpipar.untrusted import load_json
 PROFILE_FORMAT = "mpipar.hardware"
 PROFILE_VERSION = 1
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
-COLLECTIVES = ("send", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
+PRICED_COMMS = ("send", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,8 @@ def collective_time(
     op: str, nbytes: float, group_size: int, link: Link, reduction_Bps: float | None = None
 ) -> float:
     """Seconds for one collective on ``group_size`` ranks over ``link`` (formulas in the module docstring)."""
-    if op not in COLLECTIVES:
-        raise ValueError(f"collective {op!r} has no cost formula; known: {', '.join(COLLECTIVES)}")
+    if op not in PRICED_COMMS:
+        raise ValueError(f"collective {op!r} has no cost formula; known: {', '.join(PRICED_COMMS)}")
     if isinstance(group_size, bool) or not isinstance(group_size, int | np.integer) or group_size < 1:
         raise ValueError(f"collective {op}: group size must be a positive int, got {group_size!r}")
     if not isinstance(nbytes, int | float | np.integer | np.floating) or not nbytes >= 0:

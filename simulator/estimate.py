@@ -65,7 +65,7 @@ from mpipar.pipeline.actions import final_backward_kind
 from simulator.cost import HardwareProfile, PipelineCost, load_profile
 from simulator.op_cost import PlanCosts, op_family
 from simulator.schedule_sim import simulate_schedule
-from simulator.step_trace import SETUP, GPTShape, KeptTensor, Part, StepTrace, Strategy, build_meshes, trace_gpt_step
+from simulator.step_trace import SETUP, GPTShape, GPTStrategy, KeptTensor, Part, StepTrace, build_meshes, trace_gpt_step
 
 FORMAT = "mpipar.estimate"
 VERSION = 1
@@ -94,7 +94,7 @@ class StageEstimate:
 @dataclass
 class Estimate:
     shape: GPTShape
-    strategy: Strategy
+    strategy: GPTStrategy
     hardware: str
     activation_bytes_per_layer: int
     layer_activations: list[KeptTensor]
@@ -259,13 +259,13 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def _ideal_bubble(st: Strategy) -> float:
+def _ideal_bubble(st: GPTStrategy) -> float:
     p, m = st.pp, st.micro_batches
     return (p - 1) / (st.chunks * m + p - 1) if p > 1 else 0.0
 
 
 # ---------------------------------------------------------------------- the estimate
-def layers_per_stage(shape: GPTShape, strategy: Strategy) -> list[int]:
+def layers_per_stage(shape: GPTShape, strategy: GPTStrategy) -> list[int]:
     """Real layers on each stage, by the model's own rule (``GPTParallel.stage_of_layer``)."""
     par = GPTParallel(build_meshes(strategy))
     counts = [0] * strategy.num_stages
@@ -276,7 +276,7 @@ def layers_per_stage(shape: GPTShape, strategy: Strategy) -> list[int]:
 
 def estimate(
     shape: GPTShape,
-    strategy: Strategy,
+    strategy: GPTStrategy,
     profile: HardwareProfile | str = "h100-nvlink-ib",
     *,
     memory_bandwidth: float | None = None,
@@ -503,7 +503,7 @@ def _peak_rate(hw: HardwareProfile, dtype: str) -> float:
     return 0.0
 
 
-def _overlapped(res: Any, strategy: Strategy) -> bool:
+def _overlapped(res: Any, strategy: GPTStrategy) -> bool:
     """A backward sequence-parallel all-gather or reduce-scatter: Megatron overlaps these with
     the weight-gradient GEMMs (Korthikanti et al. 2022, section 4.2.2)."""
     return (strategy.sequence_parallel and res.phase == "backward" and bool(res.steps)
@@ -658,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def from_args(ns: argparse.Namespace) -> tuple[GPTShape, Strategy]:
+def from_args(ns: argparse.Namespace) -> tuple[GPTShape, GPTStrategy]:
     """The model and strategy the command line asks for (``ValueError`` naming the flag at fault)."""
     explicit = {k: getattr(ns, k) for k in ("layers", "hidden", "heads")}
     if ns.params is not None:
@@ -676,7 +676,7 @@ def from_args(ns: argparse.Namespace) -> tuple[GPTShape, Strategy]:
     deg = parse_mesh(ns.mesh)
     interleaved = ns.schedule.strip().lower() in ("interleaved1f1b", "interleaved", "vpp")
     chunks = ns.chunks if ns.chunks is not None else (2 if interleaved else 1)
-    strategy = Strategy(
+    strategy = GPTStrategy(
         deg["dp"], deg["tp"], deg["pp"], ns.sequence_parallel, ns.recompute, ns.zero, ns.mixed_precision, ns.optimizer,
         ns.micro_batches, ns.schedule, chunks, ns.grad_clip,
     )

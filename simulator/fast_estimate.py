@@ -46,7 +46,7 @@ from simulator.cost import HardwareProfile, Link, PipelineCost, collective_time
 from simulator.estimate import UPDATE_FLOPS, _overlapped, _peak_in_flight_bytes, layers_per_stage
 from simulator.op_cost import PlanCosts, _local_shapes, op_family
 from simulator.schedule_sim import _Run
-from simulator.step_trace import FIRST, LAST, SETUP, GPTShape, Part, StepTrace, Strategy, trace_gpt_step
+from simulator.step_trace import FIRST, LAST, SETUP, GPTShape, GPTStrategy, Part, StepTrace, trace_gpt_step
 
 DP = "dp"
 TRACED_LAYERS = 4
@@ -87,7 +87,7 @@ class _Costs(PlanCosts):
         return max(sent, received)
 
 
-def _bucket(res: PlanReshard, step: StepTrace, hw: HardwareProfile, strategy: Strategy) -> str:
+def _bucket(res: PlanReshard, step: StepTrace, hw: HardwareProfile, strategy: GPTStrategy) -> str:
     if res.index in step.grad_sync:
         return "sync"
     if hw.gpu_model and _overlapped(res, strategy):
@@ -278,7 +278,7 @@ def _zero_splits_agree(step: StepTrace, real: dict[tuple[int, ...], PlanMesh]) -
 
 
 # ---------------------------------------------------------------------- applicability
-def applicable(shape: GPTShape, strategy: Strategy, hw: HardwareProfile) -> str:
+def applicable(shape: GPTShape, strategy: GPTStrategy, hw: HardwareProfile) -> str:
     """Why the fast path cannot price ``strategy`` ("" when it can)."""
     if shape.layers < TRACED_LAYERS:
         return f"the model has {shape.layers} layers; the fast path traces {TRACED_LAYERS}"
@@ -299,7 +299,7 @@ def applicable(shape: GPTShape, strategy: Strategy, hw: HardwareProfile) -> str:
 def layer_counts(layers: int, pp: int, chunks: int) -> list[int]:
     """``layers_per_stage``: the model's rule places layers by stage count alone, so a one-rank-wide
     mesh of the same pipeline answers for any ``dp x tp``."""
-    probe = Strategy(1, 1, pp, schedule="Interleaved1F1B" if chunks > 1 else "1F1B", chunks=chunks)
+    probe = GPTStrategy(1, 1, pp, schedule="Interleaved1F1B" if chunks > 1 else "1F1B", chunks=chunks)
     return layers_per_stage(GPTShape(layers, 1, 1, 1, 1), probe)
 
 
@@ -318,7 +318,7 @@ class _Pipe:
     """Activation bytes held at once on each lane."""
 
 
-def _simulate(strategy: Strategy, micro: int, cost: PipelineCost, act: tuple[int, ...]) -> _Pipe:
+def _simulate(strategy: GPTStrategy, micro: int, cost: PipelineCost, act: tuple[int, ...]) -> _Pipe:
     schedule = _schedule(strategy.schedule, strategy.num_stages, micro, strategy.chunks)
     timeline = _Run(schedule, cost).timeline()  # the schedule was validated when built
     lanes = schedule.num_ranks
@@ -332,7 +332,7 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-30)
 
 
-def pipeline(strategy: Strategy, cost: PipelineCost, act: tuple[int, ...]) -> tuple[_Pipe, float]:
+def pipeline(strategy: GPTStrategy, cost: PipelineCost, act: tuple[int, ...]) -> tuple[_Pipe, float]:
     """The schedule's lane ends, makespan and activations in flight (and its bubble fraction).
 
     A long step is extrapolated: past a few rounds every quantity grows by the same amount per
@@ -377,7 +377,7 @@ class FastEstimate:
     tail_s: tuple[float, ...]
 
 
-def stage_parts(strategy: Strategy, counts: list[int]) -> list[list[tuple[Part, float]]]:
+def stage_parts(strategy: GPTStrategy, counts: list[int]) -> list[list[tuple[Part, float]]]:
     """Per real stage, the traced parts that make it and how many real layers each stands for."""
     n = len(counts)
     out = []
@@ -398,7 +398,7 @@ def stage_parts(strategy: Strategy, counts: list[int]) -> list[list[tuple[Part, 
 
 
 def assemble(
-    shape: GPTShape, strategy: Strategy, hw: HardwareProfile, inv: InvariantCosts, ctx: PricedContext,
+    shape: GPTShape, strategy: GPTStrategy, hw: HardwareProfile, inv: InvariantCosts, ctx: PricedContext,
 ) -> FastEstimate:
     """``estimate``'s pipeline, tails and peaks from the two halves of the ledger (module docstring)."""
     counts = layer_counts(shape.layers, strategy.pp, strategy.chunks)
@@ -457,19 +457,19 @@ class TraceCache:
     def traces(self) -> int:
         return len(self._steps)
 
-    def trace(self, shape: GPTShape, strategy: Strategy, dp: int, zero: int) -> StepTrace:
+    def trace(self, shape: GPTShape, strategy: GPTStrategy, dp: int, zero: int) -> StepTrace:
         """The ``dp``-wide (1 or 2), two-stage trace of ``strategy``'s layer under ZeRO ``zero``."""
         key = (shape, strategy.tp, strategy.sequence_parallel, strategy.recompute, zero, dp, strategy.mixed_precision,
                strategy.optimizer, strategy.grad_clip)
         if key not in self._steps:
-            traced = Strategy(dp, strategy.tp, 2, strategy.sequence_parallel, strategy.recompute, zero,
+            traced = GPTStrategy(dp, strategy.tp, 2, strategy.sequence_parallel, strategy.recompute, zero,
                               strategy.mixed_precision, strategy.optimizer, 1, "1F1B", 1, strategy.grad_clip)
             step = trace_gpt_step(shape, traced, TRACED_LAYERS)
             self._steps[key] = step
             self.trace_seconds += step.seconds
         return self._steps[key]
 
-    def invariant(self, shape: GPTShape, strategy: Strategy) -> InvariantCosts:
+    def invariant(self, shape: GPTShape, strategy: GPTStrategy) -> InvariantCosts:
         """From the ZeRO-0 trace, ``dp = 2`` for any ``dp > 1``: the rules lay the head and loss out
         by global sizes, so one data-parallel replica can pick other layouts than two (two and
         more agree on the shapes the tests cover)."""
@@ -480,7 +480,7 @@ class TraceCache:
             self._inv[key] = invariant_costs(self.trace(shape, strategy, dp, 0), self.hw, self.over)
         return self._inv[key]
 
-    def context(self, shape: GPTShape, strategy: Strategy) -> PricedContext | None:
+    def context(self, shape: GPTShape, strategy: GPTStrategy) -> PricedContext | None:
         dp, zero = (1, 0) if strategy.dp == 1 else (2, strategy.zero)
         key = (shape, strategy.tp, strategy.sequence_parallel, strategy.recompute, zero, dp, strategy.mixed_precision,
                strategy.optimizer, strategy.grad_clip)
@@ -488,7 +488,7 @@ class TraceCache:
             self._ctx[key] = ContextCosts(self.trace(shape, strategy, dp, zero), self.hw, self.over)
         return self._ctx[key].at(strategy.dp)
 
-    def estimate(self, shape: GPTShape, strategy: Strategy) -> FastEstimate | None:
+    def estimate(self, shape: GPTShape, strategy: GPTStrategy) -> FastEstimate | None:
         """The fast estimate, or ``None`` when it does not apply (``applicable``)."""
         if applicable(shape, strategy, self.hw):
             return None
@@ -498,12 +498,12 @@ class TraceCache:
         return assemble(shape, strategy, self.hw, self.invariant(shape, strategy), ctx)
 
 
-def fast_estimate(shape: GPTShape, strategy: Strategy, profile: HardwareProfile, cache: TraceCache | None = None) -> FastEstimate | None:
+def fast_estimate(shape: GPTShape, strategy: GPTStrategy, profile: HardwareProfile, cache: TraceCache | None = None) -> FastEstimate | None:
     """``estimate(shape, strategy, profile)``'s step time and peak memory through shared traces."""
     return (cache if cache is not None else TraceCache(profile)).estimate(shape, strategy)
 
 
-def lower_bound_stage_times(inv: InvariantCosts, strategy: Strategy, counts: list[int]) -> list[tuple[float, float, float]]:
+def lower_bound_stage_times(inv: InvariantCosts, strategy: GPTStrategy, counts: list[int]) -> list[tuple[float, float, float]]:
     """Per stage (forward, backward input, backward weight) from the invariant costs alone: the
     data-parallel half only adds to them, so a schedule built on these is never slower."""
     out = []

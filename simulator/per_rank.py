@@ -295,7 +295,7 @@ class _ManualComm(VirtualCommunicator):
 
 
 class _Transport:
-    """The ``ManualTransport`` of one rank's program (see ``mpipar.collective``)."""
+    """The ``ManualTransport`` of one rank's program (see ``mpipar.comm``)."""
 
     def __init__(self, world: PerRankWorld, rank: int, call: str) -> None:
         self.world, self.me, self.call = world, rank, call

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.step_trace import GPTShape, Strategy
+from simulator.step_trace import GPTShape, GPTStrategy
 
 SEQ = 2048
 VOCAB = 51200
@@ -36,13 +36,13 @@ class PublishedRun:
     def shape(self, micro_batch_size: int = 1) -> GPTShape:
         return GPTShape(self.layers, self.hidden, self.heads, SEQ, VOCAB, micro_batch_size)
 
-    def strategy(self) -> Strategy:
+    def strategy(self) -> GPTStrategy:
         """The published layout as ``estimate`` prices it: micro-batch 1, sequence parallel and
         selective recompute (Korthikanti et al. 2022's recipe for these models), interleaved
         1F1B with 2 chunks where the layers divide (else 1F1B), no ZeRO, mixed precision."""
         chunks = 2 if self.pp > 1 and self.layers % (2 * self.pp) == 0 else 1
         schedule = "Interleaved1F1B" if chunks > 1 else "1F1B"
-        return Strategy(self.dp, self.tp, self.pp, self.tp > 1, "selective", 0, True, "adamw",
+        return GPTStrategy(self.dp, self.tp, self.pp, self.tp > 1, "selective", 0, True, "adamw",
                         self.batch // self.dp, schedule, chunks)
 
 

@@ -23,7 +23,7 @@ from simulator.cost import HardwareProfile, load_profile
 from simulator.estimate import Estimate, estimate, parse_count
 from simulator.estimate import build_parser as estimate_parser
 from simulator.fast_estimate import TraceCache, applicable, layer_counts, lower_bound_stage_times, stage_parts
-from simulator.step_trace import GPTShape, Strategy
+from simulator.step_trace import GPTShape, GPTStrategy
 
 SCHEDULES = ("FThenB", "1F1B", "Interleaved1F1B", "ZBH1")
 RECOMPUTES = ("none", "selective", "full")
@@ -45,7 +45,7 @@ def divisors(n: int) -> list[int]:
 class Candidate:
     """A priced strategy: the estimate's headline numbers and the flags that reproduce it."""
 
-    strategy: Strategy
+    strategy: GPTStrategy
     micro_batch_size: int
     step_time_s: float
     peak_bytes: int
@@ -117,7 +117,7 @@ def enumerate_strategies(
     *, zero_stages: tuple[int, ...] = (0, 1, 2, 3), recomputes: tuple[str, ...] = RECOMPUTES,
     schedules: tuple[str, ...] = SCHEDULES, mixed_precision: bool = True,
     micro_batch_sizes: tuple[int, ...] | None = None,
-) -> Iterator[tuple[Strategy, int]]:
+) -> Iterator[tuple[GPTStrategy, int]]:
     """Every (strategy, micro-batch size) that divides: heads by tp, layers by pp x chunks,
     batch by dp x micro-batches x micro-batch size. Counts what it drops in ``pruned``.
     ``micro_batch_sizes``: only these (default: every divisor of the batch per replica)."""
@@ -146,11 +146,11 @@ def enumerate_strategies(
                         for sp in (False, True) if tp > 1 else (False,):
                             for zero in zero_stages if dp > 1 else (0,):
                                 for rc in recomputes:
-                                    yield Strategy(dp, tp, pp, sp, rc, zero, mixed_precision, "adamw",
+                                    yield GPTStrategy(dp, tp, pp, sp, rc, zero, mixed_precision, "adamw",
                                                    micro, schedule, chunks), mbs
 
 
-def state_lower_bound(shape: GPTShape, strategy: Strategy) -> float:
+def state_lower_bound(shape: GPTShape, strategy: GPTStrategy) -> float:
     """Bytes of model state on a pipeline rank, at least: its share of the layers' weight matrices
     and biases (``12h^2 + 13h`` per layer, split ``tp`` ways, no replicated norms or embedding),
     times the bytes each parameter keeps (parameter, gradient, optimizer states and master
@@ -166,7 +166,7 @@ def state_lower_bound(shape: GPTShape, strategy: Strategy) -> float:
     return layers * per_layer * (param / (dp if z >= 3 else 1) + grad / (dp if z >= 2 else 1) + states / (dp if z >= 1 else 1))
 
 
-def _chain_bound(stages: list[tuple[float, float, float]], strategy: Strategy) -> float:
+def _chain_bound(stages: list[tuple[float, float, float]], strategy: GPTStrategy) -> float:
     """A step-time lower bound from per-stage (forward, backward input, backward weight) seconds of
     one micro-batch: pipeline rank k cannot start before micro-batch 0 crossed the stages before
     its first, then computes all its actions one at a time, and (unsplit backward) its last
@@ -183,7 +183,7 @@ def _chain_bound(stages: list[tuple[float, float, float]], strategy: Strategy) -
     return best
 
 
-def _in_flight_lower_bound(strategy: Strategy) -> int:
+def _in_flight_lower_bound(strategy: GPTStrategy) -> int:
     """Micro-batches the first pipeline rank holds at once, at least (FThenB: all of them)."""
     if strategy.schedule == "FThenB":
         return strategy.micro_batches
@@ -227,7 +227,7 @@ def search(
     flops = model_flops_per_step(shape, global_batch)
     peak_rate = max(hw.flops_per_s.values()) * devices
 
-    def candidate(strategy: Strategy, mbs: int, t: float, peak: int, bubble: float) -> Candidate:
+    def candidate(strategy: GPTStrategy, mbs: int, t: float, peak: int, bubble: float) -> Candidate:
         return Candidate(strategy, mbs, t, peak, bubble, global_batch * shape.seq / t, flops / t / peak_rate, peak <= limit)
 
     def sized(mbs: int) -> GPTShape:
@@ -252,7 +252,7 @@ def search(
 
 
 def _branch_and_bound(
-    shape: GPTShape, todo: list[tuple[Strategy, int]], hw: HardwareProfile, limit: int, top_k: int,
+    shape: GPTShape, todo: list[tuple[GPTStrategy, int]], hw: HardwareProfile, limit: int, top_k: int,
     pruned: dict[str, int], candidate: Callable[..., Candidate], sized: Callable[[int], GPTShape],
     progress: Callable[[int, int], None] | None, drop_dominated: bool = False,
 ) -> tuple[list[Candidate], list[Candidate]]:
@@ -278,7 +278,7 @@ def _branch_and_bound(
     best_gemm = max(hw.flops_per_s.get(dtype, 0.0), hw.flops_per_s.get("bfloat16" if dtype == "float16" else dtype, 0.0))
     best_gemm *= hw.gemm_efficiency_max if hw.gpu_model else hw.compute_efficiency
 
-    def counts(st: Strategy) -> list[int]:
+    def counts(st: GPTStrategy) -> list[int]:
         return layer_counts(shape.layers, st.pp, st.chunks)
 
     # Level 0: model state alone; then a bound from the micro-batch size 1 trace of the same
@@ -333,7 +333,7 @@ def _branch_and_bound(
     fitting: list[Candidate] = []
     over: list[Candidate] = []
     kth: list[float] = []  # the top_k best fitting step times, as a max-heap (negated)
-    fit: set[tuple[Strategy, int]] = set()  # priced and within the limit (drop_dominated)
+    fit: set[tuple[GPTStrategy, int]] = set()  # priced and within the limit (drop_dominated)
 
     def bound() -> float:
         return -kth[0] if len(kth) >= top_k else math.inf

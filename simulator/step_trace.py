@@ -1,7 +1,7 @@
 """One GPT training step traced shape-only, every event labelled with the part of the model it serves.
 
     shape = GPTShape(layers=96, hidden=12288, heads=96, seq=2048, vocab=50257)
-    strategy = Strategy(dp=8, tp=8, pp=16, sequence_parallel=True, mixed_precision=True)
+    strategy = GPTStrategy(dp=8, tp=8, pp=16, sequence_parallel=True, mixed_precision=True)
     step = trace_gpt_step(shape, strategy)
     step.plan                         # mpipar.plan.Plan: one micro-batch forward, backward, one optimizer step
     step.op_parts[i]                  # the Part plan.ops[i] belongs to (Part("layer", 3), Part("first"), ...)
@@ -132,7 +132,7 @@ def _divisor_near(n: int, k: int) -> int:
 
 
 @dataclass(frozen=True)
-class Strategy:
+class GPTStrategy:
     """How the step is parallelised: degrees, sequence parallel, recompute, ZeRO, precision, pipeline."""
 
     dp: int = 1
@@ -155,19 +155,19 @@ class Strategy:
         for name in ("dp", "tp", "pp", "micro_batches", "chunks"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Strategy {name} must be a positive int, got {value!r}")
+                raise ValueError(f"GPTStrategy {name} must be a positive int, got {value!r}")
         if self.recompute not in RECOMPUTE:
-            raise ValueError(f"Strategy recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+            raise ValueError(f"GPTStrategy recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.zero not in (0, 1, 2, 3):
-            raise ValueError(f"Strategy zero must be 0, 1, 2 or 3, got {self.zero!r}")
+            raise ValueError(f"GPTStrategy zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"Strategy optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+            raise ValueError(f"GPTStrategy optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         kind = resolve_kind(self.schedule)
         object.__setattr__(self, "schedule", kind.name)
         if self.chunks > 1 and not kind.virtual_stages:
-            raise ValueError(f"Strategy chunks={self.chunks} needs schedule Interleaved1F1B, got {self.schedule}")
+            raise ValueError(f"GPTStrategy chunks={self.chunks} needs schedule Interleaved1F1B, got {self.schedule}")
         if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"Strategy grad_clip must be a norm > 0 or None, got {self.grad_clip!r}")
+            raise ValueError(f"GPTStrategy grad_clip must be a norm > 0 or None, got {self.grad_clip!r}")
 
     @property
     def num_stages(self) -> int:
@@ -224,7 +224,7 @@ class StateRecord:
 @dataclass
 class StepTrace:
     shape: GPTShape
-    strategy: Strategy
+    strategy: GPTStrategy
     plan: Plan
     stage_ranks: list[tuple[int, ...]]
     layer_stage: list[int]
@@ -317,7 +317,7 @@ def _parameter_behind(t: Tensor) -> Parameter | None:
     """``t`` itself if a parameter, or the parameter a ZeRO-3 gathered copy was made from."""
     if isinstance(t, Parameter):
         return t
-    note = getattr(t, "_regather", None)
+    note = t._regather
     if note is not None and isinstance(note[0], Parameter):
         return note[0]
     return None
@@ -333,13 +333,13 @@ def _labelled(rec: _Recorder, part: Part, fn: Callable[..., Any]) -> Callable[..
 
 
 # ---------------------------------------------------------------------- the trace
-def build_meshes(strategy: Strategy) -> list[ProcessMesh]:
+def build_meshes(strategy: GPTStrategy) -> list[ProcessMesh]:
     """Stage meshes: pipeline rank k holds ranks ``k*dp*tp ..`` as (dp, tp); stage s is on rank ``s mod pp``."""
     lanes = GPTParallel.from_degrees(strategy.dp, strategy.tp, strategy.pp).stage_meshes
     return [lanes[s % strategy.pp] for s in range(strategy.num_stages)]
 
 
-def trace_gpt_step(shape: GPTShape, strategy: Strategy, layers_traced: int | None = None) -> StepTrace:
+def trace_gpt_step(shape: GPTShape, strategy: GPTStrategy, layers_traced: int | None = None) -> StepTrace:
     """Trace one micro-batch's forward and backward and one optimizer step, shape-only (module docstring).
 
     ``layers_traced``: how many transformer layers the traced model has (default: two per
@@ -420,7 +420,7 @@ def trace_gpt_step(shape: GPTShape, strategy: Strategy, layers_traced: int | Non
     )
 
 
-def _optimizer(model: GPT, strategy: Strategy) -> Any:
+def _optimizer(model: GPT, strategy: GPTStrategy) -> Any:
     mp = strategy.mixed_precision
     clip = dist.optimizer.ClipGradByGlobalNorm(strategy.grad_clip) if strategy.grad_clip is not None else None
     if strategy.optimizer == "adamw":
@@ -545,7 +545,7 @@ def _state_records(params: list[Parameter], opt: Any, parts: dict[int, Part]) ->
 
 
 def _model_state(
-    params: list[Parameter], opt: Any, parts: dict[int, Part], strategy: Strategy
+    params: list[Parameter], opt: Any, parts: dict[int, Part], strategy: GPTStrategy
 ) -> tuple[dict[Part, dict[str, dict[int, int]]], dict[Part, dict[int, int]], float]:
     world = tuple(sorted({r for p in params if p.is_dist for r in p.spec.mesh.process_ids}))
     state: dict[Part, dict[str, dict[int, int]]] = {}

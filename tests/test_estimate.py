@@ -17,7 +17,7 @@ from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
 from simulator.cost import load_profile
 from simulator.estimate import estimate, main, parse_count
 from simulator.op_cost import PlanCosts
-from simulator.step_trace import GPTShape, Part, Strategy, trace_gpt_step
+from simulator.step_trace import GPTShape, GPTStrategy, Part, trace_gpt_step
 
 MiB = 2**20
 GPT3 = GPTShape(layers=96, hidden=12288, heads=96, seq=2048, vocab=50257, micro_batch_size=1)
@@ -33,7 +33,7 @@ SEED_TABLE = [
 ]
 
 
-def _layer_bytes(strategy: Strategy) -> tuple[int, list]:
+def _layer_bytes(strategy: GPTStrategy) -> tuple[int, list]:
     step = trace_gpt_step(GPT3, strategy)
     per_rank = step.activations[Part("layer", 0)]
     assert len(set(per_rank.values())) == 1  # every rank of the layer keeps the same
@@ -42,7 +42,7 @@ def _layer_bytes(strategy: Strategy) -> tuple[int, list]:
 
 @pytest.mark.parametrize(("name", "kw", "mib"), SEED_TABLE, ids=[t[0] for t in SEED_TABLE])
 def test_gpt3_activations_per_layer_reproduce_the_seed_table(name: str, kw: dict, mib: int) -> None:
-    got, kept = _layer_bytes(Strategy(mixed_precision=True, **kw))
+    got, kept = _layer_bytes(GPTStrategy(mixed_precision=True, **kw))
     assert abs(got / MiB - mib) <= 0.01 * mib, (name, got / MiB)
     # Exactly Megatron's count, apart from what it leaves out: LayerNorm's saved mean and
     # 1/std (two values per row per norm, in the activation dtype here).
@@ -56,13 +56,13 @@ def test_gpt3_activations_per_layer_reproduce_the_seed_table(name: str, kw: dict
 def test_what_a_sequence_parallel_layer_keeps() -> None:
     """The gathered input of q/k/v and fc1 is kept as its sequence shard (a re-gather note);
     under selective recompute the attention core keeps only q, k, v."""
-    _, kept = _layer_bytes(Strategy(tp=8, sequence_parallel=True, recompute="selective", mixed_precision=True))
+    _, kept = _layer_bytes(GPTStrategy(tp=8, sequence_parallel=True, recompute="selective", mixed_precision=True))
     sbh_t = 2048 * 12288 // 8
     notes = [k for k in kept if k.role.endswith("(note)")]
     assert [(k.op, k.local_shape, k.nbytes) for k in notes] == [("matmul", (1, 256, 12288), 2 * sbh_t)] * 2
     assert sorted(k.role for k in kept if k.op == "recompute") == ["input 0", "input 1", "input 2"]
     assert not [k for k in kept if k.op in ("softmax", "dropout") and k.local_shape[-1] == 2048]
-    _, full = _layer_bytes(Strategy(tp=8, recompute="full", mixed_precision=True))
+    _, full = _layer_bytes(GPTStrategy(tp=8, recompute="full", mixed_precision=True))
     assert [(k.op, k.role, k.local_shape, k.dtype) for k in full] == [("recompute", "input 0", (1, 2048, 12288), "float16")]
 
 
@@ -80,15 +80,15 @@ def test_cli_json_has_the_contract_fields() -> None:
 
 
 STRATEGIES = [
-    Strategy(2, 2, 3, True, "selective", 1, True, "adamw", 4, "1F1B"),
-    Strategy(2, 2, 3, False, "full", 3, True, "adamw", 4, "ZBH1"),
-    Strategy(2, 2, 2, True, "none", 2, True, "adamw", 4, "Interleaved1F1B", 2),
-    Strategy(1, 2, 3, False, "none", 0, False, "momentum", 5, "FThenB"),
+    GPTStrategy(2, 2, 3, True, "selective", 1, True, "adamw", 4, "1F1B"),
+    GPTStrategy(2, 2, 3, False, "full", 3, True, "adamw", 4, "ZBH1"),
+    GPTStrategy(2, 2, 2, True, "none", 2, True, "adamw", 4, "Interleaved1F1B", 2),
+    GPTStrategy(1, 2, 3, False, "none", 0, False, "momentum", 5, "FThenB"),
 ]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: f"{s.schedule}-zero{s.zero}-{s.recompute}")
-def test_scaled_estimate_equals_a_trace_of_every_layer(strategy: Strategy) -> None:
+def test_scaled_estimate_equals_a_trace_of_every_layer(strategy: GPTStrategy) -> None:
     shape = GPTShape(layers=12, hidden=64, heads=4, seq=32, vocab=96, micro_batch_size=2)
     scaled = estimate(shape, strategy)
     assert scaled.layers_traced == 2 * strategy.num_stages < shape.layers
@@ -106,7 +106,7 @@ def test_scaled_estimate_equals_a_trace_of_every_layer(strategy: Strategy) -> No
 def test_memory_matches_a_numerically_run_model() -> None:
     """The shape-only estimate against ``memory_report`` of the same GPT trained for real on 4 virtual ranks."""
     shape = GPTShape(layers=2, hidden=32, heads=4, seq=16, vocab=64, micro_batch_size=2)
-    strategy = Strategy(dp=2, tp=2, sequence_parallel=True, recompute="selective", zero=1)
+    strategy = GPTStrategy(dp=2, tp=2, sequence_parallel=True, recompute="selective", zero=1)
     est = estimate(shape, strategy)
     dist.seed(0)
     par = GPTParallel.from_degrees(2, 2, 1, sequence_parallel=True, recompute="selective")
@@ -130,7 +130,7 @@ def test_memory_matches_a_numerically_run_model() -> None:
 def test_peak_holds_the_micro_batches_the_schedule_keeps_in_flight(kind: str, m: int) -> None:
     p = 4
     shape = GPTShape(layers=8, hidden=32, heads=2, seq=16, vocab=64)
-    est = estimate(shape, Strategy(dp=2, pp=p, micro_batches=m, schedule=kind))
+    est = estimate(shape, GPTStrategy(dp=2, pp=p, micro_batches=m, schedule=kind))
     for i, stage in enumerate(est.stages):
         in_flight = min(p - i, m) if kind == "1F1B" else m
         assert stage.peak_in_flight == in_flight
@@ -147,7 +147,7 @@ def test_mixed_precision_model_state_is_2_2_12_bytes_split_by_zero(zero: int) ->
     split over tp on their only dim, stay whole)."""
     dp = 4
     shape = GPTShape(layers=2, hidden=64, heads=4, seq=16, vocab=128)
-    est = estimate(shape, Strategy(dp=dp, tp=2, zero=zero, mixed_precision=True))
+    est = estimate(shape, GPTStrategy(dp=dp, tp=2, zero=zero, mixed_precision=True))
     model = GPT(GPTConfig(vocab_size=128, block_size=16, n_layer=2, n_head=4, n_embd=64), GPTParallel.from_degrees(dp, 2, 1))
     rule = dist.ShardingStage1("dp")
     for r in range(dp * 2):
@@ -167,7 +167,7 @@ def test_mixed_precision_model_state_is_2_2_12_bytes_split_by_zero(zero: int) ->
 def test_layer_matmul_flops_are_megatrons() -> None:
     """Forward matmuls of one layer: 24 b s h^2 + 4 b s^2 h (Narayanan et al. 2021); backward twice that."""
     shape = GPTShape(layers=2, hidden=256, heads=4, seq=128, vocab=512, micro_batch_size=3)
-    step = trace_gpt_step(shape, Strategy())
+    step = trace_gpt_step(shape, GPTStrategy())
     costs = PlanCosts(step.plan, load_profile("h100-nvlink-ib"))
     flops = {"forward": 0.0, "backward": 0.0}
     for op, part in zip(step.plan.ops, step.op_parts, strict=True):
@@ -183,7 +183,7 @@ def test_layer_matmul_flops_are_megatrons() -> None:
 def test_gpt3_175b_on_1024_ranks() -> None:
     """The acceptance configuration: dp 8 x tp 8 x pp 16, 64 micro-batches, 1F1B (timed in
     benchmarks/estimate_scale.py, not here)."""
-    strategy = Strategy(dp=8, tp=8, pp=16, sequence_parallel=True, recompute="selective", zero=1,
+    strategy = GPTStrategy(dp=8, tp=8, pp=16, sequence_parallel=True, recompute="selective", zero=1,
                         mixed_precision=True, micro_batches=64, schedule="1F1B")
     est = estimate(GPTShape.from_params(175e9), strategy)
     assert est.layers_traced == 32 and est.shape.layers == 96
@@ -215,10 +215,10 @@ def test_parameter_count_and_shapes_for_a_count() -> None:
 def test_schedules_order_as_expected() -> None:
     shape = GPTShape(layers=8, hidden=64, heads=4, seq=32, vocab=96)
     base = dict(dp=2, pp=4, micro_batches=8)
-    times = {k: estimate(shape, Strategy(schedule=k, **base)).step_time_s for k in ("FThenB", "1F1B", "ZBH1")}
+    times = {k: estimate(shape, GPTStrategy(schedule=k, **base)).step_time_s for k in ("FThenB", "1F1B", "ZBH1")}
     assert times["ZBH1"] < times["1F1B"]  # W fills the bubble
     assert times["1F1B"] == pytest.approx(times["FThenB"], rel=0.05)  # same bubble, other order
-    peaks = {k: max(estimate(shape, Strategy(schedule=k, **base)).peak_bytes_per_rank.values()) for k in ("FThenB", "1F1B")}
+    peaks = {k: max(estimate(shape, GPTStrategy(schedule=k, **base)).peak_bytes_per_rank.values()) for k in ("FThenB", "1F1B")}
     assert peaks["1F1B"] < peaks["FThenB"]
 
 
@@ -246,13 +246,13 @@ def test_gradient_clipping_is_traced_and_priced_per_parameter() -> None:
     """``ClipGradByGlobalNorm`` in shape-only mode: a square and a sum per gradient, a scale per
     gradient (the step that clips), each labelled by its parameter's layer and scaled with it."""
     shape = GPTShape(layers=6, hidden=32, heads=2, seq=16, vocab=64)
-    strategy = Strategy(dp=2, pp=2, grad_clip=1.0)
+    strategy = GPTStrategy(dp=2, pp=2, grad_clip=1.0)
     step = trace_gpt_step(shape, strategy)
     layer0 = [op.op for op, part in zip(step.plan.ops, step.op_parts, strict=True)
               if op.phase == "optimizer" and part == Part("layer", 0)]
     per_layer = 16  # parameters of one block: q, k, v, proj, fc, proj weights and biases, two norms
     assert (layer0.count("square"), layer0.count("sum"), layer0.count("scale")) == (per_layer,) * 3
-    plain = estimate(shape, Strategy(dp=2, pp=2), op_overhead=1e-4)
+    plain = estimate(shape, GPTStrategy(dp=2, pp=2), op_overhead=1e-4)
     clipped = estimate(shape, strategy, op_overhead=1e-4, step=step)
     # 3 parameters' ops more per parameter of every real layer (and of the embeddings and head)
     extra = sum(clipped.tail_s) - sum(plain.tail_s)

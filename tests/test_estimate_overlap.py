@@ -8,7 +8,7 @@ import json
 import pytest
 
 from simulator.estimate import estimate, exposed_grad_sync, main
-from simulator.step_trace import GPTShape, Strategy, trace_gpt_step
+from simulator.step_trace import GPTShape, GPTStrategy, trace_gpt_step
 
 SHAPE = GPTShape(layers=4, hidden=1024, heads=8, seq=512, vocab=1000, micro_batch_size=4)
 
@@ -28,9 +28,9 @@ def test_exposed_sync_by_hand() -> None:
     assert exposed_grad_sync([(1, 0.0, 0.25), (1, 0.0, 0.5)]) == pytest.approx(0.75)
 
 
-@pytest.mark.parametrize("strategy", [Strategy(dp=4), Strategy(dp=2, tp=2), Strategy(dp=2, pp=2, micro_batches=4)],
+@pytest.mark.parametrize("strategy", [GPTStrategy(dp=4), GPTStrategy(dp=2, tp=2), GPTStrategy(dp=2, pp=2, micro_batches=4)],
                          ids=["dp4", "dp2tp2", "dp2pp2"])
-def test_step_time_pays_only_the_exposed_reduction(strategy: Strategy) -> None:
+def test_step_time_pays_only_the_exposed_reduction(strategy: GPTStrategy) -> None:
     step = trace_gpt_step(SHAPE, strategy)
     plain = estimate(SHAPE, strategy, "h100-nvlink-ib", step=step)
     over = estimate(SHAPE, strategy, "h100-nvlink-ib", step=step, overlap_grad_reduce=True)
@@ -51,7 +51,7 @@ def test_step_time_pays_only_the_exposed_reduction(strategy: Strategy) -> None:
 
 
 def test_most_of_a_large_reduction_hides_behind_a_long_backward() -> None:
-    strategy = Strategy(dp=4)
+    strategy = GPTStrategy(dp=4)
     step = trace_gpt_step(SHAPE, strategy)
     plain = estimate(SHAPE, strategy, "h100-nvlink-ib", step=step)
     over = estimate(SHAPE, strategy, "h100-nvlink-ib", step=step, overlap_grad_reduce=True)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from simulator.cost import HardwareProfile, load_profile
 from simulator.estimate import estimate, main
 from simulator.op_cost import PlanCosts, op_family
-from simulator.step_trace import GPTShape, Part, Strategy, trace_gpt_step
+from simulator.step_trace import GPTShape, GPTStrategy, Part, trace_gpt_step
 
 A100 = load_profile("a100-nvlink-ib")
 
@@ -26,8 +26,8 @@ def _shape(layers: int = 2, hidden: int = 256, heads: int = 4, seq: int = 128, v
     return GPTShape(layers, hidden, heads, seq, vocab, mbs, 0.1)
 
 
-def _strategy(tp: int = 2, pp: int = 1, recompute: str = "none", sp: bool = False, micro_batches: int = 1) -> Strategy:
-    return Strategy(1, tp, pp, sp, recompute, 0, True, "adamw", micro_batches, "1F1B", 1, None)
+def _strategy(tp: int = 2, pp: int = 1, recompute: str = "none", sp: bool = False, micro_batches: int = 1) -> GPTStrategy:
+    return GPTStrategy(1, tp, pp, sp, recompute, 0, True, "adamw", micro_batches, "1F1B", 1, None)
 
 
 def _flops_by(step_parts: list[Part], plan_ops: list, costs: PlanCosts, phase: str, kind: str, family: str) -> float:
@@ -159,7 +159,7 @@ def test_gpu_profile_round_trips_and_the_flat_model_stays_without_it() -> None:
 def test_last_stage_extra_forward_is_its_analytic_cost() -> None:
     """Final LayerNorm + output projection + loss: what the last stage adds over a middle one, within 20%."""
     sh = GPTShape(6, 6144, 48, 2048, 51200, 1, 0.1)
-    strat = Strategy(1, 8, 3, True, "selective", 0, True, "adamw", 6, "1F1B", 1, None)
+    strat = GPTStrategy(1, 8, 3, True, "selective", 0, True, "adamw", 6, "1F1B", 1, None)
     est = estimate(sh, strat, A100)
     extra = est.stages[-1].forward_s - est.stages[1].forward_s
     s, h, v, tp = sh.seq, sh.hidden, sh.vocab, 8

@@ -198,7 +198,8 @@ def test_bad_arguments_are_clear_errors() -> None:
 
 
 def test_one_program_hosting_every_rank_refuses_manual_collectives() -> None:
-    dist.ProcessMesh([0, 1, 2, 3])  # the plain simulator's world grows to 4 ranks
+    # The plain simulator's world grows to 4 ranks where the mesh is first used (a mesh is a pure value).
+    dist.shard_tensor(np.zeros(4), dist.ProcessMesh([0, 1, 2, 3]), [dist.Shard(0)])
     with pytest.raises(ManualCallError, match=r"run the script with `python -m simulator -n 4 script.py`"):
         dist.all_reduce(dist.to_tensor(np.ones(2)))
 

@@ -82,5 +82,47 @@ def test_unknown_axis_name() -> None:
 def test_fixed_world_refuses_larger_mesh() -> None:
     from simulator import SimBackend
 
-    with dist.use_backend(SimBackend(4)), pytest.raises(ValueError, match=r"names process 4, but the world has 4 ranks.*-n 6"):
-        dist.ProcessMesh([4, 5])
+    # A mesh is a pure value: built freely, refused where it first meets the backend.
+    with dist.use_backend(SimBackend(4)):
+        mesh = dist.ProcessMesh([4, 5])
+        with pytest.raises(ValueError, match=r"names process 4, but the world has 4 ranks.*-n 6"):
+            dist.shard_tensor(np.zeros(2), mesh, [dist.Shard(0)])
+
+
+def test_building_a_mesh_asks_no_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mesh.py is pure: no backend is chosen (nor MPI started) to build, slice or compare meshes."""
+    from mpipar import backend
+
+    def refuse() -> backend.Backend:
+        raise AssertionError("ProcessMesh asked for the backend")
+
+    monkeypatch.setattr(backend, "current_backend", refuse)
+    mesh = dist.ProcessMesh(np.arange(1024).reshape(32, 32), dim_names=["dp", "tp"])
+    assert mesh[3].process_ids == list(range(96, 128))
+    assert mesh.get_mesh_with_dim("tp", 0).process_ids == list(range(0, 1024, 32))
+    assert dist.ProcessMesh.from_dict(mesh.to_dict()) == mesh
+
+
+def test_every_front_door_refuses_a_mesh_beyond_the_world() -> None:
+    from simulator import SimBackend
+
+    small = dist.ProcessMesh([0, 1], ["x"])
+    big = dist.ProcessMesh([[0, 1], [2, 3]], ["a", "b"])
+    with dist.use_backend(SimBackend(2)):
+        x = dist.shard_tensor(np.arange(4.0), small, [dist.Shard(0)])
+        with pytest.raises(ValueError, match=r"names process 2, but the world has 2 ranks.*-n 4"):
+            dist.reshard(x, big, [dist.Replicate(), dist.Replicate()])
+        with pytest.raises(ValueError, match=r"names process 2, but the world has 2 ranks"):
+            dist.dtensor_from_local(lambda r: np.zeros(1), big, [dist.Shard(0), dist.Replicate()])
+        with pytest.raises(ValueError, match=r"names process 2, but the world has 2 ranks"):
+            big.get_submesh_with_dim("b")
+
+
+def test_the_unfixed_simulator_grows_with_the_meshes_used() -> None:
+    from simulator import SimBackend
+
+    with dist.use_backend(SimBackend()) as backend:
+        mesh = dist.ProcessMesh([0, 1, 2, 3, 4, 5], ["x"])
+        assert backend.world_size == 1  # built, not yet used
+        dist.shard_tensor(np.arange(6.0), mesh, [dist.Shard(0)])
+        assert backend.world_size == 6

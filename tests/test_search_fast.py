@@ -8,18 +8,18 @@ from simulator.cost import load_profile
 from simulator.estimate import estimate
 from simulator.fast_estimate import TraceCache, applicable
 from simulator.search import search, state_lower_bound
-from simulator.step_trace import GPTShape, Strategy
+from simulator.step_trace import GPTShape, GPTStrategy
 
 HW = load_profile("a100-nvlink-ib")
 SHAPE = GPTShape(8, 128, 8, seq=64, vocab=256)
 
 # Different tp, pp, dp, sequence parallelism, recompute, ZeRO stage, schedule and micro-batch size.
 CASES = [
-    (1, Strategy(2, 2, 2, True, "selective", 1, True, "adamw", 4, "1F1B", 1)),
-    (2, Strategy(4, 2, 1, False, "none", 0, True, "adamw", 2, "1F1B", 1)),
-    (1, Strategy(1, 4, 4, True, "full", 0, True, "adamw", 8, "Interleaved1F1B", 2)),
-    (1, Strategy(4, 2, 2, True, "selective", 3, True, "adamw", 4, "ZBH1", 1)),
-    (1, Strategy(2, 1, 4, False, "none", 2, True, "adamw", 6, "FThenB", 1)),
+    (1, GPTStrategy(2, 2, 2, True, "selective", 1, True, "adamw", 4, "1F1B", 1)),
+    (2, GPTStrategy(4, 2, 1, False, "none", 0, True, "adamw", 2, "1F1B", 1)),
+    (1, GPTStrategy(1, 4, 4, True, "full", 0, True, "adamw", 8, "Interleaved1F1B", 2)),
+    (1, GPTStrategy(4, 2, 2, True, "selective", 3, True, "adamw", 4, "ZBH1", 1)),
+    (1, GPTStrategy(2, 1, 4, False, "none", 2, True, "adamw", 6, "FThenB", 1)),
 ]
 
 
@@ -29,7 +29,7 @@ def _sized(mbs: int, layers: int = 8) -> GPTShape:
 
 @pytest.mark.parametrize("mbs,strategy", CASES, ids=lambda c: str(c) if isinstance(c, int) else
                          f"dp{c.dp}-tp{c.tp}-pp{c.pp}-{c.schedule}-z{c.zero}-{c.recompute}")
-def test_fast_estimate_equals_estimate(mbs: int, strategy: Strategy) -> None:
+def test_fast_estimate_equals_estimate(mbs: int, strategy: GPTStrategy) -> None:
     shape = _sized(mbs)
     assert applicable(shape, strategy, HW) == ""
     fast = TraceCache(HW).estimate(shape, strategy)
@@ -43,7 +43,7 @@ def test_fast_estimate_equals_estimate(mbs: int, strategy: Strategy) -> None:
 def test_long_pipeline_is_extrapolated_exactly() -> None:
     # 20 micro-batches on 3 stages: simulated at 5, 6 and 7 and extrapolated; still estimate's numbers.
     shape = _sized(1, 12)
-    strategy = Strategy(2, 2, 3, False, "full", 1, True, "adamw", 20, "1F1B", 1)
+    strategy = GPTStrategy(2, 2, 3, False, "full", 1, True, "adamw", 20, "1F1B", 1)
     fast = TraceCache(HW).estimate(shape, strategy)
     direct = estimate(shape, strategy, HW)
     assert fast is not None and fast.step_time_s == pytest.approx(direct.step_time_s, rel=1e-9)
@@ -54,14 +54,14 @@ def test_one_trace_serves_every_pipeline_and_schedule() -> None:
     cache = TraceCache(HW)
     shape = _sized(1)
     for pp, schedule, m in ((1, "1F1B", 4), (2, "1F1B", 4), (4, "ZBH1", 8), (2, "FThenB", 2)):
-        assert cache.estimate(shape, Strategy(2, 2, pp, True, "selective", 0, True, "adamw", m, schedule)) is not None
+        assert cache.estimate(shape, GPTStrategy(2, 2, pp, True, "selective", 0, True, "adamw", m, schedule)) is not None
     assert cache.traces == 1
 
 
 def test_uneven_node_cut_is_not_reused() -> None:
     # 3-rank tensor-parallel groups on 8-device nodes: some groups straddle two nodes.
     shape = GPTShape(8, 96, 3, 64, 256)
-    assert "cut" in applicable(shape, Strategy(1, 3, 2), HW)
+    assert "cut" in applicable(shape, GPTStrategy(1, 3, 2), HW)
 
 
 def test_state_bound_never_exceeds_the_estimate() -> None:

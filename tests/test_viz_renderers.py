@@ -47,7 +47,7 @@ def _golden(name: str, text: str) -> None:
 
 
 def _spec(shape: tuple[int, ...], ids: np.ndarray, names: list[str], pls: str) -> dist.DistSpec:
-    return dist.DistSpec(shape, ProcessMesh.unchecked(ids, names), dist.parse_placements(pls))
+    return dist.DistSpec(shape, ProcessMesh(ids, names), dist.parse_placements(pls))
 
 
 def _png_size(data: bytes) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from streamlit.testing.v1 import AppTest
 
 from mpipar.plan import Plan
 from simulator.search import Candidate
-from simulator.step_trace import Strategy
+from simulator.step_trace import GPTStrategy
 from viz import script_whatif, search_view, whatif
 from viz.plan_memory import with_memory
 from viz.simulate import simulate_plan_lanes
@@ -192,7 +192,7 @@ def test_knobs_rewrite_only_what_changed() -> None:
 
 
 def _cand(t: float, mem: int, fits: bool = True, dp: int = 1) -> Candidate:
-    return Candidate(Strategy(dp, 1, 1, False, "none", 0, False, "adamw", 1, "1F1B", 1), 1, t, mem, 0.0, 1.0, 0.1, fits)
+    return Candidate(GPTStrategy(dp, 1, 1, False, "none", 0, False, "adamw", 1, "1F1B", 1), 1, t, mem, 0.0, 1.0, 0.1, fits)
 
 
 def test_pareto_front_and_search_figure() -> None:

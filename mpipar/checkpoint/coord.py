@@ -20,6 +20,7 @@ import numpy as np
 from mpipar.backend import Backend
 from mpipar.checkpoint.format import CheckpointError
 from mpipar.comm import comm_context
+from mpipar.modes import Mode, execution_mode
 
 
 class Coordinator:
@@ -30,7 +31,7 @@ class Coordinator:
         self.label = label
         self.world = tuple(backend.world_group())
         self.hosted = tuple(r for r in self.world if backend.hosts(r))
-        self.local = backend.reference or backend.comm.name == "none"
+        self.local = execution_mode((), backend) is Mode.DENSE or backend.comm.name == "none"
         self.leader = self.world[0]
 
     @property

@@ -43,6 +43,7 @@ from mpipar.checkpoint.layout import decode_value, path_name
 from mpipar.checkpoint.save import remove_commit_leftovers
 from mpipar.checkpoint.stats import ChunkRead, note_open, note_read
 from mpipar.checkpoint.validate import load_metadata
+from mpipar.modes import Mode, execution_mode
 from mpipar.reshard.executor import execute_plan
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import Box, box_intersect, box_numel, box_relative, box_shape, full_box
@@ -242,7 +243,7 @@ class _Loader:
             t._take_storage(dense)
             return
         spec = t.spec
-        if backend.reference:
+        if execution_mode((), backend) is Mode.DENSE:
             t._take_storage(Tensor._from_reference(spec, _frozen(self._read_full(name, entry))))
             return
         filled = spec.without_partial()

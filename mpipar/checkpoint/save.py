@@ -65,6 +65,7 @@ from mpipar.checkpoint.layout import (
 )
 from mpipar.checkpoint.stats import note_write
 from mpipar.distribute import reshard
+from mpipar.modes import Mode, execution_mode
 from mpipar.spec import box_relative
 from mpipar.tensor import Tensor
 from mpipar.untrusted import FileFormatError, parse_json, read_bounded
@@ -86,7 +87,9 @@ def save_state_dict(state_dict: dict[str, Any], path: str | os.PathLike[str], *,
     ``piece_bytes`` caps the size of one stored chunk (larger boxes are cut into row slabs).
     """
     backend = current_backend()
-    if backend.shape_only:
+    mode = execution_mode((), backend)
+    one_device = mode is Mode.DENSE  # the reference backend: whole values, one writer
+    if mode is Mode.ABSTRACT:
         raise ValueError("save_state_dict: tensors in shape-only mode carry no data; run with data to save")
     if not isinstance(piece_bytes, int) or piece_bytes < 1:
         raise ValueError(f"save_state_dict piece_bytes must be a positive int, got {piece_bytes!r}")
@@ -122,11 +125,11 @@ def save_state_dict(state_dict: dict[str, Any], path: str | os.PathLike[str], *,
         if leaf.kind == "dist":
             assert leaf.spec is not None
             leaf.stored_spec = leaf.spec
-            if leaf.spec.is_partial and not backend.reference:
+            if leaf.spec.is_partial and not one_device:
                 pls = unpartial_placements(leaf.spec)
                 stored[leaf.name] = reshard(leaf.value, leaf.spec.mesh, pls)
                 leaf.stored_spec = leaf.spec.with_placements(pls)
-    pieces, files = plan_chunks(leaves, coord.world, backend.reference, piece_bytes)
+    pieces, files = plan_chunks(leaves, coord.world, one_device, piece_bytes)
 
     # 3. the temporary directory, created by the leader before anyone writes into it.
     token = coord.token()
@@ -143,7 +146,7 @@ def save_state_dict(state_dict: dict[str, Any], path: str | os.PathLike[str], *,
     # 4. every rank writes its own file.
     crcs: dict[int, list[int]] = {}
     try:
-        crcs = _write_files(tmp, files, coord.hosted, stored, backend.reference)
+        crcs = _write_files(tmp, files, coord.hosted, stored, one_device)
     except Exception as exc:
         error = exc
     _fail_and_clean(coord, error, what, tmp)

@@ -39,6 +39,7 @@ from mpipar.checkpoint.layout import decode_value
 from mpipar.checkpoint.load import load_state_dict
 from mpipar.checkpoint.save import save_state_dict
 from mpipar.checkpoint.validate import load_metadata
+from mpipar.modes import Mode, execution_mode
 from mpipar.optimizer.lr import LRScheduler
 from mpipar.optimizer.optimizer import MASTER
 from mpipar.random import get_rng_state, set_rng_state
@@ -234,7 +235,7 @@ def _placeholder(shape: tuple[int, ...], dtype: np.dtype, layout: DistSpec | Non
     backend = current_backend()
     if layout is None:
         return Tensor(np.zeros(shape, dtype=dtype))
-    if backend.reference:
+    if execution_mode((), backend) is Mode.DENSE:
         return Tensor._from_reference(layout, np.zeros(shape, dtype=dtype))
     shards = {r: np.zeros(layout.local_shape(r), dtype=dtype) for r in backend.hosted_ranks(layout.mesh)}
     return Tensor._from_shards(layout, shards, dtype)

@@ -188,7 +188,7 @@ class Block(Layer):
         if self.par is not None and self.par.sequence_parallel and self.mesh is not None and self.par.tp in self.mesh.dim_names:
             full = reshard_axis(x, self.mesh, self.par.tp, Replicate())
             if full.is_dist and x.is_dist:
-                full._regather = (x, full.spec)  # type: ignore[attr-defined]
+                full._regather = (x, full.spec)
             return full
         return x
 

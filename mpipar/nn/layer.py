@@ -70,8 +70,8 @@ def lazy_parameter(shape: Sequence[int], dtype: Any, box_init: Any, attr: ParamA
     assert isinstance(p, Parameter)
     p.stop_gradient = not attr.trainable
     p.name = attr.name
-    p.optimize_attr = {"learning_rate": attr.learning_rate}  # type: ignore[attr-defined]
-    p.need_clip = attr.need_clip  # type: ignore[attr-defined]
+    p.optimize_attr = {"learning_rate": attr.learning_rate}
+    p.need_clip = attr.need_clip
     return p
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from mpipar.backend import current_backend
+from mpipar.modes import Mode, execution_mode
 from mpipar.tensor import Tensor
 
 
@@ -37,18 +38,17 @@ def _pair(x: Any, y: Any) -> tuple[Tensor, Tensor]:
 
 def ones_like_global(t: Tensor) -> Tensor:
     """Ones with ``t``'s layout (a Partial read as Replicate): the seed of a backward pass."""
-    if t.is_abstract:
-        spec = t._spec
-        if spec is not None:
-            spec = spec.without_partial()
-        return Tensor.abstract(t.shape, t.dtype, spec)
-    if not t.is_dist:
+    if not t.is_dist and not t.is_abstract:
         return Tensor(np.ones(t.shape, dtype=t.dtype))
-    if current_backend().reference:
+    backend = current_backend()
+    mode = execution_mode([t], backend)
+    spec = t._spec.without_partial() if t._spec is not None else None
+    if mode is Mode.ABSTRACT:
+        return Tensor.abstract(t.shape, t.dtype, spec)
+    assert spec is not None
+    if mode is Mode.DENSE:
         return Tensor._from_reference(t.spec, np.ones(t.shape, dtype=t.dtype))
-    spec = t.spec.without_partial()
-    xp = current_backend().xp
-    return Tensor._from_shards(spec, {r: xp.ones(spec.local_shape(r), dtype=t.dtype) for r in t._shards}, t.dtype)
+    return Tensor._from_shards(spec, {r: backend.xp.ones(spec.local_shape(r), dtype=t.dtype) for r in t._shards}, t.dtype)
 
 
 def zeros_like_global(like: Tensor, shape: Sequence[int]) -> Tensor:

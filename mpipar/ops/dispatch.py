@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from mpipar.backend import current_backend
 from mpipar.comm import comm_context
 from mpipar.distribute import _reshard, reshard_to
 from mpipar.mesh import ProcessMesh
+from mpipar.modes import Mode, execution_mode
 from mpipar.placement import Replicate
 from mpipar.reshard.executor import freeze
 from mpipar.spec import Box, DistSpec, box_shape, full_box
@@ -135,7 +136,7 @@ def _dense_mesh() -> ProcessMesh:
     """A one-rank mesh the dense path uses to ask rules for output shapes."""
     global _DENSE_MESH
     if _DENSE_MESH is None:
-        _DENSE_MESH = ProcessMesh.unchecked([0], ["dense"])
+        _DENSE_MESH = ProcessMesh([0], ["dense"])
     return _DENSE_MESH
 
 
@@ -216,15 +217,13 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     op = _OPS.get(name) or get_op(name)
     attrs = attrs or {}
     flat, nest = _flatten(op, inputs)
-    # One pass over the inputs: their types, which are distributed, whether any is shape-only.
+    # One pass over the inputs: their types, and which are distributed.
     dist_inputs: list[Tensor] = []
-    abstract = False
     for i, t in enumerate(flat):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: input {i} must be a Tensor, got {type(t).__name__}")
         if t._spec is not None:
             dist_inputs.append(t)
-        abstract = abstract or t._abstract
     original = list(flat)
     backend = current_backend()
     stage_run = hooks.stage_runs[-1] if hooks.stage_runs else None
@@ -236,11 +235,11 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     gathered, swapped = ([], False) if inactive else _gather_stored_split(op, flat)
     if swapped:  # ZeRO-3 put gathered parameters in ``flat``
         dist_inputs = [t for t in flat if t.is_dist]
-        abstract = any(t._abstract for t in flat)
+    mode = Mode.ABSTRACT if inactive else execution_mode(flat, backend)
     result: spmd.SpmdResult | None = None
-    if inactive or backend.shape_only or abstract:
+    if mode is Mode.ABSTRACT:
         outs, used, result = _run_abstract(op, flat, nest, attrs, dist_inputs)
-    elif backend.reference or not dist_inputs:
+    elif mode is Mode.DENSE or not dist_inputs:  # one device, or a dense op: whole values
         outs = _run_dense(op, flat, nest, attrs, dist_inputs)
         used = flat
     else:
@@ -337,8 +336,19 @@ class Decision:
 
 
 _DECISIONS: dict[tuple[Any, ...], Decision] = {}
-_replaying: list[Any] = []
-"""The step being replayed or recorded (``mpipar.replay.StepPlayer``), innermost last."""
+
+
+class StepPlayer(Protocol):
+    """A compiled step being recorded or replayed (``mpipar.replay.StepPlayer``, above the ops):
+    it hands dispatch each call's recorded ``Decision`` by position, or records a new one."""
+
+    def next(self, op: OpDef, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, backend: Any) -> Decision | None: ...
+
+    def record(self, op: OpDef, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, decision: Decision, backend: Any) -> None: ...
+
+
+_replaying: list[StepPlayer] = []
+"""The step being replayed or recorded, innermost last."""
 _DECISIONS_MAX = 8192
 _decisions_backend: list[Any] = [None]
 
@@ -523,13 +533,13 @@ def _gather_stored_split(op: OpDef, flat: list[Tensor]) -> tuple[list[Tensor], b
     gathered: list[Tensor] = []
     memo: dict[int, Tensor] = {}
     for i, t in enumerate(flat):
-        full = getattr(t, "_compute_spec", None)
+        full = t._compute_spec
         if full is None or not t.is_dist or t.spec == full:
             continue
         if id(t) not in memo:
             with comm_context(f"{op.name}: gather {t._label()} stored split (ZeRO-3)"):
                 g = reshard_to(t, full)
-            g._regather = (t, full)  # type: ignore[attr-defined]
+            g._regather = (t, full)
             memo[id(t)] = g
             if g._shards:
                 gathered.append(g)

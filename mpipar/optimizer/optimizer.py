@@ -24,6 +24,7 @@ from mpipar import autograd, hooks
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
 from mpipar.distribute import reshard_to
+from mpipar.modes import Mode, execution_mode
 from mpipar.ops import math as M
 from mpipar.optimizer.lr import LRScheduler
 from mpipar.optimizer.offload import OffloadConfig, move_states
@@ -56,21 +57,21 @@ class ClipGradByGlobalNorm:
         # Sum of squares per mesh (pipeline stages live on different meshes), then across meshes.
         per_mesh: dict[Any, Tensor] = {}
         for p, g in params_grads:
-            if getattr(p, "need_clip", True):
+            if p.need_clip:
                 sq = M.sum_(M.square(g))
                 key = tuple(sq.spec.mesh.process_ids) if sq.is_dist else None
                 per_mesh[key] = sq if key not in per_mesh else M.add(per_mesh[key], sq)
         if not per_mesh:
             return params_grads
-        if current_backend().shape_only:
+        if execution_mode() is Mode.ABSTRACT:
             # No values to compare with clip_norm: trace the step that clips (what it costs when it does).
-            return [(p, M.scale(g, 1.0) if getattr(p, "need_clip", True) else g) for p, g in params_grads]
+            return [(p, M.scale(g, 1.0) if p.need_clip else g) for p, g in params_grads]
         total = sum(float(v) for _, v in sorted(per_mesh.items(), key=lambda kv: kv[0] or ()))
         norm = float(np.sqrt(total))
         if norm <= self.clip_norm:
             return params_grads
         factor = self.clip_norm / norm
-        return [(p, M.scale(g, factor) if getattr(p, "need_clip", True) else g) for p, g in params_grads]
+        return [(p, M.scale(g, factor) if p.need_clip else g) for p, g in params_grads]
 
 
 class Optimizer:
@@ -132,7 +133,7 @@ class Optimizer:
                 params_grads = self._grad_clip(params_grads)
             lr = self.get_lr()
             for p, g in params_grads:
-                self._step_param(p, g, lr * float(getattr(p, "optimize_attr", {}).get("learning_rate", 1.0)))
+                self._step_param(p, g, lr * float(p.optimize_attr.get("learning_rate", 1.0)))
 
     def layout_of(self, p: Tensor) -> DistSpec | None:
         """The layout ``p`` is updated and its states are kept in (None: dense)."""
@@ -156,9 +157,10 @@ class Optimizer:
         master = self._master_weight(p, pv, state)
         src = master if master is not None else pv  # what the update reads and writes
         cdt = src.dtype
-        if backend.shape_only or pv.is_abstract:
+        mode = execution_mode([pv], backend)
+        if mode is Mode.ABSTRACT:
             new_p = Tensor.abstract(p.shape, p.dtype, layout)
-        elif layout is None or backend.reference:
+        elif layout is None or mode is Mode.DENSE:
             values = {n: state[n]._value for n in self.state_names}
             grad = np.asarray(gv._value).astype(cdt, copy=False)
             new_value, new_states = self._update(np.asarray(src._value), grad, values, lr, state)
@@ -304,9 +306,10 @@ def _state_in_layout(state: dict[str, Any], key: str, p: Tensor, layout: DistSpe
 def _zeros(p: Tensor, layout: DistSpec | None, dtype: Any = None) -> Tensor:
     backend = current_backend()
     dtype = p.dtype if dtype is None else np.dtype(dtype)
-    if backend.shape_only or p.is_abstract:
+    mode = execution_mode([p], backend)
+    if mode is Mode.ABSTRACT:
         return Tensor.abstract(p.shape, dtype, layout)
-    if layout is None or backend.reference:
+    if layout is None or mode is Mode.DENSE:
         t = Tensor(np.zeros(p.shape, dtype=dtype))
         if layout is not None:
             return Tensor._from_reference(layout, t._value)
@@ -324,11 +327,12 @@ def _zeros(p: Tensor, layout: DistSpec | None, dtype: Any = None) -> Tensor:
 def _cast(t: Tensor, dtype: np.dtype) -> Tensor:
     """``t``'s value in ``dtype``, in ``t``'s own layout (shard by shard: a ZeRO-3 parameter is not gathered)."""
     backend = current_backend()
-    if backend.shape_only or t.is_abstract:
+    mode = execution_mode([t], backend)
+    if mode is Mode.ABSTRACT:
         return Tensor.abstract(t.shape, dtype, t.spec if t.is_dist else None)
     if not t.is_dist:
         return Tensor(np.asarray(t._value).astype(dtype))
-    if backend.reference:
+    if mode is Mode.DENSE:
         return Tensor._from_reference(t.spec, np.asarray(t._value).astype(dtype))
     cast: dict[int, Array] = {}  # replicas share one copy
     return Tensor._from_shards(t.spec, {r: cast.setdefault(id(a), a.astype(dtype)) for r, a in t._shards.items()}, dtype)

@@ -100,12 +100,15 @@ class AdamW(Adam):
         super().__init__(learning_rate, beta1, beta2, epsilon, parameters, None, grad_clip, lazy_mode, multi_precision, name)
         self.coeff = float(weight_decay.coeff if isinstance(weight_decay, L2Decay) else weight_decay)
         self.apply_decay_param_fun = apply_decay_param_fun
+        self._decay_this = True
+        """Whether the parameter being updated decays: ``_step_param`` sets it per parameter
+        (``apply_decay_param_fun``), ``_decoupled`` reads it inside the same update."""
 
     def _step_param(self, p: Tensor, g: Tensor, lr: float) -> None:
         self._decay_this = self.apply_decay_param_fun is None or self.apply_decay_param_fun(p.name or "")
         super()._step_param(p, g, lr)
 
     def _decoupled(self, p: Array, lr: float, meta: dict[str, Any]) -> Array:
-        if not self.coeff or not getattr(self, "_decay_this", True):
+        if not self.coeff or not self._decay_this:
             return p
         return p * p.dtype.type(1.0 - lr * self.coeff)

@@ -13,9 +13,9 @@ bubble; ``simulator.simulate_schedule(s)`` gives the timeline.
 
 from mpipar.pipeline.actions import (
     ACTION_KINDS,
+    ACTION_SPAN_KINDS,
     COMM_KINDS,
     COMPUTE_KINDS,
-    SPAN_KINDS,
     Action,
     Blocked,
     ScheduleDeadlock,
@@ -36,10 +36,10 @@ def validate(schedule: Schedule, semantics: str = "rendezvous") -> DryRun:
 
 __all__ = [
     "ACTION_KINDS",
+    "ACTION_SPAN_KINDS",
     "COMM_KINDS",
     "COMPUTE_KINDS",
     "KINDS",
-    "SPAN_KINDS",
     "Action",
     "Blocked",
     "DryRun",

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 COMPUTE_KINDS = ("F", "B", "W")
 COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 ACTION_KINDS = COMPUTE_KINDS + COMM_KINDS
-SPAN_KINDS = ("F", "B", "W", "SEND", "RECV")
+ACTION_SPAN_KINDS = ("F", "B", "W", "SEND", "RECV")
 """The ``kind`` a timeline span of an action carries: comm tokens collapse to SEND / RECV."""
 
 TOKEN_RE = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|W)(\d+)\s*$")

@@ -48,13 +48,14 @@ import os
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from mpipar import comm as _comm
 from mpipar import hooks
 from mpipar.backend import Backend, start_hooks
+from mpipar.modes import Mode, execution_mode
 from mpipar.timeline import SPAN_KINDS, TRACKS, Span, SpanRecorder, Timeline
 
 ENV = "MPIPAR_TRACE"
@@ -76,6 +77,8 @@ class MeasuredTrace:
 
     def __init__(self, backend: Backend, origin: float | None = None) -> None:
         self.backend = backend
+        self.one_device = execution_mode((), backend) is Mode.DENSE
+        """The reference backend: every span is on the one big device's lane 0."""
         self.clock = _comm.span_clock
         self.origin = self.clock() if origin is None else origin
         self._lanes: dict[int, SpanRecorder] = {}
@@ -119,8 +122,8 @@ class MeasuredTrace:
         start = min(max(start, self._last_comm_end), end)
         kind = PHASE_KINDS.get(hooks.current_phase(), "OTHER")
         mesh = next((t.spec.mesh for t in (*outputs, *used) if t.is_dist), None)
-        own = getattr(self.backend, "program_rank", None)
-        if self.backend.reference:
+        own = self.backend.program_rank
+        if self.one_device:
             ranks: Iterable[int] = (0,)  # one big device
         elif own is not None and mesh is None:  # a per-rank program's own work (simulator.per_rank)
             ranks = (own,)
@@ -157,14 +160,14 @@ class MeasuredTrace:
 
     # ------------------------------------------------------------------ results
     def world_ranks(self) -> list[int]:
-        if self.backend.reference:
+        if self.one_device:
             return [0]
         return list(range(max(self.backend.world_size, max(self._lanes, default=-1) + 1)))
 
     def local_spans(self) -> list[Span]:
         """This process's spans: its lanes, and ops on dense tensors on each rank it hosts."""
         spans = [s for lane in self._lanes.values() for s in lane.spans]
-        hosted = [r for r in self.world_ranks() if self.backend.reference or self.backend.hosts(r)]
+        hosted = [r for r in self.world_ranks() if self.one_device or self.backend.hosts(r)]
         for name, kind, start, end in self._dense:
             spans.extend(
                 Span(r, name, kind, None, None, start - self.origin, end - self.origin, "compute") for r in hosted
@@ -177,15 +180,15 @@ class MeasuredTrace:
             "source": "measured",
             "backend": self.backend.name,
             "world_size": len(self.world_ranks()),
-            "time_origin": "a barrier when the backend started" if _gathers(self.backend) else "the start of tracing",
+            "time_origin": "a barrier when the backend started" if isinstance(self.backend, GathersTimelines) else "the start of tracing",
             "clock": "time.perf_counter, seconds",
         }
         info.update(meta or {})
         spans = self.local_spans()
-        if not _gathers(self.backend):
+        if not isinstance(self.backend, GathersTimelines):
             info["dropped_spans"] = self.dropped
             return Timeline(spans, ranks=self.world_ranks(), time_unit="s", meta=info)
-        parts = self.backend.gather_at_root(encode_spans(spans, self.dropped))  # type: ignore[attr-defined]
+        parts = self.backend.gather_at_root(encode_spans(spans, self.dropped))
         if parts is None:
             return None
         per_rank, dropped = [], 0
@@ -212,9 +215,14 @@ class MeasuredTrace:
         return timeline
 
 
-def _gathers(backend: Backend) -> bool:
-    """True for backends where each process hosts part of the world (MPI, NCCL)."""
-    return callable(getattr(backend, "gather_at_root", None))
+@runtime_checkable
+class GathersTimelines(Protocol):
+    """A backend where each process hosts part of the world (MPI, NCCL): the timeline's time
+    origin is a barrier of the world, and rank 0 gathers every rank's spans."""
+
+    def trace_origin(self) -> float: ...
+
+    def gather_at_root(self, arrays: Sequence[np.ndarray]) -> list[list[np.ndarray]] | None: ...
 
 
 # ---------------------------------------------------------------------- buffer encoding
@@ -280,7 +288,7 @@ def start_from_env(backend: Backend, environ: Any = None) -> MeasuredTrace | Non
     global _active
     env = os.environ if environ is None else environ
     raw = env.get(ENV, "").strip()
-    if not raw or _active is not None or backend.shape_only:
+    if not raw or _active is not None or execution_mode((), backend) is Mode.ABSTRACT:
         return _active
     path = os.path.abspath(raw)
     folder = os.path.dirname(path)
@@ -288,7 +296,7 @@ def start_from_env(backend: Backend, environ: Any = None) -> MeasuredTrace | Non
         raise ValueError(
             f"{ENV}={raw!r}: the folder {folder!r} does not exist; create it or name a file in an existing folder"
         )
-    origin = backend.trace_origin() if _gathers(backend) else None  # type: ignore[attr-defined]
+    origin = backend.trace_origin() if isinstance(backend, GathersTimelines) else None
     _active = MeasuredTrace(backend, origin).start()
     atexit.register(_active.write, path)
     return _active

@@ -178,12 +178,12 @@ class HybridParallelOptimizer:
         hcg = self._hcg
         split_sq, whole_sq = 0.0, 0.0
         for p in self._owned:
-            if p.grad is None or not getattr(p, "need_clip", True):
+            if p.grad is None or not p.need_clip:
                 continue
-            if getattr(p, "is_firstly_shared", True) is False:
+            if not p.is_firstly_shared:
                 continue  # a weight tied across stages counts once, on its first stage
             sq = float(np.sum(np.square(p.grad.numpy(), dtype=np.float64)))
-            if getattr(p, "is_distributed", False):
+            if p.is_distributed:
                 split_sq += sq
             else:
                 whole_sq += sq
@@ -201,7 +201,7 @@ class HybridParallelOptimizer:
             return
         factor = clip_norm / norm
         for p in self._owned:
-            if p.grad is not None and getattr(p, "need_clip", True):
+            if p.grad is not None and p.need_clip:
                 g = p.grad.numpy()
                 p.grad = Tensor((g * factor).astype(g.dtype, copy=False))
 

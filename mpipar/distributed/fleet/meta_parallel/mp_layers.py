@@ -79,8 +79,8 @@ def split_parameter(
         return whole(full_shape, tuple((lo + o, hi + o) for (lo, hi), o in zip(box, offset, strict=True)))
 
     p = lazy_parameter(local, dtype, box_init, attr)
-    p.is_distributed = axis is not None and parts > 1  # type: ignore[attr-defined]
-    p.split_axis = axis  # type: ignore[attr-defined]
+    p.is_distributed = axis is not None and parts > 1
+    p.split_axis = axis
     return p
 
 

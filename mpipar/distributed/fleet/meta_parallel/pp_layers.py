@@ -163,7 +163,7 @@ class PipelineLayer(Layer):
                 if not isinstance(weight, Tensor):
                     raise ValueError(f"SharedLayerDesc {key!r}: the layer has no parameter {attrs[key]!r} (shared_weight_attr)")
                 if self.stage_id != stages[0]:
-                    weight.is_firstly_shared = False  # type: ignore[attr-defined]
+                    weight.is_firstly_shared = False
                 self._shared.append((key, group, weight))
 
     def allreduce_shared_weight_gradients(self) -> None:
