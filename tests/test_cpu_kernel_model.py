@@ -155,3 +155,28 @@ def test_the_measured_shapes_span_the_model_sizes() -> None:
     flops = [calibrate_host.gemm_flops(a, b) for _, a, b in calibrate_host.gemm_shapes()]
     assert min(flops) <= 1e5 and max(flops) >= 2e8
     assert calibrate_host.gemm_flops((4, 64, 256), (256, 256)) == 2.0 * 4 * 64 * 256 * 256
+
+
+def test_auto_measures_again_when_the_cached_profile_predates_the_cpu_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache written before the CPU model would rank on FLOPs alone: --auto calibrates again
+    (where it can), and keeps a cache that has the model."""
+    from simulator import auto
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cached = Path(auto.cache_path(8))
+    cached.parent.mkdir(parents=True)
+    BASE.save(cached)
+    measured: list[int] = []
+
+    def calibrate_to(path: str, ranks: int, timeout_s: float = 0.0) -> None:
+        measured.append(ranks)
+        CURVED.save(path)
+
+    monkeypatch.setattr(auto, "calibrate_to", calibrate_to)
+    said: list[str] = []
+    got = auto.resolve_profile(None, 8, can_calibrate=True, say=said.append)
+    assert measured == [8] and got.profile == CURVED and "predates the measured CPU model" in said[0]
+    again = auto.resolve_profile(None, 8, can_calibrate=True, say=said.append)
+    assert measured == [8] and again.profile == CURVED and "cached calibration" in again.source
+    BASE.save(cached)  # where it cannot calibrate, the old cache is still better than the fallback preset
+    assert auto.resolve_profile(None, 8, can_calibrate=False, say=said.append).profile == BASE
