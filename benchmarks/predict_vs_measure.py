@@ -26,8 +26,12 @@
    chain over 64 KiB); in the model the kernels run 2-3x slower per FLOP (``kern x`` 2.0-2.8
    here under load: batched GEMMs of a layer's matrices, weight gradients as per-sequence
    products summed after, several NumPy passes per elementwise op, operands that other ops
-   wrote earlier), and every kernel rate of the prediction is divided by it. The ``hot``
-   column keeps the loops' rates.
+   wrote earlier). That is the flat model (``flat s``: one GEMM and one elementwise rate, every
+   kernel divided by ``kern x``). The prediction uses the profile's size-dependent rates
+   instead (``calibrate``'s ``gemm_curve`` and ``vector_curve``, moved to the load now by the
+   worker's 512x512 GEMM and elementwise loop; ``curve s`` alone), and divides them by what
+   the same probe still measures beyond them (``curve x``): small kernels keep the curves'
+   lower cost per FLOP or byte, large ones their higher.
 2. **Predict** each strategy with ``simulator.estimate`` (shape-only trace of gpt.py's default
    model: 4 layers, hidden 128, 4 heads, seq 64, vocab 128, global batch 16, float32, AdamW with
    global-norm clipping; one micro-batch, so a pipeline runs its stages one after another as
@@ -520,31 +524,38 @@ def main() -> None:
         trained = host["vector_flops"] / scale
         flat_alpha, flat_base = loaded_latency(host, collective_gaps(step, loaded_profile(level, 0.0, scale), host, trained))
         flat_p = predict(step, loaded_profile(level, flat_alpha, scale), host, flat_base, trained)
-        model = now if curves else loaded_profile(level, 0.0, scale)
-        vec = None if curves else trained
+        model = now if curves else level
+        vec = None if curves else host["vector_flops"]
         curve_x = kernel_scale(measured_fb, {b: kernel_seconds(probes[b], model, vec) for b in KERNEL_BATCHES})
-        gaps = collective_gaps(step, model, host, vec)
+        curve_alpha, curve_base = loaded_latency(host, collective_gaps(step, model, host, vec))
+        curve_p = predict(step, loaded_profile(model, curve_alpha), host, curve_base, vec)
+        # The prediction: the curves' rates, each divided by what the probe still measures
+        # beyond them (``curve x``), so the size dependence and the training-step slowdown both hold.
+        vec_x = None if vec is None else vec / curve_x
+        gaps = collective_gaps(step, loaded_profile(model, 0.0, curve_x), host, vec_x)
         alpha, base = loaded_latency(host, gaps)
-        p = predict(step, loaded_profile(model, alpha), host, base, vec)
+        p = predict(step, loaded_profile(model, alpha, curve_x), host, base, vec_x)
         m, sp = measure(mesh, ns.steps)
         predicted.append(p)
         measured.append(m)
         spread.append(sp)
-        rows.append((mesh, statistics.median(gaps) if gaps else 0.0, host, scale, curve_x, alpha, base, flat_p, p, m, sp))
+        rows.append((mesh, statistics.median(gaps) if gaps else 0.0, host, scale, flat_p, curve_x, curve_p, alpha, base, p, m, sp))
     print(f"\n{'strategy':<16} {'gap ms':>6} {'op us':>6} {'call us':>7} {'alpha us':>8} {'vec GF/s':>8} {'GEMM GF/s':>9} "
-          f"{'kern x':>6} {'flat s':>7} {'curve x':>7} {'predicted s':>11} {'measured s':>11} {'+-':>6} {'pred/meas':>9}")
-    for mesh, gap, host, scale, curve_x, alpha, base, flat_p, p, m, sp in rows:
+          f"{'kern x':>6} {'flat s':>7} {'curve x':>7} {'curve s':>7} {'predicted s':>11} {'measured s':>11} {'+-':>6} {'pred/meas':>9}")
+    for mesh, gap, host, scale, flat_p, curve_x, curve_p, alpha, base, p, m, sp in rows:
         ratio = p / m
         mark = "ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")
         print(f"{mesh:<16} {gap * 1e3:>6.2f} {host['op'] * 1e6:>6.0f} {base * 1e6:>7.0f} {alpha * 1e6:>8.0f} {host['vector_flops'] / 1e9:>8.2f} "
-              f"{host['gemm_flops'] / 1e9:>9.1f} {scale:>6.2f} {flat_p:>7.4f} {curve_x:>7.2f} {p:>11.4f} {m:>11.4f} {sp:>6.3f} {ratio:>9.2f}  {mark}")
+              f"{host['gemm_flops'] / 1e9:>9.1f} {scale:>6.2f} {flat_p:>7.4f} {curve_x:>7.2f} {curve_p:>7.4f} {p:>11.4f} {m:>11.4f} "
+              f"{sp:>6.3f} {ratio:>9.2f}  {mark}")
     print("(gap: the median work before one of rank 0's collectives; op: host time per mpipar op; call + 2(n-1) alpha: "
           "an n-rank all-reduce, averaged over the plan's collectives, each after its own gap of work; vec: "
           "elementwise FLOP rate of the calibration loop now; GEMM: float32 512x512 rate now; kern x: measured kernel "
           "seconds per priced second in gpt.py's model (one rank, micro-batch 2 -> 16) under the flat model (one GEMM "
           "and one elementwise rate), which divides every kernel rate of the flat prediction (flat s); curve x: the "
-          "same ratio under the profile's size-dependent rates (1 where they hold), which the prediction does not "
-          "use: it prices every kernel at the profile's rate for its size, the curves moved to the load now; 8 ranks at once)")
+          "same ratio under the profile's size-dependent rates (the curves moved to the load now; 1 where they would "
+          "hold alone); curve s: the prediction at the curves' rates; predicted: the curves' rates divided by curve x; "
+          "8 ranks at once)")
     ok, ties = order_agrees(names, predicted, measured, spread)
     by_pred = " < ".join(n for _, n in sorted(zip(predicted, names, strict=True)))
     by_meas = " < ".join(n for _, n in sorted(zip(measured, names, strict=True)))
