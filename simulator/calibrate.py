@@ -93,7 +93,8 @@ def run_worker(ranks: int, sizes: Sequence[int], budget_s: float, gemm_n: int, t
     env = dict(os.environ)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
         env[var] = "1"
-    config = json.dumps({"sizes": list(sizes), "budget_s": budget_s, "gemm_n": gemm_n, "kernels": True})
+    config = json.dumps({"sizes": list(sizes), "budget_s": budget_s, "gemm_n": gemm_n, "kernels": True,
+                         "host_steps": 8 if budget_s < 0.5 else 20})
     cmd = [mpiexec, "-n", str(ranks), sys.executable, WORKER, config]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
