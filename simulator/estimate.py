@@ -652,9 +652,11 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--memory-bandwidth", type=_rate, default=None, metavar="BYTES_PER_S",
                    help="price each op at max(FLOPs/rate, bytes/bandwidth) (default: FLOPs only)")
     h.add_argument("--vector-flops", type=_rate, default=None, metavar="FLOP_PER_S",
-                   help="FLOP rate of non-matmul ops and optimizer updates (default: the profile's matmul rate)")
-    h.add_argument("--op-overhead", type=_seconds, default=0.0, metavar="SECONDS",
-                   help="host time per op (default 0)")
+                   help="FLOP rate of non-matmul ops and optimizer updates (default: the profile's vector_curve at "
+                   "each op's size where it has one, else its matmul rate)")
+    h.add_argument("--op-overhead", type=_seconds, default=None, metavar="SECONDS",
+                   help="host time per op (default: the profile's op_overhead_s, 0 in the presets; a calibrated "
+                   "profile's measured host costs)")
     h.add_argument("--reshard-overhead", type=_seconds, default=None, metavar="SECONDS",
                    help="host time per reshard call, besides its collectives (default: --op-overhead)")
     h.add_argument("--update-overhead", type=_seconds, default=None, metavar="SECONDS",
