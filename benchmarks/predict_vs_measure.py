@@ -31,14 +31,16 @@
    instead (``calibrate``'s ``gemm_curve`` and ``vector_curve``, moved to the load now by the
    worker's 512x512 GEMM and elementwise loop; ``curve s`` alone), and divides them by what
    the same probe still measures beyond them (``curve x``): small kernels keep the curves'
-   lower cost per FLOP or byte, large ones their higher.
+   lower cost per FLOP or byte, large ones their higher (``curve/x``). Both predictions are
+   printed with their ratio to the measured step; ``--model`` picks the one the order check
+   uses (default ``flat``: closer in the runs made so far, see README).
 2. **Predict** each strategy with ``simulator.estimate`` (shape-only trace of gpt.py's default
    model: 4 layers, hidden 128, 4 heads, seq 64, vocab 128, global batch 16, float32, AdamW with
    global-norm clipping; one micro-batch, so a pipeline runs its stages one after another as
    gpt.py does) on that profile, bandwidth and overheads. Nothing is fitted to the runs below.
 3. **Measure** ``gpt.py --mesh ... --steps N`` under ``mpiexec -n 8``: seconds per step = median
    gap between consecutive ``step <n> loss`` lines, the first step excluded.
-4. Print predicted, measured, their ratio (target 0.67..1.5, aim 0.8..1.25) and whether the
+4. Print both predictions, measured, their ratios (target 0.67..1.5, aim 0.8..1.25) and whether the
    predicted order of the strategies is the measured one (pairs closer than the measured
    spread are called ties).
 
@@ -482,6 +484,9 @@ def main() -> None:
     parser.add_argument("--profile", help="a hardware profile JSON to reuse (default: calibrate -n 8 now)")
     parser.add_argument("--steps", type=int, default=10, help="gpt.py steps per strategy (the first is excluded)")
     parser.add_argument("--strategies", default=DEFAULT_STRATEGIES, help="';'-separated --mesh values")
+    parser.add_argument("--model", choices=("flat", "curves"), default="flat",
+                        help="which prediction the order check uses: flat (one rate each, / kern x; the default: "
+                        "closer on this machine so far) or curves (the profile's rates by size, / curve x)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.worker:
@@ -536,25 +541,29 @@ def main() -> None:
         alpha, base = loaded_latency(host, gaps)
         p = predict(step, loaded_profile(model, alpha, curve_x), host, base, vec_x)
         m, sp = measure(mesh, ns.steps)
-        predicted.append(p)
         measured.append(m)
         spread.append(sp)
+        # The headline is the model chosen by --model; both are printed.
+        headline = p if ns.model == "curves" else flat_p
+        predicted.append(headline)
         rows.append((mesh, statistics.median(gaps) if gaps else 0.0, host, scale, flat_p, curve_x, curve_p, alpha, base, p, m, sp))
     print(f"\n{'strategy':<16} {'gap ms':>6} {'op us':>6} {'call us':>7} {'alpha us':>8} {'vec GF/s':>8} {'GEMM GF/s':>9} "
-          f"{'kern x':>6} {'flat s':>7} {'curve x':>7} {'curve s':>7} {'predicted s':>11} {'measured s':>11} {'+-':>6} {'pred/meas':>9}")
+          f"{'kern x':>6} {'flat s':>7} {'curve x':>7} {'curve s':>7} {'curve/x s':>9} {'measured s':>11} {'+-':>6} "
+          f"{'flat/meas':>9} {'curve/x/meas':>12}")
     for mesh, gap, host, scale, flat_p, curve_x, curve_p, alpha, base, p, m, sp in rows:
-        ratio = p / m
-        mark = "ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")
+        marks = []
+        for ratio in (flat_p / m, p / m):
+            marks.append(f"{ratio:.2f} " + ("ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")))
         print(f"{mesh:<16} {gap * 1e3:>6.2f} {host['op'] * 1e6:>6.0f} {base * 1e6:>7.0f} {alpha * 1e6:>8.0f} {host['vector_flops'] / 1e9:>8.2f} "
-              f"{host['gemm_flops'] / 1e9:>9.1f} {scale:>6.2f} {flat_p:>7.4f} {curve_x:>7.2f} {curve_p:>7.4f} {p:>11.4f} {m:>11.4f} "
-              f"{sp:>6.3f} {ratio:>9.2f}  {mark}")
+              f"{host['gemm_flops'] / 1e9:>9.1f} {scale:>6.2f} {flat_p:>7.4f} {curve_x:>7.2f} {curve_p:>7.4f} {p:>9.4f} {m:>11.4f} "
+              f"{sp:>6.3f} {marks[0]:>9} {marks[1]:>12}")
     print("(gap: the median work before one of rank 0's collectives; op: host time per mpipar op; call + 2(n-1) alpha: "
           "an n-rank all-reduce, averaged over the plan's collectives, each after its own gap of work; vec: "
           "elementwise FLOP rate of the calibration loop now; GEMM: float32 512x512 rate now; kern x: measured kernel "
           "seconds per priced second in gpt.py's model (one rank, micro-batch 2 -> 16) under the flat model (one GEMM "
           "and one elementwise rate), which divides every kernel rate of the flat prediction (flat s); curve x: the "
           "same ratio under the profile's size-dependent rates (the curves moved to the load now; 1 where they would "
-          "hold alone); curve s: the prediction at the curves' rates; predicted: the curves' rates divided by curve x; "
+          "hold alone); curve s: the prediction at the curves' rates; curve/x: the curves' rates divided by curve x; "
           "8 ranks at once)")
     ok, ties = order_agrees(names, predicted, measured, spread)
     by_pred = " < ".join(n for _, n in sorted(zip(predicted, names, strict=True)))
