@@ -82,59 +82,21 @@ GAP_GRID = (0.0, 3e-4, 1e-3, 3e-3, 1e-2)
 
 # ---------------------------------------------------------------------- worker (under mpiexec)
 def worker(steps: int) -> None:
-    """Each rank: tiny GPT steps on its own mesh, NumPy's elementwise rate, and all-reduces
-    after each gap of ``GAP_GRID`` seconds of work."""
+    """Each rank: host costs (``simulator.calibrate_host.host_costs``: tiny GPT steps on its own
+    mesh), the kernel probe, NumPy's elementwise and GEMM rates, and all-reduces after each gap
+    of ``GAP_GRID`` seconds of work."""
     import numpy as np
     from mpi4py import MPI
 
     import mpipar as dist
     from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
-    from mpipar.trace import trace
+    from simulator import calibrate_host
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    cfg = GPTConfig(vocab_size=16, block_size=4, n_layer=2, n_head=2, n_embd=8, dropout=0.0, dtype="float32")
-
-    def tiny(dp: int, clip: bool) -> dict[str, float]:
-        """Median seconds of forward+backward and of the update, and what a traced step holds."""
-        ranks = [rank // dp * dp + i for i in range(dp)]
-        mesh = dist.ProcessMesh([[r] for r in ranks], dim_names=["dp", "tp"])
-        dist.seed(0)
-        par = GPTParallel([mesh])
-        model = GPT(cfg, par)
-        opt = dist.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters(),
-                                   grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0) if clip else None)
-        idx = dist.shard_tensor(np.arange(4 * dp, dtype=np.int64).reshape(dp, 4) % 16, mesh, par.activation(mesh, seq_split=False))
-
-        def step() -> tuple[float, float]:
-            start = time.perf_counter()
-            loss = model.loss(idx, idx)
-            loss.backward()
-            mid = time.perf_counter()
-            opt.step()
-            opt.clear_grad()
-            return mid - start, time.perf_counter() - mid
-
-        for _ in range(3):
-            step()
-        with trace() as rec:
-            step()
-        plan = rec.plan()
-        comm.Barrier()
-        times = [step() for _ in range(steps)]
-        return {
-            "fb": statistics.median(t[0] for t in times), "update": statistics.median(t[1] for t in times),
-            "fb_ops": sum(1 for o in plan.ops if o.phase != "optimizer"),
-            "opt_ops": sum(1 for o in plan.ops if o.phase == "optimizer"),
-            "collectives": sum(1 for r in plan.reshards if r.phase != "optimizer" and any(
-                st.kind not in ("slice", "partial") for st in r.steps)),
-            "params": len(list(model.parameters())),
-        }
-
-    own = tiny(1, clip=True)
-    alone = tiny(1, clip=False)
-    per_op = own["fb"] / own["fb_ops"]
-    per_update = alone["update"] / alone["params"]
+    # Host seconds per op and per parameter update: calibrate's own measurement, taken again now.
+    host = calibrate_host.host_costs(comm, steps)
+    per_op, per_update = host["op"], host["update"]
 
     def model_fb(batch: int) -> float:
         """Median seconds of forward+backward of gpt.py's default model, ``batch`` sequences, on
