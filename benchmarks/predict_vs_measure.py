@@ -26,15 +26,21 @@
    chain over 64 KiB); in the model the kernels run 2-3x slower per FLOP (``kern x`` 2.0-2.8
    here under load: batched GEMMs of a layer's matrices, weight gradients as per-sequence
    products summed after, several NumPy passes per elementwise op, operands that other ops
-   wrote earlier), and every kernel rate of the prediction is divided by it. The ``hot``
-   column keeps the loops' rates.
+   wrote earlier). That is the flat model (``flat s``: one GEMM and one elementwise rate, every
+   kernel divided by ``kern x``). The prediction uses the profile's size-dependent rates
+   instead (``calibrate``'s ``gemm_curve`` and ``vector_curve``, moved to the load now by the
+   worker's 512x512 GEMM and elementwise loop; ``curve s`` alone), and divides them by what
+   the same probe still measures beyond them (``curve x``): small kernels keep the curves'
+   lower cost per FLOP or byte, large ones their higher (``curve/x``). Both predictions are
+   printed with their ratio to the measured step; ``--model`` picks the one the order check
+   uses (default ``flat``: closer in the runs made so far, see README).
 2. **Predict** each strategy with ``simulator.estimate`` (shape-only trace of gpt.py's default
    model: 4 layers, hidden 128, 4 heads, seq 64, vocab 128, global batch 16, float32, AdamW with
    global-norm clipping; one micro-batch, so a pipeline runs its stages one after another as
    gpt.py does) on that profile, bandwidth and overheads. Nothing is fitted to the runs below.
 3. **Measure** ``gpt.py --mesh ... --steps N`` under ``mpiexec -n 8``: seconds per step = median
    gap between consecutive ``step <n> loss`` lines, the first step excluded.
-4. Print predicted, measured, their ratio (target 0.67..1.5, aim 0.8..1.25) and whether the
+4. Print both predictions, measured, their ratios (target 0.67..1.5, aim 0.8..1.25) and whether the
    predicted order of the strategies is the measured one (pairs closer than the measured
    spread are called ties).
 
@@ -52,6 +58,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -75,59 +82,21 @@ GAP_GRID = (0.0, 3e-4, 1e-3, 3e-3, 1e-2)
 
 # ---------------------------------------------------------------------- worker (under mpiexec)
 def worker(steps: int) -> None:
-    """Each rank: tiny GPT steps on its own mesh, NumPy's elementwise rate, and all-reduces
-    after each gap of ``GAP_GRID`` seconds of work."""
+    """Each rank: host costs (``simulator.calibrate_host.host_costs``: tiny GPT steps on its own
+    mesh), the kernel probe, NumPy's elementwise and GEMM rates, and all-reduces after each gap
+    of ``GAP_GRID`` seconds of work."""
     import numpy as np
     from mpi4py import MPI
 
     import mpipar as dist
     from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
-    from mpipar.trace import trace
+    from simulator import calibrate_host
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    cfg = GPTConfig(vocab_size=16, block_size=4, n_layer=2, n_head=2, n_embd=8, dropout=0.0, dtype="float32")
-
-    def tiny(dp: int, clip: bool) -> dict[str, float]:
-        """Median seconds of forward+backward and of the update, and what a traced step holds."""
-        ranks = [rank // dp * dp + i for i in range(dp)]
-        mesh = dist.ProcessMesh([[r] for r in ranks], dim_names=["dp", "tp"])
-        dist.seed(0)
-        par = GPTParallel([mesh])
-        model = GPT(cfg, par)
-        opt = dist.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters(),
-                                   grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0) if clip else None)
-        idx = dist.shard_tensor(np.arange(4 * dp, dtype=np.int64).reshape(dp, 4) % 16, mesh, par.activation(mesh, seq_split=False))
-
-        def step() -> tuple[float, float]:
-            start = time.perf_counter()
-            loss = model.loss(idx, idx)
-            loss.backward()
-            mid = time.perf_counter()
-            opt.step()
-            opt.clear_grad()
-            return mid - start, time.perf_counter() - mid
-
-        for _ in range(3):
-            step()
-        with trace() as rec:
-            step()
-        plan = rec.plan()
-        comm.Barrier()
-        times = [step() for _ in range(steps)]
-        return {
-            "fb": statistics.median(t[0] for t in times), "update": statistics.median(t[1] for t in times),
-            "fb_ops": sum(1 for o in plan.ops if o.phase != "optimizer"),
-            "opt_ops": sum(1 for o in plan.ops if o.phase == "optimizer"),
-            "collectives": sum(1 for r in plan.reshards if r.phase != "optimizer" and any(
-                st.kind not in ("slice", "partial") for st in r.steps)),
-            "params": len(list(model.parameters())),
-        }
-
-    own = tiny(1, clip=True)
-    alone = tiny(1, clip=False)
-    per_op = own["fb"] / own["fb_ops"]
-    per_update = alone["update"] / alone["params"]
+    # Host seconds per op and per parameter update: calibrate's own measurement, taken again now.
+    host = calibrate_host.host_costs(comm, steps)
+    per_op, per_update = host["op"], host["update"]
 
     def model_fb(batch: int) -> float:
         """Median seconds of forward+backward of gpt.py's default model, ``batch`` sequences, on
@@ -255,31 +224,59 @@ def loaded_latency(host: dict[str, float], gaps: list[float]) -> tuple[float, fl
 
 def loaded_profile(profile: Any, alpha_loaded: float, kernel_scale: float = 1.0) -> Any:
     """``profile`` with the link latency ranks show between Python work on this machine and its
-    GEMM rates divided by ``kernel_scale`` (what kernels cost in a training step, ``kernel_scale``)."""
-    from simulator.cost import HardwareProfile, Link
+    kernel rates divided by ``kernel_scale`` (the flat model's ``kern x``; 1 for the curves)."""
+    from dataclasses import replace
+
+    from simulator.cost import Link
 
     alpha = max(alpha_loaded, profile.intra_node.alpha_s)
     link = Link(alpha, profile.intra_node.bandwidth_Bps)
-    return HardwareProfile(
-        f"{profile.name}-loaded", link, link, {k: v / kernel_scale for k, v in profile.flops_per_s.items()},
-        profile.devices_per_node, profile.compute_efficiency, profile.memory_bytes, profile.reduction_Bps,
-        f"{profile.description}; link latency and kernel rates measured amid Python work by benchmarks/predict_vs_measure.py",
+    return replace(
+        profile, name=f"{profile.name}-loaded", intra_node=link, inter_node=link,
+        flops_per_s={k: v / kernel_scale for k, v in profile.flops_per_s.items()},
+        vector_curve=tuple((b, r / kernel_scale) for b, r in profile.vector_curve),
+        description=f"{profile.description}; link latency and kernel rates measured amid Python work by benchmarks/predict_vs_measure.py",
     )
 
 
-def at_load(profile: Any, gemm_flops: float) -> Any:
-    """``profile`` with its GEMM rates moved to ``gemm_flops`` (float32, the worker's 512x512
-    GEMM now; other dtypes in the profile's proportion)."""
-    from simulator.cost import HardwareProfile
+def reference_gemm(profile: Any) -> float:
+    """The profile's float32 512x512 GEMM rate (what the worker measures again): its calibration's
+    raw measurement where it has one (a calibrated profile's ``flops_per_s`` is its best size
+    class), else ``flops_per_s``."""
+    raw = (profile.calibration or {}).get("gemm", {}).get("float32", {})
+    rate = raw.get("flops_per_s") if isinstance(raw, dict) and raw.get("n") == 512 else None
+    rate = rate if isinstance(rate, float | int) and rate > 0 else profile.flops_per_s.get("float32")
+    if not rate or not rate > 0:
+        raise ValueError(f"profile {profile.name!r}: no float32 GEMM rate (flops_per_s['float32'] is {rate!r})")
+    return float(rate)
 
-    base = profile.flops_per_s.get("float32")
-    if not base or not gemm_flops > 0 or gemm_flops == float("inf"):
-        raise ValueError(f"profile {profile.name!r}: float32 GEMM rate {base!r}, measured {gemm_flops!r}; need both > 0")
-    return HardwareProfile(
-        profile.name, profile.intra_node, profile.inter_node,
-        {k: v * gemm_flops / base for k, v in profile.flops_per_s.items()}, profile.devices_per_node,
-        profile.compute_efficiency, profile.memory_bytes, profile.reduction_Bps, profile.description,
-    )
+
+LOOP_BYTES = 2.25 * 16384 * 4
+"""Bytes per pass of the worker's elementwise loop (``calibrate_host.VECTOR_PASS_ARRAYS`` arrays of 16384 float32)."""
+
+
+def at_load(profile: Any, gemm_flops: float, vector_flops: float) -> Any:
+    """``profile`` with its GEMM rates moved by the worker's 512x512 GEMM now against the
+    profile's, and its elementwise curve by the worker's loop now against the curve at the loop's
+    size: the curves keep their shape, the load moves their level."""
+    from dataclasses import replace
+
+    base = reference_gemm(profile)
+    if not gemm_flops > 0 or gemm_flops == float("inf"):
+        raise ValueError(f"profile {profile.name!r}: measured float32 GEMM rate {gemm_flops!r}; need > 0")
+    at_loop = profile.vector_rate(LOOP_BYTES)
+    vector = vector_flops / at_loop if at_loop else 1.0
+    return replace(profile, flops_per_s={k: v * gemm_flops / base for k, v in profile.flops_per_s.items()},
+                   vector_curve=tuple((b, r * vector) for b, r in profile.vector_curve))
+
+
+def flat(profile: Any) -> Any:
+    """``profile`` without its size-dependent kernel model: one GEMM rate (the 512x512 one) for
+    every matmul, the caller's one elementwise rate (the model before the curves)."""
+    from dataclasses import replace
+
+    scale = reference_gemm(profile) / profile.flops_per_s["float32"]
+    return replace(profile, flops_per_s={k: v * scale for k, v in profile.flops_per_s.items()}, gemm_curve=(), vector_curve=())
 
 
 def one_rank_step(batch: int) -> Any:
@@ -291,7 +288,7 @@ def one_rank_step(batch: int) -> Any:
     return trace_gpt_step(shape, GPTStrategy(), layers_traced=shape.layers)
 
 
-def kernel_seconds(step: Any, profile: Any, vector_flops: float) -> float:
+def kernel_seconds(step: Any, profile: Any, vector_flops: float | None) -> float:
     """The model's kernel seconds (FLOPs at the calibrated rates, no host overhead) of a one-rank
     step's forward and backward."""
     from simulator.op_cost import PlanCosts
@@ -345,29 +342,33 @@ def gpt_step(mesh: str) -> Any:
     return trace_gpt_step(shape, strategy, layers_traced=shape.layers)
 
 
-def predict(step: Any, profile: Any, host: dict[str, float], base: float) -> float:
+def predict(step: Any, profile: Any, host: dict[str, float], base: float, vector_flops: float | None) -> float:
+    """``estimate`` of ``step`` with the worker's host costs; ``vector_flops`` None: the profile's
+    elementwise curve."""
     from simulator.estimate import estimate
 
-    est = estimate(step.shape, step.strategy, profile, vector_flops=host["vector_flops"], op_overhead=host["op"],
+    est = estimate(step.shape, step.strategy, profile, vector_flops=vector_flops, op_overhead=host["op"],
                    reshard_overhead=base, update_overhead=host["update"], step=step)
     return est.step_time_s
 
 
-def collective_gaps(step: Any, profile: Any, host: dict[str, float]) -> list[float]:
+def collective_gaps(step: Any, profile: Any, host: dict[str, float], vector_flops: float | None) -> list[float]:
     """Seconds of work rank 0 does before each of its collectives in one step, in plan order.
 
     A reshard an op asked for runs right before that op; one no op asked for (a gradient
     going to its parameter's layout) right after the op that made its tensor. The work is the
     ops' modelled time on a link-free profile, host overhead per op included.
     """
-    from simulator.cost import HardwareProfile, Link
+    from dataclasses import replace
+
+    from simulator.cost import Link
     from simulator.op_cost import PlanCosts
     from simulator.step_trace import SETUP
 
     free = Link(0.0, 1e30)
-    quiet = HardwareProfile("no-latency", free, free, dict(profile.flops_per_s))
+    quiet = replace(profile, name="no-latency", intra_node=free, inter_node=free)
     plan = step.plan
-    costs = PlanCosts(plan, quiet, vector_flops=host["vector_flops"], op_overhead=host["op"], reshard_overhead=0.0)
+    costs = PlanCosts(plan, quiet, vector_flops=vector_flops, op_overhead=host["op"], reshard_overhead=0.0)
     made_by = {t: op.index for op in plan.ops for t in op.outputs}
     events: list[tuple[tuple[int, int], float | None]] = []
     for op, part in zip(plan.ops, step.op_parts, strict=True):
@@ -393,19 +394,35 @@ def collective_gaps(step: Any, profile: Any, host: dict[str, float]) -> list[flo
     return gaps
 
 
-def measure(mesh: str, steps: int) -> tuple[float, float]:
-    """(median, spread) seconds per step of gpt.py; spread = half the interquartile range."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [MPIEXEC, "-n", "8", sys.executable, os.path.join(ROOT, "examples", "gpt.py"), "--mesh", mesh, "--steps", str(steps)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+def measure(mesh: str | None, steps: int, extra: tuple[str, ...] = (), lines: list[str] | None = None,
+            timeout_s: float = 900.0) -> tuple[float, float]:
+    """(median, spread) seconds per step of gpt.py; spread = half the interquartile range.
+
+    ``mesh`` None: no ``--mesh`` (``extra`` says what to run, e.g. ``--auto``); ``lines`` gets
+    the run's other stdout lines."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [MPIEXEC, "-n", "8", sys.executable, os.path.join(ROOT, "examples", "gpt.py"),
+           *(("--mesh", mesh) if mesh is not None else ()), "--steps", str(steps), "--sample", "0", *extra]
     stamps = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("step "):
-            stamps.append(time.perf_counter())
-    err = proc.stderr.read() if proc.stderr else ""
+    with tempfile.TemporaryFile("w+") as err_file:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, stdin=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+        # The run's wall-clock limit: a hung rank must not hang the benchmark.
+        timer = threading.Timer(timeout_s, proc.kill)
+        timer.start()
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                if line.startswith("step "):
+                    stamps.append(time.perf_counter())
+                elif lines is not None:
+                    lines.append(line.rstrip("\n"))
+        finally:
+            timer.cancel()
+        proc.wait()
+        err_file.seek(0)
+        err = err_file.read()
     if proc.wait() != 0 or len(stamps) < 3:
-        raise SystemExit(f"gpt.py --mesh {mesh} failed (exit {proc.returncode}):\n{err[-2000:]}")
+        raise SystemExit(f"gpt.py {' '.join(cmd[4:])} failed (exit {proc.returncode}):\n{err[-2000:]}")
     gaps = sorted(b - a for a, b in itertools.pairwise(stamps))
     q = statistics.quantiles(gaps, n=4) if len(gaps) >= 2 else [gaps[0]] * 3
     return statistics.median(gaps), (q[2] - q[0]) / 2
@@ -429,6 +446,9 @@ def main() -> None:
     parser.add_argument("--profile", help="a hardware profile JSON to reuse (default: calibrate -n 8 now)")
     parser.add_argument("--steps", type=int, default=10, help="gpt.py steps per strategy (the first is excluded)")
     parser.add_argument("--strategies", default=DEFAULT_STRATEGIES, help="';'-separated --mesh values")
+    parser.add_argument("--model", choices=("flat", "curves"), default="flat",
+                        help="which prediction the order check uses: flat (one rate each, / kern x; the default: "
+                        "closer on this machine so far) or curves (the profile's rates by size, / curve x)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.worker:
@@ -452,40 +472,61 @@ def main() -> None:
     predicted, measured, spread = [], [], []
     rows = []
     probes = {b: one_rank_step(b) for b in KERNEL_BATCHES}
+    curves = bool(profile.gemm_curve and profile.vector_curve)
+    if not curves:
+        print("  (this profile has no gemm_curve/vector_curve: the prediction falls back to the flat model; "
+              "recalibrate with `python -m simulator calibrate -n 8`)")
     for mesh in names:
         # Host costs move with the machine's load: measure them right before the run they predict,
         # with collectives as far apart as the plan puts them.
         step = gpt_step(mesh)
         host = host_costs(20)
-        now = at_load(profile, host["gemm_flops"])
-        scale = kernel_scale({b: host[f"model_fb{b}"] for b in KERNEL_BATCHES},
-                             {b: kernel_seconds(probes[b], now, host["vector_flops"]) for b in KERNEL_BATCHES})
-        # Every kernel at the rate it runs at in a training step (the probe's), the GEMMs' and the
-        # elementwise ops' alike; the ``hot`` prediction keeps the calibration loops' rates.
-        trained = {**host, "vector_flops": host["vector_flops"] / scale}
-        gaps = collective_gaps(step, loaded_profile(now, 0.0, scale), trained)
+        now = at_load(profile, host["gemm_flops"], host["vector_flops"])
+        measured_fb = {b: host[f"model_fb{b}"] for b in KERNEL_BATCHES}
+        # The flat model (one GEMM rate, one elementwise rate, every kernel divided by ``kern x``,
+        # the probe's growth over its priced growth) beside the size-dependent one (the profile's
+        # curves, no factor; ``curve x`` is the same probe's ratio against them, 1 if they hold).
+        level = flat(now)
+        scale = kernel_scale(measured_fb, {b: kernel_seconds(probes[b], level, host["vector_flops"]) for b in KERNEL_BATCHES})
+        trained = host["vector_flops"] / scale
+        flat_alpha, flat_base = loaded_latency(host, collective_gaps(step, loaded_profile(level, 0.0, scale), host, trained))
+        flat_p = predict(step, loaded_profile(level, flat_alpha, scale), host, flat_base, trained)
+        model = now if curves else level
+        vec = None if curves else host["vector_flops"]
+        curve_x = kernel_scale(measured_fb, {b: kernel_seconds(probes[b], model, vec) for b in KERNEL_BATCHES})
+        curve_alpha, curve_base = loaded_latency(host, collective_gaps(step, model, host, vec))
+        curve_p = predict(step, loaded_profile(model, curve_alpha), host, curve_base, vec)
+        # The prediction: the curves' rates, each divided by what the probe still measures
+        # beyond them (``curve x``), so the size dependence and the training-step slowdown both hold.
+        vec_x = None if vec is None else vec / curve_x
+        gaps = collective_gaps(step, loaded_profile(model, 0.0, curve_x), host, vec_x)
         alpha, base = loaded_latency(host, gaps)
-        p = predict(step, loaded_profile(now, alpha, scale), trained, base)
-        hot_gaps = collective_gaps(step, now, host)
-        hot_alpha, hot_base = loaded_latency(host, hot_gaps)
-        hot = predict(step, loaded_profile(now, hot_alpha), host, hot_base)
+        p = predict(step, loaded_profile(model, alpha, curve_x), host, base, vec_x)
         m, sp = measure(mesh, ns.steps)
-        predicted.append(p)
         measured.append(m)
         spread.append(sp)
-        rows.append((mesh, statistics.median(gaps) if gaps else 0.0, host, scale, alpha, base, hot, p, m, sp))
+        # The headline is the model chosen by --model; both are printed.
+        headline = p if ns.model == "curves" else flat_p
+        predicted.append(headline)
+        rows.append((mesh, statistics.median(gaps) if gaps else 0.0, host, scale, flat_p, curve_x, curve_p, alpha, base, p, m, sp))
     print(f"\n{'strategy':<16} {'gap ms':>6} {'op us':>6} {'call us':>7} {'alpha us':>8} {'vec GF/s':>8} {'GEMM GF/s':>9} "
-          f"{'kern x':>6} {'hot s':>7} {'predicted s':>11} {'measured s':>11} {'+-':>6} {'pred/meas':>9}")
-    for mesh, gap, host, scale, alpha, base, hot, p, m, sp in rows:
-        ratio = p / m
-        mark = "ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")
+          f"{'kern x':>6} {'flat s':>7} {'curve x':>7} {'curve s':>7} {'curve/x s':>9} {'measured s':>11} {'+-':>6} "
+          f"{'flat/meas':>9} {'curve/x/meas':>12}")
+    for mesh, gap, host, scale, flat_p, curve_x, curve_p, alpha, base, p, m, sp in rows:
+        marks = []
+        for ratio in (flat_p / m, p / m):
+            marks.append(f"{ratio:.2f} " + ("ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")))
         print(f"{mesh:<16} {gap * 1e3:>6.2f} {host['op'] * 1e6:>6.0f} {base * 1e6:>7.0f} {alpha * 1e6:>8.0f} {host['vector_flops'] / 1e9:>8.2f} "
-              f"{host['gemm_flops'] / 1e9:>9.1f} {scale:>6.2f} {hot:>7.4f} {p:>11.4f} {m:>11.4f} {sp:>6.3f} {ratio:>9.2f}  {mark}")
+              f"{host['gemm_flops'] / 1e9:>9.1f} {scale:>6.2f} {flat_p:>7.4f} {curve_x:>7.2f} {curve_p:>7.4f} {p:>9.4f} {m:>11.4f} "
+              f"{sp:>6.3f} {marks[0]:>9} {marks[1]:>12}")
     print("(gap: the median work before one of rank 0's collectives; op: host time per mpipar op; call + 2(n-1) alpha: "
           "an n-rank all-reduce, averaged over the plan's collectives, each after its own gap of work; vec: "
-          "elementwise FLOP rate of the calibration loop; GEMM: float32 512x512 rate now; kern x: measured kernel seconds per priced second in gpt.py's "
-          "model (one rank, micro-batch 2 -> 16), which divides every kernel rate; hot: the prediction at the "
-          "calibration loops' rates (kern x = 1); 8 ranks at once)")
+          "elementwise FLOP rate of the calibration loop now; GEMM: float32 512x512 rate now; kern x: measured kernel "
+          "seconds per priced second in gpt.py's model (one rank, micro-batch 2 -> 16) under the flat model (one GEMM "
+          "and one elementwise rate), which divides every kernel rate of the flat prediction (flat s); curve x: the "
+          "same ratio under the profile's size-dependent rates (the curves moved to the load now; 1 where they would "
+          "hold alone); curve s: the prediction at the curves' rates; curve/x: the curves' rates divided by curve x; "
+          "8 ranks at once)")
     ok, ties = order_agrees(names, predicted, measured, spread)
     by_pred = " < ".join(n for _, n in sorted(zip(predicted, names, strict=True)))
     by_meas = " < ".join(n for _, n in sorted(zip(measured, names, strict=True)))

@@ -71,13 +71,19 @@ def resolve_profile(path: str | None, world: int, can_calibrate: bool, say: Call
     cached = cache_path(world)
     if os.path.isfile(cached):
         try:
-            return ResolvedProfile(load_profile(cached), f"{cached} (cached calibration)")
+            found = load_profile(cached)
+            if found.gemm_curve or not can_calibrate:
+                return ResolvedProfile(found, f"{cached} (cached calibration)")
+            # Calibrated before the CPU model (kernel rates by size, host costs per op): the
+            # search would rank on FLOPs alone, which is not what this machine's steps cost.
+            say(f"auto: the cached profile {cached} predates the measured CPU model (no gemm_curve); measuring again")
         except (ValueError, OSError) as exc:
             say(f"auto: the cached profile {cached} is unreadable ({exc}); measuring again")
     if not can_calibrate:
         say(f"auto: no calibrated profile at {cached} and {why_not}; using the {FALLBACK_PRESET!r} preset")
         return ResolvedProfile(load_profile(FALLBACK_PRESET), f"preset {FALLBACK_PRESET} (fallback)")
-    say(f"auto: no calibrated profile at {cached}: running `python -m simulator calibrate -n {max(2, world)}` (once, cached)")
+    say(f"auto: {'re' if os.path.isfile(cached) else 'no calibrated profile at ' + cached + ': '}running "
+        f"`python -m simulator calibrate -n {max(2, world)}` (once, cached)")
     try:
         calibrate_to(cached, world)
         return ResolvedProfile(load_profile(cached), f"{cached} (calibrated just now)")

@@ -11,7 +11,13 @@ GEMM, then fits the alpha-beta model:
   by least squares on relative error (so 8-byte latencies weigh as much as 4 MiB transfers);
 * the reduction throughput ``gamma`` from what ``Allreduce`` takes beyond the ring formula on
   that link (on CPUs the summing is as slow as the copying); left ``None`` if nothing is left;
-* a ring fit of ``Allreduce`` alone, kept beside them as a check.
+* a ring fit of ``Allreduce`` alone, kept beside them as a check;
+* the CPU model (``simulator.calibrate_host``): GEMM efficiency by size (``gemm_curve``, over
+  square, batched, per-sequence and attention-like shapes; ``flops_per_s`` is its best size
+  class), the elementwise rate by bytes (``vector_curve``: cache-resident arrays run faster
+  than ones streamed from memory) and mpipar's host seconds per op, reshard call and parameter
+  update (``op_overhead_s``, ``reshard_overhead_s``, ``update_overhead_s``), which ``estimate``
+  and the search use by default.
 
 The profile (``simulator.cost.HardwareProfile`` JSON) puts every rank on one node (both link
 classes are the measured one), takes the GEMM rates as ``flops_per_s`` with efficiency 1.0, and
@@ -32,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from mpipar import cliargs
+from simulator import calibrate_host
 from simulator.cost import HardwareProfile, Link, collective_time
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibrate_worker.py")
@@ -86,7 +93,8 @@ def run_worker(ranks: int, sizes: Sequence[int], budget_s: float, gemm_n: int, t
     env = dict(os.environ)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
         env[var] = "1"
-    config = json.dumps({"sizes": list(sizes), "budget_s": budget_s, "gemm_n": gemm_n})
+    config = json.dumps({"sizes": list(sizes), "budget_s": budget_s, "gemm_n": gemm_n, "kernels": True,
+                         "host_steps": 8 if budget_s < 0.5 else 20})
     cmd = [mpiexec, "-n", str(ranks), sys.executable, WORKER, config]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
@@ -114,6 +122,12 @@ def calibrate(*, quick: bool = False, ranks: int = 2, timeout_s: float = 120.0) 
     ring = fit_alpha_beta(raw["allreduce"]["bytes"], raw["allreduce"]["seconds"], steps=2 * (n - 1), volume=2 * (n - 1) / n)
     reduction = fit_reduction(raw["allreduce"]["bytes"], raw["allreduce"]["seconds"], n, p2p)
     predicted = [collective_time("all_reduce", s, n, p2p, reduction) for s in raw["allreduce"]["bytes"]]
+    # The CPU model: GEMM efficiency and elementwise rate by kernel size, host costs per call.
+    bin_peak, curve = calibrate_host.gemm_curve(raw["gemm_curve"])
+    rate32 = float(raw["gemm"]["float32"]["flops_per_s"])
+    peak = max(bin_peak, rate32)  # the curve is a share of the fastest GEMM measured
+    curve = [(f, e * bin_peak / peak) for f, e in curve]
+    flops_per_s = {dtype: float(g["flops_per_s"]) * peak / rate32 for dtype, g in raw["gemm"].items()}
     host = socket.gethostname()
     phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
     calibration = {
@@ -126,22 +140,32 @@ def calibrate(*, quick: bool = False, ranks: int = 2, timeout_s: float = 120.0) 
         "pingpong": raw["pingpong"],
         "allreduce": {**raw["allreduce"], "predicted": predicted},
         "gemm": raw["gemm"],
+        "gemm_shapes": raw["gemm_curve"],
+        "vector": raw["vector_curve"],
+        "host_costs": raw["host"],
         "fit": {"p2p": p2p.to_dict(), "reduction_Bps": reduction, "allreduce_ring": ring.to_dict()},
     }
     return HardwareProfile(
         name=f"calibrated-{host}",
         intra_node=p2p,
         inter_node=p2p,
-        flops_per_s={dtype: float(g["flops_per_s"]) for dtype, g in raw["gemm"].items()},
+        flops_per_s=flops_per_s,
         devices_per_node=None,
         compute_efficiency=1.0,
         reduction_Bps=reduction,
         memory_bytes=int(phys) if phys else None,
         description=(
             f"measured on {host} with {n} MPI ranks (one BLAS thread each) by `python -m simulator calibrate`; "
-            "both link classes are the measured shared-memory link"
+            "both link classes are the measured shared-memory link; flops_per_s is the fastest GEMM size class "
+            "measured (other dtypes in the 512x512 GEMMs' proportion), gemm_curve and vector_curve the kernel "
+            "rates by size, the *_overhead_s mpipar's host costs, all with every rank measuring at once"
         ),
         calibration=calibration,
+        gemm_curve=tuple(curve),
+        vector_curve=tuple(calibrate_host.vector_curve(raw["vector_curve"])),
+        op_overhead_s=float(raw["host"]["op"]),
+        reshard_overhead_s=float(raw["host"]["reshard"]),
+        update_overhead_s=float(raw["host"]["update"]),
     )
 
 
@@ -173,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     ):
         print(f"  allreduce {s:>9d} B: measured {measured * 1e6:10.2f} us, predicted {predicted * 1e6:10.2f} us")
     for dtype, rate in profile.flops_per_s.items():
-        print(f"GEMM {dtype}: {rate / 1e9:.2f} GFLOP/s per rank")
+        print(f"GEMM {dtype}: {rate / 1e9:.2f} GFLOP/s per rank at best")
+    print("GEMM efficiency by size: " + ", ".join(f"{f:.2g} FLOP {e:.2f}" for f, e in profile.gemm_curve))
+    print("elementwise by size: " + ", ".join(f"{b / 1024:.0f} KiB {r / 1e9:.2f} GFLOP/s" for b, r in profile.vector_curve))
+    print(f"host: {profile.op_overhead_s * 1e6:.0f} us per op, {profile.reshard_overhead_s * 1e6:.0f} us per reshard call, "
+          f"{profile.update_overhead_s * 1e6:.0f} us per parameter update")
     profile.save(ns.output)
     print(f"wrote {ns.output} ({cal['seconds_taken']:.1f} s)")
     return 0

@@ -6,7 +6,9 @@ plain mpi4py and no mpipar code in the loop:
 
 * ping-pong between ranks 0 and 1 (one-way time = round trip / 2) at each message size;
 * ``Allreduce`` (sum, float64) over all ranks at each size;
-* NumPy GEMM (float64 and float32) on every rank at once, the contention ranks see in training.
+* NumPy GEMM (float64 and float32) on every rank at once, the contention ranks see in training;
+* with ``"kernels": true``, ``simulator.calibrate_host``'s GEMM and elementwise rates by size and
+  mpipar's host costs per op, reshard call and update (these do run mpipar code).
 
 Each measurement repeats until ``budget_s`` passes (at least ``min_reps``) and keeps the best of
 three batches, so a noisy neighbour on a shared machine inflates it as little as possible.
@@ -87,6 +89,18 @@ def main(config: dict[str, Any]) -> dict[str, Any]:
 
         seconds = _timed_batches(comm, gemm, 2 * budget, 2)
         out["gemm"][dtype] = {"n": n, "seconds": seconds, "flops_per_s": 2.0 * n**3 / seconds}
+    if config.get("kernels"):
+        # The size-dependent kernel rates and mpipar's host costs (``simulator.calibrate_host``).
+        from simulator import calibrate_host
+
+        def timed(body: Callable[[], None], budget_s: float) -> float:
+            return _timed_batches(comm, body, budget_s, 2)
+
+        out["gemm_curve"] = calibrate_host.gemm_points(timed, budget / 2)
+        out["vector_curve"] = calibrate_host.vector_points(timed, budget / 2)
+        host = comm.gather(calibrate_host.host_costs(comm, int(config.get("host_steps", 20))), root=0)
+        if rank == 0:
+            out["host"] = {k: sorted(h[k] for h in host)[len(host) // 2] for k in host[0]}
     out["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
     return out
 

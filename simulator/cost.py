@@ -33,6 +33,7 @@ bytes) into what ``simulator.simulate_schedule`` charges for each pipeline actio
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -143,6 +144,20 @@ class HardwareProfile:
     host_link_Bps: float | None = None
     """Host <-> device copy bandwidth per direction (bytes/s) that optimizer offload pays;
     ``None``: host and device share one memory (the move is free)."""
+    # The measured CPU model (``python -m simulator calibrate`` writes it): kernel rates as
+    # functions of kernel size, and the host's cost of dispatching each op, reshard and update.
+    gemm_curve: tuple[tuple[float, float], ...] = ()
+    """``(FLOPs of one GEMM, share of flops_per_s it reaches)`` points, FLOPs increasing; set, a
+    GEMM's efficiency is read off it (``gemm_efficiency``) instead of ``compute_efficiency``."""
+    vector_curve: tuple[tuple[float, float], ...] = ()
+    """``(bytes an elementwise op reads and writes, FLOP/s)`` points, bytes increasing; set, the
+    non-GEMM ops and the optimizer update run at the rate of their size (``vector_rate``)."""
+    op_overhead_s: float = 0.0
+    """Host seconds each op's dispatch costs beyond its kernel (Python, on a CPU)."""
+    reshard_overhead_s: float = 0.0
+    """Host seconds each reshard call costs beyond its collectives' link time."""
+    update_overhead_s: float = 0.0
+    """Host seconds the optimizer spends per parameter beyond its kernels."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -187,6 +202,14 @@ class HardwareProfile:
                     f"HardwareProfile {self.name!r}: {fname} must be {what}"
                     + (" or null" if optional else "") + f", got {value!r}"
                 )
+        for fname in ("op_overhead_s", "reshard_overhead_s", "update_overhead_s"):
+            value = getattr(self, fname)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"HardwareProfile {self.name!r}: {fname} must be seconds in [0, 1], got {value!r}")
+        object.__setattr__(self, "gemm_curve", _curve(self.name, "gemm_curve", self.gemm_curve, "a share in (0, 1]", 1.0))
+        object.__setattr__(self, "vector_curve", _curve(self.name, "vector_curve", self.vector_curve, "FLOP/s > 0", math.inf))
+        if self.gemm_curve and self.gemm_efficiency_max is not None:
+            raise ValueError(f"HardwareProfile {self.name!r}: gemm_curve and gemm_efficiency_max are two GEMM models; give one")
         if self.gemm_efficiency_max is not None and self.memory_Bps is None:
             raise ValueError(
                 f"HardwareProfile {self.name!r}: gemm_efficiency_max is set but memory_Bps is null; the GPU model "
@@ -250,9 +273,14 @@ class HardwareProfile:
         A100/H100 show (NVIDIA, "Matrix Multiplication Background" performance guide).
         """
         if self.gemm_efficiency_max is None:
-            return self.compute_efficiency
+            return _interpolate(self.gemm_curve, flops) if self.gemm_curve else self.compute_efficiency
         f = max(float(flops), 0.0)
         return self.gemm_efficiency_max * f / (f + self.gemm_half_flops) if f > 0 else 0.0
+
+    def vector_rate(self, nbytes: float) -> float | None:
+        """FLOP/s of an elementwise op that reads and writes ``nbytes`` (``vector_curve``, linear in
+        log-bytes between its points, its end values beyond them); ``None`` without a curve."""
+        return _interpolate(self.vector_curve, nbytes) if self.vector_curve else None
 
     # ------------------------------------------------------------------ files
     def to_dict(self) -> dict[str, Any]:
@@ -276,6 +304,13 @@ class HardwareProfile:
             })
         if self.host_link_Bps is not None:
             out["host_link_Bps"] = self.host_link_Bps
+        if self.gemm_curve:
+            out["gemm_curve"] = [list(p) for p in self.gemm_curve]
+        if self.vector_curve:
+            out["vector_curve"] = [list(p) for p in self.vector_curve]
+        for fname in ("op_overhead_s", "reshard_overhead_s", "update_overhead_s"):
+            if getattr(self, fname):
+                out[fname] = getattr(self, fname)
         if self.calibration is not None:
             out["calibration"] = dict(self.calibration)
         return out
@@ -293,7 +328,7 @@ class HardwareProfile:
             "format", "version", "name", "description", "devices_per_node", "links", "flops_per_s",
             "compute_efficiency", "reduction_Bps", "memory_bytes", "calibration",
             "memory_Bps", "kernel_launch_s", "gemm_efficiency_max", "gemm_half_flops", "elementwise_fusion",
-            "host_link_Bps",
+            "host_link_Bps", "gemm_curve", "vector_curve", "op_overhead_s", "reshard_overhead_s", "update_overhead_s",
         }
         for key in data:
             if key not in allowed:
@@ -331,6 +366,11 @@ class HardwareProfile:
                 description=str(data.get("description", "")),
                 calibration=data.get("calibration"),
                 host_link_Bps=data.get("host_link_Bps"),
+                gemm_curve=data.get("gemm_curve", ()),
+                vector_curve=data.get("vector_curve", ()),
+                op_overhead_s=data.get("op_overhead_s", 0.0),
+                reshard_overhead_s=data.get("reshard_overhead_s", 0.0),
+                update_overhead_s=data.get("update_overhead_s", 0.0),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: {exc}") from None
@@ -346,6 +386,46 @@ class HardwareProfile:
         name = os.fspath(path)
         data = load_json(name, kind="profile", max_bytes=1 << 20)
         return cls.from_dict(data, source=name)
+
+
+MAX_CURVE_POINTS = 64
+
+
+def _curve(profile: str, field_name: str, points: Any, what: str, high: float) -> tuple[tuple[float, float], ...]:
+    """``points`` checked as a curve (untrusted: a profile file may come from anyone): a list of
+    at most ``MAX_CURVE_POINTS`` ``[x, y]`` pairs of finite numbers, x > 0 strictly increasing,
+    0 < y <= ``high``; returned as a tuple of float pairs."""
+    if isinstance(points, str | bytes) or not isinstance(points, Sequence):
+        raise ValueError(f"HardwareProfile {profile!r}: {field_name} must be a list of [x, y] pairs, got {points!r}")
+    if len(points) > MAX_CURVE_POINTS:
+        raise ValueError(f"HardwareProfile {profile!r}: {field_name} has {len(points)} points, at most {MAX_CURVE_POINTS}")
+    out: list[tuple[float, float]] = []
+    for i, point in enumerate(points):
+        if isinstance(point, str | bytes) or not isinstance(point, Sequence) or len(point) != 2 or any(
+                isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) for v in point):
+            raise ValueError(f"HardwareProfile {profile!r}: {field_name}[{i}] must be [x, y], two finite numbers, got {point!r}")
+        x, y = float(point[0]), float(point[1])
+        if not x > 0 or (out and not x > out[-1][0]):
+            raise ValueError(f"HardwareProfile {profile!r}: {field_name}[{i}] x = {point[0]!r}; x must be > 0 and "
+                             "strictly increasing along the curve")
+        if not 0 < y <= high:
+            raise ValueError(f"HardwareProfile {profile!r}: {field_name}[{i}] y = {point[1]!r}; must be {what}")
+        out.append((x, y))
+    return tuple(out)
+
+
+def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
+    """``points``' y at ``x``: linear in log(x) between neighbours, the end values beyond (kernel
+    rates level off at both ends: fixed costs below, memory or cache limits above)."""
+    if not x > points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    lx = math.log(x)
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x <= x1:
+            return y0 + (y1 - y0) * (lx - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return points[-1][1]
 
 
 def _dtype_name(dtype: Any) -> str:

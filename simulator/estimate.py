@@ -274,6 +274,20 @@ def layers_per_stage(shape: GPTShape, strategy: GPTStrategy) -> list[int]:
     return counts
 
 
+def update_cost(hw: HardwareProfile, op_overhead: float | None, update_overhead: float | None) -> float:
+    """Host seconds per parameter update: ``update_overhead``, else ``op_overhead``, else the profile's."""
+    per_update = update_overhead if update_overhead is not None else op_overhead if op_overhead is not None else hw.update_overhead_s
+    if not per_update >= 0:
+        raise ValueError(f"update_overhead must be >= 0 seconds, got {update_overhead!r}")
+    return per_update
+
+
+def update_bytes(step: StepTrace, part: Part, elements: int) -> float:
+    """Bytes one parameter's update of ``part`` reads and writes (the size its kernels run at):
+    the part's ``elements`` states over its parameters. The optimizer updates them one by one."""
+    return elements * step.update_bytes_per_element / max(1, step.update_counts.get(part, 0))
+
+
 def estimate(
     shape: GPTShape,
     strategy: GPTStrategy,
@@ -281,7 +295,7 @@ def estimate(
     *,
     memory_bandwidth: float | None = None,
     vector_flops: float | None = None,
-    op_overhead: float = 0.0,
+    op_overhead: float | None = None,
     reshard_overhead: float | None = None,
     update_overhead: float | None = None,
     step: StepTrace | None = None,
@@ -292,14 +306,13 @@ def estimate(
     ``memory_bandwidth``, ``vector_flops`` (FLOP/s of non-matmul ops), ``op_overhead`` (host
     seconds per op), ``reshard_overhead`` (per reshard call; default ``op_overhead``): see
     ``simulator.op_cost``. ``update_overhead``: host seconds per parameter the optimizer
-    updates (default ``op_overhead``). ``overlap_grad_reduce``: the runtime reduces gradients
+    updates (default ``op_overhead``). All three default to the profile's measured host costs
+    (``op_overhead_s``, ``reshard_overhead_s``, ``update_overhead_s``) when ``op_overhead`` is None. ``overlap_grad_reduce``: the runtime reduces gradients
     while backward runs (``dist.overlap_grad_reduction``); only the part of the reduction the
     rest of the last backward cannot hide is paid (``exposed_grad_sync``).
     """
-    per_update = op_overhead if update_overhead is None else update_overhead
-    if not per_update >= 0:
-        raise ValueError(f"update_overhead must be >= 0 seconds, got {update_overhead!r}")
     hw = load_profile(profile) if isinstance(profile, str) else profile
+    per_update = update_cost(hw, op_overhead, update_overhead)
     step = step if step is not None else trace_gpt_step(shape, strategy)
     costs = PlanCosts(step.plan, hw, memory_bandwidth=memory_bandwidth, vector_flops=vector_flops,
                       op_overhead=op_overhead, reshard_overhead=reshard_overhead)
@@ -356,7 +369,7 @@ def estimate(
         updates: dict[int, float] = {}
         for r, n in per_rank.items():
             flops = n * UPDATE_FLOPS[strategy.optimizer]
-            t = flops / vector_flops if vector_flops is not None else costs.compute_time(flops, update_dtype)
+            t = costs.vector_time(flops, update_bytes(step, part, n), update_dtype)
             if memory_bandwidth is not None:
                 t = max(t, n * step.update_bytes_per_element / memory_bandwidth)
             updates[r] = t + per_update * step.update_counts.get(part, 0)
@@ -639,9 +652,11 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--memory-bandwidth", type=_rate, default=None, metavar="BYTES_PER_S",
                    help="price each op at max(FLOPs/rate, bytes/bandwidth) (default: FLOPs only)")
     h.add_argument("--vector-flops", type=_rate, default=None, metavar="FLOP_PER_S",
-                   help="FLOP rate of non-matmul ops and optimizer updates (default: the profile's matmul rate)")
-    h.add_argument("--op-overhead", type=_seconds, default=0.0, metavar="SECONDS",
-                   help="host time per op (default 0)")
+                   help="FLOP rate of non-matmul ops and optimizer updates (default: the profile's vector_curve at "
+                   "each op's size where it has one, else its matmul rate)")
+    h.add_argument("--op-overhead", type=_seconds, default=None, metavar="SECONDS",
+                   help="host time per op (default: the profile's op_overhead_s, 0 in the presets; a calibrated "
+                   "profile's measured host costs)")
     h.add_argument("--reshard-overhead", type=_seconds, default=None, metavar="SECONDS",
                    help="host time per reshard call, besides its collectives (default: --op-overhead)")
     h.add_argument("--update-overhead", type=_seconds, default=None, metavar="SECONDS",

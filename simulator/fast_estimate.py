@@ -43,7 +43,14 @@ from mpipar.placement import Replicate, parse_placements
 from mpipar.plan import PlanMesh, PlanReshard, PlanStep, process_mesh
 from mpipar.spec import DistSpec
 from simulator.cost import HardwareProfile, Link, PipelineCost, collective_time
-from simulator.estimate import UPDATE_FLOPS, _overlapped, _peak_in_flight_bytes, layers_per_stage
+from simulator.estimate import (
+    UPDATE_FLOPS,
+    _overlapped,
+    _peak_in_flight_bytes,
+    layers_per_stage,
+    update_bytes,
+    update_cost,
+)
 from simulator.op_cost import PlanCosts, _local_shapes, op_family
 from simulator.schedule_sim import _Run
 from simulator.step_trace import FIRST, LAST, SETUP, GPTShape, GPTStrategy, Part, StepTrace, trace_gpt_step
@@ -101,7 +108,7 @@ class Overheads:
 
     memory_bandwidth: float | None = None
     vector_flops: float | None = None
-    op_overhead: float = 0.0
+    op_overhead: float | None = None
     reshard_overhead: float | None = None
     update_overhead: float | None = None
 
@@ -220,7 +227,7 @@ class ContextCosts:
                 _add(seconds, part, f"{bucket}/comm", t)
         # Updates and model state, per rank summed over a part's parameters (estimate's order).
         strategy = step.strategy
-        per_update = over.op_overhead if over.update_overhead is None else over.update_overhead
+        per_update = update_cost(hw, over.op_overhead, over.update_overhead)
         bandwidth = over.memory_bandwidth
         if bandwidth is None and hw.gpu_model:
             bandwidth = hw.memory_Bps
@@ -248,7 +255,7 @@ class ContextCosts:
             most = 0.0
             for n in set(per_rank.values()):
                 flops = n * UPDATE_FLOPS[strategy.optimizer]
-                t = flops / over.vector_flops if over.vector_flops is not None else costs.compute_time(flops, update_dtype)
+                t = costs.vector_time(flops, update_bytes(step, part, n), update_dtype)
                 if bandwidth is not None:
                     t = max(t, n * step.update_bytes_per_element / bandwidth)
                 most = max(most, t + per_update * counts.get(part, 0))

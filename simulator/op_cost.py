@@ -20,8 +20,10 @@ reshape, transpose, embedding, cast, ...    0 (data movement only)
 ==========================================  =============================================
 
 Time of an op: ``max(flops / rate, bytes / memory_bandwidth) + op_overhead`` where ``rate``
-is the profile's FLOP rate for the dtype for a matmul and ``vector_flops`` (default: the same)
-for every other op, ``bytes`` are the local inputs read and outputs written (0 for ops NumPy
+is the profile's FLOP rate for the dtype for a matmul (times ``gemm_efficiency(flops)`` where
+the profile has a measured ``gemm_curve``) and for every other op ``vector_flops`` if given,
+else the profile's ``vector_rate(bytes)`` (a calibrated CPU profile's ``vector_curve``: the
+rate of an elementwise op of that many bytes), else the GEMM rate, ``bytes`` are the local inputs read and outputs written (0 for ops NumPy
 does as views), and ``memory_bandwidth``/``op_overhead`` are optional (``None``/0: FLOPs only).
 Matmuls are the compute-bound part; elementwise ops run far below a GEMM's rate (NumPy makes
 one pass over memory per operation), which ``vector_flops`` or the bandwidth term price. The
@@ -139,9 +141,14 @@ class PlanCosts:
         *,
         memory_bandwidth: float | None = None,
         vector_flops: float | None = None,
-        op_overhead: float = 0.0,
+        op_overhead: float | None = None,
         reshard_overhead: float | None = None,
     ) -> None:
+        # None: the profile's measured host costs (a calibrated CPU profile's; 0 elsewhere). An
+        # ``op_overhead`` given alone also stands for the reshard call, as it always has.
+        if op_overhead is None:
+            op_overhead = profile.op_overhead_s
+            reshard_overhead = profile.reshard_overhead_s if reshard_overhead is None else reshard_overhead
         for name, value in (("memory_bandwidth", memory_bandwidth), ("vector_flops", vector_flops)):
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0 per second or None, got {value!r}")
@@ -221,14 +228,27 @@ class PlanCosts:
             key = twin if twin in self.profile.flops_per_s else key
         return self.profile.compute_time(flops, key)
 
+    def vector_time(self, flops: float, nbytes: float, dtype: str) -> float:
+        """Seconds of ``flops`` of elementwise work over ``nbytes`` read and written: at
+        ``vector_flops`` if given, else the profile's rate for that size, else its GEMM rate."""
+        if flops <= 0:
+            return 0.0
+        if self.vector_flops is not None:
+            return flops / self.vector_flops
+        rate = self.profile.vector_rate(nbytes)
+        return flops / rate if rate is not None else self.compute_time(flops, dtype)
+
     def op_time(self, op: PlanOp, rank: int) -> float:
         if self.profile.gpu_model:
             return self._gpu_op_time(op, rank)
         flops = self.op_flops(op, rank)
-        if op.op != "matmul" and self.vector_flops is not None:
-            t = flops / self.vector_flops
-        else:
+        if op.op == "matmul":
             t = self.compute_time(flops, self.op_dtype(op))
+            if self.profile.gemm_curve and flops > 0:
+                # The measured curve replaces the flat share compute_time applied.
+                t *= self.profile.compute_efficiency / self.profile.gemm_efficiency(flops)
+        else:
+            t = self.vector_time(flops, self.op_bytes(op, rank) if self.profile.vector_curve else 0.0, self.op_dtype(op))
         if self.memory_bandwidth is not None:
             t = max(t, self.op_bytes(op, rank) / self.memory_bandwidth)
         return t + self.op_overhead

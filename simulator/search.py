@@ -276,7 +276,7 @@ def _branch_and_bound(
 
     dtype = "float16" if todo and todo[0][0].mixed_precision else "float32"
     best_gemm = max(hw.flops_per_s.get(dtype, 0.0), hw.flops_per_s.get("bfloat16" if dtype == "float16" else dtype, 0.0))
-    best_gemm *= hw.gemm_efficiency_max if hw.gpu_model else hw.compute_efficiency
+    best_gemm *= hw.gemm_efficiency_max if hw.gpu_model else max((e for _, e in hw.gemm_curve), default=hw.compute_efficiency)
 
     def counts(st: GPTStrategy) -> list[int]:
         return layer_counts(shape.layers, st.pp, st.chunks)

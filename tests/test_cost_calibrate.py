@@ -40,6 +40,11 @@ def test_calibrate_writes_a_loadable_profile(tmp_path: Path) -> None:
     # Bigger messages take longer: the measurements are real, not placeholders.
     assert cal["pingpong"]["seconds"][-1] > cal["pingpong"]["seconds"][0]
     assert cal["seconds_taken"] < 30
+    # The CPU model: GEMM shares and elementwise rates by size, host costs, all from this run.
+    assert len(profile.gemm_curve) >= 3 and 0 < max(e for _, e in profile.gemm_curve) <= 1.0
+    assert [b for b, _ in profile.vector_curve] == sorted(b for b, _ in profile.vector_curve) and len(profile.vector_curve) == 6
+    assert profile.op_overhead_s > 0 and profile.update_overhead_s > 0 and profile.reshard_overhead_s >= 0
+    assert cal["host_costs"]["op"] == profile.op_overhead_s
 
 
 def test_schedule_subcommand_prints_grid_and_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ def test_kernel_seconds_grow_with_the_probe_batch() -> None:
 
 def _predict(step: Any, scale: float) -> float:
     host = {"op": 0.0, "update": 0.0, "vector_flops": 1e9 / scale}
-    return pvm.predict(step, pvm.loaded_profile(_compute_only(), 0.0, scale), host, 0.0)
+    return pvm.predict(step, pvm.loaded_profile(_compute_only(), 0.0, scale), host, 0.0, host["vector_flops"])
 
 
 def test_the_pipeline_plan_prices_every_kernel_at_the_scaled_rate() -> None:
@@ -74,15 +75,49 @@ def test_the_pipeline_plan_prices_every_kernel_at_the_scaled_rate() -> None:
     assert _predict(step, 2.5) == pytest.approx(2.5 * base, rel=1e-9)
     # Scaling one of the two alone moves the step by less: both families carry real time.
     host = {"op": 0.0, "update": 0.0, "vector_flops": 1e9}
-    gemm_only = pvm.predict(step, pvm.loaded_profile(_compute_only(), 0.0, 2.5), host, 0.0)
+    gemm_only = pvm.predict(step, pvm.loaded_profile(_compute_only(), 0.0, 2.5), host, 0.0, host["vector_flops"])
     assert base < gemm_only < 2.5 * base - 1e-6 * base
 
 
 def test_at_load_moves_every_gemm_rate_in_proportion() -> None:
     prof = _compute_only(4e10)
-    now = pvm.at_load(prof, 1e10)
+    now = pvm.at_load(prof, 1e10, 1e9)
     assert now.flops_per_s == pytest.approx({"float32": 1e10, "float64": 5e9})
     assert now.intra_node == prof.intra_node
     for bad in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="float32 GEMM rate"):
-            pvm.at_load(prof, bad)
+            pvm.at_load(prof, bad, 1e9)
+
+
+def _curved() -> HardwareProfile:
+    """A calibrated-style profile: its best GEMM 4e10, the 512x512 one (the calibration's raw
+    measurement) 2e10, GEMM and elementwise rates by size."""
+    return replace(_compute_only(4e10), gemm_curve=((1e5, 0.25), (1e8, 1.0)), vector_curve=((1e4, 1e9), (1e6, 2e8)),
+                   calibration={"gemm": {"float32": {"n": 512, "flops_per_s": 2e10}}})
+
+
+def test_at_load_moves_the_curves_by_the_workers_rates_and_keeps_their_shape() -> None:
+    prof = _curved()
+    at_loop = prof.vector_rate(pvm.LOOP_BYTES)
+    now = pvm.at_load(prof, 1e10, 0.5 * at_loop)  # the 512x512 GEMM and the loop both at half the calibration's
+    assert now.flops_per_s["float32"] == pytest.approx(2e10)
+    assert now.gemm_curve == prof.gemm_curve
+    assert [r for _, r in now.vector_curve] == pytest.approx([5e8, 1e8])
+    assert now.vector_rate(pvm.LOOP_BYTES) == pytest.approx(0.5 * at_loop)
+
+
+def test_flat_is_the_512_gemm_rate_for_every_size() -> None:
+    level = pvm.flat(_curved())
+    assert level.flops_per_s == pytest.approx({"float32": 2e10, "float64": 1e10})
+    assert level.gemm_curve == () and level.vector_curve == ()
+
+
+def test_the_curves_price_small_and_large_kernels_apart() -> None:
+    """The probe's micro-batch 2 and 16 models: under the curves (elementwise slower per FLOP on
+    larger operands here) the large one's kernels cost more than 8x the small one's, under the
+    flat model at most 8x: the size dependence the flat ``kern x`` could not express."""
+    steps = {b: pvm.one_rank_step(b) for b in pvm.KERNEL_BATCHES}
+    curved = {b: pvm.kernel_seconds(steps[b], _curved(), None) for b in pvm.KERNEL_BATCHES}
+    flat = {b: pvm.kernel_seconds(steps[b], pvm.flat(_curved()), 1e9) for b in pvm.KERNEL_BATCHES}
+    assert curved[16] / curved[2] > 8.5
+    assert flat[16] / flat[2] <= 8.0 + 1e-9
