@@ -30,6 +30,10 @@ from typing import Any
 
 import numpy as np
 
+import mpipar as dist
+from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
+from mpipar.trace import trace
+
 VECTOR_ELEMENTS = (1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20)
 VECTOR_PASS_ARRAYS = 2.25
 """Arrays one pass of the chain reads and writes, on average: x*x (x, out), +x (two in, out), exp, tanh (in, out)."""
@@ -133,10 +137,6 @@ def vector_curve(points: list[dict[str, float]]) -> list[tuple[float, float]]:
 def host_costs(comm: Any, steps: int) -> dict[str, float]:
     """This rank's host seconds per mpipar op (``op``), per parameter update (``update``) and per
     reshard call beyond its MPI collective (``reshard``); all ranks measure at once."""
-    import mpipar as dist
-    from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
-    from mpipar.trace import trace
-
     rank = comm.Get_rank()
     cfg = GPTConfig(vocab_size=16, block_size=4, n_layer=2, n_head=2, n_embd=8, dropout=0.0, dtype="float32")
 

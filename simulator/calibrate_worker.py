@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from simulator import calibrate_host
+
 
 def _timed_batches(comm: Any, body: Callable[[], None], budget_s: float, min_reps: int) -> float:
     """Seconds per call of ``body`` (best of three batches); every rank runs the same count."""
@@ -91,8 +93,6 @@ def main(config: dict[str, Any]) -> dict[str, Any]:
         out["gemm"][dtype] = {"n": n, "seconds": seconds, "flops_per_s": 2.0 * n**3 / seconds}
     if config.get("kernels"):
         # The size-dependent kernel rates and mpipar's host costs (``simulator.calibrate_host``).
-        from simulator import calibrate_host
-
         def timed(body: Callable[[], None], budget_s: float) -> float:
             return _timed_batches(comm, body, budget_s, 2)
 

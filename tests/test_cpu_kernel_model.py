@@ -17,7 +17,7 @@ from simulator.estimate import estimate
 from simulator.fast_estimate import TraceCache
 from simulator.op_cost import PlanCosts
 from simulator.search import search
-from simulator.step_trace import SETUP, GPTShape, Strategy, trace_gpt_step
+from simulator.step_trace import SETUP, GPTShape, GPTStrategy, trace_gpt_step
 
 LINK = Link(2e-5, 1e9)
 BASE = HardwareProfile("cpu-test", LINK, LINK, {"float32": 4e10, "float64": 2e10}, memory_bytes=1 << 34)
@@ -77,7 +77,7 @@ def test_two_gemm_models_at_once_are_refused() -> None:
 def test_each_kernel_is_priced_at_the_rate_of_its_own_size() -> None:
     """A matmul at the GEMM rate times the curve's efficiency at its FLOPs; an elementwise op at
     the vector rate of its bytes; each plus the profile's host cost per op."""
-    step = trace_gpt_step(SHAPE, Strategy(), layers_traced=SHAPE.layers)
+    step = trace_gpt_step(SHAPE, GPTStrategy(), layers_traced=SHAPE.layers)
     costs = PlanCosts(step.plan, CURVED)
     seen = set()
     for op, part in zip(step.plan.ops, step.op_parts, strict=True):
@@ -95,7 +95,7 @@ def test_each_kernel_is_priced_at_the_rate_of_its_own_size() -> None:
 
 def test_an_explicit_vector_rate_and_overhead_still_win() -> None:
     """The benchmark's knobs (``vector_flops``, ``op_overhead``) override the profile's model."""
-    step = trace_gpt_step(SHAPE, Strategy(), layers_traced=SHAPE.layers)
+    step = trace_gpt_step(SHAPE, GPTStrategy(), layers_traced=SHAPE.layers)
     costs = PlanCosts(step.plan, CURVED, vector_flops=1e9, op_overhead=0.0)
     add = next(op for op in step.plan.ops if op.op == "add" and op.phase == "forward")
     assert costs.op_time(add, 0) == pytest.approx(costs.op_flops(add, 0) / 1e9)
@@ -103,7 +103,7 @@ def test_an_explicit_vector_rate_and_overhead_still_win() -> None:
 
 
 def test_estimate_defaults_to_the_profiles_host_costs() -> None:
-    strategy = Strategy(dp=2, tp=2, grad_clip=1.0)
+    strategy = GPTStrategy(dp=2, tp=2, grad_clip=1.0)
     step = trace_gpt_step(SHAPE, strategy, layers_traced=SHAPE.layers)
     implicit = estimate(SHAPE, strategy, CURVED, step=step).step_time_s
     bare = replace(CURVED, op_overhead_s=0.0, reshard_overhead_s=0.0, update_overhead_s=0.0)
@@ -112,11 +112,11 @@ def test_estimate_defaults_to_the_profiles_host_costs() -> None:
     assert implicit > estimate(SHAPE, strategy, bare, step=step).step_time_s + 100 * 2e-4  # hundreds of ops
 
 
-@pytest.mark.parametrize("strategy", [Strategy(4, 2, 1, False, "none", 1, False, "adamw", 2, "1F1B", 1),
-                                      Strategy(2, 1, 4, False, "none", 0, False, "adamw", 4, "ZBH1", 1),
-                                      Strategy(1, 2, 2, True, "none", 2, False, "adamw", 2, "1F1B", 1)],
+@pytest.mark.parametrize("strategy", [GPTStrategy(4, 2, 1, False, "none", 1, False, "adamw", 2, "1F1B", 1),
+                                      GPTStrategy(2, 1, 4, False, "none", 0, False, "adamw", 4, "ZBH1", 1),
+                                      GPTStrategy(1, 2, 2, True, "none", 2, False, "adamw", 2, "1F1B", 1)],
                          ids=["dp4-tp2", "dp2-pp4-zbh1", "tp2-pp2-sp-z2"])
-def test_the_fast_path_prices_the_curves_exactly_as_estimate(strategy: Strategy) -> None:
+def test_the_fast_path_prices_the_curves_exactly_as_estimate(strategy: GPTStrategy) -> None:
     shape = GPTShape(4, 128, 4, seq=64, vocab=128, micro_batch_size=2)
     fast = TraceCache(CURVED).estimate(shape, strategy)
     assert fast is not None
