@@ -26,6 +26,7 @@ from mpipar.distribute import dtensor_from_local, reshard, shard_tensor
 from mpipar.io import DataLoader
 from mpipar.mesh import ProcessMesh
 from mpipar.nn.layer import Layer
+from mpipar.ops import dispatch
 from mpipar.optimizer.optimizer import Optimizer
 from mpipar.placement import Placement, Replicate, Shard
 from mpipar.spec import DistSpec
@@ -142,6 +143,7 @@ def shard_optimizer(optimizer: Optimizer, shard_fn: _ShardingStage | None = None
             full = p.spec
             shard_tensor(p, layout.mesh, list(layout.placements))  # stored split, in place
             p._compute_spec = full  # type: ignore[attr-defined]
+            dispatch.note_stored_split()
     optimizer._update_layout = lambda p: layouts.get(id(p))
     optimizer._sharding = shard_fn  # type: ignore[attr-defined]
     return optimizer

@@ -145,9 +145,14 @@ class Optimizer:
     def _step_param(self, p: Tensor, g: Tensor, lr: float) -> None:
         layout = self.layout_of(p)
         backend = current_backend()
-        with comm_context(f"optimizer update of {p._label()}"):
-            pv = p if layout is None or (p.is_dist and p.spec == layout) else reshard_to(p, layout)
-            gv = g if layout is None or (g.is_dist and g.spec == layout) else reshard_to(g, layout)
+        p_in = layout is None or (p._spec is not None and p._spec == layout)
+        g_in = layout is None or (g._spec is not None and g._spec == layout)
+        if p_in and g_in:  # the usual case: nothing to move, so no context to open (and no label to format)
+            pv, gv = p, g
+        else:
+            with comm_context(f"optimizer update of {p._label()}"):
+                pv = p if p_in else reshard_to(p, layout)
+                gv = g if g_in else reshard_to(g, layout)
         fresh = id(p) not in self._states  # states made this step start on the device: nothing to fetch
         state = self._state(p, layout)
         ranks = tuple(p.spec.mesh.process_ids) if p.is_dist else tuple(range(backend.world_size))
