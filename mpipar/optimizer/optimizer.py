@@ -156,7 +156,9 @@ class Optimizer:
                 gv = g if g_in else reshard_to(g, layout)
         fresh = id(p) not in self._states  # states made this step start on the device: nothing to fetch
         state = self._state(p, layout)
-        ranks = tuple(p.spec.mesh.process_ids) if p.is_dist else tuple(range(backend.world_size))
+        ranks: tuple[int, ...] = ()  # the ranks offloaded states move on (only looked up when there are any)
+        if self.offload is not None:
+            ranks = tuple(p.spec.mesh.process_ids) if p.is_dist else tuple(range(backend.world_size))
         if self.offload is not None and not fresh:
             move_states(state, self._state_keys(p), self.offload, "to_device", ranks)
         master = self._master_weight(p, pv, state)
