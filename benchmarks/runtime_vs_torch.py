@@ -8,7 +8,7 @@ Two comparisons (``--step``: ``train``, ``forward-backward`` or ``both``, the de
 **The training step** (first): the TP MLP of ``tp_mlp_vs_mpi4py.py`` (batch 32, 256 -> 4096 ->
 256 with biases, float32, loss ``mean(y * y)``, forward, backward and SGD with lr 0.01) three
 ways: mpipar and the hand-written mpi4py Megatron MLP (one ``mpiexec -n 4`` launch, timed in
-turns, each checked against the other's losses and weights first), and PyTorch DTensor on
+turns step by step, each checked against the other's losses and weights first), and PyTorch DTensor on
 gloo (``ColwiseParallel``/``RowwiseParallel``, ``torch.optim.SGD``; its first losses checked
 against the hand-written ones). Without PyTorch that column is skipped, saying so. Each round
 takes the median step of each; the result is each one's best round, as a ratio to the
@@ -223,7 +223,7 @@ def run_train_mpi(iters: int, warmup: int) -> None:
     """Under mpiexec: mpipar and the hand-written mpi4py Megatron MLP (``tp_mlp_vs_mpi4py``),
     checked against each other, then timed in turns; rank 0 prints one RESULT line."""
     from mpi4py import MPI
-    from tp_mlp_vs_mpi4py import hand_written, ours
+    from tp_mlp_vs_mpi4py import hand_written, ours, steps_in_turns
 
     import mpipar as dist
 
@@ -239,11 +239,8 @@ def run_train_mpi(iters: int, warmup: int) -> None:
     for k, want in ref_state().items():
         np.testing.assert_allclose(our_state()[k], want, rtol=1e-3, atol=1e-5)
     contenders = {"mpipar": our_step, "mpi4py": hand_written(world)[0]}
-
-    def slowest(seconds: float) -> float:
-        return float(world.allreduce(seconds, op=MPI.MAX))
-
-    times = {name: time_steps(step, world.Barrier, slowest, iters, warmup) for name, step in contenders.items()}
+    # Step by step in turns (a fresh order each turn), so load that comes and goes hits both alike.
+    times = steps_in_turns(world, contenders, iters, warmup)
     if world.Get_rank() == 0:
         counts = {k: v // 2 for k, v in comm.counts().items()}
         print(RESULT + json.dumps({"times": times, "losses": ref_losses, "comm": counts}), flush=True)

@@ -12,8 +12,11 @@ in turns in one launch, on the same ranks: the hand-written one, mpipar, mpipar 
 each reshard once turned off (``reuse_reshards(False)``: what the step did before). Before timing,
 every variant's loss and updated weights are checked against the hand-written ones, and
 mpipar's all-reduces per step are counted. A step is timed between barriers, the slowest rank
-counts; a round's time is the median over ``--iters`` steps; the result is the best round of
-each variant. Prints the ratios to the hand-written step (aim: at most 1.2).
+counts. Within a round the variants take turns step by step, in a fresh random order each
+time (the same on every rank; ``steps_in_turns``), so a change in the machine's load while a
+round runs falls on every variant alike instead of on whichever ran its steps then; a round's
+time is each variant's median over ``--iters`` steps, the result its best round. Prints the
+ratios to the hand-written step (aim: at most 1.2).
 """
 
 from __future__ import annotations
@@ -99,6 +102,28 @@ def ours(world: MPI.Comm) -> tuple[Callable[[], float], Callable[[], dict[str, n
     return step, state
 
 
+def steps_in_turns(world: MPI.Comm, steps: dict[str, Callable[[], object]], iters: int, warmup: int = 3) -> dict[str, list[float]]:
+    """Each step's time (the slowest rank's, between barriers) over ``iters`` turns: every turn
+    runs each step once, in an order drawn afresh (the same seed on every rank, so all ranks
+    call alike), after ``warmup`` untimed turns."""
+    names = list(steps)
+    for _ in range(warmup):
+        for name in names:
+            steps[name]()
+    order = np.random.default_rng(2026)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    elapsed, slowest = np.empty(1), np.empty(1)
+    for _ in range(iters):
+        for i in order.permutation(len(names)):
+            world.Barrier()
+            t0 = time.perf_counter()
+            steps[names[i]]()
+            elapsed[0] = time.perf_counter() - t0
+            world.Allreduce(elapsed, slowest, op=MPI.MAX)
+            times[names[i]].append(float(slowest[0]))
+    return times
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=30)
@@ -108,9 +133,6 @@ def main() -> None:
     me = world.Get_rank()
     if dist.current_backend().name != "mpi":
         raise SystemExit("run me under mpiexec with the MPI backend")
-
-    def barrier() -> None:
-        world.Barrier()
 
     # Correctness first: two steps of each agree with the hand-written ones.
     ref_step, ref_state = hand_written(world)
@@ -137,16 +159,7 @@ def main() -> None:
 
     best = {k: float("inf") for k in variants}
     for _ in range(args.rounds):
-        for label, step in variants.items():
-            for _ in range(3):
-                step()
-            times = []
-            for _ in range(args.iters):
-                barrier()
-                t0 = time.perf_counter()
-                step()
-                t = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-                times.append(t)
+        for label, times in steps_in_turns(world, variants, args.iters).items():
             best[label] = min(best[label], float(np.median(times)))
     if me == 0:
         base = best["hand-written mpi4py"]

@@ -27,6 +27,7 @@ from mpipar.io import DataLoader
 from mpipar.mesh import ProcessMesh
 from mpipar.modes import Mode, execution_mode
 from mpipar.nn.layer import Layer
+from mpipar.ops import dispatch
 from mpipar.optimizer.optimizer import Optimizer
 from mpipar.placement import Placement, Replicate, Shard
 from mpipar.spec import DistSpec
@@ -143,6 +144,7 @@ def shard_optimizer(optimizer: Optimizer, shard_fn: _ShardingStage | None = None
             full = p.spec
             shard_tensor(p, layout.mesh, list(layout.placements))  # stored split, in place
             p._compute_spec = full
+            dispatch.note_stored_split()
     optimizer._update_layout = lambda p: layouts.get(id(p))
     return optimizer
 

@@ -160,6 +160,21 @@ class DistSpec:
         # the generated hash would call into the mesh and each placement every time.
         return self._hash
 
+    def __eq__(self, other: object) -> bool:
+        # A step compares the same few spec objects over and over (the optimizer's layout
+        # checks, the decision keys): identity first, then the cached hashes, which differ for
+        # almost every unequal pair, and only then the fields.
+        if other is self:
+            return True
+        if type(other) is not DistSpec:
+            return NotImplemented
+        return (
+            self._hash == other._hash
+            and self.shape == other.shape
+            and self.placements == other.placements
+            and self.mesh == other.mesh
+        )
+
     @cached_property
     def _hash(self) -> int:
         return hash((self.shape, self.mesh, self.placements))
@@ -293,9 +308,21 @@ class DistSpec:
 
     def without_partial(self) -> DistSpec:
         """The same layout with every Partial read as Replicate (the reduced value's layout)."""
+        return self._without_partial
+
+    @cached_property
+    def _without_partial(self) -> DistSpec:
+        # Cached: every parameter asks for its gradient's layout every step (``grad_spec``).
         if not any(isinstance(p, Partial) for p in self.placements):
             return self
         return DistSpec(self.shape, self.mesh, [Replicate() if isinstance(p, Partial) else p for p in self.placements])
+
+    @cached_property
+    def replicated(self) -> DistSpec:
+        """The same shape on the same mesh, replicated on every axis (what ``full_tensor`` gathers to)."""
+        if all(isinstance(p, Replicate) for p in self.placements):
+            return self
+        return DistSpec(self.shape, self.mesh, [Replicate()] * self.mesh.ndim)
 
     def with_mesh(self, mesh: ProcessMesh, placements: Sequence[Placement] | None = None) -> DistSpec:
         return DistSpec(self.shape, mesh, self.placements if placements is None else placements)

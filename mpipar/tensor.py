@@ -30,7 +30,7 @@ import numpy as np
 from mpipar.backend import current_backend
 from mpipar.mesh import ProcessMesh
 from mpipar.modes import Mode, execution_mode
-from mpipar.placement import Placement, Replicate
+from mpipar.placement import Placement
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import DistSpec
@@ -404,8 +404,11 @@ class Tensor:
             return np.array(to_numpy(self._value))
         spec = self.spec
         backend = current_backend()
-        replicated = spec.with_placements([Replicate()] * spec.mesh.ndim)
-        shards = execute_plan(plan_reshard(spec, replicated), self._shards, self._dtype, backend)
+        replicated = spec.replicated
+        if replicated is spec:  # already whole on every rank of the mesh: nothing to plan or move
+            shards = self._shards
+        else:
+            shards = execute_plan(plan_reshard(spec, replicated), self._shards, self._dtype, backend)
         value = next(iter(shards.values())) if shards else None
         world = backend.world_group()
         if not set(world) <= set(spec.mesh.process_ids):

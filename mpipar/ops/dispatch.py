@@ -96,9 +96,10 @@ class OpDef:
     def rule_name(self) -> str:
         return self.rule or self.name
 
-    @property
+    @cached_property
     def multi_output(self) -> bool:
         """Returns a tuple (even of one tensor, for split into one section)."""
+        # Cached: dispatch asks twice per op call, and the op definition never changes.
         return callable(self.num_outputs) or self.num_outputs > 1
 
     def n_out(self, attrs: dict[str, Any]) -> int:
@@ -471,10 +472,11 @@ def _run_dist(
     per_rank: dict[int, list[Any]] = {}
     multi = op.multi_output
     dtypes = decision.dtypes
+    alone = len(decision.ranks) == 1  # one hosted rank (MPI): nothing to share, no key to build
     for r, shapes, ctx in decision.ranks:
         arrays = [u._shards[r] for u in used]
-        key = (tuple(map(id, arrays)), id(ctx))
-        got = memo.get(key)
+        key = () if alone else (tuple(map(id, arrays)), id(ctx))
+        got = None if alone else memo.get(key)
         if got is None:
             result = op.kernel(ctx, *arrays, **attrs)
             got = list(result) if multi else [result]
@@ -527,9 +529,21 @@ def _replicate_only_outputs(op: OpDef, used: list[Tensor], attrs: dict[str, Any]
     return outs
 
 
+stored_split_seen = [False]
+"""Set (``note_stored_split``) once any parameter is stored split (ZeRO-3): until then no op
+call needs to look at its inputs for a compute layout."""
+
+
+def note_stored_split() -> None:
+    """A parameter now has a ``_compute_spec`` (``shard_optimizer`` at stage 3)."""
+    stored_split_seen[0] = True
+
+
 def _gather_stored_split(op: OpDef, flat: list[Tensor]) -> tuple[list[Tensor], bool]:
     """Replace parameters stored split (ZeRO-3) by their gathered compute layout, in place in
     ``flat``; return the gathered copies to free after the op, and whether any was replaced."""
+    if not stored_split_seen[0]:
+        return [], False
     gathered: list[Tensor] = []
     memo: dict[int, Tensor] = {}
     for i, t in enumerate(flat):

@@ -15,6 +15,7 @@ of being rounded away in 16 bits.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -146,12 +147,19 @@ class Optimizer:
     def _step_param(self, p: Tensor, g: Tensor, lr: float) -> None:
         layout = self.layout_of(p)
         backend = current_backend()
-        with comm_context(f"optimizer update of {p._label()}"):
-            pv = p if layout is None or (p.is_dist and p.spec == layout) else reshard_to(p, layout)
-            gv = g if layout is None or (g.is_dist and g.spec == layout) else reshard_to(g, layout)
+        p_in = layout is None or (p._spec is not None and p._spec == layout)
+        g_in = layout is None or (g._spec is not None and g._spec == layout)
+        if p_in and g_in:  # the usual case: nothing to move, so no context to open (and no label to format)
+            pv, gv = p, g
+        else:
+            with comm_context(f"optimizer update of {p._label()}"):
+                pv = p if p_in else reshard_to(p, layout)
+                gv = g if g_in else reshard_to(g, layout)
         fresh = id(p) not in self._states  # states made this step start on the device: nothing to fetch
         state = self._state(p, layout)
-        ranks = tuple(p.spec.mesh.process_ids) if p.is_dist else tuple(range(backend.world_size))
+        ranks: tuple[int, ...] = ()  # the ranks offloaded states move on (only looked up when there are any)
+        if self.offload is not None:
+            ranks = tuple(p.spec.mesh.process_ids) if p.is_dist else tuple(range(backend.world_size))
         if self.offload is not None and not fresh:
             move_states(state, self._state_keys(p), self.offload, "to_device", ranks)
         master = self._master_weight(p, pv, state)
@@ -171,6 +179,8 @@ class Optimizer:
                 new_value = new_value.astype(p.dtype)
             new_p = _like(pv, value=new_value)
         else:
+            if self.updates_in_place and master is None and self.offload is None:
+                _unfreeze_if_alone(pv)
             memo: dict[tuple[int, ...], tuple[Array, dict[str, Array]]] = {}
             shards: dict[int, Array] = {}
             new_state_shards: dict[str, dict[int, Array]] = {n: {} for n in self.state_names}
@@ -225,8 +235,15 @@ class Optimizer:
         state = self._states.get(id(p), {})
         return (*self.state_names, MASTER) if MASTER in state else self.state_names
 
+    updates_in_place = False
+    """Whether ``_update`` writes the new parameter into ``p`` when ``p`` is writable (see
+    ``_unfreeze_if_alone``), instead of returning a new array."""
+
     def _update(self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
-        """One elementwise update on local arrays; returns the new parameter and states."""
+        """One elementwise update on local arrays; returns the new parameter and states.
+
+        ``p`` is read-only, except when nothing but the parameter holds it (``updates_in_place``
+        optimizers only): then it is writable and the update may overwrite it and return it."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ state
@@ -336,6 +353,45 @@ def _cast(t: Tensor, dtype: np.dtype) -> Tensor:
         return Tensor._from_reference(t.spec, np.asarray(t._value).astype(dtype))
     cast: dict[int, Array] = {}  # replicas share one copy
     return Tensor._from_shards(t.spec, {r: cast.setdefault(id(a), a.astype(dtype)) for r, a in t._shards.items()}, dtype)
+
+
+def _shard_refs(t: Tensor) -> tuple[int, int, Array]:
+    """References to ``t``'s shard dict and to its (first) shard, as counted from here, and the shard."""
+    shards = t._shards
+    a = next(iter(shards.values()))
+    return sys.getrefcount(shards), sys.getrefcount(a), a
+
+
+class _Alone:
+    """A stand-in holding a shard dict and an array nothing else references."""
+
+    def __init__(self) -> None:
+        self._shards = {0: np.empty(1)}
+
+
+_ALONE_REFS = _shard_refs(_Alone())[:2]  # type: ignore[arg-type]
+"""What ``_shard_refs`` counts when the tensor alone holds its shards (interpreters differ)."""
+
+
+def _unfreeze_if_alone(t: Tensor) -> None:
+    """Make ``t``'s one shard writable when nothing but ``t`` can see it, so the update may
+    overwrite it instead of allocating a new parameter (one pass and one allocation less, as a
+    hand-written ``w -= lr * g``).
+
+    Shards are values that other tensors share (a detached view shares the dict, a slice or a
+    pending send references the array), so this happens only when neither the dict nor the
+    array has any other reference, and the array owns its memory (a view may share its buffer
+    with anything). After backward the tape has dropped its saved tensors, so in a training
+    loop this holds from the second step on (the first step's shards may be views of the
+    array the parameter was made from).
+    """
+    if len(t._shards) != 1:  # replicas in one process share arrays
+        return
+    dict_refs, array_refs, a = _shard_refs(t)  # (no local here may hold the dict or the array)
+    if (dict_refs, array_refs) != _ALONE_REFS:
+        return
+    if type(a) is np.ndarray and a.base is None and a.flags.c_contiguous and a.flags.owndata:
+        a.flags.writeable = True
 
 
 def _like(t: Tensor, value: Array) -> Tensor:

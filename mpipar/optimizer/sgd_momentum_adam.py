@@ -10,6 +10,8 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
 from mpipar.optimizer.lr import LRScheduler
 from mpipar.optimizer.optimizer import L2Decay, Optimizer
 from mpipar.tensor import Tensor
@@ -24,11 +26,16 @@ def _l2(weight_decay: float | L2Decay | None) -> float:
 
 
 class SGD(Optimizer):
+    updates_in_place = True
+
     def _update(self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
         t = p.dtype.type
         coeff = _l2(self.regularization)
         if coeff:
             g = g + t(coeff) * p
+        if type(p) is np.ndarray and p.flags.writeable:  # only the parameter holds it (``_unfreeze_if_alone``)
+            step = t(lr) * g
+            return np.subtract(p, step, out=p), {}  # the same rounding as p - t(lr) * g
         return p - t(lr) * g, {}
 
 

@@ -97,7 +97,7 @@ from mpipar.runtime.faults import (
     timeout_from_env,
 )
 from mpipar.runtime.log import flush_std_streams, install_rank_prefix
-from mpipar.runtime.ordered import SMALL_REDUCE_BYTES, OrderedCommunicator, _layout, _starts, reduce_mode_from_env
+from mpipar.runtime.ordered import OrderedCommunicator, _layout, _starts, reduce_mode_from_env
 from mpipar.runtime.sentinel import StderrSentinel
 from mpipar.runtime.sentinel import enabled as sentinel_enabled
 from mpipar.spec import chunk_range
@@ -624,7 +624,7 @@ class _StartedAllReduce(Pending):
 
     Phase 1 on the group's first started communicator: every member's n element ranges (the
     chunking rule) go to their members as point-to-point messages, all posted at once, or for
-    small buffers (n x size <= ``SMALL_REDUCE_BYTES``) one ``Iallgather`` of whole buffers.
+    small buffers (``gathers_whole``) one ``Iallgather`` of whole buffers.
     Once phase 1 is complete, this member reduces its range over the n members in group order
     (``reduce_rows``: element i is ((a0 + a1) + a2) + ... as in every other path) straight into
     its place in the result, and phase 2 sends it to every member and receives theirs (one
@@ -651,7 +651,7 @@ class _StartedAllReduce(Pending):
             self.out = owner._result(size, flat.dtype)
             self.phase = "native"
             self.reqs = [first.Iallreduce([flat, native], [self.out, native], op=MPI.SUM)]
-        elif size * n * flat.itemsize <= SMALL_REDUCE_BYTES or size < n:
+        elif owner.gathers_whole(size, n, flat.itemsize):
             self.rows = np.empty(n * size, dtype=flat.dtype)
             self.phase = "gather"
             self.reqs = [first.Iallgather(_spec(flat), _spec(self.rows))]

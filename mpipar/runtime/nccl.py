@@ -52,7 +52,7 @@ from mpi4py import MPI
 from mpipar.comm import Array, Completed, Group, Pending, PointToPoint, Shape, reduce_arrays, reduce_rows
 from mpipar.runtime.faults import LEADER_HEAD_START_S
 from mpipar.runtime.mpi import MPIBackend, MPICommunicator, MPIRuntime, runtime
-from mpipar.runtime.ordered import SMALL_REDUCE_BYTES, OrderedCommunicator, _starts
+from mpipar.runtime.ordered import OrderedCommunicator, _starts
 from mpipar.spec import chunk_range
 
 NCCL_UNIQUE_ID_BYTES = 128  # ncclUniqueId's size, fixed by nccl.h
@@ -201,7 +201,7 @@ class NCCLCommunicator(MPICommunicator):
             flat = self._flat(a, a.dtype)
             size = flat.size
             keep.append(flat)
-            if size * n * flat.itemsize <= SMALL_REDUCE_BYTES or size < n:
+            if self.gathers_whole(size, n, flat.itemsize):
                 rows = cp.empty(n * size, dtype=flat.dtype)
                 keep.append(rows)
                 if size:

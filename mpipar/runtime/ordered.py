@@ -10,7 +10,7 @@ collective          how (n members, member i)
 =================  =====================================================================
 all_reduce          all_to_all of n element ranges (the chunking rule), each member reduces
                     its range over the n members in group order, all_gather of the ranges.
-                    Small buffers (n x size <= 64 KiB): all_gather whole buffers, reduce.
+                    Small buffers (n x size <= 1 MiB): all_gather whole buffers, reduce.
 reduce_scatter      all_to_all of the chunks, member i reduces the n copies of chunk i
                     (the MPI transport folds each copy in as it arrives instead).
 reduce              like all_reduce, with a gather to the root instead of an all_gather.
@@ -59,8 +59,13 @@ from mpipar.comm import Array, BackToBack, Communicator, Group, Shape, recording
 from mpipar.runtime.faults import signature
 from mpipar.spec import chunk_range
 
-SMALL_REDUCE_BYTES = 64 * 1024
-"""All-reduce / reduce with n x buffer bytes up to this gather whole buffers (one collective)."""
+SMALL_REDUCE_BYTES = 1 << 20
+"""All-reduce / reduce with n x buffer bytes up to this gather whole buffers (one collective)
+and fold them locally, instead of reduce-scatter + all-gather (two collectives, each a
+rendezvous of every member). ``benchmarks/mpi_transport_choices.py --all-reduce-kib`` puts the
+crossover at about 1 MiB of n x size on 4 ranks (256 KiB each) and on 8 (128 KiB each):
+below it one collective's fixed cost outweighs the n-fold bytes; above it the bytes win.
+The total, not the per-member size, is what both the gather and the fold scale with."""
 SCRATCH_BUFFERS = 4
 """How many temporary buffers (one per role, dtype and size) a communicator keeps."""
 CACHE_ENV = "MPIPAR_COMM_CACHE_MIB"
@@ -198,6 +203,16 @@ class OrderedCommunicator(Communicator):
     rank: int
     """This process's world rank: the one member it hosts."""
     check_collectives: bool = False
+    small_reduce_bytes: int = SMALL_REDUCE_BYTES
+    """``gathers_whole``'s threshold (an attribute so a benchmark can move it)."""
+
+    def gathers_whole(self, size: int, members: int, itemsize: int) -> bool:
+        """Does an all-reduce / reduce of ``size`` elements per member over ``members`` all-gather
+        whole buffers (one collective, then the fold) rather than reduce-scatter + all-gather?
+
+        The same answer on every member (it depends on facts they share), so all choose alike.
+        """
+        return size * members * itemsize <= self.small_reduce_bytes or size < members
 
     def __init__(self) -> None:
         self._seq: dict[Group, int] = {}
@@ -340,7 +355,7 @@ class OrderedCommunicator(Communicator):
         xp, n, i = self.xp, len(group), group.index(self.rank)
         flat = self._flat(a, a.dtype)
         size = flat.size
-        if size * n * flat.itemsize <= SMALL_REDUCE_BYTES or size < n:
+        if self.gathers_whole(size, n, flat.itemsize):
             if root is None:
                 rows = xp.empty(n * size, dtype=flat.dtype)
                 self._t_allgatherv(group, flat, rows, [size] * n)

@@ -7,10 +7,12 @@ Each rank builds every member's buffers from the same seed, runs the virtual com
 on all of them in-process (the simulator's answer), runs the MPI communicator on its own
 buffer, and compares its result byte for byte. Groups are random subsets of the world in
 random order (ranks outside a group skip the call, as under a real plan); buffers are
-small (one gather) and large (> 64 KiB: the all_to_all + ordered reduction path), with
-NaN, -0.0 and uneven/empty pieces. Half the cases run with the MPI communicator's
-``fold_min_bytes`` at 0, so every reduce-scatter, all-reduce and reduce that is not small
-takes the point-to-point path that folds each piece in as it arrives. Then point to point:
+small and large (9000-20000 elements), with NaN, -0.0 and uneven/empty pieces. All-reduces
+and reduces take both of their paths: half the cases run with ``small_reduce_bytes`` at 0
+(every one of more than n elements splits into reduce-scatter + all-gather), the others with
+the default (buffers up to its size gathered whole, then folded). Half the cases run with the
+MPI communicator's ``fold_min_bytes`` at 0, so every reduce-scatter, all-reduce and reduce
+that splits takes the point-to-point path that folds each piece in as it arrives. Then point to point:
 a ``send`` whose ``recv`` is posted only after a barrier (2 MiB, so MPI cannot buffer it
 eagerly) must not deadlock, and a random batch of tagged transfers goes through ``exchange``.
 
@@ -31,6 +33,7 @@ import numpy as np
 import mpipar as dist
 from mpipar.comm import PointToPoint
 from mpipar.runtime.mpi import FOLD_AS_ARRIVING_MIN_BYTES
+from mpipar.runtime.ordered import SMALL_REDUCE_BYTES
 from mpipar.xp import to_numpy
 from simulator.virtual_comm import VirtualCommunicator
 
@@ -107,9 +110,11 @@ def run_case(index: int, rng: np.random.Generator, world: int, me: int, mpi: Any
     fold_as_arriving = rng.random() < 0.5
     if hasattr(mpi, "fold_min_bytes"):  # the same draw on every rank: all members agree
         mpi.fold_min_bytes = 0 if fold_as_arriving else FOLD_AS_ARRIVING_MIN_BYTES
+    split = rng.random() < 0.5
+    mpi.small_reduce_bytes = 0 if split else SMALL_REDUCE_BYTES
     label = f"case {index}: {op}({reduce_op}) {dtype}{list(shape)} on group {list(group)}" + (
         " (folded as arriving)" if fold_as_arriving else ""
-    )
+    ) + (" (split)" if split else "")
     mine = me in group
 
     if op in ("all_reduce", "reduce"):
