@@ -37,15 +37,16 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from mpipar.parallel import ShardingStage1
-from mpipar.pipeline import Schedule, build_schedule
 from mpipar.placement import Replicate, parse_placements
 from mpipar.plan import PlanMesh, PlanReshard, PlanStep, process_mesh
 from mpipar.spec import DistSpec
 from simulator.cost import HardwareProfile, Link, PipelineCost, collective_time
-from simulator.estimate import UPDATE_FLOPS, _overlapped, _peak_in_flight_bytes, layers_per_stage
+from simulator.estimate import UPDATE_FLOPS, _overlapped, layers_per_stage
+from simulator.fast_pipeline import compile_schedule
 from simulator.op_cost import PlanCosts, _local_shapes, op_family
-from simulator.schedule_sim import _Run
 from simulator.step_trace import FIRST, LAST, SETUP, GPTShape, Part, StepTrace, Strategy, trace_gpt_step
 
 DP = "dp"
@@ -225,35 +226,50 @@ class ContextCosts:
         if bandwidth is None and hw.gpu_model:
             bandwidth = hw.memory_Bps
         update_dtype = "float32" if strategy.mixed_precision else strategy.dtype
-        elements: dict[Part, dict[int, int]] = {}
+        # Per global rank (the two stage meshes are contiguous blocks of ``dp x tp`` ids) as
+        # arrays: a 1024-rank layout sums hundreds of parameters over every rank.
+        world = 2 * dp * tp
+        elements: dict[Part, np.ndarray] = {}
+        holds: dict[Part, np.ndarray] = {}
         counts: dict[Part, int] = {}
-        state: dict[Part, dict[str, dict[int, int]]] = {}
+        state: dict[Part, dict[str, np.ndarray]] = {}
         for rec in step.state_records:
             mesh = real[rec.mesh]
+            block_of = slice(mesh.process_ids[0], mesh.process_ids[-1] + 1)
             counts[rec.part] = counts.get(rec.part, 0) + 1
-            el = elements.setdefault(rec.part, {})
+            if rec.part not in elements:
+                elements[rec.part] = np.zeros(world, dtype=np.int64)
+                holds[rec.part] = np.zeros(world, dtype=bool)
+            el, held = elements[rec.part], holds[rec.part]
             if rec.update is None:
-                n = math.prod(rec.shape)
-                for r in range(0, 2 * dp * tp):
-                    el[r] = el.get(r, 0) + n
+                el += math.prod(rec.shape)
+                held[:] = True
             else:
-                for r, shape in _local_shapes(rec.shape, mesh, rec.update).items():
-                    el[r] = el.get(r, 0) + math.prod(shape)
+                el[block_of] += _local_sizes(rec.shape, mesh, rec.update)
+                held[block_of] = True
             cats = state.setdefault(rec.part, {})
             for cat, size, pls in rec.entries:
-                into = cats.setdefault(cat, {})
-                for r, shape in _local_shapes(rec.shape, mesh, pls).items():
-                    into[r] = into.get(r, 0) + math.prod(shape) * size
+                if cat not in cats:
+                    cats[cat] = np.zeros(world, dtype=np.int64)
+                cats[cat][block_of] += _local_sizes(rec.shape, mesh, pls) * size
         for part, per_rank in elements.items():
             most = 0.0
-            for n in set(per_rank.values()):
+            for n in np.unique(per_rank[holds[part]]).tolist():
                 flops = n * UPDATE_FLOPS[strategy.optimizer]
                 t = flops / over.vector_flops if over.vector_flops is not None else costs.compute_time(flops, update_dtype)
                 if bandwidth is not None:
                     t = max(t, n * step.update_bytes_per_element / bandwidth)
                 most = max(most, t + per_update * counts.get(part, 0))
             _add(seconds, part, "optimizer", most)
-        return PricedContext(seconds, {p: {c: max(v.values(), default=0) for c, v in cats.items()} for p, cats in state.items()})
+        return PricedContext(seconds, {p: {c: int(v.max()) for c, v in cats.items()} for p, cats in state.items()})
+
+
+@functools.lru_cache(maxsize=4096)
+def _local_sizes(shape: tuple[int, ...], mesh: PlanMesh, placements: str) -> np.ndarray:
+    """Elements of ``shape`` laid out as ``placements`` on each rank of ``mesh``, in ``process_ids`` order."""
+    sizes = np.array([math.prod(s) for s in _local_shapes(shape, mesh, placements).values()], dtype=np.int64)
+    sizes.flags.writeable = False  # shared by every caller through the cache
+    return sizes
 
 
 def _zero_splits_agree(step: StepTrace, real: dict[tuple[int, ...], PlanMesh]) -> bool:
@@ -304,11 +320,6 @@ def layer_counts(layers: int, pp: int, chunks: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------- pipeline
-@functools.lru_cache(maxsize=64)  # bounded: a long interleaved schedule holds tens of thousands of actions
-def _schedule(kind: str, stages: int, micro: int, chunks: int) -> Schedule:
-    return build_schedule(kind, stages, micro, chunks)
-
-
 @dataclass(frozen=True)
 class _Pipe:
     ends: tuple[float, ...]
@@ -319,13 +330,11 @@ class _Pipe:
 
 
 def _simulate(strategy: Strategy, micro: int, cost: PipelineCost, act: tuple[int, ...]) -> _Pipe:
-    schedule = _schedule(strategy.schedule, strategy.num_stages, micro, strategy.chunks)
-    timeline = _Run(schedule, cost).timeline()  # the schedule was validated when built
-    lanes = schedule.num_ranks
-    ends = tuple(max((sp.end for sp in timeline.lane(k, "compute")), default=0.0) for k in range(lanes))
-    busy = sum(timeline.busy(r) for r in timeline.ranks)
-    flight = tuple(_peak_in_flight_bytes(schedule, k, {s: act[s] for s in schedule.stages_of(k)}) for k in range(lanes))
-    return _Pipe(ends, timeline.makespan, busy, flight)
+    # The schedule compiled once per shape (``simulator.fast_pipeline``): candidates that differ
+    # in costs only replay it.
+    program = compile_schedule(strategy.schedule, strategy.num_stages, micro, strategy.chunks)
+    times = program.run(cost, act)
+    return _Pipe(times.ends, times.makespan, times.busy, times.in_flight)
 
 
 def _close(a: float, b: float) -> bool:
