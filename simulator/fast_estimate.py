@@ -45,7 +45,7 @@ from mpipar.plan import PlanMesh, PlanReshard, PlanStep, process_mesh
 from mpipar.spec import DistSpec
 from simulator.cost import HardwareProfile, Link, PipelineCost, collective_time
 from simulator.estimate import UPDATE_FLOPS, _overlapped, layers_per_stage
-from simulator.fast_pipeline import compile_schedule
+from simulator.fast_pipeline import compile_schedule, lane_flight_events, peak_in_flight
 from simulator.op_cost import PlanCosts, _local_shapes, op_family
 from simulator.step_trace import FIRST, LAST, SETUP, GPTShape, Part, StepTrace, Strategy, trace_gpt_step
 
@@ -524,3 +524,43 @@ def lower_bound_stage_times(inv: InvariantCosts, strategy: Strategy, counts: lis
         b = s("backward") + max(0.0, s("overlap") - w)
         out.append((s("forward"), max(b - w, 0.0), min(w, b)))
     return out
+
+
+def in_flight_lower_bound(strategy: Strategy, act: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Per lane, activation bytes in flight that ``pipeline`` can report no fewer of, whatever the
+    costs: the whole step's walk when ``pipeline`` simulates it whole; when it may extrapolate,
+    the smaller of the extrapolation and the walk (the costs decide which it takes). ``None``
+    when the step is too long to walk (``fast_pipeline.LONGEST_WALK``)."""
+    m, stages, chunks = strategy.micro_batches, strategy.num_stages, strategy.chunks
+    whole = lane_flight_events(strategy.schedule, stages, m, chunks)
+    if whole is None:
+        return None
+    full = peak_in_flight(whole, act)
+    period = strategy.pp if chunks > 1 else 1
+    base = stages + period
+    base += (m - base) % period
+    if m <= base + 2 * period:
+        return full
+    pts = []
+    for i in range(3):
+        events = lane_flight_events(strategy.schedule, stages, base + i * period, chunks)
+        assert events is not None  # shorter than ``whole``
+        pts.append(peak_in_flight(events, act))
+    s0, s1, s2 = pts
+    if not all(_close(b - a, c - b) for a, b, c in zip(s0, s1, s2, strict=True)):
+        return full  # never extrapolated: pipeline simulates the whole step
+    rounds = (m - base) // period
+    return tuple(min(f, round(a + rounds * (b - a))) for f, a, b in zip(full, s0, s1, strict=True))
+
+
+def peak_lower_bound(strategy: Strategy, counts: list[int], inv: InvariantCosts, state_per_layer: float) -> float:
+    """``assemble``'s peak can be no lower: per lane, ``state_per_layer`` (a lower bound of one
+    layer's model state on a rank) per layer it holds plus ``in_flight_lower_bound`` of the
+    exact per-stage activations; 0 when the step is too long to walk."""
+    parts = stage_parts(strategy, counts)
+    act = tuple(round(sum(k * inv.activations.get(p, 0) for p, k in parts[s])) for s in range(len(parts)))
+    flight = in_flight_lower_bound(strategy, act)
+    if flight is None:
+        return 0.0
+    return max(state_per_layer * sum(n for s, n in enumerate(counts) if s % strategy.pp == k) + f
+               for k, f in enumerate(flight))

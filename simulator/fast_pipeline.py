@@ -17,8 +17,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from mpipar.pipeline import Action, Schedule, build_schedule, matching
+from mpipar.pipeline import Action, Schedule, build_schedule, matching, resolve_kind
 from mpipar.pipeline.actions import final_backward_kind
+from mpipar.pipeline.schedule import one_f_one_b
 from mpipar.pipeline.validate import local_inputs
 from simulator.cost import PipelineCost
 
@@ -83,15 +84,7 @@ class Program:
             for i in lane:  # execution order is start order: a rank runs one action at a time
                 total += end[i] - start[i]
             busy += total
-        flight = []
-        for events in self.flight:
-            live = peak = 0
-            for stage, sign in events:
-                live += sign * activations[stage]
-                if sign > 0:
-                    peak = max(peak, live)
-            flight.append(peak)
-        return PipelineTimes(ends, makespan, busy, tuple(flight))
+        return PipelineTimes(ends, makespan, busy, peak_in_flight(self.flight, activations))
 
 
 @functools.lru_cache(maxsize=64)  # bounded: a long interleaved schedule compiles to tens of thousands of nodes
@@ -166,3 +159,38 @@ def compile_schedule(kind: str, stages: int, micro: int, chunks: int) -> Program
                    for k in range(ranks))
     return Program(schedule, tuple(inputs), tuple(slots), tuple(probes), tuple(tuple(x) for x in lanes),
                    tuple(transfers), flight)
+
+
+LONGEST_WALK = 50_000
+"""Compute actions ``lane_flight_events`` lists at most (a 32-stage, 1536-micro-batch step has
+150,000: the bound that needs it is skipped rather than paid for)."""
+
+
+@functools.lru_cache(maxsize=256)
+def lane_flight_events(kind: str, stages: int, micro: int, chunks: int) -> tuple[tuple[tuple[int, int], ...], ...] | None:
+    """``Program.flight`` of the schedule ``build_schedule`` would make, from its compute orders
+    alone (no send/receive insertion, no validation: they do not move a compute action), or
+    ``None`` beyond ``LONGEST_WALK`` actions."""
+    spec = resolve_kind(kind)
+    if micro * stages * (3 if spec.split_backward else 2) > LONGEST_WALK:
+        return None
+    ranks = stages // chunks
+    if spec.name == "Interleaved1F1B" and chunks == 1:  # build_schedule's own special case
+        orders = one_f_one_b.compute_order(ranks, 1, micro)
+    else:
+        orders = spec.compute_order(ranks, chunks, micro)
+    done = final_backward_kind(spec.split_backward)
+    return tuple(tuple((a.stage, 1 if a.kind == "F" else -1) for a in row if a.kind in ("F", done)) for row in orders)
+
+
+def peak_in_flight(events: tuple[tuple[tuple[int, int], ...], ...], activations: tuple[int, ...]) -> tuple[int, ...]:
+    """Per lane, the most activation bytes held at once (``estimate._peak_in_flight_bytes``)."""
+    out = []
+    for lane in events:
+        live = peak = 0
+        for stage, sign in lane:
+            live += sign * activations[stage]
+            if sign > 0:
+                peak = max(peak, live)
+        out.append(peak)
+    return tuple(out)
