@@ -136,9 +136,14 @@ def invariant_costs(step: StepTrace, hw: HardwareProfile, over: Overheads = Over
     for op, part in zip(plan.ops, step.op_parts, strict=True):
         if part == SETUP or op.phase not in ("forward", "backward"):
             continue
+        times = costs.op_times(op)
         if op.op == "matmul":
-            _add(gemm, part, op.phase, max((costs.op_flops(op, r) for r in costs.op_ranks(op)), default=0.0))
-        t = _most(costs.op_times(op))
+            # One float from op_times: even shards, every rank runs the same GEMM (its FLOPs once,
+            # not once per rank of a 128-rank trace).
+            ranks = costs.op_ranks(op)
+            _add(gemm, part, op.phase, max((costs.op_flops(op, r) for r in (ranks if isinstance(times, dict) else ranks[:1])),
+                                           default=0.0))
+        t = _most(times)
         _add(seconds, part, op.phase, t)
         _add(seconds, part, f"{op.phase}/{op_family(op.op)}", t)
         if op.index in step.weight_ops:

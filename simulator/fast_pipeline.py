@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
+
 from mpipar.pipeline import Action, Schedule, build_schedule, matching, resolve_kind
 from mpipar.pipeline.actions import final_backward_kind
 from mpipar.pipeline.schedule import one_f_one_b
@@ -184,13 +186,35 @@ def lane_flight_events(kind: str, stages: int, micro: int, chunks: int) -> tuple
 
 
 def peak_in_flight(events: tuple[tuple[tuple[int, int], ...], ...], activations: tuple[int, ...]) -> tuple[int, ...]:
-    """Per lane, the most activation bytes held at once (``estimate._peak_in_flight_bytes``)."""
+    """Per lane, the most activation bytes held at once (``estimate._peak_in_flight_bytes``): the
+    running sum of the events' bytes, at its highest right after a forward (0 if none)."""
+    act = np.asarray(activations, dtype=np.int64)
+    out = []
+    for stages, signs, forward in _event_arrays(events):
+        if not forward.any():
+            out.append(0)
+            continue
+        live = np.cumsum(signs * act[stages])  # integer bytes: exact, as the walk's sums
+        out.append(max(0, int(live[forward].max())))
+    return tuple(out)
+
+
+_EventArrays = tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
+_arrays: dict[int, tuple[object, _EventArrays]] = {}
+
+
+def _event_arrays(events: tuple[tuple[tuple[int, int], ...], ...]) -> _EventArrays:
+    """Per lane (stages, signs, is-forward) arrays, kept by the events' identity: they come from
+    the compiled-program and walk caches, and hashing thousands of pairs per call would cost
+    what the arrays save. The entry holds the events, so their id is not reused meanwhile."""
+    hit = _arrays.get(id(events))
+    if hit is not None and hit[0] is events:
+        return hit[1]
+    if len(_arrays) >= 1024:
+        _arrays.clear()
     out = []
     for lane in events:
-        live = peak = 0
-        for stage, sign in lane:
-            live += sign * activations[stage]
-            if sign > 0:
-                peak = max(peak, live)
-        out.append(peak)
+        pairs = np.asarray(lane, dtype=np.int64).reshape(-1, 2)
+        out.append((pairs[:, 0], pairs[:, 1], pairs[:, 1] > 0))
+    _arrays[id(events)] = (events, tuple(out))
     return tuple(out)
