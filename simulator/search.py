@@ -330,9 +330,12 @@ def _branch_and_bound(
             act = sum(k * inv.activations.get(p, 0) for p, k in parts[0])
             if (state_lower_bound(shape, st) + act * _in_flight_lower_bound(st) > limit
                     # Every lane, with the activations its schedule really holds (an interleaved
-                    # warm-up holds several times what the first bound assumes): priced, such a
-                    # candidate would only be found over the limit, after a trace of its ZeRO stage.
-                    or peak_lower_bound(st, counts(st), inv, state_per_layer_lower_bound(shape, st)) > limit):
+                    # warm-up holds several times what the first bound assumes, ZBH1 keeps them to
+                    # W): priced, such a candidate would only be found over the limit, after a
+                    # trace of its ZeRO stage. FThenB's and 1F1B's first lane holds exactly what
+                    # the first bound counts, so the walk would add nothing there.
+                    or (st.schedule in ("Interleaved1F1B", "ZBH1")
+                        and peak_lower_bound(st, counts(st), inv, state_per_layer_lower_bound(shape, st)) > limit)):
                 drop("state + activations over the memory limit (bound)", i)
                 continue
             heapq.heappush(heap, (max(lb, _chain_bound(lower_bound_stage_times(inv, st, counts(st)), st)), 2, i))
