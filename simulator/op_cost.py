@@ -97,7 +97,7 @@ def op_family(name: str) -> str:
 @functools.lru_cache(maxsize=65536)
 def _local_shapes(shape: tuple[int, ...], m: PlanMesh, placements: str) -> dict[int, tuple[int, ...]]:
     spec = DistSpec(shape, plan_mesh(m), parse_placements(placements))
-    return {r: spec.local_shape(r) for r in m.process_ids}
+    return dict(zip(m.process_ids, spec.local_shapes, strict=True))  # shapes in process_ids order, shared per layout
 
 
 @functools.lru_cache(maxsize=65536)

@@ -496,7 +496,7 @@ def _rank_bytes(t: Tensor, world: tuple[int, ...]) -> dict[int, int]:
 def _spec_rank_bytes(spec: DistSpec, itemsize: int) -> dict[int, int]:
     """Bytes per rank of one layout (callers only read it): a trace asks for the same few layouts
     hundreds of times, each over every rank of the mesh."""
-    return {r: math.prod(spec.local_shape(r)) * itemsize for r in spec.mesh.process_ids}
+    return {r: math.prod(shape) * itemsize for r, shape in zip(spec.mesh.process_ids, spec.local_shapes, strict=True)}
 
 
 def _add(into: dict[int, int], more: dict[int, int]) -> None:
