@@ -3,8 +3,9 @@
     python benchmarks/search_speed.py            # 175B, 1024 devices, global batch 1536
     python benchmarks/search_speed.py --check    # also price the winner with estimate itself
 
-Prints the candidates enumerated, the wall and CPU seconds (and the machine's load average), how many were priced exactly and how many each bound
-dropped, the traces taken, the seconds, candidates per second, and the top 3. ``--check``
+Prints the machine's load average, the candidates enumerated, the wall and CPU seconds, how
+many were priced exactly and how many each bound dropped, candidates per second, and the top 3
+(CPU seconds are the figure to compare on a shared machine). ``--check``
 traces the winner whole with ``simulator.estimate`` (about 5 s at 1024 ranks) and prints both
 step times and peaks: the fast path must give the same numbers.
 """
