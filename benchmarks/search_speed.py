@@ -3,8 +3,9 @@
     python benchmarks/search_speed.py            # 175B, 1024 devices, global batch 1536
     python benchmarks/search_speed.py --check    # also price the winner with estimate itself
 
-Prints the candidates enumerated, the wall and CPU seconds, how many were priced exactly and how many each bound
-dropped, the traces taken, the seconds, candidates per second, and the top 3. ``--check``
+Prints the machine's load average, the candidates enumerated, the wall and CPU seconds, how
+many were priced exactly and how many each bound dropped, candidates per second, and the top 3
+(CPU seconds are the figure to compare on a shared machine). ``--check``
 traces the winner whole with ``simulator.estimate`` (about 5 s at 1024 ranks) and prints both
 step times and peaks: the fast path must give the same numbers.
 """
@@ -12,6 +13,7 @@ step times and peaks: the fast path must give the same numbers.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     result = search(shape, ns.devices, ns.global_batch, hw, top_k=3, progress=_progress_bar)
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     print(f"GPT-3 175B on {ns.devices} x {ns.hardware}, global batch {ns.global_batch}")
+    # The load says how much of the wall clock went to other processes on a shared machine.
+    print("load average (1, 5, 15 min) at the end: " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
     # CPU seconds too: on a shared machine the wall clock measures the neighbours as much as the search.
     print(f"{result.enumerated} candidates in {seconds:.1f} s wall, {cpu:.1f} s CPU "
           f"({result.enumerated / seconds:,.0f} candidates/s wall, {result.enumerated / cpu:,.0f} per CPU second); "

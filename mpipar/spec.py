@@ -328,8 +328,9 @@ class DistSpec:
         return DistSpec(self.shape, mesh, self.placements if placements is None else placements)
 
     # ------------------------------------------------------------------------ printing
-    @property
+    @cached_property
     def placements_str(self) -> str:
+        # Cached (the spec is immutable): a shape-only trace compares it on every op's tensors.
         return placements_str(self.placements)
 
     def __repr__(self) -> str:

@@ -37,8 +37,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from mpipar.parallel import ShardingStage1
-from mpipar.pipeline import Schedule, build_schedule
 from mpipar.placement import Replicate, parse_placements
 from mpipar.plan import PlanMesh, PlanReshard, PlanStep, process_mesh
 from mpipar.spec import DistSpec
@@ -46,13 +47,12 @@ from simulator.cost import HardwareProfile, Link, PipelineCost, collective_time
 from simulator.estimate import (
     UPDATE_FLOPS,
     _overlapped,
-    _peak_in_flight_bytes,
     layers_per_stage,
     update_bytes,
     update_cost,
 )
+from simulator.fast_pipeline import compile_schedule, lane_flight_events, peak_in_flight
 from simulator.op_cost import PlanCosts, _local_shapes, op_family
-from simulator.schedule_sim import _Run
 from simulator.step_trace import FIRST, LAST, SETUP, GPTShape, GPTStrategy, Part, StepTrace, trace_gpt_step
 
 DP = "dp"
@@ -142,9 +142,14 @@ def invariant_costs(step: StepTrace, hw: HardwareProfile, over: Overheads = Over
     for op, part in zip(plan.ops, step.op_parts, strict=True):
         if part == SETUP or op.phase not in ("forward", "backward"):
             continue
+        times = costs.op_times(op)
         if op.op == "matmul":
-            _add(gemm, part, op.phase, max((costs.op_flops(op, r) for r in costs.op_ranks(op)), default=0.0))
-        t = _most(costs.op_times(op))
+            # One float from op_times: even shards, every rank runs the same GEMM (its FLOPs once,
+            # not once per rank of a 128-rank trace).
+            ranks = costs.op_ranks(op)
+            _add(gemm, part, op.phase, max((costs.op_flops(op, r) for r in (ranks if isinstance(times, dict) else ranks[:1])),
+                                           default=0.0))
+        t = _most(times)
         _add(seconds, part, op.phase, t)
         _add(seconds, part, f"{op.phase}/{op_family(op.op)}", t)
         if op.index in step.weight_ops:
@@ -232,35 +237,50 @@ class ContextCosts:
         if bandwidth is None and hw.gpu_model:
             bandwidth = hw.memory_Bps
         update_dtype = "float32" if strategy.mixed_precision else strategy.dtype
-        elements: dict[Part, dict[int, int]] = {}
+        # Per global rank (the two stage meshes are contiguous blocks of ``dp x tp`` ids) as
+        # arrays: a 1024-rank layout sums hundreds of parameters over every rank.
+        world = 2 * dp * tp
+        elements: dict[Part, np.ndarray] = {}
+        holds: dict[Part, np.ndarray] = {}
         counts: dict[Part, int] = {}
-        state: dict[Part, dict[str, dict[int, int]]] = {}
+        state: dict[Part, dict[str, np.ndarray]] = {}
         for rec in step.state_records:
             mesh = real[rec.mesh]
+            block_of = slice(mesh.process_ids[0], mesh.process_ids[-1] + 1)
             counts[rec.part] = counts.get(rec.part, 0) + 1
-            el = elements.setdefault(rec.part, {})
+            if rec.part not in elements:
+                elements[rec.part] = np.zeros(world, dtype=np.int64)
+                holds[rec.part] = np.zeros(world, dtype=bool)
+            el, held = elements[rec.part], holds[rec.part]
             if rec.update is None:
-                n = math.prod(rec.shape)
-                for r in range(0, 2 * dp * tp):
-                    el[r] = el.get(r, 0) + n
+                el += math.prod(rec.shape)
+                held[:] = True
             else:
-                for r, shape in _local_shapes(rec.shape, mesh, rec.update).items():
-                    el[r] = el.get(r, 0) + math.prod(shape)
+                el[block_of] += _local_sizes(rec.shape, mesh, rec.update)
+                held[block_of] = True
             cats = state.setdefault(rec.part, {})
             for cat, size, pls in rec.entries:
-                into = cats.setdefault(cat, {})
-                for r, shape in _local_shapes(rec.shape, mesh, pls).items():
-                    into[r] = into.get(r, 0) + math.prod(shape) * size
+                if cat not in cats:
+                    cats[cat] = np.zeros(world, dtype=np.int64)
+                cats[cat][block_of] += _local_sizes(rec.shape, mesh, pls) * size
         for part, per_rank in elements.items():
             most = 0.0
-            for n in set(per_rank.values()):
+            for n in np.unique(per_rank[holds[part]]).tolist():
                 flops = n * UPDATE_FLOPS[strategy.optimizer]
                 t = costs.vector_time(flops, update_bytes(step, part, n), update_dtype)
                 if bandwidth is not None:
                     t = max(t, n * step.update_bytes_per_element / bandwidth)
                 most = max(most, t + per_update * counts.get(part, 0))
             _add(seconds, part, "optimizer", most)
-        return PricedContext(seconds, {p: {c: max(v.values(), default=0) for c, v in cats.items()} for p, cats in state.items()})
+        return PricedContext(seconds, {p: {c: int(v.max()) for c, v in cats.items()} for p, cats in state.items()})
+
+
+@functools.lru_cache(maxsize=4096)
+def _local_sizes(shape: tuple[int, ...], mesh: PlanMesh, placements: str) -> np.ndarray:
+    """Elements of ``shape`` laid out as ``placements`` on each rank of ``mesh``, in ``process_ids`` order."""
+    sizes = np.array([math.prod(s) for s in _local_shapes(shape, mesh, placements).values()], dtype=np.int64)
+    sizes.flags.writeable = False  # shared by every caller through the cache
+    return sizes
 
 
 def _zero_splits_agree(step: StepTrace, real: dict[tuple[int, ...], PlanMesh]) -> bool:
@@ -311,11 +331,6 @@ def layer_counts(layers: int, pp: int, chunks: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------- pipeline
-@functools.lru_cache(maxsize=64)  # bounded: a long interleaved schedule holds tens of thousands of actions
-def _schedule(kind: str, stages: int, micro: int, chunks: int) -> Schedule:
-    return build_schedule(kind, stages, micro, chunks)
-
-
 @dataclass(frozen=True)
 class _Pipe:
     ends: tuple[float, ...]
@@ -326,13 +341,11 @@ class _Pipe:
 
 
 def _simulate(strategy: GPTStrategy, micro: int, cost: PipelineCost, act: tuple[int, ...]) -> _Pipe:
-    schedule = _schedule(strategy.schedule, strategy.num_stages, micro, strategy.chunks)
-    timeline = _Run(schedule, cost).timeline()  # the schedule was validated when built
-    lanes = schedule.num_ranks
-    ends = tuple(max((sp.end for sp in timeline.lane(k, "compute")), default=0.0) for k in range(lanes))
-    busy = sum(timeline.busy(r) for r in timeline.ranks)
-    flight = tuple(_peak_in_flight_bytes(schedule, k, {s: act[s] for s in schedule.stages_of(k)}) for k in range(lanes))
-    return _Pipe(ends, timeline.makespan, busy, flight)
+    # The schedule compiled once per shape (``simulator.fast_pipeline``): candidates that differ
+    # in costs only replay it.
+    program = compile_schedule(strategy.schedule, strategy.num_stages, micro, strategy.chunks)
+    times = program.run(cost, act)
+    return _Pipe(times.ends, times.makespan, times.busy, times.in_flight)
 
 
 def _close(a: float, b: float) -> bool:
@@ -522,3 +535,43 @@ def lower_bound_stage_times(inv: InvariantCosts, strategy: GPTStrategy, counts: 
         b = s("backward") + max(0.0, s("overlap") - w)
         out.append((s("forward"), max(b - w, 0.0), min(w, b)))
     return out
+
+
+def in_flight_lower_bound(strategy: GPTStrategy, act: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Per lane, activation bytes in flight that ``pipeline`` can report no fewer of, whatever the
+    costs: the whole step's walk when ``pipeline`` simulates it whole; when it may extrapolate,
+    the smaller of the extrapolation and the walk (the costs decide which it takes). ``None``
+    when the step is too long to walk (``fast_pipeline.LONGEST_WALK``)."""
+    m, stages, chunks = strategy.micro_batches, strategy.num_stages, strategy.chunks
+    whole = lane_flight_events(strategy.schedule, stages, m, chunks)
+    if whole is None:
+        return None
+    full = peak_in_flight(whole, act)
+    period = strategy.pp if chunks > 1 else 1
+    base = stages + period
+    base += (m - base) % period
+    if m <= base + 2 * period:
+        return full
+    pts = []
+    for i in range(3):
+        events = lane_flight_events(strategy.schedule, stages, base + i * period, chunks)
+        assert events is not None  # shorter than ``whole``
+        pts.append(peak_in_flight(events, act))
+    s0, s1, s2 = pts
+    if not all(_close(b - a, c - b) for a, b, c in zip(s0, s1, s2, strict=True)):
+        return full  # never extrapolated: pipeline simulates the whole step
+    rounds = (m - base) // period
+    return tuple(min(f, round(a + rounds * (b - a))) for f, a, b in zip(full, s0, s1, strict=True))
+
+
+def peak_lower_bound(strategy: GPTStrategy, counts: list[int], inv: InvariantCosts, state_per_layer: float) -> float:
+    """``assemble``'s peak can be no lower: per lane, ``state_per_layer`` (a lower bound of one
+    layer's model state on a rank) per layer it holds plus ``in_flight_lower_bound`` of the
+    exact per-stage activations; 0 when the step is too long to walk."""
+    parts = stage_parts(strategy, counts)
+    act = tuple(round(sum(k * inv.activations.get(p, 0) for p, k in parts[s])) for s in range(len(parts)))
+    flight = in_flight_lower_bound(strategy, act)
+    if flight is None:
+        return 0.0
+    return max(state_per_layer * sum(n for s, n in enumerate(counts) if s % strategy.pp == k) + f
+               for k, f in enumerate(flight))

@@ -99,7 +99,7 @@ def op_family(name: str) -> str:
 @functools.lru_cache(maxsize=65536)
 def _local_shapes(shape: tuple[int, ...], m: PlanMesh, placements: str) -> dict[int, tuple[int, ...]]:
     spec = DistSpec(shape, plan_mesh(m), parse_placements(placements))
-    return {r: spec.local_shape(r) for r in m.process_ids}
+    return dict(zip(m.process_ids, spec.local_shapes, strict=True))  # shapes in process_ids order, shared per layout
 
 
 @functools.lru_cache(maxsize=65536)
@@ -163,6 +163,7 @@ class PlanCosts:
         self.reshard_overhead = self.op_overhead if reshard_overhead is None else float(reshard_overhead)
         self._tensors = {t.id: t for t in plan.tensors}
         self._meshes = {m.id: m for m in plan.meshes}
+        self._representatives: dict[tuple[PlanMesh, tuple[str, ...]], tuple[int, ...]] = {}
 
     # ------------------------------------------------------------------ shapes
     def local_shape(self, tid: int, placements: str | None, rank: int) -> tuple[int, ...]:
@@ -330,14 +331,25 @@ class PlanCosts:
                 for step in r.steps:
                     if step.kind in ("slice", "partial"):
                         continue
-                    groups = set(_groups(mesh, tuple(step.axes)).values())
-                    times = {self._collective_time(r, step, mesh, g[0]) for g in groups}
+                    times = {self._collective_time(r, step, mesh, q) for q in self._group_representatives(mesh, tuple(step.axes))}
                     if len(times) != 1:
                         break
                     total += times.pop()
                 else:
                     return total
         return {q: self.reshard_time(r, q) for q in ranks}
+
+    def _group_representatives(self, mesh: PlanMesh, axes: tuple[str, ...]) -> tuple[int, ...]:
+        """One rank of each class of ``axes`` groups on ``mesh``: groups of the same size on the same
+        link class take the same time in a collective of even shards, so one stands for all (a
+        1024-rank mesh has up to 512 groups, priced once per class instead of once each)."""
+        key = (mesh, axes)
+        if key not in self._representatives:
+            seen: dict[tuple[int, object], int] = {}
+            for group in set(_groups(mesh, axes).values()):
+                seen.setdefault((len(group), id(self.profile.link(group))), min(group))
+            self._representatives[key] = tuple(sorted(seen.values()))
+        return self._representatives[key]
 
     def reshard_ranks(self, r: PlanReshard) -> tuple[int, ...]:
         ranks = set(self._meshes[r.src_mesh].process_ids) | set(self._meshes[r.dst_mesh].process_ids)

@@ -22,7 +22,14 @@ from mpipar.pipeline import resolve_kind
 from simulator.cost import HardwareProfile, load_profile
 from simulator.estimate import Estimate, estimate, parse_count
 from simulator.estimate import build_parser as estimate_parser
-from simulator.fast_estimate import TraceCache, applicable, layer_counts, lower_bound_stage_times, stage_parts
+from simulator.fast_estimate import (
+    TraceCache,
+    applicable,
+    layer_counts,
+    lower_bound_stage_times,
+    peak_lower_bound,
+    stage_parts,
+)
 from simulator.step_trace import GPTShape, GPTStrategy
 
 SCHEDULES = ("FThenB", "1F1B", "Interleaved1F1B", "ZBH1")
@@ -150,20 +157,25 @@ def enumerate_strategies(
                                                    micro, schedule, chunks), mbs
 
 
-def state_lower_bound(shape: GPTShape, strategy: GPTStrategy) -> float:
+def state_lower_bound(shape: GPTShape, strategy: GPTStrategy, layers: int | None = None) -> float:
     """Bytes of model state on a pipeline rank, at least: its share of the layers' weight matrices
     and biases (``12h^2 + 13h`` per layer, split ``tp`` ways, no replicated norms or embedding),
     times the bytes each parameter keeps (parameter, gradient, optimizer states and master
     weights), the ZeRO-split ones over ``dp``. The true state is never smaller: shards are at
-    least the average and everything left out only adds."""
+    least the average and everything left out only adds. ``layers``: that many layers instead."""
     h = shape.hidden
     per_layer = (12 * h * h + 13 * h) / strategy.tp
-    layers = shape.layers // strategy.pp
+    layers = shape.layers // strategy.pp if layers is None else layers
     mixed = strategy.mixed_precision
     param = grad = 2 if mixed else 4
     states = {"adamw": 8, "momentum": 4}[strategy.optimizer] + (4 if mixed else 0)
     dp, z = strategy.dp, strategy.zero
     return layers * per_layer * (param / (dp if z >= 3 else 1) + grad / (dp if z >= 2 else 1) + states / (dp if z >= 1 else 1))
+
+
+def state_per_layer_lower_bound(shape: GPTShape, strategy: GPTStrategy) -> float:
+    """``state_lower_bound`` of one layer: what every layer a rank holds costs it, at least."""
+    return state_lower_bound(shape, strategy, layers=1)
 
 
 def _chain_bound(stages: list[tuple[float, float, float]], strategy: GPTStrategy) -> float:
@@ -366,7 +378,14 @@ def _branch_and_bound(
             inv = cache.invariant(sized(mbs), st)
             parts = stage_parts(st, counts(st))
             act = sum(k * inv.activations.get(p, 0) for p, k in parts[0])
-            if state_lower_bound(shape, st) + act * _in_flight_lower_bound(st) > limit:
+            if (state_lower_bound(shape, st) + act * _in_flight_lower_bound(st) > limit
+                    # Every lane, with the activations its schedule really holds (an interleaved
+                    # warm-up holds several times what the first bound assumes, ZBH1 keeps them to
+                    # W): priced, such a candidate would only be found over the limit, after a
+                    # trace of its ZeRO stage. FThenB's and 1F1B's first lane holds exactly what
+                    # the first bound counts, so the walk would add nothing there.
+                    or (st.schedule in ("Interleaved1F1B", "ZBH1")
+                        and peak_lower_bound(st, counts(st), inv, state_per_layer_lower_bound(shape, st)) > limit)):
                 drop("state + activations over the memory limit (bound)", i)
                 continue
             push(max(lb, _chain_bound(lower_bound_stage_times(inv, st, counts(st)), st)), 2, i)

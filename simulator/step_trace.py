@@ -60,6 +60,7 @@ from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
 from mpipar.pipeline import resolve_kind
 from mpipar.plan import Plan
 from mpipar.reshard.planner import ReshardPlan
+from mpipar.spec import DistSpec
 from mpipar.tensor import Parameter, Tensor
 from mpipar.trace import PlanRecorder
 from simulator.backend import ShapeOnlyBackend
@@ -488,8 +489,14 @@ def _rank_bytes(t: Tensor, world: tuple[int, ...]) -> dict[int, int]:
     if not t.is_dist:
         n = math.prod(t.shape) * size
         return dict.fromkeys(world, n)
-    spec = t.spec
-    return {r: math.prod(spec.local_shape(r)) * size for r in spec.mesh.process_ids}
+    return _spec_rank_bytes(t.spec, size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec_rank_bytes(spec: DistSpec, itemsize: int) -> dict[int, int]:
+    """Bytes per rank of one layout (callers only read it): a trace asks for the same few layouts
+    hundreds of times, each over every rank of the mesh."""
+    return {r: math.prod(shape) * itemsize for r, shape in zip(spec.mesh.process_ids, spec.local_shapes, strict=True)}
 
 
 def _add(into: dict[int, int], more: dict[int, int]) -> None:
