@@ -1,6 +1,6 @@
 """Is ``examples/gpt.py --auto`` at 8 ranks within 10% of the fastest layout, measured?
 
-    .venv/bin/python benchmarks/auto_vs_measured.py [--profile profile.json] [--steps 6] [--rounds 2]
+    .venv/bin/python benchmarks/auto_vs_measured.py [--profile profile.json] [--steps 8] [--rounds 3]
 
 1. **Calibrate** this machine once (``python -m simulator calibrate -n 8``; ``--profile`` reuses a
    profile file): links, the GEMM and elementwise rates by size, mpipar's host costs.
@@ -119,8 +119,8 @@ def rank_of(values: list[float]) -> list[int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", help="a calibrated profile JSON to reuse (default: calibrate -n 8 now)")
-    parser.add_argument("--steps", type=int, default=6, help="gpt.py steps per run (the first is excluded; at least 3)")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; each run keeps its best")
+    parser.add_argument("--steps", type=int, default=8, help="gpt.py steps per run (the first is excluded; at least 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each run keeps its best")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before one gpt.py run is killed")
     ns = parser.parse_args()
     if ns.steps < 3 or ns.rounds < 1:
