@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -304,6 +305,56 @@ def kernel_seconds(step: Any, profile: Any, vector_flops: float | None) -> float
     return total
 
 
+def probe_sizes(step: Any, profile: Any) -> tuple[float, float]:
+    """(GEMM FLOPs, elementwise bytes) of a typical kernel of a one-rank probe step: each the
+    geometric mean over its ops weighted by their priced seconds (what the probe's time is made of)."""
+    from simulator.op_cost import PlanCosts
+    from simulator.step_trace import SETUP
+
+    costs = PlanCosts(step.plan, profile, op_overhead=0.0, reshard_overhead=0.0)
+    sums = {"matmul": [0.0, 0.0], "vector": [0.0, 0.0]}
+    for op, part in zip(step.plan.ops, step.op_parts, strict=True):
+        if part == SETUP or op.phase not in ("forward", "backward"):
+            continue
+        kind = "matmul" if op.op == "matmul" else "vector"
+        size = costs.op_flops(op, 0) if kind == "matmul" else costs.op_bytes(op, 0)
+        t = costs.op_time(op, 0)
+        if size > 0 and t > 0:
+            sums[kind][0] += t * math.log(size)
+            sums[kind][1] += t
+    return tuple(math.exp(a / w) if w > 0 else 1.0 for a, w in (sums["matmul"], sums["vector"]))  # type: ignore[return-value]
+
+
+def scale_by_size(measured: dict[int, float], priced: dict[int, float], host: dict[int, float]) -> dict[int, float]:
+    """Per probe batch, measured kernel seconds per priced kernel second: the probe's forward+
+    backward less the host seconds its ops are priced at (``op_overhead`` per op, measured by
+    ``host_costs``), over its priced kernel seconds. ``kernel_scale`` is the marginal ratio between
+    the two batches; this is each batch's own, so small kernels (operands in cache) and large
+    ones (8 ranks' operands competing for the caches and memory) each get theirs."""
+    out = {}
+    for b in KERNEL_BATCHES:
+        kernels = measured[b] - host[b]
+        if not priced[b] > 0 or not kernels > 0:
+            raise ValueError(f"kernel probe at micro-batch {b}: measured {measured[b]:.4g} s, of which host "
+                             f"{host[b]:.4g} s, priced kernels {priced[b]:.4g} s: no kernel time left; run again")
+        out[b] = kernels / priced[b]
+    return out
+
+
+def sized(profile: Any, vector_flops: float, anchors: dict[int, tuple[float, float]], scale: dict[int, float]) -> Any:
+    """The flat ``profile`` (one GEMM rate, ``vector_flops``) with every kernel rate divided by
+    the probe's scale at its size: linear in log size between the two probe batches' typical
+    GEMM FLOPs and elementwise bytes (``probe_sizes``), level beyond them (the profile's curve
+    interpolation). GEMM shares stay in (0, 1]: the rate is the fastest size's."""
+    from dataclasses import replace
+
+    least = min(scale.values())
+    rate = {k: v / least for k, v in profile.flops_per_s.items()}
+    gemm = sorted((anchors[b][0], least / scale[b]) for b in KERNEL_BATCHES)
+    vector = sorted((anchors[b][1], vector_flops / scale[b]) for b in KERNEL_BATCHES)
+    return replace(profile, flops_per_s=rate, compute_efficiency=1.0, gemm_curve=tuple(gemm), vector_curve=tuple(vector))
+
+
 def kernel_scale(measured: dict[int, float], priced: dict[int, float]) -> float:
     """Measured kernel seconds per priced kernel second in gpt.py's model: the growth of its
     measured forward+backward from the small to the large probe batch over the growth of its
@@ -446,9 +497,10 @@ def main() -> None:
     parser.add_argument("--profile", help="a hardware profile JSON to reuse (default: calibrate -n 8 now)")
     parser.add_argument("--steps", type=int, default=10, help="gpt.py steps per strategy (the first is excluded)")
     parser.add_argument("--strategies", default=DEFAULT_STRATEGIES, help="';'-separated --mesh values")
-    parser.add_argument("--model", choices=("flat", "curves"), default="flat",
-                        help="which prediction the order check uses: flat (one rate each, / kern x; the default: "
-                        "closer on this machine so far) or curves (the profile's rates by size, / curve x)")
+    parser.add_argument("--model", choices=("flat", "curves", "sized"), default="flat",
+                        help="which prediction the order check uses: flat (one rate each, / kern x; the default), "
+                        "curves (the profile's rates by size, / curve x) or sized (one rate each, / the probe's "
+                        "scale at each kernel's size)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.worker:
@@ -456,6 +508,7 @@ def main() -> None:
         return
     sys.path.insert(0, ROOT)
     from simulator.cost import load_profile
+    from simulator.step_trace import SETUP
 
     if ns.profile:
         profile = load_profile(ns.profile)
@@ -472,6 +525,8 @@ def main() -> None:
     predicted, measured, spread = [], [], []
     rows = []
     probes = {b: one_rank_step(b) for b in KERNEL_BATCHES}
+    probe_ops = {b: sum(1 for op, part in zip(probes[b].plan.ops, probes[b].op_parts, strict=True)
+                        if part != SETUP and op.phase in ("forward", "backward")) for b in KERNEL_BATCHES}
     curves = bool(profile.gemm_curve and profile.vector_curve)
     if not curves:
         print("  (this profile has no gemm_curve/vector_curve: the prediction falls back to the flat model; "
@@ -489,6 +544,12 @@ def main() -> None:
         level = flat(now)
         scale = kernel_scale(measured_fb, {b: kernel_seconds(probes[b], level, host["vector_flops"]) for b in KERNEL_BATCHES})
         trained = host["vector_flops"] / scale
+        # The flat rates divided by each probe batch's own scale, at the sizes of its kernels.
+        by_size = scale_by_size(measured_fb, {b: kernel_seconds(probes[b], level, host["vector_flops"]) for b in KERNEL_BATCHES},
+                                {b: probe_ops[b] * host["op"] for b in KERNEL_BATCHES})
+        by_size_model = sized(level, host["vector_flops"], {b: probe_sizes(probes[b], level) for b in KERNEL_BATCHES}, by_size)
+        sized_alpha, sized_base = loaded_latency(host, collective_gaps(step, by_size_model, host, None))
+        sized_p = predict(step, loaded_profile(by_size_model, sized_alpha), host, sized_base, None)
         flat_alpha, flat_base = loaded_latency(host, collective_gaps(step, loaded_profile(level, 0.0, scale), host, trained))
         flat_p = predict(step, loaded_profile(level, flat_alpha, scale), host, flat_base, trained)
         model = now if curves else level
@@ -506,19 +567,25 @@ def main() -> None:
         measured.append(m)
         spread.append(sp)
         # The headline is the model chosen by --model; both are printed.
-        headline = p if ns.model == "curves" else flat_p
+        headline = {"curves": p, "flat": flat_p, "sized": sized_p}[ns.model]
         predicted.append(headline)
-        rows.append((mesh, statistics.median(gaps) if gaps else 0.0, host, scale, flat_p, curve_x, curve_p, alpha, base, p, m, sp))
+        rows.append((mesh, statistics.median(gaps) if gaps else 0.0, host, scale, flat_p, curve_x, curve_p, alpha, base, p, m, sp,
+                     by_size, sized_p))
     print(f"\n{'strategy':<16} {'gap ms':>6} {'op us':>6} {'call us':>7} {'alpha us':>8} {'vec GF/s':>8} {'GEMM GF/s':>9} "
           f"{'kern x':>6} {'flat s':>7} {'curve x':>7} {'curve s':>7} {'curve/x s':>9} {'measured s':>11} {'+-':>6} "
           f"{'flat/meas':>9} {'curve/x/meas':>12}")
-    for mesh, gap, host, scale, flat_p, curve_x, curve_p, alpha, base, p, m, sp in rows:
+    for mesh, gap, host, scale, flat_p, curve_x, curve_p, alpha, base, p, m, sp, _, _ in rows:
         marks = []
         for ratio in (flat_p / m, p / m):
             marks.append(f"{ratio:.2f} " + ("ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")))
         print(f"{mesh:<16} {gap * 1e3:>6.2f} {host['op'] * 1e6:>6.0f} {base * 1e6:>7.0f} {alpha * 1e6:>8.0f} {host['vector_flops'] / 1e9:>8.2f} "
               f"{host['gemm_flops'] / 1e9:>9.1f} {scale:>6.2f} {flat_p:>7.4f} {curve_x:>7.2f} {curve_p:>7.4f} {p:>9.4f} {m:>11.4f} "
               f"{sp:>6.3f} {marks[0]:>9} {marks[1]:>12}")
+    print(f"\n{'strategy':<16} {'x at ' + '/'.join(map(str, KERNEL_BATCHES)):>12} {'sized s':>8} {'measured s':>11} {'sized/meas':>10}")
+    for mesh, *_, m, _sp, by_size, sized_p in rows:
+        ratio = sized_p / m
+        mark = "ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")
+        print(f"{mesh:<16} {'/'.join(f'{by_size[b]:.2f}' for b in KERNEL_BATCHES):>12} {sized_p:>8.4f} {m:>11.4f} {ratio:>5.2f} {mark}")
     print("(gap: the median work before one of rank 0's collectives; op: host time per mpipar op; call + 2(n-1) alpha: "
           "an n-rank all-reduce, averaged over the plan's collectives, each after its own gap of work; vec: "
           "elementwise FLOP rate of the calibration loop now; GEMM: float32 512x512 rate now; kern x: measured kernel "
@@ -526,7 +593,9 @@ def main() -> None:
           "and one elementwise rate), which divides every kernel rate of the flat prediction (flat s); curve x: the "
           "same ratio under the profile's size-dependent rates (the curves moved to the load now; 1 where they would "
           "hold alone); curve s: the prediction at the curves' rates; curve/x: the curves' rates divided by curve x; "
-          "8 ranks at once)")
+          "8 ranks at once; sized: the flat rates divided by each probe batch's own measured kernel seconds per priced "
+          "second, less the probe's host seconds (x at 2/16), interpolated in log size between the two batches' typical "
+          "kernel sizes)")
     ok, ties = order_agrees(names, predicted, measured, spread)
     by_pred = " < ".join(n for _, n in sorted(zip(predicted, names, strict=True)))
     by_meas = " < ".join(n for _, n in sorted(zip(measured, names, strict=True)))

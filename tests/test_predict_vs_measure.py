@@ -121,3 +121,44 @@ def test_the_curves_price_small_and_large_kernels_apart() -> None:
     flat = {b: pvm.kernel_seconds(steps[b], pvm.flat(_curved()), 1e9) for b in pvm.KERNEL_BATCHES}
     assert curved[16] / curved[2] > 8.5
     assert flat[16] / flat[2] <= 8.0 + 1e-9
+
+
+def test_scale_by_size_is_each_batchs_kernel_time_over_its_priced_kernels() -> None:
+    small, large = pvm.KERNEL_BATCHES
+    # 1.0 s of the probe is host time (ops x op overhead): what is left is kernel time.
+    got = pvm.scale_by_size({small: 1.0 + 0.15, large: 1.0 + 2.4}, {small: 0.1, large: 0.8}, {small: 1.0, large: 1.0})
+    assert got == pytest.approx({small: 1.5, large: 3.0})
+
+
+def test_scale_by_size_refuses_a_probe_with_no_kernel_time_left() -> None:
+    small, large = pvm.KERNEL_BATCHES
+    with pytest.raises(ValueError, match="micro-batch 2: measured 0.9 s, of which host 1 s"):
+        pvm.scale_by_size({small: 0.9, large: 3.0}, {small: 0.1, large: 0.8}, {small: 1.0, large: 1.0})
+
+
+def test_sized_prices_each_kernel_at_its_own_sizes_scale() -> None:
+    """At the small probe's typical sizes a kernel runs at the flat rate / x(2), at the large
+    probe's at / x(16), in between on the log-size line, and beyond them level."""
+    prof = pvm.flat(_curved())
+    small, large = pvm.KERNEL_BATCHES
+    anchors = {small: (1e6, 1e5), large: (8e6, 8e5)}
+    model = pvm.sized(prof, 1e9, anchors, {small: 1.5, large: 3.0})
+    rate = prof.flops_per_s["float32"]
+
+    def gemm_rate(flops: float) -> float:
+        return model.flops_per_s["float32"] * model.gemm_efficiency(flops)
+
+    assert gemm_rate(1e6) == pytest.approx(rate / 1.5)
+    assert gemm_rate(8e6) == pytest.approx(rate / 3.0)
+    assert gemm_rate(1e3) == pytest.approx(rate / 1.5) and gemm_rate(1e9) == pytest.approx(rate / 3.0)
+    assert rate / 3.0 < gemm_rate(math.sqrt(8) * 1e6) < rate / 1.5
+    assert model.vector_rate(1e5) == pytest.approx(1e9 / 1.5) and model.vector_rate(8e5) == pytest.approx(1e9 / 3.0)
+
+
+def test_probe_sizes_grow_with_the_probe_batch() -> None:
+    """The large probe's typical GEMM and elementwise op are several times the small one's."""
+    prof = _compute_only()
+    sizes = {b: pvm.probe_sizes(pvm.one_rank_step(b), prof) for b in pvm.KERNEL_BATCHES}
+    small, large = pvm.KERNEL_BATCHES
+    for k in range(2):
+        assert 2.0 < sizes[large][k] / sizes[small][k] <= 8.0 + 1e-9, sizes
