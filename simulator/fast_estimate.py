@@ -51,7 +51,7 @@ from simulator.estimate import (
     update_bytes,
     update_cost,
 )
-from simulator.fast_pipeline import compile_schedule, lane_flight_events, peak_in_flight
+from simulator.fast_pipeline import PipelineTimes, compile_schedule, lane_flight_events, peak_in_flight
 from simulator.op_cost import PlanCosts, _local_shapes, op_family
 from simulator.step_trace import FIRST, LAST, SETUP, GPTShape, GPTStrategy, Part, StepTrace, trace_gpt_step
 
@@ -331,28 +331,17 @@ def layer_counts(layers: int, pp: int, chunks: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------- pipeline
-@dataclass(frozen=True)
-class _Pipe:
-    ends: tuple[float, ...]
-    makespan: float
-    busy: float
-    in_flight: tuple[int, ...]
-    """Activation bytes held at once on each lane."""
-
-
-def _simulate(strategy: GPTStrategy, micro: int, cost: PipelineCost, act: tuple[int, ...]) -> _Pipe:
+def _simulate(strategy: GPTStrategy, micro: int, cost: PipelineCost, act: tuple[int, ...]) -> PipelineTimes:
     # The schedule compiled once per shape (``simulator.fast_pipeline``): candidates that differ
     # in costs only replay it.
-    program = compile_schedule(strategy.schedule, strategy.num_stages, micro, strategy.chunks)
-    times = program.run(cost, act)
-    return _Pipe(times.ends, times.makespan, times.busy, times.in_flight)
+    return compile_schedule(strategy.schedule, strategy.num_stages, micro, strategy.chunks).run(cost, act)
 
 
 def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-30)
 
 
-def pipeline(strategy: GPTStrategy, cost: PipelineCost, act: tuple[int, ...]) -> tuple[_Pipe, float]:
+def pipeline(strategy: GPTStrategy, cost: PipelineCost, act: tuple[int, ...]) -> tuple[PipelineTimes, float]:
     """The schedule's lane ends, makespan and activations in flight (and its bubble fraction).
 
     A long step is extrapolated: past a few rounds every quantity grows by the same amount per
@@ -376,7 +365,7 @@ def pipeline(strategy: GPTStrategy, cost: PipelineCost, act: tuple[int, ...]) ->
         if all(_close(b - a, c - b) for a, b, c in zip(s0, s1, s2, strict=True)):
             rounds = (m - base) // period
             out = [a + rounds * (b - a) for a, b in zip(s0, s1, strict=True)]
-            pipe = _Pipe(tuple(out[:lanes]), out[lanes], out[lanes + 1], tuple(round(x) for x in out[lanes + 2:]))
+            pipe = PipelineTimes(tuple(out[:lanes]), out[lanes], out[lanes + 1], tuple(round(x) for x in out[lanes + 2:]))
         else:
             pipe = _simulate(strategy, m, cost, act)
     lanes = len(pipe.ends)

@@ -132,7 +132,7 @@ def test_scale_by_size_is_each_batchs_kernel_time_over_its_priced_kernels() -> N
 
 def test_scale_by_size_refuses_a_probe_with_no_kernel_time_left() -> None:
     small, large = pvm.KERNEL_BATCHES
-    with pytest.raises(ValueError, match="micro-batch 2: measured 0.9 s, of which host 1 s"):
+    with pytest.raises(ValueError, match=r"micro-batch 2: measured 0\.9 s, of which host 1 s"):
         pvm.scale_by_size({small: 0.9, large: 3.0}, {small: 0.1, large: 0.8}, {small: 1.0, large: 1.0})
 
 
