@@ -289,17 +289,22 @@ def one_rank_step(batch: int) -> Any:
     return trace_gpt_step(shape, GPTStrategy(), layers_traced=shape.layers)
 
 
+def forward_backward_ops(step: Any) -> list[Any]:
+    """A one-rank probe step's forward and backward ops (what the worker's probe times)."""
+    from simulator.step_trace import SETUP
+
+    return [op for op, part in zip(step.plan.ops, step.op_parts, strict=True)
+            if part != SETUP and op.phase in ("forward", "backward")]
+
+
 def kernel_seconds(step: Any, profile: Any, vector_flops: float | None) -> float:
     """The model's kernel seconds (FLOPs at the calibrated rates, no host overhead) of a one-rank
     step's forward and backward."""
     from simulator.op_cost import PlanCosts
-    from simulator.step_trace import SETUP
 
     costs = PlanCosts(step.plan, profile, vector_flops=vector_flops, op_overhead=0.0, reshard_overhead=0.0)
     total = 0.0
-    for op, part in zip(step.plan.ops, step.op_parts, strict=True):
-        if part == SETUP or op.phase not in ("forward", "backward"):
-            continue
+    for op in forward_backward_ops(step):
         times = costs.op_times(op)
         total += times.get(0, 0.0) if isinstance(times, dict) else times
     return total
@@ -309,13 +314,10 @@ def probe_sizes(step: Any, profile: Any) -> tuple[float, float]:
     """(GEMM FLOPs, elementwise bytes) of a typical kernel of a one-rank probe step: each the
     geometric mean over its ops weighted by their priced seconds (what the probe's time is made of)."""
     from simulator.op_cost import PlanCosts
-    from simulator.step_trace import SETUP
 
     costs = PlanCosts(step.plan, profile, op_overhead=0.0, reshard_overhead=0.0)
     sums = {"matmul": [0.0, 0.0], "vector": [0.0, 0.0]}
-    for op, part in zip(step.plan.ops, step.op_parts, strict=True):
-        if part == SETUP or op.phase not in ("forward", "backward"):
-            continue
+    for op in forward_backward_ops(step):
         kind = "matmul" if op.op == "matmul" else "vector"
         size = costs.op_flops(op, 0) if kind == "matmul" else costs.op_bytes(op, 0)
         t = costs.op_time(op, 0)
@@ -508,7 +510,6 @@ def main() -> None:
         return
     sys.path.insert(0, ROOT)
     from simulator.cost import load_profile
-    from simulator.step_trace import SETUP
 
     if ns.profile:
         profile = load_profile(ns.profile)
@@ -525,8 +526,7 @@ def main() -> None:
     predicted, measured, spread = [], [], []
     rows = []
     probes = {b: one_rank_step(b) for b in KERNEL_BATCHES}
-    probe_ops = {b: sum(1 for op, part in zip(probes[b].plan.ops, probes[b].op_parts, strict=True)
-                        if part != SETUP and op.phase in ("forward", "backward")) for b in KERNEL_BATCHES}
+    probe_ops = {b: len(forward_backward_ops(probes[b])) for b in KERNEL_BATCHES}
     curves = bool(profile.gemm_curve and profile.vector_curve)
     if not curves:
         print("  (this profile has no gemm_curve/vector_curve: the prediction falls back to the flat model; "
