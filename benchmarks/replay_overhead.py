@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from tp_mlp import sgd_step
 
 import mpipar as dist
 from simulator import SimBackend
@@ -35,18 +36,7 @@ def make_step(layout: str) -> Callable[[], float]:
     w2 = dist.shard_tensor(dist.Parameter(rng.standard_normal((16, 8)).astype(np.float32)), mesh, [s0 if tp else r])
     b2 = dist.shard_tensor(dist.Parameter(rng.standard_normal(8).astype(np.float32)), mesh, [r])
     opt = dist.optimizer.SGD(learning_rate=0.01, parameters=[w1, b1, w2, b2])
-    relu = dist.nn.functional.relu
-
-    def step() -> float:
-        h = relu(dist.add(dist.matmul(x, w1), b1))
-        z = dist.add(dist.matmul(h, w2), b2)
-        loss = dist.mean(dist.multiply(z, z))
-        loss.backward()
-        opt.step()
-        opt.clear_grad()
-        return float(loss.full_tensor())
-
-    return step
+    return sgd_step(x, w1, b1, w2, b2, opt)
 
 
 def main() -> None:

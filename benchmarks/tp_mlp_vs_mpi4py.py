@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
+from tp_mlp import sgd_step
 
 import mpipar as dist
 from mpipar.tensor import reuse_reshards
@@ -85,16 +86,7 @@ def ours(world: MPI.Comm) -> tuple[Callable[[], float], Callable[[], dict[str, n
     w2 = dist.shard_tensor(dist.Parameter(v["w2"]), mesh, [dist.Shard(0)])
     b2 = dist.shard_tensor(dist.Parameter(v["b2"]), mesh, [dist.Replicate()])
     opt = dist.optimizer.SGD(learning_rate=LR, parameters=[w1, b1, w2, b2])
-    relu = dist.nn.functional.relu
-
-    def step() -> float:
-        h = relu(dist.add(dist.matmul(x, w1), b1))
-        z = dist.add(dist.matmul(h, w2), b2)
-        loss = dist.mean(dist.multiply(z, z))
-        loss.backward()
-        opt.step()
-        opt.clear_grad()
-        return float(loss.full_tensor())
+    step = sgd_step(x, w1, b1, w2, b2, opt)
 
     def state() -> dict[str, np.ndarray]:
         return {"w1": w1.full_tensor(), "w2": w2.full_tensor(), "b2": b2.full_tensor()}
