@@ -1,7 +1,10 @@
 """Dispatch overhead: a 2-layer MLP forward+backward on 8 virtual ranks vs plain NumPy.
 
     .venv/bin/python benchmarks/dispatch_overhead.py [--hidden 1024] [--tokens 512] [--rounds 3] [--turns 7]
-        [--layout data|tensor|both]
+        [--layout data|tensor|both] [--breakdown] [--glibc-malloc-defaults]
+
+Run it with ``OPENBLAS_NUM_THREADS=1`` for ratios that hold still on a shared machine: with
+BLAS threads on 2 cores that other jobs also use, a GEMM's time follows the load.
 
 The MLP is hidden -> 4*hidden -> hidden with relu and a mean loss. Two NumPy baselines run in
 the same process:
@@ -34,6 +37,7 @@ from collections.abc import Callable
 import numpy as np
 
 import mpipar as dist
+from mpipar.comm import reduce_arrays
 from simulator import SimBackend
 
 F = dist.nn.functional
@@ -121,6 +125,47 @@ def mpipar_step(x: dist.Tensor, w0: dist.Tensor, w1: dist.Tensor) -> None:
     loss.backward()
 
 
+def data_parallel_breakdown(x: np.ndarray, w0: np.ndarray, w1: np.ndarray, ranks: int, turns: int, rng: np.random.Generator) -> None:
+    """Where the data-parallel step's time goes beyond dense: each piece of ``numpy_step`` once on
+    whole arrays and once as ``ranks`` per-rank pieces (plus the ordered sum of the weight
+    gradients, by ``mpipar.comm.reduce_arrays`` as the simulator sums them), taking turns.
+    The row-split GEMMs are also run stacked (one GEMM on all rows, split afterwards), which this
+    BLAS may or may not compute bit for bit like the per-rank ones: that is printed, measured."""
+    rows = [slice(r[0], r[-1] + 1) for r in np.array_split(np.arange(x.shape[0]), ranks)]
+    h = x @ w0  # (T, 4H)
+    a = np.maximum(h, 0)
+    dz = np.full((x.shape[0], w1.shape[1]), np.float32(1.0 / (x.shape[0] * w1.shape[1])))
+    da = dz @ w1.T
+    dh = da * (h > 0)
+    dw1s = [a[r].T @ dz[r] for r in rows]
+    dw0s = [x[r].T @ dh[r] for r in rows]
+    pieces: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
+        "x @ w0 (forward)": (lambda: x @ w0, lambda: [x[r] @ w0 for r in rows]),
+        "a @ w1 (forward)": (lambda: a @ w1, lambda: [a[r] @ w1 for r in rows]),
+        "dz @ w1.T (input grad)": (lambda: dz @ w1.T, lambda: [dz[r] @ w1.T for r in rows]),
+        "a.T @ dz (weight grad)": (lambda: a.T @ dz, lambda: [a[r].T @ dz[r] for r in rows]),
+        "x.T @ dh (weight grad)": (lambda: x.T @ dh, lambda: [x[r].T @ dh[r] for r in rows]),
+        "relu and its backward": (
+            lambda: (np.maximum(h, 0), da * (h > 0)),
+            lambda: [(np.maximum(h[r], 0), da[r] * (h[r] > 0)) for r in rows],
+        ),
+        "ordered sum of 8 grads x2": (lambda: None, lambda: (reduce_arrays(dw1s, "sum"), reduce_arrays(dw0s, "sum"))),
+    }
+    print(f"data-parallel breakdown, {ranks} ranks, median of {turns} turns (ms): piece, dense, per-rank, extra")
+    tot_d = tot_r = 0.0
+    for name, (dense, per_rank) in pieces.items():
+        med = take_turns({"dense": dense, "ranks": per_rank}, turns, rng)
+        tot_d += med["dense"]
+        tot_r += med["ranks"]
+        print(f"  {name:28s} {med['dense'] * 1e3:7.1f} {med['ranks'] * 1e3:7.1f} {(med['ranks'] - med['dense']) * 1e3:+7.1f}")
+    print(f"  {'total':28s} {tot_d * 1e3:7.1f} {tot_r * 1e3:7.1f} {(tot_r - tot_d) * 1e3:+7.1f}  ({tot_r / tot_d:.2f}x)")
+    for name, (lhs, rhs) in {"x @ w0": (x, w0), "a @ w1": (a, w1), "dz @ w1.T": (dz, w1.T)}.items():
+        same = np.array_equal(lhs @ rhs, np.concatenate([lhs[r] @ rhs for r in rows]))
+        med = take_turns({"stacked": lambda lhs=lhs, rhs=rhs: lhs @ rhs, "ranks": lambda lhs=lhs, rhs=rhs: [lhs[r] @ rhs for r in rows]}, turns, rng)
+        print(f"  {name}: one stacked GEMM {med['stacked'] * 1e3:.1f} ms against {med['ranks'] * 1e3:.1f} ms per rank; "
+              f"bit for bit the per-rank result on this BLAS: {same}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=1024)
@@ -128,8 +173,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each prints its own medians and ratios")
     parser.add_argument("--turns", type=int, default=7, help="turns per round; each runs every variant once")
     parser.add_argument("--layout", choices=["data", "tensor", "both"], default="both")
+    parser.add_argument("--breakdown", action="store_true", help="also time the data-parallel step piece by piece")
+    parser.add_argument("--glibc-malloc-defaults", action="store_true",
+                        help="SimBackend(reuse_freed_memory=False): freed memory goes back to the system as glibc decides")
     args = parser.parse_args()
-    dist.set_backend(SimBackend(8))
+    dist.set_backend(SimBackend(8, reuse_freed_memory=not args.glibc_malloc_defaults))
     rng = np.random.default_rng(0)
     H, T = args.hidden, args.tokens
     x_np = rng.standard_normal((T, H)).astype(np.float32)
@@ -142,6 +190,8 @@ def main() -> None:
     for got, want in ((dp0, dw0), (dp1, dw1), (np.concatenate(tp0, axis=1), dw0), (np.concatenate(tp1, axis=0), dw1)):
         assert np.allclose(got, want, rtol=1e-3, atol=1e-6), "a per-rank NumPy baseline computes other gradients"
 
+    if args.breakdown:
+        data_parallel_breakdown(x_np, w0_np, w1_np, 8, args.turns, np.random.default_rng(2))
     mesh = dist.ProcessMesh(list(range(8)), dim_names=["x"])
     layouts = {
         "data parallel (8)": ([dist.Shard(0)], [dist.Replicate()], [dist.Replicate()], numpy_data_parallel),
