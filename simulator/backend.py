@@ -27,6 +27,8 @@ class SimBackend(Backend):
     def __init__(self, world_size: int | None = None, reuse_freed_memory: bool = True) -> None:
         if world_size is not None and world_size < 1:
             raise ValueError(f"the simulator needs at least one rank, got -n {world_size}")
+        if not isinstance(reuse_freed_memory, bool):
+            raise TypeError(f"SimBackend: reuse_freed_memory must be True or False, got {reuse_freed_memory!r}")
         if reuse_freed_memory:
             keep_freed_memory()
         self._fixed = world_size

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from simulator import SimBackend
 from simulator.allocator import MMAP_THRESHOLD_MAX, _glibc, keep_freed_memory
 
 # A fresh interpreter: the freed bytes glibc's heap still holds after eight 16 MiB arrays (one
@@ -93,3 +94,8 @@ def test_glibc_detection_agrees_with_the_c_library() -> None:
     except OSError:
         has = False
     assert (_glibc() is not None) == has
+
+
+def test_the_switch_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match=r"reuse_freed_memory must be True or False, got 'no'"):
+        SimBackend(2, reuse_freed_memory="no")  # type: ignore[arg-type]
