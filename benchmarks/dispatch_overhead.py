@@ -1,7 +1,7 @@
 """Dispatch overhead: a 2-layer MLP forward+backward on 8 virtual ranks vs plain NumPy.
 
     .venv/bin/python benchmarks/dispatch_overhead.py [--hidden 1024] [--tokens 512] [--rounds 3] [--turns 7]
-        [--layout data|tensor|both] [--breakdown] [--glibc-malloc-defaults]
+        [--layout data|tensor|both] [--breakdown] [--glibc-malloc-defaults] [--clock wall|cpu]
 
 Run it with ``OPENBLAS_NUM_THREADS=1`` for ratios that hold still on a shared machine: with
 BLAS threads on 2 cores that other jobs also use, a GEMM's time follows the load.
@@ -198,6 +198,9 @@ def main() -> None:
                         help="cpu: this process's CPU seconds (time.process_time), which time spent waiting for a "
                         "core does not inflate; with one BLAS thread the same work as wall time on an idle machine")
     args = parser.parse_args()
+    for flag, value, low in (("--rounds", args.rounds, 1), ("--turns", args.turns, 1), ("--hidden", args.hidden, 8), ("--tokens", args.tokens, 8)):
+        if value < low:
+            parser.error(f"{flag} must be at least {low} (8 ranks split it), got {value}" if low == 8 else f"{flag} must be at least 1, got {value}")
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     dist.set_backend(SimBackend(8, reuse_freed_memory=not args.glibc_malloc_defaults))
     rng = np.random.default_rng(0)
