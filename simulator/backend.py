@@ -9,17 +9,28 @@ from __future__ import annotations
 from mpipar.backend import Backend, register_backend
 from mpipar.comm import Communicator, NoCommunicator
 from mpipar.mesh import ProcessMesh
+from simulator.allocator import keep_freed_memory
 from simulator.virtual_comm import VirtualCommunicator
 
 
 class SimBackend(Backend):
-    """Hosts every rank of every mesh. ``world_size=None`` grows the world with the meshes built."""
+    """Hosts every rank of every mesh. ``world_size=None`` grows the world with the meshes built.
+
+    ``reuse_freed_memory`` (on by default; glibc only): every rank's buffers live in this
+    process, so each step allocates and frees many weight-sized arrays; glibc's malloc is told,
+    process-wide, to keep freed memory for the next step instead of mapping fresh pages
+    (``simulator.allocator``). It changes where memory comes from, never a value.
+    """
 
     name = "sim"
 
-    def __init__(self, world_size: int | None = None) -> None:
+    def __init__(self, world_size: int | None = None, reuse_freed_memory: bool = True) -> None:
         if world_size is not None and world_size < 1:
             raise ValueError(f"the simulator needs at least one rank, got -n {world_size}")
+        if not isinstance(reuse_freed_memory, bool):
+            raise TypeError(f"SimBackend: reuse_freed_memory must be True or False, got {reuse_freed_memory!r}")
+        if reuse_freed_memory:
+            keep_freed_memory()
         self._fixed = world_size
         self._seen = 0
         self._comm: Communicator = VirtualCommunicator()
@@ -56,7 +67,7 @@ class ReferenceBackend(SimBackend):
     reference = True
 
     def __init__(self, world_size: int | None = None) -> None:
-        super().__init__(world_size)
+        super().__init__(world_size, reuse_freed_memory=False)  # one device's arrays, or none
         self._comm = NoCommunicator()
 
     def describe(self) -> str:
@@ -74,7 +85,7 @@ class ShapeOnlyBackend(SimBackend):
     shape_only = True
 
     def __init__(self, world_size: int | None = None) -> None:
-        super().__init__(world_size)
+        super().__init__(world_size, reuse_freed_memory=False)  # one device's arrays, or none
         self._comm = NoCommunicator()
 
     def describe(self) -> str:
