@@ -146,6 +146,8 @@ class Tracer:
         self.rebind: list[tuple[Any, ...]] = []
         self.start_grads: list[tuple[Tensor, Any]] = []
         self.start_ids: dict[tuple[Any, ...], int] = {}
+        self.in_place: list[tuple[int, Any, int]] = []
+        """(instruction, parameter, rank) of updates that may write the parameter's shard in place."""
         self.start_tensors: list[tuple[Any, Any, Any]] = []
         """(tensor, spec, dtype) of every tensor the previous trace read, as this call began."""
         if prev is not None:  # what the previous trace read: its starting state now, for checks
@@ -340,7 +342,9 @@ class Tracer:
         roots: dict[int, Array] = {}
         for s, src in self.roots:
             with contextlib.suppress(_Stale):
-                roots[s] = _getter(src)(flat_args).copy()
+                copy = _getter(src)(flat_args).copy()
+                copy.flags.writeable = False  # read-only as the live shards: no update writes into it in place
+                roots[s] = copy
         steps = {(id(opt), pid): dict(opt._states.get(pid, {})) for opt, p in self.updated.values() for pid in (id(p),)}
         return {"roots": roots, "steps": steps}
 
@@ -485,7 +489,6 @@ class Program:
 
     def __init__(self, tr: Tracer) -> None:
         self.n = len(tr.arrays)
-        self.instrs = tr.instrs
         self.binders = [(s, _getter(src)) for s, src in tr.roots]
         self.template: list[Any] = [None] * self.n
         for s, a in tr.consts:
@@ -493,6 +496,14 @@ class Program:
         self.out = tr.out_template
         self.leaf_guards = [(weakref.ref(leaf), state) for leaf, state in tr.start_grads]
         self.tensor_guards = [(weakref.ref(t), spec, dtype) for t, spec, dtype in tr.start_tensors]
+        self.alone: list[tuple[weakref.ref[Any], list[bool], int]] = []
+        self.alone_flags: list[bool] = []
+        self.instrs = list(tr.instrs)
+        for k, (i, p, _) in enumerate(_in_place_updates(tr)):
+            fn, ins, outs, kind = self.instrs[i]
+            self.alone_flags.append(False)
+            self.alone.append((weakref.ref(p), self.alone_flags, k))
+            self.instrs[i] = (partial(_write_in_place, fn, self.alone_flags, k), ins, outs, kind)
         self.rebind = _weak_rebind(tr.rebind)
 
     def run(self, flat: Sequence[Any]) -> Any:
@@ -508,6 +519,13 @@ class Program:
             t = ref()
             if t is None or (t._spec is not spec and t._spec != spec) or t._dtype != dtype or t._grad_fn is not None:
                 raise _Stale
+        if self.alone:
+            from mpipar.optimizer.optimizer import _ALONE_REFS, _shard_refs
+
+            for ref, flags, k in self.alone:
+                # As eager's ``_unfreeze_if_alone``: nothing but the parameter may hold its shard.
+                p = ref()
+                flags[k] = p is not None and len(p._shards) == 1 and _owns(p) and _shard_refs(p)[:2] == _ALONE_REFS
         slots = list(self.template)
         for s, get in self.binders:
             slots[s] = get(flat)
@@ -521,6 +539,54 @@ class Program:
                 fn()
         _apply_rebind(self.rebind, slots)
         return _build(self.out, slots)
+
+
+def _owns(p: Any) -> bool:
+    a = next(iter(p._shards.values()))
+    return type(a) is np.ndarray and a.base is None and a.flags.c_contiguous and a.flags.owndata
+
+
+def _write_in_place(fn: Callable[..., Any], flags: list[bool], k: int, *arrays: Array) -> Any:
+    """An update allowed to overwrite the parameter's shard (``SGD``'s ``w -= lr * g``) when the
+    run began with nothing but the parameter holding it; read-only otherwise (a new array)."""
+    if flags[k]:
+        arrays[0].flags.writeable = True
+    return fn(*arrays)
+
+
+def _in_place_updates(tr: Tracer) -> list[tuple[int, Any, int]]:
+    """The updates that may overwrite the parameter's shard: no later instruction, output or
+    result reads that shard or anything sharing its memory (a view, a no-op reshard's output)."""
+    out = []
+    for i, p, r in tr.in_place:
+        ins = tr.instrs[i][1]
+        src = ins[0]
+        if not any(s == src and key[0] == "tensor" and key[1] == id(p) for key, s in tr.root_slot.items()):
+            continue
+        base = tr.arrays[src]
+        new = tr.instrs[i][2][0]
+        shared = {s for s, a in enumerate(tr.arrays) if s != new and hasattr(a, "shape") and np.may_share_memory(a, base)}
+        later = {j for _, ins_j, _, _ in tr.instrs[i + 1 :] for j in ins_j}
+        kept = set(_template_slots(tr.out_template)) | {s for e in tr.rebind for s in _rebind_slots(e)}
+        if not (shared & (later | kept)):
+            out.append((i, p, r))
+    return out
+
+
+def _template_slots(t: Any) -> list[int]:
+    if t is None:
+        return []
+    if t[0] == "tensor":
+        return [s for _, s in t[4]]
+    return [s for v in t[1] for s in _template_slots(v[1] if t[0] is dict else v)]
+
+
+def _rebind_slots(e: tuple[Any, ...]) -> list[int]:
+    if e[0] == "tensor":
+        return [s for _, s in e[4]]
+    if e[0] == "grad":
+        return [] if e[2] is None else [s for _, s in e[2][3]]
+    return [s for _, s in e[6]]
 
 
 def _weak_rebind(entries: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -727,6 +793,8 @@ def update(tr: Tracer, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: di
     inputs += [(state[n]._shards[r], ("state", opt, id(p), n, r), r) for n in names]
     key = ("update", type(opt)._update, opt, id(p), names, np.dtype(cdt), decay, type(opt).get_lr)
     res = tr.call(fn, key, inputs, True)
+    if opt.updates_in_place and len(src._shards) == 1 and src is p and tr.instrs and tr.instrs[-1][0] is fn:
+        tr.in_place.append((len(tr.instrs) - 1, p, r))
     return res[0], dict(zip(names, res[1:], strict=True))
 
 
