@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mpi_scripts.launch import mpirun  # the MPI test launches mpiexec, as tests/test_mpi_runtime.py does
 
 import mpipar as dist
 from mpipar import capture
@@ -404,3 +405,60 @@ def test_captured_equals_eager_on_random_runs(layout: str, opt: str, rows: list[
 
     batches = _batches(0, rows=rows, layout=layout)
     _assert_same(_run(build, batches, captured=False, between=sched), _run(build, batches, captured=True, between=sched))
+
+
+# ------------------------------------------------------------------------------- in place
+def _one_rank_sgd() -> tuple[Step, list[dist.Tensor], Any]:
+    """A mesh of one rank: each parameter has one shard, which SGD may overwrite in place."""
+    mesh = dist.ProcessMesh([0], dim_names=["x"])
+    rng = np.random.default_rng(2)
+    w = dist.shard_tensor(dist.Parameter(rng.standard_normal((6, 5))), mesh, [dist.Replicate()])
+    b = dist.shard_tensor(dist.Parameter(rng.standard_normal(5)), mesh, [dist.Replicate()])
+    opt = dist.optimizer.SGD(learning_rate=0.1, parameters=[w, b])
+
+    def step(x: Any) -> dist.Tensor:
+        loss = dist.mean(dist.square(dist.add(dist.matmul(dist.shard_tensor(x, mesh, [dist.Replicate()]), w), b)))
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        return loss
+
+    return step, [w, b], opt
+
+
+def test_sgd_program_overwrites_lone_weights_in_place_and_stays_exact() -> None:
+    batches = _batches(7, numpy_args=True)
+    eager = _run(_one_rank_sgd, batches, captured=False)
+    captured = _run(_one_rank_sgd, batches, captured=True)
+    _assert_same(eager, captured)
+    program = next(c.program for c in captured[3]._captures.values() if c.program is not None)
+    assert program.alone_flags and all(program.alone_flags)
+
+
+def test_a_weight_shard_held_elsewhere_is_never_overwritten() -> None:
+    step, params, _ = _one_rank_sgd()
+    fn = dist.compile_step(step, capture=True)
+    batches = _batches(6, numpy_args=True)
+    for x in batches[:4]:
+        fn(x)
+    assert fn.captured
+    held = params[0].local_tensor()  # the user keeps the current shard: it must not change
+    before = held.copy()
+    fn(batches[4])
+    program = next(c.program for c in fn._captures.values() if c.program is not None)
+    assert not program.alone_flags[0]
+    assert np.array_equal(held, before)
+    assert not np.array_equal(params[0].local_tensor(), before)  # the weight itself did move
+
+
+# ------------------------------------------------------------------------------- MPI
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_captured_steps_under_mpi_match_eager(n: int) -> None:
+    """TP MLP (SGD in place, AdamW) and a DP MLP: losses, weights, states and collectives."""
+    run = mpirun(n, "tests/mpi_scripts/capture_step.py", "--steps", "6", env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.output[-4000:]
+    for r in range(n):
+        lines = run.lines_of(r)
+        for case in ("tp-sgd", "tp-adamw", "dp-sgd"):
+            assert any(line.startswith(f"ok {case} captured ") for line in lines), run.output[-3000:]
