@@ -125,6 +125,7 @@ class Tracer:
         self.backend = backend
         self.thread = threading.get_ident()
         self.arg_index = {id(a): i for i, a in enumerate(flat_args)}
+        self.flat = list(flat_args)
         self.where: dict[int, int] = {}
         """id(array) -> the slot holding it now (the latest producer wins: in-place updates)."""
         self.arrays: list[Array] = []
@@ -312,9 +313,14 @@ class Tracer:
             self.rebind.append(("tensor", t, t._spec, t._dtype, slots))
 
     def _end_arg(self, src: tuple[Any, ...]) -> None:
+        """An argument must still hold what the step read (the program does not rebind arguments)."""
         s = self.root_slot[_source_key(src)]
-        if self.where.get(id(self.arrays[s])) != s:
-            raise Refused(f"the step changes its argument {src[1]} in place")
+        try:
+            now = _getter(src)(self.flat)
+        except _Stale:
+            now = None
+        if now is not self.arrays[s]:
+            raise Refused(f"the step replaces the storage of its argument {src[1]}")
 
     def _end_grad(self, leaf: Any) -> None:
         g = leaf.grad

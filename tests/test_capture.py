@@ -462,3 +462,42 @@ def test_captured_steps_under_mpi_match_eager(n: int) -> None:
         lines = run.lines_of(r)
         for case in ("tp-sgd", "tp-adamw", "dp-sgd"):
             assert any(line.startswith(f"ok {case} captured ") for line in lines), run.output[-3000:]
+
+
+def test_to_static_captures_its_training_steps() -> None:
+    mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
+
+    class MLP(dist.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l1 = dist.nn.Linear(6, 16)
+            self.l2 = dist.nn.Linear(16, 6)
+
+        def forward(self, x: dist.Tensor) -> dist.Tensor:
+            return self.l2(F.relu(self.l1(x)))
+
+    def build() -> tuple[MLP, Any]:
+        dist.seed(1)
+        m = MLP()
+        dist.shard_tensor(m.l1.weight, mesh, [dist.Shard(1)])
+        dist.shard_tensor(m.l1.bias, mesh, [dist.Shard(0)])
+        dist.shard_tensor(m.l2.weight, mesh, [dist.Shard(0)])
+        dist.shard_tensor(m.l2.bias, mesh, [dist.Replicate()])
+        return m, dist.optimizer.Momentum(learning_rate=0.05, parameters=m.parameters())
+
+    def loss_fn(out: dist.Tensor, y: dist.Tensor) -> dist.Tensor:
+        d = dist.subtract(out, y)
+        return dist.mean(dist.multiply(d, d))
+
+    rng = np.random.default_rng(2)
+    data = [tuple(dist.shard_tensor(rng.standard_normal((8, 6)), mesh, [dist.Replicate()]) for _ in range(2)) for _ in range(6)]
+    m1, o1 = build()
+    m2, o2 = build()
+    plain = dist.to_static(m1, None, loss_fn, o1)
+    captured = dist.to_static(m2, None, loss_fn, o2, capture=True)
+    for x, y in data:
+        assert np.array_equal(plain(x, y).full_tensor(), captured(x, y).full_tensor())
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
+        assert np.array_equal(a.full_tensor(), b.full_tensor())
+    assert captured.replay.captured and captured.replay.captured_calls > 0, captured.replay.capture_refused
+    assert not plain.replay.capture
