@@ -502,6 +502,7 @@ class Program:
         self.out = tr.out_template
         self.leaf_guards = [(weakref.ref(leaf), state) for leaf, state in tr.start_grads]
         self.tensor_guards = [(weakref.ref(t), spec, dtype) for t, spec, dtype in tr.start_tensors]
+        self.optimizer_guards = [(weakref.ref(opt), _optimizer_setup(opt)) for opt in tr.optimizers.values()]
         self.alone: list[tuple[weakref.ref[Any], list[bool], int]] = []
         self.alone_flags: list[bool] = []
         self.instrs = list(tr.instrs)
@@ -525,6 +526,10 @@ class Program:
             t = ref()
             if t is None or (t._spec is not spec and t._spec != spec) or t._dtype != dtype or t._grad_fn is not None:
                 raise _Stale
+        for ref, setup in self.optimizer_guards:
+            opt = ref()
+            if opt is None or _optimizer_setup(opt) != setup:
+                raise _Stale
         if self.alone:
             from mpipar.optimizer.optimizer import _ALONE_REFS, _shard_refs
 
@@ -545,6 +550,15 @@ class Program:
                 fn()
         _apply_rebind(self.rebind, slots)
         return _build(self.out, slots)
+
+
+def _optimizer_setup(opt: Any) -> tuple[Any, ...]:
+    """What an optimizer's step does besides the updates the program replays: its clip, its
+    update layouts (ZeRO), offloading, master weights and parameter list, by identity."""
+    return (
+        id(opt._grad_clip), id(opt._update_layout), id(opt.offload), opt._multi_precision,
+        tuple(map(id, opt._parameter_list)), type(opt._learning_rate),
+    )
 
 
 def _owns(p: Any) -> bool:

@@ -382,6 +382,23 @@ def test_observers_run_the_step_eagerly() -> None:
     assert fn.captured  # the program is kept for when nobody watches
 
 
+def test_an_optimizer_given_a_clip_after_capture_runs_eagerly() -> None:
+    def build() -> tuple[Step, list[dist.Tensor], Any]:
+        return mlp("tp")
+
+    batches = _batches(7)
+    clip = dist.optimizer.ClipGradByGlobalNorm(0.01)
+
+    def add_clip(opt: Any, i: int) -> None:
+        if i == 3:
+            opt._grad_clip = clip  # from the fifth call on the step clips (reading a norm in Python)
+
+    eager = _run(build, batches, captured=False, between=add_clip)
+    captured = _run(build, batches, captured=True, between=add_clip)
+    _assert_same(eager, captured)
+    assert not captured[3].captured and "reads a tensor's value" in captured[3].capture_refused
+
+
 def test_default_compile_step_is_unchanged() -> None:
     step, _, _ = mlp("tp")
     fn = dist.compile_step(step)
