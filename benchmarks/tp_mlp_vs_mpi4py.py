@@ -130,7 +130,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--hidden", type=int, default=4096,
+                   help="the hidden width (4096); with -n 1, 1024 gives one rank of -n 4 its shapes without the other three")
     args = p.parse_args()
+    global HIDDEN
+    HIDDEN = args.hidden
     world = MPI.COMM_WORLD
     me = world.Get_rank()
     if dist.current_backend().name != "mpi":

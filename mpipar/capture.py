@@ -50,6 +50,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mpipar import comm, hooks
+from mpipar.reshard.executor import execute_plan, freeze
+
 if TYPE_CHECKING:
     from mpipar.optimizer.optimizer import Optimizer
     from mpipar.tensor import Tensor
@@ -357,7 +360,6 @@ class Tracer:
     def validate(self, snap: dict[str, Any]) -> str | None:
         """Run the program from ``snap`` (the state before this eager call) and compare every
         array it produces with the eager call's, bit for bit; None when all agree."""
-        from mpipar import comm
 
         n = len(self.arrays)
         slots: list[Any] = [None] * n
@@ -511,6 +513,10 @@ class Program:
             self.alone_flags.append(False)
             self.alone.append((weakref.ref(p), self.alone_flags, k))
             self.instrs[i] = (partial(_write_in_place, fn, self.alone_flags, k), ins, outs, kind)
+        from mpipar.optimizer.optimizer import _ALONE_REFS, _shard_refs  # above this module
+
+        self._alone_test = (_ALONE_REFS, _shard_refs)
+        self.program = _with_drops(self.instrs, set(_template_slots(tr.out_template)) | {s for e in tr.rebind for s in _rebind_slots(e)})
         self.rebind = _weak_rebind(tr.rebind)
 
     def run(self, flat: Sequence[Any]) -> Any:
@@ -531,25 +537,52 @@ class Program:
             if opt is None or _optimizer_setup(opt) != setup:
                 raise _Stale
         if self.alone:
-            from mpipar.optimizer.optimizer import _ALONE_REFS, _shard_refs
-
+            alone_refs, shard_refs = self._alone_test
             for ref, flags, k in self.alone:
                 # As eager's ``_unfreeze_if_alone``: nothing but the parameter may hold its shard.
                 p = ref()
-                flags[k] = p is not None and len(p._shards) == 1 and _owns(p) and _shard_refs(p)[:2] == _ALONE_REFS
+                flags[k] = p is not None and len(p._shards) == 1 and _owns(p) and shard_refs(p)[:2] == alone_refs
         slots = list(self.template)
         for s, get in self.binders:
             slots[s] = get(flat)
-        for fn, ins, outs, kind in self.instrs:
-            if kind == 0:
+        for fn, ins, outs, kind, drop in self.program:
+            if kind == 4:  # one output of two inputs (most kernels): no argument list to build
+                slots[outs] = fn(slots[ins[0]], slots[ins[1]])
+            elif kind == 3:  # one output of one input
+                slots[outs] = fn(slots[ins[0]])
+            elif kind == 0:
                 slots[outs] = fn(*[slots[i] for i in ins])
             elif kind == 1:
                 for o, a in zip(outs, fn(*[slots[i] for i in ins]), strict=True):
                     slots[o] = a
-            else:
+            else:  # 5: an effect
                 fn()
+            for s in drop:  # last use: let the allocator hand the memory to the next array while it is hot
+                slots[s] = None
         _apply_rebind(self.rebind, slots)
         return _build(self.out, slots)
+
+
+def _with_drops(instrs: list[tuple[Any, ...]], kept: set[int]) -> list[tuple[Any, ...]]:
+    """Each instruction with the slots it reads or makes for the last time (none that the
+    outputs or the results put back need): the run drops them right after it."""
+    last: dict[int, int] = {}
+    for i, (_, ins, outs, kind) in enumerate(instrs):
+        made = () if kind == 2 else ((outs,) if kind == 0 else outs)
+        for s in (*ins, *made):
+            last[s] = i
+    drops: list[list[int]] = [[] for _ in instrs]
+    for s, i in last.items():
+        if s not in kept:
+            drops[i].append(s)
+    out = []
+    for (fn, ins, outs, kind), d in zip(instrs, drops, strict=True):
+        if kind == 0 and len(ins) in (1, 2):
+            kind = 2 + len(ins)  # 3: one input, 4: two inputs (``Program.run`` calls them directly)
+        elif kind == 2:
+            kind = 5  # an effect
+        out.append((fn, ins, outs, kind, tuple(d)))
+    return out
 
 
 def _optimizer_setup(opt: Any) -> tuple[Any, ...]:
@@ -687,9 +720,21 @@ def tracer() -> Tracer | None:
     return tr
 
 
+def _kernel1_fn(kernel: Callable[..., Any], ctx: Any, attrs: dict[str, Any], dt: Any, *arrays: Array) -> Array:
+    """``_kernel_fn`` of a one-output op on NumPy arrays: the same normalisation, fewer steps."""
+    arr = kernel(ctx, *arrays, **attrs)
+    if type(arr) is not np.ndarray:
+        if not isinstance(arr, np.generic):
+            return freeze(arr if arr.dtype == dt else arr.astype(dt))
+        arr = np.asarray(arr)
+    if arr.dtype != dt:
+        arr = arr.astype(dt)
+    arr.flags.writeable = False
+    return arr
+
+
 def _kernel_fn(op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], multi: bool, *arrays: Array) -> Any:
     """An op's kernel on local arrays, normalised as ``dispatch._run_dist`` does (0-d, dtype, read-only)."""
-    from mpipar.reshard.executor import freeze
 
     result = op.kernel(ctx, *arrays, **attrs)
     got = list(result) if multi else [result]
@@ -704,7 +749,6 @@ def _kernel_fn(op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], 
 
 def _dense_kernel_fn(op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], multi: bool, *arrays: Array) -> Any:
     """An op's kernel on whole arrays, normalised as ``dispatch._run_dense`` does."""
-    from mpipar.reshard.executor import freeze
 
     result = op.kernel(ctx, *arrays, **attrs)
     got = list(result) if multi else [result]
@@ -717,14 +761,17 @@ def _dense_kernel_fn(op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[
 def record_kernel(tr: Tracer, op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], used: Sequence[Any], r: int | None, arrays: Sequence[Array], got: Sequence[Array], dense: bool = False) -> None:
     """Record one kernel call of ``_run_dist`` (``dense``: ``_run_dense``) that produced ``got``."""
     multi = bool(op.multi_output)
-    fn = partial(_dense_kernel_fn if dense else _kernel_fn, op, ctx, attrs, tuple(dtypes), multi)
+    if dense:
+        fn = partial(_dense_kernel_fn, op, ctx, attrs, tuple(dtypes), multi)
+    elif not multi:
+        fn = partial(_kernel1_fn, op.kernel, ctx, attrs, dtypes[0])
+    else:
+        fn = partial(_kernel_fn, op, ctx, attrs, tuple(dtypes), multi)
     key = ("kernel", dense, op.kernel, ctx, attrs, tuple(dtypes))
     tr.record(fn, key, [(a, u, r) for a, u in zip(arrays, used, strict=True)], tuple(got) if multi else got[0], multi)
 
 
 def _plan_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], dtype: Any, backend: Any, label: str, *arrays: Array) -> tuple[Array, ...]:
-    from mpipar import comm
-    from mpipar.reshard.executor import execute_plan
 
     if comm._recorders or comm._span_recorders:  # observers hear the collectives with their reason
         with comm.comm_context(label):
@@ -736,8 +783,6 @@ def _plan_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], dtyp
 
 def reshard(tr: Tracer, plan: Any, tensor: Any, backend: Any) -> dict[int, Array]:
     """``execute_plan`` of ``tensor``'s shards, run now and recorded."""
-    from mpipar.comm import current_context
-    from mpipar.reshard.executor import execute_plan
 
     ranks = tuple(tensor._shards)
     tr.depth += 1
@@ -746,7 +791,7 @@ def reshard(tr: Tracer, plan: Any, tensor: Any, backend: Any) -> dict[int, Array
     finally:
         tr.depth -= 1
     out_ranks = tuple(res)
-    fn = partial(_plan_fn, plan, ranks, out_ranks, tensor._dtype, backend, current_context())
+    fn = partial(_plan_fn, plan, ranks, out_ranks, tensor._dtype, backend, comm.current_context())
     key = ("reshard", plan, ranks, out_ranks, tensor._dtype, backend)
     tr.record(fn, key, [(tensor._shards[r], tensor, r) for r in ranks], tuple(res[r] for r in out_ranks), True)
     return res
@@ -833,7 +878,6 @@ def bump_step(tr: Tracer, opt: Any, p: Any) -> None:
 
 def observed() -> str | None:
     """Why a captured program may not run now (observers that must see every op), or None."""
-    from mpipar import comm, hooks
 
     if hooks.op_start_hooks or hooks.op_hooks or hooks.reshard_hooks or hooks.backward_hooks:
         return "observers (plan tracing, memory accounting, timelines) must see every op"
@@ -847,7 +891,6 @@ def observed() -> str | None:
 def agree(ok: Sequence[bool], backend: Any) -> list[bool]:
     """Under MPI (a process hosting part of the world) every flag is the minimum over all ranks,
     so that all processes take the same path (validation runs collectives)."""
-    from mpipar import comm
 
     world = backend.world_group()
     mine = [r for r in world if backend.hosts(r)]
