@@ -179,6 +179,8 @@ class Tracer:
     def _source(self, t: Any, r: int | None) -> tuple[Any, ...]:
         i = self.arg_index.get(id(t))
         if i is not None:
+            if not t.stop_gradient:  # its .grad would be set on this call's object: not a result the program puts back
+                raise Refused(f"the step's argument {i} ({t._label()}) requires a gradient; pass parameters by closure")
             return ("arg", i, r)
         if t._grad_fn is not None:
             raise Refused(f"the step reads {t._label()}, which has autograd history from outside the step")

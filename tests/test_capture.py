@@ -355,6 +355,30 @@ def test_a_hand_written_collective_is_refused() -> None:
     _refused_same(build, _batches(4), "outside the reshards")
 
 
+def test_an_argument_that_requires_a_gradient_is_refused_and_right() -> None:
+    mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
+    w = dist.shard_tensor(dist.Parameter(np.linspace(-1, 1, 36).reshape(6, 6)), mesh, [dist.Shard(1)])
+
+    def step(x: dist.Tensor) -> dist.Tensor:
+        loss = dist.mean(dist.square(dist.matmul(x, w)))
+        loss.backward()
+        w.clear_grad()
+        return loss
+
+    fn = dist.compile_step(step, capture=True)
+    x = _batches(1)[0]
+    x.stop_gradient = False  # the same input every call, its gradient wanted
+    grads = []
+    for _ in range(4):
+        x.clear_grad()
+        fn(x)
+        grads.append(x.grad.full_tensor())
+    assert not fn.captured and "requires a gradient" in fn.capture_refused
+    x.clear_grad()
+    step(x)
+    assert all(np.array_equal(g, x.grad.full_tensor()) for g in grads)
+
+
 def test_observers_run_the_step_eagerly() -> None:
     step, _, _ = mlp("tp")
     fn = dist.compile_step(step, capture=True)
