@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from mpipar import capture, comm, tape
@@ -169,6 +169,24 @@ class _Capture:
     last: capture.Tracer | None = None
     program: capture.Program | None = None
     refused: str | None = None
+    keep: list[Any] = field(default_factory=list)
+    """The objects among the arguments its key names by identity (kept alive: ids stay unique)."""
+
+
+def _static_key(value: Any, keep: list[Any]) -> Any:
+    """The arguments that are neither tensors nor arrays, as a captured program's key: Python
+    values are constants of the program (``jax.jit``'s static arguments), so another value is
+    another program. Numbers and strings by value, other objects by identity (kept alive)."""
+    if isinstance(value, Tensor) or (isinstance(getattr(value, "shape", None), tuple) and getattr(value, "dtype", None) is not None):
+        return None
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_static_key(v, keep) for v in value))
+    if isinstance(value, dict):
+        return (dict, tuple((k, _static_key(v, keep)) for k, v in value.items()))
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return (type(value), value)
+    keep.append(value)
+    return ("object", id(value))
 
 
 def _flat_args(value: Any, out: list[Any]) -> list[Any]:
@@ -217,7 +235,8 @@ class CompiledStep(Generic[R]):
 
     def _captured_call(self, key: Any, backend: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
         """Run the captured program of ``key``, or trace towards one (``mpipar.capture``)."""
-        ckey = (key, tape.is_grad_enabled(), reuse_enabled())
+        keep: list[Any] = []
+        ckey = (key, _static_key((args, kwargs), keep), tape.is_grad_enabled(), reuse_enabled())
         st = self._captures.get(ckey)
         flat = _flat_args(kwargs, _flat_args(args, []))
         busy = capture.observed()
@@ -225,7 +244,7 @@ class CompiledStep(Generic[R]):
             try:
                 out = st.program.run(flat)
             except capture._Stale:  # checked before any work: trace this layout afresh
-                st = self._captures[ckey] = _Capture()
+                st = self._captures[ckey] = _Capture(keep=keep)
             else:
                 self.captured, self.capture_refused = True, None
                 self.captured_calls += 1
@@ -237,7 +256,7 @@ class CompiledStep(Generic[R]):
         if st is None:
             if len(self._captures) >= 64:  # layouts that never repeat: keep the memory bounded
                 self._captures.clear()
-            st = self._captures[ckey] = _Capture()
+            st = self._captures[ckey] = _Capture(keep=keep)
         if st.refused is not None:
             self.capture_refused = st.refused
             return self._decided(key, backend, args, kwargs)

@@ -245,6 +245,23 @@ def test_a_parameter_moved_makes_the_program_stale() -> None:
         assert np.array_equal(a.full_tensor(), b.full_tensor())
 
 
+def test_python_number_arguments_are_part_of_the_key() -> None:
+    """A number argument is a constant of the program: another value traces another program."""
+    step, params, _ = mlp("tp")
+    ref_step, ref_params, _ = mlp("tp")
+
+    def scaled(x: dist.Tensor, factor: float) -> dist.Tensor:
+        return dist.scale(step(x), factor)
+
+    fn = dist.compile_step(scaled, capture=True)
+    factors = [1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 1.0]
+    for x, f in zip(_batches(len(factors)), factors, strict=True):
+        assert np.array_equal(fn(x, f).full_tensor(), dist.scale(ref_step(x), f).full_tensor())
+    assert fn.captured and len(fn._captures) == 2
+    for a, b in zip(params, ref_params, strict=True):
+        assert np.array_equal(a.full_tensor(), b.full_tensor())
+
+
 def test_a_closure_tensor_is_read_live() -> None:
     """A tensor the step reads from outside (not an argument) is read afresh by every run."""
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
