@@ -786,6 +786,13 @@ def _plan_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], dtyp
 def reshard(tr: Tracer, plan: Any, tensor: Any, backend: Any) -> dict[int, Array]:
     """``execute_plan`` of ``tensor``'s shards, run now and recorded."""
 
+    if not plan.steps:  # nothing moves: the shards come back as they are, nothing to record ...
+        try:  # ... but they are named after the tensor they come from (a root, or made earlier)
+            for r, a in tensor._shards.items():
+                tr.slot_of(a, tensor, r)
+        except Refused as exc:
+            tr.refuse(str(exc))
+        return execute_plan(plan, tensor._shards, tensor._dtype, backend)
     ranks = tuple(tensor._shards)
     tr.depth += 1
     try:
