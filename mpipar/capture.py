@@ -223,11 +223,15 @@ class Tracer:
         try:
             ins = tuple(self.slot_of(a, src, r) for a, src, r in inputs)
             outs: Any = tuple(self._produce(a) for a in result) if multi else self._produce(result)
+            key_frozen = _freeze(key, self.keep)
         except Refused as exc:
             self.refuse(str(exc))
             return
+        except Exception as exc:  # the capture never fails a step: it refuses instead
+            self.refuse(f"the capture could not record a call ({type(exc).__name__}: {exc})")
+            return
         self.instrs.append((fn, ins, outs, 1 if multi else 0))
-        self.sig.append((_freeze(key, self.keep), ins, outs))
+        self.sig.append((key_frozen, ins, outs))
 
     def call(self, fn: Callable[..., Any], key: tuple[Any, ...], inputs: Sequence[tuple[Array, Any, int | None]], multi: bool) -> Any:
         """Run ``fn`` on the inputs now (collectives inside are expected) and record it."""
@@ -289,6 +293,8 @@ class Tracer:
                 self._end_states(opt, p)
         except Refused as exc:
             self.refuse(str(exc))
+        except Exception as exc:  # the capture never fails a step: it refuses instead
+            self.refuse(f"the capture could not describe the step's results ({type(exc).__name__}: {exc})")
 
     def _template(self, out: Any) -> Any:
         from mpipar.tensor import Tensor
@@ -395,7 +401,11 @@ class Tracer:
         for s in range(n):
             if s in root_slots:
                 continue
-            if not _same_bits(slots[s], self.arrays[s]):
+            try:
+                same = _same_bits(slots[s], self.arrays[s])
+            except Exception as exc:  # an array the check cannot read back: refuse
+                return f"the validation run's slot {s} cannot be compared ({type(exc).__name__}: {exc})"
+            if not same:
                 return f"the validation run differs from the eager call at slot {s} (an in-place write or a hidden input the capture does not see)"
         return None
 

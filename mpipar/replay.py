@@ -261,7 +261,11 @@ class CompiledStep(Generic[R]):
             self.capture_refused = st.refused
             return self._decided(key, backend, args, kwargs)
         prev = st.last
-        snap = prev.snapshot(flat) if prev is not None and prev.refused is None else None
+        try:
+            snap = prev.snapshot(flat) if prev is not None and prev.refused is None else None
+        except Exception as exc:  # the capture never fails a step: it refuses instead
+            st.refused = self.capture_refused = f"the capture could not copy the step's state ({type(exc).__name__}: {exc})"
+            return self._decided(key, backend, args, kwargs)
         tr = capture.Tracer(flat, backend, prev if snap is not None else None)
         tripwire = capture._Tripwire(tr)
         comm._recorders.append(tripwire)
@@ -278,9 +282,15 @@ class CompiledStep(Generic[R]):
         if fine and same:
             assert snap is not None
             why = tr.validate(snap)
+            program = None
+            if why is None:
+                try:
+                    program = capture.Program(tr)
+                except Exception as exc:  # the capture never fails a step: it refuses instead
+                    why = f"the capture could not build its program ({type(exc).__name__}: {exc})"
             (valid,) = capture.agree([why is None], backend)
             if valid:
-                st.program, st.last = capture.Program(tr), None
+                st.program, st.last = program, None
                 self.captured, self.capture_refused = True, None
                 return out
             st.refused = why or "the validation run differs on another rank"
