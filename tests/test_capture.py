@@ -372,6 +372,34 @@ def test_a_hand_written_collective_is_refused() -> None:
     _refused_same(build, _batches(4), "outside the reshards")
 
 
+def test_a_kernel_with_a_hidden_input_fails_validation_and_stays_right() -> None:
+    """A kernel reading state the capture cannot see (a counter bumped per call) makes the same
+    instructions every trace, so only the validation run can tell: it must refuse."""
+    from mpipar.ops.dispatch import OpDef, apply, register_op
+
+    calls = [0]
+
+    def drifting(ctx: Any, x: np.ndarray, **_: Any) -> np.ndarray:
+        calls[0] += 1
+        return x + x.dtype.type(calls[0])
+
+    register_op(OpDef("test_capture_drift", drifting, None, rule="relu"))
+
+    def build() -> tuple[Step, list[dist.Tensor], Any]:
+        inner, params, opt = mlp("tp")
+        return (lambda x: apply("test_capture_drift", [inner(x)])), params, opt
+
+    calls[0] = 0
+    eager = _run(build, _batches(5), captured=False)
+    calls[0] = 0
+    captured = _run(build, _batches(5), captured=True)
+    # The captured run's kernel also runs in the validation, so its counter is one ahead there.
+    fn = captured[3]
+    assert not fn.captured and "validation run differs" in fn.capture_refused
+    for a, b in zip(eager[1], captured[1], strict=True):
+        assert np.array_equal(a, b)
+
+
 def test_an_argument_that_requires_a_gradient_is_refused_and_right() -> None:
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
     w = dist.shard_tensor(dist.Parameter(np.linspace(-1, 1, 36).reshape(6, 6)), mesh, [dist.Shard(1)])
