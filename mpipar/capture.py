@@ -770,16 +770,23 @@ def _dense_kernel_fn(op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[
     return tuple(got) if multi else got[0]
 
 
-def record_kernel(tr: Tracer, op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], used: Sequence[Any], r: int | None, arrays: Sequence[Array], got: Sequence[Array], dense: bool = False) -> None:
-    """Record one kernel call of ``_run_dist`` (``dense``: ``_run_dense``) that produced ``got``."""
+def record_kernel(tr: Tracer, op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], used: Sequence[Any], r: int | None, arrays: Sequence[Array], got: Sequence[Array], dense: bool = False, raw: Any = None) -> None:
+    """Record one kernel call of ``_run_dist`` (``dense``: ``_run_dense``) that produced ``got``
+    (``raw``: what the kernel itself returned)."""
     multi = bool(op.multi_output)
-    if dense:
+    # A kernel that gave a NumPy array of the output dtype needs no normalising: the same input
+    # layouts and dtypes (checked on every run) give it again. The program's intermediates need
+    # not be read-only (nothing but the program sees them); what it hands out is frozen.
+    bare = not dense and not multi and type(raw) is np.ndarray and got[0] is raw
+    if bare:
+        fn = partial(op.kernel, ctx, **attrs)
+    elif dense:
         fn = partial(_dense_kernel_fn, op, ctx, attrs, tuple(dtypes), multi)
     elif not multi:
         fn = partial(_kernel1_fn, op.kernel, ctx, attrs, dtypes[0])
     else:
         fn = partial(_kernel_fn, op, ctx, attrs, tuple(dtypes), multi)
-    key = ("kernel", dense, op.kernel, ctx, attrs, tuple(dtypes))
+    key = ("kernel", dense, bare, op.kernel, ctx, attrs, tuple(dtypes))
     tr.record(fn, key, [(a, u, r) for a, u in zip(arrays, used, strict=True)], tuple(got) if multi else got[0], multi)
 
 

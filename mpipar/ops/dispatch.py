@@ -506,7 +506,7 @@ def _run_dist(
             if capture._active:  # a captured step being traced: this kernel call is an instruction
                 tr = capture.tracer()
                 if tr is not None:
-                    capture.record_kernel(tr, op, ctx, attrs, dtypes, used, r, arrays, got)
+                    capture.record_kernel(tr, op, ctx, attrs, dtypes, used, r, arrays, got, raw=result)
         per_rank[r] = got
     outs = []
     for j, (spec, dt) in enumerate(zip(decision.out_specs, dtypes, strict=True)):
