@@ -236,7 +236,8 @@ class CompiledStep(Generic[R]):
     def _captured_call(self, key: Any, backend: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
         """Run the captured program of ``key``, or trace towards one (``mpipar.capture``)."""
         keep: list[Any] = []
-        ckey = (key, _static_key((args, kwargs), keep), tape.is_grad_enabled(), reuse_enabled())
+        static = _static_key((args, kwargs), keep) if args or kwargs else None
+        ckey = (key, static, tape.is_grad_enabled(), reuse_enabled())
         st = self._captures.get(ckey)
         flat = _flat_args(kwargs, _flat_args(args, []))
         busy = capture.observed()
