@@ -130,8 +130,6 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--stat", choices=["median", "min"], default="median",
-                   help="a round's time per variant: the median step (default) or the fastest (less sensitive to load)")
     p.add_argument("--hidden", type=int, default=4096,
                    help="the hidden width (4096); with -n 1, 1024 gives one rank of -n 4 its shapes without the other three")
     args = p.parse_args()
@@ -179,7 +177,7 @@ def main() -> None:
     best = {k: float("inf") for k in variants}
     for _ in range(args.rounds):
         for label, times in steps_in_turns(world, variants, args.iters).items():
-            best[label] = min(best[label], float(np.median(times) if args.stat == "median" else np.min(times)))
+            best[label] = min(best[label], float(np.median(times)))
     if me == 0:
         base = best["hand-written mpi4py"]
         for label, t in best.items():
