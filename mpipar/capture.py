@@ -210,7 +210,7 @@ class Tracer:
         s = self._new_slot(array)
         self.root_slot[key] = s
         self.roots.append((s, src))
-        self.sig.append(("root", s, key, _layout_of(src, array)))
+        self.sig.append(("root", s, key, _layout_of(array)))
         return s
 
     def _produce(self, array: Array) -> int:
@@ -412,6 +412,7 @@ class Tracer:
 
 # ============================================================================ sources
 def _source_key(src: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A source as a comparable key (objects by identity, kept alive by the trace)."""
     kind = src[0]
     if kind == "arg":
         return src
@@ -421,6 +422,7 @@ def _source_key(src: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _describe(src: tuple[Any, ...]) -> str:
+    """A source in words, for a refusal's reason."""
     kind = src[0]
     if kind == "arg":
         return f"argument {src[1]}"
@@ -431,22 +433,27 @@ def _describe(src: tuple[Any, ...]) -> str:
     return f"optimizer state {src[3]} of parameter {src[2]}"
 
 
-def _layout_of(src: tuple[Any, ...], array: Array) -> tuple[Any, ...]:
+def _layout_of(array: Array) -> tuple[Any, ...]:
+    """What the signature keeps of a root array: its shape and dtype (its values are the call's)."""
     return (tuple(getattr(array, "shape", ())), str(getattr(array, "dtype", "")))
 
 
 def _arrays_of(t: Any) -> list[tuple[int | None, Array]]:
-    if t._spec is not None and t._shards:
+    """A tensor's arrays by hosted rank (None: the whole value of a dense tensor); a distributed
+    tensor this process hosts no rank of has none."""
+    if t._spec is not None:
         return list(t._shards.items())
     return [(None, t._value)]
 
 
 def _grad_state(leaf: Any) -> Any:
+    """What a program checks of a parameter before it runs: trainable or not, gradient layout."""
     g = leaf.grad
     return (leaf.stop_gradient, None if g is None else (g._spec, g._dtype))
 
 
 def _read(t: Any, r: int | None) -> Array:
+    """``t``'s shard of rank ``r`` (None: its dense value) now; ``_Stale`` when it has none."""
     if r is None:
         v = t._dense
         if v is None or t._init is not None:
