@@ -596,3 +596,40 @@ def test_to_static_captures_its_training_steps() -> None:
         assert np.array_equal(a.full_tensor(), b.full_tensor())
     assert captured.replay.captured and captured.replay.captured_calls > 0, captured.replay.capture_refused
     assert not plain.replay.capture
+
+
+def test_a_pipelined_to_static_model_runs_as_before() -> None:
+    """A pipeline schedule's stage runs and hand-offs are not captured: refused, same losses."""
+    meshes = dist.ProcessMesh([0, 1], dim_names=["dp"]), dist.ProcessMesh([2, 3], dim_names=["dp"])
+
+    class TwoStage(dist.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__(dtype="float64")
+            with dist.nn.layer.default_dtype("float64"):
+                self.a = dist.nn.Linear(6, 12)
+                self.b = dist.nn.Linear(12, 3)
+            dist.shard_layer(self.a, meshes[0])
+            dist.shard_layer(self.b, meshes[1])
+
+        def forward(self, x: dist.Tensor) -> dist.Tensor:
+            return self.b(dist.reshard(F.relu(self.a(x)), meshes[1], [dist.Shard(0)]))
+
+    def train(capture_steps: bool) -> tuple[list[float], Any]:
+        dist.seed(3)
+        model = TwoStage()
+        opt = dist.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+        strategy = dist.Strategy({"pipeline": {"enable": True, "schedule_mode": "1F1B", "accumulate_steps": 2}})
+        dm = dist.to_static(model, None, lambda out, y: dist.mean(dist.square(dist.subtract(out, y))), opt, strategy,
+                            capture=capture_steps)
+        losses = []
+        for step in range(4):
+            rng = np.random.default_rng(step)
+            x = dist.shard_tensor(rng.standard_normal((8, 6)), meshes[0], [dist.Shard(0)])
+            y = dist.shard_tensor(rng.standard_normal((8, 3)), meshes[1], [dist.Shard(0)])
+            losses.append(float(dm(x, y)))
+        return losses, dm
+
+    plain, _ = train(False)
+    captured, dm = train(True)
+    assert plain == captured
+    assert not dm.replay.captured and dm.replay.capture_refused, dm.replay.capture_refused
