@@ -2,7 +2,7 @@
 
     train_step = dist.compile_step(step, capture=True)
     for x in loader():
-        loss = train_step(x)          # calls 1-2 trace eagerly; later calls run the program
+        loss = train_step(x)          # the first two or three calls trace eagerly; later ones run the program
 
 ``compile_step(fn, capture=True)`` traces ``fn`` at the level of local arrays: every kernel call
 on local shards (``ops.dispatch``), every reshard's execution on the communicator
@@ -20,7 +20,8 @@ counts, and returns Tensors built from its outputs.
 
 Semantics, as ``jax.jit``'s: Python side effects inside ``fn`` (prints, appends, counters)
 run only on traced calls; ``fn`` must return Tensors (in tuples, lists, dicts) or None; the
-returned Tensors of a captured call carry no autograd history. Values that legitimately
+returned Tensors of a captured call carry no autograd history; Python values among the
+arguments are part of the program's key (static arguments). Values that legitimately
 change between steps are read live by the instruction on every run: the learning rate
 (``get_lr()``, an ``LRScheduler`` included), each parameter's ``optimize_attr`` multiplier and
 the optimizer's step counts (Adam's bias correction).
@@ -35,7 +36,8 @@ communicates outside a reshard (a tripwire on the communicator), runs under obse
 tracing, timelines, pipeline stage runs), or whose validation run differs in any bit. A
 captured program is checked on every call (the layout key, every tensor it reads still alive
 and laid out as traced, every gradient and optimizer state present as traced, no observer) and
-falls back to tracing when a check fails.
+falls back to tracing when a check fails. Under MPI every traced call ends with the ranks
+agreeing (a small all-reduce) on whether to validate and capture, so all take the same path.
 """
 
 from __future__ import annotations
