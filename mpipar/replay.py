@@ -37,7 +37,7 @@ import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from mpipar import capture, comm, tape
 from mpipar.backend import current_backend
@@ -329,6 +329,14 @@ class CompiledStep(Generic[R]):
         """Forget every recording and capture (the next call records again)."""
         self._programs.clear()
         self._captures.clear()
+
+
+@overload
+def compile_step(fn: Callable[..., R], *, capture: bool = False) -> CompiledStep[R]: ...
+
+
+@overload
+def compile_step(fn: None = None, *, capture: bool = False) -> Callable[[Callable[..., R]], CompiledStep[R]]: ...
 
 
 def compile_step(fn: Callable[..., R] | None = None, *, capture: bool = False) -> Any:
