@@ -633,3 +633,15 @@ def test_a_pipelined_to_static_model_runs_as_before() -> None:
     captured, dm = train(True)
     assert plain == captured
     assert not dm.replay.captured and dm.replay.capture_refused, dm.replay.capture_refused
+
+
+def test_compile_step_as_a_decorator_with_capture() -> None:
+    step, _, _ = mlp("tp")
+
+    @dist.compile_step(capture=True)
+    def train_step(x: dist.Tensor) -> dist.Tensor:
+        return step(x)
+
+    for x in _batches(5):
+        train_step(x)
+    assert isinstance(train_step, dist.CompiledStep) and train_step.capture and train_step.captured
