@@ -26,3 +26,21 @@ def sgd_step(x: dist.Tensor, w1: dist.Tensor, b1: dist.Tensor, w2: dist.Tensor, 
         return float(loss.full_tensor())
 
     return step
+
+
+def sgd_step_tensor(x: dist.Tensor, w1: dist.Tensor, b1: dist.Tensor, w2: dist.Tensor, b2: dist.Tensor,
+                    opt: dist.optimizer.Optimizer) -> Callable[[], dist.Tensor]:
+    """The same step returning the loss Tensor (what ``compile_step(capture=True)`` captures: a
+    step that reads no value in Python); the caller converts it with ``float()``."""
+    relu = dist.nn.functional.relu
+
+    def step() -> dist.Tensor:
+        h = relu(dist.add(dist.matmul(x, w1), b1))
+        z = dist.add(dist.matmul(h, w2), b2)
+        loss = dist.mean(dist.multiply(z, z))
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        return loss
+
+    return step

@@ -36,12 +36,13 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, overload
 
+from mpipar import capture, comm, tape
 from mpipar.backend import current_backend
 from mpipar.ops import dispatch
-from mpipar.tensor import Parameter, Tensor
+from mpipar.tensor import Parameter, Tensor, reuse_enabled
 
 R = TypeVar("R")
 
@@ -160,11 +161,61 @@ class _Program:
         return True
 
 
+@dataclass(eq=False)
+class _Capture:
+    """The capture of one layout key: traces so far, the last one, the program, or why not."""
+
+    traces: int = 0
+    last: capture.Tracer | None = None
+    program: capture.Program | None = None
+    refused: str | None = None
+    keep: list[Any] = field(default_factory=list)
+    """The objects among the arguments its key names by identity (kept alive: ids stay unique)."""
+
+
+def _static_key(value: Any, keep: list[Any]) -> Any:
+    """The arguments that are neither tensors nor arrays, as a captured program's key: Python
+    values are constants of the program (``jax.jit``'s static arguments), so another value is
+    another program. Numbers and strings by value, other objects by identity (kept alive)."""
+    if isinstance(value, Tensor) or (isinstance(getattr(value, "shape", None), tuple) and getattr(value, "dtype", None) is not None):
+        return None
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_static_key(v, keep) for v in value))
+    if isinstance(value, dict):
+        return (dict, tuple((k, _static_key(v, keep)) for k, v in value.items()))
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return (type(value), value)
+    keep.append(value)
+    return ("object", id(value))
+
+
+def _flat_args(value: Any, out: list[Any]) -> list[Any]:
+    """The tensors and arrays among a call's arguments, in ``_layout_key``'s order."""
+    if isinstance(value, Tensor) or (isinstance(getattr(value, "shape", None), tuple) and getattr(value, "dtype", None) is not None):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _flat_args(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _flat_args(v, out)
+    return out
+
+
 class CompiledStep(Generic[R]):
     """What ``compile_step`` returns: call it like the function (see the module docstring)."""
 
-    def __init__(self, fn: Callable[..., R]) -> None:
+    def __init__(self, fn: Callable[..., R], capture: bool = False) -> None:
         self.fn = fn
+        self.capture = capture
+        """Run a captured program of the step's array work after two identical traces (``mpipar.capture``)."""
+        self._captures: dict[Any, _Capture] = {}
+        self.captured = False
+        """Whether the last call ran the captured program (or set it up from its trace)."""
+        self.capture_refused: str | None = None
+        """Why the last call's step is not captured (None when it is, or while it is still being traced)."""
+        self.captured_calls = 0
+        """Calls that ran a captured program instead of ``fn``."""
         self._programs: dict[Any, _Program] = {}
         self.retraces = 0
         """How many calls recorded a program (the first call, and each change of layout)."""
@@ -178,6 +229,85 @@ class CompiledStep(Generic[R]):
             return self.fn(*args, **kwargs)
         backend = current_backend()
         key = (id(backend), _layout_key(args), _layout_key(kwargs))
+        if self.capture and not capture._active:
+            return self._captured_call(key, backend, args, kwargs)
+        return self._decided(key, backend, args, kwargs)
+
+    def _captured_call(self, key: Any, backend: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        """Run the captured program of ``key``, or trace towards one (``mpipar.capture``)."""
+        keep: list[Any] = []
+        static = _static_key((args, kwargs), keep) if args or kwargs else None
+        ckey = (key, static, tape.is_grad_enabled(), reuse_enabled())
+        st = self._captures.get(ckey)
+        flat = _flat_args(kwargs, _flat_args(args, []))
+        busy = capture.observed()
+        if st is not None and st.program is not None and busy is None:
+            try:
+                out = st.program.run(flat)
+            except capture._Stale:  # checked before any work: trace this layout afresh
+                st = self._captures[ckey] = _Capture(keep=keep)
+            else:
+                self.captured, self.capture_refused = True, None
+                self.captured_calls += 1
+                return out  # type: ignore[no-any-return]
+        self.captured = False
+        if busy is not None:
+            self.capture_refused = busy
+            return self._decided(key, backend, args, kwargs)
+        if st is None:
+            if len(self._captures) >= 64:  # layouts that never repeat: keep the memory bounded
+                self._captures.clear()
+            st = self._captures[ckey] = _Capture(keep=keep)
+        if st.refused is not None:
+            self.capture_refused = st.refused
+            return self._decided(key, backend, args, kwargs)
+        prev = st.last
+        try:
+            snap = prev.snapshot(flat) if prev is not None and prev.refused is None else None
+        except Exception as exc:  # the capture never fails a step: it refuses instead
+            st.refused = self.capture_refused = f"the capture could not copy the step's state ({type(exc).__name__}: {exc})"
+            return self._decided(key, backend, args, kwargs)
+        tr = capture.Tracer(flat, backend, prev if snap is not None else None)
+        tripwire = capture._Tripwire(tr)
+        comm._recorders.append(tripwire)
+        capture._active.append(tr)
+        try:
+            out = self._decided(key, backend, args, kwargs)
+        finally:
+            capture._active.remove(tr)
+            comm._recorders.remove(tripwire)
+        tr.finish(out)
+        st.traces += 1
+        same = snap is not None and tr.refused is None and tr.sig == prev.sig  # type: ignore[union-attr]
+        fine, same = capture.agree([tr.refused is None, same], backend)
+        if fine and same:
+            assert snap is not None
+            why = tr.validate(snap)
+            program = None
+            if why is None:
+                try:
+                    program = capture.Program(tr)
+                except Exception as exc:  # the capture never fails a step: it refuses instead
+                    why = f"the capture could not build its program ({type(exc).__name__}: {exc})"
+            (valid,) = capture.agree([why is None], backend)
+            if valid:
+                st.program, st.last = program, None
+                self.captured, self.capture_refused = True, None
+                return out
+            st.refused = why or "the validation run differs on another rank"
+        elif not fine:
+            st.refused = tr.refused or "a trace was refused on another rank"
+        elif st.traces >= capture.MAX_TRACES:
+            st.refused = (
+                f"{st.traces} traced calls never gave the same program twice in a row (an array made per call by code "
+                "the capture does not see, or a value baked in that changes per call: a random key, a step count)"
+            )
+        else:
+            st.last = tr
+        self.capture_refused = st.refused
+        return out
+
+    def _decided(self, key: Any, backend: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
         program = self._programs.get(key)
         if program is not None and (program.backend is not backend or not program.params_unchanged()):
             program = None
@@ -196,16 +326,30 @@ class CompiledStep(Generic[R]):
         return out
 
     def reset(self) -> None:
-        """Forget every recording (the next call records again)."""
+        """Forget every recording and capture (the next call records again)."""
         self._programs.clear()
+        self._captures.clear()
 
 
-def compile_step(fn: Callable[..., R]) -> CompiledStep[R]:
+@overload
+def compile_step(fn: Callable[..., R], *, capture: bool = False) -> CompiledStep[R]: ...
+
+
+@overload
+def compile_step(fn: None = None, *, capture: bool = False) -> Callable[[Callable[..., R]], CompiledStep[R]]: ...
+
+
+def compile_step(fn: Callable[..., R] | None = None, *, capture: bool = False) -> Any:
     """Replay ``fn``'s per-op decisions after its first call (see the module docstring).
 
-    Use it as a decorator on a training step, or wrap a step function. Results are bit-for-bit
-    those of calling ``fn`` directly; ``.retraces`` counts the calls that had to record.
+    Use it as a decorator on a training step (``@compile_step`` or ``@compile_step(capture=True)``),
+    or wrap a step function. Results are bit-for-bit those of calling ``fn`` directly;
+    ``.retraces`` counts the calls that had to record. ``capture=True`` runs, once two traced
+    calls agree and a validation run matched, a captured program of the step's array work
+    instead of ``fn`` (``mpipar.capture``: semantics, and when it refuses: ``.capture_refused``).
     """
+    if fn is None:
+        return lambda f: compile_step(f, capture=capture)
     if not callable(fn):
         raise TypeError(f"compile_step needs a function (the training step), got {type(fn).__name__}")
-    return CompiledStep(fn)
+    return CompiledStep(fn, capture=bool(capture))

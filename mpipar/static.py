@@ -26,6 +26,8 @@ eager forward, backward and update, which is what the plan describes.
 Every training step after the first replays the first one's per-op decisions (rules, reshard
 targets, output layouts: ``mpipar.replay``); a batch of another shape or layout, or a parameter
 moved to another placement, records them again. Results are the eager step's, bit for bit.
+``to_static(..., capture=True)`` goes further: a captured program of the step's array work
+(``mpipar.capture``), still bit for bit.
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ class DistModel:
     """What ``to_static`` returns: call it with a batch to run one step (see the module doc)."""
 
     def __init__(
-        self, layer: Layer, loader: Any, loss: Callable[..., Tensor] | None, optimizer: Optimizer | None, strategy: Strategy | None
+        self, layer: Layer, loader: Any, loss: Callable[..., Tensor] | None, optimizer: Optimizer | None, strategy: Strategy | None,
+        capture: bool = False,
     ) -> None:
         self.layer, self.loader, self.loss_fn = layer, loader, loss
         self.strategy = strategy or Strategy()
@@ -104,9 +107,11 @@ class DistModel:
         """The probe's recorder, until the first update adds the optimizer's states to the plan."""
         self.auto_choice: Any = None
         """With ``Strategy(auto=True)``, after the first step: the search's pick (``report()`` says it)."""
-        self.replay: CompiledStep[Tensor] = CompiledStep(self._train_step)
+        self.replay: CompiledStep[Tensor] = CompiledStep(self._train_step, capture=capture)
         """The training step, replayed after its first call (``mpipar.replay``): ``.retraces``
-        counts the steps that recorded their decisions (the first, and each change of layout)."""
+        counts the steps that recorded their decisions (the first, and each change of layout).
+        With ``capture=True`` a captured program of the step runs once two traced steps agree
+        (``mpipar.capture``; ``.captured``, ``.capture_refused``)."""
 
     # ------------------------------------------------------------------ modes
     def train(self) -> DistModel:
@@ -305,9 +310,13 @@ class DistModel:
 
 def to_static(
     layer: Layer, loader: Any = None, loss: Callable[..., Tensor] | None = None, optimizer: Optimizer | None = None,
-    strategy: Strategy | None = None,
+    strategy: Strategy | None = None, capture: bool = False,
 ) -> DistModel:
-    """Paddle's ``dist.to_static(layer, loader, loss, optimizer, strategy)`` (see the module doc)."""
+    """Paddle's ``dist.to_static(layer, loader, loss, optimizer, strategy)`` (see the module doc).
+
+    ``capture=True``: training steps run as a captured program once two traced steps agree
+    (``mpipar.capture``; a pipeline schedule or any step it cannot reproduce is refused and
+    runs as before)."""
     if not isinstance(layer, Layer):
         raise TypeError(f"to_static needs a dist.nn.Layer, got {type(layer).__name__}")
-    return DistModel(layer, loader, loss, optimizer, strategy)
+    return DistModel(layer, loader, loss, optimizer, strategy, capture=bool(capture))

@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from mpipar import capture
+
 
 class LRScheduler:
     def __init__(self, learning_rate: float = 0.1, last_epoch: int = -1) -> None:
@@ -18,6 +20,9 @@ class LRScheduler:
         raise NotImplementedError
 
     def step(self, epoch: int | None = None) -> None:
+        if capture._active and (tr := capture.tracer()) is not None:
+            # A Python effect a captured program would not repeat: step the scheduler outside the step.
+            tr.refuse("an LRScheduler steps inside the step (step it between calls: the program reads the rate live)")
         self.last_epoch = self.last_epoch + 1 if epoch is None else int(epoch)
         self.last_lr = self.get_lr()
 
