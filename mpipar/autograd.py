@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpipar import capture, hooks, overlap
+from mpipar import capture_hooks, hooks, overlap
 from mpipar.comm import comm_context
 from mpipar.distribute import reshard, reshard_to
 from mpipar.ops import math as M
@@ -276,7 +276,7 @@ def _finish_leaf(leaf: Tensor, g: Tensor) -> None:
         out = hook(g)
         if out is not None:
             g = out
-    if capture._active and (tr := capture.tracer()) is not None:
+    if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
         tr.note_leaf(leaf)  # a captured step being traced: a gradient held from before is read
     leaf.grad = g if leaf.grad is None else M.add(leaf.grad, g)
 

@@ -48,22 +48,18 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from mpipar import comm, hooks
+from mpipar.backend import current_backend
+from mpipar.distribute import _shards_from_global
+from mpipar.optimizer.optimizer import _ALONE_REFS, Optimizer, _shard_refs
 from mpipar.reshard.executor import execute_plan, freeze
-
-if TYPE_CHECKING:
-    from mpipar.optimizer.optimizer import Optimizer
-    from mpipar.tensor import Tensor
+from mpipar.tensor import Tensor, _as_array, _storage_ids
 
 Array = Any
-
-_active: list[Tracer] = []
-"""The tracer recording now (at most one: a compiled step called inside a traced one runs eagerly
-and its work is recorded by the outer trace). Call sites test this list before doing anything."""
 
 _meta_override: dict[tuple[int, int], dict[str, Any]] = {}
 """During a validation run: the optimizer step counts as they were before the traced call (the
@@ -274,6 +270,32 @@ class Tracer:
         if threading.get_ident() == self.thread:
             self.refuse(f"the step reads a tensor's value in Python ({what}): its control flow may depend on the data")
 
+    # ------------------------------------------------------------------ the call sites' entry points
+    # (``hooks.CaptureTracer``: dispatch, distribute, creation, the optimizer live below this module)
+    def record_kernel(
+        self, op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], used: Sequence[Any], r: int | None,
+        arrays: Sequence[Array], got: Any, dense: bool = False, raw: Any = None,
+    ) -> None:
+        record_kernel(self, op, ctx, attrs, dtypes, used, r, arrays, got, dense=dense, raw=raw)
+
+    def reshard(self, plan: Any, tensor: Any, backend: Any) -> dict[int, Array]:
+        return reshard(self, plan, tensor, backend)
+
+    def from_global(self, dst: Any, tensor: Any) -> dict[int, Array]:
+        return from_global(self, dst, tensor)
+
+    def shard_array(self, spec: Any, data: Any, dtype: Any) -> dict[int, Array]:
+        return shard_array(self, spec, data, dtype)
+
+    def create(self, make: Callable[..., Array], shapes: Sequence[tuple[int, ...]], dtype: Any) -> tuple[Array, ...]:
+        return create(self, make, shapes, dtype)
+
+    def update(self, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: dict[str, Any], r: int, cdt: Any) -> tuple[Array, dict[str, Array]]:
+        return update(self, opt, p, lr, src, gv, state, r, cdt)
+
+    def bump_step(self, opt: Any, p: Any) -> None:
+        bump_step(self, opt, p)
+
     # ------------------------------------------------------------------ end of the traced call
     def finish(self, out: Any) -> None:
         """Describe the outputs and where the step leaves its results (parameters, grads, states)."""
@@ -299,8 +321,6 @@ class Tracer:
             self.refuse(f"the capture could not describe the step's results ({type(exc).__name__}: {exc})")
 
     def _template(self, out: Any) -> Any:
-        from mpipar.tensor import Tensor
-
         if out is None:
             return None
         if isinstance(out, Tensor):
@@ -534,8 +554,6 @@ class Program:
             self.alone_flags.append(False)
             self.alone.append((weakref.ref(p), self.alone_flags, k))
             self.instrs[i] = (partial(_write_in_place, fn, self.alone_flags, k), ins, outs, kind)
-        from mpipar.optimizer.optimizer import _ALONE_REFS, _shard_refs  # above this module
-
         self._alone_test = (_ALONE_REFS, _shard_refs)
         self.program = _with_drops(self.instrs, set(_template_slots(tr.out_template)) | {s for e in tr.rebind for s in _rebind_slots(e)})
         self.rebind = _weak_rebind(tr.rebind)
@@ -671,8 +689,6 @@ def _weak_rebind(entries: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 
 def _apply_rebind(entries: list[tuple[Any, ...]], slots: list[Any]) -> None:
-    from mpipar.tensor import _storage_ids
-
     for e in entries:
         kind, obj = e[0], e[1]()
         if obj is None:
@@ -698,8 +714,6 @@ def _apply_rebind(entries: list[tuple[Any, ...]], slots: list[Any]) -> None:
 
 
 def _tensor(spec: Any, dtype: Any, shape: Any, where: Sequence[tuple[int | None, int]], slots: list[Any], computed: bool = True) -> Tensor:
-    from mpipar.tensor import Tensor
-
     if spec is None:
         t = Tensor.__new__(Tensor)
         Tensor.__init__(t, None, dtype=dtype)
@@ -730,17 +744,6 @@ def _build(template: Any, slots: list[Any]) -> Any:
 
 
 # ============================================================================ call sites
-def tracer() -> Tracer | None:
-    """The active tracer of this thread, if any."""
-    if not _active:
-        return None
-    tr = _active[-1]
-    if tr.thread != threading.get_ident():
-        tr.refuse("the step runs work on another thread (per-rank programs)")
-        return None
-    return tr
-
-
 def _kernel1_fn(kernel: Callable[..., Any], ctx: Any, attrs: dict[str, Any], dt: Any, *arrays: Array) -> Array:
     """``_kernel_fn`` of a one-output op on NumPy arrays: the same normalisation, fewer steps."""
     arr = kernel(ctx, *arrays, **attrs)
@@ -833,16 +836,12 @@ def reshard(tr: Tracer, plan: Any, tensor: Any, backend: Any) -> dict[int, Array
 
 
 def _from_global_fn(dst: Any, out_ranks: tuple[int, ...], value: Array) -> tuple[Array, ...]:
-    from mpipar.distribute import _shards_from_global
-
     res = _shards_from_global(dst, np.asarray(value))
     return tuple(res[r] for r in out_ranks)
 
 
 def from_global(tr: Tracer, dst: Any, tensor: Any) -> dict[int, Array]:
     """A dense tensor cut into ``dst``'s hosted shards, run now and recorded."""
-    from mpipar.distribute import _shards_from_global
-
     value = np.asarray(tensor._value)
     res = _shards_from_global(dst, value)
     out_ranks = tuple(res)
@@ -944,9 +943,6 @@ def agree(ok: Sequence[bool], backend: Any) -> list[bool]:
 
 
 def _shard_array_fn(spec: Any, dtype: Any, out_ranks: tuple[int, ...], data: Array) -> tuple[Array, ...]:
-    from mpipar.distribute import _shards_from_global
-    from mpipar.tensor import _as_array
-
     res = _shards_from_global(spec, _as_array(data, dtype, copy=True))
     return tuple(res[r] for r in out_ranks)
 
@@ -963,6 +959,4 @@ def shard_array(tr: Tracer, spec: Any, data: Any, dtype: Any) -> dict[int, Array
 
 
 def current_hosted(spec: Any) -> tuple[int, ...]:
-    from mpipar.backend import current_backend
-
     return tuple(current_backend().hosted_ranks(spec.mesh))

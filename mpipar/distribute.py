@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import capture, hooks, tape
+from mpipar import capture_hooks, hooks, tape
 from mpipar.backend import check_mesh, current_backend
 from mpipar.comm import comm_context, current_context, note_reused_reshard
 from mpipar.mesh import ProcessMesh
@@ -134,8 +134,8 @@ def shard_tensor(
             target = Tensor.abstract(value.shape, value.dtype, spec)
         elif mode is Mode.DENSE:
             target = Tensor._from_reference(spec, value)
-        elif capture._active and (tr := capture.tracer()) is not None:
-            target = Tensor._from_shards(spec, capture.shard_array(tr, spec, data, dtype), value.dtype)
+        elif capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+            target = Tensor._from_shards(spec, tr.shard_array(spec, data, dtype), value.dtype)
         else:
             target = Tensor._from_shards(spec, _shards_from_global(spec, value), value.dtype)
     if stop_gradient is not None:
@@ -234,16 +234,16 @@ def _reshard_now(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
         assert tensor._value is not None
         out = Tensor._from_reference(dst, tensor._value)
     elif not tensor.is_dist:
-        tr = capture.tracer() if capture._active else None
+        tr = capture_hooks.capture_tracer() if capture_hooks.capture_tracers else None
         if tr is not None:  # a captured step being traced: the cut is an instruction
-            out = Tensor._from_shards(dst, capture.from_global(tr, dst, tensor), tensor.dtype)
+            out = Tensor._from_shards(dst, tr.from_global(dst, tensor), tensor.dtype)
         else:
             out = Tensor._from_shards(dst, _shards_from_global(dst, np.asarray(tensor._value)), tensor.dtype)
     else:
         plan = plan_reshard(tensor.spec, dst)
-        tr = capture.tracer() if capture._active else None
+        tr = capture_hooks.capture_tracer() if capture_hooks.capture_tracers else None
         if tr is not None:  # a captured step being traced: the plan's execution is an instruction
-            shards = capture.reshard(tr, plan, tensor, backend)
+            shards = tr.reshard(plan, tensor, backend)
         else:
             shards = execute_plan(plan, tensor._shards, tensor.dtype, backend)
         out = Tensor._from_shards(dst, shards, tensor.dtype)

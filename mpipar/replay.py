@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
-from mpipar import capture, comm, tape
+from mpipar import capture, capture_hooks, comm, tape
 from mpipar.backend import current_backend
 from mpipar.ops import dispatch
 from mpipar.tensor import Parameter, Tensor, reuse_enabled
@@ -229,7 +229,7 @@ class CompiledStep(Generic[R]):
             return self.fn(*args, **kwargs)
         backend = current_backend()
         key = (id(backend), _layout_key(args), _layout_key(kwargs))
-        if self.capture and not capture._active:
+        if self.capture and not capture_hooks.capture_tracers:
             return self._captured_call(key, backend, args, kwargs)
         return self._decided(key, backend, args, kwargs)
 
@@ -270,11 +270,11 @@ class CompiledStep(Generic[R]):
         tr = capture.Tracer(flat, backend, prev if snap is not None else None)
         tripwire = capture._Tripwire(tr)
         comm._recorders.append(tripwire)
-        capture._active.append(tr)
+        capture_hooks.capture_tracers.append(tr)
         try:
             out = self._decided(key, backend, args, kwargs)
         finally:
-            capture._active.remove(tr)
+            capture_hooks.capture_tracers.remove(tr)
             comm._recorders.remove(tripwire)
         tr.finish(out)
         st.traces += 1

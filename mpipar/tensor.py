@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import capture
+from mpipar import capture_hooks
 from mpipar.backend import current_backend
 from mpipar.mesh import ProcessMesh
 from mpipar.modes import Mode, execution_mode
@@ -362,7 +362,7 @@ class Tensor:
     # ------------------------------------------------------------------ values
     def local_tensor(self, rank: int | None = None) -> Array:
         """The shard of hosted ``rank`` (this process's only rank when omitted)."""
-        if capture._active and (tr := capture.tracer()) is not None:
+        if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
             tr.escape("local_tensor")
         if self._abstract:
             raise ValueError(f"{self._label()} has no values: it was built in shape-only mode (planning, estimating)")
@@ -401,7 +401,7 @@ class Tensor:
 
     def full_tensor(self) -> np.ndarray:
         """The global value as a NumPy array, on every process (a collective under MPI)."""
-        if capture._active and (tr := capture.tracer()) is not None:
+        if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
             tr.escape("full_tensor, numpy, item, float, bool")
         if self._abstract:
             raise ValueError(f"{self._label()} has no values: it was built in shape-only mode (planning, estimating)")

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from mpi_scripts.launch import mpirun  # the MPI test launches mpiexec, as tests/test_mpi_runtime.py does
 
 import mpipar as dist
-from mpipar import capture
+from mpipar import capture, capture_hooks
 from simulator import SimBackend
 
 F = dist.nn.functional
@@ -474,7 +474,7 @@ def test_default_compile_step_is_unchanged() -> None:
     for x in _batches(3):
         fn(x)
     assert not fn.capture and not fn._captures and fn.captured_calls == 0 and fn.retraces == 1
-    assert not capture._active
+    assert not capture_hooks.capture_tracers
 
 
 # ------------------------------------------------------------------------------- hypothesis

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import capture
+from mpipar import capture_hooks
 from mpipar.backend import current_backend
 from mpipar.modes import Mode, execution_mode
 from mpipar.tensor import Tensor
@@ -49,9 +49,9 @@ def ones_like_global(t: Tensor) -> Tensor:
     assert spec is not None
     if mode is Mode.DENSE:
         return Tensor._from_reference(t.spec, np.ones(t.shape, dtype=t.dtype))
-    if capture._active and (tr := capture.tracer()) is not None:  # a captured step: made on every run
+    if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:  # a captured step: made on every run
         ranks = list(t._shards)
-        made = capture.create(tr, backend.xp.ones, [spec.local_shape(r) for r in ranks], t.dtype)
+        made = tr.create(backend.xp.ones, [spec.local_shape(r) for r in ranks], t.dtype)
         return Tensor._from_shards(spec, dict(zip(ranks, made, strict=True)), t.dtype)
     return Tensor._from_shards(spec, {r: backend.xp.ones(spec.local_shape(r), dtype=t.dtype) for r in t._shards}, t.dtype)
 

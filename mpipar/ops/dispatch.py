@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mpipar import capture, hooks, tape
+from mpipar import capture_hooks, hooks, tape
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
 from mpipar.distribute import _reshard, reshard_to
@@ -257,7 +257,7 @@ def _run_abstract(
     op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor]
 ) -> tuple[list[Tensor], list[Tensor], spmd.SpmdResult | None]:
     """Shape-only: the rule gives every layout and shape; no kernel runs, reshards are planned."""
-    if capture._active and (tr := capture.tracer()) is not None:
+    if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
         tr.refuse("the step runs in shape-only mode")
     if op.replicate_only:
         raise ValueError(f"{op.name} is replicate-only: its output shapes are unknown without running it, so it cannot be traced in shape-only mode; give it a rule")
@@ -298,7 +298,7 @@ def _run_dense(op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, 
     result = op.kernel(ctx, *arrays, **attrs)
     results = list(result) if op.multi_output else [result]
     dtypes = op.out_dtypes([t.dtype for t in flat], attrs)
-    tr = capture.tracer() if capture._active else None
+    tr = capture_hooks.capture_tracer() if capture_hooks.capture_tracers else None
     if tr is not None and dist_inputs:
         tr.refuse("the step runs as one big device (--reference)")
         tr = None
@@ -318,7 +318,7 @@ def _run_dense(op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, 
             t._dtype = arr.dtype
             outs.append(t)
     if tr is not None:
-        capture.record_kernel(tr, op, ctx, attrs, dtypes, flat, None, arrays, frozen if op.multi_output else frozen[0], dense=True)
+        tr.record_kernel(op, ctx, attrs, dtypes, flat, None, arrays, frozen if op.multi_output else frozen[0], dense=True)
     return outs
 
 
@@ -503,10 +503,10 @@ def _run_dist(
                     )
                 got[j] = freeze(arr)
             memo[key] = got
-            if capture._active:  # a captured step being traced: this kernel call is an instruction
-                tr = capture.tracer()
+            if capture_hooks.capture_tracers:  # a captured step being traced: this kernel call is an instruction
+                tr = capture_hooks.capture_tracer()
                 if tr is not None:
-                    capture.record_kernel(tr, op, ctx, attrs, dtypes, used, r, arrays, got, raw=result)
+                    tr.record_kernel(op, ctx, attrs, dtypes, used, r, arrays, got, raw=result)
         per_rank[r] = got
     outs = []
     for j, (spec, dt) in enumerate(zip(decision.out_specs, dtypes, strict=True)):
@@ -522,7 +522,7 @@ def _run_dist(
 
 def _replicate_only_outputs(op: OpDef, used: list[Tensor], attrs: dict[str, Any], decision: Decision, mesh: ProcessMesh) -> list[Tensor]:
     """A replicate-only op's outputs: replicated, with the shapes its kernel returns."""
-    if capture._active and (tr := capture.tracer()) is not None:
+    if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
         tr.refuse(f"{op.name} is replicate-only (its output shapes come from running it)")
     per_rank: dict[int, list[Any]] = {}
     for r, _, ctx in decision.ranks:

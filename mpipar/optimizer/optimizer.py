@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import autograd, capture, hooks
+from mpipar import autograd, capture_hooks, hooks
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
 from mpipar.distribute import reshard_to
@@ -129,7 +129,7 @@ class Optimizer:
 
     def step(self) -> None:
         with autograd.no_grad(), hooks.phase("optimizer"):
-            if capture._active and (tr := capture.tracer()) is not None:
+            if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
                 tr.note_optimizer(self)  # a captured step: its parameters' grads and states are results
             params_grads = [(p, p.grad) for p in self._parameter_list if p.grad is not None and not p.stop_gradient]
             if self._grad_clip is not None:
@@ -186,14 +186,14 @@ class Optimizer:
             memo: dict[tuple[int, ...], tuple[Array, dict[str, Array]]] = {}
             shards: dict[int, Array] = {}
             new_state_shards: dict[str, dict[int, Array]] = {n: {} for n in self.state_names}
-            tr = capture.tracer() if capture._active else None
+            tr = capture_hooks.capture_tracer() if capture_hooks.capture_tracers else None
             if tr is not None and (master is not None or self.offload is not None):
                 tr.refuse(f"{p._label()} is updated through a master copy or offloaded states")
             for r in pv._shards:
                 key = (id(src._shards[r]), id(gv._shards[r]), *(id(state[n]._shards[r]) for n in self.state_names))
                 if key not in memo:  # replicas compute once
                     if tr is not None:  # a captured step being traced: the update is an instruction
-                        memo[key] = capture.update(tr, self, p, lr, src, gv, state, r, cdt)
+                        memo[key] = tr.update(self, p, lr, src, gv, state, r, cdt)
                     else:
                         grad = gv._shards[r].astype(cdt, copy=False)
                         memo[key] = self._update(src._shards[r], grad, {n: state[n]._shards[r] for n in self.state_names}, lr, state)
@@ -210,10 +210,10 @@ class Optimizer:
         if self.offload is not None:
             move_states(state, self._state_keys(p), self.offload, "to_host", ranks)
         state["step"] = state.get("step", 0) + 1
-        if capture._active and (tr := capture.tracer()) is not None:
+        if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
             if layout is None or mode is not Mode.DISTRIBUTED:
                 tr.refuse(f"{p._label()} is updated dense (the capture records distributed updates)")
-            capture.bump_step(tr, self, p)
+            tr.bump_step(self, p)
         if p.is_dist and new_p.is_dist and new_p.spec != p.spec:
             with comm_context(f"optimizer: gather the updated {p._label()}"):
                 new_p = reshard_to(new_p, p.spec)
