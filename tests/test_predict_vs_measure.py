@@ -162,3 +162,72 @@ def test_probe_sizes_grow_with_the_probe_batch() -> None:
     small, large = pvm.KERNEL_BATCHES
     for k in range(2):
         assert 2.0 < sizes[large][k] / sizes[small][k] <= 8.0 + 1e-9, sizes
+
+
+def test_round_order_puts_every_run_in_every_position_once() -> None:
+    names = ["host", "a", "b", "c"]
+    orders = [pvm.round_order(names, r) for r in range(len(names))]
+    assert orders[0] == names and orders[1] == ["a", "b", "c", "host"]
+    for position in range(len(names)):
+        assert sorted(o[position] for o in orders) == sorted(names)
+    assert pvm.round_order(names, len(names)) == names
+    assert pvm.round_order([], 3) == []
+
+
+def test_interleaved_runs_each_name_once_per_round_in_rotated_order() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def run(name: str, round_: int) -> str:
+        calls.append((name, round_))
+        return f"{name}{round_}"
+
+    got = pvm.interleaved(["x", "y", "z"], 2, run)
+    assert calls == [("x", 0), ("y", 0), ("z", 0), ("y", 1), ("z", 1), ("x", 1)]
+    assert got == {"x": ["x0", "x1"], "y": ["y0", "y1"], "z": ["z0", "z1"]}
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+        pvm.interleaved(["x"], 0, run)
+
+
+def test_steady_is_the_median_of_each_constant_with_its_range() -> None:
+    """One noisy worker run (a 4x collective) does not move the set every strategy is priced with."""
+    rows = [{"op": 2e-4, "allreduce8_2": 1e-3}, {"op": 3e-4, "allreduce8_2": 4e-3}, {"op": 2.5e-4, "allreduce8_2": 1.2e-3}]
+    med, spread = pvm.steady(rows)
+    assert med == pytest.approx({"op": 2.5e-4, "allreduce8_2": 1.2e-3})
+    assert spread["allreduce8_2"] == pytest.approx((1e-3, 4e-3))
+    assert spread["op"] == pytest.approx((2e-4, 3e-4))
+
+
+@pytest.mark.parametrize(
+    ("rows", "words"),
+    [
+        ([], "no worker measurements"),
+        ([{"op": 1.0}, {"op": 1.0, "update": 2.0}], r"worker run 1: constants \['update'\] differ"),
+        ([{"op": 1.0}, {"op": math.nan}], "worker run 1: op is nan"),
+        ([{"op": -1.0}], "worker run 0: op is -1.0"),
+        ([{"op": math.inf}], "worker run 0: op is inf"),
+    ],
+)
+def test_steady_refuses_bad_worker_output(rows: list[dict[str, float]], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        pvm.steady(rows)
+
+
+def test_round_spread_is_half_the_range() -> None:
+    assert pvm.round_spread([0.5, 0.7, 0.6]) == pytest.approx(0.1)
+    assert pvm.round_spread([0.5]) == 0.0
+
+
+def test_predicted_breakdown_adds_up_to_the_prediction() -> None:
+    """compute + host + comm is the estimate; each part is what its own costs add (links free:
+    no comm; no host costs: no host part; compute is the kernels-only estimate)."""
+    step = pvm.gpt_step("dp=2,tp=4")
+    host = {"op": 2e-4, "update": 3e-5, "vector_flops": 5e8}
+    slow = replace(_compute_only(), intra_node=Link(2e-4, 1e9), inter_node=Link(2e-4, 1e9))
+    parts = pvm.predicted_breakdown(step, slow, host, 5e-4, host["vector_flops"])
+    full = pvm.predict(step, slow, host, 5e-4, host["vector_flops"])
+    assert sum(parts.values()) == pytest.approx(full)
+    assert min(parts.values()) > 0, parts
+    assert parts["compute"] == pytest.approx(pvm.predict(step, _compute_only(), {**host, "op": 0.0, "update": 0.0}, 0.0, 5e8))
+    free = pvm.predicted_breakdown(step, _compute_only(), host, 0.0, host["vector_flops"])
+    assert free["comm"] == pytest.approx(0.0, abs=1e-12)
+    assert free["host"] == pytest.approx(parts["host"])
