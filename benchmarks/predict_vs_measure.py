@@ -538,6 +538,17 @@ def round_spread(values: list[float]) -> float:
     return (max(values) - min(values)) / 2 if values else 0.0
 
 
+def round_scales(profile: Any, probes: dict[int, Any], rows: list[dict[str, float]]) -> list[float]:
+    """``kern x`` of each worker run on its own (its probe against the flat rates it measured):
+    the spread the median set smooths out."""
+    out = []
+    for row in rows:
+        level = flat(at_load(profile, row["gemm_flops"], row["vector_flops"]))
+        out.append(kernel_scale({b: row[f"model_fb{b}"] for b in KERNEL_BATCHES},
+                                {b: kernel_seconds(probes[b], level, row["vector_flops"]) for b in KERNEL_BATCHES}))
+    return out
+
+
 def predicted_breakdown(step: Any, profile: Any, host: dict[str, float], base: float, vector_flops: float | None) -> dict[str, float]:
     """The prediction split into ``compute`` (kernels alone: free links, no host time), ``host``
     (what the per-op and per-update host seconds add) and ``comm`` (what the links and each
@@ -679,7 +690,8 @@ def main() -> None:
         rows.append((mesh, statistics.median(flat_gaps) if flat_gaps else 0.0, flat_alpha, flat_base, flat_p, alpha, base, p, m, sp,
                      sized_p))
     print(f"\nkern x {scale:.2f} (flat), curve x {curve_x:.2f} (curves), x at {'/'.join(map(str, KERNEL_BATCHES))} "
-          f"{'/'.join(f'{by_size[b]:.2f}' for b in KERNEL_BATCHES)} (sized), from the median probe")
+          f"{'/'.join(f'{by_size[b]:.2f}' for b in KERNEL_BATCHES)} (sized), from the median probe; "
+          f"each worker run's own kern x {'/'.join(f'{x:.2f}' for x in round_scales(profile, probes, results[HOST]))}")
 
     def mark(ratio: float) -> str:
         return f"{ratio:.2f} " + ("ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT"))
