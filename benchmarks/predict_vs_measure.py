@@ -1,7 +1,7 @@
 """Predicted vs measured step time of ``examples/gpt.py`` on ``mpiexec -n 8``, three strategies.
 
-    .venv/bin/python benchmarks/predict_vs_measure.py [--profile profile.json] [--steps 10]
-        [--strategies "dp=8;dp=2,tp=4;dp=1,tp=2,pp=4"]
+    .venv/bin/python benchmarks/predict_vs_measure.py [--profile profile.json] [--steps 10] [--rounds 3]
+        [--strategies "dp=8;dp=2,tp=4;dp=1,tp=2,pp=4"] [--model flat|curves|sized]
 
 1. **Calibrate** this machine as 8 ranks see it (every measurement runs on all 8 at once, the
    contention training sees): ``python -m simulator calibrate -n 8`` for the MPI links and the
@@ -13,7 +13,10 @@
    1, 3 and 10 ms of NumPy work, the extra time per collective: ``call + 2 (n - 1) alpha``);
    NumPy's elementwise FLOP rate and the 512x512 GEMM rate (calibrate's measurement, taken
    again: the prediction's GEMM rates are the profile's moved to it). Host costs move with
-   the machine's load, so they are measured again before each strategy. A collective's cost
+   the machine's load, so the worker runs once per round among the strategies' runs (below)
+   and every constant is the median of its runs: one set prices all three strategies, and its
+   spread (least .. largest) is printed. The collective's gaps are interleaved, pass after pass
+   (``COLLECTIVE_PASSES``), each gap's cost the median of its passes. A collective's cost
    depends on the work before it: ranks time-sharing cores drift apart while they work and
    the collective waits for the last (here about 0.7 ms right after another collective, 3 ms
    after 1 ms of work), so each of the plan's collectives is priced at its own gap (rank 0's
@@ -39,10 +42,14 @@
    global-norm clipping; one micro-batch, so a pipeline runs its stages one after another as
    gpt.py does) on that profile, bandwidth and overheads. Nothing is fitted to the runs below.
 3. **Measure** ``gpt.py --mesh ... --steps N`` under ``mpiexec -n 8``: seconds per step = median
-   gap between consecutive ``step <n> loss`` lines, the first step excluded.
-4. Print both predictions, measured, their ratios (target 0.67..1.5, aim 0.8..1.25) and whether the
-   predicted order of the strategies is the measured one (pairs closer than the measured
-   spread are called ties).
+   gap between consecutive ``step <n> loss`` lines, the first step excluded. ``--rounds``
+   rounds (``interleaved``): the worker and each strategy once per round, the order rotated by
+   one each round (``round_order``), so the machine's drift and a neighbour's burst hit every
+   strategy and the calibration alike; a strategy's step is the median of its rounds.
+4. Print the three predictions, measured (each round's too), their ratios (target 0.67..1.5, aim
+   0.8..1.25), each prediction split into compute, host and comm (``predicted_breakdown``) and
+   whether the predicted order of the strategies is the measured one (pairs closer than half
+   the range of their rounds are called ties).
 
 On the project's shared 2-core machine 8 ranks time-share two cores, so the host overhead
 dominates and the numbers move with the other jobs on the box; run it a few times.

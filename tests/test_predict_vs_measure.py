@@ -231,3 +231,15 @@ def test_predicted_breakdown_adds_up_to_the_prediction() -> None:
     free = pvm.predicted_breakdown(step, _compute_only(), host, 0.0, host["vector_flops"])
     assert free["comm"] == pytest.approx(0.0, abs=1e-12)
     assert free["host"] == pytest.approx(parts["host"])
+
+
+def test_round_scales_is_each_worker_runs_own_kern_x() -> None:
+    """A run whose probe grew twice as much (same rates) has twice the kern x."""
+    prof = _curved()
+    probes = {b: pvm.one_rank_step(b) for b in pvm.KERNEL_BATCHES}
+    level = pvm.flat(pvm.at_load(prof, 2e10, 1e9))
+    priced = {b: pvm.kernel_seconds(probes[b], level, 1e9) for b in pvm.KERNEL_BATCHES}
+    small, large = pvm.KERNEL_BATCHES
+    grow = priced[large] - priced[small]
+    rows = [{"gemm_flops": 2e10, "vector_flops": 1e9, f"model_fb{small}": 0.1, f"model_fb{large}": 0.1 + k * grow} for k in (2.0, 4.0)]
+    assert pvm.round_scales(prof, probes, rows) == pytest.approx([2.0, 4.0])
