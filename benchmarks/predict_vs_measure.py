@@ -9,7 +9,7 @@
    ``mpiexec -n 8`` for what the profile does not hold: host seconds per mpipar op and per
    parameter update (each rank times a tiny GPT step -- 8-wide, 4 tokens, compute negligible --
    on its own one-rank mesh and divides by the ops and updates a trace of it counts); what a
-   collective costs amid Python work (a 1 KiB all-reduce over 2 and over 8 ranks after 0, 0.3,
+   collective costs amid Python work (a 1 KiB all-reduce over 2, 4 and 8 ranks after 0, 0.3,
    1, 3 and 10 ms of NumPy work, the extra time per collective: ``call + 2 (n - 1) alpha``);
    NumPy's elementwise FLOP rate and the 512x512 GEMM rate (calibrate's measurement, taken
    again: the prediction's GEMM rates are the profile's moved to it). Host costs move with
@@ -20,7 +20,9 @@
    depends on the work before it: ranks time-sharing cores drift apart while they work and
    the collective waits for the last (here about 0.7 ms right after another collective, 3 ms
    after 1 ms of work), so each of the plan's collectives is priced at its own gap (rank 0's
-   modelled work since its previous collective), interpolated between the measured gaps. And
+   modelled work since its previous collective), interpolated between the measured gaps, and
+   at its own group size (``loaded_latency``: an all-reduce over 4 costs more than the ring's
+   line from 2 to 8 says, on ranks that time-share cores). And
    what kernels cost in a training step: gpt.py's model on each rank's one-rank mesh at
    micro-batch 2 and 16 (the per-rank batches of dp=8 and of a pipeline stage); the two runs
    dispatch the same ops, so the growth of their forward+backward over the growth of their
@@ -89,6 +91,8 @@ KERNEL_BATCHES = (2, 16)
 
 GAP_GRID = (0.0, 3e-4, 1e-3, 3e-3, 1e-2)
 """Seconds of work between collectives at which the worker times an all-reduce (interpolated)."""
+GROUP_SIZES = (2, 4, 8)
+"""Group sizes the worker times its all-reduces over: every group a mesh of 8 ranks can form."""
 COLLECTIVE_PASSES = 9
 """Paired (with, without the collective) batches per gap in one worker run: their median is the cost."""
 
@@ -155,7 +159,7 @@ def worker(steps: int) -> None:
     for _ in range(10):
         a @ a
     gemm = 2 * 512**3 * 10 / (time.perf_counter() - start)
-    # An mpipar all-reduce (1 KiB) over groups of 2 and of 8 ranks after ``gap`` seconds of
+    # An mpipar all-reduce (1 KiB) over groups of 2, 4 and 8 ranks after ``gap`` seconds of
     # NumPy work on every rank (all at once, as training interleaves them), for each gap of
     # the grid. What a collective costs here depends on that gap: 8 ranks time-sharing 2
     # cores drift apart while they work, and the collective waits for the last one.
@@ -167,7 +171,7 @@ def worker(steps: int) -> None:
     per_unit = (time.perf_counter() - start) / 200
     out: dict[str, float] = {"op": per_op, "update": per_update, "vector_flops": vector, "gemm_flops": gemm,
                              **{f"model_fb{b}": min(ts) for b, ts in probe.items()}}
-    for n in (2, 8):
+    for n in GROUP_SIZES:
         group = dist.ProcessMesh([rank // n * n + i for i in range(n)], dim_names=["g"])
         partial = dist.dtensor_from_local(np.ones(256, dtype=np.float32), group, [dist.Partial()])
 
@@ -226,18 +230,45 @@ def at_gap(host: dict[str, float], n: int, gap: float) -> float:
     raise AssertionError("unreachable")
 
 
-def loaded_latency(host: dict[str, float], gaps: list[float]) -> tuple[float, float]:
-    """(alpha, base): a ring all-reduce call of n ranks amid Python work takes base + 2 (n - 1) alpha,
-    on average over the plan's collectives, each after its own gap of work.
+def at_size(host: dict[str, float], n: int, gap: float) -> float:
+    """The worker's all-reduce cost over ``n`` ranks after ``gap`` seconds of work: a measured
+    group size's own (``GROUP_SIZES``), linear in ``n`` between two measured sizes, and from the
+    nearest two beyond them (never below 0)."""
+    if n in GROUP_SIZES:
+        return at_gap(host, n, gap)
+    sizes = sorted(GROUP_SIZES)
+    lo, hi = next(((a, b) for a, b in itertools.pairwise(sizes) if n < b), (sizes[-2], sizes[-1]))
+    c_lo, c_hi = at_gap(host, lo, gap), at_gap(host, hi, gap)
+    return max(c_lo + (c_hi - c_lo) * (n - lo) / (hi - lo), 0.0)
 
-    From the worker's all-reduces over groups of 2 and of 8 ranks (small buffers: the latency
-    terms are all there is), at the gaps of ``GAP_GRID``.
+
+Collective = tuple[float, tuple[tuple[int, int], ...]]
+"""One reshard call of rank 0: (seconds of work before it, per communication step (group size,
+latency terms of its formula in ``simulator.cost.collective_time``: 2 (n - 1) for an
+all-reduce, n - 1 for the other collectives, 1 for a point-to-point transfer))."""
+
+
+def loaded_latency(host: dict[str, float], calls: list[Collective]) -> tuple[float, float]:
+    """(alpha, base): a reshard call amid Python work costs base + alpha per latency term of its
+    steps (``Collective``); together they price the plan's calls at what the worker measured for
+    each: an all-reduce over the step's own group size after the call's own gap of work (its
+    later steps right after the first, gap 0).
+
+    ``alpha`` is the growth from groups of 2 to 8 (small buffers: the latency terms are all
+    there is), on average over the plan's gaps; ``base`` is what the plan's calls cost beyond
+    it, per call. Groups of 4 are measured too: on ranks time-sharing cores an all-reduce over 4
+    costs more than the ring's line between 2 and 8 says (the wait for the slowest member grows
+    faster than the ring's terms), so the total is the measured sizes', not the formula's.
     """
-    gaps = gaps or [0.0]
+    calls = calls or [(0.0, ((2, 2),))]
+    gaps = [g for g, _ in calls]
     two = statistics.fmean(at_gap(host, 2, g) for g in gaps)
     eight = statistics.fmean(at_gap(host, 8, g) for g in gaps)
     alpha = max(eight - two, 0.0) / (2 * (8 - 2))
-    base = max(two - 2 * alpha, 0.0)
+    total = sum(at_size(host, n, gap if k == 0 else 0.0) for gap, steps in calls for k, (n, _) in enumerate(steps))
+    terms = sum(t for _, steps in calls for _, t in steps)
+    alpha = min(alpha, total / terms) if terms else alpha
+    base = max((total - alpha * terms) / len(calls), 0.0)
     return alpha, base
 
 
@@ -423,8 +454,18 @@ def predict(step: Any, profile: Any, host: dict[str, float], base: float, vector
     return est.step_time_s
 
 
-def collective_gaps(step: Any, profile: Any, host: dict[str, float], vector_flops: float | None) -> list[float]:
-    """Seconds of work rank 0 does before each of its collectives in one step, in plan order.
+def latency_terms(kind: str, n: int) -> int:
+    """Latency terms (alphas) of one communication step in ``simulator.cost.collective_time``."""
+    if kind == "transfer":
+        return 1
+    if kind == "all_reduce":
+        return 2 * (n - 1)
+    return n - 1
+
+
+def collectives(step: Any, profile: Any, host: dict[str, float], vector_flops: float | None) -> list[Collective]:
+    """Rank 0's reshard calls in one step, in plan order: the seconds of work before each and its
+    communication steps' group sizes and latency terms (``Collective``).
 
     A reshard an op asked for runs right before that op; one no op asked for (a gradient
     going to its parameter's layout) right after the op that made its tensor. The work is the
@@ -433,7 +474,7 @@ def collective_gaps(step: Any, profile: Any, host: dict[str, float], vector_flop
     from dataclasses import replace
 
     from simulator.cost import Link
-    from simulator.op_cost import PlanCosts
+    from simulator.op_cost import PlanCosts, _groups
     from simulator.step_trace import SETUP
 
     free = Link(0.0, 1e30)
@@ -441,7 +482,7 @@ def collective_gaps(step: Any, profile: Any, host: dict[str, float], vector_flop
     plan = step.plan
     costs = PlanCosts(plan, quiet, vector_flops=vector_flops, op_overhead=host["op"], reshard_overhead=0.0)
     made_by = {t: op.index for op in plan.ops for t in op.outputs}
-    events: list[tuple[tuple[int, int], float | None]] = []
+    events: list[tuple[tuple[int, int], float | tuple[tuple[int, int], ...]]] = []
     for op, part in zip(plan.ops, step.op_parts, strict=True):
         if part == SETUP or op.phase not in ("forward", "backward", "optimizer"):
             continue
@@ -449,20 +490,32 @@ def collective_gaps(step: Any, profile: Any, host: dict[str, float], vector_flop
         mine = times.get(0, 0.0) if isinstance(times, dict) else (times if 0 in costs.op_ranks(op) else 0.0)
         events.append(((op.index, 1), mine))
     for res, part in zip(plan.reshards, step.reshard_parts, strict=True):
-        if part == SETUP or not any(s.kind not in ("slice", "partial") for s in res.steps):
+        if part == SETUP or 0 not in plan.mesh(res.src_mesh).process_ids:
             continue
-        if 0 not in plan.mesh(res.src_mesh).process_ids:
+        mine: list[tuple[int, int]] = []
+        crossed = False
+        for st in res.steps:
+            if st.kind == "transfer":
+                crossed = True
+                if any(0 in (src, dst) and src != dst for src, dst, _ in st.pieces):
+                    mine.append((2, 1))
+            elif st.kind not in ("slice", "partial"):
+                group = _groups(plan.mesh(res.dst_mesh if crossed else res.src_mesh), tuple(st.axes)).get(0)
+                if group is not None and len(group) >= 2:
+                    mine.append((len(group), latency_terms(st.kind, len(group))))
+        if not mine:
             continue
         at = (res.op, 0) if res.op is not None else (made_by.get(res.tensor, -1), 2)
-        events.append((at, None))
-    gaps, work = [], 0.0
-    for _, seconds in sorted(events, key=lambda e: e[0]):
-        if seconds is None:
-            gaps.append(work)
+        events.append((at, tuple(mine)))
+    calls: list[Collective] = []
+    work = 0.0
+    for _, item in sorted(events, key=lambda e: e[0]):
+        if isinstance(item, tuple):
+            calls.append((work, item))
             work = 0.0
         else:
-            work += seconds
-    return gaps
+            work += item
+    return calls
 
 
 def measure(mesh: str | None, steps: int, extra: tuple[str, ...] = (), lines: list[str] | None = None,
@@ -650,7 +703,7 @@ def main() -> None:
 
     print(f"\nhost costs over {ns.rounds} worker run(s): median [least .. largest]")
     for key in ("op", "update", "vector_flops", "gemm_flops", *(f"model_fb{b}" for b in KERNEL_BATCHES),
-                *(f"allreduce{n}_{g}" for n in (2, 8) for g in range(len(GAP_GRID)))):
+                *(f"allreduce{n}_{g}" for n in GROUP_SIZES for g in range(len(GAP_GRID)))):
         unit, factor = (("GF/s", 1e-9) if key.endswith("flops") else ("ms", 1e3) if key.startswith("model") else ("us", 1e6))
         label = key if not key.startswith("allreduce") else \
             f"all-reduce({key[9:key.index('_')]}) after {GAP_GRID[int(key.rsplit('_', 1)[1])] * 1e3:g} ms"
@@ -677,16 +730,15 @@ def main() -> None:
     predicted, rows, parts = [], [], []
     for mesh, m, sp in zip(names, measured, spread, strict=True):
         step = steps[mesh]
-        sized_alpha, sized_base = loaded_latency(host, collective_gaps(step, by_size_model, host, None))
+        sized_alpha, sized_base = loaded_latency(host, collectives(step, by_size_model, host, None))
         sized_p = predict(step, loaded_profile(by_size_model, sized_alpha), host, sized_base, None)
-        flat_gaps = collective_gaps(step, loaded_profile(level, 0.0, scale), host, trained)
-        flat_alpha, flat_base = loaded_latency(host, flat_gaps)
+        flat_calls = collectives(step, loaded_profile(level, 0.0, scale), host, trained)
+        flat_alpha, flat_base = loaded_latency(host, flat_calls)
         flat_model = loaded_profile(level, flat_alpha, scale)
         flat_p = predict(step, flat_model, host, flat_base, trained)
         # The curves' rates, each divided by what the probe still measures beyond them
         # (``curve x``), so the size dependence and the training-step slowdown both hold.
-        gaps = collective_gaps(step, loaded_profile(model, 0.0, curve_x), host, vec_x)
-        alpha, base = loaded_latency(host, gaps)
+        alpha, base = loaded_latency(host, collectives(step, loaded_profile(model, 0.0, curve_x), host, vec_x))
         curve_model = loaded_profile(model, alpha, curve_x)
         p = predict(step, curve_model, host, base, vec_x)
         # The headline is the model chosen by --model; all are printed.
@@ -694,7 +746,7 @@ def main() -> None:
         predicted.append(headline)
         parts.append({"flat": predicted_breakdown(step, flat_model, host, flat_base, trained),
                       "curves": predicted_breakdown(step, curve_model, host, base, vec_x)})
-        rows.append((mesh, statistics.median(flat_gaps) if flat_gaps else 0.0, flat_alpha, flat_base, flat_p, alpha, base, p, m, sp,
+        rows.append((mesh, statistics.median(g for g, _ in flat_calls) if flat_calls else 0.0, flat_alpha, flat_base, flat_p, alpha, base, p, m, sp,
                      sized_p))
     print(f"\nkern x {scale:.2f} (flat), curve x {curve_x:.2f} (curves), x at {'/'.join(map(str, KERNEL_BATCHES))} "
           f"{'/'.join(f'{by_size[b]:.2f}' for b in KERNEL_BATCHES)} (sized), from the median probe; "

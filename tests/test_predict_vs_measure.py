@@ -243,3 +243,47 @@ def test_round_scales_is_each_worker_runs_own_kern_x() -> None:
     grow = priced[large] - priced[small]
     rows = [{"gemm_flops": 2e10, "vector_flops": 1e9, f"model_fb{small}": 0.1, f"model_fb{large}": 0.1 + k * grow} for k in (2.0, 4.0)]
     assert pvm.round_scales(prof, probes, rows) == pytest.approx([2.0, 4.0])
+
+
+def _host(cost: dict[int, float]) -> dict[str, float]:
+    """Worker output whose all-reduce over ``n`` ranks costs ``cost[n]`` seconds after any gap."""
+    return {f"allreduce{n}_{g}": c for n, c in cost.items() for g in range(len(pvm.GAP_GRID))}
+
+
+def test_at_size_uses_a_measured_group_sizes_own_cost() -> None:
+    host = _host({2: 1e-3, 4: 4e-3, 8: 5e-3})
+    assert pvm.at_size(host, 4, 1e-3) == pytest.approx(4e-3)  # not the ring's line 2 -> 8 (2e-3)
+    assert pvm.at_size(host, 3, 0.0) == pytest.approx(2.5e-3)
+    assert pvm.at_size(host, 6, 0.0) == pytest.approx(4.5e-3)
+    assert pvm.at_size(host, 16, 0.0) == pytest.approx(7e-3)  # the 4 -> 8 line beyond
+
+
+def test_loaded_latency_prices_each_call_at_its_own_size_and_gap() -> None:
+    host = _host({2: 1e-3, 4: 4e-3, 8: 5e-3})
+    host.update({f"allreduce8_{g}": 5e-3 + 1e-3 * g for g in range(len(pvm.GAP_GRID))})
+    # Only 8-rank all-reduces: each costs base + 14 alpha = its gap's measured cost, on average.
+    calls = [(pvm.GAP_GRID[0], ((8, 14),)), (pvm.GAP_GRID[2], ((8, 14),))]
+    alpha, base = pvm.loaded_latency(host, calls)
+    assert base + 14 * alpha == pytest.approx((5e-3 + 7e-3) / 2)
+    # Mixed sizes (tensor and data parallel): the calls together cost what the worker measured for each.
+    mixed = [(0.0, ((2, 2),)), (0.0, ((4, 6),)), (0.0, ((4, 3), (2, 1))), (0.0, ((8, 14),))]
+    alpha, base = pvm.loaded_latency(host, mixed)
+    priced = sum(base + alpha * sum(t for _, t in steps) for _, steps in mixed)
+    assert priced == pytest.approx(1e-3 + 4e-3 + (4e-3 + 1e-3) + 5e-3)
+    assert alpha >= 0 and base >= 0
+
+
+def test_collectives_are_rank_0s_calls_with_their_group_sizes() -> None:
+    """dp=2,tp=4: tensor-parallel calls over 4, gradients over 2 (dp) and over 8 (replicated
+    parameters), every 8-rank one an all-reduce; the pipeline's over 2 (tp) and transfers."""
+    prof = _compute_only()
+    host = {"op": 1e-4}
+    tp = pvm.collectives(pvm.gpt_step("dp=2,tp=4"), prof, host, 1e9)
+    steps = [st for _, sts in tp for st in sts]
+    assert {n for n, _ in steps} == {2, 4, 8}
+    assert all(t == 14 for n, t in steps if n == 8)
+    assert all(g >= 0 for g, _ in tp) and any(g > 0 for g, _ in tp)
+    pp = pvm.collectives(pvm.gpt_step("dp=1,tp=2,pp=4"), prof, host, 1e9)
+    assert {st for _, sts in pp for st in sts} == {(2, 1), (2, 2)}
+    dp = pvm.collectives(pvm.gpt_step("dp=8"), prof, host, 1e9)
+    assert {st for _, sts in dp for st in sts} == {(8, 14)}
