@@ -609,6 +609,30 @@ def round_scales(profile: Any, probes: dict[int, Any], rows: list[dict[str, floa
     return out
 
 
+def flat_predict(step: Any, profile: Any, probes: dict[int, Any], host: dict[str, float]) -> float:
+    """The flat model's step (``flat s``) from one set of worker constants: the profile's rates
+    moved to the worker's GEMM and elementwise rates, divided by that set's ``kern x``, each
+    collective at its own size and gap."""
+    level = flat(at_load(profile, host["gemm_flops"], host["vector_flops"]))
+    scale = kernel_scale({b: host[f"model_fb{b}"] for b in KERNEL_BATCHES},
+                         {b: kernel_seconds(probes[b], level, host["vector_flops"]) for b in KERNEL_BATCHES})
+    trained = host["vector_flops"] / scale
+    alpha, base = loaded_latency(host, collectives(step, loaded_profile(level, 0.0, scale), host, trained))
+    return predict(step, loaded_profile(level, alpha, scale), host, base, trained)
+
+
+def paired_ratios(predicted: list[float], measured: list[float]) -> tuple[list[float], float]:
+    """Per round, the prediction from that round's worker run over the step measured in the same
+    round, and their median: both sides from one stretch of the machine's load."""
+    if len(predicted) != len(measured) or not predicted:
+        raise ValueError(f"paired rounds: {len(predicted)} predictions for {len(measured)} measured steps")
+    for i, m in enumerate(measured):
+        if not m > 0 or m == float("inf"):
+            raise ValueError(f"paired rounds: measured step of round {i + 1} is {m!r}; expected a finite number > 0")
+    ratios = [p / m for p, m in zip(predicted, measured, strict=True)]
+    return ratios, statistics.median(ratios)
+
+
 def predicted_breakdown(step: Any, profile: Any, host: dict[str, float], base: float, vector_flops: float | None) -> dict[str, float]:
     """The prediction split into ``compute`` (kernels alone: free links, no host time), ``host``
     (what the per-op and per-update host seconds add) and ``comm`` (what the links and each
@@ -765,12 +789,18 @@ def main() -> None:
     for mesh, part in zip(names, parts, strict=True):
         f, c = part["flat"], part["curves"]
         print(f"{mesh:<16} {f['compute']:>13.4f} {f['host']:>7.4f} {f['comm']:>7.4f} {c['compute']:>16.4f} {c['host']:>7.4f} {c['comm']:>7.4f}")
+    print(f"\n{'paired rounds':<16} {'flat s per round':>24} {'flat/meas per round':>20} {'median':>11}")
+    for mesh in names:
+        each = [flat_predict(steps[mesh], profile, probes, h) for h in results[HOST]]
+        ratios, mid = paired_ratios(each, [m for m, _ in results[mesh]])
+        print(f"{mesh:<16} {'/'.join(f'{x:.3f}' for x in each):>24} {'/'.join(f'{r:.2f}' for r in ratios):>20} {mark(mid):>11}")
     print("(gap: the median work before one of rank 0's collectives; call + 2(n-1) alpha: an n-rank all-reduce, averaged "
           "over the plan's collectives, each after its own gap of work (the flat model's gaps); flat: one GEMM and one "
           "elementwise rate divided by kern x; curve/x: the profile's rates by size divided by curve x; sized: the "
           "flat rates divided by each probe batch's own scale, interpolated in log kernel size; measured: the median "
           "of the rounds' medians, +- half their range; compute: kernels alone, host: the per-op and per-update host "
-          "time, comm: links and collective calls)")
+          "time, comm: links and collective calls; paired rounds: each round's worker run prices the flat model, "
+          "against the step measured in the same round)")
     print(f"load average {load_start[0]:.1f} {load_start[1]:.1f} {load_start[2]:.1f} at the start, "
           f"{load_end[0]:.1f} {load_end[1]:.1f} {load_end[2]:.1f} at the end ({os.cpu_count()} CPUs)")
     ok, ties = order_agrees(names, predicted, measured, spread)

@@ -287,3 +287,27 @@ def test_collectives_are_rank_0s_calls_with_their_group_sizes() -> None:
     assert {st for _, sts in pp for st in sts} == {(2, 1), (2, 2)}
     dp = pvm.collectives(pvm.gpt_step("dp=8"), prof, host, 1e9)
     assert {st for _, sts in dp for st in sts} == {(8, 14)}
+
+
+def test_paired_ratios_are_each_rounds_own_and_their_median() -> None:
+    ratios, mid = pvm.paired_ratios([0.6, 0.9, 0.7], [0.5, 0.6, 0.7])
+    assert ratios == pytest.approx([1.2, 1.5, 1.0]) and mid == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="2 predictions for 3 measured"):
+        pvm.paired_ratios([0.6, 0.9], [0.5, 0.6, 0.7])
+    with pytest.raises(ValueError, match=r"measured step of round 2 is 0\.0"):
+        pvm.paired_ratios([0.6, 0.9], [0.5, 0.0])
+
+
+def test_flat_predict_follows_the_worker_runs_constants() -> None:
+    """One worker run's constants price the step: a run whose probe grew more (kernels slower in
+    the training step) or whose collectives cost more predicts a longer step."""
+    prof = _curved()
+    probes = {b: pvm.one_rank_step(b) for b in pvm.KERNEL_BATCHES}
+    small, large = pvm.KERNEL_BATCHES
+    host = {"op": 2e-4, "update": 3e-5, "vector_flops": 5e8, "gemm_flops": 2e10, f"model_fb{small}": 0.2,
+            f"model_fb{large}": 1.0, **_host({2: 1e-3, 4: 2e-3, 8: 4e-3})}
+    step = pvm.gpt_step("dp=2,tp=4")
+    base = pvm.flat_predict(step, prof, probes, host)
+    assert base > 0
+    assert pvm.flat_predict(step, prof, probes, {**host, f"model_fb{large}": 1.4}) > base
+    assert pvm.flat_predict(step, prof, probes, {**host, **_host({2: 2e-3, 4: 4e-3, 8: 8e-3})}) > base
