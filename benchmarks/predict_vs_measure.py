@@ -49,8 +49,9 @@
    one each round (``round_order``), so the machine's drift and a neighbour's burst hit every
    strategy and the calibration alike; a strategy's step is the median of its rounds.
 4. Print the three predictions, measured (each round's too), their ratios (target 0.67..1.5, aim
-   0.8..1.25), each prediction split into compute, host and comm (``predicted_breakdown``) and
-   whether the predicted order of the strategies is the measured one (pairs closer than half
+   0.8..1.25), each prediction split into compute, host and comm (``predicted_breakdown``), each
+   round's flat prediction from its own worker run against the step of the same round
+   (``paired_ratios``: both sides from one stretch of load) and whether the predicted order of the strategies is the measured one (pairs closer than half
    the range of their rounds are called ties).
 
 On the project's shared 2-core machine 8 ranks time-share two cores, so the host overhead
