@@ -12,7 +12,7 @@
    ``--auto`` would run had it picked that layout) and ``gpt.py --auto --profile`` itself:
    seconds per step = median gap between step lines after the first
    (``benchmarks/predict_vs_measure.measure``). Rounds are interleaved (each run once per
-   round, in the same order) and each run keeps its best round, so a neighbour's burst on a
+   round, the order rotated each round: ``predict_vs_measure.interleaved``) and each run keeps its best round, so a neighbour's burst on a
    shared machine spoils one round, not one layout.
 4. Print the table (layout, flags, predicted and measured seconds, rank by each), the auto
    choice, the fastest measured and auto / fastest: PASS when at most 1.10.
@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from predict_vs_measure import measure  # noqa: E402
+from predict_vs_measure import interleaved, measure  # noqa: E402
 
 WORLD, BATCH, LAYERS = 8, 16, 4
 CHOSE = re.compile(r"^auto: chose +(.+?)  \(predicted step ([\d.]+) ms\)$")
@@ -142,16 +142,22 @@ def main() -> None:
     print(f"{len(rows)} layouts, {ns.rounds} round(s) of {ns.steps} steps each, plus --auto; load average {load:.1f}", flush=True)
     auto = Row("--auto", ["--auto", "--profile", path], float("nan"))
     auto_lines: list[str] = []
-    for round_ in range(ns.rounds):
-        for row in [*rows, auto]:
-            lines: list[str] = []
-            flags = row.flags if row is auto else row.flags[2:]
-            m, sp = measure(None if row is auto else row.layout, ns.steps, tuple(flags), lines, ns.timeout)
-            if m < row.measured_s:
-                row.measured_s, row.spread_s = m, sp
-            if row is auto:
-                auto_lines = lines
-            print(f"  round {round_ + 1}: {row.layout:<16} {m:.4f} s/step", flush=True)
+    by_name = {row.layout: row for row in [*rows, auto]}
+
+    def run(name: str, round_: int) -> float:
+        nonlocal auto_lines
+        row = by_name[name]
+        lines: list[str] = []
+        flags = row.flags if row is auto else row.flags[2:]
+        m, sp = measure(None if row is auto else row.layout, ns.steps, tuple(flags), lines, ns.timeout)
+        if m < row.measured_s:
+            row.measured_s, row.spread_s = m, sp
+        if row is auto:
+            auto_lines = lines
+        print(f"  round {round_ + 1}: {row.layout:<16} {m:.4f} s/step", flush=True)
+        return m
+
+    interleaved(list(by_name), ns.rounds, run)
     chosen = next((CHOSE.match(line) for line in auto_lines if CHOSE.match(line)), None)
     if chosen is None:
         raise SystemExit("gpt.py --auto printed no 'auto: chose' line:\n" + "\n".join(auto_lines[-20:]))

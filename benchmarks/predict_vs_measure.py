@@ -1,7 +1,7 @@
 """Predicted vs measured step time of ``examples/gpt.py`` on ``mpiexec -n 8``, three strategies.
 
-    .venv/bin/python benchmarks/predict_vs_measure.py [--profile profile.json] [--steps 10]
-        [--strategies "dp=8;dp=2,tp=4;dp=1,tp=2,pp=4"]
+    .venv/bin/python benchmarks/predict_vs_measure.py [--profile profile.json] [--steps 10] [--rounds 3]
+        [--strategies "dp=8;dp=2,tp=4;dp=1,tp=2,pp=4"] [--model flat|curves|sized]
 
 1. **Calibrate** this machine as 8 ranks see it (every measurement runs on all 8 at once, the
    contention training sees): ``python -m simulator calibrate -n 8`` for the MPI links and the
@@ -9,15 +9,20 @@
    ``mpiexec -n 8`` for what the profile does not hold: host seconds per mpipar op and per
    parameter update (each rank times a tiny GPT step -- 8-wide, 4 tokens, compute negligible --
    on its own one-rank mesh and divides by the ops and updates a trace of it counts); what a
-   collective costs amid Python work (a 1 KiB all-reduce over 2 and over 8 ranks after 0, 0.3,
+   collective costs amid Python work (a 1 KiB all-reduce over 2, 4 and 8 ranks after 0, 0.3,
    1, 3 and 10 ms of NumPy work, the extra time per collective: ``call + 2 (n - 1) alpha``);
    NumPy's elementwise FLOP rate and the 512x512 GEMM rate (calibrate's measurement, taken
    again: the prediction's GEMM rates are the profile's moved to it). Host costs move with
-   the machine's load, so they are measured again before each strategy. A collective's cost
+   the machine's load, so the worker runs once per round among the strategies' runs (below)
+   and every constant is the median of its runs: one set prices all three strategies, and its
+   spread (least .. largest) is printed. The collective's gaps are interleaved, pass after pass
+   (``COLLECTIVE_PASSES``), each gap's cost the median of its passes. A collective's cost
    depends on the work before it: ranks time-sharing cores drift apart while they work and
    the collective waits for the last (here about 0.7 ms right after another collective, 3 ms
    after 1 ms of work), so each of the plan's collectives is priced at its own gap (rank 0's
-   modelled work since its previous collective), interpolated between the measured gaps. And
+   modelled work since its previous collective), interpolated between the measured gaps, and
+   at its own group size (``loaded_latency``: an all-reduce over 4 costs more than the ring's
+   line from 2 to 8 says, on ranks that time-share cores). And
    what kernels cost in a training step: gpt.py's model on each rank's one-rank mesh at
    micro-batch 2 and 16 (the per-rank batches of dp=8 and of a pipeline stage); the two runs
    dispatch the same ops, so the growth of their forward+backward over the growth of their
@@ -39,10 +44,15 @@
    global-norm clipping; one micro-batch, so a pipeline runs its stages one after another as
    gpt.py does) on that profile, bandwidth and overheads. Nothing is fitted to the runs below.
 3. **Measure** ``gpt.py --mesh ... --steps N`` under ``mpiexec -n 8``: seconds per step = median
-   gap between consecutive ``step <n> loss`` lines, the first step excluded.
-4. Print both predictions, measured, their ratios (target 0.67..1.5, aim 0.8..1.25) and whether the
-   predicted order of the strategies is the measured one (pairs closer than the measured
-   spread are called ties).
+   gap between consecutive ``step <n> loss`` lines, the first step excluded. ``--rounds``
+   rounds (``interleaved``): the worker and each strategy once per round, the order rotated by
+   one each round (``round_order``), so the machine's drift and a neighbour's burst hit every
+   strategy and the calibration alike; a strategy's step is the median of its rounds.
+4. Print the three predictions, measured (each round's too), their ratios (target 0.67..1.5, aim
+   0.8..1.25), each prediction split into compute, host and comm (``predicted_breakdown``), each
+   round's flat prediction from its own worker run against the step of the same round
+   (``paired_ratios``: both sides from one stretch of load) and whether the predicted order of the strategies is the measured one (pairs closer than half
+   the range of their rounds are called ties).
 
 On the project's shared 2-core machine 8 ranks time-share two cores, so the host overhead
 dominates and the numbers move with the other jobs on the box; run it a few times.
@@ -61,12 +71,15 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = os.path.join(BIN, "mpiexec")
 DEFAULT_STRATEGIES = "dp=8;dp=2,tp=4;dp=1,tp=2,pp=4"
+HOST = "host costs"
+"""The worker's measurement, a run of its own in each round's order."""
 GLOBAL_BATCH = 16
 
 
@@ -79,6 +92,10 @@ KERNEL_BATCHES = (2, 16)
 
 GAP_GRID = (0.0, 3e-4, 1e-3, 3e-3, 1e-2)
 """Seconds of work between collectives at which the worker times an all-reduce (interpolated)."""
+GROUP_SIZES = (2, 4, 8)
+"""Group sizes the worker times its all-reduces over: every group a mesh of 8 ranks can form."""
+COLLECTIVE_PASSES = 9
+"""Paired (with, without the collective) batches per gap in one worker run: their median is the cost."""
 
 
 # ---------------------------------------------------------------------- worker (under mpiexec)
@@ -143,7 +160,7 @@ def worker(steps: int) -> None:
     for _ in range(10):
         a @ a
     gemm = 2 * 512**3 * 10 / (time.perf_counter() - start)
-    # An mpipar all-reduce (1 KiB) over groups of 2 and of 8 ranks after ``gap`` seconds of
+    # An mpipar all-reduce (1 KiB) over groups of 2, 4 and 8 ranks after ``gap`` seconds of
     # NumPy work on every rank (all at once, as training interleaves them), for each gap of
     # the grid. What a collective costs here depends on that gap: 8 ranks time-sharing 2
     # cores drift apart while they work, and the collective waits for the last one.
@@ -155,26 +172,32 @@ def worker(steps: int) -> None:
     per_unit = (time.perf_counter() - start) / 200
     out: dict[str, float] = {"op": per_op, "update": per_update, "vector_flops": vector, "gemm_flops": gemm,
                              **{f"model_fb{b}": min(ts) for b, ts in probe.items()}}
-    for n in (2, 8):
+    for n in GROUP_SIZES:
         group = dist.ProcessMesh([rank // n * n + i for i in range(n)], dim_names=["g"])
         partial = dist.dtensor_from_local(np.ones(256, dtype=np.float32), group, [dist.Partial()])
-        for g, gap in enumerate(GAP_GRID):
-            units = round(gap / per_unit)
 
-            def loop(with_collective: bool, reps: int, group: Any = group, partial: Any = partial, units: int = units) -> float:
-                comm.Barrier()
-                start = time.perf_counter()
-                for _ in range(reps):
-                    for _ in range(units):
-                        np.tanh(unit * unit + unit)
-                    if with_collective:
-                        dist.reshard(partial, group, [dist.Replicate()])
-                return (time.perf_counter() - start) / reps
+        def loop(with_collective: bool, reps: int, units: int, group: Any = group, partial: Any = partial) -> float:
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(reps):
+                for _ in range(units):
+                    np.tanh(unit * unit + unit)
+                if with_collective:
+                    dist.reshard(partial, group, [dist.Replicate()])
+            return (time.perf_counter() - start) / reps
 
-            loop(True, 3)
-            reps = max(10, int(0.2 / max(gap, 1e-3)))
-            # Median of five paired batches: a neighbour's burst on the shared machine spoils one, not the result.
-            out[f"allreduce{n}_{g}"] = max(statistics.median(loop(True, reps) - loop(False, reps) for _ in range(5)), 0.0)
+        loop(True, 3, 0)
+        # Paired batches (with and without the collective), the gaps interleaved pass after pass
+        # so a neighbour's burst or a drift of the machine hits every gap alike; the median of
+        # COLLECTIVE_PASSES pairs per gap.
+        samples: list[list[float]] = [[] for _ in GAP_GRID]
+        for _ in range(COLLECTIVE_PASSES):
+            for g, gap in enumerate(GAP_GRID):
+                units = round(gap / per_unit)
+                reps = max(8, int(0.1 / max(gap, 1e-3)))
+                samples[g].append(loop(True, reps, units) - loop(False, reps, units))
+        for g, values in enumerate(samples):
+            out[f"allreduce{n}_{g}"] = max(statistics.median(values), 0.0)
     rows = comm.gather(out, root=0)
     if rank == 0:
         print(json.dumps({k: statistics.median(r[k] for r in rows) for k in rows[0]}))
@@ -208,18 +231,45 @@ def at_gap(host: dict[str, float], n: int, gap: float) -> float:
     raise AssertionError("unreachable")
 
 
-def loaded_latency(host: dict[str, float], gaps: list[float]) -> tuple[float, float]:
-    """(alpha, base): a ring all-reduce call of n ranks amid Python work takes base + 2 (n - 1) alpha,
-    on average over the plan's collectives, each after its own gap of work.
+def at_size(host: dict[str, float], n: int, gap: float) -> float:
+    """The worker's all-reduce cost over ``n`` ranks after ``gap`` seconds of work: a measured
+    group size's own (``GROUP_SIZES``), linear in ``n`` between two measured sizes, and from the
+    nearest two beyond them (never below 0)."""
+    if n in GROUP_SIZES:
+        return at_gap(host, n, gap)
+    sizes = sorted(GROUP_SIZES)
+    lo, hi = next(((a, b) for a, b in itertools.pairwise(sizes) if n < b), (sizes[-2], sizes[-1]))
+    c_lo, c_hi = at_gap(host, lo, gap), at_gap(host, hi, gap)
+    return max(c_lo + (c_hi - c_lo) * (n - lo) / (hi - lo), 0.0)
 
-    From the worker's all-reduces over groups of 2 and of 8 ranks (small buffers: the latency
-    terms are all there is), at the gaps of ``GAP_GRID``.
+
+Collective = tuple[float, tuple[tuple[int, int], ...]]
+"""One reshard call of rank 0: (seconds of work before it, per communication step (group size,
+latency terms of its formula in ``simulator.cost.collective_time``: 2 (n - 1) for an
+all-reduce, n - 1 for the other collectives, 1 for a point-to-point transfer))."""
+
+
+def loaded_latency(host: dict[str, float], calls: list[Collective]) -> tuple[float, float]:
+    """(alpha, base): a reshard call amid Python work costs base + alpha per latency term of its
+    steps (``Collective``); together they price the plan's calls at what the worker measured for
+    each: an all-reduce over the step's own group size after the call's own gap of work (its
+    later steps right after the first, gap 0).
+
+    ``alpha`` is the growth from groups of 2 to 8 (small buffers: the latency terms are all
+    there is), on average over the plan's gaps; ``base`` is what the plan's calls cost beyond
+    it, per call. Groups of 4 are measured too: on ranks time-sharing cores an all-reduce over 4
+    costs more than the ring's line between 2 and 8 says (the wait for the slowest member grows
+    faster than the ring's terms), so the total is the measured sizes', not the formula's.
     """
-    gaps = gaps or [0.0]
+    calls = calls or [(0.0, ((2, 2),))]
+    gaps = [g for g, _ in calls]
     two = statistics.fmean(at_gap(host, 2, g) for g in gaps)
     eight = statistics.fmean(at_gap(host, 8, g) for g in gaps)
     alpha = max(eight - two, 0.0) / (2 * (8 - 2))
-    base = max(two - 2 * alpha, 0.0)
+    total = sum(at_size(host, n, gap if k == 0 else 0.0) for gap, steps in calls for k, (n, _) in enumerate(steps))
+    terms = sum(t for _, steps in calls for _, t in steps)
+    alpha = min(alpha, total / terms) if terms else alpha
+    base = max((total - alpha * terms) / len(calls), 0.0)
     return alpha, base
 
 
@@ -405,8 +455,18 @@ def predict(step: Any, profile: Any, host: dict[str, float], base: float, vector
     return est.step_time_s
 
 
-def collective_gaps(step: Any, profile: Any, host: dict[str, float], vector_flops: float | None) -> list[float]:
-    """Seconds of work rank 0 does before each of its collectives in one step, in plan order.
+def latency_terms(kind: str, n: int) -> int:
+    """Latency terms (alphas) of one communication step in ``simulator.cost.collective_time``."""
+    if kind == "transfer":
+        return 1
+    if kind == "all_reduce":
+        return 2 * (n - 1)
+    return n - 1
+
+
+def collectives(step: Any, profile: Any, host: dict[str, float], vector_flops: float | None) -> list[Collective]:
+    """Rank 0's reshard calls in one step, in plan order: the seconds of work before each and its
+    communication steps' group sizes and latency terms (``Collective``).
 
     A reshard an op asked for runs right before that op; one no op asked for (a gradient
     going to its parameter's layout) right after the op that made its tensor. The work is the
@@ -415,7 +475,7 @@ def collective_gaps(step: Any, profile: Any, host: dict[str, float], vector_flop
     from dataclasses import replace
 
     from simulator.cost import Link
-    from simulator.op_cost import PlanCosts
+    from simulator.op_cost import PlanCosts, _groups
     from simulator.step_trace import SETUP
 
     free = Link(0.0, 1e30)
@@ -423,7 +483,7 @@ def collective_gaps(step: Any, profile: Any, host: dict[str, float], vector_flop
     plan = step.plan
     costs = PlanCosts(plan, quiet, vector_flops=vector_flops, op_overhead=host["op"], reshard_overhead=0.0)
     made_by = {t: op.index for op in plan.ops for t in op.outputs}
-    events: list[tuple[tuple[int, int], float | None]] = []
+    events: list[tuple[tuple[int, int], float | tuple[tuple[int, int], ...]]] = []
     for op, part in zip(plan.ops, step.op_parts, strict=True):
         if part == SETUP or op.phase not in ("forward", "backward", "optimizer"):
             continue
@@ -431,20 +491,32 @@ def collective_gaps(step: Any, profile: Any, host: dict[str, float], vector_flop
         mine = times.get(0, 0.0) if isinstance(times, dict) else (times if 0 in costs.op_ranks(op) else 0.0)
         events.append(((op.index, 1), mine))
     for res, part in zip(plan.reshards, step.reshard_parts, strict=True):
-        if part == SETUP or not any(s.kind not in ("slice", "partial") for s in res.steps):
+        if part == SETUP or 0 not in plan.mesh(res.src_mesh).process_ids:
             continue
-        if 0 not in plan.mesh(res.src_mesh).process_ids:
+        mine: list[tuple[int, int]] = []
+        crossed = False
+        for st in res.steps:
+            if st.kind == "transfer":
+                crossed = True
+                if any(0 in (src, dst) and src != dst for src, dst, _ in st.pieces):
+                    mine.append((2, 1))
+            elif st.kind not in ("slice", "partial"):
+                group = _groups(plan.mesh(res.dst_mesh if crossed else res.src_mesh), tuple(st.axes)).get(0)
+                if group is not None and len(group) >= 2:
+                    mine.append((len(group), latency_terms(st.kind, len(group))))
+        if not mine:
             continue
         at = (res.op, 0) if res.op is not None else (made_by.get(res.tensor, -1), 2)
-        events.append((at, None))
-    gaps, work = [], 0.0
-    for _, seconds in sorted(events, key=lambda e: e[0]):
-        if seconds is None:
-            gaps.append(work)
+        events.append((at, tuple(mine)))
+    calls: list[Collective] = []
+    work = 0.0
+    for _, item in sorted(events, key=lambda e: e[0]):
+        if isinstance(item, tuple):
+            calls.append((work, item))
             work = 0.0
         else:
-            work += seconds
-    return gaps
+            work += item
+    return calls
 
 
 def measure(mesh: str | None, steps: int, extra: tuple[str, ...] = (), lines: list[str] | None = None,
@@ -481,6 +553,103 @@ def measure(mesh: str | None, steps: int, extra: tuple[str, ...] = (), lines: li
     return statistics.median(gaps), (q[2] - q[0]) / 2
 
 
+T = TypeVar("T")
+
+
+def round_order(names: list[str], round_: int) -> list[str]:
+    """The run order of round ``round_`` (from 0): ``names`` rotated by one place per round, so over
+    ``len(names)`` rounds every run has been in every position once (a machine that drifts within
+    a round, or a run that slows the one after it, hits each alike)."""
+    if not names:
+        return []
+    k = round_ % len(names)
+    return names[k:] + names[:k]
+
+
+def interleaved(names: list[str], rounds: int, run: Callable[[str, int], T]) -> dict[str, list[T]]:
+    """``run(name, round)`` for every name, ``rounds`` rounds, in ``round_order``: per name its
+    results in round order."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds!r}")
+    out: dict[str, list[T]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in round_order(names, r):
+            out[name].append(run(name, r))
+    return out
+
+
+def steady(rows: list[dict[str, float]]) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """One set of host costs for every strategy: per constant the median over the worker's runs,
+    and its (least, largest) as the spread."""
+    if not rows:
+        raise ValueError("no worker measurements to combine")
+    keys = set(rows[0])
+    for i, row in enumerate(rows):
+        if set(row) != keys:
+            raise ValueError(f"worker run {i}: constants {sorted(set(row) ^ keys)} differ from run 0's")
+        for k, v in row.items():
+            if not isinstance(v, float | int) or not v >= 0 or v == float("inf"):
+                raise ValueError(f"worker run {i}: {k} is {v!r}; expected a finite number >= 0")
+    med = {k: float(statistics.median(r[k] for r in rows)) for k in rows[0]}
+    return med, {k: (float(min(r[k] for r in rows)), float(max(r[k] for r in rows))) for k in rows[0]}
+
+
+def round_spread(values: list[float]) -> float:
+    """Half the range of a run's per-round medians (0 for one round)."""
+    return (max(values) - min(values)) / 2 if values else 0.0
+
+
+def round_scales(profile: Any, probes: dict[int, Any], rows: list[dict[str, float]]) -> list[float]:
+    """``kern x`` of each worker run on its own (its probe against the flat rates it measured):
+    the spread the median set smooths out."""
+    out = []
+    for row in rows:
+        level = flat(at_load(profile, row["gemm_flops"], row["vector_flops"]))
+        out.append(kernel_scale({b: row[f"model_fb{b}"] for b in KERNEL_BATCHES},
+                                {b: kernel_seconds(probes[b], level, row["vector_flops"]) for b in KERNEL_BATCHES}))
+    return out
+
+
+def flat_predict(step: Any, profile: Any, probes: dict[int, Any], host: dict[str, float]) -> float:
+    """The flat model's step (``flat s``) from one set of worker constants: the profile's rates
+    moved to the worker's GEMM and elementwise rates, divided by that set's ``kern x``, each
+    collective at its own size and gap."""
+    level = flat(at_load(profile, host["gemm_flops"], host["vector_flops"]))
+    scale = kernel_scale({b: host[f"model_fb{b}"] for b in KERNEL_BATCHES},
+                         {b: kernel_seconds(probes[b], level, host["vector_flops"]) for b in KERNEL_BATCHES})
+    trained = host["vector_flops"] / scale
+    alpha, base = loaded_latency(host, collectives(step, loaded_profile(level, 0.0, scale), host, trained))
+    return predict(step, loaded_profile(level, alpha, scale), host, base, trained)
+
+
+def paired_ratios(predicted: list[float], measured: list[float]) -> tuple[list[float], float]:
+    """Per round, the prediction from that round's worker run over the step measured in the same
+    round, and their median: both sides from one stretch of the machine's load."""
+    if len(predicted) != len(measured) or not predicted:
+        raise ValueError(f"paired rounds: {len(predicted)} predictions for {len(measured)} measured steps")
+    for i, m in enumerate(measured):
+        if not m > 0 or m == float("inf"):
+            raise ValueError(f"paired rounds: measured step of round {i + 1} is {m!r}; expected a finite number > 0")
+    ratios = [p / m for p, m in zip(predicted, measured, strict=True)]
+    return ratios, statistics.median(ratios)
+
+
+def predicted_breakdown(step: Any, profile: Any, host: dict[str, float], base: float, vector_flops: float | None) -> dict[str, float]:
+    """The prediction split into ``compute`` (kernels alone: free links, no host time), ``host``
+    (what the per-op and per-update host seconds add) and ``comm`` (what the links and each
+    collective's call cost add on top), each the difference of two estimates."""
+    from dataclasses import replace
+
+    from simulator.cost import Link
+
+    free = Link(0.0, 1e30)
+    quiet = replace(profile, intra_node=free, inter_node=free)
+    full = predict(step, profile, host, base, vector_flops)
+    no_comm = predict(step, quiet, host, 0.0, vector_flops)
+    compute = predict(step, quiet, {**host, "op": 0.0, "update": 0.0}, 0.0, vector_flops)
+    return {"compute": compute, "host": no_comm - compute, "comm": full - no_comm}
+
+
 def order_agrees(names: list[str], predicted: list[float], measured: list[float], spread: list[float]) -> tuple[bool, list[str]]:
     """Every pair ordered alike, except pairs the measurement cannot tell apart (ties)."""
     ties = []
@@ -503,8 +672,12 @@ def main() -> None:
                         help="which prediction the order check uses: flat (one rate each, / kern x; the default), "
                         "curves (the profile's rates by size, / curve x) or sized (one rate each, / the probe's "
                         "scale at each kernel's size)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds (worker and every strategy once each, order rotated); medians of the rounds")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args()
+    if ns.steps < 3 or ns.rounds < 1:
+        parser.error(f"--steps must be >= 3 and --rounds >= 1, got {ns.steps} and {ns.rounds}")
     if ns.worker:
         worker(ns.steps)
         return
@@ -523,79 +696,114 @@ def main() -> None:
     print(f"  links: alpha {link.alpha_s * 1e6:.1f} us, {link.bandwidth_Bps / 1e9:.2f} GB/s; GEMM float32 "
           f"{profile.flops_per_s.get('float32', 0) / 1e9:.1f} GFLOP/s per rank ({os.cpu_count()} CPUs for 8 ranks)")
     names = [s.strip() for s in ns.strategies.split(";") if s.strip()]
-    predicted, measured, spread = [], [], []
-    rows = []
     probes = {b: one_rank_step(b) for b in KERNEL_BATCHES}
     probe_ops = {b: len(forward_backward_ops(probes[b])) for b in KERNEL_BATCHES}
     curves = bool(profile.gemm_curve and profile.vector_curve)
     if not curves:
         print("  (this profile has no gemm_curve/vector_curve: the prediction falls back to the flat model; "
               "recalibrate with `python -m simulator calibrate -n 8`)")
-    for mesh in names:
-        # Host costs move with the machine's load: measure them right before the run they predict,
-        # with collectives as far apart as the plan puts them.
-        step = gpt_step(mesh)
-        host = host_costs(20)
-        now = at_load(profile, host["gemm_flops"], host["vector_flops"])
-        measured_fb = {b: host[f"model_fb{b}"] for b in KERNEL_BATCHES}
-        # The flat model (one GEMM rate, one elementwise rate, every kernel divided by ``kern x``,
-        # the probe's growth over its priced growth) beside the size-dependent one (the profile's
-        # curves, no factor; ``curve x`` is the same probe's ratio against them, 1 if they hold).
-        level = flat(now)
-        scale = kernel_scale(measured_fb, {b: kernel_seconds(probes[b], level, host["vector_flops"]) for b in KERNEL_BATCHES})
-        trained = host["vector_flops"] / scale
-        # The flat rates divided by each probe batch's own scale, at the sizes of its kernels.
-        by_size = scale_by_size(measured_fb, {b: kernel_seconds(probes[b], level, host["vector_flops"]) for b in KERNEL_BATCHES},
-                                {b: probe_ops[b] * host["op"] for b in KERNEL_BATCHES})
-        by_size_model = sized(level, host["vector_flops"], {b: probe_sizes(probes[b], level) for b in KERNEL_BATCHES}, by_size)
-        sized_alpha, sized_base = loaded_latency(host, collective_gaps(step, by_size_model, host, None))
+    steps = {mesh: gpt_step(mesh) for mesh in names}
+
+    # Rounds: the worker's host-cost measurement and every strategy's gpt.py run once per round,
+    # in an order rotated each round; every measured number is the median of its rounds. Load
+    # drift and a neighbour's burst then hit the strategies and the calibration alike, and all
+    # three predictions use one set of host costs (a noisy measurement taken just before one
+    # strategy no longer inflates that strategy alone).
+    def run(name: str, round_: int) -> Any:
+        if name == HOST:
+            out: Any = host_costs(20)
+            what = f"op {out['op'] * 1e6:.0f} us, all-reduce(8) after 1 ms {out['allreduce8_2'] * 1e6:.0f} us"
+        else:
+            out = measure(name, ns.steps)
+            what = f"{out[0]:.4f} s/step"
+        print(f"  round {round_ + 1}: {name:<16} {what}  (load average {os.getloadavg()[0]:.1f})", flush=True)
+        return out
+
+    load_start = os.getloadavg()
+    results = interleaved([HOST, *names], ns.rounds, run)
+    load_end = os.getloadavg()
+    host, host_range = steady(results[HOST])
+    measured = [statistics.median(m for m, _ in results[mesh]) for mesh in names]
+    spread = [round_spread([m for m, _ in results[mesh]]) if ns.rounds > 1 else results[mesh][0][1] for mesh in names]
+
+    print(f"\nhost costs over {ns.rounds} worker run(s): median [least .. largest]")
+    for key in ("op", "update", "vector_flops", "gemm_flops", *(f"model_fb{b}" for b in KERNEL_BATCHES),
+                *(f"allreduce{n}_{g}" for n in GROUP_SIZES for g in range(len(GAP_GRID)))):
+        unit, factor = (("GF/s", 1e-9) if key.endswith("flops") else ("ms", 1e3) if key.startswith("model") else ("us", 1e6))
+        label = key if not key.startswith("allreduce") else \
+            f"all-reduce({key[9:key.index('_')]}) after {GAP_GRID[int(key.rsplit('_', 1)[1])] * 1e3:g} ms"
+        lo, hi = host_range[key]
+        rel = (hi - lo) / host[key] if host[key] else 0.0
+        print(f"  {label:<28} {host[key] * factor:>9.2f} [{lo * factor:.2f} .. {hi * factor:.2f}] {unit}  (+-{rel / 2:.0%})")
+
+    now = at_load(profile, host["gemm_flops"], host["vector_flops"])
+    measured_fb = {b: host[f"model_fb{b}"] for b in KERNEL_BATCHES}
+    # The flat model (one GEMM rate, one elementwise rate, every kernel divided by ``kern x``,
+    # the probe's growth over its priced growth) beside the size-dependent one (the profile's
+    # curves, no factor; ``curve x`` is the same probe's ratio against them, 1 if they hold).
+    level = flat(now)
+    level_priced = {b: kernel_seconds(probes[b], level, host["vector_flops"]) for b in KERNEL_BATCHES}
+    scale = kernel_scale(measured_fb, level_priced)
+    trained = host["vector_flops"] / scale
+    # The flat rates divided by each probe batch's own scale, at the sizes of its kernels.
+    by_size = scale_by_size(measured_fb, level_priced, {b: probe_ops[b] * host["op"] for b in KERNEL_BATCHES})
+    by_size_model = sized(level, host["vector_flops"], {b: probe_sizes(probes[b], level) for b in KERNEL_BATCHES}, by_size)
+    model = now if curves else level
+    vec = None if curves else host["vector_flops"]
+    curve_x = kernel_scale(measured_fb, {b: kernel_seconds(probes[b], model, vec) for b in KERNEL_BATCHES})
+    vec_x = None if vec is None else vec / curve_x
+    predicted, rows, parts = [], [], []
+    for mesh, m, sp in zip(names, measured, spread, strict=True):
+        step = steps[mesh]
+        sized_alpha, sized_base = loaded_latency(host, collectives(step, by_size_model, host, None))
         sized_p = predict(step, loaded_profile(by_size_model, sized_alpha), host, sized_base, None)
-        flat_alpha, flat_base = loaded_latency(host, collective_gaps(step, loaded_profile(level, 0.0, scale), host, trained))
-        flat_p = predict(step, loaded_profile(level, flat_alpha, scale), host, flat_base, trained)
-        model = now if curves else level
-        vec = None if curves else host["vector_flops"]
-        curve_x = kernel_scale(measured_fb, {b: kernel_seconds(probes[b], model, vec) for b in KERNEL_BATCHES})
-        curve_alpha, curve_base = loaded_latency(host, collective_gaps(step, model, host, vec))
-        curve_p = predict(step, loaded_profile(model, curve_alpha), host, curve_base, vec)
-        # The prediction: the curves' rates, each divided by what the probe still measures
-        # beyond them (``curve x``), so the size dependence and the training-step slowdown both hold.
-        vec_x = None if vec is None else vec / curve_x
-        gaps = collective_gaps(step, loaded_profile(model, 0.0, curve_x), host, vec_x)
-        alpha, base = loaded_latency(host, gaps)
-        p = predict(step, loaded_profile(model, alpha, curve_x), host, base, vec_x)
-        m, sp = measure(mesh, ns.steps)
-        measured.append(m)
-        spread.append(sp)
-        # The headline is the model chosen by --model; both are printed.
+        flat_calls = collectives(step, loaded_profile(level, 0.0, scale), host, trained)
+        flat_alpha, flat_base = loaded_latency(host, flat_calls)
+        flat_model = loaded_profile(level, flat_alpha, scale)
+        flat_p = predict(step, flat_model, host, flat_base, trained)
+        # The curves' rates, each divided by what the probe still measures beyond them
+        # (``curve x``), so the size dependence and the training-step slowdown both hold.
+        alpha, base = loaded_latency(host, collectives(step, loaded_profile(model, 0.0, curve_x), host, vec_x))
+        curve_model = loaded_profile(model, alpha, curve_x)
+        p = predict(step, curve_model, host, base, vec_x)
+        # The headline is the model chosen by --model; all are printed.
         headline = {"curves": p, "flat": flat_p, "sized": sized_p}[ns.model]
         predicted.append(headline)
-        rows.append((mesh, statistics.median(gaps) if gaps else 0.0, host, scale, flat_p, curve_x, curve_p, alpha, base, p, m, sp,
-                     by_size, sized_p))
-    print(f"\n{'strategy':<16} {'gap ms':>6} {'op us':>6} {'call us':>7} {'alpha us':>8} {'vec GF/s':>8} {'GEMM GF/s':>9} "
-          f"{'kern x':>6} {'flat s':>7} {'curve x':>7} {'curve s':>7} {'curve/x s':>9} {'measured s':>11} {'+-':>6} "
-          f"{'flat/meas':>9} {'curve/x/meas':>12}")
-    for mesh, gap, host, scale, flat_p, curve_x, curve_p, alpha, base, p, m, sp, _, _ in rows:
-        marks = []
-        for ratio in (flat_p / m, p / m):
-            marks.append(f"{ratio:.2f} " + ("ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")))
-        print(f"{mesh:<16} {gap * 1e3:>6.2f} {host['op'] * 1e6:>6.0f} {base * 1e6:>7.0f} {alpha * 1e6:>8.0f} {host['vector_flops'] / 1e9:>8.2f} "
-              f"{host['gemm_flops'] / 1e9:>9.1f} {scale:>6.2f} {flat_p:>7.4f} {curve_x:>7.2f} {curve_p:>7.4f} {p:>9.4f} {m:>11.4f} "
-              f"{sp:>6.3f} {marks[0]:>9} {marks[1]:>12}")
-    print(f"\n{'strategy':<16} {'x at ' + '/'.join(map(str, KERNEL_BATCHES)):>12} {'sized s':>8} {'measured s':>11} {'sized/meas':>10}")
-    for mesh, *_, m, _sp, by_size, sized_p in rows:
-        ratio = sized_p / m
-        mark = "ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT")
-        print(f"{mesh:<16} {'/'.join(f'{by_size[b]:.2f}' for b in KERNEL_BATCHES):>12} {sized_p:>8.4f} {m:>11.4f} {ratio:>5.2f} {mark}")
-    print("(gap: the median work before one of rank 0's collectives; op: host time per mpipar op; call + 2(n-1) alpha: "
-          "an n-rank all-reduce, averaged over the plan's collectives, each after its own gap of work; vec: "
-          "elementwise FLOP rate of the calibration loop now; GEMM: float32 512x512 rate now; kern x: measured kernel "
-          "seconds per priced second in gpt.py's model (one rank, micro-batch 2 -> 16) under the flat model (one GEMM "
-          "and one elementwise rate), which divides every kernel rate of the flat prediction (flat s); curve x: the "
-          "same ratio under the profile's size-dependent rates (the curves moved to the load now; 1 where they would "
-          "hold alone); curve s: the prediction at the curves' rates; curve/x: the curves' rates divided by curve x; "
-          "8 ranks at once; sized: the flat rates divided by each probe batch's own measured kernel seconds per priced "
-          "second, less the probe's host seconds (x at 2/16), interpolated in log size between the two batches' typical "
-          "kernel sizes)")
+        parts.append({"flat": predicted_breakdown(step, flat_model, host, flat_base, trained),
+                      "curves": predicted_breakdown(step, curve_model, host, base, vec_x)})
+        rows.append((mesh, statistics.median(g for g, _ in flat_calls) if flat_calls else 0.0, flat_alpha, flat_base, flat_p, alpha, base, p, m, sp,
+                     sized_p))
+    print(f"\nkern x {scale:.2f} (flat), curve x {curve_x:.2f} (curves), x at {'/'.join(map(str, KERNEL_BATCHES))} "
+          f"{'/'.join(f'{by_size[b]:.2f}' for b in KERNEL_BATCHES)} (sized), from the median probe; "
+          f"each worker run's own kern x {'/'.join(f'{x:.2f}' for x in round_scales(profile, probes, results[HOST]))}")
+
+    def mark(ratio: float) -> str:
+        return f"{ratio:.2f} " + ("ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT"))
+
+    print(f"\n{'strategy':<16} {'gap ms':>6} {'call us':>7} {'alpha us':>8} {'flat s':>7} {'curve/x s':>9} {'sized s':>7} "
+          f"{'measured s':>10} {'+-':>6} {'rounds s':>20} {'flat/meas':>9} {'curve/x/meas':>12} {'sized/meas':>10}")
+    for mesh, gap, flat_alpha, flat_base, flat_p, _alpha, _base, p, m, sp, sized_p in rows:
+        each = "/".join(f"{x:.3f}" for x, _ in results[mesh])
+        print(f"{mesh:<16} {gap * 1e3:>6.2f} {flat_base * 1e6:>7.0f} {flat_alpha * 1e6:>8.0f} {flat_p:>7.4f} {p:>9.4f} "
+              f"{sized_p:>7.4f} {m:>10.4f} {sp:>6.3f} {each:>20} {mark(flat_p / m):>9} {mark(p / m):>12} {mark(sized_p / m):>10}")
+    print(f"\n{'predicted':<16} {'flat: compute':>13} {'host':>7} {'comm':>7} {'curve/x: compute':>16} {'host':>7} {'comm':>7}  (s)")
+    for mesh, part in zip(names, parts, strict=True):
+        f, c = part["flat"], part["curves"]
+        print(f"{mesh:<16} {f['compute']:>13.4f} {f['host']:>7.4f} {f['comm']:>7.4f} {c['compute']:>16.4f} {c['host']:>7.4f} {c['comm']:>7.4f}")
+    print(f"\n{'paired rounds':<16} {'flat s per round':>24} {'flat/meas per round':>20} {'median':>11}")
+    for mesh in names:
+        each = [flat_predict(steps[mesh], profile, probes, h) for h in results[HOST]]
+        ratios, mid = paired_ratios(each, [m for m, _ in results[mesh]])
+        print(f"{mesh:<16} {'/'.join(f'{x:.3f}' for x in each):>24} {'/'.join(f'{r:.2f}' for r in ratios):>20} {mark(mid):>11}")
+    print("(gap: the median work before one of rank 0's collectives; call + 2(n-1) alpha: an n-rank all-reduce, averaged "
+          "over the plan's collectives, each after its own gap of work (the flat model's gaps); flat: one GEMM and one "
+          "elementwise rate divided by kern x; curve/x: the profile's rates by size divided by curve x; sized: the "
+          "flat rates divided by each probe batch's own scale, interpolated in log kernel size; measured: the median "
+          "of the rounds' medians, +- half their range; compute: kernels alone, host: the per-op and per-update host "
+          "time, comm: links and collective calls; paired rounds: each round's worker run prices the flat model, "
+          "against the step measured in the same round)")
+    print(f"load average {load_start[0]:.1f} {load_start[1]:.1f} {load_start[2]:.1f} at the start, "
+          f"{load_end[0]:.1f} {load_end[1]:.1f} {load_end[2]:.1f} at the end ({os.cpu_count()} CPUs)")
     ok, ties = order_agrees(names, predicted, measured, spread)
     by_pred = " < ".join(n for _, n in sorted(zip(predicted, names, strict=True)))
     by_meas = " < ".join(n for _, n in sorted(zip(measured, names, strict=True)))

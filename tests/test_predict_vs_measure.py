@@ -162,3 +162,152 @@ def test_probe_sizes_grow_with_the_probe_batch() -> None:
     small, large = pvm.KERNEL_BATCHES
     for k in range(2):
         assert 2.0 < sizes[large][k] / sizes[small][k] <= 8.0 + 1e-9, sizes
+
+
+def test_round_order_puts_every_run_in_every_position_once() -> None:
+    names = ["host", "a", "b", "c"]
+    orders = [pvm.round_order(names, r) for r in range(len(names))]
+    assert orders[0] == names and orders[1] == ["a", "b", "c", "host"]
+    for position in range(len(names)):
+        assert sorted(o[position] for o in orders) == sorted(names)
+    assert pvm.round_order(names, len(names)) == names
+    assert pvm.round_order([], 3) == []
+
+
+def test_interleaved_runs_each_name_once_per_round_in_rotated_order() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def run(name: str, round_: int) -> str:
+        calls.append((name, round_))
+        return f"{name}{round_}"
+
+    got = pvm.interleaved(["x", "y", "z"], 2, run)
+    assert calls == [("x", 0), ("y", 0), ("z", 0), ("y", 1), ("z", 1), ("x", 1)]
+    assert got == {"x": ["x0", "x1"], "y": ["y0", "y1"], "z": ["z0", "z1"]}
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+        pvm.interleaved(["x"], 0, run)
+
+
+def test_steady_is_the_median_of_each_constant_with_its_range() -> None:
+    """One noisy worker run (a 4x collective) does not move the set every strategy is priced with."""
+    rows = [{"op": 2e-4, "allreduce8_2": 1e-3}, {"op": 3e-4, "allreduce8_2": 4e-3}, {"op": 2.5e-4, "allreduce8_2": 1.2e-3}]
+    med, spread = pvm.steady(rows)
+    assert med == pytest.approx({"op": 2.5e-4, "allreduce8_2": 1.2e-3})
+    assert spread["allreduce8_2"] == pytest.approx((1e-3, 4e-3))
+    assert spread["op"] == pytest.approx((2e-4, 3e-4))
+
+
+@pytest.mark.parametrize(
+    ("rows", "words"),
+    [
+        ([], "no worker measurements"),
+        ([{"op": 1.0}, {"op": 1.0, "update": 2.0}], r"worker run 1: constants \['update'\] differ"),
+        ([{"op": 1.0}, {"op": math.nan}], "worker run 1: op is nan"),
+        ([{"op": -1.0}], "worker run 0: op is -1.0"),
+        ([{"op": math.inf}], "worker run 0: op is inf"),
+    ],
+)
+def test_steady_refuses_bad_worker_output(rows: list[dict[str, float]], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        pvm.steady(rows)
+
+
+def test_round_spread_is_half_the_range() -> None:
+    assert pvm.round_spread([0.5, 0.7, 0.6]) == pytest.approx(0.1)
+    assert pvm.round_spread([0.5]) == 0.0
+
+
+def test_predicted_breakdown_adds_up_to_the_prediction() -> None:
+    """compute + host + comm is the estimate; each part is what its own costs add (links free:
+    no comm; no host costs: no host part; compute is the kernels-only estimate)."""
+    step = pvm.gpt_step("dp=2,tp=4")
+    host = {"op": 2e-4, "update": 3e-5, "vector_flops": 5e8}
+    slow = replace(_compute_only(), intra_node=Link(2e-4, 1e9), inter_node=Link(2e-4, 1e9))
+    parts = pvm.predicted_breakdown(step, slow, host, 5e-4, host["vector_flops"])
+    full = pvm.predict(step, slow, host, 5e-4, host["vector_flops"])
+    assert sum(parts.values()) == pytest.approx(full)
+    assert min(parts.values()) > 0, parts
+    assert parts["compute"] == pytest.approx(pvm.predict(step, _compute_only(), {**host, "op": 0.0, "update": 0.0}, 0.0, 5e8))
+    free = pvm.predicted_breakdown(step, _compute_only(), host, 0.0, host["vector_flops"])
+    assert free["comm"] == pytest.approx(0.0, abs=1e-12)
+    assert free["host"] == pytest.approx(parts["host"])
+
+
+def test_round_scales_is_each_worker_runs_own_kern_x() -> None:
+    """A run whose probe grew twice as much (same rates) has twice the kern x."""
+    prof = _curved()
+    probes = {b: pvm.one_rank_step(b) for b in pvm.KERNEL_BATCHES}
+    level = pvm.flat(pvm.at_load(prof, 2e10, 1e9))
+    priced = {b: pvm.kernel_seconds(probes[b], level, 1e9) for b in pvm.KERNEL_BATCHES}
+    small, large = pvm.KERNEL_BATCHES
+    grow = priced[large] - priced[small]
+    rows = [{"gemm_flops": 2e10, "vector_flops": 1e9, f"model_fb{small}": 0.1, f"model_fb{large}": 0.1 + k * grow} for k in (2.0, 4.0)]
+    assert pvm.round_scales(prof, probes, rows) == pytest.approx([2.0, 4.0])
+
+
+def _host(cost: dict[int, float]) -> dict[str, float]:
+    """Worker output whose all-reduce over ``n`` ranks costs ``cost[n]`` seconds after any gap."""
+    return {f"allreduce{n}_{g}": c for n, c in cost.items() for g in range(len(pvm.GAP_GRID))}
+
+
+def test_at_size_uses_a_measured_group_sizes_own_cost() -> None:
+    host = _host({2: 1e-3, 4: 4e-3, 8: 5e-3})
+    assert pvm.at_size(host, 4, 1e-3) == pytest.approx(4e-3)  # not the ring's line 2 -> 8 (2e-3)
+    assert pvm.at_size(host, 3, 0.0) == pytest.approx(2.5e-3)
+    assert pvm.at_size(host, 6, 0.0) == pytest.approx(4.5e-3)
+    assert pvm.at_size(host, 16, 0.0) == pytest.approx(7e-3)  # the 4 -> 8 line beyond
+
+
+def test_loaded_latency_prices_each_call_at_its_own_size_and_gap() -> None:
+    host = _host({2: 1e-3, 4: 4e-3, 8: 5e-3})
+    host.update({f"allreduce8_{g}": 5e-3 + 1e-3 * g for g in range(len(pvm.GAP_GRID))})
+    # Only 8-rank all-reduces: each costs base + 14 alpha = its gap's measured cost, on average.
+    calls = [(pvm.GAP_GRID[0], ((8, 14),)), (pvm.GAP_GRID[2], ((8, 14),))]
+    alpha, base = pvm.loaded_latency(host, calls)
+    assert base + 14 * alpha == pytest.approx((5e-3 + 7e-3) / 2)
+    # Mixed sizes (tensor and data parallel): the calls together cost what the worker measured for each.
+    mixed = [(0.0, ((2, 2),)), (0.0, ((4, 6),)), (0.0, ((4, 3), (2, 1))), (0.0, ((8, 14),))]
+    alpha, base = pvm.loaded_latency(host, mixed)
+    priced = sum(base + alpha * sum(t for _, t in steps) for _, steps in mixed)
+    assert priced == pytest.approx(1e-3 + 4e-3 + (4e-3 + 1e-3) + 5e-3)
+    assert alpha >= 0 and base >= 0
+
+
+def test_collectives_are_rank_0s_calls_with_their_group_sizes() -> None:
+    """dp=2,tp=4: tensor-parallel calls over 4, gradients over 2 (dp) and over 8 (replicated
+    parameters), every 8-rank one an all-reduce; the pipeline's over 2 (tp) and transfers."""
+    prof = _compute_only()
+    host = {"op": 1e-4}
+    tp = pvm.collectives(pvm.gpt_step("dp=2,tp=4"), prof, host, 1e9)
+    steps = [st for _, sts in tp for st in sts]
+    assert {n for n, _ in steps} == {2, 4, 8}
+    assert all(t == 14 for n, t in steps if n == 8)
+    assert all(g >= 0 for g, _ in tp) and any(g > 0 for g, _ in tp)
+    pp = pvm.collectives(pvm.gpt_step("dp=1,tp=2,pp=4"), prof, host, 1e9)
+    assert {st for _, sts in pp for st in sts} == {(2, 1), (2, 2)}
+    dp = pvm.collectives(pvm.gpt_step("dp=8"), prof, host, 1e9)
+    assert {st for _, sts in dp for st in sts} == {(8, 14)}
+
+
+def test_paired_ratios_are_each_rounds_own_and_their_median() -> None:
+    ratios, mid = pvm.paired_ratios([0.6, 0.9, 0.7], [0.5, 0.6, 0.7])
+    assert ratios == pytest.approx([1.2, 1.5, 1.0]) and mid == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="2 predictions for 3 measured"):
+        pvm.paired_ratios([0.6, 0.9], [0.5, 0.6, 0.7])
+    with pytest.raises(ValueError, match=r"measured step of round 2 is 0\.0"):
+        pvm.paired_ratios([0.6, 0.9], [0.5, 0.0])
+
+
+def test_flat_predict_follows_the_worker_runs_constants() -> None:
+    """One worker run's constants price the step: a run whose probe grew more (kernels slower in
+    the training step) or whose collectives cost more predicts a longer step."""
+    prof = _curved()
+    probes = {b: pvm.one_rank_step(b) for b in pvm.KERNEL_BATCHES}
+    small, large = pvm.KERNEL_BATCHES
+    host = {"op": 2e-4, "update": 3e-5, "vector_flops": 5e8, "gemm_flops": 2e10, f"model_fb{small}": 0.2,
+            f"model_fb{large}": 1.0, **_host({2: 1e-3, 4: 2e-3, 8: 4e-3})}
+    step = pvm.gpt_step("dp=2,tp=4")
+    base = pvm.flat_predict(step, prof, probes, host)
+    assert base > 0
+    assert pvm.flat_predict(step, prof, probes, {**host, f"model_fb{large}": 1.4}) > base
+    assert pvm.flat_predict(step, prof, probes, {**host, **_host({2: 2e-3, 4: 4e-3, 8: 8e-3})}) > base
