@@ -11,27 +11,10 @@ from collections.abc import Callable
 import mpipar as dist
 
 
-def sgd_step(x: dist.Tensor, w1: dist.Tensor, b1: dist.Tensor, w2: dist.Tensor, b2: dist.Tensor,
-             opt: dist.optimizer.Optimizer) -> Callable[[], float]:
-    """One training step on these tensors; returns the loss."""
-    relu = dist.nn.functional.relu
-
-    def step() -> float:
-        h = relu(dist.add(dist.matmul(x, w1), b1))
-        z = dist.add(dist.matmul(h, w2), b2)
-        loss = dist.mean(dist.multiply(z, z))
-        loss.backward()
-        opt.step()
-        opt.clear_grad()
-        return float(loss.full_tensor())
-
-    return step
-
-
 def sgd_step_tensor(x: dist.Tensor, w1: dist.Tensor, b1: dist.Tensor, w2: dist.Tensor, b2: dist.Tensor,
                     opt: dist.optimizer.Optimizer) -> Callable[[], dist.Tensor]:
-    """The same step returning the loss Tensor (what ``compile_step(capture=True)`` captures: a
-    step that reads no value in Python); the caller converts it with ``float()``."""
+    """One training step on these tensors returning the loss Tensor (what ``compile_step(capture=True)``
+    captures: a step that reads no value in Python); the caller converts it with ``float()``."""
     relu = dist.nn.functional.relu
 
     def step() -> dist.Tensor:
@@ -42,5 +25,16 @@ def sgd_step_tensor(x: dist.Tensor, w1: dist.Tensor, b1: dist.Tensor, w2: dist.T
         opt.step()
         opt.clear_grad()
         return loss
+
+    return step
+
+
+def sgd_step(x: dist.Tensor, w1: dist.Tensor, b1: dist.Tensor, w2: dist.Tensor, b2: dist.Tensor,
+             opt: dist.optimizer.Optimizer) -> Callable[[], float]:
+    """The same step returning the loss as a float (read inside the step, as a user's loop does)."""
+    inner = sgd_step_tensor(x, w1, b1, w2, b2, opt)
+
+    def step() -> float:
+        return float(inner().full_tensor())
 
     return step
