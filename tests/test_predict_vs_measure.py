@@ -311,3 +311,33 @@ def test_flat_predict_follows_the_worker_runs_constants() -> None:
     assert base > 0
     assert pvm.flat_predict(step, prof, probes, {**host, f"model_fb{large}": 1.4}) > base
     assert pvm.flat_predict(step, prof, probes, {**host, **_host({2: 2e-3, 4: 4e-3, 8: 8e-3})}) > base
+
+
+def test_collective_sequence_prices_each_call_at_its_gap() -> None:
+    """benchmarks/collective_sequence.py charges a replayed call sequence what the benchmark
+    charges it: the steady curve at each call's own gap (linear between grid points, the last
+    point's beyond), summed; a curve of the wrong length is refused."""
+    import collective_sequence as cs
+
+    curve = [1e-3, 2e-3, 4e-3, 6e-3, 9e-3]  # at GAP_GRID = 0, 0.3, 1, 3, 10 ms
+    gaps = [0.0, 3e-4, 6.5e-4, 2e-3, 0.05]
+    expected = 1e-3 + 2e-3 + 3e-3 + 5e-3 + 9e-3
+    assert cs.priced(curve, gaps) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="curve has 4 points"):
+        cs.priced(curve[:4], gaps)
+
+
+def test_collective_sequence_gaps_of_dp8(tmp_path: Path) -> None:
+    """dp=8's rank-0 sequence: every call after some work, one long stretch (forward and the
+    start of backward) before the first and short gaps after; more host time per op only
+    lengthens the gaps."""
+    import collective_sequence as cs
+
+    path = tmp_path / "profile.json"
+    _compute_only().save(str(path))
+    short, long_ = cs.sequence_gaps(str(path), "dp=8", 1e-4), cs.sequence_gaps(str(path), "dp=8", 3e-4)
+    assert len(short) == len(long_) >= 50
+    assert short[0] > 10 * max(short[1:])
+    assert all(b >= a for a, b in zip(short, long_, strict=True)) and sum(long_) > sum(short)
+    with pytest.raises(ValueError, match="--op-us"):
+        cs.sequence_gaps(str(path), "dp=8", -1.0)
