@@ -59,56 +59,32 @@ def priced(curve: list[float], gaps: list[float]) -> float:
 
 def worker(gaps: list[float], passes: int) -> None:
     """Each rank: the steady curve and the replayed sequence, interleaved pass after pass."""
-    import numpy as np
     from mpi4py import MPI
-
-    import mpipar as dist
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     if comm.Get_size() != 8:
         raise SystemExit(f"collective_sequence: run under mpiexec -n 8, not {comm.Get_size()}")
     # The same unit of work and the same all-reduce as predict_vs_measure's worker.
-    unit = np.full(4096, 0.5, dtype=np.float32)
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(200):
-        np.tanh(unit * unit + unit)
-    per_unit = (time.perf_counter() - start) / 200
-    group = dist.ProcessMesh(list(range(8)), dim_names=["g"])
-    partial = dist.dtensor_from_local(np.ones(256, dtype=np.float32), group, [dist.Partial()])
-
-    def work(units: int) -> None:
-        for _ in range(units):
-            np.tanh(unit * unit + unit)
-
-    def loop(with_collective: bool, reps: int, units: int) -> float:
-        comm.Barrier()
-        start = time.perf_counter()
-        for _ in range(reps):
-            work(units)
-            if with_collective:
-                dist.reshard(partial, group, [dist.Replicate()])
-        return (time.perf_counter() - start) / reps
+    probe = pvm.GapProbe(comm)
+    partial = probe.partial(list(range(8)))
 
     def sequence(with_collective: bool) -> float:
         comm.Barrier()
         start = time.perf_counter()
         for gap in gaps:
-            work(round(gap / per_unit))
+            probe.work(probe.units(gap))
             if with_collective:
-                dist.reshard(partial, group, [dist.Replicate()])
+                probe.all_reduce(partial)
         return time.perf_counter() - start
 
-    loop(True, 3, 0)
+    probe.loop(partial, True, 3, 0)
     sequence(True)
     curve: list[list[float]] = [[] for _ in pvm.GAP_GRID]
     extra: list[float] = []
     for _ in range(passes):
         for g, gap in enumerate(pvm.GAP_GRID):
-            units = round(gap / per_unit)
-            reps = max(8, int(0.1 / max(gap, 1e-3)))
-            curve[g].append(loop(True, reps, units) - loop(False, reps, units))
+            curve[g].append(probe.paired(partial, gap))
         extra.append(sequence(True) - sequence(False))
     rows = comm.gather({"curve": [statistics.median(v) for v in curve], "extra": statistics.median(extra)}, root=0)
     if rank == 0:

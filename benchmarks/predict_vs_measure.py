@@ -99,6 +99,60 @@ COLLECTIVE_PASSES = 9
 
 
 # ---------------------------------------------------------------------- worker (under mpiexec)
+class GapProbe:
+    """An mpipar all-reduce (1 KiB) after units of NumPy work, every rank at once (under
+    ``mpiexec``): what a collective costs after a gap of work (the worker's curve, and
+    ``collective_sequence.py``'s replay of a step's gaps). ``per_unit`` is one unit's seconds,
+    measured when the probe is made."""
+
+    def __init__(self, comm: Any) -> None:
+        import numpy as np
+
+        import mpipar as dist
+
+        self.comm, self._np, self._dist = comm, np, dist
+        self.unit = np.full(4096, 0.5, dtype=np.float32)
+        comm.Barrier()
+        start = time.perf_counter()
+        self.work(200)
+        self.per_unit = (time.perf_counter() - start) / 200
+
+    def work(self, units: int) -> None:
+        unit, tanh = self.unit, self._np.tanh
+        for _ in range(units):
+            tanh(unit * unit + unit)
+
+    def units(self, gap: float) -> int:
+        """Units of work that take ``gap`` seconds."""
+        return round(gap / self.per_unit)
+
+    def partial(self, ranks: list[int]) -> Any:
+        """A Partial tensor over ``ranks`` whose reshard to Replicate is the all-reduce."""
+        dist = self._dist
+        group = dist.ProcessMesh(ranks, dim_names=["g"])
+        return dist.dtensor_from_local(self._np.ones(256, dtype=self._np.float32), group, [dist.Partial()])
+
+    def all_reduce(self, partial: Any) -> None:
+        self._dist.reshard(partial, partial.spec.mesh, [self._dist.Replicate()])
+
+    def loop(self, partial: Any, with_collective: bool, reps: int, units: int) -> float:
+        """Seconds per repetition of ``units`` of work, each followed by the all-reduce of
+        ``partial`` when ``with_collective``."""
+        self.comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(reps):
+            self.work(units)
+            if with_collective:
+                self.all_reduce(partial)
+        return (time.perf_counter() - start) / reps
+
+    def paired(self, partial: Any, gap: float) -> float:
+        """One paired batch at ``gap``: the extra seconds per all-reduce (with minus without)."""
+        units = self.units(gap)
+        reps = max(8, int(0.1 / max(gap, 1e-3)))
+        return self.loop(partial, True, reps, units) - self.loop(partial, False, reps, units)
+
+
 def worker(steps: int) -> None:
     """Each rank: host costs (``simulator.calibrate_host.host_costs``: tiny GPT steps on its own
     mesh), the kernel probe, NumPy's elementwise and GEMM rates, and all-reduces after each gap
@@ -164,38 +218,19 @@ def worker(steps: int) -> None:
     # NumPy work on every rank (all at once, as training interleaves them), for each gap of
     # the grid. What a collective costs here depends on that gap: 8 ranks time-sharing 2
     # cores drift apart while they work, and the collective waits for the last one.
-    unit = np.full(4096, 0.5, dtype=np.float32)
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(200):
-        np.tanh(unit * unit + unit)
-    per_unit = (time.perf_counter() - start) / 200
+    probe_gap = GapProbe(comm)
     out: dict[str, float] = {"op": per_op, "update": per_update, "vector_flops": vector, "gemm_flops": gemm,
                              **{f"model_fb{b}": min(ts) for b, ts in probe.items()}}
     for n in GROUP_SIZES:
-        group = dist.ProcessMesh([rank // n * n + i for i in range(n)], dim_names=["g"])
-        partial = dist.dtensor_from_local(np.ones(256, dtype=np.float32), group, [dist.Partial()])
-
-        def loop(with_collective: bool, reps: int, units: int, group: Any = group, partial: Any = partial) -> float:
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(reps):
-                for _ in range(units):
-                    np.tanh(unit * unit + unit)
-                if with_collective:
-                    dist.reshard(partial, group, [dist.Replicate()])
-            return (time.perf_counter() - start) / reps
-
-        loop(True, 3, 0)
+        partial = probe_gap.partial([rank // n * n + i for i in range(n)])
+        probe_gap.loop(partial, True, 3, 0)
         # Paired batches (with and without the collective), the gaps interleaved pass after pass
         # so a neighbour's burst or a drift of the machine hits every gap alike; the median of
         # COLLECTIVE_PASSES pairs per gap.
         samples: list[list[float]] = [[] for _ in GAP_GRID]
         for _ in range(COLLECTIVE_PASSES):
             for g, gap in enumerate(GAP_GRID):
-                units = round(gap / per_unit)
-                reps = max(8, int(0.1 / max(gap, 1e-3)))
-                samples[g].append(loop(True, reps, units) - loop(False, reps, units))
+                samples[g].append(probe_gap.paired(partial, gap))
         for g, values in enumerate(samples):
             out[f"allreduce{n}_{g}"] = max(statistics.median(values), 0.0)
     rows = comm.gather(out, root=0)
