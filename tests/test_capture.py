@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi_scripts.launch import mpirun  # the MPI test launches mpiexec, as tests/test_mpi_runtime.py does
+from tp_mlp_layer import MLP, mse, sharded_mlp  # tests/: the MLP both compiled-step test files train
 
 import mpipar as dist
 from mpipar import capture, capture_hooks
@@ -562,27 +563,10 @@ def test_captured_steps_under_mpi_match_eager(n: int) -> None:
 def test_to_static_captures_its_training_steps() -> None:
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
 
-    class MLP(dist.nn.Layer):
-        def __init__(self) -> None:
-            super().__init__()
-            self.l1 = dist.nn.Linear(6, 16)
-            self.l2 = dist.nn.Linear(16, 6)
-
-        def forward(self, x: dist.Tensor) -> dist.Tensor:
-            return self.l2(F.relu(self.l1(x)))
-
     def build() -> tuple[MLP, Any]:
-        dist.seed(1)
-        m = MLP()
-        dist.shard_tensor(m.l1.weight, mesh, [dist.Shard(1)])
-        dist.shard_tensor(m.l1.bias, mesh, [dist.Shard(0)])
-        dist.shard_tensor(m.l2.weight, mesh, [dist.Shard(0)])
-        dist.shard_tensor(m.l2.bias, mesh, [dist.Replicate()])
-        return m, dist.optimizer.Momentum(learning_rate=0.05, parameters=m.parameters())
+        return sharded_mlp(mesh, dist.optimizer.Momentum)
 
-    def loss_fn(out: dist.Tensor, y: dist.Tensor) -> dist.Tensor:
-        d = dist.subtract(out, y)
-        return dist.mean(dist.multiply(d, d))
+    loss_fn = mse
 
     rng = np.random.default_rng(2)
     data = [tuple(dist.shard_tensor(rng.standard_normal((8, 6)), mesh, [dist.Replicate()]) for _ in range(2)) for _ in range(6)]

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tp_mlp_layer import MLP, mse, sharded_mlp  # tests/: the MLP both compiled-step test files train
 
 import mpipar as dist
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
@@ -208,27 +209,10 @@ def test_to_static_replays_its_steps() -> None:
     """``to_static``'s steps replay: the same losses and weights as eager steps."""
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
 
-    class MLP(dist.nn.Layer):
-        def __init__(self) -> None:
-            super().__init__()
-            self.l1 = dist.nn.Linear(6, 16)
-            self.l2 = dist.nn.Linear(16, 6)
-
-        def forward(self, x: dist.Tensor) -> dist.Tensor:
-            return self.l2(F.relu(self.l1(x)))
-
     def build() -> tuple[MLP, Any]:
-        dist.seed(1)
-        m = MLP()
-        dist.shard_tensor(m.l1.weight, mesh, [dist.Shard(1)])
-        dist.shard_tensor(m.l1.bias, mesh, [dist.Shard(0)])
-        dist.shard_tensor(m.l2.weight, mesh, [dist.Shard(0)])
-        dist.shard_tensor(m.l2.bias, mesh, [dist.Replicate()])
-        return m, dist.optimizer.SGD(learning_rate=0.05, parameters=m.parameters())
+        return sharded_mlp(mesh, dist.optimizer.SGD)
 
-    def loss_fn(out: dist.Tensor, y: dist.Tensor) -> dist.Tensor:
-        d = dist.subtract(out, y)
-        return dist.mean(dist.multiply(d, d))
+    loss_fn = mse
 
     rng = np.random.default_rng(2)
     data = [(rng.standard_normal((8, 6)), rng.standard_normal((8, 6))) for _ in range(4)]
