@@ -132,6 +132,11 @@ def _same_call(entry: _Entry, flat: list[Tensor], attrs: dict[str, Any], reuse: 
         return False
 
 
+def _is_array(value: Any) -> bool:
+    """A NumPy (or CuPy) array among a step's arguments: a tuple shape and a dtype."""
+    return isinstance(getattr(value, "shape", None), tuple) and getattr(value, "dtype", None) is not None
+
+
 def _layout_key(value: Any) -> Any:
     if isinstance(value, Tensor):
         return ("tensor", value._spec if value._spec is not None else None, tuple(value._shape), value._dtype)
@@ -139,9 +144,8 @@ def _layout_key(value: Any) -> Any:
         return (type(value), tuple(_layout_key(v) for v in value))
     if isinstance(value, dict):
         return (dict, tuple((k, _layout_key(v)) for k, v in value.items()))
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if isinstance(shape, tuple) and dtype is not None:  # a NumPy (or CuPy) array: its shape and dtype
-        return (type(value), shape, dtype)
+    if _is_array(value):  # its shape and dtype
+        return (type(value), value.shape, value.dtype)
     return ("other", type(value))
 
 
@@ -177,7 +181,7 @@ def _static_key(value: Any, keep: list[Any]) -> Any:
     """The arguments that are neither tensors nor arrays, as a captured program's key: Python
     values are constants of the program (``jax.jit``'s static arguments), so another value is
     another program. Numbers and strings by value, other objects by identity (kept alive)."""
-    if isinstance(value, Tensor) or (isinstance(getattr(value, "shape", None), tuple) and getattr(value, "dtype", None) is not None):
+    if isinstance(value, Tensor) or _is_array(value):
         return None
     if isinstance(value, (list, tuple)):
         return (type(value), tuple(_static_key(v, keep) for v in value))
@@ -191,7 +195,7 @@ def _static_key(value: Any, keep: list[Any]) -> Any:
 
 def _flat_args(value: Any, out: list[Any]) -> list[Any]:
     """The tensors and arrays among a call's arguments, in ``_layout_key``'s order."""
-    if isinstance(value, Tensor) or (isinstance(getattr(value, "shape", None), tuple) and getattr(value, "dtype", None) is not None):
+    if isinstance(value, Tensor) or _is_array(value):
         out.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
