@@ -26,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -110,8 +111,9 @@ def main() -> None:
         worker([float(g) for g in gaps], ns.passes)
         return
     gaps = sequence_gaps(ns.profile, ns.mesh, ns.op_us * 1e-6)
-    path = os.path.join(ROOT, ".collective_sequence_gaps.json")
-    with open(path, "w") as f:
+    # A file of its own (not a fixed name in the checkout: two runs at once would share it).
+    fd, path = tempfile.mkstemp(prefix="mpipar-collective-sequence-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
         json.dump(gaps, f)
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     load = os.getloadavg()[0]
