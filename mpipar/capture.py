@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
+import operator
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -56,7 +58,7 @@ from mpipar import comm, hooks
 from mpipar.backend import current_backend
 from mpipar.distribute import _shards_from_global
 from mpipar.optimizer.optimizer import _ALONE_REFS, Optimizer, _shard_refs
-from mpipar.reshard.executor import execute_plan, freeze
+from mpipar.reshard.executor import _RUNNERS, execute_plan, freeze
 from mpipar.tensor import Tensor, _as_array, _storage_ids
 
 Array = Any
@@ -148,6 +150,9 @@ class Tracer:
         self.rebind: list[tuple[Any, ...]] = []
         self.start_grads: list[tuple[Tensor, Any]] = []
         self.start_ids: dict[tuple[Any, ...], int] = {}
+        self.pure: set[int] = set()
+        """Instructions that compute the same arrays from the same inputs on every run (mpipar's
+        own kernels, fills): on constant inputs only, ``Program`` folds them into constants."""
         self.in_place: list[tuple[int, Any, int]] = []
         """(instruction, parameter, rank) of updates that may write the parameter's shard in place."""
         self.start_tensors: list[tuple[Any, Any, Any]] = []
@@ -555,7 +560,9 @@ class Program:
             self.alone.append((weakref.ref(p), self.alone_flags, k))
             self.instrs[i] = (partial(_write_in_place, fn, self.alone_flags, k), ins, outs, kind)
         self._alone_test = (_ALONE_REFS, _shard_refs)
-        self.program = _with_drops(self.instrs, set(_template_slots(tr.out_template)) | {s for e in tr.rebind for s in _rebind_slots(e)})
+        kept = set(_template_slots(tr.out_template)) | {s for e in tr.rebind for s in _rebind_slots(e)}
+        self.instrs = _fold_constants(tr, self.instrs, self.template, kept)
+        self.program = _with_drops(self.instrs, kept)
         self.rebind = _weak_rebind(tr.rebind)
 
     def run(self, flat: Sequence[Any]) -> Any:
@@ -600,6 +607,30 @@ class Program:
                 slots[s] = None
         _apply_rebind(self.rebind, slots)
         return _build(self.out, slots)
+
+
+def _fold_constants(tr: Tracer, instrs: list[tuple[Any, ...]], template: list[Any], kept: set[int]) -> list[tuple[Any, ...]]:
+    """The instructions less those that make the same arrays on every run: a pure one
+    (``Tracer.pure``) whose inputs are all constants (the seed of backward, its scaling,
+    reshape and broadcast). Their outputs become constants holding the traced values (which
+    the validation run reproduced bit for bit), read-only so nothing writes into them; one
+    whose output the step returns or leaves behind keeps running (a result is an array of its own)."""
+    const = {s for s, _ in tr.consts}
+    out = []
+    for i, ins_ in enumerate(instrs):
+        _, ins, outs, kind = ins_
+        made = (outs,) if kind == 0 else outs if kind == 1 else None
+        if i in tr.pure and made is not None and all(s in const for s in ins) and not kept.intersection(made):
+            for s in made:
+                a = tr.arrays[s]
+                if isinstance(a, np.ndarray) and a.flags.writeable:
+                    a = a.copy()
+                    a.flags.writeable = False
+                template[s] = a
+                const.add(s)
+            continue
+        out.append(ins_)
+    return out
 
 
 def _with_drops(instrs: list[tuple[Any, ...]], kept: set[int]) -> list[tuple[Any, ...]]:
@@ -798,8 +829,71 @@ def record_kernel(tr: Tracer, op: Any, ctx: Any, attrs: dict[str, Any], dtypes: 
         fn = partial(_kernel1_fn, op.kernel, ctx, attrs, dtypes[0])
     else:
         fn = partial(_kernel_fn, op, ctx, attrs, tuple(dtypes), multi)
+    if not dense and not multi:
+        fn = _specialized(op, ctx, attrs, arrays, got[0], dtypes[0], bare) or fn
     key = ("kernel", dense, bare, op.kernel, ctx, attrs, tuple(dtypes))
+    n = len(tr.instrs)
     tr.record(fn, key, [(a, u, r) for a, u in zip(arrays, used, strict=True)], tuple(got) if multi else got[0], multi)
+    if len(tr.instrs) > n and _builtin(op):
+        tr.pure.add(n)
+
+
+def _builtin(op: Any) -> bool:
+    """An op whose kernel is mpipar's own: a function of its inputs, attributes and context only
+    (a user's kernel may read state the capture cannot see, so it is never folded)."""
+    return getattr(op.kernel, "__module__", "").startswith("mpipar.ops.")
+
+
+_BINARY = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul, "divide": operator.truediv}
+"""mpipar's elementwise kernels that are ``x + y`` (etc.) on NumPy arrays: called as the operator."""
+
+
+def _specialized(op: Any, ctx: Any, attrs: dict[str, Any], arrays: Sequence[Array], out: Array, dt: Any, bare: bool) -> Callable[..., Array] | None:
+    """A cheaper call giving the same array as ``op``'s kernel on these NumPy inputs (shapes and
+    dtypes fixed by the trace): what the kernel works out from its context on every call (the
+    local output shape, the reduced axes, the global count of a mean) worked out once, and the
+    same NumPy call made. Only mpipar's own kernels, on NumPy; None for anything else. The
+    validation run checks the result bit for bit like any other instruction."""
+    if ctx.xp is not np or not _builtin(op) or any(type(a) is not np.ndarray for a in arrays):
+        return None
+    name = getattr(op.kernel, "__name__", "")
+    if bare and op.name in _BINARY and name == "<lambda>" and len(arrays) == 2:
+        return _BINARY[op.name]
+    if bare and name == "_to_local_shape" and len(arrays) == 1:
+        return operator.methodcaller("reshape", tuple(out.shape))
+    if bare and name == "_expand_kernel" and len(arrays) == 1:
+        return partial(np.broadcast_to, shape=tuple(out.shape))
+    if bare and name == "_matmul_kernel" and len(arrays) == 2:
+        tx, ty = bool(attrs.get("trans_x", False)), bool(attrs.get("trans_y", False))
+        return np.matmul if not (tx or ty) else partial(_matmul_fn, tx, ty)
+    if name in ("_sum_kernel", "_mean_kernel") and len(arrays) == 1:
+        from mpipar.ops.math import _red_axes  # (ops import this module's callers: import late)
+
+        axes = _red_axes(ctx, attrs.get("axis"))
+        keep = attrs.get("keepdim", False)
+        if name == "_sum_kernel":
+            return partial(np.add.reduce, axis=axes, dtype=None, out=None, keepdims=keep) if bare else None
+        x = arrays[0]
+        if not np.issubdtype(x.dtype, np.floating):
+            return None
+        count = x.dtype.type(math.prod(ctx.in_shape(0)[a] for a in axes))  # the kernel's global count
+        return partial(_mean_fn, axes, keep, count, np.dtype(dt))
+    return None
+
+
+def _matmul_fn(tx: bool, ty: bool, x: Array, y: Array) -> Array:
+    return np.matmul(x.swapaxes(-1, -2) if tx else x, y.swapaxes(-1, -2) if ty else y)
+
+
+def _mean_fn(axes: tuple[int, ...], keep: bool, count: Any, dt: Any, x: Array) -> Array:
+    """``_mean_kernel`` of a floating array with its count worked out, normalised as ``_kernel1_fn``."""
+    arr = np.add.reduce(x, axis=axes, dtype=None, out=None, keepdims=keep) / count
+    if type(arr) is not np.ndarray:
+        arr = np.asarray(arr)
+    if arr.dtype != dt:
+        arr = arr.astype(dt)
+    arr.flags.writeable = False
+    return arr
 
 
 def _plan_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], dtype: Any, backend: Any, label: str, *arrays: Array) -> tuple[Array, ...]:
@@ -829,10 +923,47 @@ def reshard(tr: Tracer, plan: Any, tensor: Any, backend: Any) -> dict[int, Array
     finally:
         tr.depth -= 1
     out_ranks = tuple(res)
-    fn = partial(_plan_fn, plan, ranks, out_ranks, tensor._dtype, backend, comm.current_context())
+    label = comm.current_context()
     key = ("reshard", plan, ranks, out_ranks, tensor._dtype, backend)
+    one = _one_step_fn(plan, ranks, out_ranks, tensor, backend, label)
+    if one is not None:  # one rank in, the same one out: a one-output instruction
+        tr.record(one, key, [(tensor._shards[ranks[0]], tensor, ranks[0])], res[ranks[0]], False)
+        return res
+    fn = partial(_plan_fn, plan, ranks, out_ranks, tensor._dtype, backend, label)
     tr.record(fn, key, [(tensor._shards[r], tensor, r) for r in ranks], tuple(res[r] for r in out_ranks), True)
     return res
+
+
+def _one_step_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], tensor: Any, backend: Any, label: str) -> Callable[[Array], Array] | None:
+    """A one-step plan on the one rank this process hosts (MPI), bound for the program: the
+    step's runner called straight (``execute_plan``'s loop, dict and context are for many
+    steps and observers), and an all-reduce bound to the communicator's lowest layer
+    (``bound_all_reduce``: the whole-buffer gather and the group-order fold) where it has one.
+    Observers make either take ``execute_plan`` as eager does, so they hear the call and its reason."""
+    if len(plan.steps) != 1 or len(ranks) != 1 or out_ranks != ranks:
+        return None
+    (step,) = plan.steps
+    rank, a = ranks[0], tensor._shards[ranks[0]]
+    general = partial(_plan_fn, plan, ranks, out_ranks, tensor._dtype, backend, label)
+    if step.kind == "all_reduce":
+        bind = getattr(backend.comm, "bound_all_reduce", None)
+        groups = step.groups_with(rank)
+        bound = bind(groups[0], tuple(a.shape), a.dtype, step.reduce_type or "sum") if bind is not None and len(groups) == 1 else None
+        if bound is not None:
+            return partial(_bound_fn, bound, general)
+    return partial(_step_fn, _RUNNERS[step.kind], step, rank, np.dtype(tensor._dtype), backend, general)
+
+
+def _bound_fn(bound: Callable[[Array], Array], general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
+    if comm._recorders or comm._span_recorders:
+        return general(a)[0]
+    return freeze(bound(a))
+
+
+def _step_fn(run: Callable[..., dict[int, Array]], step: Any, rank: int, dtype: Any, backend: Any, general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
+    if comm._recorders or comm._span_recorders:
+        return general(a)[0]
+    return freeze(run(step, {rank: a}, dtype, backend)[rank])
 
 
 def _from_global_fn(dst: Any, out_ranks: tuple[int, ...], value: Array) -> tuple[Array, ...]:
@@ -858,7 +989,10 @@ def create(tr: Tracer, make: Callable[..., Array], shapes: Sequence[tuple[int, .
     """Fresh arrays (ones, zeros) made now and on every run."""
     fn = partial(_fill_fn, make, tuple(map(tuple, shapes)), dtype)
     res = fn()
+    n = len(tr.instrs)
     tr.record(fn, ("create", make, tuple(map(tuple, shapes)), np.dtype(dtype)), [], res, True)
+    if len(tr.instrs) > n:
+        tr.pure.add(n)
     return res
 
 

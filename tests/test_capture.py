@@ -552,7 +552,7 @@ def test_a_weight_shard_held_elsewhere_is_never_overwritten() -> None:
 @pytest.mark.parametrize("n", [2, 4])
 def test_captured_steps_under_mpi_match_eager(n: int) -> None:
     """TP MLP (SGD in place, AdamW) and a DP MLP: losses, weights, states and collectives."""
-    run = mpirun(n, "tests/mpi_scripts/capture_step.py", "--steps", "6", env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    run = mpirun(n, "tests/mpi_scripts/capture_step.py", "--steps", "8", env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.output[-4000:]
     for r in range(n):
         lines = run.lines_of(r)
