@@ -150,6 +150,10 @@ class Tracer:
         self.rebind: list[tuple[Any, ...]] = []
         self.start_grads: list[tuple[Tensor, Any]] = []
         self.start_ids: dict[tuple[Any, ...], int] = {}
+        self.updates: dict[int, tuple[int, int]] = {}
+        """Optimizer updates: instruction -> (id of the optimizer, id of the parameter)."""
+        self.bumps: dict[int, tuple[int, int]] = {}
+        """Step counts (effects): instruction -> (id of the optimizer, id of the parameter)."""
         self.pure: set[int] = set()
         """Instructions that compute the same arrays from the same inputs on every run (mpipar's
         own kernels, fills): on constant inputs only, ``Program`` folds them into constants."""
@@ -392,8 +396,9 @@ class Tracer:
         steps = {(id(opt), pid): dict(opt._states.get(pid, {})) for opt, p in self.updated.values() for pid in (id(p),)}
         return {"roots": roots, "steps": steps}
 
-    def validate(self, snap: dict[str, Any]) -> str | None:
-        """Run the program from ``snap`` (the state before this eager call) and compare every
+    def validate(self, snap: dict[str, Any], program: Program | None = None) -> str | None:
+        """Run the program (``program``'s instructions as it will run them: folded, reordered;
+        else the trace's) from ``snap`` (the state before this eager call) and compare every
         array it produces with the eager call's, bit for bit; None when all agree."""
 
         n = len(self.arrays)
@@ -404,12 +409,18 @@ class Tracer:
             slots[s] = snap["roots"][s]
         for s, a in self.consts:
             slots[s] = a
+        instrs = self.instrs
+        if program is not None:
+            instrs = program.instrs
+            for s, a in enumerate(program.template):
+                if a is not None:
+                    slots[s] = a
         saved = list(comm._recorders), list(comm._span_recorders)
         comm._recorders.clear()  # the check's collectives are internal: observers do not hear them
         comm._span_recorders.clear()
         _meta_override.update(snap["steps"])
         try:
-            for fn, ins, outs, kind in self.instrs:
+            for fn, ins, outs, kind in instrs:
                 if kind == 2:
                     continue  # Python effects already happened in the eager call
                 res = fn(*[slots[i] for i in ins])
@@ -553,15 +564,17 @@ class Program:
         self.optimizer_guards = [(weakref.ref(opt), _optimizer_setup(opt)) for opt in tr.optimizers.values()]
         self.alone: list[tuple[weakref.ref[Any], list[bool], int]] = []
         self.alone_flags: list[bool] = []
-        self.instrs = list(tr.instrs)
+        instrs = list(tr.instrs)
         for k, (i, p, _) in enumerate(_in_place_updates(tr)):
-            fn, ins, outs, kind = self.instrs[i]
+            fn, ins, outs, kind = instrs[i]
             self.alone_flags.append(False)
             self.alone.append((weakref.ref(p), self.alone_flags, k))
-            self.instrs[i] = (partial(_write_in_place, fn, self.alone_flags, k), ins, outs, kind)
+            instrs[i] = (partial(_write_in_place, fn, self.alone_flags, k), ins, outs, kind)
         self._alone_test = (_ALONE_REFS, _shard_refs)
         kept = set(_template_slots(tr.out_template)) | {s for e in tr.rebind for s in _rebind_slots(e)}
-        self.instrs = _fold_constants(tr, self.instrs, self.template, kept)
+        indexed = _updates_early(tr, _fold_constants(tr, list(enumerate(instrs)), self.template, kept))
+        self.instrs = [ins for _, ins in indexed]
+        """The instructions as they run (folded, reordered): what the validation run checks."""
         self.program = _with_drops(self.instrs, kept)
         self.rebind = _weak_rebind(tr.rebind)
 
@@ -609,7 +622,11 @@ class Program:
         return _build(self.out, slots)
 
 
-def _fold_constants(tr: Tracer, instrs: list[tuple[Any, ...]], template: list[Any], kept: set[int]) -> list[tuple[Any, ...]]:
+Indexed = list[tuple[int, tuple[Any, ...]]]
+"""Instructions with their index in the trace (``Tracer.pure``, ``.updates`` and ``.bumps`` name them by it)."""
+
+
+def _fold_constants(tr: Tracer, instrs: Indexed, template: list[Any], kept: set[int]) -> Indexed:
     """The instructions less those that make the same arrays on every run: a pure one
     (``Tracer.pure``) whose inputs are all constants (the seed of backward, its scaling,
     reshape and broadcast). Their outputs become constants holding the traced values (which
@@ -617,7 +634,7 @@ def _fold_constants(tr: Tracer, instrs: list[tuple[Any, ...]], template: list[An
     whose output the step returns or leaves behind keeps running (a result is an array of its own)."""
     const = {s for s, _ in tr.consts}
     out = []
-    for i, ins_ in enumerate(instrs):
+    for i, ins_ in instrs:
         _, ins, outs, kind = ins_
         made = (outs,) if kind == 0 else outs if kind == 1 else None
         if i in tr.pure and made is not None and all(s in const for s in ins) and not kept.intersection(made):
@@ -629,7 +646,43 @@ def _fold_constants(tr: Tracer, instrs: list[tuple[Any, ...]], template: list[An
                 template[s] = a
                 const.add(s)
             continue
-        out.append(ins_)
+        out.append((i, ins_))
+    return out
+
+
+def _updates_early(tr: Tracer, instrs: Indexed) -> Indexed:
+    """Each optimizer update moved up to right after the last instruction it must follow, as a
+    hand-written step updates each weight as soon as its gradient is made: the gradient is
+    still in cache, and its memory goes back to the allocator for the rest of backward. The
+    arithmetic is the same (each update reads the same arrays), so are the bits. An update
+    follows: the makers of its inputs; every instruction reading or making an array that
+    shares memory with the shard it may overwrite (SGD in place); every update that may
+    overwrite memory its inputs share; and every effect but the step counts of other
+    parameters (its own count moves after it as before: Adam's bias correction reads it)."""
+    if not tr.updates:
+        return instrs
+    out: Indexed = []
+    for i, ins_ in instrs:
+        if i not in tr.updates:
+            out.append((i, ins_))
+            continue
+        who = tr.updates[i]
+        ins = ins_[1]
+        target = tr.arrays[ins[0]]
+        shared = {s for s, a in enumerate(tr.arrays) if hasattr(a, "shape") and np.may_share_memory(a, target)}
+        reads = [tr.arrays[s] for s in ins]
+        pos = 0
+        for k, (j, (_, ins_j, outs_j, kind_j)) in enumerate(out):
+            made = () if kind_j == 2 else (outs_j,) if kind_j == 0 else tuple(outs_j)
+            if kind_j == 2:
+                after = tr.bumps.get(j) in (None, who)
+            elif j in tr.updates:
+                after = any(np.may_share_memory(tr.arrays[ins_j[0]], a) for a in reads if hasattr(a, "shape")) or bool(shared.intersection(ins_j))
+            else:
+                after = False
+            if after or set(ins).intersection(made) or shared.intersection(ins_j) or shared.intersection(made):
+                pos = k + 1
+        out.insert(pos, (i, ins_))
     return out
 
 
@@ -1026,8 +1079,10 @@ def update(tr: Tracer, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: di
     inputs += [(state[n]._shards[r], ("state", opt, id(p), n, r), r) for n in names]
     key = ("update", type(opt)._update, opt, id(p), names, np.dtype(cdt), decay, type(opt).get_lr)
     res = tr.call(fn, key, inputs, True)
-    if opt.updates_in_place and len(src._shards) == 1 and src is p and tr.instrs and tr.instrs[-1][0] is fn:
-        tr.in_place.append((len(tr.instrs) - 1, p, r))
+    if tr.instrs and tr.instrs[-1][0] is fn:
+        tr.updates[len(tr.instrs) - 1] = (id(opt), id(p))
+        if opt.updates_in_place and len(src._shards) == 1 and src is p:
+            tr.in_place.append((len(tr.instrs) - 1, p, r))
     return res[0], dict(zip(names, res[1:], strict=True))
 
 
@@ -1042,6 +1097,7 @@ def _bump_fn(opt_ref: weakref.ref[Any], pid: int) -> None:
 def bump_step(tr: Tracer, opt: Any, p: Any) -> None:
     """The optimizer just counted a step of ``p``: count it on every run too."""
     tr.effect(partial(_bump_fn, weakref.ref(opt), id(p)), ("step", opt, id(p)))
+    tr.bumps[len(tr.instrs) - 1] = (id(opt), id(p))
 
 
 def observed() -> str | None:
