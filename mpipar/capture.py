@@ -59,6 +59,7 @@ from mpipar.backend import current_backend
 from mpipar.distribute import _shards_from_global
 from mpipar.optimizer.optimizer import _ALONE_REFS, Optimizer, _shard_refs
 from mpipar.reshard.executor import _RUNNERS, execute_plan, freeze
+from mpipar.spmd.rules.common import norm_axes
 from mpipar.tensor import Tensor, _as_array, _storage_ids
 
 Array = Any
@@ -920,9 +921,7 @@ def _specialized(op: Any, ctx: Any, attrs: dict[str, Any], arrays: Sequence[Arra
         tx, ty = bool(attrs.get("trans_x", False)), bool(attrs.get("trans_y", False))
         return np.matmul if not (tx or ty) else partial(_matmul_fn, tx, ty)
     if name in ("_sum_kernel", "_mean_kernel") and len(arrays) == 1:
-        from mpipar.ops.math import _red_axes  # (ops import this module's callers: import late)
-
-        axes = _red_axes(ctx, attrs.get("axis"))
+        axes = norm_axes(attrs.get("axis"), len(ctx.in_shape(0)), "reduction")  # as the kernels' ``_red_axes``
         keep = attrs.get("keepdim", False)
         if name == "_sum_kernel":
             return partial(np.add.reduce, axis=axes, dtype=None, out=None, keepdims=keep) if bare else None

@@ -629,3 +629,50 @@ def test_compile_step_as_a_decorator_with_capture() -> None:
     for x in _batches(5):
         train_step(x)
     assert isinstance(train_step, dist.CompiledStep) and train_step.capture and train_step.captured
+
+
+# ------------------------------------------------------------------------------- the program's own savings
+def _program_of(fn: Any) -> Any:
+    return next(c.program for c in fn._captures.values() if c.program is not None)
+
+
+def _name(f: Any) -> str:
+    while hasattr(f, "func"):
+        f = f.func
+    return getattr(f, "__name__", repr(f))
+
+
+def test_the_seed_of_backward_is_folded_and_updates_follow_their_gradients() -> None:
+    """The TP MLP's program: the seed of backward and its scaling, reshape and broadcast are
+    constants (read-only, no instruction makes them), and every SGD update runs right after the
+    instruction that makes its gradient, not after the whole backward; still bit-identical."""
+    batches = _batches(5)
+    eager = _run(lambda: mlp("tp"), batches, captured=False)
+    captured = _run(lambda: mlp("tp"), batches, captured=True)
+    _assert_same(eager, captured)
+    program = _program_of(captured[3])
+    names = [_name(fn) for fn, _, _, _ in program.instrs]
+    assert "_fill_fn" not in names and "_expand_kernel" not in names, names
+    folded = [a for a in program.template if isinstance(a, np.ndarray)]
+    assert folded and not any(a.flags.writeable for a in folded)
+    makers = {}
+    for k, (_, _, outs, kind) in enumerate(program.instrs):
+        for s in ((outs,) if kind == 0 else outs if kind == 1 else ()):
+            makers[s] = k
+    updates = [k for k, name in enumerate(names) if name == "_update_fn"]
+    assert len(updates) == 16  # four parameters on four ranks
+    for k in updates:
+        grad = program.instrs[k][1][1]
+        assert makers[grad] < k
+        between = [names[j] for j in range(makers[grad] + 1, k)]
+        assert all(n == "_update_fn" for n in between), between  # only other updates in between
+    assert names[-4:] == ["_bump_fn"] * 4 and names.count("_bump_fn") == 4  # the step counts (one a parameter) stay last
+
+
+def test_only_mpipars_own_kernels_are_folded() -> None:
+    """A user's kernel may read state the capture cannot see: never a constant of the program."""
+    from mpipar.ops.dispatch import OpDef, get_op, register_op
+
+    register_op(OpDef("test_capture_user_kernel", lambda c, x, **_: x, None, rule="relu"))
+    assert not capture._builtin(get_op("test_capture_user_kernel"))
+    assert capture._builtin(get_op("add")) and capture._builtin(get_op("expand"))
