@@ -58,6 +58,7 @@ from mpipar import comm, hooks
 from mpipar.backend import current_backend
 from mpipar.distribute import _shards_from_global
 from mpipar.optimizer.optimizer import _ALONE_REFS, Optimizer, _shard_refs
+from mpipar.placement import Replicate
 from mpipar.reshard.executor import _RUNNERS, execute_plan, freeze
 from mpipar.spmd.rules.common import norm_axes
 from mpipar.tensor import Tensor, _as_array, _storage_ids
@@ -1003,7 +1004,25 @@ def _one_step_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], 
         bound = bind(groups[0], tuple(a.shape), a.dtype, step.reduce_type or "sum") if bind is not None and len(groups) == 1 else None
         if bound is not None:
             return partial(_bound_fn, bound, general)
+    if step.kind == "partial" and isinstance(step.src.placements[step.axes[0]], Replicate) and (step.reduce_type or "sum") == "sum":
+        # Replicate -> Partial(sum): one rank of the axis keeps its value, the others hold zeros,
+        # the same zeros on every step (read-only, so one array serves them all).
+        if step.src.mesh.coordinate(rank)[step.axes[0]] == 0:
+            return partial(_kept_fn, general)
+        return partial(_zeros_fn, freeze(backend.xp.zeros_like(a)), general)
     return partial(_step_fn, _RUNNERS[step.kind], step, rank, np.dtype(tensor._dtype), backend, general)
+
+
+def _kept_fn(general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
+    if comm._recorders or comm._span_recorders:
+        return general(a)[0]
+    return freeze(a)
+
+
+def _zeros_fn(zeros: Array, general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
+    if comm._recorders or comm._span_recorders:
+        return general(a)[0]
+    return zeros
 
 
 def _bound_fn(bound: Callable[[Array], Array], general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
