@@ -560,6 +560,17 @@ def test_captured_steps_under_mpi_match_eager(n: int) -> None:
             assert any(line.startswith(f"ok {case} captured ") for line in lines), run.output[-3000:]
 
 
+@pytest.mark.mpi
+def test_the_bound_all_reduce_equals_the_general_one_under_mpi() -> None:
+    """A captured program's all-reduce (``MPICommunicator.bound_all_reduce``): the same bits as
+    ``all_reduce`` for every dtype, op and shape, on the world and on a subgroup."""
+    run = mpirun(4, "tests/mpi_scripts/bound_all_reduce.py", env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.output[-4000:]
+    assert [line for line in run.lines_of(0) if line.startswith("ok bound ")] == ["ok bound 72"], run.output[-3000:]
+    for r in range(1, 4):
+        assert any(line.startswith("ok bound ") for line in run.lines_of(r)), run.output[-3000:]
+
+
 def test_to_static_captures_its_training_steps() -> None:
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
 
