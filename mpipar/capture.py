@@ -784,12 +784,19 @@ def _apply_rebind(entries: list[tuple[Any, ...]], slots: list[Any]) -> None:
             if spec is None:
                 obj._sid = next(_storage_ids)
                 obj._dense = slots[where[0][1]]
+            elif obj._spec is spec and obj._dense is None and obj._dtype == dtype and _holds(obj._shards, where, slots):
+                # Updated in place (SGD): the same arrays, a new value. A new storage id, as
+                # ``_set_dist`` gives (reshards of the old value are not reused), and read-only again.
+                obj._sid = next(_storage_ids)
+                for _, s in where:
+                    slots[s].flags.writeable = False
             else:
                 obj._set_dist(spec, {r: slots[s] for r, s in where}, dtype)
         elif kind == "grad":
             desc = e[2]
             if desc is None:
-                obj.grad = None
+                if obj.grad is not None:
+                    obj.grad = None
             else:
                 spec, dtype, stop, where = desc
                 obj.grad = _tensor(spec, dtype, tuple(spec.shape) if spec is not None else None, where, slots)
@@ -797,6 +804,17 @@ def _apply_rebind(entries: list[tuple[Any, ...]], slots: list[Any]) -> None:
         else:
             _, _, pid, name, spec, dtype, where = e
             obj._states[pid][name] = _tensor(spec, dtype, None, where, slots, computed=False)
+
+
+def _holds(shards: dict[int, Array], where: Sequence[tuple[Any, int]], slots: list[Any]) -> bool:
+    """Does ``shards`` hold exactly the slots' arrays (by identity), NumPy ones, rank for rank?"""
+    if len(shards) != len(where):
+        return False
+    for r, s in where:
+        a = slots[s]
+        if shards.get(r) is not a or type(a) is not np.ndarray:
+            return False
+    return True
 
 
 def _tensor(spec: Any, dtype: Any, shape: Any, where: Sequence[tuple[int | None, int]], slots: list[Any], computed: bool = True) -> Tensor:
