@@ -412,8 +412,9 @@ class Tracer:
         for s, a in self.consts:
             slots[s] = a
         instrs = self.instrs
+        alias: dict[int, int] = {}
         if program is not None:
-            instrs = program.instrs
+            instrs, alias = program.instrs, program.alias
             for s, a in enumerate(program.template):
                 if a is not None:
                     slots[s] = a
@@ -437,6 +438,8 @@ class Tracer:
             _meta_override.clear()
             comm._recorders[:] = saved[0]
             comm._span_recorders[:] = saved[1]
+        for s, same_as in alias.items():  # an instruction left out: its eager array must equal the one it reads
+            slots[s] = slots[same_as]
         root_slots = {s for s, _ in self.roots} | {s for s, _ in self.consts}
         for s in range(n):
             if s in root_slots:
@@ -574,7 +577,10 @@ class Program:
             instrs[i] = (partial(_write_in_place, fn, self.alone_flags, k), ins, outs, kind)
         self._alone_test = (_ALONE_REFS, _shard_refs)
         kept = set(_template_slots(tr.out_template)) | {s for e in tr.rebind for s in _rebind_slots(e)}
-        indexed = _updates_early(tr, _fold_constants(tr, list(enumerate(instrs)), self.template, kept))
+        self.alias: dict[int, int] = {}
+        """Slots never made because an earlier instruction makes the same array (``_same_once``)."""
+        indexed = _fold_constants(tr, list(enumerate(instrs)), self.template, kept)
+        indexed = _updates_early(tr, _same_once(tr, indexed, kept, self.alias))
         self.instrs = [ins for _, ins in indexed]
         """The instructions as they run (folded, reordered): what the validation run checks."""
         self.program = _with_drops(self.instrs, kept)
@@ -649,6 +655,33 @@ def _fold_constants(tr: Tracer, instrs: Indexed, template: list[Any], kept: set[
                 const.add(s)
             continue
         out.append((i, ins_))
+    return out
+
+
+def _same_once(tr: Tracer, instrs: Indexed, kept: set[int], alias: dict[int, int]) -> Indexed:
+    """The instructions less repeats: a pure one-output instruction calling the same function
+    object on the same slots as an earlier one (the backward of ``z * z`` multiplies the same
+    two arrays twice) reads that one's output instead (``alias``: slot -> the slot it reads).
+    Forgotten at every update or effect, which may overwrite a slot in place."""
+    seen: dict[tuple[Any, tuple[int, ...]], int] = {}
+    out: Indexed = []
+    for i, (fn, ins, outs, kind) in instrs:
+        if alias:
+            ins = tuple(alias.get(s, s) for s in ins)
+        if i in tr.updates or kind == 2:
+            seen.clear()
+        elif i in tr.pure and kind == 0 and outs not in kept:
+            try:
+                key = (fn, ins)
+                hash(key)
+            except TypeError:
+                key = None
+            if key is not None:
+                if key in seen:
+                    alias[outs] = seen[key]
+                    continue
+                seen[key] = outs
+        out.append((i, (fn, ins, outs, kind)))
     return out
 
 

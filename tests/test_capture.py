@@ -655,8 +655,9 @@ def _name(f: Any) -> str:
 
 def test_the_seed_of_backward_is_folded_and_updates_follow_their_gradients() -> None:
     """The TP MLP's program: the seed of backward and its scaling, reshape and broadcast are
-    constants (read-only, no instruction makes them), and every SGD update runs right after the
-    instruction that makes its gradient, not after the whole backward; still bit-identical."""
+    constants (read-only, no instruction makes them), a repeated product is made once, and
+    every SGD update runs right after the instruction that makes its gradient, not after the
+    whole backward; still bit-identical."""
     batches = _batches(5)
     eager = _run(lambda: mlp("tp"), batches, captured=False)
     captured = _run(lambda: mlp("tp"), batches, captured=True)
@@ -666,6 +667,7 @@ def test_the_seed_of_backward_is_folded_and_updates_follow_their_gradients() -> 
     assert "_fill_fn" not in names and "_expand_kernel" not in names, names
     folded = [a for a in program.template if isinstance(a, np.ndarray)]
     assert folded and not any(a.flags.writeable for a in folded)
+    assert program.alias  # the backward of z * z multiplies the same two arrays twice: once here
     makers = {}
     for k, (_, _, outs, kind) in enumerate(program.instrs):
         for s in ((outs,) if kind == 0 else outs if kind == 1 else ()):
