@@ -58,6 +58,7 @@ from mpipar import comm, hooks
 from mpipar.backend import current_backend
 from mpipar.distribute import _shards_from_global
 from mpipar.optimizer.optimizer import _ALONE_REFS, Optimizer, _shard_refs
+from mpipar.optimizer.sgd_momentum_adam import SGD
 from mpipar.placement import Replicate
 from mpipar.reshard.executor import _RUNNERS, execute_plan, freeze
 from mpipar.spmd.rules.common import norm_axes
@@ -1134,6 +1135,15 @@ def _update_fn(opt_ref: weakref.ref[Any], p_ref: weakref.ref[Any], pid: int, nam
     return (new_p, *[new_states[n] for n in names])
 
 
+def _sgd_fn(opt_ref: weakref.ref[Any], p_ref: weakref.ref[Any], cdt: Any, src: Array, g: Array) -> tuple[Array]:
+    """``_update_fn`` of plain SGD: no states, no decay flag, no step count read (fewer lookups)."""
+    opt, p = opt_ref(), p_ref()
+    if opt is None or p is None:
+        raise _Stale
+    lr = opt.get_lr() * float(p.optimize_attr.get("learning_rate", 1.0))
+    return (opt._update(src, g.astype(cdt, copy=False), {}, lr, None)[0],)
+
+
 def update(tr: Tracer, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: dict[str, Any], r: int, cdt: Any) -> tuple[Array, dict[str, Array]]:
     """``opt._update`` of ``p``'s shard on rank ``r``, run now and recorded."""
     names = tuple(opt.state_names)
@@ -1142,7 +1152,10 @@ def update(tr: Tracer, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: di
         tr.refuse(f"{type(opt).__name__} updates {p._label()} with a learning rate its get_lr() does not give")
     decay = getattr(opt, "_decay_this", None)
     tr.updated[(id(opt), id(p))] = (opt, p)
-    fn = partial(_update_fn, weakref.ref(opt), weakref.ref(p), id(p), names, cdt, decay)
+    if type(opt)._update is SGD._update and not names and decay is None:
+        fn = partial(_sgd_fn, weakref.ref(opt), weakref.ref(p), cdt)
+    else:
+        fn = partial(_update_fn, weakref.ref(opt), weakref.ref(p), id(p), names, cdt, decay)
     grad_src = ("grad", p, r) if gv is p.grad else gv
     inputs = [(src._shards[r], src, r), (gv._shards[r], grad_src, r)]
     inputs += [(state[n]._shards[r], ("state", opt, id(p), n, r), r) for n in names]

@@ -672,13 +672,13 @@ def test_the_seed_of_backward_is_folded_and_updates_follow_their_gradients() -> 
     for k, (_, _, outs, kind) in enumerate(program.instrs):
         for s in ((outs,) if kind == 0 else outs if kind == 1 else ()):
             makers[s] = k
-    updates = [k for k, name in enumerate(names) if name == "_update_fn"]
+    updates = [k for k, name in enumerate(names) if name in ("_update_fn", "_sgd_fn")]
     assert len(updates) == 16  # four parameters on four ranks
     for k in updates:
         grad = program.instrs[k][1][1]
         assert makers[grad] < k
         between = [names[j] for j in range(makers[grad] + 1, k)]
-        assert all(n == "_update_fn" for n in between), between  # only other updates in between
+        assert all(n in ("_update_fn", "_sgd_fn") for n in between), between  # only other updates in between
     assert names[-4:] == ["_bump_fn"] * 4 and names.count("_bump_fn") == 4  # the step counts (one a parameter) stay last
 
 
