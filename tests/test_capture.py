@@ -648,8 +648,8 @@ def _program_of(fn: Any) -> Any:
 
 
 def _name(f: Any) -> str:
-    while hasattr(f, "func"):
-        f = f.func
+    while hasattr(f, "func"):  # a partial; an update allowed to write in place wraps the update
+        f = f.args[0] if f.func is capture._write_in_place else f.func
     return getattr(f, "__name__", repr(f))
 
 
@@ -689,3 +689,40 @@ def test_only_mpipars_own_kernels_are_folded() -> None:
     register_op(OpDef("test_capture_user_kernel", lambda c, x, **_: x, None, rule="relu"))
     assert not capture._builtin(get_op("test_capture_user_kernel"))
     assert capture._builtin(get_op("add")) and capture._builtin(get_op("expand"))
+
+
+def test_an_update_in_place_stays_after_every_read_of_its_weight() -> None:
+    """On a one-rank mesh SGD overwrites the weight in place. The step reads the weight again
+    after its gradient is made (``after``): the update may move up to its gradient but no
+    further than that read, or ``after`` would see the new weight."""
+    mesh = dist.ProcessMesh([0], dim_names=["x"])
+
+    def build() -> tuple[Step, list[dist.Tensor], Any]:
+        rng = np.random.default_rng(3)
+        w = dist.shard_tensor(dist.Parameter(rng.standard_normal((6, 5))), mesh, [dist.Replicate()])
+        opt = dist.optimizer.SGD(learning_rate=0.1, parameters=[w])
+
+        def step(x: dist.Tensor) -> tuple[dist.Tensor, dist.Tensor]:
+            loss = dist.mean(dist.square(dist.matmul(x, w)))
+            loss.backward()
+            after = dist.matmul(x, w)  # the weight read again, its gradient already made
+            opt.step()
+            opt.clear_grad()
+            return loss, after
+
+        return step, [w], opt
+
+    rng = np.random.default_rng(4)
+    batches = [dist.shard_tensor(rng.standard_normal((4, 6)), mesh, [dist.Replicate()]) for _ in range(6)]
+    eager = _run(build, batches, captured=False)
+    captured = _run(build, batches, captured=True)
+    _assert_same(eager, captured)
+    fn = captured[3]
+    assert fn.captured, fn.capture_refused
+    program = _program_of(fn)
+    assert program.alone_flags == [True]  # the update did write in place
+    names = [_name(f) for f, _, _, _ in program.instrs]
+    update = names.index("_sgd_fn")
+    weight = program.instrs[update][1][0]
+    readers = [k for k, (_, ins, _, _) in enumerate(program.instrs) if weight in ins and k != update]
+    assert readers and max(readers) < update
