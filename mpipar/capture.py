@@ -694,8 +694,9 @@ def _updates_early(tr: Tracer, instrs: Indexed) -> Indexed:
     follows: the makers of its inputs; every instruction reading or making an array that
     shares memory with the shard it may overwrite (SGD in place); every update that may
     overwrite memory its inputs share; and every effect but the step counts of other
-    parameters (its own count moves after it as before: Adam's bias correction reads it)."""
-    if not tr.updates:
+    parameters (its own count stays after it: Adam's bias correction reads the count as it
+    was). Only on NumPy, where memory sharing can be asked (elsewhere the order stays)."""
+    if not tr.updates or any(hasattr(a, "shape") and not isinstance(a, (np.ndarray, np.generic)) for a in tr.arrays):
         return instrs
     out: Indexed = []
     for i, ins_ in instrs:
@@ -1056,9 +1057,10 @@ def _one_step_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], 
         bound = bind(groups[0], tuple(a.shape), a.dtype, step.reduce_type or "sum") if bind is not None and len(groups) == 1 else None
         if bound is not None:
             return partial(_bound_fn, bound, general)
-    if step.kind == "partial" and isinstance(step.src.placements[step.axes[0]], Replicate) and (step.reduce_type or "sum") == "sum":
+    if (step.kind == "partial" and type(a) is np.ndarray and isinstance(step.src.placements[step.axes[0]], Replicate)
+            and (step.reduce_type or "sum") == "sum"):
         # Replicate -> Partial(sum): one rank of the axis keeps its value, the others hold zeros,
-        # the same zeros on every step (read-only, so one array serves them all).
+        # the same zeros on every step (read-only on NumPy, so one array serves them all).
         if step.src.mesh.coordinate(rank)[step.axes[0]] == 0:
             return partial(_kept_fn, general)
         return partial(_zeros_fn, freeze(backend.xp.zeros_like(a)), general)
