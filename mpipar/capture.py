@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
+import operator
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -56,7 +58,10 @@ from mpipar import comm, hooks
 from mpipar.backend import current_backend
 from mpipar.distribute import _shards_from_global
 from mpipar.optimizer.optimizer import _ALONE_REFS, Optimizer, _shard_refs
-from mpipar.reshard.executor import execute_plan, freeze
+from mpipar.optimizer.sgd_momentum_adam import SGD
+from mpipar.placement import Replicate
+from mpipar.reshard.executor import _RUNNERS, execute_plan, freeze
+from mpipar.spmd.rules.common import norm_axes
 from mpipar.tensor import Tensor, _as_array, _storage_ids
 
 Array = Any
@@ -148,6 +153,13 @@ class Tracer:
         self.rebind: list[tuple[Any, ...]] = []
         self.start_grads: list[tuple[Tensor, Any]] = []
         self.start_ids: dict[tuple[Any, ...], int] = {}
+        self.updates: dict[int, tuple[int, int]] = {}
+        """Optimizer updates: instruction -> (id of the optimizer, id of the parameter)."""
+        self.bumps: dict[int, tuple[int, int]] = {}
+        """Step counts (effects): instruction -> (id of the optimizer, id of the parameter)."""
+        self.pure: set[int] = set()
+        """Instructions that compute the same arrays from the same inputs on every run (mpipar's
+        own kernels, fills): on constant inputs only, ``Program`` folds them into constants."""
         self.in_place: list[tuple[int, Any, int]] = []
         """(instruction, parameter, rank) of updates that may write the parameter's shard in place."""
         self.start_tensors: list[tuple[Any, Any, Any]] = []
@@ -387,8 +399,9 @@ class Tracer:
         steps = {(id(opt), pid): dict(opt._states.get(pid, {})) for opt, p in self.updated.values() for pid in (id(p),)}
         return {"roots": roots, "steps": steps}
 
-    def validate(self, snap: dict[str, Any]) -> str | None:
-        """Run the program from ``snap`` (the state before this eager call) and compare every
+    def validate(self, snap: dict[str, Any], program: Program | None = None) -> str | None:
+        """Run the program (``program``'s instructions as it will run them: folded, reordered;
+        else the trace's) from ``snap`` (the state before this eager call) and compare every
         array it produces with the eager call's, bit for bit; None when all agree."""
 
         n = len(self.arrays)
@@ -399,12 +412,19 @@ class Tracer:
             slots[s] = snap["roots"][s]
         for s, a in self.consts:
             slots[s] = a
+        instrs = self.instrs
+        alias: dict[int, int] = {}
+        if program is not None:
+            instrs, alias = program.instrs, program.alias
+            for s, a in enumerate(program.template):
+                if a is not None:
+                    slots[s] = a
         saved = list(comm._recorders), list(comm._span_recorders)
         comm._recorders.clear()  # the check's collectives are internal: observers do not hear them
         comm._span_recorders.clear()
         _meta_override.update(snap["steps"])
         try:
-            for fn, ins, outs, kind in self.instrs:
+            for fn, ins, outs, kind in instrs:
                 if kind == 2:
                     continue  # Python effects already happened in the eager call
                 res = fn(*[slots[i] for i in ins])
@@ -419,6 +439,8 @@ class Tracer:
             _meta_override.clear()
             comm._recorders[:] = saved[0]
             comm._span_recorders[:] = saved[1]
+        for s, same_as in alias.items():  # an instruction left out: its eager array must equal the one it reads
+            slots[s] = slots[same_as]
         root_slots = {s for s, _ in self.roots} | {s for s, _ in self.consts}
         for s in range(n):
             if s in root_slots:
@@ -548,14 +570,21 @@ class Program:
         self.optimizer_guards = [(weakref.ref(opt), _optimizer_setup(opt)) for opt in tr.optimizers.values()]
         self.alone: list[tuple[weakref.ref[Any], list[bool], int]] = []
         self.alone_flags: list[bool] = []
-        self.instrs = list(tr.instrs)
+        instrs = list(tr.instrs)
         for k, (i, p, _) in enumerate(_in_place_updates(tr)):
-            fn, ins, outs, kind = self.instrs[i]
+            fn, ins, outs, kind = instrs[i]
             self.alone_flags.append(False)
             self.alone.append((weakref.ref(p), self.alone_flags, k))
-            self.instrs[i] = (partial(_write_in_place, fn, self.alone_flags, k), ins, outs, kind)
+            instrs[i] = (partial(_write_in_place, fn, self.alone_flags, k), ins, outs, kind)
         self._alone_test = (_ALONE_REFS, _shard_refs)
-        self.program = _with_drops(self.instrs, set(_template_slots(tr.out_template)) | {s for e in tr.rebind for s in _rebind_slots(e)})
+        kept = set(_template_slots(tr.out_template)) | {s for e in tr.rebind for s in _rebind_slots(e)}
+        self.alias: dict[int, int] = {}
+        """Slots never made because an earlier instruction makes the same array (``_same_once``)."""
+        indexed = _fold_constants(tr, list(enumerate(instrs)), self.template, kept)
+        indexed = _updates_early(tr, _same_once(tr, indexed, kept, self.alias))
+        self.instrs = [ins for _, ins in indexed]
+        """The instructions as they run (folded, reordered): what the validation run checks."""
+        self.program = _with_drops(self.instrs, kept)
         self.rebind = _weak_rebind(tr.rebind)
 
     def run(self, flat: Sequence[Any]) -> Any:
@@ -600,6 +629,98 @@ class Program:
                 slots[s] = None
         _apply_rebind(self.rebind, slots)
         return _build(self.out, slots)
+
+
+Indexed = list[tuple[int, tuple[Any, ...]]]
+"""Instructions with their index in the trace (``Tracer.pure``, ``.updates`` and ``.bumps`` name them by it)."""
+
+
+def _fold_constants(tr: Tracer, instrs: Indexed, template: list[Any], kept: set[int]) -> Indexed:
+    """The instructions less those that make the same arrays on every run: a pure one
+    (``Tracer.pure``) whose inputs are all constants (the seed of backward, its scaling,
+    reshape and broadcast). Their outputs become constants holding the traced values (which
+    the validation run reproduced bit for bit), read-only so nothing writes into them; one
+    whose output the step returns or leaves behind keeps running (a result is an array of its own)."""
+    const = {s for s, _ in tr.consts}
+    out = []
+    for i, ins_ in instrs:
+        _, ins, outs, kind = ins_
+        made = (outs,) if kind == 0 else outs if kind == 1 else None
+        if i in tr.pure and made is not None and all(s in const for s in ins) and not kept.intersection(made):
+            for s in made:
+                a = tr.arrays[s]
+                if isinstance(a, np.ndarray) and a.flags.writeable:
+                    a = a.copy()
+                    a.flags.writeable = False
+                template[s] = a
+                const.add(s)
+            continue
+        out.append((i, ins_))
+    return out
+
+
+def _same_once(tr: Tracer, instrs: Indexed, kept: set[int], alias: dict[int, int]) -> Indexed:
+    """The instructions less repeats: a pure one-output instruction calling the same function
+    object on the same slots as an earlier one (the backward of ``z * z`` multiplies the same
+    two arrays twice) reads that one's output instead (``alias``: slot -> the slot it reads).
+    Forgotten at every update or effect, which may overwrite a slot in place."""
+    seen: dict[tuple[Any, tuple[int, ...]], int] = {}
+    out: Indexed = []
+    for i, (fn, ins, outs, kind) in instrs:
+        if alias:
+            ins = tuple(alias.get(s, s) for s in ins)
+        if i in tr.updates or kind == 2:
+            seen.clear()
+        elif i in tr.pure and kind == 0 and outs not in kept:
+            try:
+                key = (fn, ins)
+                hash(key)
+            except TypeError:
+                key = None
+            if key is not None:
+                if key in seen:
+                    alias[outs] = seen[key]
+                    continue
+                seen[key] = outs
+        out.append((i, (fn, ins, outs, kind)))
+    return out
+
+
+def _updates_early(tr: Tracer, instrs: Indexed) -> Indexed:
+    """Each optimizer update moved up to right after the last instruction it must follow, as a
+    hand-written step updates each weight as soon as its gradient is made: the gradient is
+    still in cache, and its memory goes back to the allocator for the rest of backward. The
+    arithmetic is the same (each update reads the same arrays), so are the bits. An update
+    follows: the makers of its inputs; every instruction reading or making an array that
+    shares memory with the shard it may overwrite (SGD in place); every update that may
+    overwrite memory its inputs share; and every effect but the step counts of other
+    parameters (its own count stays after it: Adam's bias correction reads the count as it
+    was). Only on NumPy, where memory sharing can be asked (elsewhere the order stays)."""
+    if not tr.updates or any(hasattr(a, "shape") and not isinstance(a, (np.ndarray, np.generic)) for a in tr.arrays):
+        return instrs
+    out: Indexed = []
+    for i, ins_ in instrs:
+        if i not in tr.updates:
+            out.append((i, ins_))
+            continue
+        who = tr.updates[i]
+        ins = ins_[1]
+        target = tr.arrays[ins[0]]
+        shared = {s for s, a in enumerate(tr.arrays) if hasattr(a, "shape") and np.may_share_memory(a, target)}
+        reads = [tr.arrays[s] for s in ins]
+        pos = 0
+        for k, (j, (_, ins_j, outs_j, kind_j)) in enumerate(out):
+            made = () if kind_j == 2 else (outs_j,) if kind_j == 0 else tuple(outs_j)
+            if kind_j == 2:
+                after = tr.bumps.get(j) in (None, who)
+            elif j in tr.updates:
+                after = any(np.may_share_memory(tr.arrays[ins_j[0]], a) for a in reads if hasattr(a, "shape")) or bool(shared.intersection(ins_j))
+            else:
+                after = False
+            if after or set(ins).intersection(made) or shared.intersection(ins_j) or shared.intersection(made):
+                pos = k + 1
+        out.insert(pos, (i, ins_))
+    return out
 
 
 def _with_drops(instrs: list[tuple[Any, ...]], kept: set[int]) -> list[tuple[Any, ...]]:
@@ -698,12 +819,19 @@ def _apply_rebind(entries: list[tuple[Any, ...]], slots: list[Any]) -> None:
             if spec is None:
                 obj._sid = next(_storage_ids)
                 obj._dense = slots[where[0][1]]
+            elif obj._spec is spec and obj._dense is None and obj._dtype == dtype and _holds(obj._shards, where, slots):
+                # Updated in place (SGD): the same arrays, a new value. A new storage id, as
+                # ``_set_dist`` gives (reshards of the old value are not reused), and read-only again.
+                obj._sid = next(_storage_ids)
+                for _, s in where:
+                    slots[s].flags.writeable = False
             else:
                 obj._set_dist(spec, {r: slots[s] for r, s in where}, dtype)
         elif kind == "grad":
             desc = e[2]
             if desc is None:
-                obj.grad = None
+                if obj.grad is not None:
+                    obj.grad = None
             else:
                 spec, dtype, stop, where = desc
                 obj.grad = _tensor(spec, dtype, tuple(spec.shape) if spec is not None else None, where, slots)
@@ -711,6 +839,17 @@ def _apply_rebind(entries: list[tuple[Any, ...]], slots: list[Any]) -> None:
         else:
             _, _, pid, name, spec, dtype, where = e
             obj._states[pid][name] = _tensor(spec, dtype, None, where, slots, computed=False)
+
+
+def _holds(shards: dict[int, Array], where: Sequence[tuple[Any, int]], slots: list[Any]) -> bool:
+    """Does ``shards`` hold exactly the slots' arrays (by identity), NumPy ones, rank for rank?"""
+    if len(shards) != len(where):
+        return False
+    for r, s in where:
+        a = slots[s]
+        if shards.get(r) is not a or type(a) is not np.ndarray:
+            return False
+    return True
 
 
 def _tensor(spec: Any, dtype: Any, shape: Any, where: Sequence[tuple[int | None, int]], slots: list[Any], computed: bool = True) -> Tensor:
@@ -798,8 +937,69 @@ def record_kernel(tr: Tracer, op: Any, ctx: Any, attrs: dict[str, Any], dtypes: 
         fn = partial(_kernel1_fn, op.kernel, ctx, attrs, dtypes[0])
     else:
         fn = partial(_kernel_fn, op, ctx, attrs, tuple(dtypes), multi)
+    if not dense and not multi:
+        fn = _specialized(op, ctx, attrs, arrays, got[0], dtypes[0], bare) or fn
     key = ("kernel", dense, bare, op.kernel, ctx, attrs, tuple(dtypes))
+    n = len(tr.instrs)
     tr.record(fn, key, [(a, u, r) for a, u in zip(arrays, used, strict=True)], tuple(got) if multi else got[0], multi)
+    if len(tr.instrs) > n and _builtin(op):
+        tr.pure.add(n)
+
+
+def _builtin(op: Any) -> bool:
+    """An op whose kernel is mpipar's own: a function of its inputs, attributes and context only
+    (a user's kernel may read state the capture cannot see, so it is never folded)."""
+    return getattr(op.kernel, "__module__", "").startswith("mpipar.ops.")
+
+
+_BINARY = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul, "divide": operator.truediv}
+"""mpipar's elementwise kernels that are ``x + y`` (etc.) on NumPy arrays: called as the operator."""
+
+
+def _specialized(op: Any, ctx: Any, attrs: dict[str, Any], arrays: Sequence[Array], out: Array, dt: Any, bare: bool) -> Callable[..., Array] | None:
+    """A cheaper call giving the same array as ``op``'s kernel on these NumPy inputs (shapes and
+    dtypes fixed by the trace): what the kernel works out from its context on every call (the
+    local output shape, the reduced axes, the global count of a mean) worked out once, and the
+    same NumPy call made. Only mpipar's own kernels, on NumPy; None for anything else. The
+    validation run checks the result bit for bit like any other instruction."""
+    if ctx.xp is not np or not _builtin(op) or any(type(a) is not np.ndarray for a in arrays):
+        return None
+    name = getattr(op.kernel, "__name__", "")
+    if bare and op.name in _BINARY and name == "<lambda>" and len(arrays) == 2:
+        return _BINARY[op.name]
+    if bare and name == "_to_local_shape" and len(arrays) == 1:
+        return operator.methodcaller("reshape", tuple(out.shape))
+    if bare and name == "_expand_kernel" and len(arrays) == 1:
+        return partial(np.broadcast_to, shape=tuple(out.shape))
+    if bare and name == "_matmul_kernel" and len(arrays) == 2:
+        tx, ty = bool(attrs.get("trans_x", False)), bool(attrs.get("trans_y", False))
+        return np.matmul if not (tx or ty) else partial(_matmul_fn, tx, ty)
+    if name in ("_sum_kernel", "_mean_kernel") and len(arrays) == 1:
+        axes = norm_axes(attrs.get("axis"), len(ctx.in_shape(0)), "reduction")  # as the kernels' ``_red_axes``
+        keep = attrs.get("keepdim", False)
+        if name == "_sum_kernel":
+            return partial(np.add.reduce, axis=axes, dtype=None, out=None, keepdims=keep) if bare else None
+        x = arrays[0]
+        if not np.issubdtype(x.dtype, np.floating):
+            return None
+        count = x.dtype.type(math.prod(ctx.in_shape(0)[a] for a in axes))  # the kernel's global count
+        return partial(_mean_fn, axes, keep, count, np.dtype(dt))
+    return None
+
+
+def _matmul_fn(tx: bool, ty: bool, x: Array, y: Array) -> Array:
+    return np.matmul(x.swapaxes(-1, -2) if tx else x, y.swapaxes(-1, -2) if ty else y)
+
+
+def _mean_fn(axes: tuple[int, ...], keep: bool, count: Any, dt: Any, x: Array) -> Array:
+    """``_mean_kernel`` of a floating array with its count worked out, normalised as ``_kernel1_fn``."""
+    arr = np.add.reduce(x, axis=axes, dtype=None, out=None, keepdims=keep) / count
+    if type(arr) is not np.ndarray:
+        arr = np.asarray(arr)
+    if arr.dtype != dt:
+        arr = arr.astype(dt)
+    arr.flags.writeable = False
+    return arr
 
 
 def _plan_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], dtype: Any, backend: Any, label: str, *arrays: Array) -> tuple[Array, ...]:
@@ -829,10 +1029,66 @@ def reshard(tr: Tracer, plan: Any, tensor: Any, backend: Any) -> dict[int, Array
     finally:
         tr.depth -= 1
     out_ranks = tuple(res)
-    fn = partial(_plan_fn, plan, ranks, out_ranks, tensor._dtype, backend, comm.current_context())
+    label = comm.current_context()
     key = ("reshard", plan, ranks, out_ranks, tensor._dtype, backend)
+    one = _one_step_fn(plan, ranks, out_ranks, tensor, backend, label)
+    if one is not None:  # one rank in, the same one out: a one-output instruction
+        tr.record(one, key, [(tensor._shards[ranks[0]], tensor, ranks[0])], res[ranks[0]], False)
+        return res
+    fn = partial(_plan_fn, plan, ranks, out_ranks, tensor._dtype, backend, label)
     tr.record(fn, key, [(tensor._shards[r], tensor, r) for r in ranks], tuple(res[r] for r in out_ranks), True)
     return res
+
+
+def _one_step_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], tensor: Any, backend: Any, label: str) -> Callable[[Array], Array] | None:
+    """A one-step plan on the one rank this process hosts (MPI), bound for the program: the
+    step's runner called straight (``execute_plan``'s loop, dict and context are for many
+    steps and observers), and an all-reduce bound to the communicator's lowest layer
+    (``bound_all_reduce``: the whole-buffer gather and the group-order fold) where it has one.
+    Observers make either take ``execute_plan`` as eager does, so they hear the call and its reason."""
+    if len(plan.steps) != 1 or len(ranks) != 1 or out_ranks != ranks:
+        return None
+    (step,) = plan.steps
+    rank, a = ranks[0], tensor._shards[ranks[0]]
+    general = partial(_plan_fn, plan, ranks, out_ranks, tensor._dtype, backend, label)
+    if step.kind == "all_reduce":
+        bind = getattr(backend.comm, "bound_all_reduce", None)
+        groups = step.groups_with(rank)
+        bound = bind(groups[0], tuple(a.shape), a.dtype, step.reduce_type or "sum") if bind is not None and len(groups) == 1 else None
+        if bound is not None:
+            return partial(_bound_fn, bound, general)
+    if (step.kind == "partial" and type(a) is np.ndarray and isinstance(step.src.placements[step.axes[0]], Replicate)
+            and (step.reduce_type or "sum") == "sum"):
+        # Replicate -> Partial(sum): one rank of the axis keeps its value, the others hold zeros,
+        # the same zeros on every step (read-only on NumPy, so one array serves them all).
+        if step.src.mesh.coordinate(rank)[step.axes[0]] == 0:
+            return partial(_kept_fn, general)
+        return partial(_zeros_fn, freeze(backend.xp.zeros_like(a)), general)
+    return partial(_step_fn, _RUNNERS[step.kind], step, rank, np.dtype(tensor._dtype), backend, general)
+
+
+def _kept_fn(general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
+    if comm._recorders or comm._span_recorders:
+        return general(a)[0]
+    return freeze(a)
+
+
+def _zeros_fn(zeros: Array, general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
+    if comm._recorders or comm._span_recorders:
+        return general(a)[0]
+    return zeros
+
+
+def _bound_fn(bound: Callable[[Array], Array], general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
+    if comm._recorders or comm._span_recorders:
+        return general(a)[0]
+    return freeze(bound(a))
+
+
+def _step_fn(run: Callable[..., dict[int, Array]], step: Any, rank: int, dtype: Any, backend: Any, general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
+    if comm._recorders or comm._span_recorders:
+        return general(a)[0]
+    return freeze(run(step, {rank: a}, dtype, backend)[rank])
 
 
 def _from_global_fn(dst: Any, out_ranks: tuple[int, ...], value: Array) -> tuple[Array, ...]:
@@ -858,7 +1114,10 @@ def create(tr: Tracer, make: Callable[..., Array], shapes: Sequence[tuple[int, .
     """Fresh arrays (ones, zeros) made now and on every run."""
     fn = partial(_fill_fn, make, tuple(map(tuple, shapes)), dtype)
     res = fn()
+    n = len(tr.instrs)
     tr.record(fn, ("create", make, tuple(map(tuple, shapes)), np.dtype(dtype)), [], res, True)
+    if len(tr.instrs) > n:
+        tr.pure.add(n)
     return res
 
 
@@ -878,6 +1137,15 @@ def _update_fn(opt_ref: weakref.ref[Any], p_ref: weakref.ref[Any], pid: int, nam
     return (new_p, *[new_states[n] for n in names])
 
 
+def _sgd_fn(opt_ref: weakref.ref[Any], p_ref: weakref.ref[Any], cdt: Any, src: Array, g: Array) -> tuple[Array]:
+    """``_update_fn`` of plain SGD: no states, no decay flag, no step count read (fewer lookups)."""
+    opt, p = opt_ref(), p_ref()
+    if opt is None or p is None:
+        raise _Stale
+    lr = opt.get_lr() * float(p.optimize_attr.get("learning_rate", 1.0))
+    return (opt._update(src, g.astype(cdt, copy=False), {}, lr, None)[0],)
+
+
 def update(tr: Tracer, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: dict[str, Any], r: int, cdt: Any) -> tuple[Array, dict[str, Array]]:
     """``opt._update`` of ``p``'s shard on rank ``r``, run now and recorded."""
     names = tuple(opt.state_names)
@@ -886,14 +1154,19 @@ def update(tr: Tracer, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: di
         tr.refuse(f"{type(opt).__name__} updates {p._label()} with a learning rate its get_lr() does not give")
     decay = getattr(opt, "_decay_this", None)
     tr.updated[(id(opt), id(p))] = (opt, p)
-    fn = partial(_update_fn, weakref.ref(opt), weakref.ref(p), id(p), names, cdt, decay)
+    if type(opt)._update is SGD._update and not names and decay is None:
+        fn = partial(_sgd_fn, weakref.ref(opt), weakref.ref(p), cdt)
+    else:
+        fn = partial(_update_fn, weakref.ref(opt), weakref.ref(p), id(p), names, cdt, decay)
     grad_src = ("grad", p, r) if gv is p.grad else gv
     inputs = [(src._shards[r], src, r), (gv._shards[r], grad_src, r)]
     inputs += [(state[n]._shards[r], ("state", opt, id(p), n, r), r) for n in names]
     key = ("update", type(opt)._update, opt, id(p), names, np.dtype(cdt), decay, type(opt).get_lr)
     res = tr.call(fn, key, inputs, True)
-    if opt.updates_in_place and len(src._shards) == 1 and src is p and tr.instrs and tr.instrs[-1][0] is fn:
-        tr.in_place.append((len(tr.instrs) - 1, p, r))
+    if tr.instrs and tr.instrs[-1][0] is fn:
+        tr.updates[len(tr.instrs) - 1] = (id(opt), id(p))
+        if opt.updates_in_place and len(src._shards) == 1 and src is p:
+            tr.in_place.append((len(tr.instrs) - 1, p, r))
     return res[0], dict(zip(names, res[1:], strict=True))
 
 
@@ -908,6 +1181,7 @@ def _bump_fn(opt_ref: weakref.ref[Any], pid: int) -> None:
 def bump_step(tr: Tracer, opt: Any, p: Any) -> None:
     """The optimizer just counted a step of ``p``: count it on every run too."""
     tr.effect(partial(_bump_fn, weakref.ref(opt), id(p)), ("step", opt, id(p)))
+    tr.bumps[len(tr.instrs) - 1] = (id(opt), id(p))
 
 
 def observed() -> str | None:

@@ -286,13 +286,13 @@ class CompiledStep(Generic[R]):
         fine, same = capture.agree([tr.refused is None, same], backend)
         if fine and same:
             assert snap is not None
-            why = tr.validate(snap)
             program = None
-            if why is None:
-                try:
-                    program = capture.Program(tr)
-                except Exception as exc:  # the capture never fails a step: it refuses instead
-                    why = f"the capture could not build its program ({type(exc).__name__}: {exc})"
+            try:
+                program = capture.Program(tr)
+            except Exception as exc:  # the capture never fails a step: it refuses instead
+                why: str | None = f"the capture could not build its program ({type(exc).__name__}: {exc})"
+            else:  # the program as it will run (constants folded, updates moved up), from the step's start
+                why = tr.validate(snap, program)
             (valid,) = capture.agree([why is None], backend)
             if valid:
                 st.program, st.last = program, None

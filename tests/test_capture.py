@@ -552,12 +552,23 @@ def test_a_weight_shard_held_elsewhere_is_never_overwritten() -> None:
 @pytest.mark.parametrize("n", [2, 4])
 def test_captured_steps_under_mpi_match_eager(n: int) -> None:
     """TP MLP (SGD in place, AdamW) and a DP MLP: losses, weights, states and collectives."""
-    run = mpirun(n, "tests/mpi_scripts/capture_step.py", "--steps", "6", env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    run = mpirun(n, "tests/mpi_scripts/capture_step.py", "--steps", "8", env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.output[-4000:]
     for r in range(n):
         lines = run.lines_of(r)
         for case in ("tp-sgd", "tp-adamw", "dp-sgd"):
             assert any(line.startswith(f"ok {case} captured ") for line in lines), run.output[-3000:]
+
+
+@pytest.mark.mpi
+def test_the_bound_all_reduce_equals_the_general_one_under_mpi() -> None:
+    """A captured program's all-reduce (``MPICommunicator.bound_all_reduce``): the same bits as
+    ``all_reduce`` for every dtype, op and shape, on the world and on a subgroup."""
+    run = mpirun(4, "tests/mpi_scripts/bound_all_reduce.py", env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.output[-4000:]
+    assert [line for line in run.lines_of(0) if line.startswith("ok bound ")] == ["ok bound 72"], run.output[-3000:]
+    for r in range(1, 4):
+        assert any(line.startswith("ok bound ") for line in run.lines_of(r)), run.output[-3000:]
 
 
 def test_to_static_captures_its_training_steps() -> None:
@@ -629,3 +640,89 @@ def test_compile_step_as_a_decorator_with_capture() -> None:
     for x in _batches(5):
         train_step(x)
     assert isinstance(train_step, dist.CompiledStep) and train_step.capture and train_step.captured
+
+
+# ------------------------------------------------------------------------------- the program's own savings
+def _program_of(fn: Any) -> Any:
+    return next(c.program for c in fn._captures.values() if c.program is not None)
+
+
+def _name(f: Any) -> str:
+    while hasattr(f, "func"):  # a partial; an update allowed to write in place wraps the update
+        f = f.args[0] if f.func is capture._write_in_place else f.func
+    return getattr(f, "__name__", repr(f))
+
+
+def test_the_seed_of_backward_is_folded_and_updates_follow_their_gradients() -> None:
+    """The TP MLP's program: the seed of backward and its scaling, reshape and broadcast are
+    constants (read-only, no instruction makes them), a repeated product is made once, and
+    every SGD update runs right after the instruction that makes its gradient, not after the
+    whole backward; still bit-identical."""
+    batches = _batches(5)
+    eager = _run(lambda: mlp("tp"), batches, captured=False)
+    captured = _run(lambda: mlp("tp"), batches, captured=True)
+    _assert_same(eager, captured)
+    program = _program_of(captured[3])
+    names = [_name(fn) for fn, _, _, _ in program.instrs]
+    assert "_fill_fn" not in names and "_expand_kernel" not in names, names
+    folded = [a for a in program.template if isinstance(a, np.ndarray)]
+    assert folded and not any(a.flags.writeable for a in folded)
+    assert program.alias  # the backward of z * z multiplies the same two arrays twice: once here
+    makers = {}
+    for k, (_, _, outs, kind) in enumerate(program.instrs):
+        for s in ((outs,) if kind == 0 else outs if kind == 1 else ()):
+            makers[s] = k
+    updates = [k for k, name in enumerate(names) if name in ("_update_fn", "_sgd_fn")]
+    assert len(updates) == 16  # four parameters on four ranks
+    for k in updates:
+        grad = program.instrs[k][1][1]
+        assert makers[grad] < k
+        between = [names[j] for j in range(makers[grad] + 1, k)]
+        assert all(n in ("_update_fn", "_sgd_fn") for n in between), between  # only other updates in between
+    assert names[-4:] == ["_bump_fn"] * 4 and names.count("_bump_fn") == 4  # the step counts (one a parameter) stay last
+
+
+def test_only_mpipars_own_kernels_are_folded() -> None:
+    """A user's kernel may read state the capture cannot see: never a constant of the program."""
+    from mpipar.ops.dispatch import OpDef, get_op, register_op
+
+    register_op(OpDef("test_capture_user_kernel", lambda c, x, **_: x, None, rule="relu"))
+    assert not capture._builtin(get_op("test_capture_user_kernel"))
+    assert capture._builtin(get_op("add")) and capture._builtin(get_op("expand"))
+
+
+def test_an_update_in_place_stays_after_every_read_of_its_weight() -> None:
+    """On a one-rank mesh SGD overwrites the weight in place. The step reads the weight again
+    after its gradient is made (``after``): the update may move up to its gradient but no
+    further than that read, or ``after`` would see the new weight."""
+    mesh = dist.ProcessMesh([0], dim_names=["x"])
+
+    def build() -> tuple[Step, list[dist.Tensor], Any]:
+        rng = np.random.default_rng(3)
+        w = dist.shard_tensor(dist.Parameter(rng.standard_normal((6, 5))), mesh, [dist.Replicate()])
+        opt = dist.optimizer.SGD(learning_rate=0.1, parameters=[w])
+
+        def step(x: dist.Tensor) -> tuple[dist.Tensor, dist.Tensor]:
+            loss = dist.mean(dist.square(dist.matmul(x, w)))
+            loss.backward()
+            after = dist.matmul(x, w)  # the weight read again, its gradient already made
+            opt.step()
+            opt.clear_grad()
+            return loss, after
+
+        return step, [w], opt
+
+    rng = np.random.default_rng(4)
+    batches = [dist.shard_tensor(rng.standard_normal((4, 6)), mesh, [dist.Replicate()]) for _ in range(6)]
+    eager = _run(build, batches, captured=False)
+    captured = _run(build, batches, captured=True)
+    _assert_same(eager, captured)
+    fn = captured[3]
+    assert fn.captured, fn.capture_refused
+    program = _program_of(fn)
+    assert program.alone_flags == [True]  # the update did write in place
+    names = [_name(f) for f, _, _, _ in program.instrs]
+    update = names.index("_sgd_fn")
+    weight = program.instrs[update][1][0]
+    readers = [k for k, (_, ins, _, _) in enumerate(program.instrs) if weight in ins and k != update]
+    assert readers and max(readers) < update

@@ -78,7 +78,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -86,7 +86,19 @@ from mpi4py import MPI
 
 from mpipar import _threads
 from mpipar.backend import Backend
-from mpipar.comm import Array, Completed, Group, Pending, PointToPoint, Shape, fold_into, reduce_arrays, reduce_rows
+from mpipar.comm import (
+    REDUCE_OPS,
+    Array,
+    Completed,
+    Group,
+    Pending,
+    PointToPoint,
+    Shape,
+    fold_into,
+    recording,
+    reduce_arrays,
+    reduce_rows,
+)
 from mpipar.mesh import ProcessMesh
 from mpipar.runtime.faults import (
     Watchdog,
@@ -310,6 +322,35 @@ def runtime() -> MPIRuntime:
     return _runtime
 
 
+class _BoundAllReduce:
+    """``MPICommunicator.bound_all_reduce``'s call (a class: its facts bound once, no closure cells)."""
+
+    __slots__ = ("comm", "dtype", "group", "kind", "label", "mpi_comm", "op", "recv", "rows", "shape")
+
+    def __init__(self, comm: MPICommunicator, group: Group, shape: Shape, dtype: np.dtype, op: str) -> None:
+        self.comm, self.group, self.shape, self.dtype, self.op = comm, group, shape, dtype, op
+        self.kind = _MOVE_TYPES[dtype]
+        # The gathered rows live only until the fold has read them, so one buffer serves every step.
+        self.rows = np.empty((len(group), math.prod(shape)), dtype=dtype)
+        self.recv = [self.rows, self.kind]
+        self.label = f"all_reduce({op})"
+        self.mpi_comm = comm._rt.comm_for(group)
+
+    def __call__(self, a: Array) -> Array:
+        c = self.comm
+        if recording() or c.check_collectives or a.shape != self.shape or a.dtype != self.dtype:
+            # Observers hear the call with its facts; anything unexpected takes the checked path.
+            return c.all_reduce(self.group, {c.rank: a}, self.op)[c.rank]
+        flat = a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
+        group = self.group
+        seq = c._seq[group] = c._seq.get(group, 0) + 1
+        with c._watch(self.label, group, seq):
+            if c._pending:
+                c._reap()
+            self.mpi_comm.Allgather([flat, self.kind], self.recv)
+        return reduce_rows(self.rows, self.op, np).reshape(self.shape)
+
+
 class MPICommunicator(OrderedCommunicator):
     """mpi4py transport for the ordered collectives, plus point-to-point (module docstring)."""
 
@@ -386,6 +427,29 @@ class MPICommunicator(OrderedCommunicator):
             else:
                 comm.Reduce_scatter([send, mpi_type], [out, mpi_type], counts, op=MPI.SUM)
         return {self.rank: _averaged(out, op, len(group)).reshape(shapes[mine])}
+
+    # ------------------------------------------------------------------ a captured program's all-reduce
+    def bound_all_reduce(self, group: Group, shape: Shape, dtype: Any, op: str) -> Callable[[Array], Array] | None:
+        """``all_reduce`` of one buffer of ``shape`` and ``dtype`` on ``group``, pre-bound for a
+        captured program (``mpipar.capture``), which calls it every step with the same facts.
+
+        The trace has already checked what ``all_reduce`` checks per call (this rank's buffer,
+        the op, the group), so the bound call does only the call's work: number it on its
+        group, gather every member's whole buffer with one ``Allgather`` into a receive buffer
+        kept from step to step, and fold the rows in group order (``reduce_rows``, the same
+        arithmetic as the general path, so the same bits). None where the general path does
+        something else: native sums, the split (reduce-scatter + all-gather) path, the
+        point-to-point gather, check mode, or a dtype moved as bytes.
+        """
+        group = tuple(group)
+        dtype = np.dtype(dtype)
+        size = math.prod(shape)
+        n = len(group)
+        if (n == 1 or self.rank not in group or self.check_collectives or self._native_type(dtype, op, group) is not None
+                or dtype not in _MOVE_TYPES or op not in REDUCE_OPS or not size
+                or not self.gathers_whole(size, n, dtype.itemsize) or n * size * dtype.itemsize >= GATHER_P2P_MIN_BYTES):
+            return None
+        return _BoundAllReduce(self, group, tuple(shape), dtype, op)
 
     # ------------------------------------------------------------------ started all-reduce
     def _all_reduce_start(self, group: Group, bufs: Any, op: str) -> Pending:
