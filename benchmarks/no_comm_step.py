@@ -13,7 +13,8 @@ same loop on the real dp=8 mesh (the gradient all-reduces included), and ``gpt.p
 itself as ``predict_vs_measure.measure`` runs it. The runs and ``predict_vs_measure``'s worker
 (the constants the prediction is priced with) are interleaved in rounds (``round_order``); every
 number is the median of its rounds. Printed: measured no-comm step against predicted
-compute+host, and measured (step - no-comm) against predicted comm.
+compute+host, and measured (step - no-comm) against predicted comm (the benchmark's pricing,
+with ``opt x`` and ``comm x``, and the pricing before them).
 """
 
 from __future__ import annotations
@@ -136,12 +137,21 @@ def main() -> None:
     curve_x = pvm.kernel_scale({b: host[f"model_fb{b}"] for b in pvm.KERNEL_BATCHES},
                                {b: pvm.kernel_seconds(probes[b], now, None) for b in pvm.KERNEL_BATCHES})
     step = pvm.gpt_step("dp=8")
-    alpha, base = pvm.loaded_latency(host, pvm.collectives(step, pvm.loaded_profile(now, 0.0, curve_x), host, None))
-    parts = pvm.predicted_breakdown(step, pvm.loaded_profile(now, alpha, curve_x), host, base, None)
+    free = pvm.loaded_profile(now, 0.0, curve_x)
+    alpha, base = pvm.loaded_latency(host, pvm.collectives(step, free, host, None))
+    old = pvm.predicted_breakdown(step, pvm.loaded_profile(now, alpha, curve_x), host, base, None)
+    # The benchmark's pricing now: the optimizer phase times opt x, the collectives times comm x.
+    small = pvm.KERNEL_BATCHES[0]
+    opt_x, comm_x = pvm.step_scales(host, free, None, pvm.one_rank_step(small, grad_clip=1.0), pvm.one_rank_step(small, dp=8))
+    scaled = pvm.scaled_collectives(host, comm_x)
+    alpha, base = pvm.loaded_latency(scaled, pvm.collectives(step, free, host, None))
+    parts = pvm.predicted_breakdown(step, pvm.loaded_profile(now, alpha, curve_x), host, base, None, opt_x)
+    print(f"\nwithout opt x and comm x (the pricing before): compute {old['compute']:.4f} s, host {old['host']:.4f} s, "
+          f"comm {old['comm']:.4f} s; opt x {opt_x:.2f}, comm x {comm_x:.2f}")
     gpt = statistics.median(results["gpt.py"])  # type: ignore[arg-type]
     med = {m: statistics.median(r["rank0"] for r in results[m]) for m in MODES}  # type: ignore[index]
     every = {m: statistics.median(r["ranks"] for r in results[m]) for m in MODES}  # type: ignore[index]
-    print(f"\ncurve x {curve_x:.2f}; predicted (curve/x) dp=8: compute {parts['compute']:.4f} s, host {parts['host']:.4f} s, "
+    print(f"curve x {curve_x:.2f}; predicted (curve/x) dp=8: compute {parts['compute']:.4f} s, host {parts['host']:.4f} s, "
           f"comm {parts['comm']:.4f} s, step {sum(parts.values()):.4f} s")
     print(f"measured: gpt.py dp=8 {gpt:.4f} s ({'/'.join(f'{x:.3f}' for x in results['gpt.py'])})")  # type: ignore[union-attr]
     for m in MODES:
@@ -153,7 +163,6 @@ def main() -> None:
               f"gpt.py - no-comm {gpt - med[m]:.4f} s vs predicted comm {parts['comm']:.4f} s")
     # The kernel probe at micro-batch 2 is dp=8's forward+backward without comm: what the
     # prediction prices it at (kernels at curve/x, ops at the host time per op) against its time.
-    free = pvm.loaded_profile(now, 0.0, curve_x)
     for b in pvm.KERNEL_BATCHES:
         kern = pvm.kernel_seconds(probes[b], free, None)
         ops = len(pvm.forward_backward_ops(probes[b]))

@@ -39,6 +39,15 @@
    lower cost per FLOP or byte, large ones their higher (``curve/x``). Both predictions are
    printed with their ratio to the measured step; ``--model`` picks the one the order check
    uses (default ``curves``: the size-dependent rates ``estimate`` itself prices kernels with).
+   Two more terms are priced from the same probe model, each from a probe that pays it as a
+   step does (``step_scales``): the optimizer phase (global-norm clipping and AdamW) is the
+   model's priced optimizer phase times ``opt x``, the probe's timed clipped update over its
+   price (the clipping's ops are host-bound and the update streams each array once, neither
+   runs at the forward+backward's ``curve x``); the collectives are the steady loop's prices
+   (their shape over gaps and group sizes) times ``comm x``, the probe run data parallel over
+   all 8 ranks (``dp_fb``: each gradient all-reduced in the backward) less the same work on
+   one-rank meshes, over the loop's prices of the probe's own calls (between a step's calls
+   are mpipar ops, and the ranks drift apart far less than the loop's NumPy gaps say).
 2. **Predict** each strategy with ``simulator.estimate`` (shape-only trace of gpt.py's default
    model: 4 layers, hidden 128, 4 heads, seq 64, vocab 128, global batch 16, float32, AdamW with
    global-norm clipping; one micro-batch, so a pipeline runs its stages one after another as
@@ -337,12 +346,19 @@ def loaded_latency(host: dict[str, float], calls: list[Collective]) -> tuple[flo
 
 def loaded_profile(profile: Any, alpha_loaded: float, kernel_scale: float = 1.0) -> Any:
     """``profile`` with the link latency ranks show between Python work on this machine and its
-    kernel rates divided by ``kernel_scale`` (the flat model's ``kern x``; 1 for the curves)."""
+    kernel rates divided by ``kernel_scale`` (the flat model's ``kern x``; 1 for the curves).
+
+    ``alpha_loaded`` replaces the profile's latency, even where it is lower: ``loaded_latency``
+    splits what the worker measured the plan's calls to cost into it and a per-call base, so
+    the calls cost that total only with it (calibrate's tight-loop latency, taken under other
+    load, would add to what the probes already hold)."""
     from dataclasses import replace
 
     from simulator.cost import Link
 
-    alpha = max(alpha_loaded, profile.intra_node.alpha_s)
+    if not alpha_loaded >= 0 or alpha_loaded == float("inf"):
+        raise ValueError(f"loaded link latency must be a finite number of seconds >= 0, got {alpha_loaded!r}")
+    alpha = alpha_loaded
     link = Link(alpha, profile.intra_node.bandwidth_Bps)
     return replace(
         profile, name=f"{profile.name}-loaded", intra_node=link, inter_node=link,

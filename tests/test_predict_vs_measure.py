@@ -378,6 +378,24 @@ def test_comm_scale_is_the_probes_collective_time_over_the_loops_prices() -> Non
         pvm.scaled_collectives(host, 0.0)
 
 
+def test_the_comm_term_is_what_the_worker_measured_the_calls_to_cost() -> None:
+    """dp=8's comm term is its calls' prices (all-reduces over 8 at their gaps), whatever
+    latency the profile's calibration holds: the loaded latency replaces it, never adds to it."""
+    slow_link = Link(1e-3, 1e30)  # calibrate's alpha, measured under load: above the worker's per-term share
+    prof = replace(_compute_only(), intra_node=slow_link, inter_node=slow_link)
+    host = {"op": 2e-4, "update": 3e-5, **_host({2: 1e-3, 4: 2e-3, 8: 2e-3})}
+    step = pvm.gpt_step("dp=8")
+    calls = pvm.collectives(step, pvm.loaded_profile(prof, 0.0), host, 5e8)
+    alpha, base = pvm.loaded_latency(host, calls)
+    assert alpha < 1e-3
+    parts = pvm.predicted_breakdown(step, pvm.loaded_profile(prof, alpha), host, base, 5e8)
+    # (within 1%: the estimate also charges the per-call base to a reshard with no collective
+    # step of rank 0's; the profile's 1 ms latency would add 14 ms per call, 7x the price)
+    assert parts["comm"] == pytest.approx(pvm.call_prices(host, calls), rel=0.01)
+    with pytest.raises(ValueError, match="loaded link latency"):
+        pvm.loaded_profile(prof, -1e-6)
+
+
 def test_step_scales_price_the_probes_with_the_models_own_rates() -> None:
     """opt x is the probe's measured update over its price under the model; a model with slower
     elementwise kernels prices the update higher and gets a smaller opt x."""
