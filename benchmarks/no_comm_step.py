@@ -141,8 +141,7 @@ def main() -> None:
     alpha, base = pvm.loaded_latency(host, pvm.collectives(step, free, host, None))
     old = pvm.predicted_breakdown(step, pvm.loaded_profile(now, alpha, curve_x), host, base, None)
     # The benchmark's pricing now: the optimizer phase times opt x, the collectives times comm x.
-    small = pvm.KERNEL_BATCHES[0]
-    opt_x, comm_x = pvm.step_scales(host, free, None, pvm.one_rank_step(small, grad_clip=1.0), pvm.one_rank_step(small, dp=8))
+    opt_x, comm_x = pvm.step_scales(host, free, None, *pvm.step_probes())
     scaled = pvm.scaled_collectives(host, comm_x)
     alpha, base = pvm.loaded_latency(scaled, pvm.collectives(step, free, host, None))
     parts = pvm.predicted_breakdown(step, pvm.loaded_profile(now, alpha, curve_x), host, base, None, opt_x)

@@ -39,15 +39,19 @@
    lower cost per FLOP or byte, large ones their higher (``curve/x``). Both predictions are
    printed with their ratio to the measured step; ``--model`` picks the one the order check
    uses (default ``curves``: the size-dependent rates ``estimate`` itself prices kernels with).
-   Two more terms are priced from the same probe model, each from a probe that pays it as a
-   step does (``step_scales``): the optimizer phase (global-norm clipping and AdamW) is the
-   model's priced optimizer phase times ``opt x``, the probe's timed clipped update over its
-   price (the clipping's ops are host-bound and the update streams each array once, neither
-   runs at the forward+backward's ``curve x``); the collectives are the steady loop's prices
-   (their shape over gaps and group sizes) times ``comm x``, the probe run data parallel over
-   all 8 ranks (``dp_fb``: each gradient all-reduced in the backward) less the same work on
-   one-rank meshes, over the loop's prices of the probe's own calls (between a step's calls
-   are mpipar ops, and the ranks drift apart far less than the loop's NumPy gaps say).
+   Two more terms are priced from a step probe, each from a probe that pays it as a step does
+   (``step_scales``). The step probe is gpt.py's model cut to 2 layers with 1 sequence per rank
+   (``PROBE_LAYERS``, ``PROBE_BATCH``), unlike every checked strategy (4 layers; dp=8 runs 2
+   sequences per rank), so none of them has its optimizer phase or collectives measured: the
+   probe has fewer gradients (fewer calls, a smaller update) and half dp=8's work between its
+   calls. The optimizer phase (global-norm clipping and AdamW) is the strategy's priced
+   optimizer phase times ``opt x``, the probe's timed clipped update over its price (the
+   clipping's ops are host-bound and the update streams each array once, neither runs at the
+   forward+backward's ``curve x``); the collectives are the steady loop's prices (their shape
+   over gaps and group sizes) times ``comm x``, the probe run data parallel over all 8 ranks
+   (``dp_fb``: each gradient all-reduced in the backward) less the same work on one-rank meshes
+   (``probe_fb``), over the loop's prices of the probe's own calls (between a step's calls are
+   mpipar ops, and the ranks drift apart far less than the loop's NumPy gaps say).
 2. **Predict** each strategy with ``simulator.estimate`` (shape-only trace of gpt.py's default
    model: 4 layers, hidden 128, 4 heads, seq 64, vocab 128, global batch 16, float32, AdamW with
    global-norm clipping; one micro-batch, so a pipeline runs its stages one after another as
@@ -98,6 +102,11 @@ GPT_CONFIG: dict[str, Any] = {"vocab_size": VOCAB, "block_size": SEQ, "n_layer":
 """gpt.py's default model (what ``gpt_step`` traces and the worker's kernel probe runs)."""
 KERNEL_BATCHES = (2, 16)
 """Per-rank micro-batches of the kernel probe: dp=8's (16 / 8) and a pipeline stage's (all 16)."""
+PROBE_LAYERS, PROBE_BATCH = 2, 1
+"""The step probe (``opt x``, ``comm x``): gpt.py's model cut to 2 layers, 1 sequence per rank.
+It differs from every checked strategy (4 layers; dp=8 runs 2 sequences per rank), so no
+strategy's optimizer phase or collectives are measured rather than predicted: fewer
+gradients, hence fewer calls and a smaller update, and half the work between the calls."""
 
 GAP_GRID = (0.0, 3e-4, 1e-3, 3e-3, 1e-2)
 """Seconds of work between collectives at which the worker times an all-reduce (interpolated)."""
@@ -179,11 +188,11 @@ def worker(steps: int) -> None:
     host = calibrate_host.host_costs(comm, steps)
     per_op, per_update = host["op"], host["update"]
 
-    def model_probe(batch: int, data_parallel: bool = False) -> tuple[float, float]:
-        """Median seconds of forward+backward of gpt.py's default model, ``batch`` sequences per
-        rank, and of its clipped AdamW update (gpt.py's optimizer), every rank at once: on this
-        rank's one-rank mesh, or (``data_parallel``) data parallel over all ranks, whose backward
-        all-reduces each gradient (update not timed: 0)."""
+    def model_probe(batch: int, data_parallel: bool = False, layers: int = GPT_CONFIG["n_layer"]) -> tuple[float, float]:
+        """Median seconds of forward+backward of gpt.py's model with ``layers`` layers, ``batch``
+        sequences per rank, and of its clipped AdamW update (gpt.py's optimizer), every rank at
+        once: on this rank's one-rank mesh, or (``data_parallel``) data parallel over all ranks,
+        whose backward all-reduces each gradient (update not timed: 0)."""
         world = comm.Get_size()
         dist.seed(0)
         if data_parallel:
@@ -193,7 +202,7 @@ def worker(steps: int) -> None:
             mesh = dist.ProcessMesh([[rank]], dim_names=["dp", "tp"])
             par = GPTParallel([mesh])
         rows = batch * (world if data_parallel else 1)
-        model = GPT(GPTConfig(**GPT_CONFIG), par)
+        model = GPT(GPTConfig(**{**GPT_CONFIG, "n_layer": layers}), par)
         opt = dist.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters(), weight_decay=0.01,
                                    grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0))
         idx = dist.shard_tensor(np.arange(rows * SEQ, dtype=np.int64).reshape(rows, SEQ) % VOCAB, mesh,
@@ -218,20 +227,20 @@ def worker(steps: int) -> None:
     # The kernels' own cost at training sizes: the same model at the smallest and the largest
     # per-rank micro-batch of the strategies (same ops, same host overhead; only the kernels
     # grow), twice in turn, the better of each (a neighbour's burst spoils one, not both). The
-    # small one also times the clipped AdamW update (``model_update``: what the optimizer phase
-    # costs in a step), and runs again data parallel over all ranks (``dp_fb``: the same
-    # per-rank work with each gradient all-reduced in the backward, the collectives as a
-    # training step pays them).
+    # step probe (``PROBE_LAYERS`` layers, ``PROBE_BATCH`` sequence per rank: unlike any checked
+    # strategy) times its clipped AdamW update (``probe_update``: what an optimizer phase costs
+    # in a step) and its forward+backward on one-rank meshes (``probe_fb``) and data parallel
+    # over all ranks (``dp_fb``: the same per-rank work with each gradient all-reduced in the
+    # backward, collectives as a training step pays them).
     probe: dict[int, list[float]] = {b: [] for b in KERNEL_BATCHES}
-    updates: list[float] = []
-    dp_probe: list[float] = []
+    step_probe: dict[str, list[float]] = {"probe_fb": [], "probe_update": [], "dp_fb": []}
     for _ in range(2):
         for b in KERNEL_BATCHES:
-            fb, update = model_probe(b)
-            probe[b].append(fb)
-            if b == KERNEL_BATCHES[0]:
-                updates.append(update)
-        dp_probe.append(model_probe(KERNEL_BATCHES[0], data_parallel=True)[0])
+            probe[b].append(model_probe(b)[0])
+        fb, update = model_probe(PROBE_BATCH, layers=PROBE_LAYERS)
+        step_probe["probe_fb"].append(fb)
+        step_probe["probe_update"].append(update)
+        step_probe["dp_fb"].append(model_probe(PROBE_BATCH, data_parallel=True, layers=PROBE_LAYERS)[0])
     # Elementwise passes (add, multiply, exp, tanh: one FLOP per element each in op_cost's table)
     # over 64 KiB arrays, all ranks at once.
     x = np.full(16384, 0.5, dtype=np.float32)
@@ -256,7 +265,7 @@ def worker(steps: int) -> None:
     probe_gap = GapProbe(comm)
     out: dict[str, float] = {"op": per_op, "update": per_update, "vector_flops": vector, "gemm_flops": gemm,
                              **{f"model_fb{b}": min(ts) for b, ts in probe.items()},
-                             "model_update": min(updates), "dp_fb": min(dp_probe)}
+                             **{k: min(ts) for k, ts in step_probe.items()}}
     for n in GROUP_SIZES:
         partial = probe_gap.partial([rank // n * n + i for i in range(n)])
         probe_gap.loop(partial, True, 3, 0)
@@ -408,13 +417,13 @@ def flat(profile: Any) -> Any:
     return replace(profile, flops_per_s={k: v * scale for k, v in profile.flops_per_s.items()}, gemm_curve=(), vector_curve=())
 
 
-def one_rank_step(batch: int, grad_clip: float | None = None, dp: int = 1) -> Any:
-    """gpt.py's default model, ``batch`` sequences per rank: what the worker's kernel probe runs
-    (one rank; ``grad_clip`` 1.0: with gpt.py's clipped update, as the probe times it; ``dp``:
-    data parallel over that many ranks, the probe's ``dp_fb``)."""
+def one_rank_step(batch: int, grad_clip: float | None = None, dp: int = 1, layers: int = GPT_CONFIG["n_layer"]) -> Any:
+    """gpt.py's model with ``layers`` layers, ``batch`` sequences per rank: what the worker's
+    probes run (one rank; ``grad_clip`` 1.0: with gpt.py's clipped update, as the step probe
+    times it; ``dp``: data parallel over that many ranks, the step probe's ``dp_fb``)."""
     from simulator.step_trace import GPTShape, GPTStrategy, trace_gpt_step
 
-    shape = GPTShape(layers=GPT_CONFIG["n_layer"], hidden=GPT_CONFIG["n_embd"], heads=GPT_CONFIG["n_head"], seq=SEQ,
+    shape = GPTShape(layers=layers, hidden=GPT_CONFIG["n_embd"], heads=GPT_CONFIG["n_head"], seq=SEQ,
                      vocab=VOCAB, micro_batch_size=batch, dropout=0.0)
     return trace_gpt_step(shape, GPTStrategy(dp=dp, grad_clip=grad_clip), layers_traced=shape.layers)
 
@@ -465,23 +474,22 @@ def call_prices(host: dict[str, float], calls: list[Collective]) -> float:
 
 def comm_scale(host: dict[str, float], calls: list[Collective]) -> float:
     """What a training backward's collectives cost per second the steady loop prices them at
-    (``comm x``): the data-parallel probe's forward+backward less the same per-rank work on
-    one-rank meshes (``dp_fb - model_fb<small>``), over ``call_prices`` of the probe's own calls
-    (``calls``). The loop's work is NumPy passes between 1 KiB all-reduces, every gap alike;
+    (``comm x``): the step probe's data-parallel forward+backward less the same per-rank work on
+    one-rank meshes (``dp_fb - probe_fb``), over ``call_prices`` of the probe's own calls
+    (``calls``: those of ``step_probes``' data-parallel step, not of any checked strategy). The loop's work is NumPy passes between 1 KiB all-reduces, every gap alike;
     between a step's calls are mpipar ops, and ranks drift apart unlike in the loop, so the
     loop's gap and group-size shape is kept and its level is the probe's."""
-    small = KERNEL_BATCHES[0]
-    for key in ("dp_fb", f"model_fb{small}"):
+    for key in ("dp_fb", "probe_fb"):
         v = host.get(key)
         if not isinstance(v, float | int) or not v > 0 or v == float("inf"):
             raise ValueError(f"collective probe: {key} is {v!r}; expected a finite number of seconds > 0")
-    extra = host["dp_fb"] - host[f"model_fb{small}"]
+    extra = host["dp_fb"] - host["probe_fb"]
     priced = call_prices(host, calls)
     if not priced > 0:
         raise ValueError(f"collective probe: its {len(calls)} calls are priced at {priced!r} s; the worker's all-reduce prices are missing or 0")
     if not extra > 0:
         raise ValueError(f"collective probe: data parallel forward+backward {host['dp_fb']:.4g} s is not above the one-rank "
-                         f"{host[f'model_fb{small}']:.4g} s: the machine's load changed during the probe; run again")
+                         f"{host['probe_fb']:.4g} s: the machine's load changed during the probe; run again")
     return extra / priced
 
 
@@ -492,11 +500,20 @@ def scaled_collectives(host: dict[str, float], factor: float) -> dict[str, float
     return {k: v * factor if k.startswith("allreduce") else v for k, v in host.items()}
 
 
+def step_probes() -> tuple[Any, Any]:
+    """The step probe's traces (``PROBE_LAYERS`` layers, ``PROBE_BATCH`` sequence per rank): on
+    one rank with gpt.py's clipped update (``opt x``'s price) and data parallel over 8 ranks
+    (``comm x``'s calls)."""
+    return (one_rank_step(PROBE_BATCH, grad_clip=1.0, layers=PROBE_LAYERS),
+            one_rank_step(PROBE_BATCH, dp=8, layers=PROBE_LAYERS))
+
+
 def step_scales(host: dict[str, float], profile: Any, vector_flops: float | None, probe_clip: Any, probe_dp: Any) -> tuple[float, float]:
     """(``opt x``, ``comm x``) of one kernel model (``profile``: its rates, already divided by its
-    kernel factor; ``vector_flops``: its one elementwise rate, None for the curves): the probe's
-    update and its data-parallel backward's collectives, measured against this model's prices."""
-    opt_x = optimizer_scale(host["model_update"], optimizer_seconds(probe_clip, profile, host, vector_flops))
+    kernel factor; ``vector_flops``: its one elementwise rate, None for the curves): the step
+    probe's update and its data-parallel backward's collectives (``step_probes``), measured
+    against this model's prices."""
+    opt_x = optimizer_scale(host["probe_update"], optimizer_seconds(probe_clip, profile, host, vector_flops))
     return opt_x, comm_scale(host, collectives(probe_dp, profile, host, vector_flops))
 
 
@@ -870,8 +887,7 @@ def main() -> None:
           f"{profile.flops_per_s.get('float32', 0) / 1e9:.1f} GFLOP/s per rank ({os.cpu_count()} CPUs for 8 ranks)")
     names = [s.strip() for s in ns.strategies.split(";") if s.strip()]
     probes = {b: one_rank_step(b) for b in KERNEL_BATCHES}
-    probe_clip = one_rank_step(KERNEL_BATCHES[0], grad_clip=1.0)
-    probe_dp = one_rank_step(KERNEL_BATCHES[0], dp=8)
+    probe_clip, probe_dp = step_probes()
     probe_ops = {b: len(forward_backward_ops(probes[b])) for b in KERNEL_BATCHES}
     curves = bool(profile.gemm_curve and profile.vector_curve)
     if not curves:
@@ -902,9 +918,9 @@ def main() -> None:
     spread = [round_spread([m for m, _ in results[mesh]]) if ns.rounds > 1 else results[mesh][0][1] for mesh in names]
 
     print(f"\nhost costs over {ns.rounds} worker run(s): median [least .. largest]")
-    for key in ("op", "update", "vector_flops", "gemm_flops", *(f"model_fb{b}" for b in KERNEL_BATCHES), "model_update", "dp_fb",
+    for key in ("op", "update", "vector_flops", "gemm_flops", *(f"model_fb{b}" for b in KERNEL_BATCHES), "probe_fb", "probe_update", "dp_fb",
                 *(f"allreduce{n}_{g}" for n in GROUP_SIZES for g in range(len(GAP_GRID)))):
-        unit, factor = (("GF/s", 1e-9) if key.endswith("flops") else ("ms", 1e3) if key.startswith(("model", "dp_")) else ("us", 1e6))
+        unit, factor = (("GF/s", 1e-9) if key.endswith("flops") else ("ms", 1e3) if key.startswith(("model", "probe", "dp_")) else ("us", 1e6))
         label = key if not key.startswith("allreduce") else \
             f"all-reduce({key[9:key.index('_')]}) after {GAP_GRID[int(key.rsplit('_', 1)[1])] * 1e3:g} ms"
         lo, hi = host_range[key]
