@@ -39,6 +39,19 @@
    lower cost per FLOP or byte, large ones their higher (``curve/x``). Both predictions are
    printed with their ratio to the measured step; ``--model`` picks the one the order check
    uses (default ``curves``: the size-dependent rates ``estimate`` itself prices kernels with).
+   Two more terms are priced from a step probe, each from a probe that pays it as a step does
+   (``step_scales``). The step probe is gpt.py's model cut to 2 layers with 1 sequence per rank
+   (``PROBE_LAYERS``, ``PROBE_BATCH``), unlike every checked strategy (4 layers; dp=8 runs 2
+   sequences per rank), so none of them has its optimizer phase or collectives measured: the
+   probe has fewer gradients (fewer calls, a smaller update) and half dp=8's work between its
+   calls. The optimizer phase (global-norm clipping and AdamW) is the strategy's priced
+   optimizer phase times ``opt x``, the probe's timed clipped update over its price (the
+   clipping's ops are host-bound and the update streams each array once, neither runs at the
+   forward+backward's ``curve x``); the collectives are the steady loop's prices (their shape
+   over gaps and group sizes) times ``comm x``, the probe run data parallel over all 8 ranks
+   (``dp_fb``: each gradient all-reduced in the backward) less the same work on one-rank meshes
+   (``probe_fb``), over the loop's prices of the probe's own calls (between a step's calls are
+   mpipar ops, and the ranks drift apart far less than the loop's NumPy gaps say).
 2. **Predict** each strategy with ``simulator.estimate`` (shape-only trace of gpt.py's default
    model: 4 layers, hidden 128, 4 heads, seq 64, vocab 128, global batch 16, float32, AdamW with
    global-norm clipping; one micro-batch, so a pipeline runs its stages one after another as
@@ -89,6 +102,11 @@ GPT_CONFIG: dict[str, Any] = {"vocab_size": VOCAB, "block_size": SEQ, "n_layer":
 """gpt.py's default model (what ``gpt_step`` traces and the worker's kernel probe runs)."""
 KERNEL_BATCHES = (2, 16)
 """Per-rank micro-batches of the kernel probe: dp=8's (16 / 8) and a pipeline stage's (all 16)."""
+PROBE_LAYERS, PROBE_BATCH = 2, 1
+"""The step probe (``opt x``, ``comm x``): gpt.py's model cut to 2 layers, 1 sequence per rank.
+It differs from every checked strategy (4 layers; dp=8 runs 2 sequences per rank), so no
+strategy's optimizer phase or collectives are measured rather than predicted: fewer
+gradients, hence fewer calls and a smaller update, and half the work between the calls."""
 
 GAP_GRID = (0.0, 3e-4, 1e-3, 3e-3, 1e-2)
 """Seconds of work between collectives at which the worker times an all-reduce (interpolated)."""
@@ -170,33 +188,59 @@ def worker(steps: int) -> None:
     host = calibrate_host.host_costs(comm, steps)
     per_op, per_update = host["op"], host["update"]
 
-    def model_fb(batch: int) -> float:
-        """Median seconds of forward+backward of gpt.py's default model, ``batch`` sequences, on
-        this rank's one-rank mesh (every rank at once)."""
-        mesh = dist.ProcessMesh([[rank]], dim_names=["dp", "tp"])
+    def model_probe(batch: int, data_parallel: bool = False, layers: int = GPT_CONFIG["n_layer"]) -> tuple[float, float]:
+        """Median seconds of forward+backward of gpt.py's model with ``layers`` layers, ``batch``
+        sequences per rank, and of its clipped AdamW update (gpt.py's optimizer), every rank at
+        once: on this rank's one-rank mesh, or (``data_parallel``) data parallel over all ranks,
+        whose backward all-reduces each gradient (update not timed: 0)."""
+        world = comm.Get_size()
         dist.seed(0)
-        par = GPTParallel([mesh])
-        model = GPT(GPTConfig(**GPT_CONFIG), par)
-        idx = dist.shard_tensor(np.arange(batch * SEQ, dtype=np.int64).reshape(batch, SEQ) % VOCAB, mesh,
+        if data_parallel:
+            par = GPTParallel.from_degrees(world, 1, 1)
+            mesh = par.stage_meshes[0]
+        else:
+            mesh = dist.ProcessMesh([[rank]], dim_names=["dp", "tp"])
+            par = GPTParallel([mesh])
+        rows = batch * (world if data_parallel else 1)
+        model = GPT(GPTConfig(**{**GPT_CONFIG, "n_layer": layers}), par)
+        opt = dist.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters(), weight_decay=0.01,
+                                   grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0))
+        idx = dist.shard_tensor(np.arange(rows * SEQ, dtype=np.int64).reshape(rows, SEQ) % VOCAB, mesh,
                                 par.activation(mesh, seq_split=False))
 
-        def fb() -> float:
+        def once() -> tuple[float, float]:
             start = time.perf_counter()
             model.loss(idx, idx).backward()
-            model.clear_gradients()
-            return time.perf_counter() - start
+            mid = time.perf_counter()
+            if data_parallel:
+                model.clear_gradients()
+                return mid - start, 0.0
+            opt.step()
+            opt.clear_grad()
+            return mid - start, time.perf_counter() - mid
 
-        fb()
+        once()
         comm.Barrier()
-        return statistics.median(fb() for _ in range(3))
+        times = [once() for _ in range(3)]
+        return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
 
     # The kernels' own cost at training sizes: the same model at the smallest and the largest
     # per-rank micro-batch of the strategies (same ops, same host overhead; only the kernels
-    # grow), twice in turn, the better of each (a neighbour's burst spoils one, not both).
+    # grow), twice in turn, the better of each (a neighbour's burst spoils one, not both). The
+    # step probe (``PROBE_LAYERS`` layers, ``PROBE_BATCH`` sequence per rank: unlike any checked
+    # strategy) times its clipped AdamW update (``probe_update``: what an optimizer phase costs
+    # in a step) and its forward+backward on one-rank meshes (``probe_fb``) and data parallel
+    # over all ranks (``dp_fb``: the same per-rank work with each gradient all-reduced in the
+    # backward, collectives as a training step pays them).
     probe: dict[int, list[float]] = {b: [] for b in KERNEL_BATCHES}
+    step_probe: dict[str, list[float]] = {"probe_fb": [], "probe_update": [], "dp_fb": []}
     for _ in range(2):
         for b in KERNEL_BATCHES:
-            probe[b].append(model_fb(b))
+            probe[b].append(model_probe(b)[0])
+        fb, update = model_probe(PROBE_BATCH, layers=PROBE_LAYERS)
+        step_probe["probe_fb"].append(fb)
+        step_probe["probe_update"].append(update)
+        step_probe["dp_fb"].append(model_probe(PROBE_BATCH, data_parallel=True, layers=PROBE_LAYERS)[0])
     # Elementwise passes (add, multiply, exp, tanh: one FLOP per element each in op_cost's table)
     # over 64 KiB arrays, all ranks at once.
     x = np.full(16384, 0.5, dtype=np.float32)
@@ -220,7 +264,8 @@ def worker(steps: int) -> None:
     # cores drift apart while they work, and the collective waits for the last one.
     probe_gap = GapProbe(comm)
     out: dict[str, float] = {"op": per_op, "update": per_update, "vector_flops": vector, "gemm_flops": gemm,
-                             **{f"model_fb{b}": min(ts) for b, ts in probe.items()}}
+                             **{f"model_fb{b}": min(ts) for b, ts in probe.items()},
+                             **{k: min(ts) for k, ts in step_probe.items()}}
     for n in GROUP_SIZES:
         partial = probe_gap.partial([rank // n * n + i for i in range(n)])
         probe_gap.loop(partial, True, 3, 0)
@@ -310,12 +355,19 @@ def loaded_latency(host: dict[str, float], calls: list[Collective]) -> tuple[flo
 
 def loaded_profile(profile: Any, alpha_loaded: float, kernel_scale: float = 1.0) -> Any:
     """``profile`` with the link latency ranks show between Python work on this machine and its
-    kernel rates divided by ``kernel_scale`` (the flat model's ``kern x``; 1 for the curves)."""
+    kernel rates divided by ``kernel_scale`` (the flat model's ``kern x``; 1 for the curves).
+
+    ``alpha_loaded`` replaces the profile's latency, even where it is lower: ``loaded_latency``
+    splits what the worker measured the plan's calls to cost into it and a per-call base, so
+    the calls cost that total only with it (calibrate's tight-loop latency, taken under other
+    load, would add to what the probes already hold)."""
     from dataclasses import replace
 
     from simulator.cost import Link
 
-    alpha = max(alpha_loaded, profile.intra_node.alpha_s)
+    if not alpha_loaded >= 0 or alpha_loaded == float("inf"):
+        raise ValueError(f"loaded link latency must be a finite number of seconds >= 0, got {alpha_loaded!r}")
+    alpha = alpha_loaded
     link = Link(alpha, profile.intra_node.bandwidth_Bps)
     return replace(
         profile, name=f"{profile.name}-loaded", intra_node=link, inter_node=link,
@@ -365,13 +417,104 @@ def flat(profile: Any) -> Any:
     return replace(profile, flops_per_s={k: v * scale for k, v in profile.flops_per_s.items()}, gemm_curve=(), vector_curve=())
 
 
-def one_rank_step(batch: int) -> Any:
-    """gpt.py's default model on one rank, ``batch`` sequences: what the worker's kernel probe runs."""
+def one_rank_step(batch: int, grad_clip: float | None = None, dp: int = 1, layers: int = GPT_CONFIG["n_layer"]) -> Any:
+    """gpt.py's model with ``layers`` layers, ``batch`` sequences per rank: what the worker's
+    probes run (one rank; ``grad_clip`` 1.0: with gpt.py's clipped update, as the step probe
+    times it; ``dp``: data parallel over that many ranks, the step probe's ``dp_fb``)."""
     from simulator.step_trace import GPTShape, GPTStrategy, trace_gpt_step
 
-    shape = GPTShape(layers=GPT_CONFIG["n_layer"], hidden=GPT_CONFIG["n_embd"], heads=GPT_CONFIG["n_head"], seq=SEQ,
+    shape = GPTShape(layers=layers, hidden=GPT_CONFIG["n_embd"], heads=GPT_CONFIG["n_head"], seq=SEQ,
                      vocab=VOCAB, micro_batch_size=batch, dropout=0.0)
-    return trace_gpt_step(shape, GPTStrategy(), layers_traced=shape.layers)
+    return trace_gpt_step(shape, GPTStrategy(dp=dp, grad_clip=grad_clip), layers_traced=shape.layers)
+
+
+def optimizer_seconds(step: Any, profile: Any, host: dict[str, float], vector_flops: float | None) -> float:
+    """The optimizer phase as ``estimate`` prices it, on its busiest rank: the phase's ops (the
+    global-norm clipping) at their kernel and host time, and every parameter's update (its
+    kernels at the elementwise rate, ``host['update']`` each)."""
+    from collections import defaultdict
+
+    from simulator.estimate import UPDATE_FLOPS, update_bytes
+    from simulator.op_cost import PlanCosts
+    from simulator.step_trace import SETUP
+
+    costs = PlanCosts(step.plan, profile, vector_flops=vector_flops, op_overhead=host["op"], reshard_overhead=0.0)
+    per_rank: dict[int, float] = defaultdict(float)
+    for op, part in zip(step.plan.ops, step.op_parts, strict=True):
+        if part == SETUP or op.phase != "optimizer":
+            continue
+        times = costs.op_times(op)
+        for r in costs.op_ranks(op):
+            per_rank[r] += times.get(r, 0.0) if isinstance(times, dict) else times
+    strategy = step.strategy
+    dtype = "float32" if strategy.mixed_precision else strategy.dtype
+    for part, ranks in step.update_elements.items():
+        for r, n in ranks.items():
+            flops = n * UPDATE_FLOPS[strategy.optimizer]
+            per_rank[r] += costs.vector_time(flops, update_bytes(step, part, n), dtype) + host["update"] * step.update_counts.get(part, 0)
+    return max(per_rank.values(), default=0.0)
+
+
+def optimizer_scale(measured: float, priced: float) -> float:
+    """Measured seconds of the probe's clipped AdamW update per priced second (``opt x``). The
+    kernel factor (``curve x``) is the forward+backward's growth; the update's kernels stream
+    the parameters and states once each (their rate is the elementwise loop's) and the
+    clipping's ops are host-bound, so the phase gets its own factor, measured on the same model."""
+    for name, v in (("measured", measured), ("priced", priced)):
+        if not isinstance(v, float | int) or not v > 0 or v == float("inf"):
+            raise ValueError(f"optimizer probe: {name} seconds of the clipped AdamW update is {v!r}; expected a finite number > 0")
+    return measured / priced
+
+
+def call_prices(host: dict[str, float], calls: list[Collective]) -> float:
+    """The worker's steady-loop prices of ``calls``: each step's all-reduce at its group size,
+    the first after the call's gap of work, the later ones right after it."""
+    return sum(at_size(host, n, gap if k == 0 else 0.0) for gap, steps in calls for k, (n, _) in enumerate(steps))
+
+
+def comm_scale(host: dict[str, float], calls: list[Collective]) -> float:
+    """What a training backward's collectives cost per second the steady loop prices them at
+    (``comm x``): the step probe's data-parallel forward+backward less the same per-rank work on
+    one-rank meshes (``dp_fb - probe_fb``), over ``call_prices`` of the probe's own calls
+    (``calls``: those of ``step_probes``' data-parallel step, not of any checked strategy). The loop's work is NumPy passes between 1 KiB all-reduces, every gap alike;
+    between a step's calls are mpipar ops, and ranks drift apart unlike in the loop, so the
+    loop's gap and group-size shape is kept and its level is the probe's."""
+    for key in ("dp_fb", "probe_fb"):
+        v = host.get(key)
+        if not isinstance(v, float | int) or not v > 0 or v == float("inf"):
+            raise ValueError(f"collective probe: {key} is {v!r}; expected a finite number of seconds > 0")
+    extra = host["dp_fb"] - host["probe_fb"]
+    priced = call_prices(host, calls)
+    if not priced > 0:
+        raise ValueError(f"collective probe: its {len(calls)} calls are priced at {priced!r} s; the worker's all-reduce prices are missing or 0")
+    if not extra > 0:
+        raise ValueError(f"collective probe: data parallel forward+backward {host['dp_fb']:.4g} s is not above the one-rank "
+                         f"{host['probe_fb']:.4g} s: the machine's load changed during the probe; run again")
+    return extra / priced
+
+
+def scaled_collectives(host: dict[str, float], factor: float) -> dict[str, float]:
+    """``host`` with every all-reduce price multiplied by ``factor`` (``comm x``)."""
+    if not factor > 0 or factor == float("inf"):
+        raise ValueError(f"comm x must be a finite number > 0, got {factor!r}")
+    return {k: v * factor if k.startswith("allreduce") else v for k, v in host.items()}
+
+
+def step_probes() -> tuple[Any, Any]:
+    """The step probe's traces (``PROBE_LAYERS`` layers, ``PROBE_BATCH`` sequence per rank): on
+    one rank with gpt.py's clipped update (``opt x``'s price) and data parallel over 8 ranks
+    (``comm x``'s calls)."""
+    return (one_rank_step(PROBE_BATCH, grad_clip=1.0, layers=PROBE_LAYERS),
+            one_rank_step(PROBE_BATCH, dp=8, layers=PROBE_LAYERS))
+
+
+def step_scales(host: dict[str, float], profile: Any, vector_flops: float | None, probe_clip: Any, probe_dp: Any) -> tuple[float, float]:
+    """(``opt x``, ``comm x``) of one kernel model (``profile``: its rates, already divided by its
+    kernel factor; ``vector_flops``: its one elementwise rate, None for the curves): the step
+    probe's update and its data-parallel backward's collectives (``step_probes``), measured
+    against this model's prices."""
+    opt_x = optimizer_scale(host["probe_update"], optimizer_seconds(probe_clip, profile, host, vector_flops))
+    return opt_x, comm_scale(host, collectives(probe_dp, profile, host, vector_flops))
 
 
 def forward_backward_ops(step: Any) -> list[Any]:
@@ -480,14 +623,17 @@ def gpt_step(mesh: str) -> Any:
     return trace_gpt_step(shape, strategy, layers_traced=shape.layers)
 
 
-def predict(step: Any, profile: Any, host: dict[str, float], base: float, vector_flops: float | None) -> float:
+def predict(step: Any, profile: Any, host: dict[str, float], base: float, vector_flops: float | None,
+            opt_x: float = 1.0) -> float:
     """``estimate`` of ``step`` with the worker's host costs; ``vector_flops`` None: the profile's
-    elementwise curve."""
+    elementwise curve; the optimizer phase (``optimizer_seconds``) times ``opt_x``."""
     from simulator.estimate import estimate
 
     est = estimate(step.shape, step.strategy, profile, vector_flops=vector_flops, op_overhead=host["op"],
                    reshard_overhead=base, update_overhead=host["update"], step=step)
-    return est.step_time_s
+    if opt_x == 1.0:
+        return est.step_time_s
+    return est.step_time_s + (opt_x - 1.0) * optimizer_seconds(step, profile, host, vector_flops)
 
 
 def latency_terms(kind: str, n: int) -> int:
@@ -645,16 +791,20 @@ def round_scales(profile: Any, probes: dict[int, Any], rows: list[dict[str, floa
     return out
 
 
-def flat_predict(step: Any, profile: Any, probes: dict[int, Any], host: dict[str, float]) -> float:
+def flat_predict(step: Any, profile: Any, probes: dict[int, Any], host: dict[str, float], probe_clip: Any, probe_dp: Any) -> float:
     """The flat model's step (``flat s``) from one set of worker constants: the profile's rates
-    moved to the worker's GEMM and elementwise rates, divided by that set's ``kern x``, each
-    collective at its own size and gap."""
+    moved to the worker's GEMM and elementwise rates, divided by that set's ``kern x``, the
+    optimizer phase times its ``opt x``, each collective at its own size and gap times its
+    ``comm x`` (``step_scales`` on the probes ``probe_clip`` and ``probe_dp``)."""
     level = flat(at_load(profile, host["gemm_flops"], host["vector_flops"]))
     scale = kernel_scale({b: host[f"model_fb{b}"] for b in KERNEL_BATCHES},
                          {b: kernel_seconds(probes[b], level, host["vector_flops"]) for b in KERNEL_BATCHES})
     trained = host["vector_flops"] / scale
-    alpha, base = loaded_latency(host, collectives(step, loaded_profile(level, 0.0, scale), host, trained))
-    return predict(step, loaded_profile(level, alpha, scale), host, base, trained)
+    free = loaded_profile(level, 0.0, scale)
+    opt_x, comm_x = step_scales(host, free, trained, probe_clip, probe_dp)
+    host = scaled_collectives(host, comm_x)
+    alpha, base = loaded_latency(host, collectives(step, free, host, trained))
+    return predict(step, loaded_profile(level, alpha, scale), host, base, trained, opt_x)
 
 
 def paired_ratios(predicted: list[float], measured: list[float]) -> tuple[list[float], float]:
@@ -669,19 +819,21 @@ def paired_ratios(predicted: list[float], measured: list[float]) -> tuple[list[f
     return ratios, statistics.median(ratios)
 
 
-def predicted_breakdown(step: Any, profile: Any, host: dict[str, float], base: float, vector_flops: float | None) -> dict[str, float]:
+def predicted_breakdown(step: Any, profile: Any, host: dict[str, float], base: float, vector_flops: float | None,
+                        opt_x: float = 1.0) -> dict[str, float]:
     """The prediction split into ``compute`` (kernels alone: free links, no host time), ``host``
     (what the per-op and per-update host seconds add) and ``comm`` (what the links and each
-    collective's call cost add on top), each the difference of two estimates."""
+    collective's call cost add on top), each the difference of two estimates (the optimizer
+    phase times ``opt_x`` in each)."""
     from dataclasses import replace
 
     from simulator.cost import Link
 
     free = Link(0.0, 1e30)
     quiet = replace(profile, intra_node=free, inter_node=free)
-    full = predict(step, profile, host, base, vector_flops)
-    no_comm = predict(step, quiet, host, 0.0, vector_flops)
-    compute = predict(step, quiet, {**host, "op": 0.0, "update": 0.0}, 0.0, vector_flops)
+    full = predict(step, profile, host, base, vector_flops, opt_x)
+    no_comm = predict(step, quiet, host, 0.0, vector_flops, opt_x)
+    compute = predict(step, quiet, {**host, "op": 0.0, "update": 0.0}, 0.0, vector_flops, opt_x)
     return {"compute": compute, "host": no_comm - compute, "comm": full - no_comm}
 
 
@@ -735,6 +887,7 @@ def main() -> None:
           f"{profile.flops_per_s.get('float32', 0) / 1e9:.1f} GFLOP/s per rank ({os.cpu_count()} CPUs for 8 ranks)")
     names = [s.strip() for s in ns.strategies.split(";") if s.strip()]
     probes = {b: one_rank_step(b) for b in KERNEL_BATCHES}
+    probe_clip, probe_dp = step_probes()
     probe_ops = {b: len(forward_backward_ops(probes[b])) for b in KERNEL_BATCHES}
     curves = bool(profile.gemm_curve and profile.vector_curve)
     if not curves:
@@ -765,9 +918,9 @@ def main() -> None:
     spread = [round_spread([m for m, _ in results[mesh]]) if ns.rounds > 1 else results[mesh][0][1] for mesh in names]
 
     print(f"\nhost costs over {ns.rounds} worker run(s): median [least .. largest]")
-    for key in ("op", "update", "vector_flops", "gemm_flops", *(f"model_fb{b}" for b in KERNEL_BATCHES),
+    for key in ("op", "update", "vector_flops", "gemm_flops", *(f"model_fb{b}" for b in KERNEL_BATCHES), "probe_fb", "probe_update", "dp_fb",
                 *(f"allreduce{n}_{g}" for n in GROUP_SIZES for g in range(len(GAP_GRID)))):
-        unit, factor = (("GF/s", 1e-9) if key.endswith("flops") else ("ms", 1e3) if key.startswith("model") else ("us", 1e6))
+        unit, factor = (("GF/s", 1e-9) if key.endswith("flops") else ("ms", 1e3) if key.startswith(("model", "probe", "dp_")) else ("us", 1e6))
         label = key if not key.startswith("allreduce") else \
             f"all-reduce({key[9:key.index('_')]}) after {GAP_GRID[int(key.rsplit('_', 1)[1])] * 1e3:g} ms"
         lo, hi = host_range[key]
@@ -790,30 +943,39 @@ def main() -> None:
     vec = None if curves else host["vector_flops"]
     curve_x = kernel_scale(measured_fb, {b: kernel_seconds(probes[b], model, vec) for b in KERNEL_BATCHES})
     vec_x = None if vec is None else vec / curve_x
+    # Per kernel model, the optimizer phase's factor (the probe's clipped update against its
+    # price) and the collectives' (the probe's data-parallel backward against the steady
+    # loop's prices of its calls): each term priced from a probe that pays it as a step does.
+    scales = {"flat": step_scales(host, loaded_profile(level, 0.0, scale), trained, probe_clip, probe_dp),
+              "curves": step_scales(host, loaded_profile(model, 0.0, curve_x), vec_x, probe_clip, probe_dp),
+              "sized": step_scales(host, by_size_model, None, probe_clip, probe_dp)}
+    hosts = {k: scaled_collectives(host, c) for k, (_, c) in scales.items()}
     predicted, rows, parts = [], [], []
     for mesh, m, sp in zip(names, measured, spread, strict=True):
         step = steps[mesh]
-        sized_alpha, sized_base = loaded_latency(host, collectives(step, by_size_model, host, None))
-        sized_p = predict(step, loaded_profile(by_size_model, sized_alpha), host, sized_base, None)
+        sized_alpha, sized_base = loaded_latency(hosts["sized"], collectives(step, by_size_model, host, None))
+        sized_p = predict(step, loaded_profile(by_size_model, sized_alpha), host, sized_base, None, scales["sized"][0])
         flat_calls = collectives(step, loaded_profile(level, 0.0, scale), host, trained)
-        flat_alpha, flat_base = loaded_latency(host, flat_calls)
+        flat_alpha, flat_base = loaded_latency(hosts["flat"], flat_calls)
         flat_model = loaded_profile(level, flat_alpha, scale)
-        flat_p = predict(step, flat_model, host, flat_base, trained)
+        flat_p = predict(step, flat_model, host, flat_base, trained, scales["flat"][0])
         # The curves' rates, each divided by what the probe still measures beyond them
         # (``curve x``), so the size dependence and the training-step slowdown both hold.
-        alpha, base = loaded_latency(host, collectives(step, loaded_profile(model, 0.0, curve_x), host, vec_x))
+        alpha, base = loaded_latency(hosts["curves"], collectives(step, loaded_profile(model, 0.0, curve_x), host, vec_x))
         curve_model = loaded_profile(model, alpha, curve_x)
-        p = predict(step, curve_model, host, base, vec_x)
+        p = predict(step, curve_model, host, base, vec_x, scales["curves"][0])
         # The headline is the model chosen by --model; all are printed.
         headline = {"curves": p, "flat": flat_p, "sized": sized_p}[ns.model]
         predicted.append(headline)
-        parts.append({"flat": predicted_breakdown(step, flat_model, host, flat_base, trained),
-                      "curves": predicted_breakdown(step, curve_model, host, base, vec_x)})
+        parts.append({"flat": predicted_breakdown(step, flat_model, host, flat_base, trained, scales["flat"][0]),
+                      "curves": predicted_breakdown(step, curve_model, host, base, vec_x, scales["curves"][0])})
         rows.append((mesh, statistics.median(g for g, _ in flat_calls) if flat_calls else 0.0, flat_alpha, flat_base, flat_p, alpha, base, p, m, sp,
                      sized_p))
     print(f"\nkern x {scale:.2f} (flat), curve x {curve_x:.2f} (curves), x at {'/'.join(map(str, KERNEL_BATCHES))} "
           f"{'/'.join(f'{by_size[b]:.2f}' for b in KERNEL_BATCHES)} (sized), from the median probe; "
           f"each worker run's own kern x {'/'.join(f'{x:.2f}' for x in round_scales(profile, probes, results[HOST]))}")
+    print("opt x (the clipped update, measured over priced) and comm x (the data-parallel backward's collectives, "
+          "measured over the steady loop's prices): " + ", ".join(f"{k} {o:.2f}/{c:.2f}" for k, (o, c) in scales.items()))
 
     def mark(ratio: float) -> str:
         return f"{ratio:.2f} " + ("ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT"))
@@ -830,7 +992,7 @@ def main() -> None:
         print(f"{mesh:<16} {f['compute']:>13.4f} {f['host']:>7.4f} {f['comm']:>7.4f} {c['compute']:>16.4f} {c['host']:>7.4f} {c['comm']:>7.4f}")
     print(f"\n{'paired rounds':<16} {'flat s per round':>24} {'flat/meas per round':>20} {'median':>11}")
     for mesh in names:
-        each = [flat_predict(steps[mesh], profile, probes, h) for h in results[HOST]]
+        each = [flat_predict(steps[mesh], profile, probes, h, probe_clip, probe_dp) for h in results[HOST]]
         ratios, mid = paired_ratios(each, [m for m, _ in results[mesh]])
         print(f"{mesh:<16} {'/'.join(f'{x:.3f}' for x in each):>24} {'/'.join(f'{r:.2f}' for r in ratios):>20} {mark(mid):>11}")
     print("(gap: the median work before one of rank 0's collectives; call + 2(n-1) alpha: an n-rank all-reduce, averaged "

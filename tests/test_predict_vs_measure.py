@@ -8,6 +8,7 @@ kernel (GEMMs and elementwise ops alike) at the scaled rate.
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -298,19 +299,150 @@ def test_paired_ratios_are_each_rounds_own_and_their_median() -> None:
         pvm.paired_ratios([0.6, 0.9], [0.5, 0.0])
 
 
+def _probes() -> tuple[dict[int, Any], Any, Any]:
+    """The kernel probe's two one-rank steps, the step probe's clipped-update step and its data-parallel step."""
+    return ({b: pvm.one_rank_step(b) for b in pvm.KERNEL_BATCHES}, *pvm.step_probes())
+
+
+def test_the_step_probe_is_no_checked_strategy() -> None:
+    """opt x and comm x come from a probe unlike every checked strategy, so each strategy's
+    optimizer phase and collectives are predicted, not measured: no strategy's rank updates
+    what the probe's rank updates (its tensors and elements), and the probe makes fewer calls
+    than dp=8, with less work before them (its gaps)."""
+    prof = _compute_only()
+    host = {"op": 2e-4, "update": 3e-5, **_host({2: 1e-3, 4: 2e-3, 8: 4e-3})}
+    clip, dp = pvm.step_probes()
+    assert clip.shape.layers == dp.shape.layers == pvm.PROBE_LAYERS != pvm.GPT_CONFIG["n_layer"]
+    assert dp.strategy.dp == 8 and dp.shape.micro_batch_size == pvm.PROBE_BATCH
+
+    def per_rank(step: Any) -> dict[int, tuple[int, int]]:
+        """Each rank's (parameter tensors, elements) its optimizer phase updates."""
+        out: dict[int, tuple[int, int]] = {}
+        for part, ranks in step.update_elements.items():
+            for r, n in ranks.items():
+                t, e = out.get(r, (0, 0))
+                out[r] = (t + step.update_counts[part], e + n)
+        return out
+
+    probe_rank = per_rank(clip)
+    assert list(probe_rank) == [0] and probe_rank[0][0] > 0
+    for mesh in pvm.DEFAULT_STRATEGIES.split(";"):
+        step = pvm.gpt_step(mesh)
+        assert step.shape.layers != pvm.PROBE_LAYERS
+        assert probe_rank[0] not in per_rank(step).values(), mesh
+    dp8 = pvm.gpt_step("dp=8")
+    probe_calls = pvm.collectives(dp, prof, host, 5e8)
+    dp8_calls = pvm.collectives(dp8, prof, host, 5e8)
+    assert 0 < len(probe_calls) < len(dp8_calls)
+    assert statistics.median(g for g, _ in probe_calls) < statistics.median(g for g, _ in dp8_calls)
+    assert pvm.call_prices(host, probe_calls) < pvm.call_prices(host, dp8_calls)
+
+
 def test_flat_predict_follows_the_worker_runs_constants() -> None:
     """One worker run's constants price the step: a run whose probe grew more (kernels slower in
-    the training step) or whose collectives cost more predicts a longer step."""
+    the training step), whose clipped update or whose data-parallel backward took longer
+    predicts a longer step. The steady loop's all-reduce prices set only the shape over gaps
+    and group sizes: all of them twice as high predicts the same step (their level is the
+    data-parallel probe's)."""
     prof = _curved()
-    probes = {b: pvm.one_rank_step(b) for b in pvm.KERNEL_BATCHES}
+    probes, clip, dp = _probes()
     small, large = pvm.KERNEL_BATCHES
     host = {"op": 2e-4, "update": 3e-5, "vector_flops": 5e8, "gemm_flops": 2e10, f"model_fb{small}": 0.2,
-            f"model_fb{large}": 1.0, **_host({2: 1e-3, 4: 2e-3, 8: 4e-3})}
+            f"model_fb{large}": 1.0, "probe_fb": 0.1, "probe_update": 0.05, "dp_fb": 0.2, **_host({2: 1e-3, 4: 2e-3, 8: 4e-3})}
     step = pvm.gpt_step("dp=2,tp=4")
-    base = pvm.flat_predict(step, prof, probes, host)
+    base = pvm.flat_predict(step, prof, probes, host, clip, dp)
     assert base > 0
-    assert pvm.flat_predict(step, prof, probes, {**host, f"model_fb{large}": 1.4}) > base
-    assert pvm.flat_predict(step, prof, probes, {**host, **_host({2: 2e-3, 4: 4e-3, 8: 8e-3})}) > base
+    assert pvm.flat_predict(step, prof, probes, {**host, f"model_fb{large}": 1.4}, clip, dp) > base
+    assert pvm.flat_predict(step, prof, probes, {**host, "probe_update": 0.08}, clip, dp) > base
+    assert pvm.flat_predict(step, prof, probes, {**host, "dp_fb": 0.3}, clip, dp) > base
+    doubled = pvm.flat_predict(step, prof, probes, {**host, **_host({2: 2e-3, 4: 4e-3, 8: 8e-3})}, clip, dp)
+    assert doubled == pytest.approx(base, rel=1e-9)
+
+
+def test_optimizer_seconds_is_what_opt_x_scales_in_the_prediction() -> None:
+    """The optimizer phase as the estimate prices it: predicting with opt x 1.5 adds half of it;
+    clipping adds its ops; each parameter's update adds host['update']."""
+    prof = _compute_only()
+    host = {"op": 2e-4, "update": 3e-5}
+    step = pvm.gpt_step("dp=8")
+    opt = pvm.optimizer_seconds(step, prof, host, 5e8)
+    one = pvm.predict(step, prof, host, 0.0, 5e8)
+    assert pvm.predict(step, prof, host, 0.0, 5e8, 1.5) == pytest.approx(one + 0.5 * opt, rel=1e-9)
+    small = pvm.KERNEL_BATCHES[0]
+    clipped, plain = pvm.one_rank_step(small, grad_clip=1.0), pvm.one_rank_step(small)
+    assert pvm.optimizer_seconds(clipped, prof, host, 5e8) > pvm.optimizer_seconds(plain, prof, host, 5e8) > 0
+    params = sum(plain.update_counts.values())
+    more = pvm.optimizer_seconds(plain, prof, {**host, "update": 1e-4}, 5e8) - pvm.optimizer_seconds(plain, prof, host, 5e8)
+    assert more == pytest.approx(params * 7e-5, rel=1e-9)
+    # dp=8's ranks update what a 4-layer one-rank model updates (replicated parameters); the
+    # step probe's 2 layers price lower: opt x is not taken from dp=8's own phase.
+    assert opt == pytest.approx(pvm.optimizer_seconds(clipped, prof, host, 5e8), rel=1e-9)
+    assert pvm.optimizer_seconds(pvm.step_probes()[0], prof, host, 5e8) < 0.7 * opt
+
+
+@pytest.mark.parametrize(("measured", "priced", "words"), [
+    (0.0, 0.1, "measured seconds .* is 0.0"), (math.nan, 0.1, "measured seconds .* is nan"),
+    (0.05, math.inf, "priced seconds .* is inf"), (0.05, -1.0, "priced seconds .* is -1.0")])
+def test_optimizer_scale_refuses_a_bad_probe(measured: float, priced: float, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        pvm.optimizer_scale(measured, priced)
+    assert pvm.optimizer_scale(0.06, 0.08) == pytest.approx(0.75)
+
+
+def test_comm_scale_is_the_probes_collective_time_over_the_loops_prices() -> None:
+    """comm x: the data-parallel step probe's extra time over the steady loop's prices of its own
+    calls; those calls then cost exactly that extra, and dp=8's (more calls, longer gaps) more:
+    a prediction, not the probe's measurement."""
+    prof = _compute_only()
+    host = {"op": 2e-4, "update": 3e-5, "probe_fb": 0.2, "dp_fb": 0.35, **_host({2: 1e-3, 4: 2e-3, 8: 4e-3})}
+    host.update({f"allreduce8_{g}": 1e-3 * (1 + g) for g in range(len(pvm.GAP_GRID))})
+    dp_calls = pvm.collectives(pvm.step_probes()[1], prof, host, 5e8)
+    priced = pvm.call_prices(host, dp_calls)
+    assert priced == pytest.approx(sum(pvm.at_gap(host, 8, g) for g, _ in dp_calls))
+    factor = pvm.comm_scale(host, dp_calls)
+    assert factor == pytest.approx(0.15 / priced)
+    scaled = pvm.scaled_collectives(host, factor)
+    assert scaled["op"] == host["op"] and scaled["probe_fb"] == host["probe_fb"]
+    assert pvm.call_prices(scaled, dp_calls) == pytest.approx(0.15, rel=1e-9)
+    step_calls = pvm.collectives(pvm.gpt_step("dp=8"), prof, host, 5e8)
+    assert pvm.call_prices(scaled, step_calls) > 1.2 * 0.15
+    with pytest.raises(ValueError, match="is not above the one-rank"):
+        pvm.comm_scale({**host, "dp_fb": 0.2}, dp_calls)
+    with pytest.raises(ValueError, match="dp_fb is None"):
+        pvm.comm_scale({k: v for k, v in host.items() if k != "dp_fb"}, dp_calls)
+    with pytest.raises(ValueError, match="comm x must be"):
+        pvm.scaled_collectives(host, 0.0)
+
+
+def test_the_comm_term_is_what_the_worker_measured_the_calls_to_cost() -> None:
+    """dp=8's comm term is its calls' prices (all-reduces over 8 at their gaps), whatever
+    latency the profile's calibration holds: the loaded latency replaces it, never adds to it."""
+    slow_link = Link(1e-3, 1e30)  # calibrate's alpha, measured under load: above the worker's per-term share
+    prof = replace(_compute_only(), intra_node=slow_link, inter_node=slow_link)
+    host = {"op": 2e-4, "update": 3e-5, **_host({2: 1e-3, 4: 2e-3, 8: 2e-3})}
+    step = pvm.gpt_step("dp=8")
+    calls = pvm.collectives(step, pvm.loaded_profile(prof, 0.0), host, 5e8)
+    alpha, base = pvm.loaded_latency(host, calls)
+    assert alpha < 1e-3
+    parts = pvm.predicted_breakdown(step, pvm.loaded_profile(prof, alpha), host, base, 5e8)
+    # (within 1%: the estimate also charges the per-call base to a reshard with no collective
+    # step of rank 0's; the profile's 1 ms latency would add 14 ms per call, 7x the price)
+    assert parts["comm"] == pytest.approx(pvm.call_prices(host, calls), rel=0.01)
+    with pytest.raises(ValueError, match="loaded link latency"):
+        pvm.loaded_profile(prof, -1e-6)
+
+
+def test_step_scales_price_the_probes_with_the_models_own_rates() -> None:
+    """opt x is the probe's measured update over its price under the model; a model with slower
+    elementwise kernels prices the update higher and gets a smaller opt x."""
+    prof = _compute_only()
+    _, clip, dp = _probes()
+    host = {"op": 2e-4, "update": 3e-5, "probe_fb": 0.2, "dp_fb": 0.35, "probe_update": 0.05,
+            **_host({2: 1e-3, 4: 2e-3, 8: 4e-3})}
+    opt_x, comm_x = pvm.step_scales(host, prof, 5e8, clip, dp)
+    assert opt_x == pytest.approx(0.05 / pvm.optimizer_seconds(clip, prof, host, 5e8))
+    assert comm_x == pytest.approx(0.15 / pvm.call_prices(host, pvm.collectives(dp, prof, host, 5e8)))
+    assert pvm.step_scales(host, prof, 2.5e8, clip, dp)[0] < opt_x
 
 
 def test_collective_sequence_prices_each_call_at_its_gap() -> None:
