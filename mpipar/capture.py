@@ -57,7 +57,7 @@ import numpy as np
 from mpipar import comm, hooks
 from mpipar.backend import current_backend
 from mpipar.distribute import _shards_from_global
-from mpipar.optimizer.optimizer import _ALONE_REFS, Optimizer, _shard_refs
+from mpipar.optimizer.optimizer import _ALONE_REFS, Optimizer, _param_lr, _shard_refs
 from mpipar.optimizer.sgd_momentum_adam import SGD
 from mpipar.placement import Replicate
 from mpipar.reshard.executor import _RUNNERS, execute_plan, freeze
@@ -1129,7 +1129,7 @@ def _update_fn(opt_ref: weakref.ref[Any], p_ref: weakref.ref[Any], pid: int, nam
     meta = _meta_override.get((id(opt), pid)) if _meta_override else None
     if meta is None:
         meta = opt._states[pid]
-    lr = opt.get_lr() * float(p.optimize_attr.get("learning_rate", 1.0))
+    lr = _param_lr(p, opt.get_lr())
     if decay is not None:
         opt._decay_this = decay
     src, g = arrays[0], arrays[1]
@@ -1142,14 +1142,14 @@ def _sgd_fn(opt_ref: weakref.ref[Any], p_ref: weakref.ref[Any], cdt: Any, src: A
     opt, p = opt_ref(), p_ref()
     if opt is None or p is None:
         raise _Stale
-    lr = opt.get_lr() * float(p.optimize_attr.get("learning_rate", 1.0))
+    lr = _param_lr(p, opt.get_lr())
     return (opt._update(src, g.astype(cdt, copy=False), {}, lr, None)[0],)
 
 
 def update(tr: Tracer, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: dict[str, Any], r: int, cdt: Any) -> tuple[Array, dict[str, Array]]:
     """``opt._update`` of ``p``'s shard on rank ``r``, run now and recorded."""
     names = tuple(opt.state_names)
-    live = opt.get_lr() * float(p.optimize_attr.get("learning_rate", 1.0))
+    live = _param_lr(p, opt.get_lr())
     if live != lr:
         tr.refuse(f"{type(opt).__name__} updates {p._label()} with a learning rate its get_lr() does not give")
     decay = getattr(opt, "_decay_this", None)

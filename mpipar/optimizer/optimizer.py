@@ -75,6 +75,12 @@ class ClipGradByGlobalNorm:
         return [(p, M.scale(g, factor) if p.need_clip else g) for p, g in params_grads]
 
 
+def _param_lr(p: Tensor, lr: float) -> float:
+    """``lr`` times ``p``'s own multiplier (``optimize_attr["learning_rate"]``, as Paddle's
+    ``ParamAttr(learning_rate=...)``): the rate ``p``'s update uses."""
+    return lr * float(p.optimize_attr.get("learning_rate", 1.0))
+
+
 class Optimizer:
     state_names: tuple[str, ...] = ()
 
@@ -136,7 +142,7 @@ class Optimizer:
                 params_grads = self._grad_clip(params_grads)
             lr = self.get_lr()
             for p, g in params_grads:
-                self._step_param(p, g, lr * float(p.optimize_attr.get("learning_rate", 1.0)))
+                self._step_param(p, g, _param_lr(p, lr))
 
     def layout_of(self, p: Tensor) -> DistSpec | None:
         """The layout ``p`` is updated and its states are kept in (None: dense)."""
