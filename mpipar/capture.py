@@ -1004,7 +1004,7 @@ def _mean_fn(axes: tuple[int, ...], keep: bool, count: Any, dt: Any, x: Array) -
 
 def _plan_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], dtype: Any, backend: Any, label: str, *arrays: Array) -> tuple[Array, ...]:
 
-    if comm._recorders or comm._span_recorders:  # observers hear the collectives with their reason
+    if comm.recording():  # observers hear the collectives with their reason
         with comm.comm_context(label):
             res = execute_plan(plan, dict(zip(ranks, arrays, strict=True)), dtype, backend)
     else:
@@ -1068,25 +1068,25 @@ def _one_step_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], 
 
 
 def _kept_fn(general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
-    if comm._recorders or comm._span_recorders:
+    if comm.recording():
         return general(a)[0]
     return freeze(a)
 
 
 def _zeros_fn(zeros: Array, general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
-    if comm._recorders or comm._span_recorders:
+    if comm.recording():
         return general(a)[0]
     return zeros
 
 
 def _bound_fn(bound: Callable[[Array], Array], general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
-    if comm._recorders or comm._span_recorders:
+    if comm.recording():
         return general(a)[0]
     return freeze(bound(a))
 
 
 def _step_fn(run: Callable[..., dict[int, Array]], step: Any, rank: int, dtype: Any, backend: Any, general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
-    if comm._recorders or comm._span_recorders:
+    if comm.recording():
         return general(a)[0]
     return freeze(run(step, {rank: a}, dtype, backend)[rank])
 
