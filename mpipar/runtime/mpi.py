@@ -343,7 +343,7 @@ class _BoundAllReduce:
             return c.all_reduce(self.group, {c.rank: a}, self.op)[c.rank]
         flat = a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
         group = self.group
-        seq = c._seq[group] = c._seq.get(group, 0) + 1
+        seq = c._number(group, "all_reduce", dtype=self.dtype, reduce_type=self.op)
         with c._watch(self.label, group, seq):
             if c._pending:
                 c._reap()
