@@ -434,7 +434,7 @@ def optimizer_seconds(step: Any, profile: Any, host: dict[str, float], vector_fl
     kernels at the elementwise rate, ``host['update']`` each)."""
     from collections import defaultdict
 
-    from simulator.estimate import UPDATE_FLOPS, update_bytes
+    from simulator.estimate import update_seconds
     from simulator.op_cost import PlanCosts
     from simulator.step_trace import SETUP
 
@@ -446,12 +446,9 @@ def optimizer_seconds(step: Any, profile: Any, host: dict[str, float], vector_fl
         times = costs.op_times(op)
         for r in costs.op_ranks(op):
             per_rank[r] += times.get(r, 0.0) if isinstance(times, dict) else times
-    strategy = step.strategy
-    dtype = "float32" if strategy.mixed_precision else strategy.dtype
-    for part, ranks in step.update_elements.items():
-        for r, n in ranks.items():
-            flops = n * UPDATE_FLOPS[strategy.optimizer]
-            per_rank[r] += costs.vector_time(flops, update_bytes(step, part, n), dtype) + host["update"] * step.update_counts.get(part, 0)
+    for updates in update_seconds(step, costs, host["update"]).values():
+        for r, t in updates.items():
+            per_rank[r] += t
     return max(per_rank.values(), default=0.0)
 
 

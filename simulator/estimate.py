@@ -288,6 +288,25 @@ def update_bytes(step: StepTrace, part: Part, elements: int) -> float:
     return elements * step.update_bytes_per_element / max(1, step.update_counts.get(part, 0))
 
 
+def update_seconds(step: StepTrace, costs: PlanCosts, per_update: float, memory_bandwidth: float | None = None) -> dict[Part, dict[int, float]]:
+    """Each part's optimizer updates, seconds per rank: the update's kernels at the elementwise
+    rate (at least its states streamed once at ``memory_bandwidth``, where given) and
+    ``per_update`` seconds of host time per parameter updated."""
+    strategy = step.strategy
+    update_dtype = "float32" if strategy.mixed_precision else strategy.dtype
+    seconds: dict[Part, dict[int, float]] = {}
+    for part, per_rank in step.update_elements.items():
+        updates: dict[int, float] = {}
+        for r, n in per_rank.items():
+            flops = n * UPDATE_FLOPS[strategy.optimizer]
+            t = costs.vector_time(flops, update_bytes(step, part, n), update_dtype)
+            if memory_bandwidth is not None:
+                t = max(t, n * step.update_bytes_per_element / memory_bandwidth)
+            updates[r] = t + per_update * step.update_counts.get(part, 0)
+        seconds[part] = updates
+    return seconds
+
+
 def estimate(
     shape: GPTShape,
     strategy: GPTStrategy,
@@ -365,14 +384,7 @@ def estimate(
     update_dtype = "float32" if strategy.mixed_precision else strategy.dtype
     if memory_bandwidth is None and hw.gpu_model:
         memory_bandwidth = hw.memory_Bps  # the GPU model: an optimizer update streams its states
-    for part, per_rank in step.update_elements.items():
-        updates: dict[int, float] = {}
-        for r, n in per_rank.items():
-            flops = n * UPDATE_FLOPS[strategy.optimizer]
-            t = costs.vector_time(flops, update_bytes(step, part, n), update_dtype)
-            if memory_bandwidth is not None:
-                t = max(t, n * step.update_bytes_per_element / memory_bandwidth)
-            updates[r] = t + per_update * step.update_counts.get(part, 0)
+    for part, updates in update_seconds(step, costs, per_update, memory_bandwidth).items():
         charge(part, "optimizer", tuple(updates), updates)
 
     parts_of_stage: dict[int, list[Part]] = {s: [] for s in range(n_stages)}
