@@ -24,11 +24,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -115,15 +113,11 @@ def main() -> None:
     fd, path = tempfile.mkstemp(prefix="mpipar-collective-sequence-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(gaps, f)
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     load = os.getloadavg()[0]
     try:
-        out = subprocess.run([pvm.MPIEXEC, "-n", "8", sys.executable, os.path.abspath(__file__), "--profile", ns.profile,
-                              "--worker", path, "--passes", str(ns.passes)],
-                             capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, env=env, cwd=ROOT, check=True)
+        result = pvm.worker_json(__file__, ["--profile", ns.profile, "--worker", path, "--passes", str(ns.passes)])
     finally:
         os.remove(path)
-    result: dict[str, Any] = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
     cost = priced(result["curve"], gaps)
     curve = ", ".join(f"{g * 1e3:g} ms {c * 1e6:.0f} us" for g, c in zip(pvm.GAP_GRID, result["curve"], strict=True))
     print(f"{ns.mesh}: {len(gaps)} calls on rank 0 after {sum(gaps) * 1e3:.1f} ms of modelled work "

@@ -24,7 +24,6 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -88,12 +87,7 @@ def worker(mode: str, steps: int) -> None:
 
 
 def run_worker(mode: str, steps: int) -> dict[str, float]:
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [pvm.MPIEXEC, "-n", "8", sys.executable, os.path.abspath(__file__), "--worker", mode, "--steps", str(steps)],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, env=env, cwd=ROOT, check=True,
-    )
-    return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
+    return pvm.worker_json(__file__, ["--worker", mode, "--steps", str(steps)])
 
 
 def main() -> None:

@@ -283,13 +283,24 @@ def worker(steps: int) -> None:
         print(json.dumps({k: statistics.median(r[k] for r in rows) for k in rows[0]}))
 
 
-def host_costs(steps: int) -> dict[str, float]:
+def worker_json(script: str, args: list[str]) -> dict[str, Any]:
+    """Run ``script`` with ``args`` on 8 ranks under ``mpiexec`` (one BLAS thread each, no stdin,
+    10 minutes at most) and return the JSON object its rank 0 prints on a line of its own (the
+    workers of this benchmark, ``no_comm_step.py`` and ``collective_sequence.py``)."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
-        [MPIEXEC, "-n", "8", sys.executable, os.path.abspath(__file__), "--worker", "--steps", str(steps)],
+        [MPIEXEC, "-n", "8", sys.executable, os.path.abspath(script), *args],
         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, env=env, cwd=ROOT, check=True,
     )
-    return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
+    line = next((line for line in out.stdout.splitlines() if line.startswith("{")), None)
+    if line is None:
+        raise RuntimeError(f"{os.path.basename(script)} {' '.join(args)}: rank 0 printed no JSON result; stderr ends: {out.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(line)
+    return result
+
+
+def host_costs(steps: int) -> dict[str, float]:
+    return worker_json(__file__, ["--worker", "--steps", str(steps)])
 
 
 # ---------------------------------------------------------------------- predict and measure
