@@ -9,7 +9,8 @@ batches. Every step's loss, every parameter after the run and every optimizer st
 compared bit for bit (float64), and so are the collectives each captured step made
 (CommDebugMode) with the eager step's on even steps; odd steps run with nothing listening,
 so the program's reshards take their bound paths (an all-reduce bound to the communicator's
-gather and fold). Each rank prints ``ok <case> captured <calls>``; with ``--print-losses`` also
+gather and fold). Last, ``to_static(..., capture=True)`` trains a ``Linear`` MLP against
+``to_static`` without capture (case ``static``). Each rank prints ``ok <case> captured <calls>``; with ``--print-losses`` also
 ``loss <case> <step> <repr>`` for each captured step, so a test can compare the MPI and NCCL
 backends' runs bit for bit. Runs under the MPI backend or the NCCL one (``MPIPAR_BACKEND=nccl``,
 through ``nccl_standin_run.py`` in CI).
@@ -108,6 +109,44 @@ def run_case(n: int, layout: str, opt: str, steps: int, print_losses: bool = Fal
     return fn.captured_calls
 
 
+def run_static(n: int, steps: int, print_losses: bool = False) -> int:
+    """``to_static(..., capture=True)``, which trains through ``compile_step(capture=True)``: a
+    column- then row-parallel MLP of ``Linear`` layers with Momentum, against the same model
+    under ``to_static`` without capture; every loss and weight bit for bit."""
+    mesh = dist.ProcessMesh(list(range(n)), dim_names=["x"])
+
+    def build() -> tuple[dist.nn.Layer, Any]:
+        dist.seed(1)
+        with dist.nn.layer.default_dtype("float64"):
+            l1, l2 = dist.nn.Linear(6, 8 * n), dist.nn.Linear(8 * n, 6)
+        dist.shard_tensor(l1.weight, mesh, [dist.Shard(1)])
+        dist.shard_tensor(l1.bias, mesh, [dist.Shard(0)])
+        dist.shard_tensor(l2.weight, mesh, [dist.Shard(0)])
+        dist.shard_tensor(l2.bias, mesh, [dist.Replicate()])
+        model = dist.nn.Sequential(l1, dist.nn.ReLU(), l2)
+        return model, dist.optimizer.Momentum(learning_rate=0.05, parameters=model.parameters())
+
+    def mse(out: dist.Tensor, y: dist.Tensor) -> dist.Tensor:
+        d = dist.subtract(out, y)
+        return dist.mean(dist.multiply(d, d))
+
+    m1, o1 = build()
+    m2, o2 = build()
+    plain = dist.to_static(m1, None, mse, o1)
+    captured = dist.to_static(m2, None, mse, o2, capture=True)
+    rng = np.random.default_rng(2)
+    for i in range(steps):
+        x, y = (dist.shard_tensor(rng.standard_normal((4 * n, 6)), mesh, [dist.Replicate()]) for _ in range(2))
+        want, got = plain(x, y).full_tensor(), captured(x, y).full_tensor()
+        assert np.array_equal(got, want), ("static", i)
+        if print_losses:
+            print(f"loss static {i} {float(got)!r}", flush=True)
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
+        assert np.array_equal(a.full_tensor(), b.full_tensor())
+    assert captured.replay.captured, captured.replay.capture_refused
+    return captured.replay.captured_calls
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=8)
@@ -120,6 +159,7 @@ def main() -> None:
     for layout, opt in (("tp", "sgd"), ("tp", "adamw"), ("dp", "sgd")):
         calls = run_case(n, layout, opt, args.steps, args.print_losses)
         print(f"ok {layout}-{opt} captured {calls}", flush=True)
+    print(f"ok static captured {run_static(n, args.steps, args.print_losses)}", flush=True)
 
 
 if __name__ == "__main__":
