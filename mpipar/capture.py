@@ -696,7 +696,7 @@ def _updates_early(tr: Tracer, instrs: Indexed) -> Indexed:
     overwrite memory its inputs share; and every effect but the step counts of other
     parameters (its own count stays after it: Adam's bias correction reads the count as it
     was). Only on NumPy, where memory sharing can be asked (elsewhere the order stays)."""
-    if not tr.updates or any(hasattr(a, "shape") and not isinstance(a, (np.ndarray, np.generic)) for a in tr.arrays):
+    if not tr.updates or not _numpy_only(tr):
         return instrs
     out: Indexed = []
     for i, ins_ in instrs:
@@ -767,9 +767,20 @@ def _write_in_place(fn: Callable[..., Any], flags: list[bool], k: int, *arrays: 
     return fn(*arrays)
 
 
+def _numpy_only(tr: Tracer) -> bool:
+    """Are all the trace's arrays NumPy's own (exactly ``np.ndarray``, or NumPy scalars)? Only
+    there can ``np.may_share_memory`` and the memory flags be asked; a device array (CuPy's, or
+    the CI stand-in's NumPy subclass standing for it) is not NumPy memory, so the program keeps
+    the trace's order and writes nothing in place there."""
+    return all(type(a) is np.ndarray or isinstance(a, np.generic) for a in tr.arrays if hasattr(a, "shape"))
+
+
 def _in_place_updates(tr: Tracer) -> list[tuple[int, Any, int]]:
     """The updates that may overwrite the parameter's shard: no later instruction, output or
-    result reads that shard or anything sharing its memory (a view, a no-op reshard's output)."""
+    result reads that shard or anything sharing its memory (a view, a no-op reshard's output).
+    None on device arrays (``_numpy_only``): ``_owns`` would refuse them on every run anyway."""
+    if not tr.in_place or not _numpy_only(tr):
+        return []
     out = []
     for i, p, r in tr.in_place:
         ins = tr.instrs[i][1]
@@ -1051,7 +1062,9 @@ def _one_step_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], 
     (step,) = plan.steps
     rank, a = ranks[0], tensor._shards[ranks[0]]
     general = partial(_plan_fn, plan, ranks, out_ranks, tensor._dtype, backend, label)
-    if step.kind == "all_reduce":
+    if step.kind == "all_reduce" and type(a) is np.ndarray:
+        # The bound all-reduce gathers into a host buffer kept from step to step: NumPy shards
+        # only. Device shards (NCCL) keep the general path, whose data moves through NCCL.
         bind = getattr(backend.comm, "bound_all_reduce", None)
         groups = step.groups_with(rank)
         bound = bind(groups[0], tuple(a.shape), a.dtype, step.reduce_type or "sum") if bind is not None and len(groups) == 1 else None

@@ -43,6 +43,33 @@ def test_seed_example_under_nccl_prints_what_the_mpi_backend_prints(script: str,
     assert _by_rank([line for line in lines if "standin backend=" not in line]) == _by_rank(ref.output.splitlines())
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_captured_steps_under_nccl_match_eager_and_the_mpi_backend(ranks: int) -> None:
+    """``compile_step(step, capture=True)`` under the NCCL backend (``capture_step.py``: the TP MLP
+    with SGD and AdamW, a DP MLP, and ``to_static(..., capture=True)`` on a Linear MLP): each
+    captured step equals its eager twin bit for bit, with the same collectives heard and as many
+    NCCL calls carried when nothing listens (the MPI backend's bound all-reduce, MPI on host
+    memory, must stay off); every rank's losses equal the MPI backend's run of the same
+    script, ``repr`` for ``repr``."""
+    args = ("--steps", "8", "--print-losses")
+    threads = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    ref = mpirun(ranks, "tests/mpi_scripts/capture_step.py", *args, env={"MPIPAR_BACKEND": "mpi", **threads}, timeout=300)
+    assert ref.returncode == 0, ref.output[-4000:]
+    run = mpirun(ranks, "tests/mpi_scripts/nccl_standin_run.py", "tests/mpi_scripts/capture_step.py", *args,
+                 env={**NCCL_ENV, **threads}, timeout=300)
+    assert run.returncode == 0, run.output[-4000:]
+    for r in range(ranks):
+        lines = run.lines_of(r)
+        for case in ("tp-sgd", "tp-adamw", "dp-sgd", "static"):
+            assert any(line.startswith(f"ok {case} captured ") and line != f"ok {case} captured 0" for line in lines), run.output[-3000:]
+        (report,) = [line for line in lines if line.startswith("standin backend=")]
+        assert "backend=nccl standin=True" in report and "open_groups=0" in report and " calls=0 " not in report, report
+        losses = [line for line in lines if line.startswith("loss ")]
+        assert len(losses) == 4 * 8
+        assert losses == [line for line in ref.lines_of(r) if line.startswith("loss ")]
+
+
 def _by_rank(lines: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for line in lines:

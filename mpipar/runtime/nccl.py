@@ -177,6 +177,13 @@ class NCCLCommunicator(MPICommunicator):
     _t_allgather_in_place = OrderedCommunicator._t_allgather_in_place
     _scatter_reduce = OrderedCommunicator._scatter_reduce
 
+    def bound_all_reduce(self, group: Group, shape: Shape, dtype: Any, op: str) -> None:
+        """None: the MPI backend's bound all-reduce hands the buffer to MPI's ``Allgather`` and
+        folds into a host (NumPy) array, which device shards must not take (MPI would read GPU
+        memory, and NCCL would carry nothing). A captured program keeps the general
+        ``all_reduce`` here, whose data moves through NCCL, as eager's does."""
+        return None
+
     # ------------------------------------------------------------------ started all-reduce
     def _all_reduce_start(self, group: Group, bufs: Any, op: str) -> Pending:
         """The ordered all-reduce enqueued whole on the reduction stream, without waiting: the

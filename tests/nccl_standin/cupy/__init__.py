@@ -217,14 +217,23 @@ def get_array_module(*args: Any) -> Any:
     return sys.modules[__name__]
 
 
+_WRAPPED: dict[str, Any] = {}
+
+
 def __getattr__(name: str) -> Any:
-    """Everything else is NumPy's, returning "device" arrays."""
+    """Everything else is NumPy's, returning "device" arrays. Each wrapper is made once: CuPy's
+    module functions are fixed objects (``cupy.ones is cupy.ones``), and mpipar's captured step
+    compares the functions it records by identity between two traces."""
+    if name in _WRAPPED:
+        return _WRAPPED[name]
     attr = getattr(np, name)
     if callable(attr) and not isinstance(attr, type):
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             _check_readable(args)
             return _device(attr(*_host(args), **_host(kwargs)))
 
+        wrapped.__name__ = wrapped.__qualname__ = name
+        _WRAPPED[name] = wrapped
         return wrapped
     return attr
 
