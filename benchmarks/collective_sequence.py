@@ -44,7 +44,7 @@ def sequence_gaps(profile_path: str, mesh: str, op_s: float) -> list[float]:
     calls = pvm.collectives(pvm.gpt_step(mesh), load_profile(profile_path), {"op": op_s}, None)
     if not calls:
         raise ValueError(f"mesh {mesh!r}: rank 0 makes no collective call in gpt.py's step; nothing to replay")
-    return [gap for gap, _ in calls]
+    return [c.gap for c in calls]
 
 
 def priced(curve: list[float], gaps: list[float]) -> float:

@@ -9,8 +9,9 @@
    ``mpiexec -n 8`` for what the profile does not hold: host seconds per mpipar op and per
    parameter update (each rank times a tiny GPT step -- 8-wide, 4 tokens, compute negligible --
    on its own one-rank mesh and divides by the ops and updates a trace of it counts); what a
-   collective costs amid Python work (a 1 KiB all-reduce over 2, 4 and 8 ranks after 0, 0.3,
-   1, 3 and 10 ms of NumPy work, the extra time per collective: ``call + 2 (n - 1) alpha``);
+   collective costs amid Python work (an all-reduce over 2, 4 and 8 ranks after 0, 0.3, 1, 3
+   and 10 ms of NumPy work, the extra time per collective: ``call + 2 (n - 1) alpha``, with 1
+   KiB, 64 KiB and 512 KiB on each rank: each call is priced at its own size, ``at_gap``);
    NumPy's elementwise FLOP rate and the 512x512 GEMM rate (calibrate's measurement, taken
    again: the prediction's GEMM rates are the profile's moved to it). Host costs move with
    the machine's load, so the worker runs once per round among the strategies' runs (below)
@@ -85,7 +86,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -114,6 +115,15 @@ GROUP_SIZES = (2, 4, 8)
 """Group sizes the worker times its all-reduces over: every group a mesh of 8 ranks can form."""
 COLLECTIVE_PASSES = 9
 """Paired (with, without the collective) batches per gap in one worker run: their median is the cost."""
+MESSAGE_BYTES = (1024, 65536, 524288)
+"""Each rank's buffer in the worker's all-reduces: 1 KiB (the latency, every pass) and the sizes
+a step moves (gpt.py's gradients up to 256 KiB, a pipeline stage's activations 512 KiB). On
+ranks time-sharing cores a large message costs far more amid work than the link's bandwidth
+says (about 2.5 ms for 512 KiB over 2 ranks after 3-10 ms of work, against 0.5 ms at the
+calibrated bandwidth): the copy needs both ranks on a core at once, and each time one is
+descheduled the other waits."""
+SIZE_PASSES = 5
+"""Passes of ``COLLECTIVE_PASSES`` that also time the larger ``MESSAGE_BYTES`` (fewer: they are slower)."""
 
 
 # ---------------------------------------------------------------------- worker (under mpiexec)
@@ -144,11 +154,12 @@ class GapProbe:
         """Units of work that take ``gap`` seconds."""
         return round(gap / self.per_unit)
 
-    def partial(self, ranks: list[int]) -> Any:
-        """A Partial tensor over ``ranks`` whose reshard to Replicate is the all-reduce."""
+    def partial(self, ranks: list[int], nbytes: int = MESSAGE_BYTES[0]) -> Any:
+        """A Partial tensor over ``ranks`` (``nbytes`` of float32 on each) whose reshard to
+        Replicate is the all-reduce."""
         dist = self._dist
         group = dist.ProcessMesh(ranks, dim_names=["g"])
-        return dist.dtensor_from_local(self._np.ones(256, dtype=self._np.float32), group, [dist.Partial()])
+        return dist.dtensor_from_local(self._np.ones(nbytes // 4, dtype=self._np.float32), group, [dist.Partial()])
 
     def all_reduce(self, partial: Any) -> None:
         self._dist.reshard(partial, partial.spec.mesh, [self._dist.Replicate()])
@@ -164,10 +175,11 @@ class GapProbe:
                 self.all_reduce(partial)
         return (time.perf_counter() - start) / reps
 
-    def paired(self, partial: Any, gap: float) -> float:
-        """One paired batch at ``gap``: the extra seconds per all-reduce (with minus without)."""
+    def paired(self, partial: Any, gap: float, period: float = 1e-3) -> float:
+        """One paired batch at ``gap``: the extra seconds per all-reduce (with minus without),
+        about 0.1 s of repetitions of at least ``period`` seconds each."""
         units = self.units(gap)
-        reps = max(8, int(0.1 / max(gap, 1e-3)))
+        reps = max(8, int(0.1 / max(gap, period)))
         return self.loop(partial, True, reps, units) - self.loop(partial, False, reps, units)
 
 
@@ -267,17 +279,23 @@ def worker(steps: int) -> None:
                              **{f"model_fb{b}": min(ts) for b, ts in probe.items()},
                              **{k: min(ts) for k, ts in step_probe.items()}}
     for n in GROUP_SIZES:
-        partial = probe_gap.partial([rank // n * n + i for i in range(n)])
-        probe_gap.loop(partial, True, 3, 0)
-        # Paired batches (with and without the collective), the gaps interleaved pass after pass
-        # so a neighbour's burst or a drift of the machine hits every gap alike; the median of
-        # COLLECTIVE_PASSES pairs per gap.
-        samples: list[list[float]] = [[] for _ in GAP_GRID]
-        for _ in range(COLLECTIVE_PASSES):
+        group = [rank // n * n + i for i in range(n)]
+        partials = {size: probe_gap.partial(group, size) for size in MESSAGE_BYTES}
+        for partial in partials.values():
+            probe_gap.loop(partial, True, 3, 0)
+        # Paired batches (with and without the collective), the gaps and sizes interleaved pass
+        # after pass so a neighbour's burst or a drift of the machine hits every gap alike; the
+        # median of COLLECTIVE_PASSES pairs per gap (SIZE_PASSES for the larger messages).
+        samples: dict[tuple[int, int], list[float]] = {(size, g): [] for size in MESSAGE_BYTES for g in range(len(GAP_GRID))}
+        for pass_ in range(COLLECTIVE_PASSES):
             for g, gap in enumerate(GAP_GRID):
-                samples[g].append(probe_gap.paired(partial, gap))
-        for g, values in enumerate(samples):
-            out[f"allreduce{n}_{g}"] = max(statistics.median(values), 0.0)
+                for size, partial in partials.items():
+                    if size == MESSAGE_BYTES[0]:
+                        samples[(size, g)].append(probe_gap.paired(partial, gap))
+                    elif pass_ < SIZE_PASSES:  # a large all-reduce takes ms itself: fewer repetitions
+                        samples[(size, g)].append(probe_gap.paired(partial, gap, period=5e-3))
+        for (size, g), values in samples.items():
+            out[allreduce_key(n, g, size)] = max(statistics.median(values), 0.0)
     rows = comm.gather(out, root=0)
     if rank == 0:
         print(json.dumps({k: statistics.median(r[k] for r in rows) for k in rows[0]}))
@@ -310,10 +328,16 @@ def degrees(text: str) -> dict[str, int]:
     return parse_mesh(text)
 
 
-def at_gap(host: dict[str, float], n: int, gap: float) -> float:
-    """The worker's all-reduce cost over ``n`` ranks after ``gap`` seconds of work (linear
-    between the grid's gaps, the last one's beyond it)."""
-    points = [(g, host[f"allreduce{n}_{i}"]) for i, g in enumerate(GAP_GRID)]
+def allreduce_key(n: int, gap_index: int, nbytes: int = MESSAGE_BYTES[0]) -> str:
+    """The worker's key of its all-reduce over ``n`` ranks after ``GAP_GRID[gap_index]`` seconds
+    of work with ``nbytes`` on each rank (the 1 KiB probe's key carries no size)."""
+    return f"allreduce{n}_{gap_index}" if nbytes == MESSAGE_BYTES[0] else f"allreduce{n}_{gap_index}_{nbytes}"
+
+
+def _over_gaps(host: dict[str, float], n: int, gap: float, nbytes: int) -> float:
+    """The worker's cost of the ``nbytes`` all-reduce over ``n`` ranks after ``gap`` seconds of
+    work: linear between the grid's gaps, the last one's beyond it."""
+    points = [(g, host[allreduce_key(n, i, nbytes)]) for i, g in enumerate(GAP_GRID)]
     if gap >= points[-1][0]:
         return points[-1][1]
     for (g0, c0), (g1, c1) in itertools.pairwise(points):
@@ -322,22 +346,53 @@ def at_gap(host: dict[str, float], n: int, gap: float) -> float:
     raise AssertionError("unreachable")
 
 
-def at_size(host: dict[str, float], n: int, gap: float) -> float:
-    """The worker's all-reduce cost over ``n`` ranks after ``gap`` seconds of work: a measured
-    group size's own (``GROUP_SIZES``), linear in ``n`` between two measured sizes, and from the
-    nearest two beyond them (never below 0)."""
+def at_gap(host: dict[str, float], n: int, gap: float, nbytes: float = MESSAGE_BYTES[0]) -> float:
+    """The worker's all-reduce cost over ``n`` ranks after ``gap`` seconds of work, ``nbytes`` on
+    each rank: linear in the gap between the grid's, and in the size between the measured
+    ``MESSAGE_BYTES`` (the last two sizes' line beyond them; the 1 KiB cost below); sizes the
+    worker did not time (a host dict from an older worker) are priced at 1 KiB."""
+    sizes = [b for b in MESSAGE_BYTES if allreduce_key(n, 0, b) in host]
+    costs = [_over_gaps(host, n, gap, b) for b in sizes]
+    if len(sizes) < 2 or nbytes <= sizes[0]:
+        return costs[0]
+    i = next((k for k in range(1, len(sizes)) if nbytes <= sizes[k]), len(sizes) - 1)
+    (b0, c0), (b1, c1) = (sizes[i - 1], costs[i - 1]), (sizes[i], costs[i])
+    return max(c0 + (c1 - c0) * (nbytes - b0) / (b1 - b0), costs[0])
+
+
+def at_size(host: dict[str, float], n: int, gap: float, nbytes: float = MESSAGE_BYTES[0]) -> float:
+    """The worker's all-reduce cost over ``n`` ranks after ``gap`` seconds of work (``nbytes`` on
+    each rank, ``at_gap``): a measured group size's own (``GROUP_SIZES``), linear in ``n`` between
+    two measured sizes, and from the nearest two beyond them (never below 0)."""
     if n in GROUP_SIZES:
-        return at_gap(host, n, gap)
+        return at_gap(host, n, gap, nbytes)
     sizes = sorted(GROUP_SIZES)
     lo, hi = next(((a, b) for a, b in itertools.pairwise(sizes) if n < b), (sizes[-2], sizes[-1]))
-    c_lo, c_hi = at_gap(host, lo, gap), at_gap(host, hi, gap)
+    c_lo, c_hi = at_gap(host, lo, gap, nbytes), at_gap(host, hi, gap, nbytes)
     return max(c_lo + (c_hi - c_lo) * (n - lo) / (hi - lo), 0.0)
 
 
-Collective = tuple[float, tuple[tuple[int, int], ...]]
-"""One reshard call of rank 0: (seconds of work before it, per communication step (group size,
-latency terms of its formula in ``simulator.cost.collective_time``: 2 (n - 1) for an
-all-reduce, n - 1 for the other collectives, 1 for a point-to-point transfer))."""
+class Collective(NamedTuple):
+    """One reshard call of rank 0."""
+
+    gap: float
+    """Seconds of work before it."""
+    steps: tuple[tuple[int, int], ...]
+    """Per communication step: (group size, latency terms of its formula in
+    ``simulator.cost.collective_time``: 2 (n - 1) for an all-reduce, n - 1 for the other
+    collectives, 1 for a point-to-point transfer)."""
+    nbytes: float = MESSAGE_BYTES[0]
+    """Its size as the worker's probe measures sizes: the bytes per rank of an all-reduce over the
+    first step's group that the profile's bandwidth prices as it prices this call."""
+    byte_s: float = 0.0
+    """Seconds the profile's bandwidth charges it (``estimate`` adds these to what the call costs)."""
+
+
+def call_cost(host: dict[str, float], call: Collective) -> float:
+    """What the worker measured ``call`` to cost: its first step's all-reduce at the call's gap and
+    size, the later steps right after it (gap 0, 1 KiB)."""
+    return sum(at_size(host, n, call.gap, call.nbytes) if k == 0 else at_size(host, n, 0.0)
+               for k, (n, _) in enumerate(call.steps))
 
 
 def loaded_latency(host: dict[str, float], calls: list[Collective]) -> tuple[float, float]:
@@ -352,13 +407,15 @@ def loaded_latency(host: dict[str, float], calls: list[Collective]) -> tuple[flo
     costs more than the ring's line between 2 and 8 says (the wait for the slowest member grows
     faster than the ring's terms), so the total is the measured sizes', not the formula's.
     """
-    calls = calls or [(0.0, ((2, 2),))]
-    gaps = [g for g, _ in calls]
+    calls = calls or [Collective(0.0, ((2, 2),))]
+    gaps = [c.gap for c in calls]
     two = statistics.fmean(at_gap(host, 2, g) for g in gaps)
     eight = statistics.fmean(at_gap(host, 8, g) for g in gaps)
     alpha = max(eight - two, 0.0) / (2 * (8 - 2))
-    total = sum(at_size(host, n, gap if k == 0 else 0.0) for gap, steps in calls for k, (n, _) in enumerate(steps))
-    terms = sum(t for _, steps in calls for _, t in steps)
+    # ``estimate`` charges each call's bytes at the profile's bandwidth (``byte_s``) on top of
+    # base and alpha: what the worker measured beyond that is theirs.
+    total = sum(call_cost(host, c) - c.byte_s for c in calls)
+    terms = sum(t for c in calls for _, t in c.steps)
     alpha = min(alpha, total / terms) if terms else alpha
     base = max((total - alpha * terms) / len(calls), 0.0)
     return alpha, base
@@ -475,9 +532,10 @@ def optimizer_scale(measured: float, priced: float) -> float:
 
 
 def call_prices(host: dict[str, float], calls: list[Collective]) -> float:
-    """The worker's steady-loop prices of ``calls``: each step's all-reduce at its group size,
-    the first after the call's gap of work, the later ones right after it."""
-    return sum(at_size(host, n, gap if k == 0 else 0.0) for gap, steps in calls for k, (n, _) in enumerate(steps))
+    """The worker's steady-loop prices of ``calls`` (``call_cost``: each step's all-reduce at its
+    group size, the first after the call's gap of work and at its size, the later ones right
+    after it)."""
+    return sum(call_cost(host, c) for c in calls)
 
 
 def comm_scale(host: dict[str, float], calls: list[Collective]) -> float:
@@ -663,7 +721,7 @@ def collectives(step: Any, profile: Any, host: dict[str, float], vector_flops: f
     """
     from dataclasses import replace
 
-    from simulator.cost import Link
+    from simulator.cost import Link, collective_time
     from simulator.op_cost import PlanCosts, _groups
     from simulator.step_trace import SETUP
 
@@ -671,8 +729,13 @@ def collectives(step: Any, profile: Any, host: dict[str, float], vector_flops: f
     quiet = replace(profile, name="no-latency", intra_node=free, inter_node=free)
     plan = step.plan
     costs = PlanCosts(plan, quiet, vector_flops=vector_flops, op_overhead=host["op"], reshard_overhead=0.0)
+    # Each call's bytes as the profile's bandwidth prices them (latency 0): its size for the
+    # worker's size-dependent prices, and what ``estimate`` charges for them itself.
+    zero_latency = Link(0.0, profile.intra_node.bandwidth_Bps)
+    bandwidth = PlanCosts(plan, replace(profile, name="bytes-only", intra_node=zero_latency,
+                                        inter_node=Link(0.0, profile.inter_node.bandwidth_Bps)), reshard_overhead=0.0)
     made_by = {t: op.index for op in plan.ops for t in op.outputs}
-    events: list[tuple[tuple[int, int], float | tuple[tuple[int, int], ...]]] = []
+    events: list[tuple[tuple[int, int], float | tuple[Any, tuple[tuple[int, int], ...]]]] = []
     for op, part in zip(plan.ops, step.op_parts, strict=True):
         if part == SETUP or op.phase not in ("forward", "backward", "optimizer"):
             continue
@@ -696,12 +759,15 @@ def collectives(step: Any, profile: Any, host: dict[str, float], vector_flops: f
         if not mine:
             continue
         at = (res.op, 0) if res.op is not None else (made_by.get(res.tensor, -1), 2)
-        events.append((at, tuple(mine)))
+        events.append((at, (res, tuple(mine))))
     calls: list[Collective] = []
     work = 0.0
     for _, item in sorted(events, key=lambda e: e[0]):
         if isinstance(item, tuple):
-            calls.append((work, item))
+            res, mine = item
+            byte_s = bandwidth.reshard_time(res, 0)
+            per_byte = collective_time("all_reduce", 1.0, mine[0][0], zero_latency, profile.reduction_Bps)
+            calls.append(Collective(work, mine, byte_s / per_byte if per_byte > 0 else 0.0, byte_s))
             work = 0.0
         else:
             work += item
@@ -926,14 +992,17 @@ def main() -> None:
     spread = [round_spread([m for m, _ in results[mesh]]) if ns.rounds > 1 else results[mesh][0][1] for mesh in names]
 
     print(f"\nhost costs over {ns.rounds} worker run(s): median [least .. largest]")
-    for key in ("op", "update", "vector_flops", "gemm_flops", *(f"model_fb{b}" for b in KERNEL_BATCHES), "probe_fb", "probe_update", "dp_fb",
-                *(f"allreduce{n}_{g}" for n in GROUP_SIZES for g in range(len(GAP_GRID)))):
+    labels = {key: key for key in ("op", "update", "vector_flops", "gemm_flops", *(f"model_fb{b}" for b in KERNEL_BATCHES),
+                                   "probe_fb", "probe_update", "dp_fb")}
+    labels.update({allreduce_key(n, g, b): f"all-reduce({n}) {b // 1024:>3} KiB after {gap * 1e3:g} ms"
+                   for n in GROUP_SIZES for b in MESSAGE_BYTES for g, gap in enumerate(GAP_GRID)})
+    for key, label in labels.items():
+        if key not in host:  # a worker from before the sizes were timed
+            continue
         unit, factor = (("GF/s", 1e-9) if key.endswith("flops") else ("ms", 1e3) if key.startswith(("model", "probe", "dp_")) else ("us", 1e6))
-        label = key if not key.startswith("allreduce") else \
-            f"all-reduce({key[9:key.index('_')]}) after {GAP_GRID[int(key.rsplit('_', 1)[1])] * 1e3:g} ms"
         lo, hi = host_range[key]
         rel = (hi - lo) / host[key] if host[key] else 0.0
-        print(f"  {label:<28} {host[key] * factor:>9.2f} [{lo * factor:.2f} .. {hi * factor:.2f}] {unit}  (+-{rel / 2:.0%})")
+        print(f"  {label:<36} {host[key] * factor:>9.2f} [{lo * factor:.2f} .. {hi * factor:.2f}] {unit}  (+-{rel / 2:.0%})")
 
     now = at_load(profile, host["gemm_flops"], host["vector_flops"])
     measured_fb = {b: host[f"model_fb{b}"] for b in KERNEL_BATCHES}
@@ -977,7 +1046,7 @@ def main() -> None:
         predicted.append(headline)
         parts.append({"flat": predicted_breakdown(step, flat_model, host, flat_base, trained, scales["flat"][0]),
                       "curves": predicted_breakdown(step, curve_model, host, base, vec_x, scales["curves"][0])})
-        rows.append((mesh, statistics.median(g for g, _ in flat_calls) if flat_calls else 0.0, flat_alpha, flat_base, flat_p, alpha, base, p, m, sp,
+        rows.append((mesh, statistics.median(c.gap for c in flat_calls) if flat_calls else 0.0, flat_alpha, flat_base, flat_p, alpha, base, p, m, sp,
                      sized_p))
     print(f"\nkern x {scale:.2f} (flat), curve x {curve_x:.2f} (curves), x at {'/'.join(map(str, KERNEL_BATCHES))} "
           f"{'/'.join(f'{by_size[b]:.2f}' for b in KERNEL_BATCHES)} (sized), from the median probe; "

@@ -263,15 +263,72 @@ def test_loaded_latency_prices_each_call_at_its_own_size_and_gap() -> None:
     host = _host({2: 1e-3, 4: 4e-3, 8: 5e-3})
     host.update({f"allreduce8_{g}": 5e-3 + 1e-3 * g for g in range(len(pvm.GAP_GRID))})
     # Only 8-rank all-reduces: each costs base + 14 alpha = its gap's measured cost, on average.
-    calls = [(pvm.GAP_GRID[0], ((8, 14),)), (pvm.GAP_GRID[2], ((8, 14),))]
+    calls = [pvm.Collective(pvm.GAP_GRID[0], ((8, 14),)), pvm.Collective(pvm.GAP_GRID[2], ((8, 14),))]
     alpha, base = pvm.loaded_latency(host, calls)
     assert base + 14 * alpha == pytest.approx((5e-3 + 7e-3) / 2)
     # Mixed sizes (tensor and data parallel): the calls together cost what the worker measured for each.
-    mixed = [(0.0, ((2, 2),)), (0.0, ((4, 6),)), (0.0, ((4, 3), (2, 1))), (0.0, ((8, 14),))]
+    mixed = [pvm.Collective(0.0, steps) for steps in (((2, 2),), ((4, 6),), ((4, 3), (2, 1)), ((8, 14),))]
     alpha, base = pvm.loaded_latency(host, mixed)
-    priced = sum(base + alpha * sum(t for _, t in steps) for _, steps in mixed)
+    priced = sum(base + alpha * sum(t for _, t in c.steps) for c in mixed)
     assert priced == pytest.approx(1e-3 + 4e-3 + (4e-3 + 1e-3) + 5e-3)
     assert alpha >= 0 and base >= 0
+
+
+def _sized_host(cost: dict[int, float]) -> dict[str, float]:
+    """Worker output whose all-reduce over 2 ranks of ``b`` bytes costs ``cost[b]`` after any gap."""
+    return {pvm.allreduce_key(2, g, b): c for b, c in cost.items() for g in range(len(pvm.GAP_GRID))}
+
+
+def test_at_gap_prices_a_message_by_its_size_between_the_measured_ones() -> None:
+    small, mid, big = pvm.MESSAGE_BYTES
+    host = _sized_host({small: 1e-3, mid: 2e-3, big: 4e-3})
+    assert pvm.at_gap(host, 2, 1e-3) == pytest.approx(1e-3)  # the latency probe's own
+    assert pvm.at_gap(host, 2, 1e-3, 100) == pytest.approx(1e-3)  # below 1 KiB: the 1 KiB cost
+    assert pvm.at_gap(host, 2, 1e-3, (small + mid) / 2) == pytest.approx(1.5e-3)
+    assert pvm.at_gap(host, 2, 1e-3, (mid + big) / 2) == pytest.approx(3e-3)
+    assert pvm.at_gap(host, 2, 1e-3, 2 * big - mid) == pytest.approx(6e-3)  # the last two sizes' line
+    # A larger message never costs less than the 1 KiB one, even where the line falls.
+    falling = _sized_host({small: 1e-3, mid: 3e-3, big: 2e-3})
+    assert pvm.at_gap(falling, 2, 0.0, 8 * big) == pytest.approx(1e-3)
+    # A worker that timed 1 KiB only prices every size at it.
+    only_small = _sized_host({small: 1e-3})
+    assert pvm.at_gap(only_small, 2, 0.0, big) == pytest.approx(1e-3)
+    # Over group sizes the size holds too (at_size interpolates in n at that size).
+    for n in (4, 8):
+        host.update({pvm.allreduce_key(n, g, b): c * n / 2 for b, c in ((small, 1e-3), (mid, 2e-3), (big, 4e-3))
+                     for g in range(len(pvm.GAP_GRID))})
+    assert pvm.at_size(host, 6, 0.0, big) == pytest.approx(12e-3)
+
+
+def test_loaded_latency_leaves_the_bytes_to_the_profiles_bandwidth() -> None:
+    """A call's measured cost at its size is base + alpha terms + its bytes at the profile's
+    bandwidth (``byte_s``, which the estimate adds itself): the calls together cost what the
+    worker measured, never that plus the bandwidth's share again."""
+    small, mid, big = pvm.MESSAGE_BYTES
+    host = _sized_host({small: 1e-3, mid: 2e-3, big: 4e-3})
+    host.update(_host({8: 2e-3}))
+    calls = [pvm.Collective(0.0, ((2, 2),), big, 0.5e-3), pvm.Collective(0.0, ((2, 2),), small, 0.0)]
+    alpha, base = pvm.loaded_latency(host, calls)
+    assert sum(base + 2 * alpha + c.byte_s for c in calls) == pytest.approx(4e-3 + 1e-3)
+    assert pvm.call_prices(host, calls) == pytest.approx(5e-3)
+
+
+def test_collectives_carry_each_calls_size_and_its_bandwidth_seconds() -> None:
+    """The pipeline's tensor-parallel all-reduces carry a stage's activations (16 sequences x 64
+    tokens x 128 float32 = 512 KiB); dp=8's gradient all-reduces carry each gradient, none above
+    a 128 x 512 weight's 256 KiB; each call's bytes at the profile's bandwidth are its byte_s."""
+    link = Link(0.0, 1e9)
+    prof = replace(_compute_only(), intra_node=link, inter_node=link)
+    host = {"op": 1e-4}
+    pp = pvm.collectives(pvm.gpt_step("dp=1,tp=2,pp=4"), prof, host, 1e9)
+    activations = 16 * pvm.SEQ * pvm.GPT_CONFIG["n_embd"] * 4
+    assert max(c.nbytes for c in pp if c.steps == ((2, 2),)) == pytest.approx(activations)
+    for c in pp:
+        if c.steps == ((2, 2),):  # an all-reduce over 2: 2 (n-1)/n bytes over the link
+            assert c.byte_s == pytest.approx(c.nbytes / 1e9)
+    dp = pvm.collectives(pvm.gpt_step("dp=8"), prof, host, 1e9)
+    assert max(c.nbytes for c in dp) == pytest.approx(128 * 512 * 4)
+    assert all(c.byte_s == pytest.approx(2 * 7 / 8 * c.nbytes / 1e9) for c in dp)
 
 
 def test_collectives_are_rank_0s_calls_with_their_group_sizes() -> None:
@@ -280,14 +337,14 @@ def test_collectives_are_rank_0s_calls_with_their_group_sizes() -> None:
     prof = _compute_only()
     host = {"op": 1e-4}
     tp = pvm.collectives(pvm.gpt_step("dp=2,tp=4"), prof, host, 1e9)
-    steps = [st for _, sts in tp for st in sts]
+    steps = [st for c in tp for st in c.steps]
     assert {n for n, _ in steps} == {2, 4, 8}
     assert all(t == 14 for n, t in steps if n == 8)
-    assert all(g >= 0 for g, _ in tp) and any(g > 0 for g, _ in tp)
+    assert all(c.gap >= 0 for c in tp) and any(c.gap > 0 for c in tp)
     pp = pvm.collectives(pvm.gpt_step("dp=1,tp=2,pp=4"), prof, host, 1e9)
-    assert {st for _, sts in pp for st in sts} == {(2, 1), (2, 2)}
+    assert {st for c in pp for st in c.steps} == {(2, 1), (2, 2)}
     dp = pvm.collectives(pvm.gpt_step("dp=8"), prof, host, 1e9)
-    assert {st for _, sts in dp for st in sts} == {(8, 14)}
+    assert {st for c in dp for st in c.steps} == {(8, 14)}
 
 
 def test_paired_ratios_are_each_rounds_own_and_their_median() -> None:
@@ -334,7 +391,7 @@ def test_the_step_probe_is_no_checked_strategy() -> None:
     probe_calls = pvm.collectives(dp, prof, host, 5e8)
     dp8_calls = pvm.collectives(dp8, prof, host, 5e8)
     assert 0 < len(probe_calls) < len(dp8_calls)
-    assert statistics.median(g for g, _ in probe_calls) < statistics.median(g for g, _ in dp8_calls)
+    assert statistics.median(c.gap for c in probe_calls) < statistics.median(c.gap for c in dp8_calls)
     assert pvm.call_prices(host, probe_calls) < pvm.call_prices(host, dp8_calls)
 
 
@@ -398,7 +455,7 @@ def test_comm_scale_is_the_probes_collective_time_over_the_loops_prices() -> Non
     host.update({f"allreduce8_{g}": 1e-3 * (1 + g) for g in range(len(pvm.GAP_GRID))})
     dp_calls = pvm.collectives(pvm.step_probes()[1], prof, host, 5e8)
     priced = pvm.call_prices(host, dp_calls)
-    assert priced == pytest.approx(sum(pvm.at_gap(host, 8, g) for g, _ in dp_calls))
+    assert priced == pytest.approx(sum(pvm.at_gap(host, 8, c.gap) for c in dp_calls))
     factor = pvm.comm_scale(host, dp_calls)
     assert factor == pytest.approx(0.15 / priced)
     scaled = pvm.scaled_collectives(host, factor)
