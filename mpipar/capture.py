@@ -63,6 +63,7 @@ from mpipar.placement import Replicate
 from mpipar.reshard.executor import _RUNNERS, execute_plan, freeze
 from mpipar.spmd.rules.common import norm_axes
 from mpipar.tensor import Tensor, _as_array, _storage_ids
+from mpipar.xp import to_numpy
 
 Array = Any
 
@@ -105,7 +106,7 @@ def _freeze(value: Any, keep: list[Any]) -> Any:
 
 
 def _same_bits(a: Array, b: Array) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
+    a, b = to_numpy(a), to_numpy(b)  # device arrays copied to the host (CuPy refuses np.asarray)
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return bool(np.ascontiguousarray(a).view(np.uint8).tobytes() == np.ascontiguousarray(b).view(np.uint8).tobytes())

@@ -21,6 +21,7 @@ from mpipar.ops.manipulation import expand, reduce_to_shape, reshape
 from mpipar.spmd.rules.common import norm_axes
 from mpipar.tape import GradContext
 from mpipar.tensor import Tensor
+from mpipar.xp import extreme
 
 Array = Any
 
@@ -237,9 +238,8 @@ def _extreme_kernel(op: str) -> Any:
         else:
             info = np.iinfo(x.dtype)
             init = info.min if op == "max" else info.max
-        fn = ctx.xp.max if op == "max" else ctx.xp.min
         # ``initial`` makes an empty shard (more ranks than elements) contribute the identity.
-        return fn(x, axis=axes, keepdims=keepdim, initial=init)
+        return extreme(x, op, axes, keepdim, init)
 
     return kernel
 

@@ -11,6 +11,7 @@ from mpipar import random as mrandom
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
 from mpipar.spmd.rules.common import norm_axis
 from mpipar.tape import GradContext
+from mpipar.xp import extreme
 
 Array = Any
 
@@ -66,13 +67,13 @@ register_op(OpDef("gelu_grad", _gelu_grad_kernel, None, rule_attrs=(), sample=la
 # ----------------------------------------------------------------------------- softmax
 def _softmax(c: KernelContext, x: Array, axis: int = -1, **_: Any) -> Array:
     a = norm_axis(axis, x.ndim, "softmax")
-    e = np.exp(x - np.max(x, axis=a, keepdims=True, initial=-np.inf))
+    e = np.exp(x - extreme(x, "max", a, True, -np.inf))
     return e / np.sum(e, axis=a, keepdims=True)
 
 
 def _log_softmax(c: KernelContext, x: Array, axis: int = -1, **_: Any) -> Array:
     a = norm_axis(axis, x.ndim, "log_softmax")
-    shifted = x - np.max(x, axis=a, keepdims=True, initial=-np.inf)
+    shifted = x - extreme(x, "max", a, True, -np.inf)
     return shifted - np.log(np.sum(np.exp(shifted), axis=a, keepdims=True))
 
 
@@ -170,13 +171,14 @@ def _embedding(c: KernelContext, ids: Array, table: Array, padding_idx: int | No
 
 def _embedding_grad_kernel(c: KernelContext, ids: Array, dout: Array, num_embeddings: int = 0, padding_idx: int | None = None, **_: Any) -> Array:
     (v0, v1), (h0, h1) = c.out_boxes[0]
-    out = np.zeros((v1 - v0, h1 - h0), dtype=dout.dtype)
+    xp = c.xp  # the shards' module: CuPy's scatter-add needs a device output and device indices
+    out = xp.zeros((v1 - v0, h1 - h0), dtype=dout.dtype)
     flat_ids = ids.reshape(-1) - v0
     flat_d = dout.reshape(-1, h1 - h0)
     keep = (flat_ids >= 0) & (flat_ids < v1 - v0)
     if padding_idx is not None:
         keep &= flat_ids + v0 != padding_idx
-    np.add.at(out, flat_ids[keep], flat_d[keep])
+    xp.add.at(out, flat_ids[keep], flat_d[keep])
     return out
 
 
@@ -204,7 +206,7 @@ register_op(
 # ----------------------------------------------------------------------------- cross entropy
 def _ce(c: KernelContext, logits: Array, label: Array, axis: int = -1, ignore_index: int = -100, **_: Any) -> tuple[Array, Array]:
     a = norm_axis(axis, logits.ndim, "cross_entropy")
-    shifted = logits - np.max(logits, axis=a, keepdims=True, initial=-np.inf)
+    shifted = logits - extreme(logits, "max", a, True, -np.inf)
     sumexp = np.sum(np.exp(shifted), axis=a, keepdims=True)
     softmax = np.exp(shifted) / sumexp
     safe = np.where(label == ignore_index, 0, label).astype(np.int64)
@@ -292,11 +294,11 @@ register_op(
 def _accuracy(c: KernelContext, pred: Array, label: Array, k: int = 1, **_: Any) -> Array:
     n_rows = math.prod(c.in_shape(0)[:-1])
     if pred.shape[-1] == 0 or pred.size == 0:
-        return np.zeros((), dtype=np.float64)
+        return c.xp.zeros((), dtype=np.float64)
     kk = min(k, pred.shape[-1])
     top = np.argpartition(-pred, kk - 1, axis=-1)[..., :kk]
     correct = np.any(top == label, axis=-1)
-    return np.asarray(np.sum(correct) / n_rows, dtype=np.float64)
+    return c.xp.asarray(np.sum(correct) / n_rows, dtype=np.float64)
 
 
 register_op(

@@ -655,8 +655,15 @@ class MPICommunicator(OrderedCommunicator):
     def _recv(self, src: int, dst: int, shape: Shape, dtype: np.dtype, tag: int) -> Array:
         if dst != self.rank:
             raise RuntimeError(f"rank {self.rank} cannot receive on behalf of rank {dst} (recv {src} -> {dst})")
+        return self._recv_into(self._result(math.prod(shape), dtype).reshape(shape), src, dst, tag)
+
+    def _recv_into(self, buf: np.ndarray, src: int, dst: int, tag: int) -> np.ndarray:
+        """Receive the message ``src`` sent with ``tag`` into the host buffer ``buf``."""
+        if type(buf) is not np.ndarray:  # the MPI wheel is not CUDA-aware: a device buffer would crash it
+            raise TypeError(f"MPI receives into host (NumPy) memory; the buffer for the message from rank {src} "
+                            f"(tag {tag}) is a {type(buf).__module__}.{type(buf).__name__}")
+        shape, dtype = buf.shape, buf.dtype
         self._reap()
-        buf = self._result(math.prod(shape), dtype).reshape(shape)
         status = MPI.Status()
         req = self._rt.mailbox.Irecv([_bytes(buf), MPI.BYTE], source=src, tag=tag)
         with self._rt.watchdog.watch(f"recv of {dtype}{list(shape)} from rank {src} (tag {tag})", (src, dst), 0, p2p=True):

@@ -94,6 +94,28 @@ def local_rank(world: Any) -> int:
         node.Free()
 
 
+def pack_unique_id(raw: Any) -> np.ndarray:
+    """NCCL's unique id as ``NCCL_UNIQUE_ID_BYTES`` int8 values and one byte saying its form, for
+    the group's root to broadcast: CuPy 14 returns it as ``bytes``, earlier CuPy as a tuple of
+    ints, and ``NcclCommunicator`` takes it back in the form ``get_unique_id`` gave it."""
+    as_bytes = isinstance(raw, bytes | bytearray)
+    # ncclUniqueId is ``char internal[128]``: a tuple holds its values as signed chars.
+    values = np.frombuffer(bytes(raw), dtype=np.int8) if as_bytes else np.asarray(raw, dtype=np.int64).ravel()
+    if values.shape != (NCCL_UNIQUE_ID_BYTES,) or not np.all((values >= -128) & (values <= 127)):
+        raise RuntimeError(f"NCCL's unique id from CuPy is a {type(raw).__name__} of {values.size} values; expected "
+                           f"{NCCL_UNIQUE_ID_BYTES} bytes or signed chars (did CuPy's nccl.get_unique_id change form?)")
+    out = np.empty(NCCL_UNIQUE_ID_BYTES + 1, dtype=np.int8)
+    out[:-1] = values.astype(np.int8)
+    out[-1] = 1 if as_bytes else 0
+    return out
+
+
+def unpack_unique_id(packed: np.ndarray) -> bytes | tuple[int, ...]:
+    """The unique id ``pack_unique_id`` packed, in the form CuPy gave it (bytes, or a tuple of ints)."""
+    values = packed[:-1]
+    return values.tobytes() if packed[-1] else tuple(int(x) for x in values)
+
+
 class NCCLCommunicator(MPICommunicator):
     """NCCL transport for the ordered collectives (see the module docstring)."""
 
@@ -125,12 +147,12 @@ class NCCLCommunicator(MPICommunicator):
         comm = self._groups.get(group)
         if comm is None:
             mpi_comm = self._rt.comm_for(group)
-            uid = np.zeros(NCCL_UNIQUE_ID_BYTES, dtype=np.int8)
+            uid = np.zeros(NCCL_UNIQUE_ID_BYTES + 1, dtype=np.int8)
             if group.index(self.rank) == 0:
-                uid[:] = np.array(self._nccl_mod.get_unique_id(), dtype=np.int8)
+                uid[:] = pack_unique_id(self._nccl_mod.get_unique_id())
             with self._rt.watchdog.watch("creating the group's NCCL communicator", group, 0):
                 mpi_comm.Ibcast([uid, MPI.BYTE], root=0).Wait()
-                comm = self._nccl_mod.NcclCommunicator(len(group), tuple(int(x) for x in uid), group.index(self.rank))
+                comm = self._nccl_mod.NcclCommunicator(len(group), unpack_unique_id(uid), group.index(self.rank))
             self._groups[group] = comm
         return comm
 
@@ -328,7 +350,11 @@ class NCCLCommunicator(MPICommunicator):
         super()._send(src, dst, self._cp.asnumpy(buf), tag)
 
     def _recv(self, src: int, dst: int, shape: Shape, dtype: np.dtype, tag: int) -> Array:
-        return self._cp.asarray(super()._recv(src, dst, shape, dtype, tag))
+        if dst != self.rank:
+            raise RuntimeError(f"rank {self.rank} cannot receive on behalf of rank {dst} (recv {src} -> {dst})")
+        # MPI moves host memory (the MPI wheel is not CUDA-aware): receive on the host, then copy
+        # to the device. ``_result`` would hand MPI a device buffer here, which it cannot write.
+        return self._cp.asarray(self._recv_into(np.empty(shape, dtype=dtype), src, dst, tag))
 
 
 class _StreamAllReduce(Pending):

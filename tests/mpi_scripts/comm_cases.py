@@ -34,7 +34,7 @@ import mpipar as dist
 from mpipar.comm import PointToPoint
 from mpipar.runtime.mpi import FOLD_AS_ARRIVING_MIN_BYTES
 from mpipar.runtime.ordered import SMALL_REDUCE_BYTES
-from mpipar.xp import to_numpy
+from mpipar.xp import array_module, to_numpy
 from simulator.virtual_comm import VirtualCommunicator
 
 OPS = ["all_reduce", "reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "barrier"]
@@ -42,6 +42,27 @@ OPS = ["all_reduce", "reduce", "reduce_scatter", "all_gather", "all_to_all", "br
 
 DEVICE: Any = np
 """The backend's array module: the NCCL backend is handed device arrays, as its shards are."""
+
+
+def _on_host(x: Any) -> Any:
+    """``x`` with every device array in it (dicts, lists, tuples) copied to a NumPy array."""
+    if isinstance(x, dict):
+        return {k: _on_host(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(_on_host(v) for v in x)
+    return to_numpy(x) if array_module(x) is not np else x  # a CuPy array (dtypes and scalars stay)
+
+
+class HostOracle:
+    """The simulator's communicator (the oracle) handed host copies of the arguments: it computes
+    on NumPy, while the backend under test (NCCL) is handed the device arrays its shards are."""
+
+    def __init__(self, virt: VirtualCommunicator) -> None:
+        self._virt = virt
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._virt, name)
+        return lambda *args, **kwargs: fn(*_on_host(args), **_on_host(kwargs))
 
 
 def values(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -97,7 +118,7 @@ def reduced(label: str, got: Any, want: Any, addends: list[np.ndarray], op: str,
 
 
 def run_case(index: int, rng: np.random.Generator, world: int, me: int, mpi: Any) -> None:
-    virt = VirtualCommunicator()
+    virt = HostOracle(VirtualCommunicator())
     k = int(rng.integers(1, world + 1))
     group = tuple(int(r) for r in rng.permutation(world)[:k])
     op = OPS[int(rng.integers(len(OPS)))]
@@ -151,7 +172,7 @@ def run_case(index: int, rng: np.random.Generator, world: int, me: int, mpi: Any
             got = mpi.all_gather(group, {me: bufs[me]}, shapes)[me]
             for j, (g, w) in enumerate(zip(got, want[me], strict=True)):
                 same(f"{label} piece {j}", g, w)
-            joined = np.concatenate([np.asarray(w).reshape(-1) for w in want[me]])
+            joined = np.concatenate([to_numpy(w).reshape(-1) for w in want[me]])
             same(f"{label} flat (simulator)", want_flat[me], joined)
             same(f"{label} flat", mpi.all_gather_flat(group, {me: bufs[me]}, shapes)[me], joined)
     elif op == "all_to_all":

@@ -126,6 +126,12 @@ class _Pointer:
         self.ptr = ptr
 
 
+def _refuse_initial(name: str, kwargs: dict[str, Any]) -> None:
+    """CuPy's max/min take no ``initial`` (NumPy's do): refuse it as CuPy does."""
+    if name in ("max", "min", "amax", "amin") and "initial" in kwargs:
+        raise TypeError(f"{name}() got an unexpected keyword argument 'initial' (CuPy has none; the stand-in refuses it too)")
+
+
 class ndarray(np.ndarray):
     """A "device" array: NumPy memory; reads checked against pending NCCL writes."""
 
@@ -145,12 +151,16 @@ class ndarray(np.ndarray):
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         _check_readable(inputs)
+        if method == "at" and not isinstance(inputs[0], ndarray):  # CuPy scatters only into device memory
+            raise TypeError(f"{ufunc.__name__}.at into a {type(inputs[0]).__name__} with device arrays: CuPy's "
+                            "scatter needs a device output (the stand-in refuses what CuPy refuses)")
         args = [x.view(np.ndarray) if isinstance(x, ndarray) else x for x in inputs]
         if "out" in kwargs:
             kwargs["out"] = tuple(x.view(np.ndarray) if isinstance(x, ndarray) else x for x in kwargs["out"])
         return _device(getattr(ufunc, method)(*args, **kwargs))
 
     def __array_function__(self, func: Any, types_: Any, args: Any, kwargs: Any) -> Any:
+        _refuse_initial(getattr(func, "__name__", ""), kwargs)
         _check_readable([*args, *kwargs.values()])
         _check_readable([x for a in args if isinstance(a, (list, tuple)) for x in a])
         return _device(func(*_host(args), **_host(kwargs)))
@@ -227,8 +237,12 @@ def __getattr__(name: str) -> Any:
     if name in _WRAPPED:
         return _WRAPPED[name]
     attr = getattr(np, name)
+    if isinstance(attr, np.ufunc):  # as CuPy's ufuncs: ``add.at`` and friends; the arrays' __array_ufunc__ checks reads
+        _WRAPPED[name] = attr
+        return attr
     if callable(attr) and not isinstance(attr, type):
         def wrapped(*args: Any, **kwargs: Any) -> Any:
+            _refuse_initial(name, kwargs)
             _check_readable(args)
             return _device(attr(*_host(args), **_host(kwargs)))
 
@@ -282,11 +296,12 @@ def _world() -> Any:
     return _Nccl.world
 
 
-def get_unique_id() -> tuple[int, ...]:
+def get_unique_id() -> bytes:
+    """128 bytes, as CuPy 14 returns it (earlier CuPy: a tuple of ints; mpipar takes both)."""
     _Nccl.ids += 1
     me = MPI.COMM_WORLD.Get_rank()
     raw = [me & 0x7F, me >> 7, _Nccl.ids & 0x7F, _Nccl.ids >> 7] + [0] * 124
-    return tuple(raw)
+    return bytes(raw)
 
 
 def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
@@ -301,7 +316,9 @@ def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
 class NcclCommunicator:
     """One NCCL communicator: ``n`` members, this one ``rank``, carried over MPI."""
 
-    def __init__(self, n: int, uid: tuple[int, ...], rank: int) -> None:
+    def __init__(self, n: int, uid: bytes, rank: int) -> None:
+        if not isinstance(uid, bytes) or len(uid) != 128:  # CuPy 14 takes back the bytes get_unique_id gave
+            raise TypeError(f"NcclCommunicator: the unique id must be the 128 bytes get_unique_id returned, got {type(uid).__name__}")
         world = _world()
         root = (uid[0] & 0x7F) | (uid[1] << 7)
         serial = (uid[2] & 0x7F) | (uid[3] << 7)
