@@ -265,7 +265,9 @@ register_op(
 def _dropout(c: KernelContext, x: Array, p: float = 0.5, key: int = 0, **_: Any) -> tuple[Array, Array]:
     # The mask is a function of (key, global index): identical on any mesh and in every mode.
     # It is kept (one byte an element) for backward, as Paddle and Megatron keep it.
-    keep = mrandom.uniform_box(key, c.in_shape(0), c.in_boxes[0]) >= p
+    # Drawn on the host (mpipar.random), then moved to the shards' module: CuPy does not mix
+    # host and device arrays in one expression.
+    keep = c.xp.asarray(mrandom.uniform_box(key, c.in_shape(0), c.in_boxes[0]) >= p)
     return x * (keep.astype(x.dtype) * x.dtype.type(1.0 / (1.0 - p))), keep
 
 

@@ -151,6 +151,9 @@ class ndarray(np.ndarray):
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         _check_readable(inputs)
+        if any(type(x) is np.ndarray and x.ndim > 0 for x in inputs):  # CuPy does not mix host and device arrays
+            raise TypeError(f"{ufunc.__name__}: a host numpy.ndarray operand beside device arrays (CuPy refuses "
+                            "'Unsupported type <class numpy.ndarray>'; the stand-in refuses it too)")
         if method == "at" and not isinstance(inputs[0], ndarray):  # CuPy scatters only into device memory
             raise TypeError(f"{ufunc.__name__}.at into a {type(inputs[0]).__name__} with device arrays: CuPy's "
                             "scatter needs a device output (the stand-in refuses what CuPy refuses)")
@@ -187,6 +190,8 @@ def _host(x: Any) -> Any:
 def _device(x: Any) -> Any:
     if type(x) is np.ndarray:
         return x.view(ndarray)
+    if isinstance(x, np.generic):  # CuPy's reductions return 0-d device arrays, never NumPy scalars
+        return np.asarray(x).view(ndarray)
     if isinstance(x, tuple):
         return tuple(_device(v) for v in x)
     if isinstance(x, list):
