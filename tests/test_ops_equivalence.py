@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mpi_scripts.kernels_on_device import nest_inputs as _nest
 from strategies import meshes, placements_for
 
 import mpipar as dist
@@ -28,18 +29,6 @@ def _flat(inputs: list[Any]) -> list[np.ndarray]:
     out: list[np.ndarray] = []
     for x in inputs:
         out.extend(np.asarray(v) for v in (x if isinstance(x, list) else [x]))
-    return out
-
-
-def _nest(inputs: list[Any], flat: list[Any]) -> list[Any]:
-    out, i = [], 0
-    for x in inputs:
-        if isinstance(x, list):
-            out.append(flat[i : i + len(x)])
-            i += len(x)
-        else:
-            out.append(flat[i])
-            i += 1
     return out
 
 

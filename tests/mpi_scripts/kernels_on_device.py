@@ -25,7 +25,8 @@ from mpipar.ops import apply, get_op, registered_ops
 from mpipar.xp import to_numpy
 
 
-def _nest(inputs: list[Any], flat: list[Any]) -> list[Any]:
+def nest_inputs(inputs: list[Any], flat: list[Any]) -> list[Any]:
+    """``flat`` regrouped as a checker sample's ``inputs`` nest them (a list input takes as many)."""
     out, i = [], 0
     for x in inputs:
         if isinstance(x, list):
@@ -53,7 +54,7 @@ def run_sample(name: str, inputs: list[Any], attrs: dict[str, Any], mesh: dist.P
         t = dist.shard_tensor(a, mesh, [dist.Replicate()])
         t.stop_gradient = not tr
         tensors.append(t)
-    out = apply(name, _nest(inputs, tensors), attrs)
+    out = apply(name, nest_inputs(inputs, tensors), attrs)
     outs = list(out) if op.multi_output else [out]
     saved = {f"out{j}": to_numpy(o.full_tensor()) for j, o in enumerate(outs)}
     if op.grad is None:
