@@ -290,10 +290,9 @@ def worker(steps: int) -> None:
         for pass_ in range(COLLECTIVE_PASSES):
             for g, gap in enumerate(GAP_GRID):
                 for size, partial in partials.items():
-                    if size == MESSAGE_BYTES[0]:
-                        samples[(size, g)].append(probe_gap.paired(partial, gap))
-                    elif pass_ < SIZE_PASSES:  # a large all-reduce takes ms itself: fewer repetitions
-                        samples[(size, g)].append(probe_gap.paired(partial, gap, period=5e-3))
+                    latency = size == MESSAGE_BYTES[0]
+                    if latency or pass_ < SIZE_PASSES:  # a large all-reduce takes ms itself: fewer passes and repetitions
+                        samples[(size, g)].append(probe_gap.paired(partial, gap, period=1e-3 if latency else 5e-3))
         for (size, g), values in samples.items():
             out[allreduce_key(n, g, size)] = max(statistics.median(values), 0.0)
     rows = comm.gather(out, root=0)

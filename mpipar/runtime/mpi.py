@@ -655,14 +655,10 @@ class MPICommunicator(OrderedCommunicator):
     def _recv(self, src: int, dst: int, shape: Shape, dtype: np.dtype, tag: int) -> Array:
         if dst != self.rank:
             raise RuntimeError(f"rank {self.rank} cannot receive on behalf of rank {dst} (recv {src} -> {dst})")
-        return self._recv_into(self._result(math.prod(shape), dtype).reshape(shape), src, dst, tag)
-
-    def _recv_into(self, buf: np.ndarray, src: int, dst: int, tag: int) -> np.ndarray:
-        """Receive the message ``src`` sent with ``tag`` into the host buffer ``buf``."""
+        buf = self._recv_buffer(shape, dtype)
         if type(buf) is not np.ndarray:  # the MPI wheel is not CUDA-aware: a device buffer would crash it
             raise TypeError(f"MPI receives into host (NumPy) memory; the buffer for the message from rank {src} "
                             f"(tag {tag}) is a {type(buf).__module__}.{type(buf).__name__}")
-        shape, dtype = buf.shape, buf.dtype
         self._reap()
         status = MPI.Status()
         req = self._rt.mailbox.Irecv([_bytes(buf), MPI.BYTE], source=src, tag=tag)
@@ -671,6 +667,10 @@ class MPICommunicator(OrderedCommunicator):
         _check_count(status, buf, src, dst, tag)
         self._reap()
         return buf
+
+    def _recv_buffer(self, shape: Shape, dtype: np.dtype) -> np.ndarray:
+        """The host buffer a point-to-point receive lands in (a result buffer here)."""
+        return self._result(math.prod(shape), dtype).reshape(shape)
 
     def _reap(self) -> None:
         """Forget sends that have completed (their buffers may go)."""

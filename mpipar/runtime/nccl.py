@@ -350,11 +350,12 @@ class NCCLCommunicator(MPICommunicator):
         super()._send(src, dst, self._cp.asnumpy(buf), tag)
 
     def _recv(self, src: int, dst: int, shape: Shape, dtype: np.dtype, tag: int) -> Array:
-        if dst != self.rank:
-            raise RuntimeError(f"rank {self.rank} cannot receive on behalf of rank {dst} (recv {src} -> {dst})")
-        # MPI moves host memory (the MPI wheel is not CUDA-aware): receive on the host, then copy
-        # to the device. ``_result`` would hand MPI a device buffer here, which it cannot write.
-        return self._cp.asarray(self._recv_into(np.empty(shape, dtype=dtype), src, dst, tag))
+        return self._cp.asarray(super()._recv(src, dst, shape, dtype, tag))
+
+    def _recv_buffer(self, shape: Shape, dtype: np.dtype) -> np.ndarray:
+        """A host buffer: MPI moves host memory (the MPI wheel is not CUDA-aware), and ``_result``
+        here would hand it a device buffer; ``_recv`` copies the message to the device after."""
+        return np.empty(shape, dtype=dtype)
 
 
 class _StreamAllReduce(Pending):
