@@ -15,8 +15,12 @@ the same process:
   on its own shards and the gradient (data parallel) or activation (tensor parallel) sums in
   rank order, with no framework. Splitting a GEMM eight ways costs time by itself (a data-
   parallel weight gradient contracts over 64 tokens per rank instead of 512, about half the
-  speed per FLOP here), so this is the baseline that isolates what dispatch, rules, reshard
-  planning and autograd add.
+  speed per FLOP here). In the data-parallel layout mpipar's simulator does less than this
+  and gets the same bits (``mpipar.ops.stacked_gemm``: one GEMM on the ranks' stacked rows
+  where they share the weight, and the weight gradients' rank-ordered sum a tile at a time
+  without writing the eight products), so it runs below 1x of it; ``MPIPAR_STACK_GEMMS=0``
+  turns that off, and then this baseline isolates what dispatch, rules, reshard planning and
+  autograd add.
 
 Each mpipar step also runs replayed (``dist.compile_step``: the decisions of the first step
 handed back by position). The four variants (dense, per-rank, eager, replayed) take turns: each
@@ -39,6 +43,7 @@ import numpy as np
 
 import mpipar as dist
 from mpipar.comm import reduce_arrays
+from mpipar.ops import stacked_gemm
 from simulator import SimBackend
 
 F = dist.nn.functional
@@ -146,8 +151,10 @@ def data_parallel_breakdown(
     """Where the data-parallel step's time goes beyond dense: each piece of ``numpy_step`` once on
     whole arrays and once as ``ranks`` per-rank pieces (plus the ordered sum of the weight
     gradients, by ``mpipar.comm.reduce_arrays`` as the simulator sums them), taking turns.
-    The row-split GEMMs are also run stacked (one GEMM on all rows, split afterwards), which this
-    BLAS may or may not compute bit for bit like the per-rank ones: that is printed, measured."""
+    Then what mpipar's step does instead (``mpipar.ops.stacked_gemm``), each against the
+    per-rank way and checked bit for bit here too: the row-split GEMMs as one GEMM on the
+    stacked rows, and each weight gradient's rank-ordered sum a tile at a time, without
+    writing the eight products."""
     rows = [slice(r[0], r[-1] + 1) for r in np.array_split(np.arange(x.shape[0]), ranks)]
     h = x @ w0  # (T, 4H)
     a = np.maximum(h, 0)
@@ -182,6 +189,17 @@ def data_parallel_breakdown(
         med = {k: median(v) for k, v in take_turns(variants, turns, rng, clock).items()}
         print(f"  {name}: one stacked GEMM {med['stacked'] * 1e3:.1f} ms against {med['ranks'] * 1e3:.1f} ms per rank; "
               f"bit for bit the per-rank result on this BLAS: {same}")
+    for name, (lhs, rhs) in {"a.T @ dz": (a, dz), "x.T @ dh": (x, dh)}.items():
+        pairs = [(lhs[r], rhs[r]) for r in rows]
+        summed = stacked_gemm.product_sum(pairs, True, False, lhs.dtype)  # what mpipar's data-parallel step does
+        same = summed is not None and np.array_equal(summed, reduce_arrays([lhs[r].T @ rhs[r] for r in rows], "sum"))
+        variants = {
+            "tiled": lambda p=pairs, d=lhs.dtype: stacked_gemm.product_sum(p, True, False, d),
+            "written": lambda lhs=lhs, rhs=rhs: reduce_arrays([lhs[r].T @ rhs[r] for r in rows], "sum"),
+        }
+        med = {k: median(v) for k, v in take_turns(variants, turns, rng, clock).items()}
+        print(f"  {name} summed over ranks: tile by tile {med['tiled'] * 1e3:.1f} ms against {med['written'] * 1e3:.1f} ms "
+              f"written and summed; bit for bit the rank-ordered sum on this BLAS: {same}")
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mpipar.deferred import Product, sum_products, written
 from mpipar.xp import array_module
 
 Array = Any  # numpy.ndarray or cupy.ndarray
@@ -510,6 +511,11 @@ def reduce_arrays(arrays: Sequence[Array], op: str, xp: Any = np) -> Array:
     chain), however the work is split. Large contiguous NumPy inputs are reduced block by
     block so each input is read once from memory instead of once per partial sum.
     """
+    if type(arrays[0]) is Product:  # a process hosting every rank defers their products
+        summed = sum_products(arrays, op)
+        if summed is not None:
+            return summed
+        arrays = written(arrays)
     first = xp.asarray(arrays[0])  # a NumPy scalar would not add in place
     if (
         xp is np

@@ -245,7 +245,7 @@ def _reshard_now(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
         if tr is not None:  # a captured step being traced: the plan's execution is an instruction
             shards = tr.reshard(plan, tensor, backend)
         else:
-            shards = execute_plan(plan, tensor._shards, tensor.dtype, backend)
+            shards = execute_plan(plan, tensor._plan_input(plan, backend), tensor.dtype, backend)
         out = Tensor._from_shards(dst, shards, tensor.dtype)
         if plan.steps:
             for hook in hooks.reshard_hooks:

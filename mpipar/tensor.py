@@ -90,6 +90,10 @@ class Tensor:
 
     _spec: DistSpec | None
     _shards: dict[int, Array]
+    _deferred: Any = None
+    """Shards not computed yet (``mpipar.deferred.DeferredShards``), set by ``ops.dispatch``
+    instead of ``_shards`` in a process hosting several ranks; ``_shards`` computes them on
+    first use, while the communicator may sum the deferred products without writing them."""
     _init: Callable[[tuple[int, ...], Any], Array] | None = None
     """A lazy value: ``init(shape, box)`` gives any box of it (counter-based initializers)."""
     _reshards: dict[DistSpec, tuple[int, Tensor]] | None = None
@@ -241,6 +245,36 @@ class Tensor:
         self._value = None
         self._hold_shards(spec, shards, dtype)
 
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when ordinary lookup fails: the shards of a tensor whose op deferred them
+        # (``mpipar.deferred``, a process hosting every rank) are computed on first use.
+        if name == "_shards":
+            deferred = self.__dict__.get("_deferred")
+            if deferred is not None:
+                shards = self.__dict__["_shards"] = deferred.shards()
+                return shards
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _deferred_shards(self) -> Any:
+        """The ``DeferredShards`` standing in for this tensor's shards while they are not yet
+        computed, else None."""
+        if "_shards" in self.__dict__:
+            return None
+        deferred = self.__dict__.get("_deferred")
+        return None if deferred is None or deferred.computed else deferred
+
+    def _plan_input(self, plan: Any, backend: Any) -> Mapping[int, Any]:
+        """What a reshard plan runs on: the shards, or, for a Partial sum whose op deferred its
+        products (``mpipar.deferred``) when the plan is one all-reduce(sum) and the
+        communicator takes products, the per-rank products, which it sums without writing."""
+        deferred = self._deferred_shards()
+        if deferred is None or len(plan.steps) != 1 or not getattr(backend.comm, "sums_deferred_products", False):
+            return self._shards
+        step = plan.steps[0]
+        if step.kind != "all_reduce" or (step.reduce_type or "sum") != "sum":
+            return self._shards
+        return deferred.products
+
     def _hold_shards(self, spec: DistSpec, shards: Mapping[int, Array], dtype: np.dtype) -> None:
         """Become the distributed tensor ``spec`` with these (frozen) local shards."""
         self._spec = spec
@@ -263,7 +297,12 @@ class Tensor:
         self._init = other._init
         self._sid = other._sid
         self._spec = other._spec
-        self._shards = other._shards
+        deferred = other._deferred_shards()
+        if deferred is not None:  # share the deferral rather than compute the shards now
+            self.__dict__.pop("_shards", None)
+            self._deferred = deferred
+        else:
+            self._shards = other._shards
         self._dense = other._dense
         self._dtype = other._dtype
         self._shape = other._shape
@@ -413,7 +452,8 @@ class Tensor:
         if replicated is spec:  # already whole on every rank of the mesh: nothing to plan or move
             shards = self._shards
         else:
-            shards = execute_plan(plan_reshard(spec, replicated), self._shards, self._dtype, backend)
+            plan = plan_reshard(spec, replicated)
+            shards = execute_plan(plan, self._plan_input(plan, backend), self._dtype, backend)
         value = next(iter(shards.values())) if shards else None
         world = backend.world_group()
         if not set(world) <= set(spec.mesh.process_ids):

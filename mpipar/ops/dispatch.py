@@ -28,10 +28,11 @@ import numpy as np
 from mpipar import capture_hooks, hooks, tape
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
+from mpipar.deferred import DeferredShards, Product
 from mpipar.distribute import _reshard, reshard_to
 from mpipar.mesh import ProcessMesh
 from mpipar.modes import Mode, execution_mode
-from mpipar.placement import Replicate
+from mpipar.placement import Partial, Replicate
 from mpipar.reshard.executor import freeze
 from mpipar.spec import Box, DistSpec, box_shape, full_box
 from mpipar.spmd import registry as spmd
@@ -91,6 +92,16 @@ class OpDef:
     volatile_attrs: tuple[str, ...] = ()
     """Attributes that change on every call and decide neither the rule nor the dtypes (dropout's
     random key): left out of the decision cache's key and the replay's check."""
+    all_pieces: Callable[[list[list[Any]], dict[str, Any]], list[Any] | None] | None = None
+    """``all_pieces(pieces, attrs)``: the kernel's results for several ranks' inputs at once, in
+    one process hosting them (the simulator), where one call is faster and gives the same bits
+    as a call per rank (matmul: one GEMM on the stacked rows); None to decline."""
+    product_sum: Callable[[Sequence[Any]], Any] | None = None
+    """``product_sum(products)``: the rank-ordered sum of several ranks' outputs
+    (``mpipar.deferred.Product``: their input arrays and attributes) without writing each,
+    bit for bit what summing the written outputs gives, or None to decline. Set on ops whose
+    kernel is a product (matmul): a Partial(sum) output is then deferred in a process hosting
+    several ranks, and its all-reduce sums the products in cache."""
 
     @cached_property
     def rule_name(self) -> str:
@@ -476,19 +487,52 @@ def _run_dist(
             used.append(_reshard_input(t, need[i], backend))
     if decision.out_specs is None:
         return _replicate_only_outputs(op, used, attrs, decision, mesh), used, decision.res
-    # Replicas holding the same arrays with the same boxes share one context: the kernel runs,
-    # and its outputs are normalised, checked and frozen, once per distinct piece.
+    alone = len(decision.ranks) == 1  # one hosted rank (MPI): nothing to share, no key to build
+    if not alone and op.product_sum is not None and _defers(op, decision):
+        return [_deferred_output(op, decision, used, attrs)], used, decision.res
+    together = None if alone or op.all_pieces is None else _all_pieces(op, decision, used, attrs)
+    per_rank = _kernel_outputs(op, decision, attrs, {r: [u._shards[r] for u in used] for r, _, _ in decision.ranks}, used, together)
+    outs = []
+    for j, (spec, dt) in enumerate(zip(decision.out_specs, decision.dtypes, strict=True)):
+        out = _output(spec, dt)
+        out._shards = {r: got[j] for r, got in per_rank.items()}
+        outs.append(out)
+    return outs, used, decision.res
+
+
+def _output(spec: DistSpec, dtype: np.dtype) -> Tensor:
+    out = Tensor.__new__(Tensor)
+    Tensor.__init__(out, None, dtype=dtype)  # a fresh storage id; the shards are frozen when made
+    out._spec = spec
+    out._shape = Shape(spec.shape)
+    out._reshards = {}  # a computed value: reshard it once (``mpipar.distribute.reshard``)
+    return out
+
+
+def _kernel_outputs(
+    op: OpDef,
+    decision: Decision,
+    attrs: dict[str, Any],
+    inputs: dict[int, list[Any]],
+    used: list[Tensor] | None,
+    together: dict[tuple[Any, ...], Any] | None = None,
+) -> dict[int, list[Any]]:
+    """Each hosted rank's outputs from its input arrays (``inputs``), normalised to the
+    decision's dtypes, checked against its shapes and frozen. Replicas holding the same arrays
+    with the same boxes share one context: the kernel runs once per distinct piece. ``used``
+    (the input tensors) is None for deferred shards, computed after their op's call: no
+    captured step's trace records them."""
     memo: dict[tuple[Any, ...], list[Any]] = {}
     per_rank: dict[int, list[Any]] = {}
     multi = op.multi_output
     dtypes = decision.dtypes
-    alone = len(decision.ranks) == 1  # one hosted rank (MPI): nothing to share, no key to build
+    alone = len(decision.ranks) == 1
     for r, shapes, ctx in decision.ranks:
-        arrays = [u._shards[r] for u in used]
+        arrays = inputs[r]
         key = () if alone else (tuple(map(id, arrays)), id(ctx))
         got = None if alone else memo.get(key)
         if got is None:
-            result = op.kernel(ctx, *arrays, **attrs)
+            result = op.kernel(ctx, *arrays, **attrs) if together is None else together[key]
             got = list(result) if multi else [result]
             for j, (arr, dt, shape) in enumerate(zip(got, dtypes, shapes, strict=True)):
                 if isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
@@ -496,28 +540,60 @@ def _run_dist(
                 if arr.dtype != dt:
                     arr = arr.astype(dt)
                 if arr.shape != shape:
-                    spec = decision.out_specs[j]
+                    spec = decision.out_specs[j]  # type: ignore[index]
                     raise AssertionError(
                         f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
                         f"{op.rule_name} says {list(shape)} ({spec})"
                     )
                 got[j] = freeze(arr)
             memo[key] = got
-            if capture_hooks.capture_tracers:  # a captured step being traced: this kernel call is an instruction
+            if capture_hooks.capture_tracers and used is not None:  # a captured step being traced: this kernel call is an instruction
                 tr = capture_hooks.capture_tracer()
                 if tr is not None:
                     tr.record_kernel(op, ctx, attrs, dtypes, used, r, arrays, got, raw=result)
         per_rank[r] = got
-    outs = []
-    for j, (spec, dt) in enumerate(zip(decision.out_specs, dtypes, strict=True)):
-        out = Tensor.__new__(Tensor)
-        Tensor.__init__(out, None, dtype=dt)  # a fresh storage id; the shards are frozen above
-        out._spec = spec
-        out._shards = {r: got[j] for r, got in per_rank.items()}
-        out._shape = Shape(spec.shape)
-        out._reshards = {}  # a computed value: reshard it once (``mpipar.distribute.reshard``)
-        outs.append(out)
-    return outs, used, decision.res
+    return per_rank
+
+
+def _defers(op: OpDef, decision: Decision) -> bool:
+    """Defer this call's output (``mpipar.deferred``)? Its one output is a Partial sum, which
+    is usually all-reduced next, and no captured step is being traced (it records kernels)."""
+    if op.multi_output or capture_hooks.capture_tracers or decision.out_specs is None:
+        return False
+    return any(isinstance(p, Partial) and p.reduce_type == "sum" for p in decision.out_specs[0].placements)
+
+
+def _deferred_output(op: OpDef, decision: Decision, used: list[Tensor], attrs: dict[str, Any]) -> Tensor:
+    """The output tensor with its shards deferred: the operands are taken now (arrays are
+    values), the kernel runs when the shards are first asked for, and each rank's ``Product``
+    lets a communicator sum them without writing them."""
+    inputs = {r: [u._shards[r] for u in used] for r, _, _ in decision.ranks}
+    deferred = DeferredShards(lambda: {r: got[0] for r, got in _kernel_outputs(op, decision, attrs, inputs, None).items()})
+    assert op.product_sum is not None
+    dtype = decision.dtypes[0]
+    deferred.products = {
+        r: Product(tuple(inputs[r]), attrs, shapes[0], dtype, op.product_sum, deferred, r) for r, shapes, _ in decision.ranks
+    }
+    out = _output(decision.out_specs[0], dtype)  # type: ignore[index]
+    del out.__dict__["_shards"]
+    out._deferred = deferred
+    return out
+
+
+def _all_pieces(op: OpDef, decision: Decision, used: list[Tensor], attrs: dict[str, Any]) -> dict[tuple[Any, ...], Any] | None:
+    """The kernel's result per distinct piece (``_run_dist``'s key) from one ``op.all_pieces``
+    call, or None (declined, one piece only, or a captured step being traced, which records
+    one instruction per piece)."""
+    if capture_hooks.capture_tracers:
+        return None
+    pieces: dict[tuple[Any, ...], list[Any]] = {}
+    for r, _, ctx in decision.ranks:
+        arrays = [u._shards[r] for u in used]
+        pieces.setdefault((tuple(map(id, arrays)), id(ctx)), arrays)
+    if len(pieces) < 2:
+        return None
+    results = op.all_pieces(list(pieces.values()), attrs)  # type: ignore[misc]
+    return None if results is None else dict(zip(pieces, results, strict=True))
 
 
 def _replicate_only_outputs(op: OpDef, used: list[Tensor], attrs: dict[str, Any], decision: Decision, mesh: ProcessMesh) -> list[Tensor]:

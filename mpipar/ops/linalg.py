@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from mpipar.deferred import Product
+from mpipar.ops import stacked_gemm
 from mpipar.ops.creation import _pair
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
 from mpipar.ops.manipulation import reduce_to_shape, squeeze, unsqueeze
@@ -47,7 +50,25 @@ def _samples(rng: Any) -> list[tuple[list[Any], dict[str, Any]]]:
     ]
 
 
-register_op(OpDef("matmul", _matmul_kernel, _matmul_grad, sample=_samples))
+def _matmul_all_pieces(pieces: list[list[Array]], attrs: dict[str, Any]) -> list[Array] | None:
+    """Ranks multiplying their own rows by one shared ``y`` (data parallel): one GEMM."""
+    y = pieces[0][1]
+    if attrs.get("trans_x") or any(p[1] is not y for p in pieces):
+        return None
+    return stacked_gemm.stacked_matmul([p[0] for p in pieces], y, bool(attrs.get("trans_y")))
+
+
+def _matmul_product_sum(products: Sequence[Product]) -> Array | None:
+    """The ranks' products summed in rank order a row tile at a time (data-parallel weight
+    gradients: ``x_r.T @ g_r``), never written whole."""
+    attrs = products[0].attrs
+    pairs = [(p.operands[0], p.operands[1]) for p in products]
+    return stacked_gemm.product_sum(pairs, bool(attrs.get("trans_x")), bool(attrs.get("trans_y")), products[0].dtype)
+
+
+register_op(
+    OpDef("matmul", _matmul_kernel, _matmul_grad, sample=_samples, all_pieces=_matmul_all_pieces, product_sum=_matmul_product_sum)
+)
 
 
 def matmul(x: Any, y: Any, transpose_x: bool = False, transpose_y: bool = False, name: str | None = None) -> Tensor:
