@@ -18,6 +18,7 @@ array) the kernel runs once on whole arrays: the one-big-device oracle runs the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -487,15 +488,19 @@ def _run_dist(
             used.append(_reshard_input(t, need[i], backend))
     if decision.out_specs is None:
         return _replicate_only_outputs(op, used, attrs, decision, mesh), used, decision.res
-    alone = len(decision.ranks) == 1  # one hosted rank (MPI): nothing to share, no key to build
-    if not alone and op.product_sum is not None and _defers(op, decision):
+    # Several hosted ranks (the simulator): a product's Partial output may be deferred. (Under
+    # MPI a process hosts one rank of the mesh, or none when the op is another stage's.)
+    if len(decision.ranks) > 1 and op.product_sum is not None and _defers(op, decision):
         return [_deferred_output(op, decision, used, attrs)], used, decision.res
-    together = None if alone or op.all_pieces is None else _all_pieces(op, decision, used, attrs)
-    per_rank = _kernel_outputs(op, decision, attrs, {r: [u._shards[r] for u in used] for r, _, _ in decision.ranks}, used, together)
+    per_rank = _kernel_outputs(op, decision, attrs, None, used)
     outs = []
     for j, (spec, dt) in enumerate(zip(decision.out_specs, decision.dtypes, strict=True)):
-        out = _output(spec, dt)
+        out = Tensor.__new__(Tensor)
+        Tensor.__init__(out, None, dtype=dt)  # a fresh storage id; the shards are frozen when made
+        out._spec = spec
         out._shards = {r: got[j] for r, got in per_rank.items()}
+        out._shape = Shape(spec.shape)
+        out._reshards = {}  # a computed value: reshard it once (``mpipar.distribute.reshard``)
         outs.append(out)
     return outs, used, decision.res
 
@@ -513,23 +518,31 @@ def _kernel_outputs(
     op: OpDef,
     decision: Decision,
     attrs: dict[str, Any],
-    inputs: dict[int, list[Any]],
-    used: list[Tensor] | None,
-    together: dict[tuple[Any, ...], Any] | None = None,
+    inputs: dict[int, list[Any]] | None,
+    used: list[Tensor],
 ) -> dict[int, list[Any]]:
-    """Each hosted rank's outputs from its input arrays (``inputs``), normalised to the
-    decision's dtypes, checked against its shapes and frozen. Replicas holding the same arrays
-    with the same boxes share one context: the kernel runs once per distinct piece. ``used``
-    (the input tensors) is None for deferred shards, computed after their op's call: no
-    captured step's trace records them."""
+    """Each hosted rank's outputs from its input arrays (``inputs``, else the shards of
+    ``used``), normalised to the decision's dtypes, checked against its shapes and frozen.
+    Replicas holding the same arrays with the same boxes share one context: the kernel runs
+    once per distinct piece. Deferred shards (``inputs`` given: computed after their op's
+    call) are recorded by no captured step's trace.
+
+    Where the op computes several pieces at once (``OpDef.all_pieces``: one stacked GEMM), it
+    does, unless a captured step is being traced (it records one instruction per piece)."""
     memo: dict[tuple[Any, ...], list[Any]] = {}
     per_rank: dict[int, list[Any]] = {}
     multi = op.multi_output
     dtypes = decision.dtypes
-    alone = len(decision.ranks) == 1
-    for r, shapes, ctx in decision.ranks:
-        arrays = inputs[r]
-        key = () if alone else (tuple(map(id, arrays)), id(ctx))
+    alone = len(decision.ranks) == 1  # one hosted rank (MPI): nothing to share, no key to build
+    together = calls = None
+    if len(decision.ranks) > 1 and op.all_pieces is not None and not capture_hooks.capture_tracers:
+        calls, together = _all_pieces(op, decision, inputs, used, attrs)
+    for i, (r, shapes, ctx) in enumerate(decision.ranks):
+        if calls is None:
+            arrays = [u._shards[r] for u in used] if inputs is None else inputs[r]
+            key = () if alone else (tuple(map(id, arrays)), id(ctx))
+        else:
+            arrays, key = calls[i]
         got = None if alone else memo.get(key)
         if got is None:
             result = op.kernel(ctx, *arrays, **attrs) if together is None else together[key]
@@ -547,7 +560,7 @@ def _kernel_outputs(
                     )
                 got[j] = freeze(arr)
             memo[key] = got
-            if capture_hooks.capture_tracers and used is not None:  # a captured step being traced: this kernel call is an instruction
+            if capture_hooks.capture_tracers and inputs is None:  # a captured step being traced: this kernel call is an instruction
                 tr = capture_hooks.capture_tracer()
                 if tr is not None:
                     tr.record_kernel(op, ctx, attrs, dtypes, used, r, arrays, got, raw=result)
@@ -555,10 +568,37 @@ def _kernel_outputs(
     return per_rank
 
 
+_DEFER_ELEMENTS = 1 << 16
+"""Outputs smaller than this per rank are written as usual: deferring costs a few tens of
+microseconds, about what writing and re-reading 64 Ki elements per rank costs."""
+
+
+def _all_pieces(
+    op: OpDef, decision: Decision, inputs: dict[int, list[Any]] | None, used: list[Tensor], attrs: dict[str, Any]
+) -> tuple[list[tuple[list[Any], tuple[Any, ...]]], dict[tuple[Any, ...], Any] | None]:
+    """Each rank's input arrays and piece key (as ``_kernel_outputs`` builds them), and the
+    kernel's result per distinct piece from one ``op.all_pieces`` call, or None (declined, or
+    one piece only)."""
+    calls = []
+    pieces: dict[tuple[Any, ...], list[Any]] = {}
+    for r, _, ctx in decision.ranks:
+        arrays = [u._shards[r] for u in used] if inputs is None else inputs[r]
+        key = (tuple(map(id, arrays)), id(ctx))
+        calls.append((arrays, key))
+        pieces.setdefault(key, arrays)
+    if len(pieces) < 2:
+        return calls, None
+    results = op.all_pieces(list(pieces.values()), attrs)  # type: ignore[misc]
+    return calls, None if results is None else dict(zip(pieces, results, strict=True))
+
+
 def _defers(op: OpDef, decision: Decision) -> bool:
     """Defer this call's output (``mpipar.deferred``)? Its one output is a Partial sum, which
-    is usually all-reduced next, and no captured step is being traced (it records kernels)."""
+    is usually all-reduced next, large enough to be worth it, and no captured step is being
+    traced (it records kernels)."""
     if op.multi_output or capture_hooks.capture_tracers or decision.out_specs is None:
+        return False
+    if math.prod(decision.ranks[0][1][0]) < _DEFER_ELEMENTS:
         return False
     return any(isinstance(p, Partial) and p.reduce_type == "sum" for p in decision.out_specs[0].placements)
 
@@ -568,7 +608,7 @@ def _deferred_output(op: OpDef, decision: Decision, used: list[Tensor], attrs: d
     values), the kernel runs when the shards are first asked for, and each rank's ``Product``
     lets a communicator sum them without writing them."""
     inputs = {r: [u._shards[r] for u in used] for r, _, _ in decision.ranks}
-    deferred = DeferredShards(lambda: {r: got[0] for r, got in _kernel_outputs(op, decision, attrs, inputs, None).items()})
+    deferred = DeferredShards(lambda: {r: got[0] for r, got in _kernel_outputs(op, decision, attrs, inputs, []).items()})
     assert op.product_sum is not None
     dtype = decision.dtypes[0]
     deferred.products = {
@@ -578,22 +618,6 @@ def _deferred_output(op: OpDef, decision: Decision, used: list[Tensor], attrs: d
     del out.__dict__["_shards"]
     out._deferred = deferred
     return out
-
-
-def _all_pieces(op: OpDef, decision: Decision, used: list[Tensor], attrs: dict[str, Any]) -> dict[tuple[Any, ...], Any] | None:
-    """The kernel's result per distinct piece (``_run_dist``'s key) from one ``op.all_pieces``
-    call, or None (declined, one piece only, or a captured step being traced, which records
-    one instruction per piece)."""
-    if capture_hooks.capture_tracers:
-        return None
-    pieces: dict[tuple[Any, ...], list[Any]] = {}
-    for r, _, ctx in decision.ranks:
-        arrays = [u._shards[r] for u in used]
-        pieces.setdefault((tuple(map(id, arrays)), id(ctx)), arrays)
-    if len(pieces) < 2:
-        return None
-    results = op.all_pieces(list(pieces.values()), attrs)  # type: ignore[misc]
-    return None if results is None else dict(zip(pieces, results, strict=True))
 
 
 def _replicate_only_outputs(op: OpDef, used: list[Tensor], attrs: dict[str, Any], decision: Decision, mesh: ProcessMesh) -> list[Tensor]:

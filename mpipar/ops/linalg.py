@@ -53,7 +53,7 @@ def _samples(rng: Any) -> list[tuple[list[Any], dict[str, Any]]]:
 def _matmul_all_pieces(pieces: list[list[Array]], attrs: dict[str, Any]) -> list[Array] | None:
     """Ranks multiplying their own rows by one shared ``y`` (data parallel): one GEMM."""
     y = pieces[0][1]
-    if attrs.get("trans_x") or any(p[1] is not y for p in pieces):
+    if getattr(y, "size", 0) < stacked_gemm.STACK_ELEMENTS or attrs.get("trans_x") or any(p[1] is not y for p in pieces):
         return None
     return stacked_gemm.stacked_matmul([p[0] for p in pieces], y, bool(attrs.get("trans_y")))
 

@@ -11,17 +11,21 @@ The results must stay those of the per-rank calls bit for bit: the MPI runtime c
 rank's rows on their own, and the simulator promises the same bytes. A GEMM's element
 ``(i, j)`` is row ``i`` of ``x`` against column ``j`` of ``y``, accumulated in the order the
 BLAS kernel walks the shared dimension; OpenBLAS splits the rows and columns among blocks and
-threads but never that dimension, so a row's result does not depend on the rows beside it.
-That is a property of one BLAS library's GEMM, not a promise of every one, so:
+threads but never that dimension, so a row's result usually does not depend on the rows
+beside it. That is a property of one BLAS library's GEMM, not a promise of every one, so:
 
 * only GEMMs are combined: NumPy hands a product with one row or one column to GEMV, whose
-  kernels treat a block of rows and the leftover rows differently (seen: a 5-row GEMV's last
-  row differs from the same row computed in a 2-row call), and ``a @ a.T`` on one buffer to
+  kernels treat a block of rows and the leftover rows differently (seen: a row of a 5-row
+  GEMV differs from the same row computed in a 2-row one), and ``a @ a.T`` on one buffer to
   SYRK; such calls, and operands that share memory, are left alone;
-* it is *checked* for each signature before it is relied on: operands of exactly the call's
-  shapes, strides and dtypes, filled with values of widely spread magnitudes (so that any
-  other order of additions shows in the last bits), computed both ways twice, must give equal
-  bytes; otherwise the ranks keep one call each.
+* even GEMMs differ: with OpenBLAS 0.3.31 (NumPy's wheel, Haswell kernels), 8-row float64
+  pieces at k=512 give other bits alone than inside a 64-row call (16-row pieces, or k=257,
+  do not), probably because calls that small take its small-matrix path, which sums k in one
+  pass where the blocked path sums two blocks of 256. So it is *checked* for each signature
+  before it is relied on: operands of exactly the call's shapes, strides and dtypes, filled
+  with values of widely spread magnitudes (so that any other order of additions shows in the
+  last bits), computed both ways twice, must give equal bytes; otherwise the ranks keep one
+  call each.
 
 ``MPIPAR_STACK_GEMMS=0`` turns both shortcuts off (the data-parallel weight gradients' sums,
 ``product_sum`` below, too).
@@ -40,6 +44,10 @@ from mpipar.comm import reduce_arrays
 Array = Any
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+STACK_ELEMENTS = 1 << 16
+"""A shared operand smaller than this is multiplied per rank: each call packs it again, which
+for fewer elements costs less than the checks and the stacking copy (tens of microseconds)."""
 
 _VERIFIED: dict[tuple[Any, ...], bool] = {}
 """Signature -> did one stacked GEMM equal the per-rank GEMMs bit for bit."""
@@ -102,10 +110,13 @@ def stacked_matmul(xs: Sequence[Array], y: Array, trans_y: bool) -> list[np.ndar
     """``[x @ y for x in xs]`` (``y`` transposed when ``trans_y``) as one GEMM on the stacked
     rows, returned as row views of its result; None when it is not checked to give the same
     bits or the operands do not fit (not 2-d float NumPy arrays of one dtype, a piece of one
-    row, ``y`` of one column, shared memory, fewer than two pieces). The check runs once per
+    row, ``y`` of one column or under ``STACK_ELEMENTS``, shared memory, fewer than two
+    pieces). The check runs once per
     signature: the pieces' and ``y``'s shapes, strides and dtypes, which decide how NumPy
     calls BLAS."""
-    if len(xs) < 2 or not enabled() or type(y) is not np.ndarray or y.ndim != 2 or y.dtype not in _FLOATS:
+    if len(xs) < 2 or type(y) is not np.ndarray or y.size < STACK_ELEMENTS or y.ndim != 2 or y.dtype not in _FLOATS:
+        return None
+    if not enabled():
         return None
     k, n = (y.shape[1], y.shape[0]) if trans_y else y.shape
     first = xs[0]
