@@ -49,7 +49,9 @@ class DeferredShards:
         if self._shards is None:
             assert self._compute is not None
             self._shards = self._compute()
-            self._compute = None  # drop the captured operands' other references
+            # Written out: the operands need not stay alive for as long as the tensor does.
+            self._compute = None
+            self.products = {}
         return self._shards
 
 
