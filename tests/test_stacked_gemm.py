@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mpi_scripts.dp_mlp_digest import digests
+from mpi_scripts.launch import mpirun
 
 import mpipar as dist
 from mpipar import deferred
@@ -208,3 +210,31 @@ def test_a_refusing_check_keeps_one_call_per_rank(monkeypatch: pytest.MonkeyPatc
     monkeypatch.undo()
     plain = _mlp_step(monkeypatch, stack=False)
     assert np.array_equal(refused["dw0"], plain["dw0"]) and np.array_equal(refused["dw1"], plain["dw1"])  # type: ignore[arg-type]
+
+
+@pytest.mark.mpi
+def test_the_shortcuts_give_the_bits_of_the_mpi_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``mpiexec -n 4`` each rank multiplies its own 128 rows and the gradients are summed
+    over MPI; the simulator, taking both shortcuts (counted), prints the same digests."""
+    taken = {"stacked": 0, "summed": 0}
+    stacked, summed = stacked_gemm.stacked_matmul, stacked_gemm.product_sum
+
+    def count_stacked(*args: object) -> object:
+        out = stacked(*args)  # type: ignore[arg-type]
+        taken["stacked"] += out is not None
+        return out
+
+    def count_summed(*args: object) -> object:
+        out = summed(*args)  # type: ignore[arg-type]
+        taken["summed"] += out is not None
+        return out
+
+    monkeypatch.setattr(stacked_gemm, "stacked_matmul", count_stacked)
+    monkeypatch.setattr(stacked_gemm, "product_sum", count_summed)
+    dist.set_backend(SimBackend(4))
+    sim = digests(4)
+    assert taken == {"stacked": 6, "summed": 4}  # per dtype: 3 GEMMs stacked, 2 gradients summed
+    run = mpirun(4, "tests/mpi_scripts/dp_mlp_digest.py", timeout=300)
+    assert run.returncode == 0, run.output[-4000:]
+    got = dict(line.split()[1:] for line in run.lines_of(0) if line.startswith("digest "))
+    assert got == sim
