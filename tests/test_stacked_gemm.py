@@ -36,6 +36,7 @@ def _operand(rng: np.random.Generator, shape: tuple[int, int], dtype: type, layo
 
 
 LAYOUTS = st.sampled_from(["C", "F", "slice", "broadcast"])
+FLOATS = {"dtype": st.sampled_from([np.float32, np.float64]), "seed": st.integers(0, 2**16)}
 
 
 @settings(max_examples=40, deadline=None)
@@ -43,11 +44,10 @@ LAYOUTS = st.sampled_from(["C", "F", "slice", "broadcast"])
     rows=st.lists(st.integers(0, 40), min_size=2, max_size=6),
     k=st.integers(1, 70),
     n=st.integers(1, 90),
-    dtype=st.sampled_from([np.float32, np.float64]),
     trans_y=st.booleans(),
     x_layout=LAYOUTS,
     y_layout=st.sampled_from(["C", "F", "slice"]),
-    seed=st.integers(0, 2**16),
+    **FLOATS,
 )
 def test_stacked_matmul_gives_each_ranks_bits(
     rows: list[int], k: int, n: int, dtype: type, trans_y: bool, x_layout: str, y_layout: str, seed: int
@@ -80,13 +80,12 @@ def _signature(xs: list[np.ndarray], y: np.ndarray, trans_y: bool) -> tuple[obje
     ks=st.lists(st.integers(0, 30), min_size=2, max_size=6),
     m=st.integers(1, 60),
     n=st.integers(1, 60),
-    dtype=st.sampled_from([np.float32, np.float64]),
     trans_x=st.booleans(),
     trans_y=st.booleans(),
     x_layout=LAYOUTS,
     y_layout=LAYOUTS,
     tile_bytes=st.sampled_from([8, 200, 1 << 19]),
-    seed=st.integers(0, 2**16),
+    **FLOATS,
 )
 def test_product_sum_is_the_rank_ordered_sum_of_the_written_products(
     ks: list[int], m: int, n: int, dtype: type, trans_x: bool, trans_y: bool, x_layout: str, y_layout: str,
@@ -128,7 +127,8 @@ def _mlp_step(monkeypatch: pytest.MonkeyPatch, stack: bool, hidden: int = 256, t
     return {"loss": float(loss), "dw0": w0.grad.full_tensor(), "dw1": w1.grad.full_tensor(), "events": events}
 
 
-def test_data_parallel_step_takes_both_shortcuts_with_the_per_rank_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+def _count_shortcuts(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counters, live: GEMMs stacked, Partial products summed by tiles, deferred products written."""
     calls = {"stacked": 0, "summed": 0, "written": 0}
     stacked, summed, written = stacked_gemm.stacked_matmul, stacked_gemm.product_sum, deferred.DeferredShards.shards
 
@@ -149,6 +149,11 @@ def test_data_parallel_step_takes_both_shortcuts_with_the_per_rank_bits(monkeypa
     monkeypatch.setattr(stacked_gemm, "stacked_matmul", count_stacked)
     monkeypatch.setattr(stacked_gemm, "product_sum", count_summed)
     monkeypatch.setattr(deferred.DeferredShards, "shards", count_written)
+    return calls
+
+
+def test_data_parallel_step_takes_both_shortcuts_with_the_per_rank_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_shortcuts(monkeypatch)
     fast = _mlp_step(monkeypatch, stack=True)
     # Forward x @ w0 and h @ w1, backward's input gradient: one GEMM each; both weight
     # gradients summed without writing the eight products. (The checks pass on the OpenBLAS
@@ -216,24 +221,10 @@ def test_a_refusing_check_keeps_one_call_per_rank(monkeypatch: pytest.MonkeyPatc
 def test_the_shortcuts_give_the_bits_of_the_mpi_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under ``mpiexec -n 4`` each rank multiplies its own 128 rows and the gradients are summed
     over MPI; the simulator, taking both shortcuts (counted), prints the same digests."""
-    taken = {"stacked": 0, "summed": 0}
-    stacked, summed = stacked_gemm.stacked_matmul, stacked_gemm.product_sum
-
-    def count_stacked(*args: object) -> object:
-        out = stacked(*args)  # type: ignore[arg-type]
-        taken["stacked"] += out is not None
-        return out
-
-    def count_summed(*args: object) -> object:
-        out = summed(*args)  # type: ignore[arg-type]
-        taken["summed"] += out is not None
-        return out
-
-    monkeypatch.setattr(stacked_gemm, "stacked_matmul", count_stacked)
-    monkeypatch.setattr(stacked_gemm, "product_sum", count_summed)
+    taken = _count_shortcuts(monkeypatch)
     dist.set_backend(SimBackend(4))
     sim = digests(4)
-    assert taken == {"stacked": 6, "summed": 4}  # per dtype: 3 GEMMs stacked, 2 gradients summed
+    assert taken == {"stacked": 6, "summed": 4, "written": 0}  # per dtype: 3 GEMMs stacked, 2 gradients summed
     run = mpirun(4, "tests/mpi_scripts/dp_mlp_digest.py", timeout=300)
     assert run.returncode == 0, run.output[-4000:]
     got = dict(line.split()[1:] for line in run.lines_of(0) if line.startswith("digest "))
