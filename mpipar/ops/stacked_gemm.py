@@ -142,7 +142,7 @@ def _tile(extent: int, line_bytes: int) -> int:
     """Rows (or columns) per tile: as many as fit ``_TILE_BYTES``, at least 2, and never a
     last tile of one (a one-row product would go to GEMV)."""
     size = max(2, min(extent, _TILE_BYTES // max(1, line_bytes)))
-    if extent % size == 1:
+    while extent % size == 1 and size < extent:
         size += 1
     return size
 
