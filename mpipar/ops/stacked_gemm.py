@@ -27,8 +27,10 @@ beside it. That is a property of one BLAS library's GEMM, not a promise of every
   last bits), computed both ways twice, must give equal bytes; otherwise the ranks keep one
   call each.
 
-``MPIPAR_STACK_GEMMS=0`` turns both shortcuts off (the data-parallel weight gradients' sums,
-``product_sum`` below, too).
+The check sees shapes, strides and dtypes, not addresses: a BLAS whose results depend on the
+data's alignment (MKL outside its conditional-reproducibility mode) could pass it and still
+differ on real arrays. There, ``MPIPAR_STACK_GEMMS=0`` turns both shortcuts off (the
+data-parallel weight gradients' sums, ``product_sum`` below, too).
 """
 
 from __future__ import annotations
