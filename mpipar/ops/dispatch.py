@@ -495,17 +495,14 @@ def _run_dist(
     per_rank = _kernel_outputs(op, decision, attrs, None, used)
     outs = []
     for j, (spec, dt) in enumerate(zip(decision.out_specs, decision.dtypes, strict=True)):
-        out = Tensor.__new__(Tensor)
-        Tensor.__init__(out, None, dtype=dt)  # a fresh storage id; the shards are frozen when made
-        out._spec = spec
+        out = _output(spec, dt)
         out._shards = {r: got[j] for r, got in per_rank.items()}
-        out._shape = Shape(spec.shape)
-        out._reshards = {}  # a computed value: reshard it once (``mpipar.distribute.reshard``)
         outs.append(out)
     return outs, used, decision.res
 
 
 def _output(spec: DistSpec, dtype: np.dtype) -> Tensor:
+    """An op's output tensor with this layout and dtype; the caller gives it its shards."""
     out = Tensor.__new__(Tensor)
     Tensor.__init__(out, None, dtype=dtype)  # a fresh storage id; the shards are frozen when made
     out._spec = spec

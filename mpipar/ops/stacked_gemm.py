@@ -159,18 +159,15 @@ def _tiled_sum(lhs: Sequence[np.ndarray], rhs: Sequence[np.ndarray], dtype: np.d
     as NumPy would copy it for every call."""
     lhs = [a if a.flags.c_contiguous or a.flags.f_contiguous else np.ascontiguousarray(a) for a in lhs]
     rhs = [b if b.flags.c_contiguous or b.flags.f_contiguous else np.ascontiguousarray(b) for b in rhs]
+    pairs = list(zip(lhs, rhs, strict=True))
     m, n = lhs[0].shape[0], rhs[0].shape[1]
     out = np.empty((m, n), dtype)
     if n <= m:
         rows = _tile(m, n * dtype.itemsize)
         buf = np.empty((rows, n), dtype)
         for start in range(0, m, rows):
-            acc = out[start : start + rows]
-            tile = buf[: acc.shape[0]]
-            np.matmul(lhs[0][start : start + rows], rhs[0], out=acc)
-            for left, right in zip(lhs[1:], rhs[1:], strict=True):
-                np.matmul(left[start : start + rows], right, out=tile)
-                np.add(acc, tile, out=acc)
+            acc = out[start : start + rows]  # a row tile of the result is contiguous: summed in place
+            _sum_products(acc, buf[: acc.shape[0]], [(a[start : start + rows], b) for a, b in pairs])
         return out
     cols = _tile(n, m * dtype.itemsize)
     buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -178,13 +175,19 @@ def _tiled_sum(lhs: Sequence[np.ndarray], rhs: Sequence[np.ndarray], dtype: np.d
         width = min(cols, n - start)
         if width not in buffers:
             buffers[width] = (np.empty((m, width), dtype), np.empty((m, width), dtype))
-        acc, tile = buffers[width]
-        np.matmul(lhs[0], rhs[0][:, start : start + width], out=acc)
-        for left, right in zip(lhs[1:], rhs[1:], strict=True):
-            np.matmul(left, right[:, start : start + width], out=tile)
-            np.add(acc, tile, out=acc)
+        acc, tile = buffers[width]  # a column tile is not: summed in a buffer, then copied out
+        _sum_products(acc, tile, [(a, b[:, start : start + width]) for a, b in pairs])
         out[:, start : start + width] = acc
     return out
+
+
+def _sum_products(acc: np.ndarray, tile: np.ndarray, pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+    """``acc`` = ``((p0 + p1) + p2) + ...`` of the products of ``pairs``, each written to ``tile``
+    and added while it is in cache (the first straight into ``acc``)."""
+    np.matmul(pairs[0][0], pairs[0][1], out=acc)
+    for left, right in pairs[1:]:
+        np.matmul(left, right, out=tile)
+        np.add(acc, tile, out=acc)
 
 
 def _tiled_sum_equals_reduction(lhs: Sequence[np.ndarray], rhs: Sequence[np.ndarray], dtype: np.dtype) -> bool:
