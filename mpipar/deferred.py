@@ -73,10 +73,6 @@ class Product:
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
     def array(self) -> Array:
         """This rank's product, written out (all ranks' are computed together)."""
         return self.owner.shards()[self.rank]
