@@ -171,9 +171,10 @@ def test_data_parallel_step_takes_both_shortcuts_with_the_per_rank_bits(monkeypa
 
 
 def test_a_deferred_partial_is_written_out_for_any_other_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Row-parallel matmul: its Partial output is deferred; adding it to itself (Partial + Partial
-    stays Partial), taking a local shard or detaching it writes the products out as the kernel
-    would have, and every route reaches the dense value."""
+    """Row-parallel matmul: its Partial output is deferred, and a detached view shares the
+    deferral; adding it to itself (Partial + Partial stays Partial) writes the products out once,
+    for both, as the kernel would have; a fresh one is summed while deferred by ``full_tensor``;
+    every route reaches the sum of the per-rank products."""
     monkeypatch.setattr(dispatch, "_DEFER_ELEMENTS", 1)  # small outputs too
     dist.set_backend(SimBackend(4))
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["mp"])
