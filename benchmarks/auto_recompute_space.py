@@ -27,12 +27,23 @@ from simulator.step_trace import GPTShape
 TINY = GPTShape(4, 16, 2, 16, 128, 1, 0.1)
 
 
-def timed(world: int, limit: int, recomputes: tuple[str, ...], drop_dominated: bool) -> tuple[float, float, SearchResult]:
+def timed(
+    world: int, limit: int, recomputes: tuple[str, ...], drop_dominated: bool
+) -> tuple[float, float, SearchResult]:
     hw = load_profile("cpu-local")
     cpu, started = time.process_time(), time.perf_counter()
     with dist.use_backend(ShapeOnlyBackend()):
-        result = search(TINY, world, 8, hw, memory_limit=limit, top_k=2, mixed_precision=False,
-                        recomputes=recomputes, drop_dominated=drop_dominated)
+        result = search(
+            TINY,
+            world,
+            8,
+            hw,
+            memory_limit=limit,
+            top_k=2,
+            mixed_precision=False,
+            recomputes=recomputes,
+            drop_dominated=drop_dominated,
+        )
     return time.process_time() - cpu, time.perf_counter() - started, result
 
 
@@ -45,15 +56,23 @@ def main() -> None:
     print(f"--tiny GPT on {args.world} ranks, batch 8, cpu-local, memory limit {limit:,} bytes per rank")
     timed(args.world, limit, ("none",), False)  # warm-up
     base = None
-    for name, rcs, dominated in (("none only", ("none",), False), ("all, dominated dropped", RECOMPUTES, True),
-                                 ("all, every candidate", RECOMPUTES, False)):
+    for name, rcs, dominated in (
+        ("none only", ("none",), False),
+        ("all, dominated dropped", RECOMPUTES, True),
+        ("all, every candidate", RECOMPUTES, False),
+    ):
         seconds, wall, result = timed(args.world, limit, rcs, dominated)
         base = base or seconds
         best = result.ranked[0].strategy if result.ranked else None
-        what = (f"dp={best.dp},tp={best.tp},pp={best.pp} recompute {best.recompute} zero {best.zero}" if best
-                else "nothing fits")
-        print(f"  {name:<24} {seconds:6.2f} s CPU ({wall:6.2f} s wall)  ratio {seconds / base:5.2f}  {result.enumerated:4d} candidates, "
-              f"{result.priced:3d} priced; best: {what}")
+        what = (
+            f"dp={best.dp},tp={best.tp},pp={best.pp} recompute {best.recompute} zero {best.zero}"
+            if best
+            else "nothing fits"
+        )
+        print(
+            f"  {name:<24} {seconds:6.2f} s CPU ({wall:6.2f} s wall)  ratio {seconds / base:5.2f}  {result.enumerated:4d} candidates, "
+            f"{result.priced:3d} priced; best: {what}"
+        )
 
 
 if __name__ == "__main__":

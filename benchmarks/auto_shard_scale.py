@@ -43,7 +43,9 @@ def mlp_case(depth: int) -> tuple[Any, tuple[Tensor, ...], Callable[..., Tensor]
 def run(name: str, sizes: list[int], case: Callable[[int], tuple[Any, tuple[Tensor, ...], Any]]) -> None:
     mesh = dist.ProcessMesh(np.arange(2).reshape(1, 2), dim_names=["dp", "tp"])
     print(f"{name}:")
-    print(f"  {'layers':>6} {'units':>5} {'chain':>5} {'traces':>6} {'rounds':>6} {'seconds':>8} {'s/trace':>8} {'ratio':>6}  3**units")
+    print(
+        f"  {'layers':>6} {'units':>5} {'chain':>5} {'traces':>6} {'rounds':>6} {'seconds':>8} {'s/trace':>8} {'ratio':>6}  3**units"
+    )
     first = None
     for n in sizes:
         model, inputs, step = case(n)
@@ -53,8 +55,10 @@ def run(name: str, sizes: list[int], case: Callable[[int], tuple[Any, tuple[Tens
         first = first or seconds
         chain = len({id(u.stage) for u in plan.units if u.stage is not None})
         rounds = sum(h.startswith("round") for h in plan.history)  # not the conventional pass's line
-        print(f"  {n:>6} {len(plan.units):>5} {chain:>5} {plan.traces:>6} {rounds:>6} {seconds:>8.2f} "
-              f"{seconds / plan.traces:>8.3f} {seconds / first:>6.2f}  {3 ** len(plan.units):.1e}")
+        print(
+            f"  {n:>6} {len(plan.units):>5} {chain:>5} {plan.traces:>6} {rounds:>6} {seconds:>8.2f} "
+            f"{seconds / plan.traces:>8.3f} {seconds / first:>6.2f}  {3 ** len(plan.units):.1e}"
+        )
 
 
 def main() -> None:

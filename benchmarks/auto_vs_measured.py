@@ -90,7 +90,9 @@ def predicted_layouts(profile_path: str) -> list[Row]:
         st = cand.strategy
         layout = f"dp={st.dp},tp={st.tp},pp={st.pp}"
         if layout not in best:
-            best[layout] = Row(layout, shlex.split(gpt.flag_text(gpt.auto_flags(cand, LAYERS, BATCH))), cand.step_time_s)
+            best[layout] = Row(
+                layout, shlex.split(gpt.flag_text(gpt.auto_flags(cand, LAYERS, BATCH))), cand.step_time_s
+            )
     return sorted(best.values(), key=lambda r: r.predicted_s)
 
 
@@ -131,15 +133,24 @@ def main() -> None:
         path = os.path.abspath(ns.profile)
     else:
         path = os.path.join(tempfile.mkdtemp(prefix="mpipar-calibrate-"), "profile.json")
-        subprocess.run([sys.executable, "-m", "simulator", "calibrate", "-n", str(WORLD), "-o", path], check=True, cwd=ROOT,
-                       stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=600)
+        subprocess.run(
+            [sys.executable, "-m", "simulator", "calibrate", "-n", str(WORLD), "-o", path],
+            check=True,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            timeout=600,
+        )
         print(f"calibrated (mpiexec -n {WORLD}): {path}")
     rows = predicted_layouts(path)
     searched = {r.layout for r in rows}
     missing = [lay for lay in valid_layouts() if lay not in searched]
     if missing:
         print(f"note: no fitting searched candidate for {', '.join(missing)} (skipped)")
-    print(f"{len(rows)} layouts, {ns.rounds} round(s) of {ns.steps} steps each, plus --auto; load average {load:.1f}", flush=True)
+    print(
+        f"{len(rows)} layouts, {ns.rounds} round(s) of {ns.steps} steps each, plus --auto; load average {load:.1f}",
+        flush=True,
+    )
     auto = Row("--auto", ["--auto", "--profile", path], float("nan"))
     auto_lines: list[str] = []
     by_name = {row.layout: row for row in [*rows, auto]}
@@ -168,16 +179,24 @@ def main() -> None:
     meas_rank = rank_of([r.measured_s for r in rows])
     print(f"\n{'layout':<16} {'predicted s':>11} {'measured s':>10} {'+-':>6} {'rank pred':>9} {'rank meas':>9}  flags")
     for row, rp, rm in zip(rows, pred_rank, meas_rank, strict=True):
-        print(f"{row.layout:<16} {row.predicted_s:>11.4f} {row.measured_s:>10.4f} {row.spread_s:>6.3f} {rp:>9} {rm:>9}  "
-              f"{' '.join(row.flags)}")
-    print(f"{'--auto':<16} {auto.predicted_s:>11.4f} {auto.measured_s:>10.4f} {auto.spread_s:>6.3f} {'':>9} {'':>9}  "
-          f"chose {' '.join(auto_flags_)}")
+        print(
+            f"{row.layout:<16} {row.predicted_s:>11.4f} {row.measured_s:>10.4f} {row.spread_s:>6.3f} {rp:>9} {rm:>9}  "
+            f"{' '.join(row.flags)}"
+        )
+    print(
+        f"{'--auto':<16} {auto.predicted_s:>11.4f} {auto.measured_s:>10.4f} {auto.spread_s:>6.3f} {'':>9} {'':>9}  "
+        f"chose {' '.join(auto_flags_)}"
+    )
     fastest = min(rows, key=lambda r: r.measured_s)
     ratio = auto.measured_s / fastest.measured_s
-    print(f"\nauto chose {auto.layout} (predicted rank {next((p for r, p in zip(rows, pred_rank, strict=True) if r.layout == auto.layout), '?')}); "
-          f"fastest measured {fastest.layout} {fastest.measured_s:.4f} s; auto measured {auto.measured_s:.4f} s")
-    print(f"auto / fastest = {ratio:.3f}: {'PASS' if ratio <= PASS_RATIO else 'FAIL'} (<= {PASS_RATIO:.2f}); "
-          f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, {time.perf_counter() - started:.0f} s")
+    print(
+        f"\nauto chose {auto.layout} (predicted rank {next((p for r, p in zip(rows, pred_rank, strict=True) if r.layout == auto.layout), '?')}); "
+        f"fastest measured {fastest.layout} {fastest.measured_s:.4f} s; auto measured {auto.measured_s:.4f} s"
+    )
+    print(
+        f"auto / fastest = {ratio:.3f}: {'PASS' if ratio <= PASS_RATIO else 'FAIL'} (<= {PASS_RATIO:.2f}); "
+        f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, {time.perf_counter() - started:.0f} s"
+    )
 
 
 if __name__ == "__main__":

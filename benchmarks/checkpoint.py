@@ -36,7 +36,9 @@ import mpipar as dist
 from simulator import SimBackend
 
 
-def interleaved(cases: dict[str, Callable[[int], object]], repeat: int, cleanup: Callable[[str, int], object]) -> dict[str, float]:
+def interleaved(
+    cases: dict[str, Callable[[int], object]], repeat: int, cleanup: Callable[[str, int], object]
+) -> dict[str, float]:
     """Best time of each case, the cases taking turns; each run starts with no dirty pages
     (``os.sync``), so one case's writeback does not slow down the next."""
     best = dict.fromkeys(cases, float("inf"))
@@ -162,8 +164,10 @@ def main() -> None:
         if base is not None and label.startswith("save"):
             ratio = f"{t / base[0]:.2f}x np.save+fsync, {t / base[1]:.2f}x np.save"
         elif base is not None:
-            ratio = (f"{t / base[0]:.2f}x np.load; ranks hold {base[1]:.2f}x the bytes: "
-                     f"{t / (base[0] * base[1]):.2f}x np.load of as many bytes")
+            ratio = (
+                f"{t / base[0]:.2f}x np.load; ranks hold {base[1]:.2f}x the bytes: "
+                f"{t / (base[0] * base[1]):.2f}x np.load of as many bytes"
+            )
         print(f"{label:32} {t * 1e3:7.1f}ms {gbs / t:7.2f}  {ratio}")
     print("target: at most 1.5x")
 

@@ -87,13 +87,21 @@ def worker(gaps: list[float], passes: int) -> None:
         extra.append(sequence(True) - sequence(False))
     rows = comm.gather({"curve": [statistics.median(v) for v in curve], "extra": statistics.median(extra)}, root=0)
     if rank == 0:
-        print(json.dumps({"curve": [statistics.median(r["curve"][i] for r in rows) for i in range(len(pvm.GAP_GRID))],
-                          "extra": statistics.median(r["extra"] for r in rows)}))
+        print(
+            json.dumps(
+                {
+                    "curve": [statistics.median(r["curve"][i] for r in rows) for i in range(len(pvm.GAP_GRID))],
+                    "extra": statistics.median(r["extra"] for r in rows),
+                }
+            )
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", required=True, help="a calibrated profile JSON (python -m simulator calibrate -n 8)")
+    parser.add_argument(
+        "--profile", required=True, help="a calibrated profile JSON (python -m simulator calibrate -n 8)"
+    )
     parser.add_argument("--mesh", default="dp=8", help="gpt.py's --mesh whose rank-0 call sequence is replayed")
     parser.add_argument("--op-us", type=float, default=240.0, help="host microseconds per op (the worker's `op`)")
     parser.add_argument("--passes", type=int, default=5, help="interleaved passes (curve, sequence)")
@@ -120,12 +128,17 @@ def main() -> None:
         os.remove(path)
     cost = priced(result["curve"], gaps)
     curve = ", ".join(f"{g * 1e3:g} ms {c * 1e6:.0f} us" for g, c in zip(pvm.GAP_GRID, result["curve"], strict=True))
-    print(f"{ns.mesh}: {len(gaps)} calls on rank 0 after {sum(gaps) * 1e3:.1f} ms of modelled work "
-          f"(first gap {gaps[0] * 1e3:.1f} ms, op {ns.op_us:g} us); load average {load:.1f} -> {os.getloadavg()[0]:.1f}")
+    print(
+        f"{ns.mesh}: {len(gaps)} calls on rank 0 after {sum(gaps) * 1e3:.1f} ms of modelled work "
+        f"(first gap {gaps[0] * 1e3:.1f} ms, op {ns.op_us:g} us); load average {load:.1f} -> {os.getloadavg()[0]:.1f}"
+    )
     print(f"  steady all-reduce(8) after {curve}")
-    print(f"  sequence: measured extra {result['extra'] * 1e3:.1f} ms, priced at each call's gap {cost * 1e3:.1f} ms, "
-          f"priced/measured {cost / result['extra']:.2f}" if result["extra"] > 0 else
-          f"  sequence: measured extra {result['extra'] * 1e3:.1f} ms (no cost to compare), priced {cost * 1e3:.1f} ms")
+    print(
+        f"  sequence: measured extra {result['extra'] * 1e3:.1f} ms, priced at each call's gap {cost * 1e3:.1f} ms, "
+        f"priced/measured {cost / result['extra']:.2f}"
+        if result["extra"] > 0
+        else f"  sequence: measured extra {result['extra'] * 1e3:.1f} ms (no cost to compare), priced {cost * 1e3:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -59,7 +59,10 @@ def best_of(fn: Callable[[], object], repeat: int) -> float:
 
 
 def take_turns(
-    variants: dict[str, Callable[[], object]], turns: int, rng: np.random.Generator, clock: Callable[[], float] = time.perf_counter
+    variants: dict[str, Callable[[], object]],
+    turns: int,
+    rng: np.random.Generator,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, list[float]]:
     """Each variant's seconds in each of ``turns`` turns; every turn runs each variant once, in a
     fresh random order, so that a change of machine load lands on all of them alike (timing
@@ -123,7 +126,9 @@ def numpy_data_parallel(x: np.ndarray, w0: np.ndarray, w1: np.ndarray, ranks: in
     return ordered_sum(dw0s), ordered_sum(dw1s)
 
 
-def numpy_tensor_parallel(x: np.ndarray, w0: np.ndarray, w1: np.ndarray, ranks: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def numpy_tensor_parallel(
+    x: np.ndarray, w0: np.ndarray, w1: np.ndarray, ranks: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """``numpy_step`` as 8 tensor-parallel ranks compute it (Megatron's MLP): column-parallel
     ``w0``, row-parallel ``w1``, the output summed over ranks; gradients stay sharded."""
     cols = np.array_split(np.arange(w0.shape[1]), ranks)
@@ -146,7 +151,13 @@ def mpipar_step(x: dist.Tensor, w0: dist.Tensor, w1: dist.Tensor) -> None:
 
 
 def data_parallel_breakdown(
-    x: np.ndarray, w0: np.ndarray, w1: np.ndarray, ranks: int, turns: int, rng: np.random.Generator, clock: Callable[[], float]
+    x: np.ndarray,
+    w0: np.ndarray,
+    w1: np.ndarray,
+    ranks: int,
+    turns: int,
+    rng: np.random.Generator,
+    clock: Callable[[], float],
 ) -> None:
     """Where the data-parallel step's time goes beyond dense: each piece of ``numpy_step`` once on
     whole arrays and once as ``ranks`` per-rank pieces (plus the ordered sum of the weight
@@ -181,14 +192,23 @@ def data_parallel_breakdown(
         med = {k: median(v) for k, v in take_turns({"dense": dense, "ranks": per_rank}, turns, rng, clock).items()}
         tot_d += med["dense"]
         tot_r += med["ranks"]
-        print(f"  {name:28s} {med['dense'] * 1e3:7.1f} {med['ranks'] * 1e3:7.1f} {(med['ranks'] - med['dense']) * 1e3:+7.1f}")
-    print(f"  {'total':28s} {tot_d * 1e3:7.1f} {tot_r * 1e3:7.1f} {(tot_r - tot_d) * 1e3:+7.1f}  ({tot_r / tot_d:.2f}x)")
+        print(
+            f"  {name:28s} {med['dense'] * 1e3:7.1f} {med['ranks'] * 1e3:7.1f} {(med['ranks'] - med['dense']) * 1e3:+7.1f}"
+        )
+    print(
+        f"  {'total':28s} {tot_d * 1e3:7.1f} {tot_r * 1e3:7.1f} {(tot_r - tot_d) * 1e3:+7.1f}  ({tot_r / tot_d:.2f}x)"
+    )
     for name, (lhs, rhs) in {"x @ w0": (x, w0), "a @ w1": (a, w1), "dz @ w1.T": (dz, w1.T)}.items():
         same = np.array_equal(lhs @ rhs, np.concatenate([lhs[r] @ rhs for r in rows]))
-        variants = {"stacked": lambda lhs=lhs, rhs=rhs: lhs @ rhs, "ranks": lambda lhs=lhs, rhs=rhs: [lhs[r] @ rhs for r in rows]}
+        variants = {
+            "stacked": lambda lhs=lhs, rhs=rhs: lhs @ rhs,
+            "ranks": lambda lhs=lhs, rhs=rhs: [lhs[r] @ rhs for r in rows],
+        }
         med = {k: median(v) for k, v in take_turns(variants, turns, rng, clock).items()}
-        print(f"  {name}: one stacked GEMM {med['stacked'] * 1e3:.1f} ms against {med['ranks'] * 1e3:.1f} ms per rank; "
-              f"bit for bit the per-rank result on this BLAS: {same}")
+        print(
+            f"  {name}: one stacked GEMM {med['stacked'] * 1e3:.1f} ms against {med['ranks'] * 1e3:.1f} ms per rank; "
+            f"bit for bit the per-rank result on this BLAS: {same}"
+        )
     for name, (lhs, rhs) in {"a.T @ dz": (a, dz), "x.T @ dh": (x, dh)}.items():
         pairs = [(lhs[r], rhs[r]) for r in rows]
         summed = stacked_gemm.product_sum(pairs, True, False, lhs.dtype)  # what mpipar's data-parallel step does
@@ -198,8 +218,10 @@ def data_parallel_breakdown(
             "written": lambda lhs=lhs, rhs=rhs: reduce_arrays([lhs[r].T @ rhs[r] for r in rows], "sum"),
         }
         med = {k: median(v) for k, v in take_turns(variants, turns, rng, clock).items()}
-        print(f"  {name} summed over ranks: tile by tile {med['tiled'] * 1e3:.1f} ms against {med['written'] * 1e3:.1f} ms "
-              f"written and summed; bit for bit the rank-ordered sum on this BLAS: {same}")
+        print(
+            f"  {name} summed over ranks: tile by tile {med['tiled'] * 1e3:.1f} ms against {med['written'] * 1e3:.1f} ms "
+            f"written and summed; bit for bit the rank-ordered sum on this BLAS: {same}"
+        )
 
 
 def main() -> None:
@@ -210,15 +232,31 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=7, help="turns per round; each runs every variant once")
     parser.add_argument("--layout", choices=["data", "tensor", "both"], default="both")
     parser.add_argument("--breakdown", action="store_true", help="also time the data-parallel step piece by piece")
-    parser.add_argument("--glibc-malloc-defaults", action="store_true",
-                        help="SimBackend(reuse_freed_memory=False): freed memory goes back to the system as glibc decides")
-    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                        help="cpu: this process's CPU seconds (time.process_time), which time spent waiting for a "
-                        "core does not inflate; with one BLAS thread the same work as wall time on an idle machine")
+    parser.add_argument(
+        "--glibc-malloc-defaults",
+        action="store_true",
+        help="SimBackend(reuse_freed_memory=False): freed memory goes back to the system as glibc decides",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: this process's CPU seconds (time.process_time), which time spent waiting for a "
+        "core does not inflate; with one BLAS thread the same work as wall time on an idle machine",
+    )
     args = parser.parse_args()
-    for flag, value, low in (("--rounds", args.rounds, 1), ("--turns", args.turns, 1), ("--hidden", args.hidden, 8), ("--tokens", args.tokens, 8)):
+    for flag, value, low in (
+        ("--rounds", args.rounds, 1),
+        ("--turns", args.turns, 1),
+        ("--hidden", args.hidden, 8),
+        ("--tokens", args.tokens, 8),
+    ):
         if value < low:
-            parser.error(f"{flag} must be at least {low} (8 ranks split it), got {value}" if low == 8 else f"{flag} must be at least 1, got {value}")
+            parser.error(
+                f"{flag} must be at least {low} (8 ranks split it), got {value}"
+                if low == 8
+                else f"{flag} must be at least 1, got {value}"
+            )
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     dist.set_backend(SimBackend(8, reuse_freed_memory=not args.glibc_malloc_defaults))
     rng = np.random.default_rng(0)
@@ -258,27 +296,42 @@ def main() -> None:
             "replayed": lambda x=x, w0=w0, w1=w1: replayed_step(x, w0, w1),
         }
         print(f"{name}: {args.rounds} rounds of {args.turns} turns, each turn every variant once in a fresh order")
-        pairs = {"eager/dense": ("eager", "dense"), "replayed/dense": ("replayed", "dense"), "eager/per-rank": ("eager", "per-rank")}
+        pairs = {
+            "eager/dense": ("eager", "dense"),
+            "replayed/dense": ("replayed", "dense"),
+            "eager/per-rank": ("eager", "per-rank"),
+        }
         rounds = [take_turns(variants, args.turns, order_rng, clock) for _ in range(args.rounds)]
         for i, times in enumerate(rounds):
             med = {v: median(ts) for v, ts in times.items()}
             print(
-                f"  round {i + 1}: " + ", ".join(f"{v} {med[v] * 1e3:6.1f} ms" for v in variants) + "; "
+                f"  round {i + 1}: "
+                + ", ".join(f"{v} {med[v] * 1e3:6.1f} ms" for v in variants)
+                + "; "
                 + ", ".join(f"{k} {turn_ratio(times, a, b):.2f}x" for k, (a, b) in pairs.items())
             )
         assert np.allclose(w0.grad.full_tensor(), dw0, rtol=1e-3, atol=1e-6)
         assert np.allclose(w1.grad.full_tensor(), dw1, rtol=1e-3, atol=1e-6)
         best = {v: min(median(times[v]) for times in rounds) for v in variants}
         everything = {v: [t for times in rounds for t in times[v]] for v in variants}
-        ratios = {k: (turn_ratio(everything, a, b), sorted(turn_ratio(times, a, b) for times in rounds)) for k, (a, b) in pairs.items()}
+        ratios = {
+            k: (turn_ratio(everything, a, b), sorted(turn_ratio(times, a, b) for times in rounds))
+            for k, (a, b) in pairs.items()
+        }
         summary.append((name, best, ratios))
-    print(f"  {'layout':22s} {'dense':>9s} {'per-rank':>9s} {'mpipar':>9s} {'replayed':>9s}   "
-          "per-turn ratios: median over all turns (rounds' lowest-highest)")
+    print(
+        f"  {'layout':22s} {'dense':>9s} {'per-rank':>9s} {'mpipar':>9s} {'replayed':>9s}   "
+        "per-turn ratios: median over all turns (rounds' lowest-highest)"
+    )
     for name, best, ratios in summary:
         spread = "  ".join(f"{k} {all_turns:.2f}x ({r[0]:.2f}-{r[-1]:.2f})" for k, (all_turns, r) in ratios.items())
-        print(f"  {name:22s} {best['dense'] * 1e3:6.1f} ms {best['per-rank'] * 1e3:6.1f} ms {best['eager'] * 1e3:6.1f} ms "
-              f"{best['replayed'] * 1e3:6.1f} ms   {spread}")
-    print("  (the times: best of the rounds' medians; targets: data parallel at most 1.3x dense, at most 1.5x per-rank)")
+        print(
+            f"  {name:22s} {best['dense'] * 1e3:6.1f} ms {best['per-rank'] * 1e3:6.1f} ms {best['eager'] * 1e3:6.1f} ms "
+            f"{best['replayed'] * 1e3:6.1f} ms   {spread}"
+        )
+    print(
+        "  (the times: best of the rounds' medians; targets: data parallel at most 1.3x dense, at most 1.5x per-rank)"
+    )
 
     a = dist.shard_tensor(np.ones((8, 4), np.float32), mesh, [dist.Shard(0)])
     b = dist.shard_tensor(np.ones((8, 4), np.float32), mesh, [dist.Shard(0)])
@@ -289,9 +342,11 @@ def main() -> None:
     adds = dist.compile_step(lambda: [dist.add(a, b) for _ in range(n)])
     adds()
     t_rep = best_of(adds, 3) / n
-    print(f"per-op dispatch: {t_op * 1e6:.1f} us for an add on 8 ranks, {t_rep * 1e6:.1f} us replayed (NumPy add of "
-          f"one shard: {t_np * 1e6:.2f} us; overhead {(t_op - 8 * t_np) * 1e6:.1f} us per op, "
-          f"{(t_rep - 8 * t_np) * 1e6:.1f} us replayed)")
+    print(
+        f"per-op dispatch: {t_op * 1e6:.1f} us for an add on 8 ranks, {t_rep * 1e6:.1f} us replayed (NumPy add of "
+        f"one shard: {t_np * 1e6:.2f} us; overhead {(t_op - 8 * t_np) * 1e6:.1f} us per op, "
+        f"{(t_rep - 8 * t_np) * 1e6:.1f} us replayed)"
+    )
 
 
 if __name__ == "__main__":

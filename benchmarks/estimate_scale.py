@@ -27,8 +27,17 @@ MESHES = [(1, 8, 8), (2, 8, 16), (8, 8, 16), (32, 8, 16)]
 
 def best_of(repeat: int, dp: int, tp: int, pp: int) -> tuple[float, float, int]:
     shape = GPTShape.from_params(175e9)
-    strategy = GPTStrategy(dp=dp, tp=tp, pp=pp, sequence_parallel=True, recompute="selective", zero=1,
-                        mixed_precision=True, micro_batches=64, schedule="1F1B")
+    strategy = GPTStrategy(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        sequence_parallel=True,
+        recompute="selective",
+        zero=1,
+        mixed_precision=True,
+        micro_batches=64,
+        schedule="1F1B",
+    )
     best = (float("inf"), 0.0, 0)
     for _ in range(repeat):
         started = time.perf_counter()
@@ -50,15 +59,39 @@ def main() -> None:
     for dp, tp, pp in MESHES:
         total, traced, ranks = best_of(ns.repeat, dp, tp, pp)
         base = base or total
-        print(f"{ranks:>6} {f'{dp} x {tp} x {pp}':>13} {total:>8.2f} {traced:>8.2f} {total - traced:>8.2f} {total / base:>10.2f}x")
-    cmd = [sys.executable, "-m", "simulator", "estimate", "--params", "175e9", "--mesh", "dp=8,tp=8,pp=16",
-           "--sequence-parallel", "--recompute", "selective", "--zero", "1", "--mixed-precision",
-           "--micro-batches", "64", "--schedule", "1F1B", "--json"]
+        print(
+            f"{ranks:>6} {f'{dp} x {tp} x {pp}':>13} {total:>8.2f} {traced:>8.2f} {total - traced:>8.2f} {total / base:>10.2f}x"
+        )
+    cmd = [
+        sys.executable,
+        "-m",
+        "simulator",
+        "estimate",
+        "--params",
+        "175e9",
+        "--mesh",
+        "dp=8,tp=8,pp=16",
+        "--sequence-parallel",
+        "--recompute",
+        "selective",
+        "--zero",
+        "1",
+        "--mixed-precision",
+        "--micro-batches",
+        "64",
+        "--schedule",
+        "1F1B",
+        "--json",
+    ]
     started = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run(
+        cmd, check=True, stdout=subprocess.DEVNULL, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )
     wall = time.perf_counter() - started
-    print(f"python -m simulator estimate (1024 ranks, fresh interpreter): {wall:.2f} s "
-          f"({wall / 30:.2f} of the 30 s budget; {os.cpu_count()} CPUs, shared)")
+    print(
+        f"python -m simulator estimate (1024 ranks, fresh interpreter): {wall:.2f} s "
+        f"({wall / 30:.2f} of the 30 s budget; {os.cpu_count()} CPUs, shared)"
+    )
 
 
 if __name__ == "__main__":

@@ -25,14 +25,31 @@ def main() -> None:
     args = p.parse_args()
     t0 = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "simulator", "-n", "8", "examples/gpt.py", "--mesh", "dp=2,tp=4", "--steps", str(args.steps)],
-        cwd=REPO, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "simulator",
+            "-n",
+            "8",
+            "examples/gpt.py",
+            "--mesh",
+            "dp=2,tp=4",
+            "--steps",
+            str(args.steps),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        stdin=subprocess.DEVNULL,
     )
     losses = [float(v) for v in re.findall(r"^step \d+ loss (\S+)", out.stdout, re.M)]
     first, last = losses[0], sum(losses[-10:]) / 10
     drop = 1 - last / first
-    print(f"{len(losses)} steps in {time.perf_counter() - t0:.0f} s; loss at the start {first:.3f}, mean of the last 10 "
-          f"steps {last:.3f}: {drop:.0%} lower ({'meets' if drop >= 0.3 else 'misses'} the 30% target)")
+    print(
+        f"{len(losses)} steps in {time.perf_counter() - t0:.0f} s; loss at the start {first:.3f}, mean of the last 10 "
+        f"steps {last:.3f}: {drop:.0%} lower ({'meets' if drop >= 0.3 else 'misses'} the 30% target)"
+    )
 
 
 if __name__ == "__main__":

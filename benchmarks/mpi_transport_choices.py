@@ -46,8 +46,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-kib", type=int, nargs="+", default=[32, 256, 512, 1024, 4096])
     parser.add_argument("--reps", type=int, default=60)
-    parser.add_argument("--all-reduce-kib", type=int, nargs="+", default=None,
-                        help="time the all-reduce's paths for these buffer sizes (KiB per member) instead")
+    parser.add_argument(
+        "--all-reduce-kib",
+        type=int,
+        nargs="+",
+        default=None,
+        help="time the all-reduce's paths for these buffer sizes (KiB per member) instead",
+    )
     args = parser.parse_args()
     backend = dist.current_backend()
     if backend.name != "mpi":
@@ -64,7 +69,9 @@ def main() -> None:
         all_reduce_paths(comm, sub, args.all_reduce_kib, args.reps, rng)
         return
     dist.print_once(f"fold threshold now {default_fold // 1024} KiB")
-    dist.print_once(f"{'size':>9}  {'fold ms':>8}{'a2a ms':>8}{'fold/a2a':>10}  {'allgather':>10}{'alltoall':>10}  (blocking / non-blocking)")
+    dist.print_once(
+        f"{'size':>9}  {'fold ms':>8}{'a2a ms':>8}{'fold/a2a':>10}  {'allgather':>10}{'alltoall':>10}  (blocking / non-blocking)"
+    )
     for kib in args.sizes_kib:
         count = kib * 1024 // 4
         count -= count % n
@@ -77,7 +84,9 @@ def main() -> None:
         )
 
 
-def all_reduce_paths(comm: MPICommunicator, sub: MPI.Comm, sizes_kib: list[int], reps: int, rng: np.random.Generator) -> None:
+def all_reduce_paths(
+    comm: MPICommunicator, sub: MPI.Comm, sizes_kib: list[int], reps: int, rng: np.random.Generator
+) -> None:
     """The ordered all-reduce's two paths and MPI's ``Allreduce``, per buffer size."""
     world = MPI.COMM_WORLD
     n = sub.Get_size()
@@ -86,7 +95,9 @@ def all_reduce_paths(comm: MPICommunicator, sub: MPI.Comm, sizes_kib: list[int],
         f"all-reduce paths, {n} ranks: whole = all-gather whole buffers + ordered fold, rs+ag = reduce-scatter + "
         f"all-gather; threshold now n x size <= {default_small // 1024} KiB gathers whole"
     )
-    dist.print_once(f"{'size':>9}{'n x size':>10}  {'whole ms':>9}{'rs+ag ms':>9}{'MPI ms':>8}  {'whole/rs+ag':>12}{'best/MPI':>9}")
+    dist.print_once(
+        f"{'size':>9}{'n x size':>10}  {'whole ms':>9}{'rs+ag ms':>9}{'MPI ms':>8}  {'whole/rs+ag':>12}{'best/MPI':>9}"
+    )
     for kib in sizes_kib:
         calls = all_reduce_calls(comm, sub, rng.standard_normal(kib * 1024 // 4, dtype=np.float32))
         best = dict(zip(calls, timed(world, list(calls.values()), reps), strict=True))

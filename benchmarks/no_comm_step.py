@@ -60,8 +60,12 @@ def worker(mode: str, steps: int) -> None:
         par = GPTParallel([mesh])
         batch = pvm.GLOBAL_BATCH // 8
     model = GPT(GPTConfig(**pvm.GPT_CONFIG), par)
-    opt = dist.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters(), weight_decay=0.01,
-                               grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0))
+    opt = dist.optimizer.AdamW(
+        learning_rate=3e-3,
+        parameters=model.parameters(),
+        weight_decay=0.01,
+        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
+    )
     rows = np.arange(batch * pvm.SEQ, dtype=np.int64).reshape(batch, pvm.SEQ) % pvm.VOCAB
     idx = dist.shard_tensor(rows, mesh, par.activation(mesh, seq_split=False))
 
@@ -128,8 +132,10 @@ def main() -> None:
     host, _ = pvm.steady(results[pvm.HOST])  # type: ignore[arg-type]
     probes = {b: pvm.one_rank_step(b) for b in pvm.KERNEL_BATCHES}
     now = pvm.at_load(profile, host["gemm_flops"], host["vector_flops"])
-    curve_x = pvm.kernel_scale({b: host[f"model_fb{b}"] for b in pvm.KERNEL_BATCHES},
-                               {b: pvm.kernel_seconds(probes[b], now, None) for b in pvm.KERNEL_BATCHES})
+    curve_x = pvm.kernel_scale(
+        {b: host[f"model_fb{b}"] for b in pvm.KERNEL_BATCHES},
+        {b: pvm.kernel_seconds(probes[b], now, None) for b in pvm.KERNEL_BATCHES},
+    )
     step = pvm.gpt_step("dp=8")
     free = pvm.loaded_profile(now, 0.0, curve_x)
     alpha, base = pvm.loaded_latency(host, pvm.collectives(step, free, host, None))
@@ -139,28 +145,36 @@ def main() -> None:
     scaled = pvm.scaled_collectives(host, comm_x)
     alpha, base = pvm.loaded_latency(scaled, pvm.collectives(step, free, host, None))
     parts = pvm.predicted_breakdown(step, pvm.loaded_profile(now, alpha, curve_x), host, base, None, opt_x)
-    print(f"\nwithout opt x and comm x (the pricing before): compute {old['compute']:.4f} s, host {old['host']:.4f} s, "
-          f"comm {old['comm']:.4f} s; opt x {opt_x:.2f}, comm x {comm_x:.2f}")
+    print(
+        f"\nwithout opt x and comm x (the pricing before): compute {old['compute']:.4f} s, host {old['host']:.4f} s, "
+        f"comm {old['comm']:.4f} s; opt x {opt_x:.2f}, comm x {comm_x:.2f}"
+    )
     gpt = statistics.median(results["gpt.py"])  # type: ignore[arg-type]
     med = {m: statistics.median(r["rank0"] for r in results[m]) for m in MODES}  # type: ignore[index]
     every = {m: statistics.median(r["ranks"] for r in results[m]) for m in MODES}  # type: ignore[index]
-    print(f"curve x {curve_x:.2f}; predicted (curve/x) dp=8: compute {parts['compute']:.4f} s, host {parts['host']:.4f} s, "
-          f"comm {parts['comm']:.4f} s, step {sum(parts.values()):.4f} s")
+    print(
+        f"curve x {curve_x:.2f}; predicted (curve/x) dp=8: compute {parts['compute']:.4f} s, host {parts['host']:.4f} s, "
+        f"comm {parts['comm']:.4f} s, step {sum(parts.values()):.4f} s"
+    )
     print(f"measured: gpt.py dp=8 {gpt:.4f} s ({'/'.join(f'{x:.3f}' for x in results['gpt.py'])})")  # type: ignore[union-attr]
     for m in MODES:
         each = "/".join(f"{r['rank0']:.3f}" for r in results[m])  # type: ignore[index]
         print(f"          {m:<8} {med[m]:.4f} s rank 0, {every[m]:.4f} s every rank's median  ({each})")
     ch = parts["compute"] + parts["host"]
     for m in ("free", "barrier"):
-        print(f"no-comm ({m}): measured {med[m]:.4f} s vs predicted compute+host {ch:.4f} s (pred/meas {ch / med[m]:.2f}); "
-              f"gpt.py - no-comm {gpt - med[m]:.4f} s vs predicted comm {parts['comm']:.4f} s")
+        print(
+            f"no-comm ({m}): measured {med[m]:.4f} s vs predicted compute+host {ch:.4f} s (pred/meas {ch / med[m]:.2f}); "
+            f"gpt.py - no-comm {gpt - med[m]:.4f} s vs predicted comm {parts['comm']:.4f} s"
+        )
     # The kernel probe at micro-batch 2 is dp=8's forward+backward without comm: what the
     # prediction prices it at (kernels at curve/x, ops at the host time per op) against its time.
     for b in pvm.KERNEL_BATCHES:
         kern = pvm.kernel_seconds(probes[b], free, None)
         ops = len(pvm.forward_backward_ops(probes[b]))
-        print(f"probe fb at micro-batch {b}: measured {host[f'model_fb{b}']:.4f} s, predicted {kern + ops * host['op']:.4f} s "
-              f"(kernels {kern:.4f} s, {ops} ops x {host['op'] * 1e6:.0f} us)")
+        print(
+            f"probe fb at micro-batch {b}: measured {host[f'model_fb{b}']:.4f} s, predicted {kern + ops * host['op']:.4f} s "
+            f"(kernels {kern:.4f} s, {ops} ops x {host['op'] * 1e6:.0f} us)"
+        )
     print(f"load average {load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end")
     if ns.save:
         with open(ns.save, "w") as f:

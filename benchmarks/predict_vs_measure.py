@@ -98,8 +98,15 @@ GLOBAL_BATCH = 16
 
 
 SEQ, VOCAB = 64, 128
-GPT_CONFIG: dict[str, Any] = {"vocab_size": VOCAB, "block_size": SEQ, "n_layer": 4, "n_head": 4, "n_embd": 128,
-                              "dropout": 0.0, "dtype": "float32"}
+GPT_CONFIG: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "block_size": SEQ,
+    "n_layer": 4,
+    "n_head": 4,
+    "n_embd": 128,
+    "dropout": 0.0,
+    "dtype": "float32",
+}
 """gpt.py's default model (what ``gpt_step`` traces and the worker's kernel probe runs)."""
 KERNEL_BATCHES = (2, 16)
 """Per-rank micro-batches of the kernel probe: dp=8's (16 / 8) and a pipeline stage's (all 16)."""
@@ -200,7 +207,9 @@ def worker(steps: int) -> None:
     host = calibrate_host.host_costs(comm, steps)
     per_op, per_update = host["op"], host["update"]
 
-    def model_probe(batch: int, data_parallel: bool = False, layers: int = GPT_CONFIG["n_layer"]) -> tuple[float, float]:
+    def model_probe(
+        batch: int, data_parallel: bool = False, layers: int = GPT_CONFIG["n_layer"]
+    ) -> tuple[float, float]:
         """Median seconds of forward+backward of gpt.py's model with ``layers`` layers, ``batch``
         sequences per rank, and of its clipped AdamW update (gpt.py's optimizer), every rank at
         once: on this rank's one-rank mesh, or (``data_parallel``) data parallel over all ranks,
@@ -215,10 +224,17 @@ def worker(steps: int) -> None:
             par = GPTParallel([mesh])
         rows = batch * (world if data_parallel else 1)
         model = GPT(GPTConfig(**{**GPT_CONFIG, "n_layer": layers}), par)
-        opt = dist.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters(), weight_decay=0.01,
-                                   grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0))
-        idx = dist.shard_tensor(np.arange(rows * SEQ, dtype=np.int64).reshape(rows, SEQ) % VOCAB, mesh,
-                                par.activation(mesh, seq_split=False))
+        opt = dist.optimizer.AdamW(
+            learning_rate=3e-3,
+            parameters=model.parameters(),
+            weight_decay=0.01,
+            grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
+        )
+        idx = dist.shard_tensor(
+            np.arange(rows * SEQ, dtype=np.int64).reshape(rows, SEQ) % VOCAB,
+            mesh,
+            par.activation(mesh, seq_split=False),
+        )
 
         def once() -> tuple[float, float]:
             start = time.perf_counter()
@@ -275,9 +291,14 @@ def worker(steps: int) -> None:
     # the grid. What a collective costs here depends on that gap: 8 ranks time-sharing 2
     # cores drift apart while they work, and the collective waits for the last one.
     probe_gap = GapProbe(comm)
-    out: dict[str, float] = {"op": per_op, "update": per_update, "vector_flops": vector, "gemm_flops": gemm,
-                             **{f"model_fb{b}": min(ts) for b, ts in probe.items()},
-                             **{k: min(ts) for k, ts in step_probe.items()}}
+    out: dict[str, float] = {
+        "op": per_op,
+        "update": per_update,
+        "vector_flops": vector,
+        "gemm_flops": gemm,
+        **{f"model_fb{b}": min(ts) for b, ts in probe.items()},
+        **{k: min(ts) for k, ts in step_probe.items()},
+    }
     for n in GROUP_SIZES:
         group = [rank // n * n + i for i in range(n)]
         partials = {size: probe_gap.partial(group, size) for size in MESSAGE_BYTES}
@@ -286,12 +307,16 @@ def worker(steps: int) -> None:
         # Paired batches (with and without the collective), the gaps and sizes interleaved pass
         # after pass so a neighbour's burst or a drift of the machine hits every gap alike; the
         # median of COLLECTIVE_PASSES pairs per gap (SIZE_PASSES for the larger messages).
-        samples: dict[tuple[int, int], list[float]] = {(size, g): [] for size in MESSAGE_BYTES for g in range(len(GAP_GRID))}
+        samples: dict[tuple[int, int], list[float]] = {
+            (size, g): [] for size in MESSAGE_BYTES for g in range(len(GAP_GRID))
+        }
         for pass_ in range(COLLECTIVE_PASSES):
             for g, gap in enumerate(GAP_GRID):
                 for size, partial in partials.items():
                     latency = size == MESSAGE_BYTES[0]
-                    if latency or pass_ < SIZE_PASSES:  # a large all-reduce takes ms itself: fewer passes and repetitions
+                    if (
+                        latency or pass_ < SIZE_PASSES
+                    ):  # a large all-reduce takes ms itself: fewer passes and repetitions
                         samples[(size, g)].append(probe_gap.paired(partial, gap, period=1e-3 if latency else 5e-3))
         for (size, g), values in samples.items():
             out[allreduce_key(n, g, size)] = max(statistics.median(values), 0.0)
@@ -307,11 +332,19 @@ def worker_json(script: str, args: list[str]) -> dict[str, Any]:
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [MPIEXEC, "-n", "8", sys.executable, os.path.abspath(script), *args],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, env=env, cwd=ROOT, check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=ROOT,
+        check=True,
     )
     line = next((line for line in out.stdout.splitlines() if line.startswith("{")), None)
     if line is None:
-        raise RuntimeError(f"{os.path.basename(script)} {' '.join(args)}: rank 0 printed no JSON result; stderr ends: {out.stderr[-2000:]}")
+        raise RuntimeError(
+            f"{os.path.basename(script)} {' '.join(args)}: rank 0 printed no JSON result; stderr ends: {out.stderr[-2000:]}"
+        )
     result: dict[str, Any] = json.loads(line)
     return result
 
@@ -390,8 +423,10 @@ class Collective(NamedTuple):
 def call_cost(host: dict[str, float], call: Collective) -> float:
     """What the worker measured ``call`` to cost: its first step's all-reduce at the call's gap and
     size, the later steps right after it (gap 0, 1 KiB)."""
-    return sum(at_size(host, n, call.gap, call.nbytes) if k == 0 else at_size(host, n, 0.0)
-               for k, (n, _) in enumerate(call.steps))
+    return sum(
+        at_size(host, n, call.gap, call.nbytes) if k == 0 else at_size(host, n, 0.0)
+        for k, (n, _) in enumerate(call.steps)
+    )
 
 
 def loaded_latency(host: dict[str, float], calls: list[Collective]) -> tuple[float, float]:
@@ -437,7 +472,10 @@ def loaded_profile(profile: Any, alpha_loaded: float, kernel_scale: float = 1.0)
     alpha = alpha_loaded
     link = Link(alpha, profile.intra_node.bandwidth_Bps)
     return replace(
-        profile, name=f"{profile.name}-loaded", intra_node=link, inter_node=link,
+        profile,
+        name=f"{profile.name}-loaded",
+        intra_node=link,
+        inter_node=link,
         flops_per_s={k: v / kernel_scale for k, v in profile.flops_per_s.items()},
         vector_curve=tuple((b, r / kernel_scale) for b, r in profile.vector_curve),
         description=f"{profile.description}; link latency and kernel rates measured amid Python work by benchmarks/predict_vs_measure.py",
@@ -471,8 +509,11 @@ def at_load(profile: Any, gemm_flops: float, vector_flops: float) -> Any:
         raise ValueError(f"profile {profile.name!r}: measured float32 GEMM rate {gemm_flops!r}; need > 0")
     at_loop = profile.vector_rate(LOOP_BYTES)
     vector = vector_flops / at_loop if at_loop else 1.0
-    return replace(profile, flops_per_s={k: v * gemm_flops / base for k, v in profile.flops_per_s.items()},
-                   vector_curve=tuple((b, r * vector) for b, r in profile.vector_curve))
+    return replace(
+        profile,
+        flops_per_s={k: v * gemm_flops / base for k, v in profile.flops_per_s.items()},
+        vector_curve=tuple((b, r * vector) for b, r in profile.vector_curve),
+    )
 
 
 def flat(profile: Any) -> Any:
@@ -481,7 +522,9 @@ def flat(profile: Any) -> Any:
     from dataclasses import replace
 
     scale = reference_gemm(profile) / profile.flops_per_s["float32"]
-    return replace(profile, flops_per_s={k: v * scale for k, v in profile.flops_per_s.items()}, gemm_curve=(), vector_curve=())
+    return replace(
+        profile, flops_per_s={k: v * scale for k, v in profile.flops_per_s.items()}, gemm_curve=(), vector_curve=()
+    )
 
 
 def one_rank_step(batch: int, grad_clip: float | None = None, dp: int = 1, layers: int = GPT_CONFIG["n_layer"]) -> Any:
@@ -490,8 +533,15 @@ def one_rank_step(batch: int, grad_clip: float | None = None, dp: int = 1, layer
     times it; ``dp``: data parallel over that many ranks, the step probe's ``dp_fb``)."""
     from simulator.step_trace import GPTShape, GPTStrategy, trace_gpt_step
 
-    shape = GPTShape(layers=layers, hidden=GPT_CONFIG["n_embd"], heads=GPT_CONFIG["n_head"], seq=SEQ,
-                     vocab=VOCAB, micro_batch_size=batch, dropout=0.0)
+    shape = GPTShape(
+        layers=layers,
+        hidden=GPT_CONFIG["n_embd"],
+        heads=GPT_CONFIG["n_head"],
+        seq=SEQ,
+        vocab=VOCAB,
+        micro_batch_size=batch,
+        dropout=0.0,
+    )
     return trace_gpt_step(shape, GPTStrategy(dp=dp, grad_clip=grad_clip), layers_traced=shape.layers)
 
 
@@ -526,7 +576,9 @@ def optimizer_scale(measured: float, priced: float) -> float:
     clipping's ops are host-bound, so the phase gets its own factor, measured on the same model."""
     for name, v in (("measured", measured), ("priced", priced)):
         if not isinstance(v, float | int) or not v > 0 or v == float("inf"):
-            raise ValueError(f"optimizer probe: {name} seconds of the clipped AdamW update is {v!r}; expected a finite number > 0")
+            raise ValueError(
+                f"optimizer probe: {name} seconds of the clipped AdamW update is {v!r}; expected a finite number > 0"
+            )
     return measured / priced
 
 
@@ -551,10 +603,14 @@ def comm_scale(host: dict[str, float], calls: list[Collective]) -> float:
     extra = host["dp_fb"] - host["probe_fb"]
     priced = call_prices(host, calls)
     if not priced > 0:
-        raise ValueError(f"collective probe: its {len(calls)} calls are priced at {priced!r} s; the worker's all-reduce prices are missing or 0")
+        raise ValueError(
+            f"collective probe: its {len(calls)} calls are priced at {priced!r} s; the worker's all-reduce prices are missing or 0"
+        )
     if not extra > 0:
-        raise ValueError(f"collective probe: data parallel forward+backward {host['dp_fb']:.4g} s is not above the one-rank "
-                         f"{host['probe_fb']:.4g} s: the machine's load changed during the probe; run again")
+        raise ValueError(
+            f"collective probe: data parallel forward+backward {host['dp_fb']:.4g} s is not above the one-rank "
+            f"{host['probe_fb']:.4g} s: the machine's load changed during the probe; run again"
+        )
     return extra / priced
 
 
@@ -569,11 +625,15 @@ def step_probes() -> tuple[Any, Any]:
     """The step probe's traces (``PROBE_LAYERS`` layers, ``PROBE_BATCH`` sequence per rank): on
     one rank with gpt.py's clipped update (``opt x``'s price) and data parallel over 8 ranks
     (``comm x``'s calls)."""
-    return (one_rank_step(PROBE_BATCH, grad_clip=1.0, layers=PROBE_LAYERS),
-            one_rank_step(PROBE_BATCH, dp=8, layers=PROBE_LAYERS))
+    return (
+        one_rank_step(PROBE_BATCH, grad_clip=1.0, layers=PROBE_LAYERS),
+        one_rank_step(PROBE_BATCH, dp=8, layers=PROBE_LAYERS),
+    )
 
 
-def step_scales(host: dict[str, float], profile: Any, vector_flops: float | None, probe_clip: Any, probe_dp: Any) -> tuple[float, float]:
+def step_scales(
+    host: dict[str, float], profile: Any, vector_flops: float | None, probe_clip: Any, probe_dp: Any
+) -> tuple[float, float]:
     """(``opt x``, ``comm x``) of one kernel model (``profile``: its rates, already divided by its
     kernel factor; ``vector_flops``: its one elementwise rate, None for the curves): the step
     probe's update and its data-parallel backward's collectives (``step_probes``), measured
@@ -586,8 +646,11 @@ def forward_backward_ops(step: Any) -> list[Any]:
     """A one-rank probe step's forward and backward ops (what the worker's probe times)."""
     from simulator.step_trace import SETUP
 
-    return [op for op, part in zip(step.plan.ops, step.op_parts, strict=True)
-            if part != SETUP and op.phase in ("forward", "backward")]
+    return [
+        op
+        for op, part in zip(step.plan.ops, step.op_parts, strict=True)
+        if part != SETUP and op.phase in ("forward", "backward")
+    ]
 
 
 def kernel_seconds(step: Any, profile: Any, vector_flops: float | None) -> float:
@@ -630,8 +693,10 @@ def scale_by_size(measured: dict[int, float], priced: dict[int, float], host: di
     for b in KERNEL_BATCHES:
         kernels = measured[b] - host[b]
         if not priced[b] > 0 or not kernels > 0:
-            raise ValueError(f"kernel probe at micro-batch {b}: measured {measured[b]:.4g} s, of which host "
-                             f"{host[b]:.4g} s, priced kernels {priced[b]:.4g} s: no kernel time left; run again")
+            raise ValueError(
+                f"kernel probe at micro-batch {b}: measured {measured[b]:.4g} s, of which host "
+                f"{host[b]:.4g} s, priced kernels {priced[b]:.4g} s: no kernel time left; run again"
+            )
         out[b] = kernels / priced[b]
     return out
 
@@ -647,7 +712,9 @@ def sized(profile: Any, vector_flops: float, anchors: dict[int, tuple[float, flo
     rate = {k: v / least for k, v in profile.flops_per_s.items()}
     gemm = sorted((anchors[b][0], least / scale[b]) for b in KERNEL_BATCHES)
     vector = sorted((anchors[b][1], vector_flops / scale[b]) for b in KERNEL_BATCHES)
-    return replace(profile, flops_per_s=rate, compute_efficiency=1.0, gemm_curve=tuple(gemm), vector_curve=tuple(vector))
+    return replace(
+        profile, flops_per_s=rate, compute_efficiency=1.0, gemm_curve=tuple(gemm), vector_curve=tuple(vector)
+    )
 
 
 def kernel_scale(measured: dict[int, float], priced: dict[int, float]) -> float:
@@ -665,15 +732,21 @@ def kernel_scale(measured: dict[int, float], priced: dict[int, float]) -> float:
         for b in KERNEL_BATCHES:
             v = values.get(b)
             if not isinstance(v, float | int) or not v >= 0 or v == float("inf"):
-                raise ValueError(f"kernel probe: {name} seconds at micro-batch {b} is {v!r}; expected a finite number >= 0")
+                raise ValueError(
+                    f"kernel probe: {name} seconds at micro-batch {b} is {v!r}; expected a finite number >= 0"
+                )
     grew, priced_growth = measured[large] - measured[small], priced[large] - priced[small]
     if not priced_growth > 0:
-        raise ValueError(f"kernel probe: priced kernel seconds do not grow from micro-batch {small} to {large} "
-                         f"({priced[small]!r} -> {priced[large]!r})")
+        raise ValueError(
+            f"kernel probe: priced kernel seconds do not grow from micro-batch {small} to {large} "
+            f"({priced[small]!r} -> {priced[large]!r})"
+        )
     if not grew > 0:
-        raise ValueError(f"kernel probe: measured forward+backward did not grow from micro-batch {small} to {large} "
-                         f"({measured[small]:.4g} s -> {measured[large]:.4g} s): the machine's load changed during "
-                         "the probe; run again")
+        raise ValueError(
+            f"kernel probe: measured forward+backward did not grow from micro-batch {small} to {large} "
+            f"({measured[small]:.4g} s -> {measured[large]:.4g} s): the machine's load changed during "
+            "the probe; run again"
+        )
     return grew / priced_growth
 
 
@@ -682,20 +755,36 @@ def gpt_step(mesh: str) -> Any:
     from simulator.step_trace import GPTShape, GPTStrategy, trace_gpt_step
 
     d = degrees(mesh)
-    shape = GPTShape(layers=GPT_CONFIG["n_layer"], hidden=GPT_CONFIG["n_embd"], heads=GPT_CONFIG["n_head"], seq=SEQ,
-                     vocab=VOCAB, micro_batch_size=GLOBAL_BATCH // d["dp"], dropout=0.0)
+    shape = GPTShape(
+        layers=GPT_CONFIG["n_layer"],
+        hidden=GPT_CONFIG["n_embd"],
+        heads=GPT_CONFIG["n_head"],
+        seq=SEQ,
+        vocab=VOCAB,
+        micro_batch_size=GLOBAL_BATCH // d["dp"],
+        dropout=0.0,
+    )
     strategy = GPTStrategy(dp=d["dp"], tp=d["tp"], pp=d["pp"], grad_clip=1.0)
     return trace_gpt_step(shape, strategy, layers_traced=shape.layers)
 
 
-def predict(step: Any, profile: Any, host: dict[str, float], base: float, vector_flops: float | None,
-            opt_x: float = 1.0) -> float:
+def predict(
+    step: Any, profile: Any, host: dict[str, float], base: float, vector_flops: float | None, opt_x: float = 1.0
+) -> float:
     """``estimate`` of ``step`` with the worker's host costs; ``vector_flops`` None: the profile's
     elementwise curve; the optimizer phase (``optimizer_seconds``) times ``opt_x``."""
     from simulator.estimate import estimate
 
-    est = estimate(step.shape, step.strategy, profile, vector_flops=vector_flops, op_overhead=host["op"],
-                   reshard_overhead=base, update_overhead=host["update"], step=step)
+    est = estimate(
+        step.shape,
+        step.strategy,
+        profile,
+        vector_flops=vector_flops,
+        op_overhead=host["op"],
+        reshard_overhead=base,
+        update_overhead=host["update"],
+        step=step,
+    )
     if opt_x == 1.0:
         return est.step_time_s
     return est.step_time_s + (opt_x - 1.0) * optimizer_seconds(step, profile, host, vector_flops)
@@ -731,8 +820,13 @@ def collectives(step: Any, profile: Any, host: dict[str, float], vector_flops: f
     # Each call's bytes as the profile's bandwidth prices them (latency 0): its size for the
     # worker's size-dependent prices, and what ``estimate`` charges for them itself.
     zero_latency = Link(0.0, profile.intra_node.bandwidth_Bps)
-    bandwidth = PlanCosts(plan, replace(profile, name="bytes-only", intra_node=zero_latency,
-                                        inter_node=Link(0.0, profile.inter_node.bandwidth_Bps)), reshard_overhead=0.0)
+    bandwidth = PlanCosts(
+        plan,
+        replace(
+            profile, name="bytes-only", intra_node=zero_latency, inter_node=Link(0.0, profile.inter_node.bandwidth_Bps)
+        ),
+        reshard_overhead=0.0,
+    )
     made_by = {t: op.index for op in plan.ops for t in op.outputs}
     events: list[tuple[tuple[int, int], float | tuple[Any, tuple[tuple[int, int], ...]]]] = []
     for op, part in zip(plan.ops, step.op_parts, strict=True):
@@ -773,18 +867,32 @@ def collectives(step: Any, profile: Any, host: dict[str, float], vector_flops: f
     return calls
 
 
-def measure(mesh: str | None, steps: int, extra: tuple[str, ...] = (), lines: list[str] | None = None,
-            timeout_s: float = 900.0) -> tuple[float, float]:
+def measure(
+    mesh: str | None, steps: int, extra: tuple[str, ...] = (), lines: list[str] | None = None, timeout_s: float = 900.0
+) -> tuple[float, float]:
     """(median, spread) seconds per step of gpt.py; spread = half the interquartile range.
 
     ``mesh`` None: no ``--mesh`` (``extra`` says what to run, e.g. ``--auto``); ``lines`` gets
     the run's other stdout lines."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [MPIEXEC, "-n", "8", sys.executable, os.path.join(ROOT, "examples", "gpt.py"),
-           *(("--mesh", mesh) if mesh is not None else ()), "--steps", str(steps), "--sample", "0", *extra]
+    cmd = [
+        MPIEXEC,
+        "-n",
+        "8",
+        sys.executable,
+        os.path.join(ROOT, "examples", "gpt.py"),
+        *(("--mesh", mesh) if mesh is not None else ()),
+        "--steps",
+        str(steps),
+        "--sample",
+        "0",
+        *extra,
+    ]
     stamps = []
     with tempfile.TemporaryFile("w+") as err_file:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, stdin=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=err_file, stdin=subprocess.DEVNULL, text=True, env=env, cwd=ROOT
+        )
         # The run's wall-clock limit: a hung rank must not hang the benchmark.
         timer = threading.Timer(timeout_s, proc.kill)
         timer.start()
@@ -859,19 +967,27 @@ def round_scales(profile: Any, probes: dict[int, Any], rows: list[dict[str, floa
     out = []
     for row in rows:
         level = flat(at_load(profile, row["gemm_flops"], row["vector_flops"]))
-        out.append(kernel_scale({b: row[f"model_fb{b}"] for b in KERNEL_BATCHES},
-                                {b: kernel_seconds(probes[b], level, row["vector_flops"]) for b in KERNEL_BATCHES}))
+        out.append(
+            kernel_scale(
+                {b: row[f"model_fb{b}"] for b in KERNEL_BATCHES},
+                {b: kernel_seconds(probes[b], level, row["vector_flops"]) for b in KERNEL_BATCHES},
+            )
+        )
     return out
 
 
-def flat_predict(step: Any, profile: Any, probes: dict[int, Any], host: dict[str, float], probe_clip: Any, probe_dp: Any) -> float:
+def flat_predict(
+    step: Any, profile: Any, probes: dict[int, Any], host: dict[str, float], probe_clip: Any, probe_dp: Any
+) -> float:
     """The flat model's step (``flat s``) from one set of worker constants: the profile's rates
     moved to the worker's GEMM and elementwise rates, divided by that set's ``kern x``, the
     optimizer phase times its ``opt x``, each collective at its own size and gap times its
     ``comm x`` (``step_scales`` on the probes ``probe_clip`` and ``probe_dp``)."""
     level = flat(at_load(profile, host["gemm_flops"], host["vector_flops"]))
-    scale = kernel_scale({b: host[f"model_fb{b}"] for b in KERNEL_BATCHES},
-                         {b: kernel_seconds(probes[b], level, host["vector_flops"]) for b in KERNEL_BATCHES})
+    scale = kernel_scale(
+        {b: host[f"model_fb{b}"] for b in KERNEL_BATCHES},
+        {b: kernel_seconds(probes[b], level, host["vector_flops"]) for b in KERNEL_BATCHES},
+    )
     trained = host["vector_flops"] / scale
     free = loaded_profile(level, 0.0, scale)
     opt_x, comm_x = step_scales(host, free, trained, probe_clip, probe_dp)
@@ -892,8 +1008,9 @@ def paired_ratios(predicted: list[float], measured: list[float]) -> tuple[list[f
     return ratios, statistics.median(ratios)
 
 
-def predicted_breakdown(step: Any, profile: Any, host: dict[str, float], base: float, vector_flops: float | None,
-                        opt_x: float = 1.0) -> dict[str, float]:
+def predicted_breakdown(
+    step: Any, profile: Any, host: dict[str, float], base: float, vector_flops: float | None, opt_x: float = 1.0
+) -> dict[str, float]:
     """The prediction split into ``compute`` (kernels alone: free links, no host time), ``host``
     (what the per-op and per-update host seconds add) and ``comm`` (what the links and each
     collective's call cost add on top), each the difference of two estimates (the optimizer
@@ -910,7 +1027,9 @@ def predicted_breakdown(step: Any, profile: Any, host: dict[str, float], base: f
     return {"compute": compute, "host": no_comm - compute, "comm": full - no_comm}
 
 
-def order_agrees(names: list[str], predicted: list[float], measured: list[float], spread: list[float]) -> tuple[bool, list[str]]:
+def order_agrees(
+    names: list[str], predicted: list[float], measured: list[float], spread: list[float]
+) -> tuple[bool, list[str]]:
     """Every pair ordered alike, except pairs the measurement cannot tell apart (ties)."""
     ties = []
     ok = True
@@ -931,12 +1050,20 @@ def main() -> None:
     # curves is the default: it is the size-dependent model issue #16 asks for and the one
     # ``estimate`` prices kernels with on a calibrated CPU profile (gemm_curve, vector_curve),
     # with the probe's in-step scale on top; flat and sized are kept as cross-checks.
-    parser.add_argument("--model", choices=("flat", "curves", "sized"), default="curves",
-                        help="which prediction the order check uses: curves (the profile's rates by size, / curve x; "
-                        "the default, as estimate prices kernels), flat (one rate each, / kern x) or sized (one rate "
-                        "each, / the probe's scale at each kernel's size)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="interleaved rounds (worker and every strategy once each, order rotated); medians of the rounds")
+    parser.add_argument(
+        "--model",
+        choices=("flat", "curves", "sized"),
+        default="curves",
+        help="which prediction the order check uses: curves (the profile's rates by size, / curve x; "
+        "the default, as estimate prices kernels), flat (one rate each, / kern x) or sized (one rate "
+        "each, / the probe's scale at each kernel's size)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds (worker and every strategy once each, order rotated); medians of the rounds",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.steps < 3 or ns.rounds < 1:
@@ -951,21 +1078,30 @@ def main() -> None:
         profile = load_profile(ns.profile)
     else:
         path = os.path.join(tempfile.mkdtemp(prefix="mpipar-calibrate-"), "profile.json")
-        subprocess.run([sys.executable, "-m", "simulator", "calibrate", "-n", "8", "-o", path], check=True, cwd=ROOT,
-                       stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "simulator", "calibrate", "-n", "8", "-o", path],
+            check=True,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
         profile = load_profile(path)
         print(f"calibrated (mpiexec -n 8): {path}")
     link = profile.intra_node
-    print(f"  links: alpha {link.alpha_s * 1e6:.1f} us, {link.bandwidth_Bps / 1e9:.2f} GB/s; GEMM float32 "
-          f"{profile.flops_per_s.get('float32', 0) / 1e9:.1f} GFLOP/s per rank ({os.cpu_count()} CPUs for 8 ranks)")
+    print(
+        f"  links: alpha {link.alpha_s * 1e6:.1f} us, {link.bandwidth_Bps / 1e9:.2f} GB/s; GEMM float32 "
+        f"{profile.flops_per_s.get('float32', 0) / 1e9:.1f} GFLOP/s per rank ({os.cpu_count()} CPUs for 8 ranks)"
+    )
     names = [s.strip() for s in ns.strategies.split(";") if s.strip()]
     probes = {b: one_rank_step(b) for b in KERNEL_BATCHES}
     probe_clip, probe_dp = step_probes()
     probe_ops = {b: len(forward_backward_ops(probes[b])) for b in KERNEL_BATCHES}
     curves = bool(profile.gemm_curve and profile.vector_curve)
     if not curves:
-        print("  (this profile has no gemm_curve/vector_curve: the prediction falls back to the flat model; "
-              "recalibrate with `python -m simulator calibrate -n 8`)")
+        print(
+            "  (this profile has no gemm_curve/vector_curve: the prediction falls back to the flat model; "
+            "recalibrate with `python -m simulator calibrate -n 8`)"
+        )
     steps = {mesh: gpt_step(mesh) for mesh in names}
 
     # Rounds: the worker's host-cost measurement and every strategy's gpt.py run once per round,
@@ -991,17 +1127,42 @@ def main() -> None:
     spread = [round_spread([m for m, _ in results[mesh]]) if ns.rounds > 1 else results[mesh][0][1] for mesh in names]
 
     print(f"\nhost costs over {ns.rounds} worker run(s): median [least .. largest]")
-    labels = {key: key for key in ("op", "update", "vector_flops", "gemm_flops", *(f"model_fb{b}" for b in KERNEL_BATCHES),
-                                   "probe_fb", "probe_update", "dp_fb")}
-    labels.update({allreduce_key(n, g, b): f"all-reduce({n}) {b // 1024:>3} KiB after {gap * 1e3:g} ms"
-                   for n in GROUP_SIZES for b in MESSAGE_BYTES for g, gap in enumerate(GAP_GRID)})
+    labels = {
+        key: key
+        for key in (
+            "op",
+            "update",
+            "vector_flops",
+            "gemm_flops",
+            *(f"model_fb{b}" for b in KERNEL_BATCHES),
+            "probe_fb",
+            "probe_update",
+            "dp_fb",
+        )
+    }
+    labels.update(
+        {
+            allreduce_key(n, g, b): f"all-reduce({n}) {b // 1024:>3} KiB after {gap * 1e3:g} ms"
+            for n in GROUP_SIZES
+            for b in MESSAGE_BYTES
+            for g, gap in enumerate(GAP_GRID)
+        }
+    )
     for key, label in labels.items():
         if key not in host:  # a worker from before the sizes were timed
             continue
-        unit, factor = (("GF/s", 1e-9) if key.endswith("flops") else ("ms", 1e3) if key.startswith(("model", "probe", "dp_")) else ("us", 1e6))
+        unit, factor = (
+            ("GF/s", 1e-9)
+            if key.endswith("flops")
+            else ("ms", 1e3)
+            if key.startswith(("model", "probe", "dp_"))
+            else ("us", 1e6)
+        )
         lo, hi = host_range[key]
         rel = (hi - lo) / host[key] if host[key] else 0.0
-        print(f"  {label:<36} {host[key] * factor:>9.2f} [{lo * factor:.2f} .. {hi * factor:.2f}] {unit}  (+-{rel / 2:.0%})")
+        print(
+            f"  {label:<36} {host[key] * factor:>9.2f} [{lo * factor:.2f} .. {hi * factor:.2f}] {unit}  (+-{rel / 2:.0%})"
+        )
 
     now = at_load(profile, host["gemm_flops"], host["vector_flops"])
     measured_fb = {b: host[f"model_fb{b}"] for b in KERNEL_BATCHES}
@@ -1014,7 +1175,9 @@ def main() -> None:
     trained = host["vector_flops"] / scale
     # The flat rates divided by each probe batch's own scale, at the sizes of its kernels.
     by_size = scale_by_size(measured_fb, level_priced, {b: probe_ops[b] * host["op"] for b in KERNEL_BATCHES})
-    by_size_model = sized(level, host["vector_flops"], {b: probe_sizes(probes[b], level) for b in KERNEL_BATCHES}, by_size)
+    by_size_model = sized(
+        level, host["vector_flops"], {b: probe_sizes(probes[b], level) for b in KERNEL_BATCHES}, by_size
+    )
     model = now if curves else level
     vec = None if curves else host["vector_flops"]
     curve_x = kernel_scale(measured_fb, {b: kernel_seconds(probes[b], model, vec) for b in KERNEL_BATCHES})
@@ -1022,9 +1185,11 @@ def main() -> None:
     # Per kernel model, the optimizer phase's factor (the probe's clipped update against its
     # price) and the collectives' (the probe's data-parallel backward against the steady
     # loop's prices of its calls): each term priced from a probe that pays it as a step does.
-    scales = {"flat": step_scales(host, loaded_profile(level, 0.0, scale), trained, probe_clip, probe_dp),
-              "curves": step_scales(host, loaded_profile(model, 0.0, curve_x), vec_x, probe_clip, probe_dp),
-              "sized": step_scales(host, by_size_model, None, probe_clip, probe_dp)}
+    scales = {
+        "flat": step_scales(host, loaded_profile(level, 0.0, scale), trained, probe_clip, probe_dp),
+        "curves": step_scales(host, loaded_profile(model, 0.0, curve_x), vec_x, probe_clip, probe_dp),
+        "sized": step_scales(host, by_size_model, None, probe_clip, probe_dp),
+    }
     hosts = {k: scaled_collectives(host, c) for k, (_, c) in scales.items()}
     predicted, rows, parts = [], [], []
     for mesh, m, sp in zip(names, measured, spread, strict=True):
@@ -1037,54 +1202,94 @@ def main() -> None:
         flat_p = predict(step, flat_model, host, flat_base, trained, scales["flat"][0])
         # The curves' rates, each divided by what the probe still measures beyond them
         # (``curve x``), so the size dependence and the training-step slowdown both hold.
-        alpha, base = loaded_latency(hosts["curves"], collectives(step, loaded_profile(model, 0.0, curve_x), host, vec_x))
+        alpha, base = loaded_latency(
+            hosts["curves"], collectives(step, loaded_profile(model, 0.0, curve_x), host, vec_x)
+        )
         curve_model = loaded_profile(model, alpha, curve_x)
         p = predict(step, curve_model, host, base, vec_x, scales["curves"][0])
         # The headline is the model chosen by --model; all are printed.
         headline = {"curves": p, "flat": flat_p, "sized": sized_p}[ns.model]
         predicted.append(headline)
-        parts.append({"flat": predicted_breakdown(step, flat_model, host, flat_base, trained, scales["flat"][0]),
-                      "curves": predicted_breakdown(step, curve_model, host, base, vec_x, scales["curves"][0])})
-        rows.append((mesh, statistics.median(c.gap for c in flat_calls) if flat_calls else 0.0, flat_alpha, flat_base, flat_p, alpha, base, p, m, sp,
-                     sized_p))
-    print(f"\nkern x {scale:.2f} (flat), curve x {curve_x:.2f} (curves), x at {'/'.join(map(str, KERNEL_BATCHES))} "
-          f"{'/'.join(f'{by_size[b]:.2f}' for b in KERNEL_BATCHES)} (sized), from the median probe; "
-          f"each worker run's own kern x {'/'.join(f'{x:.2f}' for x in round_scales(profile, probes, results[HOST]))}")
-    print("opt x (the clipped update, measured over priced) and comm x (the data-parallel backward's collectives, "
-          "measured over the steady loop's prices): " + ", ".join(f"{k} {o:.2f}/{c:.2f}" for k, (o, c) in scales.items()))
+        parts.append(
+            {
+                "flat": predicted_breakdown(step, flat_model, host, flat_base, trained, scales["flat"][0]),
+                "curves": predicted_breakdown(step, curve_model, host, base, vec_x, scales["curves"][0]),
+            }
+        )
+        rows.append(
+            (
+                mesh,
+                statistics.median(c.gap for c in flat_calls) if flat_calls else 0.0,
+                flat_alpha,
+                flat_base,
+                flat_p,
+                alpha,
+                base,
+                p,
+                m,
+                sp,
+                sized_p,
+            )
+        )
+    print(
+        f"\nkern x {scale:.2f} (flat), curve x {curve_x:.2f} (curves), x at {'/'.join(map(str, KERNEL_BATCHES))} "
+        f"{'/'.join(f'{by_size[b]:.2f}' for b in KERNEL_BATCHES)} (sized), from the median probe; "
+        f"each worker run's own kern x {'/'.join(f'{x:.2f}' for x in round_scales(profile, probes, results[HOST]))}"
+    )
+    print(
+        "opt x (the clipped update, measured over priced) and comm x (the data-parallel backward's collectives, "
+        "measured over the steady loop's prices): " + ", ".join(f"{k} {o:.2f}/{c:.2f}" for k, (o, c) in scales.items())
+    )
 
     def mark(ratio: float) -> str:
         return f"{ratio:.2f} " + ("ok" if 0.8 <= ratio <= 1.25 else ("target" if 0.67 <= ratio <= 1.5 else "OUT"))
 
-    print(f"\n{'strategy':<16} {'gap ms':>6} {'call us':>7} {'alpha us':>8} {'flat s':>7} {'curve/x s':>9} {'sized s':>7} "
-          f"{'measured s':>10} {'+-':>6} {'rounds s':>20} {'flat/meas':>9} {'curve/x/meas':>12} {'sized/meas':>10}")
+    print(
+        f"\n{'strategy':<16} {'gap ms':>6} {'call us':>7} {'alpha us':>8} {'flat s':>7} {'curve/x s':>9} {'sized s':>7} "
+        f"{'measured s':>10} {'+-':>6} {'rounds s':>20} {'flat/meas':>9} {'curve/x/meas':>12} {'sized/meas':>10}"
+    )
     for mesh, gap, flat_alpha, flat_base, flat_p, _alpha, _base, p, m, sp, sized_p in rows:
         each = "/".join(f"{x:.3f}" for x, _ in results[mesh])
-        print(f"{mesh:<16} {gap * 1e3:>6.2f} {flat_base * 1e6:>7.0f} {flat_alpha * 1e6:>8.0f} {flat_p:>7.4f} {p:>9.4f} "
-              f"{sized_p:>7.4f} {m:>10.4f} {sp:>6.3f} {each:>20} {mark(flat_p / m):>9} {mark(p / m):>12} {mark(sized_p / m):>10}")
-    print(f"\n{'predicted':<16} {'flat: compute':>13} {'host':>7} {'comm':>7} {'curve/x: compute':>16} {'host':>7} {'comm':>7}  (s)")
+        print(
+            f"{mesh:<16} {gap * 1e3:>6.2f} {flat_base * 1e6:>7.0f} {flat_alpha * 1e6:>8.0f} {flat_p:>7.4f} {p:>9.4f} "
+            f"{sized_p:>7.4f} {m:>10.4f} {sp:>6.3f} {each:>20} {mark(flat_p / m):>9} {mark(p / m):>12} {mark(sized_p / m):>10}"
+        )
+    print(
+        f"\n{'predicted':<16} {'flat: compute':>13} {'host':>7} {'comm':>7} {'curve/x: compute':>16} {'host':>7} {'comm':>7}  (s)"
+    )
     for mesh, part in zip(names, parts, strict=True):
         f, c = part["flat"], part["curves"]
-        print(f"{mesh:<16} {f['compute']:>13.4f} {f['host']:>7.4f} {f['comm']:>7.4f} {c['compute']:>16.4f} {c['host']:>7.4f} {c['comm']:>7.4f}")
+        print(
+            f"{mesh:<16} {f['compute']:>13.4f} {f['host']:>7.4f} {f['comm']:>7.4f} {c['compute']:>16.4f} {c['host']:>7.4f} {c['comm']:>7.4f}"
+        )
     print(f"\n{'paired rounds':<16} {'flat s per round':>24} {'flat/meas per round':>20} {'median':>11}")
     for mesh in names:
         each = [flat_predict(steps[mesh], profile, probes, h, probe_clip, probe_dp) for h in results[HOST]]
         ratios, mid = paired_ratios(each, [m for m, _ in results[mesh]])
-        print(f"{mesh:<16} {'/'.join(f'{x:.3f}' for x in each):>24} {'/'.join(f'{r:.2f}' for r in ratios):>20} {mark(mid):>11}")
-    print("(gap: the median work before one of rank 0's collectives; call + 2(n-1) alpha: an n-rank all-reduce, averaged "
-          "over the plan's collectives, each after its own gap of work (the flat model's gaps); flat: one GEMM and one "
-          "elementwise rate divided by kern x; curve/x: the profile's rates by size divided by curve x; sized: the "
-          "flat rates divided by each probe batch's own scale, interpolated in log kernel size; measured: the median "
-          "of the rounds' medians, +- half their range; compute: kernels alone, host: the per-op and per-update host "
-          "time, comm: links and collective calls; paired rounds: each round's worker run prices the flat model, "
-          "against the step measured in the same round)")
-    print(f"load average {load_start[0]:.1f} {load_start[1]:.1f} {load_start[2]:.1f} at the start, "
-          f"{load_end[0]:.1f} {load_end[1]:.1f} {load_end[2]:.1f} at the end ({os.cpu_count()} CPUs)")
+        print(
+            f"{mesh:<16} {'/'.join(f'{x:.3f}' for x in each):>24} {'/'.join(f'{r:.2f}' for r in ratios):>20} {mark(mid):>11}"
+        )
+    print(
+        "(gap: the median work before one of rank 0's collectives; call + 2(n-1) alpha: an n-rank all-reduce, averaged "
+        "over the plan's collectives, each after its own gap of work (the flat model's gaps); flat: one GEMM and one "
+        "elementwise rate divided by kern x; curve/x: the profile's rates by size divided by curve x; sized: the "
+        "flat rates divided by each probe batch's own scale, interpolated in log kernel size; measured: the median "
+        "of the rounds' medians, +- half their range; compute: kernels alone, host: the per-op and per-update host "
+        "time, comm: links and collective calls; paired rounds: each round's worker run prices the flat model, "
+        "against the step measured in the same round)"
+    )
+    print(
+        f"load average {load_start[0]:.1f} {load_start[1]:.1f} {load_start[2]:.1f} at the start, "
+        f"{load_end[0]:.1f} {load_end[1]:.1f} {load_end[2]:.1f} at the end ({os.cpu_count()} CPUs)"
+    )
     ok, ties = order_agrees(names, predicted, measured, spread)
     by_pred = " < ".join(n for _, n in sorted(zip(predicted, names, strict=True)))
     by_meas = " < ".join(n for _, n in sorted(zip(measured, names, strict=True)))
     print(f"\npredicted order: {by_pred}\nmeasured order:  {by_meas}")
-    print(f"order matches: {'yes' if ok else 'no'}" + (f" (ties within the measured spread: {', '.join(ties)})" if ties else ""))
+    print(
+        f"order matches: {'yes' if ok else 'no'}"
+        + (f" (ties within the measured spread: {', '.join(ties)})" if ties else "")
+    )
 
 
 if __name__ == "__main__":

@@ -47,16 +47,37 @@ def _gpt(layers: int, hidden: int, heads: int, micro_batch_size: int = 1) -> GPT
 
 def _strategy(pp: int, micro_batches: int, recompute: str, chunks: int = 1) -> GPTStrategy:
     schedule = "Interleaved1F1B" if chunks > 1 else "1F1B"
-    return GPTStrategy(dp=1, tp=8, pp=pp, sequence_parallel=recompute == "selective", recompute=recompute, zero=0,
-                    mixed_precision=True, micro_batches=micro_batches, schedule=schedule, chunks=chunks)
+    return GPTStrategy(
+        dp=1,
+        tp=8,
+        pp=pp,
+        sequence_parallel=recompute == "selective",
+        recompute=recompute,
+        zero=0,
+        mixed_precision=True,
+        micro_batches=micro_batches,
+        schedule=schedule,
+        chunks=chunks,
+    )
 
 
 ROWS = [
     Row("22B selective + SP", _gpt(48, 6144, 64, 4), _strategy(1, 1, "selective"), 1.10, "calibration"),
     Row("22B full recompute", _gpt(48, 6144, 64, 4), _strategy(1, 1, "full"), 1.42, "calibration"),
-    Row("175B selective + SP, pp 8 x 3 chunks", _gpt(96, 12288, 96), _strategy(8, 64, "selective", 3), None, "validation"),
-    Row("530B selective + SP, pp 35 x 3 chunks", _gpt(105, 20480, 128), _strategy(35, 280, "selective", 3), None,
-        "validation"),
+    Row(
+        "175B selective + SP, pp 8 x 3 chunks",
+        _gpt(96, 12288, 96),
+        _strategy(8, 64, "selective", 3),
+        None,
+        "validation",
+    ),
+    Row(
+        "530B selective + SP, pp 35 x 3 chunks",
+        _gpt(105, 20480, 128),
+        _strategy(35, 280, "selective", 3),
+        None,
+        "validation",
+    ),
     Row("1T selective + SP, pp 64", _gpt(128, 25600, 160), _strategy(64, 512, "selective"), None, "validation"),
 ]
 
@@ -70,11 +91,16 @@ def fit_gemm_efficiency(profile: HardwareProfile) -> float:
     calib = [r for r in ROWS if r.role == "calibration"]
     at1 = run(calib, dataclasses.replace(profile, gemm_efficiency_max=1.0))
     at_half = run(calib, dataclasses.replace(profile, gemm_efficiency_max=0.5))
-    parts = [(h.step_time_s - o.step_time_s, 2 * o.step_time_s - h.step_time_s) for o, h in zip(at1, at_half, strict=True)]
+    parts = [
+        (h.step_time_s - o.step_time_s, 2 * o.step_time_s - h.step_time_s) for o, h in zip(at1, at_half, strict=True)
+    ]
 
     def loss(e: float) -> float:
-        return sum(math.log((g / e + o) / r.published_s) ** 2 for (g, o), r in zip(parts, calib, strict=True)
-                   if r.published_s is not None)
+        return sum(
+            math.log((g / e + o) / r.published_s) ** 2
+            for (g, o), r in zip(parts, calib, strict=True)
+            if r.published_s is not None
+        )
 
     return min((k / 1000 for k in range(200, 1001)), key=loss)
 
@@ -97,11 +123,15 @@ def main() -> None:
         pub = "withheld" if row.published_s is None else f"{row.published_s:.2f} s"
         ratio = "-" if row.published_s is None else f"{est.step_time_s / row.published_s:.3f}"
         mfu, hfu = est.utilization(est.model_flops), est.utilization(est.hardware_flops)
-        print(f"| {row.name} | {row.role} | {est.world_size} | {pub} | {est.step_time_s:.3f} s | {ratio} | "
-              f"{100 * (mfu or 0):.1f}% | {100 * (hfu or 0):.1f}% | {est.bubble_fraction:.3f} |")
-    print(f"\n{profile.name}: gemm_efficiency_max {profile.gemm_efficiency_max}, gemm_half_flops "
-          f"{profile.gemm_half_flops:g}, kernel_launch_s {profile.kernel_launch_s:g}, elementwise_fusion "
-          f"{profile.elementwise_fusion:g}; {len(ROWS)} estimates in {time.perf_counter() - started:.1f} s")
+        print(
+            f"| {row.name} | {row.role} | {est.world_size} | {pub} | {est.step_time_s:.3f} s | {ratio} | "
+            f"{100 * (mfu or 0):.1f}% | {100 * (hfu or 0):.1f}% | {est.bubble_fraction:.3f} |"
+        )
+    print(
+        f"\n{profile.name}: gemm_efficiency_max {profile.gemm_efficiency_max}, gemm_half_flops "
+        f"{profile.gemm_half_flops:g}, kernel_launch_s {profile.kernel_launch_s:g}, elementwise_fusion "
+        f"{profile.elementwise_fusion:g}; {len(ROWS)} estimates in {time.perf_counter() - started:.1f} s"
+    )
 
 
 if __name__ == "__main__":

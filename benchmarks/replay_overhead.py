@@ -66,7 +66,9 @@ def main() -> None:
                 fn()
                 best[name] = min(best[name], time.perf_counter() - t0)
         cols = "  ".join(f"{name} {t * 1e6:7.0f} us" for name, t in best.items())
-        ratio = "".join(f"  {name}/eager {best[name] / best['eager']:.2f}" for name in ("replayed", "captured") if name in best)
+        ratio = "".join(
+            f"  {name}/eager {best[name] / best['eager']:.2f}" for name in ("replayed", "captured") if name in best
+        )
         print(f"  {layout}: {cols}{ratio}")
 
 

@@ -89,7 +89,9 @@ def main() -> None:
         dist.plan_reshard(a, b)
         t_warm = best_of(lambda a=a, b=b: dist.plan_reshard(a, b), 100)
         steps = len(dist.plan_reshard(a, b).steps)
-        print(f"  4x4x4 {src:>20s} -> {dst:<16s} uncached {t_cold * 1e3:7.2f} ms  cached {t_warm * 1e6:6.2f} us  ({steps} steps)")
+        print(
+            f"  4x4x4 {src:>20s} -> {dst:<16s} uncached {t_cold * 1e3:7.2f} ms  cached {t_warm * 1e6:6.2f} us  ({steps} steps)"
+        )
 
 
 if __name__ == "__main__":

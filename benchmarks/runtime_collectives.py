@@ -122,8 +122,12 @@ def cases(mib: int, mesh: dist.ProcessMesh, rng: np.random.Generator) -> list[Ca
     side -= side % n
     shape = (side, side)
     rows = side // n
-    t_shard = dist.dtensor_from_local(rng.standard_normal((rows, side), dtype=np.float32), mesh, [dist.Shard(0)], shape=shape)
-    t_partial = dist.dtensor_from_local(rng.standard_normal(shape, dtype=np.float32), mesh, [dist.Partial("sum")], shape=shape)
+    t_shard = dist.dtensor_from_local(
+        rng.standard_normal((rows, side), dtype=np.float32), mesh, [dist.Shard(0)], shape=shape
+    )
+    t_partial = dist.dtensor_from_local(
+        rng.standard_normal(shape, dtype=np.float32), mesh, [dist.Partial("sum")], shape=shape
+    )
     # Every contender reads the tensors' own local shards (dtensor_from_local copied the
     # arrays): with separate copies, the reshard alone would read a buffer the other two never
     # touch, cold in cache where theirs is warm.
@@ -137,26 +141,50 @@ def cases(mib: int, mesh: dist.ProcessMesh, rng: np.random.Generator) -> list[Ca
     row_blocks = [partial[i * rows : (i + 1) * rows] for i in range(n)]
     col_blocks = [sharded[:, j * rows : (j + 1) * rows] for j in range(n)]
     return [
-        ("S(0)->R", lambda: dist.reshard(t_shard, mesh, [dist.Replicate()]),
-         lambda: comm.all_gather(group, {me: sharded}, [(rows, side)] * n),
-         lambda: world.Allgather(sharded, full), "Allgather"),
-        ("P->R", lambda: dist.reshard(t_partial, mesh, [dist.Replicate()]),
-         lambda: comm.all_reduce(group, {me: partial}, "sum"),
-         lambda: world.Allreduce(partial, full, op=MPI.SUM), "Allreduce"),
-        ("P->S(0)", lambda: dist.reshard(t_partial, mesh, [dist.Shard(0)]),
-         lambda: comm.reduce_scatter(group, {me: row_blocks}, "sum"),
-         lambda: world.Reduce_scatter_block(partial, block, op=MPI.SUM), "Reduce_scatter_block"),
-        ("P->R native", natively(lambda: dist.reshard(t_partial, mesh, [dist.Replicate()])),
-         natively(lambda: comm.all_reduce(group, {me: partial}, "sum")),
-         lambda: world.Allreduce(partial, full, op=MPI.SUM), "Allreduce"),
-        ("P->S(0) nat.", natively(lambda: dist.reshard(t_partial, mesh, [dist.Shard(0)])),
-         natively(lambda: comm.reduce_scatter(group, {me: row_blocks}, "sum")),
-         lambda: world.Reduce_scatter_block(partial, block, op=MPI.SUM), "Reduce_scatter_block"),
-        ("S(0)->S(1)", lambda: dist.reshard(t_shard, mesh, [dist.Shard(1)]),
-         lambda: comm.all_to_all(group, {me: col_blocks}, {me: [(rows, rows)] * n}),
-         lambda: world.Alltoall([sharded, 1, column_block], [columns, rows * rows, MPI.FLOAT]),
-         "Alltoall (strided datatype)"),
+        (
+            "S(0)->R",
+            lambda: dist.reshard(t_shard, mesh, [dist.Replicate()]),
+            lambda: comm.all_gather(group, {me: sharded}, [(rows, side)] * n),
+            lambda: world.Allgather(sharded, full),
+            "Allgather",
+        ),
+        (
+            "P->R",
+            lambda: dist.reshard(t_partial, mesh, [dist.Replicate()]),
+            lambda: comm.all_reduce(group, {me: partial}, "sum"),
+            lambda: world.Allreduce(partial, full, op=MPI.SUM),
+            "Allreduce",
+        ),
+        (
+            "P->S(0)",
+            lambda: dist.reshard(t_partial, mesh, [dist.Shard(0)]),
+            lambda: comm.reduce_scatter(group, {me: row_blocks}, "sum"),
+            lambda: world.Reduce_scatter_block(partial, block, op=MPI.SUM),
+            "Reduce_scatter_block",
+        ),
+        (
+            "P->R native",
+            natively(lambda: dist.reshard(t_partial, mesh, [dist.Replicate()])),
+            natively(lambda: comm.all_reduce(group, {me: partial}, "sum")),
+            lambda: world.Allreduce(partial, full, op=MPI.SUM),
+            "Allreduce",
+        ),
+        (
+            "P->S(0) nat.",
+            natively(lambda: dist.reshard(t_partial, mesh, [dist.Shard(0)])),
+            natively(lambda: comm.reduce_scatter(group, {me: row_blocks}, "sum")),
+            lambda: world.Reduce_scatter_block(partial, block, op=MPI.SUM),
+            "Reduce_scatter_block",
+        ),
+        (
+            "S(0)->S(1)",
+            lambda: dist.reshard(t_shard, mesh, [dist.Shard(1)]),
+            lambda: comm.all_to_all(group, {me: col_blocks}, {me: [(rows, rows)] * n}),
+            lambda: world.Alltoall([sharded, 1, column_block], [columns, rows * rows, MPI.FLOAT]),
+            "Alltoall (strided datatype)",
+        ),
     ]
+
 
 if __name__ == "__main__":
     main()

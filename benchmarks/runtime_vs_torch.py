@@ -68,8 +68,9 @@ def weights() -> dict[str, np.ndarray]:
     }
 
 
-def time_steps(step: Callable[[], None], barrier: Callable[[], None], slowest: Callable[[float], float],
-               iters: int, warmup: int) -> list[float]:
+def time_steps(
+    step: Callable[[], None], barrier: Callable[[], None], slowest: Callable[[float], float], iters: int, warmup: int
+) -> list[float]:
     """Per step: barrier, run, the slowest rank's seconds (every rank gets the list)."""
     for _ in range(warmup):
         step()
@@ -292,8 +293,10 @@ def train_section(args: argparse.Namespace, have_torch: bool) -> None:
     common = ["--iters", str(args.iters), "--warmup", str(args.warmup), "--world", str(args.world)]
     mpi_cmd = [mpiexec, "-n", str(args.world), sys.executable, me, "--worker", "train-mpi", *common]
     torch_cmd = [sys.executable, me, "--worker", "train-torch", *common]
-    print(f"\nTP MLP training step {BATCH}x{IN} -> {HIDDEN} -> {IN}, float32, forward+backward+SGD, loss mean(y*y), "
-          f"{args.world} ranks; slowest rank per step, median of {args.iters} steps per round, best of {args.rounds} rounds")
+    print(
+        f"\nTP MLP training step {BATCH}x{IN} -> {HIDDEN} -> {IN}, float32, forward+backward+SGD, loss mean(y*y), "
+        f"{args.world} ranks; slowest rank per step, median of {args.iters} steps per round, best of {args.rounds} rounds"
+    )
     if not have_torch:
         print("  PyTorch is not installed: the DTensor column is skipped (.venv/bin/pip install -e '.[torch]')")
     best: dict[str, float] = {}
@@ -314,10 +317,16 @@ def train_section(args: argparse.Namespace, have_torch: bool) -> None:
     if "torch" in losses:
         np.testing.assert_allclose(losses["torch"], losses["mpi4py"], rtol=1e-4)
         print(f"  torch's first two losses {losses['torch']} match the hand-written ones {losses['mpi4py']}")
-    print(f"  mpipar's communication per step: {comm}; its first two steps match the hand-written ones (losses, weights)")
+    print(
+        f"  mpipar's communication per step: {comm}; its first two steps match the hand-written ones (losses, weights)"
+    )
     base = best["mpi4py"]
-    for name, label in (("mpipar", "mpipar"), ("mpipar captured", "mpipar, captured"), ("mpi4py", "hand-written mpi4py"),
-                        ("torch", "torch DTensor (gloo)")):
+    for name, label in (
+        ("mpipar", "mpipar"),
+        ("mpipar captured", "mpipar, captured"),
+        ("mpi4py", "hand-written mpi4py"),
+        ("torch", "torch DTensor (gloo)"),
+    ):
         if name in best:
             print(f"  {label:<22}{best[name] * 1e3:9.2f} ms/step  {best[name] / base:5.2f}x hand-written")
 
@@ -329,8 +338,10 @@ def _launch(cmd: list[str], timeout: float) -> dict[str, Any]:
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
     if proc.returncode != 0 or len(lines) != 1:
-        raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(lines[0][len(RESULT):])
+        raise SystemExit(
+            f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return json.loads(lines[0][len(RESULT) :])
 
 
 def main() -> None:
@@ -339,14 +350,21 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each contender, in turns")
     parser.add_argument("--world", type=int, default=4)
-    parser.add_argument("--step", choices=["both", "forward-backward", "train"], default="both",
-                        help="which step to compare (default both)")
+    parser.add_argument(
+        "--step",
+        choices=["both", "forward-backward", "train"],
+        default="both",
+        help="which step to compare (default both)",
+    )
     parser.add_argument("--worker", choices=["ours", "torch", "train-mpi", "train-torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
-        {"ours": lambda: run_ours(args.iters, args.warmup), "torch": lambda: run_torch(args.world, args.iters, args.warmup),
-         "train-mpi": lambda: run_train_mpi(args.iters, args.warmup),
-         "train-torch": lambda: run_torch_train(args.world, args.iters, args.warmup)}[args.worker]()
+        {
+            "ours": lambda: run_ours(args.iters, args.warmup),
+            "torch": lambda: run_torch(args.world, args.iters, args.warmup),
+            "train-mpi": lambda: run_train_mpi(args.iters, args.warmup),
+            "train-torch": lambda: run_torch_train(args.world, args.iters, args.warmup),
+        }[args.worker]()
         return
     if HIDDEN % args.world:
         raise SystemExit(f"--world {args.world} must divide the hidden size {HIDDEN}")
@@ -359,17 +377,21 @@ def main() -> None:
     if args.step == "train":
         return
     if torch is None:
-        print("\nPyTorch is not installed: the forward+backward comparison with DTensor is skipped "
-              "(.venv/bin/pip install -e '.[torch]', torch==2.13.0 CPU)")
+        print(
+            "\nPyTorch is not installed: the forward+backward comparison with DTensor is skipped "
+            "(.venv/bin/pip install -e '.[torch]', torch==2.13.0 CPU)"
+        )
         return
     me = os.path.abspath(__file__)
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     common = ["--iters", str(args.iters), "--warmup", str(args.warmup), "--world", str(args.world)]
     ours_cmd = [mpiexec, "-n", str(args.world), sys.executable, me, "--worker", "ours", *common]
     torch_cmd = [sys.executable, me, "--worker", "torch", *common]
-    print(f"runtime_vs_torch: TP MLP {BATCH}x{IN} -> {HIDDEN} -> {IN}, float32, forward+backward, {args.world} ranks "
-          f"on {os.cpu_count()} cores; torch {torch.__version__}; slowest rank per step, median of {args.iters} "
-          f"steps per round, best of {args.rounds} rounds")
+    print(
+        f"runtime_vs_torch: TP MLP {BATCH}x{IN} -> {HIDDEN} -> {IN}, float32, forward+backward, {args.world} ranks "
+        f"on {os.cpu_count()} cores; torch {torch.__version__}; slowest rank per step, median of {args.iters} "
+        f"steps per round, best of {args.rounds} rounds"
+    )
     rounds: dict[str, list[float]] = {"ours": [], "torch": []}
     results: dict[str, dict[str, Any]] = {}
     for r in range(args.rounds):
@@ -377,19 +399,27 @@ def main() -> None:
             res = _launch(cmd, timeout=600)
             results[name] = res
             rounds[name].append(float(np.median(res["times"])))
-            print(f"  round {r}: {name:<5} median {rounds[name][-1] * 1e3:8.2f} ms  min {min(res['times']) * 1e3:8.2f} ms")
+            print(
+                f"  round {r}: {name:<5} median {rounds[name][-1] * 1e3:8.2f} ms  min {min(res['times']) * 1e3:8.2f} ms"
+            )
     ref = reference()
     for name, res in results.items():
         values = np.array([res["loss"], *res["grad_norms"]])
         rel = np.max(np.abs(values - ref) / np.abs(ref))
-        print(f"{name:<5} loss {res['loss']:.6f}, gradient norms {[round(v, 3) for v in res['grad_norms']]}: "
-              f"within {rel:.1e} relative of float64 NumPy")
+        print(
+            f"{name:<5} loss {res['loss']:.6f}, gradient norms {[round(v, 3) for v in res['grad_norms']]}: "
+            f"within {rel:.1e} relative of float64 NumPy"
+        )
         if rel > 1e-4:
-            raise SystemExit(f"{name} does not compute the step (relative error {rel:.1e}): the timing comparison is void")
+            raise SystemExit(
+                f"{name} does not compute the step (relative error {rel:.1e}): the timing comparison is void"
+            )
     print(f"our communication per step: {results['ours']['comm']}")
     best_ours, best_torch = min(rounds["ours"]), min(rounds["torch"])
-    print(f"step time: ours {best_ours * 1e3:.2f} ms, torch DTensor {best_torch * 1e3:.2f} ms, "
-          f"ours/torch {best_ours / best_torch:.2f}x")
+    print(
+        f"step time: ours {best_ours * 1e3:.2f} ms, torch DTensor {best_torch * 1e3:.2f} ms, "
+        f"ours/torch {best_ours / best_torch:.2f}x"
+    )
 
 
 if __name__ == "__main__":

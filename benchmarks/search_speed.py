@@ -39,21 +39,27 @@ def main(argv: list[str] | None = None) -> int:
     # The load says how much of the wall clock went to other processes on a shared machine.
     print("load average (1, 5, 15 min) at the end: " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
     # CPU seconds too: on a shared machine the wall clock measures the neighbours as much as the search.
-    print(f"{result.enumerated} candidates in {seconds:.1f} s wall, {cpu:.1f} s CPU "
-          f"({result.enumerated / seconds:,.0f} candidates/s wall, {result.enumerated / cpu:,.0f} per CPU second); "
-          f"{result.priced} priced exactly; dropped: " + ", ".join(f"{v} {k}" for k, v in result.pruned.items()))
+    print(
+        f"{result.enumerated} candidates in {seconds:.1f} s wall, {cpu:.1f} s CPU "
+        f"({result.enumerated / seconds:,.0f} candidates/s wall, {result.enumerated / cpu:,.0f} per CPU second); "
+        f"{result.priced} priced exactly; dropped: " + ", ".join(f"{v} {k}" for k, v in result.pruned.items())
+    )
     for rank, c in enumerate(result.ranked, 1):
         st = c.strategy
-        print(f"#{rank} dp={st.dp} tp={st.tp} pp={st.pp} sp={st.sequence_parallel} recompute={st.recompute} "
-              f"zero={st.zero} mbs={c.micro_batch_size} m={st.micro_batches} {st.schedule} chunks={st.chunks}: "
-              f"step {c.step_time_s:.3f} s, MFU {c.mfu:.1%}, peak {c.peak_bytes / 2**30:.1f} GiB")
+        print(
+            f"#{rank} dp={st.dp} tp={st.tp} pp={st.pp} sp={st.sequence_parallel} recompute={st.recompute} "
+            f"zero={st.zero} mbs={c.micro_batch_size} m={st.micro_batches} {st.schedule} chunks={st.chunks}: "
+            f"step {c.step_time_s:.3f} s, MFU {c.mfu:.1%}, peak {c.peak_bytes / 2**30:.1f} GiB"
+        )
     if ns.check and result.ranked:
         best = result.ranked[0]
         sized = GPTShape(96, 12288, 96, 2048, 51200, best.micro_batch_size)
         t = time.perf_counter()
         est = estimate(sized, best.strategy, hw)
-        print(f"estimate itself ({time.perf_counter() - t:.1f} s): step {est.step_time_s:.6f} s "
-              f"(search {best.step_time_s:.6f}), peak {max(est.peak_bytes_per_rank.values())} B (search {best.peak_bytes})")
+        print(
+            f"estimate itself ({time.perf_counter() - t:.1f} s): step {est.step_time_s:.6f} s "
+            f"(search {best.step_time_s:.6f}), peak {max(est.peak_bytes_per_rank.values())} B (search {best.peak_bytes})"
+        )
     return 0
 
 

@@ -24,8 +24,12 @@ from simulator.fast_estimate import TraceCache
 from simulator.published_configs import NARAYANAN_2021_TABLE_1
 from simulator.search import search
 
-NARROW = {"zero_stages": (0,), "recomputes": ("selective",), "schedules": ("1F1B", "Interleaved1F1B"),
-          "micro_batch_sizes": (1, 2)}
+NARROW = {
+    "zero_stages": (0,),
+    "recomputes": ("selective",),
+    "schedules": ("1F1B", "Interleaved1F1B"),
+    "micro_batch_sizes": (1, 2),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,9 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     hw = load_profile("a100-nvlink-ib")
     space = NARROW if ns.space == "narrow" else {}
-    print(f"{'model':>7} {'GPUs':>5} {'batch':>5} | {'published t,p,d':>15} {'step s':>8} | "
-          f"{'search t,p,d,mbs,sched':>26} {'step s':>8} {'fits':>4} | {'ratio':>5} {'s':>6}")
-    for row in NARAYANAN_2021_TABLE_1[ns.skip: ns.skip + ns.rows]:
+    print(
+        f"{'model':>7} {'GPUs':>5} {'batch':>5} | {'published t,p,d':>15} {'step s':>8} | "
+        f"{'search t,p,d,mbs,sched':>26} {'step s':>8} {'fits':>4} | {'ratio':>5} {'s':>6}"
+    )
+    for row in NARAYANAN_2021_TABLE_1[ns.skip : ns.skip + ns.rows]:
         started = time.perf_counter()
         pub = row.strategy()
         fast = TraceCache(hw).estimate(row.shape(1), pub)
@@ -50,10 +56,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         best = result.ranked[0]
         st = best.strategy
-        chosen = f"{st.tp},{st.pp},{st.dp},{best.micro_batch_size},{st.schedule[:5]}{'' if st.chunks == 1 else st.chunks}"
-        print(f"{row.billions:>6}B {row.gpus:>5} {row.batch:>5} | {f'{row.tp},{row.pp},{row.dp}':>15} {pub_step:>8.3f} | "
-              f"{chosen:>26} {best.step_time_s:>8.3f} {'yes' if best.fits else 'no':>4} | "
-              f"{pub_step / best.step_time_s:>5.2f} {seconds:>6.0f}")
+        chosen = (
+            f"{st.tp},{st.pp},{st.dp},{best.micro_batch_size},{st.schedule[:5]}{'' if st.chunks == 1 else st.chunks}"
+        )
+        print(
+            f"{row.billions:>6}B {row.gpus:>5} {row.batch:>5} | {f'{row.tp},{row.pp},{row.dp}':>15} {pub_step:>8.3f} | "
+            f"{chosen:>26} {best.step_time_s:>8.3f} {'yes' if best.fits else 'no':>4} | "
+            f"{pub_step / best.step_time_s:>5.2f} {seconds:>6.0f}"
+        )
     return 0
 
 

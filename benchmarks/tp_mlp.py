@@ -11,8 +11,9 @@ from collections.abc import Callable
 import mpipar as dist
 
 
-def sgd_step_tensor(x: dist.Tensor, w1: dist.Tensor, b1: dist.Tensor, w2: dist.Tensor, b2: dist.Tensor,
-                    opt: dist.optimizer.Optimizer) -> Callable[[], dist.Tensor]:
+def sgd_step_tensor(
+    x: dist.Tensor, w1: dist.Tensor, b1: dist.Tensor, w2: dist.Tensor, b2: dist.Tensor, opt: dist.optimizer.Optimizer
+) -> Callable[[], dist.Tensor]:
     """One training step on these tensors returning the loss Tensor (what ``compile_step(capture=True)``
     captures: a step that reads no value in Python); the caller converts it with ``float()``."""
     relu = dist.nn.functional.relu
@@ -29,8 +30,9 @@ def sgd_step_tensor(x: dist.Tensor, w1: dist.Tensor, b1: dist.Tensor, w2: dist.T
     return step
 
 
-def sgd_step(x: dist.Tensor, w1: dist.Tensor, b1: dist.Tensor, w2: dist.Tensor, b2: dist.Tensor,
-             opt: dist.optimizer.Optimizer) -> Callable[[], float]:
+def sgd_step(
+    x: dist.Tensor, w1: dist.Tensor, b1: dist.Tensor, w2: dist.Tensor, b2: dist.Tensor, opt: dist.optimizer.Optimizer
+) -> Callable[[], float]:
     """The same step returning the loss as a float (read inside the step, as a user's loop does)."""
     inner = sgd_step_tensor(x, w1, b1, w2, b2, opt)
 

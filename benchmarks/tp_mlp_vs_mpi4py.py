@@ -104,7 +104,9 @@ def ours(world: MPI.Comm, captured: bool = False) -> tuple[Callable[[], float], 
     return step, state
 
 
-def steps_in_turns(world: MPI.Comm, steps: dict[str, Callable[[], object]], iters: int, warmup: int = 3) -> dict[str, list[float]]:
+def steps_in_turns(
+    world: MPI.Comm, steps: dict[str, Callable[[], object]], iters: int, warmup: int = 3
+) -> dict[str, list[float]]:
     """Each step's time (the slowest rank's, between barriers) over ``iters`` turns: every turn
     runs each step once, in an order drawn afresh (the same seed on every rank, so all ranks
     call alike), after ``warmup`` untimed turns."""
@@ -130,8 +132,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--hidden", type=int, default=4096,
-                   help="the hidden width (4096); with -n 1, 1024 gives one rank of -n 4 its shapes without the other three")
+    p.add_argument(
+        "--hidden",
+        type=int,
+        default=4096,
+        help="the hidden width (4096); with -n 1, 1024 gives one rank of -n 4 its shapes without the other three",
+    )
     args = p.parse_args()
     global HIDDEN
     HIDDEN = args.hidden
@@ -144,7 +150,12 @@ def main() -> None:
     ref_step, ref_state = hand_written(world)
     ref_losses = [ref_step() for _ in range(2)]
     variants: dict[str, Callable[[], float]] = {"hand-written mpi4py": hand_written(world)[0]}
-    for label, reuse in (("mpipar", True), ("mpipar, replayed", True), ("mpipar, reuse off", False), ("mpipar, captured", True)):
+    for label, reuse in (
+        ("mpipar", True),
+        ("mpipar, replayed", True),
+        ("mpipar, reuse off", False),
+        ("mpipar, captured", True),
+    ):
         step, state = ours(world, captured=label == "mpipar, captured")
         if label == "mpipar, replayed":
             step = dist.compile_step(step)
@@ -165,8 +176,11 @@ def main() -> None:
         for k, want in want_state().items():
             np.testing.assert_allclose(state()[k], want, rtol=1e-3, atol=1e-5)
         if me == 0:
-            print(f"{label}: {comm.counts().get('all_reduce', 0) // 2} all-reduce(s) per step, "
-                  f"{len(comm.reused) // 2} reshard(s) reused; step matches the hand-written one", flush=True)
+            print(
+                f"{label}: {comm.counts().get('all_reduce', 0) // 2} all-reduce(s) per step, "
+                f"{len(comm.reused) // 2} reshard(s) reused; step matches the hand-written one",
+                flush=True,
+            )
 
         def timed(step: Callable[[], float] = step, reuse: bool = reuse) -> float:
             with reuse_reshards(reuse):

@@ -37,16 +37,23 @@ def _views(plan: Plan, timeline: Timeline) -> dict[str, Callable[[], object]]:
 
     def pipeline_view() -> object:
         other = simulate_plan_lanes(plan, "ZBH1")
-        return [to_png(timeline_view.timeline_figure(timeline)), to_png(timeline_view.side_by_side_figure(timeline, other))]
+        return [
+            to_png(timeline_view.timeline_figure(timeline)),
+            to_png(timeline_view.side_by_side_figure(timeline, other)),
+        ]
 
     def memory_view() -> object:
-        return [to_png(memory.memory_figure(memory.rank_curve(plan, last), 80 * 2**30)),
-                to_png(memory.peaks_figure(memory.rank_peaks(plan), 80 * 2**30))]
+        return [
+            to_png(memory.memory_figure(memory.rank_curve(plan, last), 80 * 2**30)),
+            to_png(memory.peaks_figure(memory.rank_peaks(plan), 80 * 2**30)),
+        ]
 
     def whatif_view() -> object:
         whatif.whatif_sample.cache_clear()
         p, t = whatif.whatif_sample(4, 2, 2, "ZBH1", 8)
-        return to_png(whatif.diff_figure(whatif.diff_rows(whatif.plan_metrics(plan, timeline), whatif.plan_metrics(p, t))))
+        return to_png(
+            whatif.diff_figure(whatif.diff_rows(whatif.plan_metrics(plan, timeline), whatif.plan_metrics(p, t)))
+        )
 
     return {
         "layout": layout_view,

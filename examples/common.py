@@ -22,8 +22,12 @@ def parser(description: str, steps: int = 5) -> argparse.ArgumentParser:
 
 def add_pipeline_args(p: argparse.ArgumentParser) -> None:
     """``--schedule KIND --micro-batches M``: run the step through dist.to_static's pipeline."""
-    p.add_argument("--schedule", default=None, choices=["FThenB", "1F1B", "Interleaved1F1B", "ZBH1"],
-                   help="pipeline schedule (runs the step through dist.to_static)")
+    p.add_argument(
+        "--schedule",
+        default=None,
+        choices=["FThenB", "1F1B", "Interleaved1F1B", "ZBH1"],
+        help="pipeline schedule (runs the step through dist.to_static)",
+    )
     p.add_argument("--micro-batches", type=int, default=None, help="micro-batches per step (default: one per stage)")
     p.add_argument("--chunks", type=int, default=2, help="virtual stages per rank for Interleaved1F1B")
 
@@ -54,7 +58,9 @@ def require_world(needed: int, what: str) -> None:
     backend = dist.current_backend()
     fixed = backend.name in ("mpi", "nccl") or getattr(backend, "_fixed", None) is not None
     if fixed and backend.world_size < needed:
-        raise SystemExit(f"{what} needs {needed} ranks, but the world has {backend.world_size}; launch with -n {needed}")
+        raise SystemExit(
+            f"{what} needs {needed} ranks, but the world has {backend.world_size}; launch with -n {needed}"
+        )
 
 
 def seeded_uniform(index: int, shape: Sequence[int], dtype: str, salt: int = 0) -> np.ndarray:
@@ -77,7 +83,9 @@ class Progress:
         done = int(30 * step / max(1, self.total))
         bar = "#" * done + "-" * (30 - done)
         ms = "" if step_seconds is None else f" {1e3 * step_seconds:.1f} ms/step"
-        sys.stdout.write(f"\r[{bar}] step {step}/{self.total} loss {loss:.4f}{ms} {self.tokens * step / elapsed:,.0f} tokens/s")
+        sys.stdout.write(
+            f"\r[{bar}] step {step}/{self.total} loss {loss:.4f}{ms} {self.tokens * step / elapsed:,.0f} tokens/s"
+        )
         sys.stdout.flush()
 
     def clear(self) -> None:

@@ -85,34 +85,71 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0], steps=200)
-    p.add_argument("--mesh", default=None,
-                   help="degrees, e.g. dp=2,tp=2,pp=2 (their product is the world size; default: data parallel over the whole world)")
-    p.add_argument("--sequence-parallel", action="store_true", help="split LayerNorm/Dropout regions along the sequence")
+    p.add_argument(
+        "--mesh",
+        default=None,
+        help="degrees, e.g. dp=2,tp=2,pp=2 (their product is the world size; default: data parallel over the whole world)",
+    )
+    p.add_argument(
+        "--sequence-parallel", action="store_true", help="split LayerNorm/Dropout regions along the sequence"
+    )
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over the dp axis")
     p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     p.add_argument("--offload", action="store_true", help="keep the optimizer's states in host memory between steps")
-    p.add_argument("--overlap", type=cliargs.finite_float(0.0, what="MiB per bucket"), default=None, metavar="MIB",
-                   help="reduce data-parallel gradients in buckets of MIB MiB while backward runs (dist.overlap_grad_reduction)")
+    p.add_argument(
+        "--overlap",
+        type=cliargs.finite_float(0.0, what="MiB per bucket"),
+        default=None,
+        metavar="MIB",
+        help="reduce data-parallel gradients in buckets of MIB MiB while backward runs (dist.overlap_grad_reduction)",
+    )
     p.add_argument("--batch-size", type=int, default=None, help="global batch (default 16, or 8 with --tiny)")
     p.add_argument("--accumulate-steps", type=int, default=1, help="micro-batches per step (gradient accumulation)")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--memory", action="store_true", help="print each rank's memory by category after step 0")
-    p.add_argument("--save-every", type=int, default=0, metavar="N", help="save a checkpoint every N steps to --save-dir/step-<k>")
+    p.add_argument(
+        "--save-every", type=int, default=0, metavar="N", help="save a checkpoint every N steps to --save-dir/step-<k>"
+    )
     p.add_argument("--save-dir", default=None, help="where --save-every puts its checkpoints (step-<k>: k steps done)")
-    p.add_argument("--keep-last", type=int, default=0, metavar="K", help="keep only the newest K checkpoints in --save-dir")
-    p.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint (or a --save-dir's latest one)")
-    p.add_argument("--save-final", default=None, metavar="PATH", help="save the final state (weights, optimizer, ...) there")
-    p.add_argument("--sample", type=int, default=48, metavar="N", help="characters the trained model writes at the end (0: none)")
-    p.add_argument("--layers", type=int, default=None, help="transformer blocks (default 4; with --tiny max(2, pp x chunks), or 4 with --auto)")
-    p.add_argument("--auto", action="store_true",
-                   help="let the strategy search choose --mesh, --schedule, --micro-batches, --zero, ... for this world")
-    p.add_argument("--profile", default=None, metavar="PATH",
-                   help="with --auto: the hardware profile to price on (default: this machine's cached calibration)")
-    p.add_argument("--memory-limit", type=cliargs.positive_int, default=None, metavar="BYTES",
-                   help="with --auto: bytes per rank a strategy may use (default: the profile's device memory, "
-                   "or this host's memory over the ranks)")
+    p.add_argument(
+        "--keep-last", type=int, default=0, metavar="K", help="keep only the newest K checkpoints in --save-dir"
+    )
+    p.add_argument(
+        "--resume", default=None, metavar="PATH", help="continue from a checkpoint (or a --save-dir's latest one)"
+    )
+    p.add_argument(
+        "--save-final", default=None, metavar="PATH", help="save the final state (weights, optimizer, ...) there"
+    )
+    p.add_argument(
+        "--sample", type=int, default=48, metavar="N", help="characters the trained model writes at the end (0: none)"
+    )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="transformer blocks (default 4; with --tiny max(2, pp x chunks), or 4 with --auto)",
+    )
+    p.add_argument(
+        "--auto",
+        action="store_true",
+        help="let the strategy search choose --mesh, --schedule, --micro-batches, --zero, ... for this world",
+    )
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="PATH",
+        help="with --auto: the hardware profile to price on (default: this machine's cached calibration)",
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=cliargs.positive_int,
+        default=None,
+        metavar="BYTES",
+        help="with --auto: bytes per rank a strategy may use (default: the profile's device memory, "
+        "or this host's memory over the ranks)",
+    )
     add_pipeline_args(p)
     args = p.parse_args()
     check_checkpoint_flags(args)
@@ -132,41 +169,67 @@ def main() -> None:
     chunks = args.chunks if args.schedule == "Interleaved1F1B" else 1
     if args.tiny:
         layers = args.layers or max(2, degrees["pp"] * chunks)
-        cfg = GPTConfig(vocab_size=128, block_size=16, n_layer=layers, n_head=2, n_embd=16, dropout=0.1, dtype=args.dtype)
+        cfg = GPTConfig(
+            vocab_size=128, block_size=16, n_layer=layers, n_head=2, n_embd=16, dropout=0.1, dtype=args.dtype
+        )
         batch, chars, lr = args.batch_size or 8, 50_000, args.lr or 3e-3
         if args.schedule is not None and args.batch_size is None:  # room for a micro-batch per stage and dp shard
             batch = max(batch, degrees["dp"] * (args.micro_batches or degrees["pp"] * chunks))
     else:
-        cfg = GPTConfig(vocab_size=128, block_size=64, n_layer=args.layers or 4, n_head=4, n_embd=128, dropout=0.0, dtype=args.dtype)
+        cfg = GPTConfig(
+            vocab_size=128, block_size=64, n_layer=args.layers or 4, n_head=4, n_embd=128, dropout=0.0, dtype=args.dtype
+        )
         batch, chars, lr = args.batch_size or 16, 2_000_000, args.lr or 3e-3
     dp, tp, pp = degrees["dp"], degrees["tp"], degrees["pp"]
     backend = dist.current_backend()
     world = dp * tp * pp
-    if (backend.name in ("mpi", "nccl") or getattr(backend, "_fixed", None) is not None) and backend.world_size != world:
+    if (
+        backend.name in ("mpi", "nccl") or getattr(backend, "_fixed", None) is not None
+    ) and backend.world_size != world:
         raise SystemExit(f"--mesh: dp({dp}) * tp({tp}) * pp({pp}) = {world} != world size {backend.world_size}")
     if batch % args.accumulate_steps:
-        raise SystemExit(f"--batch-size {batch} is not divisible by --accumulate-steps {args.accumulate_steps}: micro-batches must be equal")
+        raise SystemExit(
+            f"--batch-size {batch} is not divisible by --accumulate-steps {args.accumulate_steps}: micro-batches must be equal"
+        )
     if pp * chunks > cfg.n_layer:
         raise SystemExit(f"--mesh pp={pp} x {chunks} chunk(s) exceeds the {cfg.n_layer} layers to spread over stages")
     if args.schedule is not None and args.accumulate_steps > 1:
         raise SystemExit("--accumulate-steps and --schedule both cut the batch; with a schedule use --micro-batches")
     micro = batch // args.accumulate_steps
 
-    par = GPTParallel.from_degrees(dp, tp, pp, sequence_parallel=args.sequence_parallel, recompute=args.recompute, chunks=chunks)
+    par = GPTParallel.from_degrees(
+        dp, tp, pp, sequence_parallel=args.sequence_parallel, recompute=args.recompute, chunks=chunks
+    )
     model = GPT(cfg, par)
-    opt = dist.optimizer.AdamW(learning_rate=lr, parameters=model.parameters(), weight_decay=0.01,
-                               grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0))
+    opt = dist.optimizer.AdamW(
+        learning_rate=lr,
+        parameters=model.parameters(),
+        weight_decay=0.01,
+        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
+    )
     if args.zero:
-        opt = dist.shard_optimizer(opt, [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][args.zero - 1]("dp"))
+        opt = dist.shard_optimizer(
+            opt, [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][args.zero - 1]("dp")
+        )
     if args.offload:
         opt = dist.offload_optimizer(opt)
 
     codes = load_corpus(chars)
     data = Windows(codes, cfg.block_size)
     sampler = RandomBatchSampler(len(data), micro, seed=args.seed, num_batches=args.steps * args.accumulate_steps)
-    loader = dist.shard_dataloader(DataLoader(data, batch_sampler=sampler), par.stage_meshes[:1] + par.stage_meshes[-1:], shard_dims="dp")
-    config = {"seed": args.seed, "tiny": args.tiny, "dtype": args.dtype, "batch_size": batch,
-              "accumulate_steps": args.accumulate_steps, "lr": lr, "mesh": args.mesh, "zero": args.zero}
+    loader = dist.shard_dataloader(
+        DataLoader(data, batch_sampler=sampler), par.stage_meshes[:1] + par.stage_meshes[-1:], shard_dims="dp"
+    )
+    config = {
+        "seed": args.seed,
+        "tiny": args.tiny,
+        "dtype": args.dtype,
+        "batch_size": batch,
+        "accumulate_steps": args.accumulate_steps,
+        "lr": lr,
+        "mesh": args.mesh,
+        "zero": args.zero,
+    }
     done = 0  # steps completed
     if args.resume:
         resumed = load_training_state(resolve_checkpoint(args.resume), model=model, optimizer=opt, loader=loader)
@@ -180,11 +243,17 @@ def main() -> None:
 
     batches = iter(loader)
     tokens = batch * cfg.block_size
-    dist.print_once(header(model, args.mesh, dp * tp * pp, batch, args.accumulate_steps, cfg.block_size, len(codes)), flush=True)
+    dist.print_once(
+        header(model, args.mesh, dp * tp * pp, batch, args.accumulate_steps, cfg.block_size, len(codes)), flush=True
+    )
     progress = Progress(args.steps, tokens)
     run_start, first = time.perf_counter(), done
     # With --schedule, dist.to_static runs each step's micro-batches through the pipeline schedule.
-    dist_model = None if args.schedule is None else dist.to_static(model, loader, gpt_loss, opt, pipeline_strategy(args, par.num_stages))
+    dist_model = (
+        None
+        if args.schedule is None
+        else dist.to_static(model, loader, gpt_loss, opt, pipeline_strategy(args, par.num_stages))
+    )
     overlap = None if args.overlap is None else dist.overlap_grad_reduction(bucket_mib=args.overlap)
     for step in range(done, args.steps):
         step_start = time.perf_counter()
@@ -213,8 +282,11 @@ def main() -> None:
             progress.clear()
             log_step(step, total)
             if not progress.tty:  # stdout keeps the parseable loss log; the bar shows speed on a terminal
-                dist.print_once(f"step {step}: {1e3 * seconds:.1f} ms/step, {tokens / max(seconds, 1e-9):,.0f} tokens/s",
-                                file=sys.stderr, flush=True)
+                dist.print_once(
+                    f"step {step}: {1e3 * seconds:.1f} ms/step, {tokens / max(seconds, 1e-9):,.0f} tokens/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
         progress.update(step + 1, total, seconds)
         done = step + 1
         if args.save_every and done % args.save_every == 0:
@@ -225,21 +297,28 @@ def main() -> None:
     ran = max(0, args.steps - first)
     elapsed = time.perf_counter() - run_start
     if ran:
-        dist.print_once(f"trained {ran} step{'s' * (ran != 1)} in {elapsed:.1f} s: {1e3 * elapsed / ran:.1f} ms/step, "
-                        f"{tokens * ran / max(elapsed, 1e-9):,.0f} tokens/s", flush=True)
+        dist.print_once(
+            f"trained {ran} step{'s' * (ran != 1)} in {elapsed:.1f} s: {1e3 * elapsed / ran:.1f} ms/step, "
+            f"{tokens * ran / max(elapsed, 1e-9):,.0f} tokens/s",
+            flush=True,
+        )
     if args.save_final:
         save(args.save_final)
     if args.sample:
-        prompt = codes[:cfg.block_size]
+        prompt = codes[: cfg.block_size]
         text = generate(model, prompt, args.sample, rows=dp)
-        dist.print_once(f"sample (greedy, after the first {len(prompt)} characters of the data):\n"
-                        f"{decode(prompt)}|{decode(text)}", flush=True)
+        dist.print_once(
+            f"sample (greedy, after the first {len(prompt)} characters of the data):\n{decode(prompt)}|{decode(text)}",
+            flush=True,
+        )
 
 
 def fixed_world() -> int | None:
     """The world size a launcher fixed (mpiexec -n, simulator -n), else None (the simulator grows its world)."""
     backend = dist.current_backend()
-    fixed = backend.name in ("mpi", "nccl") or (getattr(backend, "_fixed", None) is not None and not getattr(backend, "reference", False))
+    fixed = backend.name in ("mpi", "nccl") or (
+        getattr(backend, "_fixed", None) is not None and not getattr(backend, "reference", False)
+    )
     return backend.world_size if fixed else None
 
 
@@ -248,9 +327,15 @@ def default_mesh() -> str:
     return f"dp={fixed_world() or 1}"
 
 
-AUTO_EXCLUSIVE = (("--mesh", "mesh", None), ("--schedule", "schedule", None), ("--micro-batches", "micro_batches", None),
-                  ("--accumulate-steps", "accumulate_steps", 1), ("--zero", "zero", 0), ("--recompute", "recompute", "none"),
-                  ("--sequence-parallel", "sequence_parallel", False))
+AUTO_EXCLUSIVE = (
+    ("--mesh", "mesh", None),
+    ("--schedule", "schedule", None),
+    ("--micro-batches", "micro_batches", None),
+    ("--accumulate-steps", "accumulate_steps", 1),
+    ("--zero", "zero", 0),
+    ("--recompute", "recompute", "none"),
+    ("--sequence-parallel", "sequence_parallel", False),
+)
 """Flags --auto sets itself (flag, attribute, default): giving one too is an error naming both."""
 
 
@@ -294,14 +379,22 @@ def auto_search(args: argparse.Namespace) -> dict[str, object] | str:
         return f"--auto: {exc}"
     if not result.ranked:
         return f"--auto: no strategy for {world or 1} rank(s), batch {batch}, {layers} layers: {result.advice() or 'none divides'}"
-    dist.print_once(f"auto: profile {resolved.profile.name} from {resolved.source}; {result.enumerated} strategies for "
-                    f"{world or 1} rank(s), batch {batch}, {layers} layers, {result.priced} priced in {result.seconds:.1f} s; "
-                    f"memory limit {result.memory_limit:,} bytes per rank", flush=True)
+    dist.print_once(
+        f"auto: profile {resolved.profile.name} from {resolved.source}; {result.enumerated} strategies for "
+        f"{world or 1} rank(s), batch {batch}, {layers} layers, {result.priced} priced in {result.seconds:.1f} s; "
+        f"memory limit {result.memory_limit:,} bytes per rank",
+        flush=True,
+    )
     chosen = auto_flags(result.ranked[0], layers, batch)
-    dist.print_once(f"auto: chose     {flag_text(chosen)}  (predicted step {1e3 * result.ranked[0].step_time_s:.3f} ms)", flush=True)
+    dist.print_once(
+        f"auto: chose     {flag_text(chosen)}  (predicted step {1e3 * result.ranked[0].step_time_s:.3f} ms)", flush=True
+    )
     if len(result.ranked) > 1:
-        dist.print_once(f"auto: runner-up {flag_text(auto_flags(result.ranked[1], layers, batch))}  "
-                        f"(predicted step {1e3 * result.ranked[1].step_time_s:.3f} ms)", flush=True)
+        dist.print_once(
+            f"auto: runner-up {flag_text(auto_flags(result.ranked[1], layers, batch))}  "
+            f"(predicted step {1e3 * result.ranked[1].step_time_s:.3f} ms)",
+            flush=True,
+        )
     else:
         dist.print_once("auto: no runner-up (one strategy divides and fits)", flush=True)
     return chosen
@@ -312,10 +405,18 @@ def auto_flags(c: Candidate, layers: int, batch: int) -> dict[str, object]:
     micro-batches as gradient accumulation (the search prices pp=1 as a 1F1B of one stage)."""
     st = c.strategy
     staged = st.pp > 1
-    return {"mesh": f"dp={st.dp},tp={st.tp},pp={st.pp}", "schedule": st.schedule if staged else None,
-            "micro_batches": st.micro_batches if staged else None, "chunks": st.chunks if st.chunks > 1 else 2,
-            "accumulate_steps": 1 if staged else st.micro_batches, "sequence_parallel": st.sequence_parallel,
-            "zero": st.zero, "recompute": st.recompute, "layers": layers, "batch_size": batch}
+    return {
+        "mesh": f"dp={st.dp},tp={st.tp},pp={st.pp}",
+        "schedule": st.schedule if staged else None,
+        "micro_batches": st.micro_batches if staged else None,
+        "chunks": st.chunks if st.chunks > 1 else 2,
+        "accumulate_steps": 1 if staged else st.micro_batches,
+        "sequence_parallel": st.sequence_parallel,
+        "zero": st.zero,
+        "recompute": st.recompute,
+        "layers": layers,
+        "batch_size": batch,
+    }
 
 
 def flag_text(flags: dict[str, object]) -> str:
@@ -340,9 +441,11 @@ def flag_text(flags: dict[str, object]) -> str:
 def header(model: GPT, mesh: str, ranks: int, batch: int, accumulate: int, block: int, chars: int) -> str:
     """One block saying what this run trains, where, and on what (printed before step 0)."""
     micro = f" in {accumulate} micro-batches" if accumulate > 1 else ""
-    return (f"GPT: {model.num_parameters():,} parameters | mesh {mesh} ({ranks} rank{'s' * (ranks != 1)}) | "
-            f"batch {batch} x {block} tokens{micro} = {batch * block:,} tokens/step\n"
-            f"data: {chars:,} characters of the Python standard library's .py files ({sysconfig.get_paths()['stdlib']})")
+    return (
+        f"GPT: {model.num_parameters():,} parameters | mesh {mesh} ({ranks} rank{'s' * (ranks != 1)}) | "
+        f"batch {batch} x {block} tokens{micro} = {batch * block:,} tokens/step\n"
+        f"data: {chars:,} characters of the Python standard library's .py files ({sysconfig.get_paths()['stdlib']})"
+    )
 
 
 def generate(model: GPT, prompt: np.ndarray, count: int, rows: int) -> np.ndarray:
@@ -379,11 +482,17 @@ def check_checkpoint_flags(args: argparse.Namespace) -> None:
 
 def note_resume(path: str, step: int, saved: dict[str, object], now: dict[str, object]) -> None:
     """Say where the run resumes (on stderr: stdout stays the log of an uninterrupted run)."""
-    dist.print_once(f"resumed from {path}: {step} steps done (saved under --mesh {saved.get('mesh')} --zero {saved.get('zero')})", file=sys.stderr)
+    dist.print_once(
+        f"resumed from {path}: {step} steps done (saved under --mesh {saved.get('mesh')} --zero {saved.get('zero')})",
+        file=sys.stderr,
+    )
     for key in ("seed", "tiny", "dtype", "batch_size", "accumulate_steps", "lr"):
         if saved.get(key) != now[key]:
-            dist.print_once(f"note: {key} is {now[key]!r} now, {saved.get(key)!r} when the checkpoint was saved: "
-                            "the run will not match an uninterrupted one", file=sys.stderr)
+            dist.print_once(
+                f"note: {key} is {now[key]!r} now, {saved.get(key)!r} when the checkpoint was saved: "
+                "the run will not match an uninterrupted one",
+                file=sys.stderr,
+            )
 
 
 if __name__ == "__main__":

@@ -70,22 +70,31 @@ def main() -> None:
     dp, pp = degrees["dp"], degrees["pp"]
     chunks = 1
     # examples/gpt.py's --tiny configuration, batch and optimizer
-    cfg = GPTConfig(vocab_size=128, block_size=16, n_layer=max(2, pp * chunks), n_head=2, n_embd=16, dropout=0.1,
-                    dtype=args.dtype)
+    cfg = GPTConfig(
+        vocab_size=128, block_size=16, n_layer=max(2, pp * chunks), n_head=2, n_embd=16, dropout=0.1, dtype=args.dtype
+    )
     batch = 8 if args.schedule is None else max(8, dp * (args.micro_batches or pp * chunks))
-    par = GPTParallel.from_degrees(dp, degrees["tp"], pp, sequence_parallel=args.sequence_parallel,
-                                   recompute=args.recompute, chunks=chunks)
+    par = GPTParallel.from_degrees(
+        dp, degrees["tp"], pp, sequence_parallel=args.sequence_parallel, recompute=args.recompute, chunks=chunks
+    )
     model = GPT(cfg, par)
-    opt = dist.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters(), weight_decay=0.01,
-                               grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0))
+    opt = dist.optimizer.AdamW(
+        learning_rate=3e-3,
+        parameters=model.parameters(),
+        weight_decay=0.01,
+        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
+    )
     if args.zero:
-        opt = dist.shard_optimizer(opt, [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][args.zero - 1]("dp"))
+        opt = dist.shard_optimizer(
+            opt, [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][args.zero - 1]("dp")
+        )
     if args.offload:
         opt = dist.offload_optimizer(opt)
     data = Windows(load_corpus(50_000), cfg.block_size)
     sampler = RandomBatchSampler(len(data), batch, seed=args.seed, num_batches=2)
-    loader = dist.shard_dataloader(DataLoader(data, batch_sampler=sampler), par.stage_meshes[:1] + par.stage_meshes[-1:],
-                                   shard_dims="dp")
+    loader = dist.shard_dataloader(
+        DataLoader(data, batch_sampler=sampler), par.stage_meshes[:1] + par.stage_meshes[-1:], shard_dims="dp"
+    )
     m = (args.micro_batches or par.num_stages) if args.schedule is not None else 1
     batches = iter(loader)
 
@@ -102,7 +111,10 @@ def main() -> None:
     lanes = {r: lane for lane, mesh in enumerate(par.stage_meshes) for r in mesh.process_ids}
     rows = []
     for rank in sorted(reports[0].per_rank):
-        row = {"rank": rank, **{c: reports[0].per_rank[rank][c] for c in ("parameters", "gradients", "optimizer_state")}}
+        row = {
+            "rank": rank,
+            **{c: reports[0].per_rank[rank][c] for c in ("parameters", "gradients", "optimizer_state")},
+        }
         row["activations"] = sum(r.per_rank[rank]["activations"] for r in reports[: flights[lanes[rank]]])
         row["in_flight"] = flights[lanes[rank]]
         if rank in reports[0].host:

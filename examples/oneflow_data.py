@@ -21,7 +21,7 @@ placement = flow.placement(type="cuda", ranks=[0, 1])
 x = flow.randn(4, 5, placement=placement, sbp=flow.sbp.split(dim=0))
 w = flow.randn(5, 8, placement=placement, sbp=flow.sbp.broadcast)
 out = flow.matmul(x, w)
-print(out.shape) # (4, 8)
+print(out.shape)  # (4, 8)
 # --------------------------------------------------------------------------------------------
 
 # Train w: each rank's gradient is a partial sum over its rows, reduced where w is updated.

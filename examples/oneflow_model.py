@@ -21,7 +21,7 @@ placement = flow.placement(type="cuda", ranks=[0, 1])
 x = flow.randn(4, 5, placement=placement, sbp=flow.sbp.broadcast)
 w = flow.randn(5, 8, placement=placement, sbp=flow.sbp.split(dim=1))
 out = flow.matmul(x, w)
-print(out.shape) # (4, 8)
+print(out.shape)  # (4, 8)
 # --------------------------------------------------------------------------------------------
 
 # Train w: out stays split on columns, so each rank's slice of w gets its own gradient.

@@ -34,12 +34,12 @@ x = flow.randn(4, 5)
 # 利用 to_global 将第一阶段的数据分布在第 0 卡
 in_stage0 = x.to_global(placement=P0, sbp=BROADCAST)
 out_stage0 = flow.matmul(in_stage0, w0)
-print(out_stage0.shape) # (4, 8)
+print(out_stage0.shape)  # (4, 8)
 
 # 利用 to_global 将第二阶段的数据分布在第 1 卡
 in_stage1 = out_stage0.to_global(placement=P1, sbp=BROADCAST)
 out_stage1 = flow.matmul(in_stage1, w1)
-print(out_stage1.shape) # (4, 3)
+print(out_stage1.shape)  # (4, 3)
 # --------------------------------------------------------------------------------------------
 
 w0.stop_gradient = False

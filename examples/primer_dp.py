@@ -1,7 +1,7 @@
 """Seed 003 §2.2.4.2.1: data parallelism in semi-automatic style -- mark the batch Shard(0).
 
-    python -m simulator -n 2 examples/primer_dp.py --tiny
-    mpiexec -n 2 python examples/primer_dp.py --tiny
+python -m simulator -n 2 examples/primer_dp.py --tiny
+mpiexec -n 2 python examples/primer_dp.py --tiny
 """
 
 from common import require_world

@@ -1,7 +1,7 @@
 """Seed 003 §2.2.4.2.2: model (tensor) parallelism -- mark linear1 by columns, linear2 by rows.
 
-    python -m simulator -n 2 examples/primer_mp.py --tiny
-    mpiexec -n 2 python examples/primer_mp.py --tiny
+python -m simulator -n 2 examples/primer_mp.py --tiny
+mpiexec -n 2 python examples/primer_mp.py --tiny
 """
 
 from common import require_world
@@ -25,7 +25,10 @@ class MPNet(SimpleNet):
         x = self.linear2(x)
         x_dims_mapping = [None, None]
         w_dims_mapping = [None, None]
-        x = shard_op(dist.matmul, world_process_mesh, [x_dims_mapping, w_dims_mapping])(x, self.linear3.weight) + self.linear3.bias
+        x = (
+            shard_op(dist.matmul, world_process_mesh, [x_dims_mapping, w_dims_mapping])(x, self.linear3.weight)
+            + self.linear3.bias
+        )
         x = self.relu(x)
         return x
 

@@ -1,7 +1,7 @@
 """Seed 003 §2.2.4.2.3: pipeline parallelism -- linear1 on mesh[0], linear3 on mesh[1].
 
-    python -m simulator -n 2 examples/primer_pp.py --tiny
-    mpiexec -n 2 python examples/primer_pp.py --tiny
+python -m simulator -n 2 examples/primer_pp.py --tiny
+mpiexec -n 2 python examples/primer_pp.py --tiny
 """
 
 from common import add_pipeline_args, log_step, pipeline_strategy, require_world
@@ -34,8 +34,12 @@ if args.schedule is None:
 else:  # the static-mode pipeline of §2.2.4.2.7, with a schedule and micro-batches
     loss_func = dist.nn.CrossEntropyLoss()
     dataset = RandomDataset(args.steps * batch_size, input_size, args.dtype)
-    loader = dist.io.DataLoader(dataset, batch_sampler=dist.io.BatchSampler(dataset, batch_size=batch_size, drop_last=True))
-    dist_model = dist.to_static(model, loader, loss_func, optimizer_setting(model.parameters()), pipeline_strategy(args, 2))
+    loader = dist.io.DataLoader(
+        dataset, batch_sampler=dist.io.BatchSampler(dataset, batch_size=batch_size, drop_last=True)
+    )
+    dist_model = dist.to_static(
+        model, loader, loss_func, optimizer_setting(model.parameters()), pipeline_strategy(args, 2)
+    )
     dist_model.train()
     for batch_id, (img, label) in enumerate(loader()):
         loss = dist_model(img, label)

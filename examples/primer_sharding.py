@@ -1,7 +1,7 @@
 """Seed 003 §2.2.3.2: group sharded (ZeRO) data parallelism, --stage 1|2|3.
 
-    python -m simulator -n 2 examples/primer_sharding.py --tiny --stage 2
-    mpiexec -n 2 python examples/primer_sharding.py --tiny --stage 3
+python -m simulator -n 2 examples/primer_sharding.py --tiny --stage 2
+mpiexec -n 2 python examples/primer_sharding.py --tiny --stage 3
 """
 
 from common import require_world
@@ -20,5 +20,12 @@ input_size, inner_size, _ = sizes(args)
 model = dist.shard_layer(SimpleNet(input_size, inner_size, class_dim), mesh)
 stage = {1: dist.ShardingStage1, 2: dist.ShardingStage2, 3: dist.ShardingStage3}[args.stage]("dp", mesh)
 optimizer = dist.shard_optimizer(optimizer_setting(model.parameters()), stage)
-train(args, model, optimizer, place_batch=lambda img, label: (
-    dist.shard_tensor(img, mesh, [dist.Shard(0)]), dist.shard_tensor(label, mesh, [dist.Shard(0)])))
+train(
+    args,
+    model,
+    optimizer,
+    place_batch=lambda img, label: (
+        dist.shard_tensor(img, mesh, [dist.Shard(0)]),
+        dist.shard_tensor(label, mesh, [dist.Shard(0)]),
+    ),
+)

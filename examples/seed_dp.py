@@ -1,7 +1,7 @@
 """Seed 000 §4.1: data parallelism -- mark the input batch Shard(0); nothing else changes.
 
-    python -m simulator -n 4 examples/seed_dp.py --tiny
-    mpiexec -n 4 python examples/seed_dp.py --tiny
+python -m simulator -n 4 examples/seed_dp.py --tiny
+mpiexec -n 4 python examples/seed_dp.py --tiny
 """
 
 from common import log_step, parser, require_world, seeded_uniform, setup

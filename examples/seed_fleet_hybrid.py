@@ -33,15 +33,20 @@ p = parser(__doc__.splitlines()[0])
 for axis in ("dp", "mp", "pp", "sharding"):
     p.add_argument(f"--num-{axis}", type=int, default=None, help=f"{axis} degree (default: filled from the world size)")
 p.add_argument("--no-sharding", dest="use_sharding", action="store_false", help="strategy.sharding = False")
-p.add_argument("--sharding-stage", type=int, default=1, choices=[1, 2], help="1: optimizer states split; 2: gradients too")
+p.add_argument(
+    "--sharding-stage", type=int, default=1, choices=[1, 2], help="1: optimizer states split; 2: gradients too"
+)
 p.add_argument("--offload", action="store_true", help="optimizer states in host memory between steps")
 p.add_argument("--recompute", action="store_true", help="strategy.recompute: keep each layer's input only")
 p.add_argument("--gradient-merge", type=int, default=1, help="apply the optimizer every K steps (gradient merge)")
 p.add_argument("--schedule", default="1F1B", choices=["1F1B", "FThenB"], help="pipeline schedule")
 p.add_argument("--accumulate-steps", type=int, default=2, help="micro-batches per step")
 p.add_argument("--batch-size", type=int, default=None, help="global batch (sequences per step)")
-p.add_argument("--shared-embedding", action="store_true",
-               help="tie the output layer to the embedding table (SharedLayerDesc on the first and last stage)")
+p.add_argument(
+    "--shared-embedding",
+    action="store_true",
+    help="tie the output layer to the embedding table (SharedLayerDesc on the first and last stage)",
+)
 args = p.parse_args()
 setup(args)
 VOCAB, HIDDEN, SEQ, LAYERS, BATCH = (16, 8, 4, 2, 8) if args.tiny else (256, 64, 32, 4, 32)
@@ -80,20 +85,22 @@ fleet.init(is_collective=True)
 dist_strategy = paddle.distributed.fleet.DistributedStrategy()
 dist_strategy.sharding = args.use_sharding
 dist_strategy.pipeline = args.num_pp > 1
-dist_strategy.sharding_configs = {"segment_broadcast_MB": 32,
-                                  "sharding_degree": args.num_sharding,
-                                  "mp_degree": args.num_mp,
-                                  "pp_degree": args.num_pp,
-                                  "dp_degree":args.num_dp,
-                                  "hybrid_dp": False,
-                                  "pp_allreduce_in_optimize": False,
-                                  "gradient_merge_acc_step": 1,
-                                  "optimize_offload": False,
-                                  }
-dist_strategy.pipeline_configs = {"schedule_mode": "1F1B",
-                                  "micro_batch_size": micro_bsz,
-                                  "accumulate_steps": acc_steps,
-                                  }
+dist_strategy.sharding_configs = {
+    "segment_broadcast_MB": 32,
+    "sharding_degree": args.num_sharding,
+    "mp_degree": args.num_mp,
+    "pp_degree": args.num_pp,
+    "dp_degree": args.num_dp,
+    "hybrid_dp": False,
+    "pp_allreduce_in_optimize": False,
+    "gradient_merge_acc_step": 1,
+    "optimize_offload": False,
+}
+dist_strategy.pipeline_configs = {
+    "schedule_mode": "1F1B",
+    "micro_batch_size": micro_bsz,
+    "accumulate_steps": acc_steps,
+}
 # ---- end of the seed's block ---------------------------------------------------------------
 
 # The switches of this script's flags, merged into the seed's configs (keys left out keep theirs).

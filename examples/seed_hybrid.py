@@ -1,7 +1,7 @@
 """Seed 000 §4.4: 3-D hybrid -- dp on mesh axis x, tp on y, pipeline across mesh0 and mesh1.
 
-    python -m simulator -n 8 examples/seed_hybrid.py --tiny
-    mpiexec -n 8 python examples/seed_hybrid.py --tiny
+python -m simulator -n 8 examples/seed_hybrid.py --tiny
+mpiexec -n 8 python examples/seed_hybrid.py --tiny
 """
 
 from common import add_pipeline_args, log_step, parser, pipeline_strategy, require_world, seeded_uniform, setup
@@ -61,7 +61,9 @@ opt = dist.optimizer.AdamW(learning_rate=0.001, parameters=model.parameters())
 opt = dist.shard_optimizer(opt)
 
 if args.schedule is not None:  # seed 000 §4.5: to_static, here with a scheduled pipeline
-    dist_model = dist.to_static(model, dataloader, lambda logits, label: dist.mean(logits), opt, pipeline_strategy(args, 2))
+    dist_model = dist.to_static(
+        model, dataloader, lambda logits, label: dist.mean(logits), opt, pipeline_strategy(args, 2)
+    )
     dist_model.train()
     for step, inputs in enumerate(dataloader()):
         if step >= args.steps:

@@ -1,7 +1,7 @@
 """Seed 000 §4.3: pipeline parallelism by hand -- w0 on mesh0, w1 on mesh1, reshard between.
 
-    python -m simulator -n 8 examples/seed_pp.py --tiny
-    mpiexec -n 8 python examples/seed_pp.py --tiny
+python -m simulator -n 8 examples/seed_pp.py --tiny
+mpiexec -n 8 python examples/seed_pp.py --tiny
 """
 
 from common import log_step, parser, require_world, seeded_uniform, setup

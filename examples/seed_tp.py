@@ -1,7 +1,7 @@
 """Seed 000 §4.2: tensor parallelism -- w0 split by columns, w1 by rows; the output is Partial.
 
-    python -m simulator -n 4 examples/seed_tp.py --tiny
-    mpiexec -n 4 python examples/seed_tp.py --tiny
+python -m simulator -n 4 examples/seed_tp.py --tiny
+mpiexec -n 4 python examples/seed_tp.py --tiny
 """
 
 from common import log_step, parser, require_world, seeded_uniform, setup

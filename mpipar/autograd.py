@@ -60,7 +60,12 @@ def _merge_order(nodes: list[Node]) -> list[Node]:
             state[id(node)] = 1
             stack.append((node, True))
             for p in node.parents:
-                if p is not None and p._grad_fn is not None and id(p._grad_fn) in index and not state.get(id(p._grad_fn)):
+                if (
+                    p is not None
+                    and p._grad_fn is not None
+                    and id(p._grad_fn) in index
+                    and not state.get(id(p._grad_fn))
+                ):
                     stack.append((p._grad_fn, False))
     return order
 
@@ -215,7 +220,8 @@ def _run_backward(
             weights = []
             if defer is not None:
                 weights = [
-                    i for i, p in enumerate(node.parents)
+                    i
+                    for i, p in enumerate(node.parents)
                     if p is not None and p._grad_fn is None and not p.stop_gradient and defer(p)
                 ]
             if weights:

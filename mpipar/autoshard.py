@@ -134,9 +134,20 @@ class AutoShard:
     """The result of ``auto_shard``: a ``shard_fn`` for ``dist.shard_layer`` and its report."""
 
     def __init__(
-        self, mesh: ProcessMesh, axis: str, units: list[Unit], chosen: Priced, baseline: Priced,
-        traces: int, seconds: float, history: list[str], others: list[str], converged: bool,
-        cheapest: Priced, cheapest_choices: dict[str, str], tolerance: float,
+        self,
+        mesh: ProcessMesh,
+        axis: str,
+        units: list[Unit],
+        chosen: Priced,
+        baseline: Priced,
+        traces: int,
+        seconds: float,
+        history: list[str],
+        others: list[str],
+        converged: bool,
+        cheapest: Priced,
+        cheapest_choices: dict[str, str],
+        tolerance: float,
     ) -> None:
         self.mesh = mesh
         self.axis = axis
@@ -280,8 +291,12 @@ def auto_shard(
         raise ValueError(f"auto_shard axis {axis!r} is not an axis of mesh {mesh} (axes {list(mesh.dim_names)})")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"auto_shard rounds must be an int >= 1, got {rounds!r}")
-    if (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance)
-            or not 0 <= tolerance < 1):
+    if (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, (int, float))
+        or not math.isfinite(tolerance)
+        or not 0 <= tolerance < 1
+    ):
         raise ValueError(f"auto_shard tolerance must be a fraction of the step in [0, 1), got {tolerance!r}")
     size = mesh.get_dim_size(axis)
     pricer = price if price is not None else _default_pricer()
@@ -306,7 +321,9 @@ def auto_shard(
         u.fixed = True
 
     tracer = _Tracer(layer, mesh, axis, example_inputs, run, pricer)
-    uses, data_indexed = tracer.first_uses({u.name: u.candidates[0] if u.fixed else u.candidate("replicate") for u in units})
+    uses, data_indexed = tracer.first_uses(
+        {u.name: u.candidates[0] if u.fixed else u.candidate("replicate") for u in units}
+    )
     for u in units:
         u.conventional = _convention(u, u.name in data_indexed)
     unused = [u for u in units if u.name not in uses]
@@ -328,7 +345,9 @@ def auto_shard(
         for st, p in zip(stages, path, strict=True):
             st.base = p
         new_path = _viterbi(tracer, stages, base, t0)
-        changed = [f"{st.names} {old} -> {now}" for st, old, now in zip(stages, path, new_path, strict=True) if old != now]
+        changed = [
+            f"{st.names} {old} -> {now}" for st, old, now in zip(stages, path, new_path, strict=True) if old != now
+        ]
         if not changed:
             converged = True
             history.append(f"round {round_}: no change: the layout is a fixed point of the DP")
@@ -338,8 +357,10 @@ def auto_shard(
         )
         if chosen_trial.seconds >= t0.seconds - max(_EPS, 1e-9 * t0.seconds):
             # The modelled gain did not survive the whole traced step: keep the layout we had.
-            history.append(f"round {round_}: {'; '.join(changed)} modelled cheaper but the traced step is not "
-                           f"({_ms(t0.seconds)} -> {_ms(chosen_trial.seconds)}): kept the layout before it")
+            history.append(
+                f"round {round_}: {'; '.join(changed)} modelled cheaper but the traced step is not "
+                f"({_ms(t0.seconds)} -> {_ms(chosen_trial.seconds)}): kept the layout before it"
+            )
             converged = True
             break
         history.append(f"round {round_}: {'; '.join(changed)} ({_ms(t0.seconds)} -> {_ms(chosen_trial.seconds)})")
@@ -358,8 +379,19 @@ def auto_shard(
     units.extend(unused)
     assert first is not None  # rounds >= 1: the first round always prices its base
     return AutoShard(
-        mesh, axis, units, chosen, first, tracer.count, time.perf_counter() - start, history, others, converged,
-        cheapest, {**cheapest_choices, **{u.name: u.choice for u in unused}}, float(tolerance),
+        mesh,
+        axis,
+        units,
+        chosen,
+        first,
+        tracer.count,
+        time.perf_counter() - start,
+        history,
+        others,
+        converged,
+        cheapest,
+        {**cheapest_choices, **{u.name: u.choice for u in unused}},
+        float(tolerance),
     )
 
 
@@ -372,7 +404,11 @@ def _convention(unit: Unit, data_indexed: bool) -> str | None:
 
 
 def _keep_conventional(
-    tracer: _Tracer, stages: list[Stage], assign: dict[str, Candidate], cheapest: Priced, tolerance: float,
+    tracer: _Tracer,
+    stages: list[Stage],
+    assign: dict[str, Candidate],
+    cheapest: Priced,
+    tolerance: float,
     history: list[str],
 ) -> Priced:
     """Move each DP step, in order, to its members' conventional candidate when the whole traced step
@@ -400,16 +436,22 @@ def _keep_conventional(
             st.choice = conv
             for u in free:
                 u.choice = conv
-                u.how = (f"conventional: {conv} within {delta} of {old} (the DP's choice), the conventional layout kept "
-                         f"(tolerance {100 * tolerance:g}%)")
+                u.how = (
+                    f"conventional: {conv} within {delta} of {old} (the DP's choice), the conventional layout kept "
+                    f"(tolerance {100 * tolerance:g}%)"
+                )
             moves.append(f"{st.names} {old} -> {conv} ({delta})")
         else:
             for u in free:
-                u.how += (f"; the conventional {conv} would cost {delta} of the step, over the tolerance "
-                          f"({100 * tolerance:g}% above the cheapest)")
+                u.how += (
+                    f"; the conventional {conv} would cost {delta} of the step, over the tolerance "
+                    f"({100 * tolerance:g}% above the cheapest)"
+                )
     if moves:
-        history.append(f"conventional layouts kept: {'; '.join(moves)} ({_ms(cheapest.seconds)} -> {_ms(current.seconds)}, "
-                       f"{_pct(current.seconds, cheapest.seconds)} above the cheapest)")
+        history.append(
+            f"conventional layouts kept: {'; '.join(moves)} ({_ms(cheapest.seconds)} -> {_ms(current.seconds)}, "
+            f"{_pct(current.seconds, cheapest.seconds)} above the cheapest)"
+        )
     return current
 
 
@@ -476,9 +518,7 @@ def _stages(units: list[Unit], uses: dict[str, tuple[int, int]]) -> list[Stage]:
         names = [c.name for c in free[0].candidates] if free else ["fixed"]
         for u in free[1:]:
             names = [n for n in names if n in {c.name for c in u.candidates}]
-        options = {
-            n: {u.name: (u.candidates[0] if u.fixed else u.candidate(n)) for u in members} for n in names
-        }
+        options = {n: {u.name: (u.candidates[0] if u.fixed else u.candidate(n)) for u in members} for n in names}
         base = "replicate" if "replicate" in options else names[0]
         stages.append(Stage(members, options, base))
     return stages
@@ -518,7 +558,9 @@ def _units(layer: Layer, size: int) -> tuple[list[Unit], list[str]]:
         dropped: list[str] = []
         for c in cands:
             # Only the parameters this sublayer has (a Linear without bias has no bias placement).
-            c = Candidate(c.name, tuple((a, pl) for a, pl in c.placements if sub._parameters.get(a) is not None), c.state)
+            c = Candidate(
+                c.name, tuple((a, pl) for a, pl in c.placements if sub._parameters.get(a) is not None), c.state
+            )
             bad = [
                 f"{c.name}: {attr} dim {pl.dim} of length {sub._parameters[attr].shape[pl.dim]} does not divide by {size}"
                 for attr, pl in c.placements
@@ -554,7 +596,13 @@ class _Tracer:
     """Traces the step shape-only on value-less copies of the model, one per assignment (cached)."""
 
     def __init__(
-        self, layer: Layer, mesh: ProcessMesh, axis: str, inputs: Sequence[Any], step: Step, pricer: Pricer,
+        self,
+        layer: Layer,
+        mesh: ProcessMesh,
+        axis: str,
+        inputs: Sequence[Any],
+        step: Step,
+        pricer: Pricer,
     ) -> None:
         self.layer, self.mesh, self.axis, self.inputs, self.step, self.pricer = layer, mesh, axis, inputs, step, pricer
         self.count = 0

@@ -214,10 +214,14 @@ class Tracer:
         src = source if isinstance(source, tuple) else self._source(source, rank)
         key = _source_key(src)
         if key in self.root_slot:  # the same tensor's shard again, under another array: replaced mid-step
-            raise Refused(f"the storage of {_describe(src)} was replaced inside the step by code the capture does not see")
+            raise Refused(
+                f"the storage of {_describe(src)} was replaced inside the step by code the capture does not see"
+            )
         was = self.start_ids.get(key)
         if was is not None and was != id(array):
-            raise Refused(f"the storage of {_describe(src)} was replaced inside the step by code the capture does not see")
+            raise Refused(
+                f"the storage of {_describe(src)} was replaced inside the step by code the capture does not see"
+            )
         s = self._new_slot(array)
         self.root_slot[key] = s
         self.roots.append((s, src))
@@ -229,7 +233,14 @@ class Tracer:
             raise Refused(f"an instrumented call returned a {type(array).__name__}, not an array")
         return self._new_slot(array)
 
-    def record(self, fn: Callable[..., Any], key: tuple[Any, ...], inputs: Sequence[tuple[Array, Any, int | None]], result: Any, multi: bool) -> None:
+    def record(
+        self,
+        fn: Callable[..., Any],
+        key: tuple[Any, ...],
+        inputs: Sequence[tuple[Array, Any, int | None]],
+        result: Any,
+        multi: bool,
+    ) -> None:
         """Record a call already made (``result`` from the eager code) as ``fn`` over slots."""
         try:
             ins = tuple(self.slot_of(a, src, r) for a, src, r in inputs)
@@ -244,7 +255,9 @@ class Tracer:
         self.instrs.append((fn, ins, outs, 1 if multi else 0))
         self.sig.append((key_frozen, ins, outs))
 
-    def call(self, fn: Callable[..., Any], key: tuple[Any, ...], inputs: Sequence[tuple[Array, Any, int | None]], multi: bool) -> Any:
+    def call(
+        self, fn: Callable[..., Any], key: tuple[Any, ...], inputs: Sequence[tuple[Array, Any, int | None]], multi: bool
+    ) -> Any:
         """Run ``fn`` on the inputs now (collectives inside are expected) and record it."""
         self.depth += 1
         try:
@@ -286,8 +299,17 @@ class Tracer:
     # ------------------------------------------------------------------ the call sites' entry points
     # (``hooks.CaptureTracer``: dispatch, distribute, creation, the optimizer live below this module)
     def record_kernel(
-        self, op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], used: Sequence[Any], r: int | None,
-        arrays: Sequence[Array], got: Any, dense: bool = False, raw: Any = None,
+        self,
+        op: Any,
+        ctx: Any,
+        attrs: dict[str, Any],
+        dtypes: Sequence[Any],
+        used: Sequence[Any],
+        r: int | None,
+        arrays: Sequence[Array],
+        got: Any,
+        dense: bool = False,
+        raw: Any = None,
     ) -> None:
         record_kernel(self, op, ctx, attrs, dtypes, used, r, arrays, got, dense=dense, raw=raw)
 
@@ -303,7 +325,9 @@ class Tracer:
     def create(self, make: Callable[..., Array], shapes: Sequence[tuple[int, ...]], dtype: Any) -> tuple[Array, ...]:
         return create(self, make, shapes, dtype)
 
-    def update(self, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: dict[str, Any], r: int, cdt: Any) -> tuple[Array, dict[str, Array]]:
+    def update(
+        self, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: dict[str, Any], r: int, cdt: Any
+    ) -> tuple[Array, dict[str, Array]]:
         return update(self, opt, p, lr, src, gv, state, r, cdt)
 
     def bump_step(self, opt: Any, p: Any) -> None:
@@ -344,7 +368,9 @@ class Tracer:
             return (type(out), tuple(self._template(v) for v in out))
         if isinstance(out, dict) and type(out) is dict:
             return (dict, tuple((k, self._template(v)) for k, v in out.items()))
-        raise Refused(f"the step returns a {type(out).__name__}; a captured step returns Tensors (in tuples, lists, dicts) or None")
+        raise Refused(
+            f"the step returns a {type(out).__name__}; a captured step returns Tensors (in tuples, lists, dicts) or None"
+        )
 
     def _slots_of(self, t: Any, source: Any) -> tuple[tuple[int | None, int], ...]:
         if t._abstract or t._init is not None:
@@ -715,7 +741,9 @@ def _updates_early(tr: Tracer, instrs: Indexed) -> Indexed:
             if kind_j == 2:
                 after = tr.bumps.get(j) in (None, who)
             elif j in tr.updates:
-                after = any(np.may_share_memory(tr.arrays[ins_j[0]], a) for a in reads if hasattr(a, "shape")) or bool(shared.intersection(ins_j))
+                after = any(np.may_share_memory(tr.arrays[ins_j[0]], a) for a in reads if hasattr(a, "shape")) or bool(
+                    shared.intersection(ins_j)
+                )
             else:
                 after = False
             if after or set(ins).intersection(made) or shared.intersection(ins_j) or shared.intersection(made):
@@ -750,8 +778,12 @@ def _optimizer_setup(opt: Any) -> tuple[Any, ...]:
     """What an optimizer's step does besides the updates the program replays: its clip, its
     update layouts (ZeRO), offloading, master weights and parameter list, by identity."""
     return (
-        id(opt._grad_clip), id(opt._update_layout), id(opt.offload), opt._multi_precision,
-        tuple(map(id, opt._parameter_list)), type(opt._learning_rate),
+        id(opt._grad_clip),
+        id(opt._update_layout),
+        id(opt.offload),
+        opt._multi_precision,
+        tuple(map(id, opt._parameter_list)),
+        type(opt._learning_rate),
     )
 
 
@@ -790,7 +822,9 @@ def _in_place_updates(tr: Tracer) -> list[tuple[int, Any, int]]:
             continue
         base = tr.arrays[src]
         new = tr.instrs[i][2][0]
-        shared = {s for s, a in enumerate(tr.arrays) if s != new and hasattr(a, "shape") and np.may_share_memory(a, base)}
+        shared = {
+            s for s, a in enumerate(tr.arrays) if s != new and hasattr(a, "shape") and np.may_share_memory(a, base)
+        }
         later = {j for _, ins_j, _, _ in tr.instrs[i + 1 :] for j in ins_j}
         kept = set(_template_slots(tr.out_template)) | {s for e in tr.rebind for s in _rebind_slots(e)}
         if not (shared & (later | kept)):
@@ -864,7 +898,9 @@ def _holds(shards: dict[int, Array], where: Sequence[tuple[Any, int]], slots: li
     return True
 
 
-def _tensor(spec: Any, dtype: Any, shape: Any, where: Sequence[tuple[int | None, int]], slots: list[Any], computed: bool = True) -> Tensor:
+def _tensor(
+    spec: Any, dtype: Any, shape: Any, where: Sequence[tuple[int | None, int]], slots: list[Any], computed: bool = True
+) -> Tensor:
     if spec is None:
         t = Tensor.__new__(Tensor)
         Tensor.__init__(t, None, dtype=dtype)
@@ -922,18 +958,36 @@ def _kernel_fn(op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], 
     return tuple(got) if multi else got[0]
 
 
-def _dense_kernel_fn(op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], multi: bool, *arrays: Array) -> Any:
+def _dense_kernel_fn(
+    op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], multi: bool, *arrays: Array
+) -> Any:
     """An op's kernel on whole arrays, normalised as ``dispatch._run_dense`` does."""
 
     result = op.kernel(ctx, *arrays, **attrs)
     got = list(result) if multi else [result]
     for j, (arr, dt) in enumerate(zip(got, dtypes, strict=True)):
-        arr = np.asarray(arr, dtype=dt) if isinstance(arr, (np.ndarray, np.generic, int, float, bool)) else arr.astype(dt, copy=False)
+        arr = (
+            np.asarray(arr, dtype=dt)
+            if isinstance(arr, (np.ndarray, np.generic, int, float, bool))
+            else arr.astype(dt, copy=False)
+        )
         got[j] = freeze(arr)
     return tuple(got) if multi else got[0]
 
 
-def record_kernel(tr: Tracer, op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], used: Sequence[Any], r: int | None, arrays: Sequence[Array], got: Sequence[Array], dense: bool = False, raw: Any = None) -> None:
+def record_kernel(
+    tr: Tracer,
+    op: Any,
+    ctx: Any,
+    attrs: dict[str, Any],
+    dtypes: Sequence[Any],
+    used: Sequence[Any],
+    r: int | None,
+    arrays: Sequence[Array],
+    got: Sequence[Array],
+    dense: bool = False,
+    raw: Any = None,
+) -> None:
     """Record one kernel call of ``_run_dist`` (``dense``: ``_run_dense``) that produced ``got``
     (``raw``: what the kernel itself returned)."""
     multi = bool(op.multi_output)
@@ -968,7 +1022,9 @@ _BINARY = {"add": operator.add, "subtract": operator.sub, "multiply": operator.m
 """mpipar's elementwise kernels that are ``x + y`` (etc.) on NumPy arrays: called as the operator."""
 
 
-def _specialized(op: Any, ctx: Any, attrs: dict[str, Any], arrays: Sequence[Array], out: Array, dt: Any, bare: bool) -> Callable[..., Array] | None:
+def _specialized(
+    op: Any, ctx: Any, attrs: dict[str, Any], arrays: Sequence[Array], out: Array, dt: Any, bare: bool
+) -> Callable[..., Array] | None:
     """A cheaper call giving the same array as ``op``'s kernel on these NumPy inputs (shapes and
     dtypes fixed by the trace): what the kernel works out from its context on every call (the
     local output shape, the reduced axes, the global count of a mean) worked out once, and the
@@ -1014,7 +1070,9 @@ def _mean_fn(axes: tuple[int, ...], keep: bool, count: Any, dt: Any, x: Array) -
     return arr
 
 
-def _plan_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], dtype: Any, backend: Any, label: str, *arrays: Array) -> tuple[Array, ...]:
+def _plan_fn(
+    plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], dtype: Any, backend: Any, label: str, *arrays: Array
+) -> tuple[Array, ...]:
 
     if comm.recording():  # observers hear the collectives with their reason
         with comm.comm_context(label):
@@ -1052,7 +1110,9 @@ def reshard(tr: Tracer, plan: Any, tensor: Any, backend: Any) -> dict[int, Array
     return res
 
 
-def _one_step_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], tensor: Any, backend: Any, label: str) -> Callable[[Array], Array] | None:
+def _one_step_fn(
+    plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], tensor: Any, backend: Any, label: str
+) -> Callable[[Array], Array] | None:
     """A one-step plan on the one rank this process hosts (MPI), bound for the program: the
     step's runner called straight (``execute_plan``'s loop, dict and context are for many
     steps and observers), and an all-reduce bound to the communicator's lowest layer
@@ -1068,11 +1128,19 @@ def _one_step_fn(plan: Any, ranks: tuple[int, ...], out_ranks: tuple[int, ...], 
         # only. Device shards (NCCL) keep the general path, whose data moves through NCCL.
         bind = getattr(backend.comm, "bound_all_reduce", None)
         groups = step.groups_with(rank)
-        bound = bind(groups[0], tuple(a.shape), a.dtype, step.reduce_type or "sum") if bind is not None and len(groups) == 1 else None
+        bound = (
+            bind(groups[0], tuple(a.shape), a.dtype, step.reduce_type or "sum")
+            if bind is not None and len(groups) == 1
+            else None
+        )
         if bound is not None:
             return partial(_bound_fn, bound, general)
-    if (step.kind == "partial" and type(a) is np.ndarray and isinstance(step.src.placements[step.axes[0]], Replicate)
-            and (step.reduce_type or "sum") == "sum"):
+    if (
+        step.kind == "partial"
+        and type(a) is np.ndarray
+        and isinstance(step.src.placements[step.axes[0]], Replicate)
+        and (step.reduce_type or "sum") == "sum"
+    ):
         # Replicate -> Partial(sum): one rank of the axis keeps its value, the others hold zeros,
         # the same zeros on every step (read-only on NumPy, so one array serves them all).
         if step.src.mesh.coordinate(rank)[step.axes[0]] == 0:
@@ -1099,7 +1167,15 @@ def _bound_fn(bound: Callable[[Array], Array], general: Callable[..., tuple[Arra
     return freeze(bound(a))
 
 
-def _step_fn(run: Callable[..., dict[int, Array]], step: Any, rank: int, dtype: Any, backend: Any, general: Callable[..., tuple[Array, ...]], a: Array) -> Array:
+def _step_fn(
+    run: Callable[..., dict[int, Array]],
+    step: Any,
+    rank: int,
+    dtype: Any,
+    backend: Any,
+    general: Callable[..., tuple[Array, ...]],
+    a: Array,
+) -> Array:
     if comm.recording():
         return general(a)[0]
     return freeze(run(step, {rank: a}, dtype, backend)[rank])
@@ -1135,7 +1211,15 @@ def create(tr: Tracer, make: Callable[..., Array], shapes: Sequence[tuple[int, .
     return res
 
 
-def _update_fn(opt_ref: weakref.ref[Any], p_ref: weakref.ref[Any], pid: int, names: tuple[str, ...], cdt: Any, decay: Any, *arrays: Array) -> tuple[Array, ...]:
+def _update_fn(
+    opt_ref: weakref.ref[Any],
+    p_ref: weakref.ref[Any],
+    pid: int,
+    names: tuple[str, ...],
+    cdt: Any,
+    decay: Any,
+    *arrays: Array,
+) -> tuple[Array, ...]:
     """The optimizer's update of one shard, its learning rate and step count read live."""
     opt, p = opt_ref(), p_ref()
     if opt is None or p is None:
@@ -1160,7 +1244,9 @@ def _sgd_fn(opt_ref: weakref.ref[Any], p_ref: weakref.ref[Any], cdt: Any, src: A
     return (opt._update(src, g.astype(cdt, copy=False), {}, lr, None)[0],)
 
 
-def update(tr: Tracer, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: dict[str, Any], r: int, cdt: Any) -> tuple[Array, dict[str, Array]]:
+def update(
+    tr: Tracer, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: dict[str, Any], r: int, cdt: Any
+) -> tuple[Array, dict[str, Array]]:
     """``opt._update`` of ``p``'s shard on rank ``r``, run now and recorded."""
     names = tuple(opt.state_names)
     live = _param_lr(p, opt.get_lr())
@@ -1242,7 +1328,9 @@ def shard_array(tr: Tracer, spec: Any, data: Any, dtype: Any) -> dict[int, Array
     ranks = tuple(current_hosted(spec))
     fn = partial(_shard_array_fn, spec, dtype, ranks)
     source = ("arg", i, "array") if i is not None else None
-    res = tr.call(fn, ("shard_array", spec, None if dtype is None else np.dtype(dtype), ranks), [(data, source, None)], True)
+    res = tr.call(
+        fn, ("shard_array", spec, None if dtype is None else np.dtype(dtype), ranks), [(data, source, None)], True
+    )
     return dict(zip(ranks, res, strict=True))
 
 

@@ -29,8 +29,17 @@ class CaptureTracer(Protocol):
     def note_optimizer(self, opt: Any) -> None: ...
 
     def record_kernel(
-        self, op: Any, ctx: Any, attrs: dict[str, Any], dtypes: Sequence[Any], used: Sequence[Any], r: int | None,
-        arrays: Sequence[Any], got: Any, dense: bool = False, raw: Any = None,
+        self,
+        op: Any,
+        ctx: Any,
+        attrs: dict[str, Any],
+        dtypes: Sequence[Any],
+        used: Sequence[Any],
+        r: int | None,
+        arrays: Sequence[Any],
+        got: Any,
+        dense: bool = False,
+        raw: Any = None,
     ) -> None: ...
 
     def reshard(self, plan: Any, tensor: Any, backend: Any) -> dict[int, Any]: ...
@@ -41,7 +50,9 @@ class CaptureTracer(Protocol):
 
     def create(self, make: Any, shapes: Sequence[tuple[int, ...]], dtype: Any) -> tuple[Any, ...]: ...
 
-    def update(self, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: dict[str, Any], r: int, cdt: Any) -> tuple[Any, dict[str, Any]]: ...
+    def update(
+        self, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: dict[str, Any], r: int, cdt: Any
+    ) -> tuple[Any, dict[str, Any]]: ...
 
     def bump_step(self, opt: Any, p: Any) -> None: ...
 

@@ -1,10 +1,10 @@
 """The ``mpipar`` command.
 
-    mpipar reshard --shape 8 6 --mesh 2x2 --src "S(0)S(1)" --dst "S(1)S(0)" [--dst-mesh 4:4,5,6,7]
-    mpipar info
-    mpipar plan SCRIPT [args] -o plan.json [-n 8 | --shape-only]
-    mpipar viz plan.json [timeline.json] [--address 127.0.0.1] [--port 8501]
-    mpipar viz [--launcher mpiexec] [--prepare-only] --run examples/gpt.py --mesh dp=2,tp=2 --tiny
+mpipar reshard --shape 8 6 --mesh 2x2 --src "S(0)S(1)" --dst "S(1)S(0)" [--dst-mesh 4:4,5,6,7]
+mpipar info
+mpipar plan SCRIPT [args] -o plan.json [-n 8 | --shape-only]
+mpipar viz plan.json [timeline.json] [--address 127.0.0.1] [--port 8501]
+mpipar viz [--launcher mpiexec] [--prepare-only] --run examples/gpt.py --mesh dp=2,tp=2 --tiny
 """
 
 from __future__ import annotations
@@ -95,21 +95,37 @@ def main(argv: list[str] | None = None) -> int:
     parser = cliargs.Parser(prog="mpipar", description="mpipar tools")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("reshard", help="print the plan that reshards a tensor between two layouts")
-    p.add_argument("--shape", type=cliargs.int_range(0, 1 << 62, "a dim size"), nargs="+", required=True, help="global tensor shape")
+    p.add_argument(
+        "--shape",
+        type=cliargs.int_range(0, 1 << 62, "a dim size"),
+        nargs="+",
+        required=True,
+        help="global tensor shape",
+    )
     p.add_argument("--mesh", required=True, help="source mesh: 2x2, or 2x2:0,1,2,3 with ids")
     p.add_argument("--dst-mesh", default=None, help="destination mesh when it differs")
     p.add_argument("--names", default=None, help="axis names, comma separated")
     p.add_argument("--src", required=True, help='source placements, e.g. "S(0)S(1)"')
     p.add_argument("--dst", required=True, help='destination placements, e.g. "RR"')
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--max-world", type=cliargs.positive_int, default=cliargs.MAX_WORLD,
-                   help=f"refuse meshes of more ranks (default {cliargs.MAX_WORLD})")
+    p.add_argument(
+        "--max-world",
+        type=cliargs.positive_int,
+        default=cliargs.MAX_WORLD,
+        help=f"refuse meshes of more ranks (default {cliargs.MAX_WORLD})",
+    )
     p.set_defaults(func=_cmd_reshard)
     p = sub.add_parser("info", help="print the version and the backend this process would use")
     p.set_defaults(func=_cmd_info)
     p = sub.add_parser("plan", help="trace a training script's first step into a plan (JSON) without training")
     p.add_argument("-o", "--output", required=True, type=cliargs.output_path, help="where to write the plan")
-    p.add_argument("-n", "--nprocs", type=cliargs.int_range(1, cliargs.MAX_WORLD, "a world size"), default=None, help="virtual world size (default: grows with the meshes)")
+    p.add_argument(
+        "-n",
+        "--nprocs",
+        type=cliargs.int_range(1, cliargs.MAX_WORLD, "a world size"),
+        default=None,
+        help="virtual world size (default: grows with the meshes)",
+    )
     p.add_argument("--shape-only", action="store_true", help="shapes and layouts only: no values are computed")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -119,13 +135,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--address", default="127.0.0.1", help="address to bind; default: this machine only")
     p.add_argument("--port", type=cliargs.port, default=None)
     p.add_argument("--run-dir", default="mpipar-run", help="with --run: where its files go (default ./mpipar-run/)")
-    p.add_argument("--steps", type=cliargs.int_range(1, 10_000, "a step count"), default=3,
-                   help="with --run: measured training steps (unless the script's arguments give --steps)")
+    p.add_argument(
+        "--steps",
+        type=cliargs.int_range(1, 10_000, "a step count"),
+        default=3,
+        help="with --run: measured training steps (unless the script's arguments give --steps)",
+    )
     p.add_argument("--launcher", choices=["sim", "mpiexec"], default="sim", help="with --run: simulator or mpiexec")
     p.add_argument("--shape-only", action="store_true", help="with --run: trace the plan shape-only")
     p.add_argument("--prepare-only", action="store_true", help="with --run: write the files, start no server")
-    p.add_argument("--run", nargs=argparse.REMAINDER, metavar="SCRIPT ARGS",
-                   help="trace SCRIPT's plan, run a few measured steps (MPIPAR_TRACE), open both (last option)")
+    p.add_argument(
+        "--run",
+        nargs=argparse.REMAINDER,
+        metavar="SCRIPT ARGS",
+        help="trace SCRIPT's plan, run a few measured steps (MPIPAR_TRACE), open both (last option)",
+    )
     p.set_defaults(func=_cmd_viz)
     ns = parser.parse_args(argv)
     try:

@@ -46,7 +46,9 @@ port = int_range(1, 65535, "a TCP port")
 positive_int = int_range(1, 1 << 62, "a positive integer")
 
 
-def finite_float(low: float = -math.inf, high: float = math.inf, what: str = "a finite number") -> Callable[[str], float]:
+def finite_float(
+    low: float = -math.inf, high: float = math.inf, what: str = "a finite number"
+) -> Callable[[str], float]:
     """An argparse type: a finite float in ``[low, high]``."""
 
     def parse(text: str) -> float:

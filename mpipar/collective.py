@@ -275,7 +275,9 @@ def _check_op(op: str, call: str) -> str:
 
 def _check_rank(rank: int, members: tuple[int, ...], call: str, name: str) -> int:
     if rank not in members:
-        raise ManualCallError(f"{call}: {name}={rank} is not a member of the group {list(members)}; pass a global rank in it")
+        raise ManualCallError(
+            f"{call}: {name}={rank} is not a member of the group {list(members)}; pass a global rank in it"
+        )
     return int(rank)
 
 
@@ -393,7 +395,9 @@ def _split_input(tensor_list: Any, n: int, call: str) -> list[Array]:
     """A list of ``n`` tensors, or one tensor split into ``n`` equal pieces along axis 0."""
     if isinstance(tensor_list, list | tuple):
         if len(tensor_list) != n:
-            raise ManualCallError(f"{call}: the list has {len(tensor_list)} tensors but the group has {n} members; pass one per member")
+            raise ManualCallError(
+                f"{call}: the list has {len(tensor_list)} tensors but the group has {n} members; pass one per member"
+            )
         return [_read(t, f"{call} list entry {i}") for i, t in enumerate(tensor_list)]
     whole = _read(tensor_list, f"{call} input tensor")
     if whole.ndim == 0 or whole.shape[0] % n:
@@ -458,7 +462,9 @@ def alltoall(in_tensor_list: Any, out_tensor_list: Any, group: Group | None = No
     return _DONE
 
 
-def scatter(tensor: Any, tensor_list: Any = None, src: int = 0, group: Group | None = None, sync_op: bool = True) -> Task:
+def scatter(
+    tensor: Any, tensor_list: Any = None, src: int = 0, group: Group | None = None, sync_op: bool = True
+) -> Task:
     """Member j's ``tensor`` becomes rank ``src``'s ``tensor_list[j]`` (others may pass None)."""
     members = _members(group, "scatter")
     value = _read(tensor, "scatter tensor")
@@ -469,7 +475,9 @@ def scatter(tensor: Any, tensor_list: Any = None, src: int = 0, group: Group | N
     empty = np.zeros((0,), dtype=value.dtype)
     if me == root:
         if tensor_list is None:
-            raise ManualCallError(f"scatter: rank {root} is the source and must pass tensor_list (one tensor per member)")
+            raise ManualCallError(
+                f"scatter: rank {root} is the source and must pass tensor_list (one tensor per member)"
+            )
         chunks = _split_input(tensor_list, len(members), "scatter")
     else:
         chunks = [empty] * len(members)
@@ -484,7 +492,9 @@ def scatter(tensor: Any, tensor_list: Any = None, src: int = 0, group: Group | N
     return _DONE
 
 
-def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int = 0, group: Group | None = None, sync_op: bool = True) -> Task:
+def gather(
+    tensor: Any, gather_list: list[Any] | None = None, dst: int = 0, group: Group | None = None, sync_op: bool = True
+) -> Task:
     """Rank ``dst``'s ``gather_list`` gets every member's ``tensor`` (equal shapes), in group order."""
     members = _members(group, "gather")
     value = _read(tensor, "gather tensor")
@@ -545,7 +555,9 @@ def isend(tensor: Any, dst: int, group: Group | None = None) -> Task:
 def irecv(tensor: Any, src: int | None = None, group: Group | None = None) -> Task:
     """A task whose ``wait()`` receives into ``tensor`` from rank ``src``."""
     if src is None:
-        raise ManualCallError("irecv: pass src= (receiving from any rank is not supported: it makes runs nondeterministic)")
+        raise ManualCallError(
+            "irecv: pass src= (receiving from any rank is not supported: it makes runs nondeterministic)"
+        )
     peer = _peer(src, "irecv", "src")
     _read(tensor, "irecv tensor")
     return Task(lambda: recv(tensor, peer, group))

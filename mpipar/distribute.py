@@ -200,7 +200,9 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     """
     # One big device moves nothing, so there is nothing to reuse.
     cacheable = (
-        tensor._reshards is not None and tensor.is_dist and _reuse_enabled[-1]
+        tensor._reshards is not None
+        and tensor.is_dist
+        and _reuse_enabled[-1]
         and execution_mode((), backend) is not Mode.DENSE
     )
     out: Tensor | None = _reused(tensor, dst) if cacheable else None

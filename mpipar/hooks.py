@@ -29,15 +29,25 @@ class OpStartHook(Protocol):
 
 
 class OpHook(Protocol):
-    def on_op(self, op: Any, inputs: Sequence[Tensor], used: Sequence[Tensor], outputs: Sequence[Tensor], result: Any) -> None: ...
+    def on_op(
+        self, op: Any, inputs: Sequence[Tensor], used: Sequence[Tensor], outputs: Sequence[Tensor], result: Any
+    ) -> None: ...
 
 
 class ReshardHook(Protocol):
     def on_reshard(self, src: Tensor, out: Tensor, plan: ReshardPlan, reason: str) -> None: ...
 
     def on_manual_collective(
-        self, call: str, group: tuple[int, ...], kind: str, reduce_type: str | None, src: str, dst: str,
-        tensor: Tensor, bytes_per_rank: float, pieces: tuple[tuple[int, int, int], ...] = (),
+        self,
+        call: str,
+        group: tuple[int, ...],
+        kind: str,
+        reduce_type: str | None,
+        src: str,
+        dst: str,
+        tensor: Tensor,
+        bytes_per_rank: float,
+        pieces: tuple[tuple[int, int, int], ...] = (),
     ) -> None: ...
 
 

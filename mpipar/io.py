@@ -30,7 +30,12 @@ class BatchSampler:
     """Batches of indices; ``shuffle`` draws a permutation per epoch from the counter RNG."""
 
     def __init__(
-        self, dataset: Dataset | None = None, sampler: Any = None, shuffle: bool = False, batch_size: int = 1, drop_last: bool = False
+        self,
+        dataset: Dataset | None = None,
+        sampler: Any = None,
+        shuffle: bool = False,
+        batch_size: int = 1,
+        drop_last: bool = False,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"BatchSampler batch_size must be positive, got {batch_size}")
@@ -39,7 +44,9 @@ class BatchSampler:
         self.epoch = 0
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = mrandom.permutation(mrandom.next_key(), self.num_samples) if self.shuffle else np.arange(self.num_samples)
+        order = (
+            mrandom.permutation(mrandom.next_key(), self.num_samples) if self.shuffle else np.arange(self.num_samples)
+        )
         self.epoch += 1
         for start in range(0, self.num_samples, self.batch_size):
             batch = order[start : start + self.batch_size].tolist()
@@ -58,7 +65,9 @@ class RandomBatchSampler:
     No generator state to save: resuming at batch ``k`` is ``RandomBatchSampler(..., start=k)``.
     """
 
-    def __init__(self, num_samples: int, batch_size: int, seed: int = 0, start: int = 0, num_batches: int | None = None) -> None:
+    def __init__(
+        self, num_samples: int, batch_size: int, seed: int = 0, start: int = 0, num_batches: int | None = None
+    ) -> None:
         if num_samples <= 0 or batch_size <= 0:
             raise ValueError(f"RandomBatchSampler needs samples and a batch size > 0, got {num_samples}, {batch_size}")
         self.num_samples, self.batch_size, self.seed, self.start = num_samples, batch_size, seed, start
@@ -85,10 +94,17 @@ class DistributedBatchSampler(BatchSampler):
     ``num_replicas``-th batch slice (the global batch is ``batch_size * num_replicas``)."""
 
     def __init__(
-        self, dataset: Dataset, batch_size: int, num_replicas: int | None = None, rank: int | None = None,
-        shuffle: bool = False, drop_last: bool = False,
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = False,
+        drop_last: bool = False,
     ) -> None:
-        super().__init__(dataset, shuffle=shuffle, batch_size=batch_size * (num_replicas or get_world_size()), drop_last=drop_last)
+        super().__init__(
+            dataset, shuffle=shuffle, batch_size=batch_size * (num_replicas or get_world_size()), drop_last=drop_last
+        )
         self.num_replicas = num_replicas or get_world_size()
         self.rank = get_rank() if rank is None else rank
         self.local_batch = batch_size
@@ -109,12 +125,23 @@ class DataLoader:
     """Iterate batches of a Dataset; ``loader()`` (as the seeds call it) is the same as ``iter(loader)``."""
 
     def __init__(
-        self, dataset: Dataset, batch_sampler: BatchSampler | None = None, batch_size: int = 1, shuffle: bool = False,
-        drop_last: bool = False, collate_fn: Callable[[Sequence[Any]], list[Any]] | None = None, num_workers: int = 0,
-        return_list: bool = True, **_: Any,
+        self,
+        dataset: Dataset,
+        batch_sampler: BatchSampler | None = None,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        collate_fn: Callable[[Sequence[Any]], list[Any]] | None = None,
+        num_workers: int = 0,
+        return_list: bool = True,
+        **_: Any,
     ) -> None:
         self.dataset = dataset
-        self.batch_sampler = batch_sampler if batch_sampler is not None else BatchSampler(dataset, shuffle=shuffle, batch_size=batch_size, drop_last=drop_last)
+        self.batch_sampler = (
+            batch_sampler
+            if batch_sampler is not None
+            else BatchSampler(dataset, shuffle=shuffle, batch_size=batch_size, drop_last=drop_last)
+        )
         self.collate_fn = collate_fn or default_collate
         self.batches_served = 0
         """Batches handed out since the loader was built (the resumption position)."""

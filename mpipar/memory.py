@@ -79,8 +79,10 @@ class MemoryReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Per rank: device bytes by category, and under ``host`` what is offloaded (only when something is)."""
+
         def row(r: int) -> dict[str, Any]:
             return {"rank": r, **self.per_rank[r], **({"host": dict(self.host[r])} if r in self.host else {})}
+
         return {"ranks": [row(r) for r in sorted(self.per_rank)]}
 
 
@@ -144,7 +146,9 @@ def _noted(packed: Packed) -> list[Tensor]:
     return [x for x in items if isinstance(x, Tensor)]
 
 
-def memory_report(model: Any = None, optimizer: Any = None, loss: Tensor | None = None, parameters: Iterable[Tensor] | None = None) -> MemoryReport:
+def memory_report(
+    model: Any = None, optimizer: Any = None, loss: Tensor | None = None, parameters: Iterable[Tensor] | None = None
+) -> MemoryReport:
     params = list(parameters) if parameters is not None else (list(model.parameters()) if model is not None else [])
     if optimizer is not None and not params:
         params = list(optimizer._parameter_list)

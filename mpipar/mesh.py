@@ -95,9 +95,7 @@ class ProcessMesh:
 
     @cached_property
     def _coords(self) -> dict[int, tuple[int, ...]]:
-        return {
-            int(pid): tuple(int(c) for c in idx) for idx, pid in np.ndenumerate(self._ids)
-        }
+        return {int(pid): tuple(int(c) for c in idx) for idx, pid in np.ndenumerate(self._ids)}
 
     def axis_index(self, axis: int | str) -> int:
         """Normalise an axis given by index or by name."""
@@ -148,7 +146,9 @@ class ProcessMesh:
             idx = [self.axis_index(a) for a in key]
             others = [a for a in range(self.ndim) if a not in idx]
             moved = np.transpose(self._ids, others + idx)
-            cached = [tuple(int(x) for x in g.reshape(-1)) for g in moved.reshape(-1, _prod(self.shape[a] for a in idx))]
+            cached = [
+                tuple(int(x) for x in g.reshape(-1)) for g in moved.reshape(-1, _prod(self.shape[a] for a in idx))
+            ]
             self._groups_cache[key] = cached
         return list(cached)
 
@@ -205,7 +205,11 @@ class ProcessMesh:
         if self.size <= 16:
             return f"mesh[{axes}]{self._ids.tolist()}"
         ids = self.process_ids
-        span = f"{ids[0]}..{ids[-1]}" if ids == list(range(ids[0], ids[0] + len(ids))) else f"{ids[0]}, {ids[1]}, ..., {ids[-1]}"
+        span = (
+            f"{ids[0]}..{ids[-1]}"
+            if ids == list(range(ids[0], ids[0] + len(ids)))
+            else f"{ids[0]}, {ids[1]}, ..., {ids[-1]}"
+        )
         return f"mesh[{axes}]({self.size} ranks: {span})"
 
     def __reduce__(self) -> tuple[Any, ...]:

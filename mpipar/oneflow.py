@@ -82,7 +82,9 @@ class placement:
         if type is None:
             type = "cuda" if current_backend().name == "nccl" else "cpu"
         elif type not in _DEVICE_TYPES:
-            raise ValueError(f"placement.from_mesh: type={type!r} is not a device type; use one of {list(_DEVICE_TYPES)}")
+            raise ValueError(
+                f"placement.from_mesh: type={type!r} is not a device type; use one of {list(_DEVICE_TYPES)}"
+            )
         out = cls.__new__(cls)
         out._mesh = mesh
         out._type = type
@@ -136,7 +138,9 @@ class _SbpNamespace:
     def split(axis: int | None = None, *, dim: int | None = None) -> Placement:
         """``sbp.split(axis)``; OneFlow also spells it ``sbp.split(dim=axis)`` (seed 002 does)."""
         if (axis is None) == (dim is None):
-            raise TypeError(f"sbp.split: give the tensor axis once, as split(axis) or split(dim=axis); got axis={axis!r}, dim={dim!r}")
+            raise TypeError(
+                f"sbp.split: give the tensor axis once, as split(axis) or split(dim=axis); got axis={axis!r}, dim={dim!r}"
+            )
         axis = axis if axis is not None else dim
         if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or axis < 0:
             raise ValueError(f"sbp.split: axis={axis!r} must be a non-negative int (the tensor axis to split)")
@@ -214,8 +218,10 @@ def _dtype_of(dtype: Any) -> np.dtype[Any]:
 
 def _finish(value: Tensor, placement: Any, sbp: Any, requires_grad: bool, where: str) -> Tensor:
     if (placement is None) != (sbp is None):
-        raise ValueError(f"{where}: give placement and sbp together (a global tensor) or neither (a local one); "
-                         f"got placement={placement!r}, sbp={sbp!r}")
+        raise ValueError(
+            f"{where}: give placement and sbp together (a global tensor) or neither (a local one); "
+            f"got placement={placement!r}, sbp={sbp!r}"
+        )
     out = value if placement is None else to_global(value, placement, sbp)
     out.stop_gradient = not requires_grad
     return out
@@ -271,13 +277,26 @@ class _OptimNamespace:
         return _Adam(learning_rate=lr, beta1=betas[0], beta2=betas[1], epsilon=eps, parameters=list(params))
 
     @staticmethod
-    def AdamW(params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-              weight_decay: float = 0.01) -> Optimizer:
-        return _AdamW(learning_rate=lr, beta1=betas[0], beta2=betas[1], epsilon=eps, weight_decay=weight_decay,
-                      parameters=list(params))
+    def AdamW(
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+    ) -> Optimizer:
+        return _AdamW(
+            learning_rate=lr,
+            beta1=betas[0],
+            beta2=betas[1],
+            epsilon=eps,
+            weight_decay=weight_decay,
+            parameters=list(params),
+        )
 
 
 optim = _OptimNamespace()
+
+
 def _tensor_placement(self: Tensor) -> Any:
     """OneFlow's ``tensor.placement`` (``None`` for a local tensor)."""
     return placement.from_mesh(self._spec.mesh) if self._spec is not None else None

@@ -68,7 +68,9 @@ class _Bucket:
     step: Any
     entries: list[_Entry] = field(default_factory=list)
     nbytes: int = 0
-    started: list[tuple[tuple[int, ...], Pending, dict[int, list[tuple[int, tuple[int, ...]]]]]] = field(default_factory=list)
+    started: list[tuple[tuple[int, ...], Pending, dict[int, list[tuple[int, tuple[int, ...]]]]]] = field(
+        default_factory=list
+    )
 
 
 class GradReduceOverlap:
@@ -82,8 +84,15 @@ class GradReduceOverlap:
     """
 
     def __init__(self, bucket_mib: float = DEFAULT_BUCKET_MIB, record: bool = False) -> None:
-        if not isinstance(bucket_mib, (int, float)) or isinstance(bucket_mib, bool) or not math.isfinite(bucket_mib) or bucket_mib < 0:
-            raise ValueError(f"overlap_grad_reduction: bucket_mib must be a finite number >= 0 (MiB of gradients per bucket), got {bucket_mib!r}")
+        if (
+            not isinstance(bucket_mib, (int, float))
+            or isinstance(bucket_mib, bool)
+            or not math.isfinite(bucket_mib)
+            or bucket_mib < 0
+        ):
+            raise ValueError(
+                f"overlap_grad_reduction: bucket_mib must be a finite number >= 0 (MiB of gradients per bucket), got {bucket_mib!r}"
+            )
         self.bucket_bytes = int(bucket_mib * 2**20)
         self.record = record
         self.events: list[tuple[Any, ...]] = []
@@ -165,7 +174,13 @@ class _Session:
         self.entries.append(entry)
         self.waiting.add(id(leaf))
         op = step.reduce_type or "sum"
-        key = (tuple(step.src.mesh.process_ids), tuple(step.src.mesh.shape), tuple(step.axes), op, np.dtype(g.dtype).str)
+        key = (
+            tuple(step.src.mesh.process_ids),
+            tuple(step.src.mesh.shape),
+            tuple(step.axes),
+            op,
+            np.dtype(g.dtype).str,
+        )
         bucket = self.open.get(key)
         if bucket is None:
             bucket = self.open[key] = _Bucket(self.count, key, step)
@@ -208,7 +223,9 @@ class _Session:
                     groups.append(group)
         names = ", ".join(e.leaf._label() for e in bucket.entries[:4]) + (" ..." if len(bucket.entries) > 4 else "")
         comm = self.backend.comm
-        with comm_context(f"overlapped gradient reduction, bucket {bucket.index} ({len(bucket.entries)} gradients: {names})"):
+        with comm_context(
+            f"overlapped gradient reduction, bucket {bucket.index} ({len(bucket.entries)} gradients: {names})"
+        ):
             for group in groups:
                 members = [r for r in group if r in hosted]
                 flats: dict[int, Any] = {}
@@ -280,4 +297,3 @@ def _packed(pieces: list[Any], dtype: np.dtype, xp: Any) -> Any:
         out[at : at + size].reshape(p.shape)[...] = p
         at += size
     return out
-

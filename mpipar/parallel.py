@@ -69,7 +69,9 @@ def shard_layer(
 class _ShardingStage:
     stage = 0
 
-    def __init__(self, mesh_dim: str | int = 0, mesh: ProcessMesh | None = None, sharding_mesh_dim: str | int | None = None) -> None:
+    def __init__(
+        self, mesh_dim: str | int = 0, mesh: ProcessMesh | None = None, sharding_mesh_dim: str | int | None = None
+    ) -> None:
         self.mesh_dim = sharding_mesh_dim if sharding_mesh_dim is not None else mesh_dim
         self.mesh = mesh
 
@@ -122,7 +124,9 @@ class ShardingStage3(_ShardingStage):
     stage = 3
 
 
-def shard_optimizer(optimizer: Optimizer, shard_fn: _ShardingStage | None = None, gradient_accumulation_steps: int = 1) -> Optimizer:
+def shard_optimizer(
+    optimizer: Optimizer, shard_fn: _ShardingStage | None = None, gradient_accumulation_steps: int = 1
+) -> Optimizer:
     """Make ``optimizer`` distribution-aware; with a ``ShardingStageN`` apply ZeRO stage N."""
     if shard_fn is None:
         return optimizer
@@ -133,7 +137,9 @@ def shard_optimizer(optimizer: Optimizer, shard_fn: _ShardingStage | None = None
         if not p.is_dist and shard_fn.mesh is not None:
             shard_tensor(p, shard_fn.mesh, [Replicate()] * shard_fn.mesh.ndim)
         if p.is_dist and any(pl.is_partial() for pl in p.placements or []):
-            raise ValueError(f"shard_optimizer: parameter {p._label()} is Partial {p.spec.placements_str}; parameters must not be Partial")
+            raise ValueError(
+                f"shard_optimizer: parameter {p._label()} is Partial {p.spec.placements_str}; parameters must not be Partial"
+            )
         layout = shard_fn.layout(p)
         layouts[id(p)] = layout
         if layout is None:
@@ -205,8 +211,12 @@ class ShardDataloader:
     dim split along ``shard_dims``. Each process loads only the samples its ranks hold."""
 
     def __init__(
-        self, dataloader: DataLoader, meshes: ProcessMesh | Sequence[ProcessMesh], input_keys: Any = None,
-        shard_dims: Any = None, is_dataset_splitted: bool = False,
+        self,
+        dataloader: DataLoader,
+        meshes: ProcessMesh | Sequence[ProcessMesh],
+        input_keys: Any = None,
+        shard_dims: Any = None,
+        is_dataset_splitted: bool = False,
     ) -> None:
         self.loader = dataloader
         self.meshes = [meshes] if isinstance(meshes, ProcessMesh) else list(meshes)
@@ -254,7 +264,14 @@ class ShardDataloader:
             for i, spec in enumerate(specs):
                 dtype = self._meta[i][1]
 
-                def local(rank: int, i: int = i, spec: DistSpec = spec, loaded: list[Any] = loaded, position: dict[int, int] = position, dtype: Any = dtype) -> np.ndarray:
+                def local(
+                    rank: int,
+                    i: int = i,
+                    spec: DistSpec = spec,
+                    loaded: list[Any] = loaded,
+                    position: dict[int, int] = position,
+                    dtype: Any = dtype,
+                ) -> np.ndarray:
                     s, e = spec.local_box(rank)[0]
                     if e == s:
                         return np.zeros((0, *spec.shape[1:]), dtype=dtype)
@@ -284,8 +301,11 @@ class ShardDataloader:
 
 
 def shard_dataloader(
-    dataloader: DataLoader, meshes: ProcessMesh | Sequence[ProcessMesh], input_keys: Any = None,
-    shard_dims: Any = None, is_dataset_splitted: bool = False,
+    dataloader: DataLoader,
+    meshes: ProcessMesh | Sequence[ProcessMesh],
+    input_keys: Any = None,
+    shard_dims: Any = None,
+    is_dataset_splitted: bool = False,
 ) -> ShardDataloader:
     """Paddle's ``dist.shard_dataloader``: see ``ShardDataloader``."""
     return ShardDataloader(dataloader, meshes, input_keys, shard_dims, is_dataset_splitted)

@@ -85,9 +85,7 @@ class Partial(Placement):
             norm = {"kRedSum": "sum", "kRedAvg": "avg", "kRedMax": "max", "kRedMin": "min"}.get(norm, norm)
             object.__setattr__(self, "reduce_type", norm)
         if self.reduce_type not in REDUCE_TYPES:
-            raise ValueError(
-                f"Partial reduce_type must be one of {', '.join(REDUCE_TYPES)}, got {rt!r}"
-            )
+            raise ValueError(f"Partial reduce_type must be one of {', '.join(REDUCE_TYPES)}, got {rt!r}")
 
     def is_partial(self) -> bool:
         return True
@@ -148,9 +146,7 @@ def check_placements(placements: object, what: str = "placements") -> list[Place
         raise TypeError(f"{what} must be a list of placements, got {placements!r}") from None
     for i, p in enumerate(items):
         if not isinstance(p, Placement):
-            raise TypeError(
-                f"{what}[{i}] is {p!r}; use dist.Shard(dim), dist.Replicate() or dist.Partial()"
-            )
+            raise TypeError(f"{what}[{i}] is {p!r}; use dist.Shard(dim), dist.Replicate() or dist.Partial()")
     return items
 
 

@@ -64,9 +64,23 @@ MAX_PLAN_STR = 1 << 16
 
 
 DTYPE_ITEMSIZE = {
-    "bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8,
-    "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "complex64": 8,
-    "complex128": 16, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "bool": 1,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "complex64": 8,
+    "complex128": 16,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
 }
 """The element types a plan may name, with their bytes: every consumer can size any tensor."""
 
@@ -259,7 +273,9 @@ class Plan:
         if data.get("format") != FORMAT:
             raise FileFormatError("plan", "format", data.get("format"), f"is not {FORMAT!r} (is this a plan file?)")
         if data.get("version") != VERSION:
-            raise FileFormatError("plan", "version", data.get("version"), f"is not a supported version (this mpipar reads {VERSION})")
+            raise FileFormatError(
+                "plan", "version", data.get("version"), f"is not a supported version (this mpipar reads {VERSION})"
+            )
         meshes = [
             PlanMesh(
                 v.int(f"meshes[{i}].id", m.get("id")),
@@ -272,7 +288,9 @@ class Plan:
         mesh_ids = {m.id for m in meshes}
         for i, m in enumerate(meshes):
             if len(m.dim_names) != len(m.shape) or _prod(m.shape) != len(m.process_ids):
-                raise FileFormatError("plan", f"meshes[{i}]", asdict(m), "has inconsistent shape, process_ids and dim_names")
+                raise FileFormatError(
+                    "plan", f"meshes[{i}]", asdict(m), "has inconsistent shape, process_ids and dim_names"
+                )
         tensors = []
         for i, t in enumerate(v.objects("tensors", data.get("tensors"))):
             mesh = t.get("mesh")
@@ -290,7 +308,10 @@ class Plan:
                     _dtype(v, f"tensors[{i}].dtype", t.get("dtype")),
                     mesh,
                     v.str(f"tensors[{i}].placements", t.get("placements")),
-                    tuple(v.ints(f"tensors[{i}].local_shapes[{j}]", s) for j, s in enumerate(v.list(f"tensors[{i}].local_shapes", t.get("local_shapes", [])))),
+                    tuple(
+                        v.ints(f"tensors[{i}].local_shapes[{j}]", s)
+                        for j, s in enumerate(v.list(f"tensors[{i}].local_shapes", t.get("local_shapes", [])))
+                    ),
                 )
             )
         tensor_ids = {t.id for t in tensors}
@@ -321,7 +342,9 @@ class Plan:
                     v.ints(f"ops[{i}].reshards", o.get("reshards", [])),
                 )
             )
-        reshards = [_reshard_from_dict(v, i, r, mesh_ids) for i, r in enumerate(v.objects("reshards", data.get("reshards")))]
+        reshards = [
+            _reshard_from_dict(v, i, r, mesh_ids) for i, r in enumerate(v.objects("reshards", data.get("reshards")))
+        ]
         pipeline = data.get("pipeline")
         if pipeline is not None:
             _check_pipeline(v, pipeline, mesh_ids)
@@ -350,7 +373,9 @@ def _check_pipeline(v: _V, pipeline: Any, mesh_ids: set[int]) -> None:
     for i, st in enumerate(stages):
         stage = v.int(f"pipeline.stages[{i}].stage", st.get("stage"))
         if not 0 <= stage < MAX_PIPELINE_COUNT or stage in seen:
-            raise FileFormatError("plan", f"pipeline.stages[{i}].stage", stage, "is not a new stage number in [0, 2^20)")
+            raise FileFormatError(
+                "plan", f"pipeline.stages[{i}].stage", stage, "is not a new stage number in [0, 2^20)"
+            )
         seen.add(stage)
         mesh = v.int(f"pipeline.stages[{i}].mesh", st.get("mesh"))
         if mesh not in mesh_ids:
@@ -410,7 +435,10 @@ def _check_schedule(v: _V, schedule: Any, num_stages: int) -> None:
             raise FileFormatError("plan", f"pipeline.schedule.{key}", n, "is not in [1, 2^20]")
     if num_stages and schedule["num_stages"] != num_stages:
         raise FileFormatError(
-            "plan", "pipeline.schedule.num_stages", schedule["num_stages"], f"is not the {num_stages} stages of pipeline.stages"
+            "plan",
+            "pipeline.schedule.num_stages",
+            schedule["num_stages"],
+            f"is not the {num_stages} stages of pipeline.stages",
         )
     try:
         Schedule.from_dict(schedule)
@@ -430,7 +458,9 @@ def _check_memory(v: _V, memory: Any) -> None:
     for i, entry in enumerate(v.objects("memory.ranks", memory.get("ranks", []))):
         rank = v.int(f"memory.ranks[{i}].rank", entry.get("rank"))
         if rank < 0 or rank in ranks:
-            raise FileFormatError("plan", f"memory.ranks[{i}].rank", rank, "is negative or repeats an earlier entry's rank")
+            raise FileFormatError(
+                "plan", f"memory.ranks[{i}].rank", rank, "is negative or repeats an earlier entry's rank"
+            )
         ranks.add(rank)
         for key, value in entry.items():
             at = f"memory.ranks[{i}].{v.str(f'memory.ranks[{i}]', key)}"
@@ -447,13 +477,27 @@ def _check_memory(v: _V, memory: Any) -> None:
 
 def _reshard_to_dict(r: PlanReshard) -> dict[str, Any]:
     return {
-        "index": r.index, "op": r.op, "tensor": r.tensor, "new_tensor": r.new_tensor, "reason": r.reason,
-        "phase": r.phase, "shape": list(r.shape), "dtype": r.dtype,
-        "src": {"mesh": r.src_mesh, "placements": r.src}, "dst": {"mesh": r.dst_mesh, "placements": r.dst},
+        "index": r.index,
+        "op": r.op,
+        "tensor": r.tensor,
+        "new_tensor": r.new_tensor,
+        "reason": r.reason,
+        "phase": r.phase,
+        "shape": list(r.shape),
+        "dtype": r.dtype,
+        "src": {"mesh": r.src_mesh, "placements": r.src},
+        "dst": {"mesh": r.dst_mesh, "placements": r.dst},
         "bytes_per_rank": r.bytes_per_rank,
         "steps": [
-            {"kind": s.kind, "axes": list(s.axes), "reduce_type": s.reduce_type, "src": s.src, "dst": s.dst,
-             "bytes_per_rank": s.bytes_per_rank, "pieces": [list(p) for p in s.pieces]}
+            {
+                "kind": s.kind,
+                "axes": list(s.axes),
+                "reduce_type": s.reduce_type,
+                "src": s.src,
+                "dst": s.dst,
+                "bytes_per_rank": s.bytes_per_rank,
+                "pieces": [list(p) for p in s.pieces],
+            }
             for s in r.steps
         ],
     }
@@ -480,7 +524,10 @@ def _reshard_from_dict(v: _V, i: int, r: Mapping[str, Any], mesh_ids: set[int]) 
                 v.str(f"{path}.steps[{j}].src", s.get("src")),
                 v.str(f"{path}.steps[{j}].dst", s.get("dst")),
                 v.num(f"{path}.steps[{j}].bytes_per_rank", s.get("bytes_per_rank")),
-                tuple(tuple(v.ints(f"{path}.steps[{j}].pieces[{k}]", p)) for k, p in enumerate(v.list(f"{path}.steps[{j}].pieces", s.get("pieces", [])))),  # type: ignore[misc]
+                tuple(
+                    tuple(v.ints(f"{path}.steps[{j}].pieces[{k}]", p))
+                    for k, p in enumerate(v.list(f"{path}.steps[{j}].pieces", s.get("pieces", [])))
+                ),  # type: ignore[misc]
             )
         )
     op = r.get("op")
@@ -554,7 +601,9 @@ class _V:
         if not isinstance(value, str):
             raise FileFormatError("plan", path, value, "is not a string")
         if len(value) > MAX_PLAN_STR:
-            raise FileFormatError("plan", path, value, f"is {len(value)} characters long, over the limit of {MAX_PLAN_STR}")
+            raise FileFormatError(
+                "plan", path, value, f"is {len(value)} characters long, over the limit of {MAX_PLAN_STR}"
+            )
         return value
 
     def ints(self, path: str, value: Any) -> tuple[int, ...]:
@@ -603,13 +652,19 @@ def _check_plan(plan: Plan) -> None:
             raise FileFormatError("plan", f"meshes[{i}].shape", list(m.shape), "has an axis of size < 1")
         if len(m.dim_names) != len(m.shape):
             raise FileFormatError(
-                "plan", f"meshes[{i}].dim_names", list(m.dim_names), f"names {len(m.dim_names)} axes of a {len(m.shape)}-d mesh"
+                "plan",
+                f"meshes[{i}].dim_names",
+                list(m.dim_names),
+                f"names {len(m.dim_names)} axes of a {len(m.shape)}-d mesh",
             )
         if len(set(m.dim_names)) != len(m.dim_names):
             raise FileFormatError("plan", f"meshes[{i}].dim_names", list(m.dim_names), "repeats an axis name")
         if _prod(m.shape) != len(m.process_ids):
             raise FileFormatError(
-                "plan", f"meshes[{i}].process_ids", list(m.process_ids), f"is not one rank per cell of shape {list(m.shape)}"
+                "plan",
+                f"meshes[{i}].process_ids",
+                list(m.process_ids),
+                f"is not one rank per cell of shape {list(m.shape)}",
             )
         if any(r < 0 for r in m.process_ids):
             raise FileFormatError("plan", f"meshes[{i}].process_ids", list(m.process_ids), "has a negative rank")
@@ -627,7 +682,10 @@ def _check_plan(plan: Plan) -> None:
         _check_placements(t.placements, mesh, len(t.shape), f"tensors[{i}].placements")
         if t.local_shapes and len(t.local_shapes) != len(mesh.process_ids):
             raise FileFormatError(
-                "plan", f"tensors[{i}].local_shapes", len(t.local_shapes), f"shapes for a mesh of {len(mesh.process_ids)} ranks"
+                "plan",
+                f"tensors[{i}].local_shapes",
+                len(t.local_shapes),
+                f"shapes for a mesh of {len(mesh.process_ids)} ranks",
             )
         for j, s in enumerate(t.local_shapes):
             if len(s) != len(t.shape) or any(a < 0 or a > b for a, b in zip(s, t.shape, strict=True)):
@@ -655,13 +713,17 @@ def _check_plan(plan: Plan) -> None:
             for a in s.axes:
                 if a not in src_mesh.dim_names:
                     raise FileFormatError(
-                        "plan", f"reshards[{i}].steps[{j}].axes", a,
+                        "plan",
+                        f"reshards[{i}].steps[{j}].axes",
+                        a,
                         f"is not an axis of mesh {src_mesh.id} {list(src_mesh.dim_names)}",
                     )
             for k, piece in enumerate(s.pieces):
                 if len(piece) != 3 or piece[0] not in ranks or piece[1] not in ranks or piece[2] < 0:
                     raise FileFormatError(
-                        "plan", f"reshards[{i}].steps[{j}].pieces[{k}]", list(piece),
+                        "plan",
+                        f"reshards[{i}].steps[{j}].pieces[{k}]",
+                        list(piece),
                         "is not (src rank, dst rank, bytes) between the reshard's meshes",
                     )
     for i, o in enumerate(plan.ops):

@@ -58,7 +58,6 @@ def draws() -> int:
     return _state["draws"]
 
 
-
 def key_for(*values: int) -> int:
     """A key that is a pure function of ``values`` (no draw counter): step-indexed sampling."""
     z = 0x853C49E6748FEA9B

@@ -53,8 +53,13 @@ def recompute(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return [d.grad for d in detached]
 
     ctx = autograd.GradContext(
-        "recompute", {}, [t.detach() for t in inputs], [None] * len(outs),
-        [tuple(t.shape) for t in inputs], [t.dtype for t in inputs], [not t.stop_gradient for t in inputs],
+        "recompute",
+        {},
+        [t.detach() for t in inputs],
+        [None] * len(outs),
+        [tuple(t.shape) for t in inputs],
+        [t.dtype for t in inputs],
+        [not t.stop_gradient for t in inputs],
     )
     node = autograd.Node("recompute", grad_fn, ctx, [t if not t.stop_gradient else None for t in inputs], len(outs))
     for j, o in enumerate(outs):

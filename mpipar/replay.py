@@ -74,7 +74,9 @@ class StepPlayer:
         self.replayed = 0
         self.params: dict[int, tuple[weakref.ref[Tensor], Any]] = {}
 
-    def next(self, op: Any, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, backend: Any) -> dispatch.Decision | None:
+    def next(
+        self, op: Any, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, backend: Any
+    ) -> dispatch.Decision | None:
         """The recorded decision of this op call, or None (then dispatch decides and ``record``s)."""
         if self.recording:
             return None
@@ -93,7 +95,9 @@ class StepPlayer:
         del program[i:]
         return None
 
-    def record(self, op: Any, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, decision: dispatch.Decision, backend: Any) -> None:
+    def record(
+        self, op: Any, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, decision: dispatch.Decision, backend: Any
+    ) -> None:
         if not self.recording or backend is not self.backend:
             return
         specs = tuple(t._spec if t._spec is not None else t._shape for t in flat)
@@ -269,7 +273,9 @@ class CompiledStep(Generic[R]):
         try:
             snap = prev.snapshot(flat) if prev is not None and prev.refused is None else None
         except Exception as exc:  # the capture never fails a step: it refuses instead
-            st.refused = self.capture_refused = f"the capture could not copy the step's state ({type(exc).__name__}: {exc})"
+            st.refused = self.capture_refused = (
+                f"the capture could not copy the step's state ({type(exc).__name__}: {exc})"
+            )
             return self._decided(key, backend, args, kwargs)
         tr = capture.Tracer(flat, backend, prev if snap is not None else None)
         tripwire = capture._Tripwire(tr)

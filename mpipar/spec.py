@@ -40,7 +40,9 @@ Box = tuple[tuple[int, int], ...]
 
 
 @functools.lru_cache(maxsize=2048)  # bounded: an entry of a 1024-rank mesh holds 1024 boxes
-def _boxes_in_mesh_order(shape: tuple[int, ...], mesh_shape: tuple[int, ...], shards: tuple[tuple[int, ...], ...]) -> tuple[Box, ...]:
+def _boxes_in_mesh_order(
+    shape: tuple[int, ...], mesh_shape: tuple[int, ...], shards: tuple[tuple[int, ...], ...]
+) -> tuple[Box, ...]:
     """``DistSpec.box_at`` of every mesh coordinate, row-major (the order of ``ProcessMesh.process_ids``)."""
     out = []
     for coord in itertools.product(*(range(n) for n in mesh_shape)):
@@ -56,7 +58,9 @@ def _boxes_in_mesh_order(shape: tuple[int, ...], mesh_shape: tuple[int, ...], sh
 
 
 @functools.lru_cache(maxsize=2048)
-def _shapes_in_mesh_order(shape: tuple[int, ...], mesh_shape: tuple[int, ...], shards: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+def _shapes_in_mesh_order(
+    shape: tuple[int, ...], mesh_shape: tuple[int, ...], shards: tuple[tuple[int, ...], ...]
+) -> tuple[tuple[int, ...], ...]:
     return tuple(box_shape(b) for b in _boxes_in_mesh_order(shape, mesh_shape, shards))
 
 
@@ -272,8 +276,13 @@ class DistSpec:
         # processes hold them: computed once per layout and shared by every mesh of that shape
         # (a shape-only trace of a thousand ranks builds the same layouts on many stage meshes).
         shards = tuple(self.shard_axes(d) for d in range(len(self.shape)))
-        return dict(zip(self.mesh.process_ids, _boxes_in_mesh_order(tuple(self.shape), tuple(self.mesh.shape), shards),
-                        strict=True))
+        return dict(
+            zip(
+                self.mesh.process_ids,
+                _boxes_in_mesh_order(tuple(self.shape), tuple(self.mesh.shape), shards),
+                strict=True,
+            )
+        )
 
     @cached_property
     def local_shapes(self) -> tuple[tuple[int, ...], ...]:

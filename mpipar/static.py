@@ -72,7 +72,9 @@ class Strategy:
         if not isinstance(auto, bool):
             raise TypeError(f"Strategy auto must be True or False, got {auto!r}")
         self.auto = auto
-        self.pipeline = _Section(enable=False, schedule_mode="1F1B", accumulate_steps=1, micro_batch_size=None, vpp_degree=1)
+        self.pipeline = _Section(
+            enable=False, schedule_mode="1F1B", accumulate_steps=1, micro_batch_size=None, vpp_degree=1
+        )
         self.sharding = _Section(enable=False, stage=1, degree=None, mesh_dim="dp")
         self.gradient_merge = _Section(enable=False, k_steps=1)
         for section, values in (config or {}).items():
@@ -83,14 +85,21 @@ class Strategy:
 
     def __repr__(self) -> str:
         auto = ", auto=True" if self.auto else ""
-        return f"Strategy(pipeline={self.pipeline}, sharding={self.sharding}, gradient_merge={self.gradient_merge}{auto})"
+        return (
+            f"Strategy(pipeline={self.pipeline}, sharding={self.sharding}, gradient_merge={self.gradient_merge}{auto})"
+        )
 
 
 class DistModel:
     """What ``to_static`` returns: call it with a batch to run one step (see the module doc)."""
 
     def __init__(
-        self, layer: Layer, loader: Any, loss: Callable[..., Tensor] | None, optimizer: Optimizer | None, strategy: Strategy | None,
+        self,
+        layer: Layer,
+        loader: Any,
+        loss: Callable[..., Tensor] | None,
+        optimizer: Optimizer | None,
+        strategy: Strategy | None,
         capture: bool = False,
     ) -> None:
         self.layer, self.loader, self.loss_fn = layer, loader, loss
@@ -192,8 +201,10 @@ class DistModel:
         generator's state is kept, so the step draws what it would with those settings given."""
         found = list(entry_points(group="mpipar.strategy_search"))
         if not found:
-            raise RuntimeError("Strategy(auto=True) needs the simulator's search (pip install -e . registers "
-                               "simulator.auto:choose_pipeline under the 'mpipar.strategy_search' entry point)")
+            raise RuntimeError(
+                "Strategy(auto=True) needs the simulator's search (pip install -e . registers "
+                "simulator.auto:choose_pipeline under the 'mpipar.strategy_search' entry point)"
+            )
         if not batch or not hasattr(batch[0], "shape") or not batch[0].shape:
             raise ValueError("Strategy(auto=True): the first step's batch must be tensors with a batch dimension")
         backend = current_backend()
@@ -202,12 +213,15 @@ class DistModel:
         choice, failure = None, None
         if backend.name != "mpi" or backend.rank == 0:
             try:
-                choice = found[0].load()(self.layer, int(batch[0].shape[0]), backend.world_size,
-                                         lambda line: print_once(line, flush=True))
+                choice = found[0].load()(
+                    self.layer, int(batch[0].shape[0]), backend.world_size, lambda line: print_once(line, flush=True)
+                )
             except ValueError as exc:
                 failure = exc
         _random.set_rng_state(saved)
-        code = np.array([-1, 0] if choice is None else [kinds.index(choice.schedule), choice.micro_batches], dtype=np.int64)
+        code = np.array(
+            [-1, 0] if choice is None else [kinds.index(choice.schedule), choice.micro_batches], dtype=np.int64
+        )
         if backend.name == "mpi":
             world = tuple(range(backend.world_size))
             code = backend.comm.broadcast(world, {backend.rank: code}, 0, (2,), np.int64)[backend.rank]
@@ -309,8 +323,12 @@ class DistModel:
 
 
 def to_static(
-    layer: Layer, loader: Any = None, loss: Callable[..., Tensor] | None = None, optimizer: Optimizer | None = None,
-    strategy: Strategy | None = None, capture: bool = False,
+    layer: Layer,
+    loader: Any = None,
+    loss: Callable[..., Tensor] | None = None,
+    optimizer: Optimizer | None = None,
+    strategy: Strategy | None = None,
+    capture: bool = False,
 ) -> DistModel:
     """Paddle's ``dist.to_static(layer, loader, loss, optimizer, strategy)`` (see the module doc).
 

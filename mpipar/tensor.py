@@ -73,7 +73,6 @@ class DistTensor(metaclass=_DistTensorMeta):
 _storage_ids = itertools.count(1)
 
 
-
 def _exact_dims(shape: Sequence[int], what: str) -> tuple[int, ...]:
     """``shape`` as Python ints, refusing what ``int()`` would silently truncate or wrap."""
     if isinstance(shape, str | bytes) or not isinstance(shape, Sequence | np.ndarray):
@@ -84,6 +83,7 @@ def _exact_dims(shape: Sequence[int], what: str) -> tuple[int, ...]:
             raise TypeError(f"{what}: shape {tuple(shape)!r} dim {i} is {n!r}; dims are non-negative integers")
         dims.append(int(n))
     return tuple(dims)
+
 
 class Tensor:
     """A dense or distributed tensor (see the module docstring)."""
@@ -188,7 +188,13 @@ class Tensor:
         self._dense = value
 
     @classmethod
-    def lazy(cls, shape: Sequence[int], dtype: Any, init: Callable[[tuple[int, ...], Any], Array], kind: type[Tensor] | None = None) -> Tensor:
+    def lazy(
+        cls,
+        shape: Sequence[int],
+        dtype: Any,
+        init: Callable[[tuple[int, ...], Any], Array],
+        kind: type[Tensor] | None = None,
+    ) -> Tensor:
         """A dense tensor whose values are produced on demand, box by box, by ``init``.
 
         Marking it with ``shard_tensor`` makes each rank generate only its own shard; using it
@@ -429,7 +435,9 @@ class Tensor:
         """Replace a dense tensor's values in place (Paddle's ``Tensor.set_value``): same shape and
         dtype; a manual-mode program writes parameters it rebuilt from shards this way."""
         if self.is_dist or self._abstract:
-            raise ValueError(f"set_value: {self._label()} is not a dense tensor with values; reshard or rebuild it instead")
+            raise ValueError(
+                f"set_value: {self._label()} is not a dense tensor with values; reshard or rebuild it instead"
+            )
         new = np.asarray(value)
         if tuple(new.shape) != tuple(self.shape) or new.dtype != self.dtype:
             raise ValueError(

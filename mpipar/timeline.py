@@ -81,10 +81,17 @@ class Span:
     def __post_init__(self) -> None:
         # Fast path for the common, valid case; anything odd gets the full check and its message.
         if not (
-            type(self.rank) is int and self.rank >= 0 and type(self.name) is str and self.name
-            and self.kind in _KIND_SET and self.track in _TRACK_SET
-            and type(self.start) in (int, float) and type(self.end) in (int, float)
-            and math.isfinite(self.start) and math.isfinite(self.end) and self.end >= self.start
+            type(self.rank) is int
+            and self.rank >= 0
+            and type(self.name) is str
+            and self.name
+            and self.kind in _KIND_SET
+            and self.track in _TRACK_SET
+            and type(self.start) in (int, float)
+            and type(self.end) in (int, float)
+            and math.isfinite(self.start)
+            and math.isfinite(self.end)
+            and self.end >= self.start
             and (self.stage is None or (type(self.stage) is int and self.stage >= 0))
             and (self.microbatch is None or (type(self.microbatch) is int and self.microbatch >= 0))
             and (self.peer is None or (type(self.peer) is int and self.peer >= 0))
@@ -187,7 +194,9 @@ class Timeline:
         known = set(rank_list)
         for i, s in enumerate(span_list):
             if s.rank not in known:
-                raise FileFormatError("timeline", f"spans[{i}].rank", s.rank, f"is not one of the timeline's ranks {rank_list}")
+                raise FileFormatError(
+                    "timeline", f"spans[{i}].rank", s.rank, f"is not one of the timeline's ranks {rank_list}"
+                )
         curves: dict[int, MemoryCurve] | None = None
         if memory is not None:
             items = list(memory.values()) if isinstance(memory, Mapping) else list(memory)
@@ -196,10 +205,14 @@ class Timeline:
                 if not isinstance(curve, MemoryCurve):
                     raise TypeError(f"Timeline memory holds MemoryCurve values, got {type(curve).__name__}")
                 if curve.rank not in known:
-                    raise FileFormatError("timeline", "memory.rank", curve.rank, f"is not one of the timeline's ranks {rank_list}")
+                    raise FileFormatError(
+                        "timeline", "memory.rank", curve.rank, f"is not one of the timeline's ranks {rank_list}"
+                    )
                 if set(curve.bytes) != set(items[0].bytes):
                     raise FileFormatError(
-                        "timeline", f"memory[rank {curve.rank}].bytes", sorted(curve.bytes),
+                        "timeline",
+                        f"memory[rank {curve.rank}].bytes",
+                        sorted(curve.bytes),
                         f"has other categories than rank {items[0].rank}'s {sorted(items[0].bytes)}; give every rank the same",
                     )
                 curves[curve.rank] = curve
@@ -318,19 +331,31 @@ class Timeline:
         allowed = {"format", "version", "time_unit", "ranks", "spans", "memory", "meta"}
         for key in data:
             if key not in allowed:
-                raise FileFormatError("timeline", str(key), data[key], f"is not a timeline field; fields are {sorted(allowed)}")
+                raise FileFormatError(
+                    "timeline", str(key), data[key], f"is not a timeline field; fields are {sorted(allowed)}"
+                )
         if data.get("format") != FORMAT:
             raise FileFormatError(
-                "timeline", "format", data.get("format"), f"is not {FORMAT!r}; this is not an mpipar timeline"
-                + (" (it is a plan; open it with the dashboard or the plan loader)" if data.get("format") == "mpipar.plan" else "")
+                "timeline",
+                "format",
+                data.get("format"),
+                f"is not {FORMAT!r}; this is not an mpipar timeline"
+                + (
+                    " (it is a plan; open it with the dashboard or the plan loader)"
+                    if data.get("format") == "mpipar.plan"
+                    else ""
+                ),
             )
         version = data.get("version")
         if isinstance(version, bool) or not isinstance(version, int):
             raise FileFormatError("timeline", "version", version, "is not an integer version")
         if version != VERSION:
             raise FileFormatError(
-                "timeline", "version", version, f"is not supported; this mpipar reads timeline version {VERSION}"
-                + (" (upgrade mpipar to read newer files)" if version > VERSION else "")
+                "timeline",
+                "version",
+                version,
+                f"is not supported; this mpipar reads timeline version {VERSION}"
+                + (" (upgrade mpipar to read newer files)" if version > VERSION else ""),
             )
         time_unit = data.get("time_unit", "s")
         if time_unit not in TIME_UNITS:
@@ -351,8 +376,19 @@ class Timeline:
             _check_span(item, f"spans[{i}]")
             if item["rank"] not in rank_set:
                 raise FileFormatError("timeline", f"spans[{i}].rank", item["rank"], f"is not listed in ranks {ranks}")
-            spans.append(Span(item["rank"], item["name"], item["kind"], item.get("stage"), item.get("microbatch"),
-                              item["start"], item["end"], item["track"], item.get("peer")))
+            spans.append(
+                Span(
+                    item["rank"],
+                    item["name"],
+                    item["kind"],
+                    item.get("stage"),
+                    item.get("microbatch"),
+                    item["start"],
+                    item["end"],
+                    item["track"],
+                    item.get("peer"),
+                )
+            )
         memory = None
         if data.get("memory") is not None:
             memory = _read_memory(data["memory"], rank_set)
@@ -402,29 +438,42 @@ class Timeline:
             for tid, track in enumerate(TRACKS):
                 events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": track}})
         for s in self.spans:
-            args = {k: v for k, v in (("stage", s.stage), ("microbatch", s.microbatch), ("peer", s.peer)) if v is not None}
-            events.append({
-                "name": s.name,
-                "cat": s.kind,
-                "ph": "X",
-                "ts": s.start * scale,
-                "dur": (s.end - s.start) * scale,
-                "pid": s.rank,
-                "tid": TRACKS.index(s.track),
-                "args": args,
-            })
+            args = {
+                k: v for k, v in (("stage", s.stage), ("microbatch", s.microbatch), ("peer", s.peer)) if v is not None
+            }
+            events.append(
+                {
+                    "name": s.name,
+                    "cat": s.kind,
+                    "ph": "X",
+                    "ts": s.start * scale,
+                    "dur": (s.end - s.start) * scale,
+                    "pid": s.rank,
+                    "tid": TRACKS.index(s.track),
+                    "args": args,
+                }
+            )
         events.extend(self._chrome_flows(scale))
         for rank, curve in sorted((self.memory or {}).items()):
             for i, t in enumerate(curve.times):
-                events.append({
-                    "ph": "C", "name": "memory (bytes)", "pid": rank, "ts": t * scale,
-                    "args": {c: curve.bytes[c][i] for c in curve.bytes},
-                })
+                events.append(
+                    {
+                        "ph": "C",
+                        "name": "memory (bytes)",
+                        "pid": rank,
+                        "ts": t * scale,
+                        "args": {c: curve.bytes[c][i] for c in curve.bytes},
+                    }
+                )
         return {
             "traceEvents": events,
             "displayTimeUnit": "ms",
-            "otherData": {"format": FORMAT, "version": VERSION, "time_unit": self.time_unit,
-                          "note": "1 virtual time unit = 1 ms" if self.time_unit == "unit" else "seconds as us"},
+            "otherData": {
+                "format": FORMAT,
+                "version": VERSION,
+                "time_unit": self.time_unit,
+                "note": "1 virtual time unit = 1 ms" if self.time_unit == "unit" else "seconds as us",
+            },
         }
 
     def _chrome_flows(self, scale: float) -> list[dict[str, Any]]:
@@ -444,9 +493,16 @@ class Timeline:
             flow_id = len(flows) // 2 + 1
             common = {"name": f"{s.name} -> {recv.name}", "cat": "transfer", "id": flow_id}
             flows.append({**common, "ph": "s", "pid": s.rank, "tid": TRACKS.index(s.track), "ts": s.start * scale})
-            flows.append({
-                **common, "ph": "f", "bp": "e", "pid": recv.rank, "tid": TRACKS.index(recv.track), "ts": recv.end * scale,
-            })
+            flows.append(
+                {
+                    **common,
+                    "ph": "f",
+                    "bp": "e",
+                    "pid": recv.rank,
+                    "tid": TRACKS.index(recv.track),
+                    "ts": recv.end * scale,
+                }
+            )
         return flows
 
     def save_chrome_trace(self, path: str | os.PathLike[str]) -> None:
@@ -484,8 +540,16 @@ class SpanRecorder:
         self.spans: list[Span] = []
 
     def add(
-        self, name: str, kind: str, start: float, end: float, *, track: str = "compute",
-        stage: int | None = None, microbatch: int | None = None, peer: int | None = None,
+        self,
+        name: str,
+        kind: str,
+        start: float,
+        end: float,
+        *,
+        track: str = "compute",
+        stage: int | None = None,
+        microbatch: int | None = None,
+        peer: int | None = None,
     ) -> Span:
         """Add a span with absolute clock times ``start``/``end``."""
         span = Span(self.rank, name, kind, stage, microbatch, start - self.origin, end - self.origin, track, peer)
@@ -494,8 +558,14 @@ class SpanRecorder:
 
     @contextlib.contextmanager
     def span(
-        self, name: str, kind: str, *, track: str = "compute",
-        stage: int | None = None, microbatch: int | None = None, peer: int | None = None,
+        self,
+        name: str,
+        kind: str,
+        *,
+        track: str = "compute",
+        stage: int | None = None,
+        microbatch: int | None = None,
+        peer: int | None = None,
     ) -> Iterator[None]:
         start = self.clock()
         try:
@@ -555,14 +625,19 @@ def _check_span(item: Any, path: str) -> None:
         raise FileFormatError("timeline", path, item, "is not an object with fields " + ", ".join(_SPAN_FIELDS))
     for key in item:
         if key not in _SPAN_FIELD_SET:
-            raise FileFormatError("timeline", f"{path}.{key}", item[key], f"is not a span field; fields are {list(_SPAN_FIELDS)}")
+            raise FileFormatError(
+                "timeline", f"{path}.{key}", item[key], f"is not a span field; fields are {list(_SPAN_FIELDS)}"
+            )
     for key in ("rank", "name", "kind", "start", "end", "track"):
         if key not in item:
             raise FileFormatError("timeline", f"{path}.{key}", None, "is missing")
     _check_rank(item["rank"], f"{path}.rank")
     if not isinstance(item["name"], str) or not item["name"] or len(item["name"]) > MAX_TIMELINE_STR:
         raise FileFormatError(
-            "timeline", f"{path}.name", item["name"], f"is not a non-empty string of at most {MAX_TIMELINE_STR} characters"
+            "timeline",
+            f"{path}.name",
+            item["name"],
+            f"is not a non-empty string of at most {MAX_TIMELINE_STR} characters",
         )
     if item["kind"] not in SPAN_KINDS:
         raise FileFormatError("timeline", f"{path}.kind", item["kind"], f"is not one of {', '.join(SPAN_KINDS)}")
@@ -584,7 +659,9 @@ def _check_span(item: Any, path: str) -> None:
             raise FileFormatError("timeline", f"{path}.kind", item["kind"], f"disagrees with its name {item['name']!r}")
         for key, want in (("stage", int(token.group(1))), ("microbatch", int(token.group(3)))):
             if item.get(key) is not None and item[key] != want:
-                raise FileFormatError("timeline", f"{path}.{key}", item[key], f"disagrees with its name {item['name']!r}")
+                raise FileFormatError(
+                    "timeline", f"{path}.{key}", item[key], f"disagrees with its name {item['name']!r}"
+                )
 
 
 def _check_memory_rank(item: Any, path: str, categories: Sequence[str]) -> None:
@@ -607,7 +684,12 @@ def _check_memory_rank(item: Any, path: str, categories: Sequence[str]) -> None:
         raise FileFormatError("timeline", f"{path}.bytes", values, "is not an object of category -> byte list")
     for cat in values:
         if cat not in MEMORY_CATEGORIES:
-            raise FileFormatError("timeline", f"{path}.bytes.{cat}", values[cat], f"is under an unknown category; use {', '.join(MEMORY_CATEGORIES)}")
+            raise FileFormatError(
+                "timeline",
+                f"{path}.bytes.{cat}",
+                values[cat],
+                f"is under an unknown category; use {', '.join(MEMORY_CATEGORIES)}",
+            )
     for cat in categories:
         series = values.get(cat)
         if not isinstance(series, list) or len(series) != len(times):
@@ -616,7 +698,9 @@ def _check_memory_rank(item: Any, path: str, categories: Sequence[str]) -> None:
             )
         for i, v in enumerate(series):
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1e300:
-                raise FileFormatError("timeline", f"{path}.bytes.{cat}[{i}]", v, "is not a finite non-negative byte count")
+                raise FileFormatError(
+                    "timeline", f"{path}.bytes.{cat}[{i}]", v, "is not a finite non-negative byte count"
+                )
             _check_exact_float(v, f"{path}.bytes.{cat}[{i}]")
 
 
@@ -628,7 +712,9 @@ def _read_memory(data: Any, ranks: set[int]) -> list[MemoryCurve]:
         raise FileFormatError("timeline", "memory.categories", categories, "is not a non-empty list of categories")
     for i, cat in enumerate(categories):
         if cat not in MEMORY_CATEGORIES:
-            raise FileFormatError("timeline", f"memory.categories[{i}]", cat, f"is not one of {', '.join(MEMORY_CATEGORIES)}")
+            raise FileFormatError(
+                "timeline", f"memory.categories[{i}]", cat, f"is not one of {', '.join(MEMORY_CATEGORIES)}"
+            )
         if cat in categories[:i]:
             raise FileFormatError("timeline", f"memory.categories[{i}]", cat, "repeats a category")
     per_rank = data.get("ranks")
@@ -642,9 +728,14 @@ def _read_memory(data: Any, ranks: set[int]) -> list[MemoryCurve]:
             raise FileFormatError("timeline", f"{path}.rank", item["rank"], f"is not listed in ranks {sorted(ranks)}")
         extra = [c for c in item["bytes"] if c not in categories]
         if extra:
-            raise FileFormatError("timeline", f"{path}.bytes.{extra[0]}", item["bytes"][extra[0]], "is not in memory.categories")
+            raise FileFormatError(
+                "timeline", f"{path}.bytes.{extra[0]}", item["bytes"][extra[0]], "is not in memory.categories"
+            )
         curves.append(
-            MemoryCurve(item["rank"], tuple(float(t) for t in item["times"]),
-                        {c: tuple(float(v) for v in item["bytes"][c]) for c in categories})
+            MemoryCurve(
+                item["rank"],
+                tuple(float(t) for t in item["times"]),
+                {c: tuple(float(v) for v in item["bytes"][c]) for c in categories},
+            )
         )
     return curves

@@ -66,7 +66,9 @@ class PlanRecorder:
         hooks.backward_hooks.append(self)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         hooks.op_hooks.remove(self)
         hooks.reshard_hooks.remove(self)
         hooks.backward_hooks.remove(self)
@@ -75,7 +77,9 @@ class PlanRecorder:
     def _mesh_id(self, mesh: ProcessMesh) -> int:
         key = (tuple(mesh.shape), tuple(mesh.process_ids), tuple(mesh.dim_names))
         if key not in self._meshes:
-            self._meshes[key] = PlanMesh(len(self._meshes), tuple(mesh.shape), tuple(mesh.process_ids), tuple(mesh.dim_names))
+            self._meshes[key] = PlanMesh(
+                len(self._meshes), tuple(mesh.shape), tuple(mesh.process_ids), tuple(mesh.dim_names)
+            )
         return self._meshes[key].id
 
     def mark(self, tensor: Tensor, kind: str, name: str | None = None) -> int:
@@ -83,7 +87,9 @@ class PlanRecorder:
         tid = self.tensor_id(tensor)
         self._kinds[tid] = kind
         old = self._tensors[tid]
-        self._tensors[tid] = PlanTensor(tid, name or old.name, kind, old.shape, old.dtype, old.mesh, old.placements, old.local_shapes)
+        self._tensors[tid] = PlanTensor(
+            tid, name or old.name, kind, old.shape, old.dtype, old.mesh, old.placements, old.local_shapes
+        )
         return tid
 
     def mark_optimizer(self, optimizer: Any) -> None:
@@ -144,13 +150,34 @@ class PlanRecorder:
                 elems = [(p.src, p.dst, int(_numel(p.box)) * itemsize) for p in s.pieces if p.src != p.dst]
                 pieces = tuple(elems)
             axes = tuple(s.src.mesh.dim_names[a] for a in s.axes)
-            steps.append(PlanStep(s.kind, axes, s.reduce_type, s.src.placements_str, s.dst.placements_str, s.bytes_per_rank(itemsize), pieces))
+            steps.append(
+                PlanStep(
+                    s.kind,
+                    axes,
+                    s.reduce_type,
+                    s.src.placements_str,
+                    s.dst.placements_str,
+                    s.bytes_per_rank(itemsize),
+                    pieces,
+                )
+            )
         index = len(self._reshards)
         self._reshards.append(
             PlanReshard(
-                index, None, self.tensor_id(src), self.tensor_id(out), reason, hooks.current_phase(), tuple(src.shape),
-                str(src.dtype), self._mesh_id(plan.src.mesh), plan.src.placements_str, self._mesh_id(plan.dst.mesh),
-                plan.dst.placements_str, plan.bytes_per_rank(itemsize), tuple(steps),
+                index,
+                None,
+                self.tensor_id(src),
+                self.tensor_id(out),
+                reason,
+                hooks.current_phase(),
+                tuple(src.shape),
+                str(src.dtype),
+                self._mesh_id(plan.src.mesh),
+                plan.src.placements_str,
+                self._mesh_id(plan.dst.mesh),
+                plan.dst.placements_str,
+                plan.bytes_per_rank(itemsize),
+                tuple(steps),
             )
         )
         if hooks.resharding_for() is not None:
@@ -171,10 +198,17 @@ class PlanRecorder:
         rule = result.rule if result is not None else ("replicate-only" if op.replicate_only else "")
         self._ops.append(
             PlanOp(
-                index, op.name, hooks.current_phase(), hooks.current_scope(),
-                tuple(self.tensor_id(t) for t in inputs), tuple(self.tensor_id(t) for t in outputs), rule,
+                index,
+                op.name,
+                hooks.current_phase(),
+                hooks.current_scope(),
+                tuple(self.tensor_id(t) for t in inputs),
+                tuple(self.tensor_id(t) for t in outputs),
+                rule,
                 result.reason if result is not None else "",
-                tuple(_pls(t) for t in inputs), tuple(_pls(t) for t in used), tuple(_pls(t) for t in outputs),
+                tuple(_pls(t) for t in inputs),
+                tuple(_pls(t) for t in used),
+                tuple(_pls(t) for t in outputs),
                 tuple(self._pending),
             )
         )
@@ -204,8 +238,20 @@ class PlanRecorder:
         step = PlanStep(kind, ("group",), reduce_type, src, dst, float(bytes_per_rank), pieces)
         self._reshards.append(
             PlanReshard(
-                len(self._reshards), None, tid, tid, f"manual {call} on group {list(group)}", hooks.current_phase(),
-                tuple(tensor.shape), str(tensor.dtype), mesh, src, mesh, dst, float(bytes_per_rank), (step,),
+                len(self._reshards),
+                None,
+                tid,
+                tid,
+                f"manual {call} on group {list(group)}",
+                hooks.current_phase(),
+                tuple(tensor.shape),
+                str(tensor.dtype),
+                mesh,
+                src,
+                mesh,
+                dst,
+                float(bytes_per_rank),
+                (step,),
             )
         )
 

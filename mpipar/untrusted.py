@@ -102,10 +102,14 @@ def open_regular(path: str | os.PathLike[str], *, kind: str, field_path: str = "
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             what = (
-                "a directory" if stat.S_ISDIR(mode)
-                else "a FIFO" if stat.S_ISFIFO(mode)
-                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                else "a socket" if stat.S_ISSOCK(mode)
+                "a directory"
+                if stat.S_ISDIR(mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket"
+                if stat.S_ISSOCK(mode)
                 else "not a regular file"
             )
             raise FileFormatError(kind, field_path, name, f"is {what}, not a regular file", name)
@@ -209,13 +213,18 @@ def parse_json(
     if text.startswith("\ufeff"):
         text = text[1:]
     try:
-        value = json.loads(text, parse_int=_int_parser(max_int_digits), parse_float=_parse_float, parse_constant=_parse_constant)
+        value = json.loads(
+            text, parse_int=_int_parser(max_int_digits), parse_float=_parse_float, parse_constant=_parse_constant
+        )
     except _NumberRefused as exc:
         raise FileFormatError(kind, "<number>", exc.text, exc.problem, source) from None
     except json.JSONDecodeError as exc:
         raise FileFormatError(
-            kind, "<file>", source, f"is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); "
-            "is the file truncated?", source,
+            kind,
+            "<file>",
+            source,
+            f"is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); is the file truncated?",
+            source,
         ) from None
     except RecursionError:
         raise FileFormatError(kind, "<file>", source, f"nests JSON more than {max_depth} levels deep", source) from None
@@ -226,9 +235,15 @@ def parse_json(
     return value
 
 
-def load_json(path: str | os.PathLike[str], *, kind: str, max_bytes: int = MAX_JSON_BYTES,
-              max_depth: int = MAX_JSON_DEPTH) -> Any:
+def load_json(
+    path: str | os.PathLike[str], *, kind: str, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH
+) -> Any:
     """``read_bounded`` then ``parse_json``: the one call for a JSON file from elsewhere."""
     name = os.fspath(path)
-    return parse_json(read_bounded(name, kind=kind, max_bytes=max_bytes), kind=kind, source=name,
-                      max_bytes=max_bytes, max_depth=max_depth)
+    return parse_json(
+        read_bounded(name, kind=kind, max_bytes=max_bytes),
+        kind=kind,
+        source=name,
+        max_bytes=max_bytes,
+        max_depth=max_depth,
+    )

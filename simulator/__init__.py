@@ -9,4 +9,11 @@ from simulator.launch import run_script
 from simulator.schedule_sim import simulate_schedule
 from simulator.virtual_comm import VirtualCommunicator
 
-__all__ = ["ReferenceBackend", "ShapeOnlyBackend", "SimBackend", "VirtualCommunicator", "run_script", "simulate_schedule"]
+__all__ = [
+    "ReferenceBackend",
+    "ShapeOnlyBackend",
+    "SimBackend",
+    "VirtualCommunicator",
+    "run_script",
+    "simulate_schedule",
+]

@@ -48,10 +48,14 @@ def main(argv: list[str] | None = None) -> None:
         description="Run an mpipar script on virtual ranks in one process, or as one big device.",
         epilog="subcommands: " + ", ".join(sorted(SUBCOMMANDS)) + " (python -m simulator SUBCOMMAND -h)",
     )
-    parser.add_argument("-n", "--nprocs", type=cliargs.int_range(1, cliargs.MAX_WORLD, "a world size"), default=None, help="size of the virtual world")
     parser.add_argument(
-        "--reference", action="store_true", help="run as one big device (the equivalence oracle)"
+        "-n",
+        "--nprocs",
+        type=cliargs.int_range(1, cliargs.MAX_WORLD, "a world size"),
+        default=None,
+        help="size of the virtual world",
     )
+    parser.add_argument("--reference", action="store_true", help="run as one big device (the equivalence oracle)")
     parser.add_argument(
         "--per-rank",
         action="store_true",
@@ -65,7 +69,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"-n must be at least 1, got {ns.nprocs}")
     if ns.per_rank and (ns.reference or ns.nprocs is None):
         parser.error("--per-rank needs -n N and no --reference (one device has one program)")
-    if ns.nprocs is not None and not ns.reference and (ns.per_rank or (os.path.isfile(ns.script) and uses_manual_api(ns.script))):
+    if (
+        ns.nprocs is not None
+        and not ns.reference
+        and (ns.per_rank or (os.path.isfile(ns.script) and uses_manual_api(ns.script)))
+    ):
         if ns.nprocs > MAX_PER_RANK_PROGRAMS:
             parser.error(
                 f"-n: {ns.nprocs} per-rank programs (one thread each) is over the limit of {MAX_PER_RANK_PROGRAMS}; "

@@ -43,7 +43,10 @@ def keep_freed_memory(max_array_bytes: int = MMAP_THRESHOLD_MAX, keep_bytes: int
     """Serve allocations up to ``max_array_bytes`` from the heap and keep up to ``keep_bytes`` of
     freed heap mapped, process-wide from now on. Returns whether it took effect (glibc only).
     Idempotent: a second call with the same values does nothing."""
-    for name, value, high in (("max_array_bytes", max_array_bytes, MMAP_THRESHOLD_MAX), ("keep_bytes", keep_bytes, 2**31 - 1)):
+    for name, value, high in (
+        ("max_array_bytes", max_array_bytes, MMAP_THRESHOLD_MAX),
+        ("keep_bytes", keep_bytes, 2**31 - 1),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= high:
             raise ValueError(f"keep_freed_memory: {name} must be an int in 1..{high}, got {value!r}")
     if (max_array_bytes, keep_bytes) in _applied:

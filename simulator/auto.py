@@ -56,9 +56,13 @@ def calibrate_to(path: str, ranks: int, timeout_s: float = CALIBRATE_TIMEOUT_S) 
         raise RuntimeError(f"`{' '.join(cmd[1:])}` failed (exit {proc.returncode}): {tail[0]}")
 
 
-def resolve_profile(path: str | None, world: int, can_calibrate: bool, say: Callable[[str], None],
-                    why_not: str = "no launcher fixed the world size (run under `python -m simulator -n N` or mpiexec to calibrate)",
-                    ) -> ResolvedProfile:
+def resolve_profile(
+    path: str | None,
+    world: int,
+    can_calibrate: bool,
+    say: Callable[[str], None],
+    why_not: str = "no launcher fixed the world size (run under `python -m simulator -n N` or mpiexec to calibrate)",
+) -> ResolvedProfile:
     """The profile to price on: ``path`` (a file or preset name; an error if unreadable), else the
     cached calibration for ``world`` ranks (measured now when missing or unreadable, if
     ``can_calibrate``; else ``why_not`` says why not), else the ``cpu-local`` preset. ``say`` gets
@@ -82,8 +86,10 @@ def resolve_profile(path: str | None, world: int, can_calibrate: bool, say: Call
     if not can_calibrate:
         say(f"auto: no calibrated profile at {cached} and {why_not}; using the {FALLBACK_PRESET!r} preset")
         return ResolvedProfile(load_profile(FALLBACK_PRESET), f"preset {FALLBACK_PRESET} (fallback)")
-    say(f"auto: {'re' if os.path.isfile(cached) else 'no calibrated profile at ' + cached + ': '}running "
-        f"`python -m simulator calibrate -n {max(2, world)}` (once, cached)")
+    say(
+        f"auto: {'re' if os.path.isfile(cached) else 'no calibrated profile at ' + cached + ': '}running "
+        f"`python -m simulator calibrate -n {max(2, world)}` (once, cached)"
+    )
     try:
         calibrate_to(cached, world)
         return ResolvedProfile(load_profile(cached), f"{cached} (calibrated just now)")
@@ -101,8 +107,14 @@ def memory_limit(profile: HardwareProfile, world: int) -> int:
     return int(host) // max(1, world)
 
 
-def choose(shape: GPTShape, world: int, global_batch: int, profile: HardwareProfile, top_k: int = 2,
-           limit_bytes: int | None = None) -> SearchResult:
+def choose(
+    shape: GPTShape,
+    world: int,
+    global_batch: int,
+    profile: HardwareProfile,
+    top_k: int = 2,
+    limit_bytes: int | None = None,
+) -> SearchResult:
     """The search over dp x tp x pp of ``world``, sequence parallelism, ZeRO 0-3, recompute none,
     selective and full, every micro-batch count and schedule, in the script's precision (no mixed
     precision), within ``limit_bytes`` per rank (default ``memory_limit(profile, world)``).
@@ -112,12 +124,23 @@ def choose(shape: GPTShape, world: int, global_batch: int, profile: HardwareProf
 
     Runs under a backend of its own: the traces build meshes of up to ``2 x tp`` ranks, which the
     script's backend (a world fixed at ``world`` ranks, perhaps fewer) would refuse."""
-    if limit_bytes is not None and (isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 1):
+    if limit_bytes is not None and (
+        isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 1
+    ):
         raise ValueError(f"memory limit must be a positive number of bytes, got {limit_bytes!r}")
     limit = memory_limit(profile, world) if limit_bytes is None else limit_bytes
     with dist.use_backend(ShapeOnlyBackend()):
-        return search(shape, world, global_batch, profile, memory_limit=limit, top_k=top_k,
-                      mixed_precision=False, recomputes=RECOMPUTES, drop_dominated=True)
+        return search(
+            shape,
+            world,
+            global_batch,
+            profile,
+            memory_limit=limit,
+            top_k=top_k,
+            mixed_precision=False,
+            recomputes=RECOMPUTES,
+            drop_dominated=True,
+        )
 
 
 PIPELINE_SCHEDULES = ("FThenB", "1F1B", "ZBH1")
@@ -134,8 +157,10 @@ class PipelineChoice:
     profile: str
 
     def report(self) -> str:
-        line = (f"Strategy(auto=True): schedule {self.schedule}, {self.micro_batches} micro-batches "
-                f"(predicted step {1e3 * self.step_time_s:.3f} ms on {self.profile})")
+        line = (
+            f"Strategy(auto=True): schedule {self.schedule}, {self.micro_batches} micro-batches "
+            f"(predicted step {1e3 * self.step_time_s:.3f} ms on {self.profile})"
+        )
         if self.runner_up is not None:
             kind, m, t = self.runner_up
             line += f"; runner-up {kind}, {m} micro-batches ({1e3 * t:.3f} ms)"
@@ -154,8 +179,10 @@ def choose_pipeline(layer: object, global_batch: int, world: int, say: Callable[
     machine's cached calibration for ``world`` ranks, else ``cpu-local`` (no calibration from
     inside a training step: it launches ``mpiexec``)."""
     if not isinstance(layer, GPT):
-        raise ValueError(f"Strategy(auto=True) prices mpipar.models.gpt.GPT models, got {type(layer).__name__}; "
-                         "set strategy.pipeline.schedule_mode and accumulate_steps by hand")
+        raise ValueError(
+            f"Strategy(auto=True) prices mpipar.models.gpt.GPT models, got {type(layer).__name__}; "
+            "set strategy.pipeline.schedule_mode and accumulate_steps by hand"
+        )
     cfg, par = layer.cfg, layer.par
     meshes = par.stage_meshes or []
     dp = _degree(meshes[0], par.dp) if meshes else 1
@@ -164,9 +191,13 @@ def choose_pipeline(layer: object, global_batch: int, world: int, say: Callable[
     if global_batch % dp:
         raise ValueError(f"Strategy(auto=True): the batch of {global_batch} does not split over dp={dp}")
     shape = GPTShape(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, cfg.vocab_size, 1, cfg.dropout)
-    resolved = resolve_profile(os.environ.get("MPIPAR_PROFILE") or None, world, can_calibrate=False, say=say,
-                               why_not="a training step does not calibrate (run `python -m simulator calibrate` once, "
-                               "or set MPIPAR_PROFILE)")
+    resolved = resolve_profile(
+        os.environ.get("MPIPAR_PROFILE") or None,
+        world,
+        can_calibrate=False,
+        say=say,
+        why_not="a training step does not calibrate (run `python -m simulator calibrate` once, or set MPIPAR_PROFILE)",
+    )
     hw, limit = resolved.profile, memory_limit(resolved.profile, world)
     schedules = ("Interleaved1F1B",) if par.chunks > 1 else PIPELINE_SCHEDULES if pp > 1 else ("1F1B",)
     per_replica = global_batch // dp
@@ -174,13 +205,19 @@ def choose_pipeline(layer: object, global_batch: int, world: int, say: Callable[
     with dist.use_backend(ShapeOnlyBackend()):
         for kind in schedules:
             for m in divisors(per_replica):
-                st = GPTStrategy(dp, tp, pp, par.sequence_parallel and tp > 1, par.recompute, 0, False, "adamw", m, kind, par.chunks)
-                sized = GPTShape(shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab, per_replica // m, shape.dropout)
+                st = GPTStrategy(
+                    dp, tp, pp, par.sequence_parallel and tp > 1, par.recompute, 0, False, "adamw", m, kind, par.chunks
+                )
+                sized = GPTShape(
+                    shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab, per_replica // m, shape.dropout
+                )
                 est = estimate(sized, st, hw)
                 if max(est.peak_bytes_per_rank.values()) <= limit:
                     priced.append((est.step_time_s, kind, m))
     if not priced:
-        raise ValueError(f"Strategy(auto=True): no schedule and micro-batch count fits in {limit / 2**30:.2f} GiB per rank")
+        raise ValueError(
+            f"Strategy(auto=True): no schedule and micro-batch count fits in {limit / 2**30:.2f} GiB per rank"
+        )
     priced.sort()
     (t, kind, m), rest = priced[0], priced[1:]
     return PipelineChoice(kind, m, t, (rest[0][1], rest[0][2], rest[0][0]) if rest else None, hw.name)

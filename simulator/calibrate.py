@@ -46,8 +46,7 @@ SIZES = (8, 1024, 16384, 131072, 1 << 20, 4 << 20)
 QUICK_SIZES = (8, 16384, 1 << 20)
 
 
-def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], steps: float = 1.0,
-                   volume: float = 1.0) -> Link:
+def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], steps: float = 1.0, volume: float = 1.0) -> Link:
     """Fit ``t = steps*alpha + volume*S/bandwidth`` minimising relative error; alpha kept >= 0.
 
     ``steps``/``volume`` are the formula's coefficients (1, 1 for a send; 2(n-1), 2(n-1)/n for a
@@ -93,13 +92,22 @@ def run_worker(ranks: int, sizes: Sequence[int], budget_s: float, gemm_n: int, t
     env = dict(os.environ)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
         env[var] = "1"
-    config = json.dumps({"sizes": list(sizes), "budget_s": budget_s, "gemm_n": gemm_n, "kernels": True,
-                         "host_steps": 8 if budget_s < 0.5 else 20})
+    config = json.dumps(
+        {
+            "sizes": list(sizes),
+            "budget_s": budget_s,
+            "gemm_n": gemm_n,
+            "kernels": True,
+            "host_steps": 8 if budget_s < 0.5 else 20,
+        }
+    )
     cmd = [mpiexec, "-n", str(ranks), sys.executable, WORKER, config]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise SystemExit(f"python -m simulator calibrate: the MPI worker took over {timeout_s:g} s; is mpiexec working?") from None
+        raise SystemExit(
+            f"python -m simulator calibrate: the MPI worker took over {timeout_s:g} s; is mpiexec working?"
+        ) from None
     if proc.returncode != 0:
         raise SystemExit(
             f"python -m simulator calibrate: `{' '.join(cmd[:4])} ...` failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
@@ -119,7 +127,9 @@ def calibrate(*, quick: bool = False, ranks: int = 2, timeout_s: float = 120.0) 
     raw = run_worker(ranks, sizes, budget_s=0.15 if quick else 0.6, gemm_n=256 if quick else 512, timeout_s=timeout_s)
     p2p = fit_alpha_beta(raw["pingpong"]["bytes"], raw["pingpong"]["seconds"])
     n = raw["ranks"]
-    ring = fit_alpha_beta(raw["allreduce"]["bytes"], raw["allreduce"]["seconds"], steps=2 * (n - 1), volume=2 * (n - 1) / n)
+    ring = fit_alpha_beta(
+        raw["allreduce"]["bytes"], raw["allreduce"]["seconds"], steps=2 * (n - 1), volume=2 * (n - 1) / n
+    )
     reduction = fit_reduction(raw["allreduce"]["bytes"], raw["allreduce"]["seconds"], n, p2p)
     predicted = [collective_time("all_reduce", s, n, p2p, reduction) for s in raw["allreduce"]["bytes"]]
     # The CPU model: GEMM efficiency and elementwise rate by kernel size, host costs per call.
@@ -174,10 +184,23 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m simulator calibrate",
         description="Measure MPI latency/bandwidth and NumPy GEMM rate on this machine; write a hardware profile.",
     )
-    parser.add_argument("-o", "--output", default="profile.json", type=cliargs.output_path, help="where to write the profile (default profile.json)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        default="profile.json",
+        type=cliargs.output_path,
+        help="where to write the profile (default profile.json)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer sizes and shorter timing loops (a few seconds)")
-    parser.add_argument("-n", "--ranks", type=cliargs.int_range(1, 1024, "a rank count"), default=2, help="MPI ranks to run (default 2)")
-    parser.add_argument("--timeout", type=cliargs.finite_float(1.0, 86400.0, "seconds"), default=120.0, help="seconds before giving up on the MPI worker")
+    parser.add_argument(
+        "-n", "--ranks", type=cliargs.int_range(1, 1024, "a rank count"), default=2, help="MPI ranks to run (default 2)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=cliargs.finite_float(1.0, 86400.0, "seconds"),
+        default=120.0,
+        help="seconds before giving up on the MPI worker",
+    )
     ns = parser.parse_args(argv)
     if ns.ranks < 2:
         parser.error(f"-n must be at least 2 (ping-pong needs two ranks), got {ns.ranks}")
@@ -199,9 +222,14 @@ def main(argv: list[str] | None = None) -> int:
     for dtype, rate in profile.flops_per_s.items():
         print(f"GEMM {dtype}: {rate / 1e9:.2f} GFLOP/s per rank at best")
     print("GEMM efficiency by size: " + ", ".join(f"{f:.2g} FLOP {e:.2f}" for f, e in profile.gemm_curve))
-    print("elementwise by size: " + ", ".join(f"{b / 1024:.0f} KiB {r / 1e9:.2f} GFLOP/s" for b, r in profile.vector_curve))
-    print(f"host: {profile.op_overhead_s * 1e6:.0f} us per op, {profile.reshard_overhead_s * 1e6:.0f} us per reshard call, "
-          f"{profile.update_overhead_s * 1e6:.0f} us per parameter update")
+    print(
+        "elementwise by size: "
+        + ", ".join(f"{b / 1024:.0f} KiB {r / 1e9:.2f} GFLOP/s" for b, r in profile.vector_curve)
+    )
+    print(
+        f"host: {profile.op_overhead_s * 1e6:.0f} us per op, {profile.reshard_overhead_s * 1e6:.0f} us per reshard call, "
+        f"{profile.update_overhead_s * 1e6:.0f} us per parameter update"
+    )
     profile.save(ns.output)
     print(f"wrote {ns.output} ({cal['seconds_taken']:.1f} s)")
     return 0

@@ -77,8 +77,17 @@ def gemm_points(timed: Callable[[Callable[[], None], float], float], budget_s: f
         seconds = timed(body, budget_s)
         flops = gemm_flops(sa, sb)
         work = kernel_seconds(seconds, fixed)
-        out.append({"family": family, "a": list(sa), "b": list(sb), "flops": flops, "seconds": seconds,
-                    "call_seconds": fixed, "flops_per_s": flops / work})
+        out.append(
+            {
+                "family": family,
+                "a": list(sa),
+                "b": list(sb),
+                "flops": flops,
+                "seconds": seconds,
+                "call_seconds": fixed,
+                "flops_per_s": flops / work,
+            }
+        )
     return out
 
 
@@ -98,8 +107,15 @@ def vector_points(timed: Callable[[Callable[[], None], float], float], budget_s:
             np.tanh(np.exp(x * x + x))
 
         seconds = timed(body, budget_s)
-        out.append({"elements": n, "bytes": VECTOR_PASS_ARRAYS * x.nbytes, "seconds": seconds, "call_seconds": fixed,
-                    "flops_per_s": 4.0 * n / kernel_seconds(seconds, fixed)})
+        out.append(
+            {
+                "elements": n,
+                "bytes": VECTOR_PASS_ARRAYS * x.nbytes,
+                "seconds": seconds,
+                "call_seconds": fixed,
+                "flops_per_s": 4.0 * n / kernel_seconds(seconds, fixed),
+            }
+        )
     return out
 
 
@@ -124,7 +140,12 @@ def gemm_curve(points: list[dict[str, Any]]) -> tuple[float, list[tuple[float, f
     rows = []
     for key in sorted(bins):
         group = bins[key]
-        rows.append((float(np.exp(np.mean([np.log(p["flops"]) for p in group]))), statistics.median(p["flops_per_s"] for p in group)))
+        rows.append(
+            (
+                float(np.exp(np.mean([np.log(p["flops"]) for p in group]))),
+                statistics.median(p["flops_per_s"] for p in group),
+            )
+        )
     peak = max(rate for _, rate in rows)
     return peak, [(flops, rate / peak) for flops, rate in rows]
 
@@ -146,9 +167,14 @@ def host_costs(comm: Any, steps: int) -> dict[str, float]:
         dist.seed(0)
         par = GPTParallel([mesh])
         model = GPT(cfg, par)
-        opt = dist.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters(),
-                                   grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0) if clip else None)
-        idx = dist.shard_tensor(np.arange(4, dtype=np.int64).reshape(1, 4) % 16, mesh, par.activation(mesh, seq_split=False))
+        opt = dist.optimizer.AdamW(
+            learning_rate=1e-3,
+            parameters=model.parameters(),
+            grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0) if clip else None,
+        )
+        idx = dist.shard_tensor(
+            np.arange(4, dtype=np.int64).reshape(1, 4) % 16, mesh, par.activation(mesh, seq_split=False)
+        )
 
         def step() -> tuple[float, float]:
             start = time.perf_counter()
@@ -166,8 +192,12 @@ def host_costs(comm: Any, steps: int) -> dict[str, float]:
         plan = rec.plan()
         comm.Barrier()
         times = [step() for _ in range(steps)]
-        return {"fb": statistics.median(t[0] for t in times), "update": statistics.median(t[1] for t in times),
-                "fb_ops": sum(1 for o in plan.ops if o.phase != "optimizer"), "params": len(list(model.parameters()))}
+        return {
+            "fb": statistics.median(t[0] for t in times),
+            "update": statistics.median(t[1] for t in times),
+            "fb_ops": sum(1 for o in plan.ops if o.phase != "optimizer"),
+            "params": len(list(model.parameters())),
+        }
 
     own = tiny(clip=True)
     alone = tiny(clip=False)
@@ -192,6 +222,8 @@ def host_costs(comm: Any, steps: int) -> dict[str, float]:
     from mpi4py import MPI
 
     call = statistics.median(
-        per_call(lambda: dist.reshard(partial, world, [dist.Replicate()])) - per_call(lambda: group.Allreduce(src, dst, op=MPI.SUM))
-        for _ in range(3))
+        per_call(lambda: dist.reshard(partial, world, [dist.Replicate()]))
+        - per_call(lambda: group.Allreduce(src, dst, op=MPI.SUM))
+        for _ in range(3)
+    )
     return {"op": own["fb"] / own["fb_ops"], "update": alone["update"] / alone["params"], "reshard": max(call, 0.0)}

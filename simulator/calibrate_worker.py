@@ -52,8 +52,12 @@ def main(config: dict[str, Any]) -> dict[str, Any]:
     rank, size = comm.Get_rank(), comm.Get_size()
     sizes = [int(s) for s in config["sizes"]]
     budget = float(config["budget_s"])
-    out: dict[str, Any] = {"ranks": size, "pingpong": {"bytes": [], "seconds": []},
-                           "allreduce": {"bytes": [], "seconds": []}, "gemm": {}}
+    out: dict[str, Any] = {
+        "ranks": size,
+        "pingpong": {"bytes": [], "seconds": []},
+        "allreduce": {"bytes": [], "seconds": []},
+        "gemm": {},
+    }
 
     for nbytes in sizes:
         buf = np.zeros(max(nbytes, 1), dtype=np.uint8)

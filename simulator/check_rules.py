@@ -83,7 +83,9 @@ def _dense(op: OpDef, arrays: list[np.ndarray], inputs: Sequence[Any], attrs: di
     mesh = dist.ProcessMesh([0], ["dense"])
     specs = [DistSpec(a.shape, mesh, [Replicate()]) for a in arrays]
     res = registry.infer_forward(op.rule_name, _nest_like(inputs, specs), **_rule_attrs(op, attrs))
-    ctx = KernelContext(specs, list(res.outputs), [full_box(a.shape) for a in arrays], [full_box(s.shape) for s in res.outputs])
+    ctx = KernelContext(
+        specs, list(res.outputs), [full_box(a.shape) for a in arrays], [full_box(s.shape) for s in res.outputs]
+    )
     out = op.kernel(ctx, *arrays, **attrs)
     return [np.asarray(o) for o in (out if op.multi_output else [out])]
 
@@ -93,7 +95,11 @@ def _rule_attrs(op: OpDef, attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_on_layouts(
-    op: OpDef, arrays: list[np.ndarray], need: list[DistSpec], outs: list[DistSpec], attrs: dict[str, Any],
+    op: OpDef,
+    arrays: list[np.ndarray],
+    need: list[DistSpec],
+    outs: list[DistSpec],
+    attrs: dict[str, Any],
     rng: np.random.Generator,
 ) -> list[np.ndarray]:
     """Lay inputs out as ``need`` (Partial as random contributions), run the kernel per rank,
@@ -110,7 +116,9 @@ def _run_on_layouts(
         for r, res in per_rank.items():
             arr = np.asarray(res[j])
             if arr.shape != spec.local_shape(r):
-                raise AssertionError(f"output {j} on rank {r} has local shape {list(arr.shape)}, {spec} says {list(spec.local_shape(r))}")
+                raise AssertionError(
+                    f"output {j} on rank {r} has local shape {list(arr.shape)}, {spec} says {list(spec.local_shape(r))}"
+                )
             shards[r] = arr
         values.append(dist.Tensor._from_shards(spec, shards, next(iter(shards.values())).dtype).full_tensor())
     return values
@@ -150,13 +158,19 @@ def check_op(op: OpDef, rng: np.random.Generator, trials: int, verbose: bool = F
                     got = _run_on_layouts(op, arrays, need, outs, attrs, rng)
                     bad = [j for j, (g, w) in enumerate(zip(got, want, strict=True)) if not _close(g, w)]
                     if bad:
-                        report.wrong.append(f"forward {case}: rule says {[s.placements_str for s in need]} -> {[s.placements_str for s in outs]}; output(s) {bad} differ from the dense result")
+                        report.wrong.append(
+                            f"forward {case}: rule says {[s.placements_str for s in need]} -> {[s.placements_str for s in outs]}; output(s) {bad} differ from the dense result"
+                        )
                         continue
-                    back = registry.get_rule(op.rule_name).infer_backward(_nest_like(inputs, specs), outs, **_rule_attrs(op, attrs))
+                    back = registry.get_rule(op.rule_name).infer_backward(
+                        _nest_like(inputs, specs), outs, **_rule_attrs(op, attrs)
+                    )
                     need_b = back.flat_inputs()
                     got_b = _run_on_layouts(op, arrays, need_b, list(back.outputs), attrs, rng)
                     if any(not _close(g, w) for g, w in zip(got_b, want, strict=True)):
-                        report.wrong.append(f"backward {case}: infer_backward gives {[s.placements_str for s in need_b]} -> {[s.placements_str for s in back.outputs]}, which does not hold the dense result")
+                        report.wrong.append(
+                            f"backward {case}: infer_backward gives {[s.placements_str for s in need_b]} -> {[s.placements_str for s in back.outputs]}, which does not hold the dense result"
+                        )
                 except Exception as exc:  # a crash on a legal input is a wrong rule too
                     detail = traceback.format_exc(limit=3) if verbose else f"{type(exc).__name__}: {exc}"
                     report.wrong.append(f"{case}: {detail}")
@@ -167,7 +181,9 @@ def _short(attrs: dict[str, Any]) -> str:
     return "(" + ", ".join(f"{k}={v}" for k, v in attrs.items() if k != "key") + ")" if attrs else ""
 
 
-def check_all(trials: int = 6, seed: int = 0, ops: Sequence[str] | None = None, verbose: bool = False) -> list[OpReport]:
+def check_all(
+    trials: int = 6, seed: int = 0, ops: Sequence[str] | None = None, verbose: bool = False
+) -> list[OpReport]:
     rng = np.random.default_rng(seed)
     reports = []
     with use_backend(SimBackend()):

@@ -78,9 +78,7 @@ class Link:
         return {"alpha_s": self.alpha_s, "bandwidth_Bps": self.bandwidth_Bps}
 
 
-def collective_time(
-    op: str, nbytes: float, group_size: int, link: Link, reduction_Bps: float | None = None
-) -> float:
+def collective_time(op: str, nbytes: float, group_size: int, link: Link, reduction_Bps: float | None = None) -> float:
     """Seconds for one collective on ``group_size`` ranks over ``link`` (formulas in the module docstring)."""
     if op not in PRICED_COMMS:
         raise ValueError(f"collective {op!r} has no cost formula; known: {', '.join(PRICED_COMMS)}")
@@ -172,7 +170,9 @@ class HardwareProfile:
                 raise ValueError(f"HardwareProfile {self.name!r}: flops_per_s[{dtype!r}] must be > 0, got {rate!r}")
         dpn = self.devices_per_node
         if dpn is not None and (isinstance(dpn, bool) or not isinstance(dpn, int) or dpn < 1):
-            raise ValueError(f"HardwareProfile {self.name!r}: devices_per_node must be a positive int or None, got {dpn!r}")
+            raise ValueError(
+                f"HardwareProfile {self.name!r}: devices_per_node must be a positive int or None, got {dpn!r}"
+            )
         eff = self.compute_efficiency
         if isinstance(eff, bool) or not isinstance(eff, int | float) or not 0 < eff <= 1:
             raise ValueError(f"HardwareProfile {self.name!r}: compute_efficiency must be in (0, 1], got {eff!r}")
@@ -180,7 +180,9 @@ class HardwareProfile:
         if red is not None and (isinstance(red, bool) or not isinstance(red, int | float) or not red > 0):
             raise ValueError(f"HardwareProfile {self.name!r}: reduction_Bps must be > 0 or None, got {red!r}")
         host = self.host_link_Bps
-        if host is not None and (isinstance(host, bool) or not isinstance(host, int | float) or not math.isfinite(host) or not host > 0):
+        if host is not None and (
+            isinstance(host, bool) or not isinstance(host, int | float) or not math.isfinite(host) or not host > 0
+        ):
             raise ValueError(f"HardwareProfile {self.name!r}: host_link_Bps must be > 0 bytes/s or None, got {host!r}")
         mem = self.memory_bytes
         if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or mem <= 0):
@@ -200,16 +202,23 @@ class HardwareProfile:
             if bad or not (low < value <= high if optional else low <= value <= high):
                 raise ValueError(
                     f"HardwareProfile {self.name!r}: {fname} must be {what}"
-                    + (" or null" if optional else "") + f", got {value!r}"
+                    + (" or null" if optional else "")
+                    + f", got {value!r}"
                 )
         for fname in ("op_overhead_s", "reshard_overhead_s", "update_overhead_s"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"HardwareProfile {self.name!r}: {fname} must be seconds in [0, 1], got {value!r}")
-        object.__setattr__(self, "gemm_curve", _curve(self.name, "gemm_curve", self.gemm_curve, "a share in (0, 1]", 1.0))
-        object.__setattr__(self, "vector_curve", _curve(self.name, "vector_curve", self.vector_curve, "FLOP/s > 0", math.inf))
+        object.__setattr__(
+            self, "gemm_curve", _curve(self.name, "gemm_curve", self.gemm_curve, "a share in (0, 1]", 1.0)
+        )
+        object.__setattr__(
+            self, "vector_curve", _curve(self.name, "vector_curve", self.vector_curve, "FLOP/s > 0", math.inf)
+        )
         if self.gemm_curve and self.gemm_efficiency_max is not None:
-            raise ValueError(f"HardwareProfile {self.name!r}: gemm_curve and gemm_efficiency_max are two GEMM models; give one")
+            raise ValueError(
+                f"HardwareProfile {self.name!r}: gemm_curve and gemm_efficiency_max are two GEMM models; give one"
+            )
         if self.gemm_efficiency_max is not None and self.memory_Bps is None:
             raise ValueError(
                 f"HardwareProfile {self.name!r}: gemm_efficiency_max is set but memory_Bps is null; the GPU model "
@@ -297,11 +306,15 @@ class HardwareProfile:
             "memory_bytes": self.memory_bytes,
         }
         if self.gemm_efficiency_max is not None or self.memory_Bps is not None or self.kernel_launch_s:
-            out.update({
-                "memory_Bps": self.memory_Bps, "kernel_launch_s": self.kernel_launch_s,
-                "gemm_efficiency_max": self.gemm_efficiency_max, "gemm_half_flops": self.gemm_half_flops,
-                "elementwise_fusion": self.elementwise_fusion,
-            })
+            out.update(
+                {
+                    "memory_Bps": self.memory_Bps,
+                    "kernel_launch_s": self.kernel_launch_s,
+                    "gemm_efficiency_max": self.gemm_efficiency_max,
+                    "gemm_half_flops": self.gemm_half_flops,
+                    "elementwise_fusion": self.elementwise_fusion,
+                }
+            )
         if self.host_link_Bps is not None:
             out["host_link_Bps"] = self.host_link_Bps
         if self.gemm_curve:
@@ -323,12 +336,32 @@ class HardwareProfile:
         if data.get("format") != PROFILE_FORMAT:
             raise ValueError(f"{source}: field format is {data.get('format')!r}, expected {PROFILE_FORMAT!r}")
         if data.get("version") != PROFILE_VERSION:
-            raise ValueError(f"{source}: field version is {data.get('version')!r}; this mpipar reads version {PROFILE_VERSION}")
+            raise ValueError(
+                f"{source}: field version is {data.get('version')!r}; this mpipar reads version {PROFILE_VERSION}"
+            )
         allowed = {
-            "format", "version", "name", "description", "devices_per_node", "links", "flops_per_s",
-            "compute_efficiency", "reduction_Bps", "memory_bytes", "calibration",
-            "memory_Bps", "kernel_launch_s", "gemm_efficiency_max", "gemm_half_flops", "elementwise_fusion",
-            "host_link_Bps", "gemm_curve", "vector_curve", "op_overhead_s", "reshard_overhead_s", "update_overhead_s",
+            "format",
+            "version",
+            "name",
+            "description",
+            "devices_per_node",
+            "links",
+            "flops_per_s",
+            "compute_efficiency",
+            "reduction_Bps",
+            "memory_bytes",
+            "calibration",
+            "memory_Bps",
+            "kernel_launch_s",
+            "gemm_efficiency_max",
+            "gemm_half_flops",
+            "elementwise_fusion",
+            "host_link_Bps",
+            "gemm_curve",
+            "vector_curve",
+            "op_overhead_s",
+            "reshard_overhead_s",
+            "update_overhead_s",
         }
         for key in data:
             if key not in allowed:
@@ -340,7 +373,9 @@ class HardwareProfile:
         for cls_name in ("intra_node", "inter_node"):
             item = links.get(cls_name)
             if not isinstance(item, Mapping) or set(item) != {"alpha_s", "bandwidth_Bps"}:
-                raise ValueError(f"{source}: field links.{cls_name} is {item!r}, expected {{'alpha_s': s, 'bandwidth_Bps': B/s}}")
+                raise ValueError(
+                    f"{source}: field links.{cls_name} is {item!r}, expected {{'alpha_s': s, 'bandwidth_Bps': B/s}}"
+                )
             try:
                 parsed[cls_name] = Link(item["alpha_s"], item["bandwidth_Bps"])
             except ValueError as exc:
@@ -398,16 +433,26 @@ def _curve(profile: str, field_name: str, points: Any, what: str, high: float) -
     if isinstance(points, str | bytes) or not isinstance(points, Sequence):
         raise ValueError(f"HardwareProfile {profile!r}: {field_name} must be a list of [x, y] pairs, got {points!r}")
     if len(points) > MAX_CURVE_POINTS:
-        raise ValueError(f"HardwareProfile {profile!r}: {field_name} has {len(points)} points, at most {MAX_CURVE_POINTS}")
+        raise ValueError(
+            f"HardwareProfile {profile!r}: {field_name} has {len(points)} points, at most {MAX_CURVE_POINTS}"
+        )
     out: list[tuple[float, float]] = []
     for i, point in enumerate(points):
-        if isinstance(point, str | bytes) or not isinstance(point, Sequence) or len(point) != 2 or any(
-                isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) for v in point):
-            raise ValueError(f"HardwareProfile {profile!r}: {field_name}[{i}] must be [x, y], two finite numbers, got {point!r}")
+        if (
+            isinstance(point, str | bytes)
+            or not isinstance(point, Sequence)
+            or len(point) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) for v in point)
+        ):
+            raise ValueError(
+                f"HardwareProfile {profile!r}: {field_name}[{i}] must be [x, y], two finite numbers, got {point!r}"
+            )
         x, y = float(point[0]), float(point[1])
         if not x > 0 or (out and not x > out[-1][0]):
-            raise ValueError(f"HardwareProfile {profile!r}: {field_name}[{i}] x = {point[0]!r}; x must be > 0 and "
-                             "strictly increasing along the curve")
+            raise ValueError(
+                f"HardwareProfile {profile!r}: {field_name}[{i}] x = {point[0]!r}; x must be > 0 and "
+                "strictly increasing along the curve"
+            )
         if not 0 < y <= high:
             raise ValueError(f"HardwareProfile {profile!r}: {field_name}[{i}] y = {point[1]!r}; must be {what}")
         out.append((x, y))
@@ -482,14 +527,23 @@ class StageMemory:
 
     @classmethod
     def uniform(
-        cls, num_stages: int, *, parameters: float = 0.0, gradients: float = 0.0, optimizer_state: float = 0.0,
-        activations: float = 0.0, message: float = 0.0,
+        cls,
+        num_stages: int,
+        *,
+        parameters: float = 0.0,
+        gradients: float = 0.0,
+        optimizer_state: float = 0.0,
+        activations: float = 0.0,
+        message: float = 0.0,
     ) -> StageMemory:
         n = num_stages
         return cls(
-            _per_stage(parameters, n, "parameters"), _per_stage(gradients, n, "gradients"),
-            _per_stage(optimizer_state, n, "optimizer_state"), _per_stage(activations, n, "activations"),
-            _per_stage(message, n - 1, "message_forward"), _per_stage(message, n - 1, "message_backward"),
+            _per_stage(parameters, n, "parameters"),
+            _per_stage(gradients, n, "gradients"),
+            _per_stage(optimizer_state, n, "optimizer_state"),
+            _per_stage(activations, n, "activations"),
+            _per_stage(message, n - 1, "message_forward"),
+            _per_stage(message, n - 1, "message_backward"),
         )
 
 
@@ -515,7 +569,10 @@ class PipelineCost:
     def __post_init__(self) -> None:
         n = len(self.forward)
         for name, want in (
-            ("backward_input", n), ("backward_weight", n), ("send_forward", n - 1), ("send_backward", n - 1),
+            ("backward_input", n),
+            ("backward_weight", n),
+            ("send_forward", n - 1),
+            ("send_backward", n - 1),
         ):
             _per_stage(getattr(self, name), want, name)
         _per_stage(self.forward, n, "forward")
@@ -534,15 +591,26 @@ class PipelineCost:
 
     @classmethod
     def uniform(
-        cls, num_stages: int, *, forward: float = 1.0, backward_input: float = 1.0, backward_weight: float = 1.0,
-        comm: float = 0.0, time_unit: str = "unit", memory: StageMemory | None = None,
+        cls,
+        num_stages: int,
+        *,
+        forward: float = 1.0,
+        backward_input: float = 1.0,
+        backward_weight: float = 1.0,
+        comm: float = 0.0,
+        time_unit: str = "unit",
+        memory: StageMemory | None = None,
     ) -> PipelineCost:
         """Every stage alike; every transfer costs ``comm``."""
         n = num_stages
         return cls(
-            _per_stage(forward, n, "forward"), _per_stage(backward_input, n, "backward_input"),
-            _per_stage(backward_weight, n, "backward_weight"), _per_stage(comm, n - 1, "send_forward"),
-            _per_stage(comm, n - 1, "send_backward"), time_unit, memory,
+            _per_stage(forward, n, "forward"),
+            _per_stage(backward_input, n, "backward_input"),
+            _per_stage(backward_weight, n, "backward_weight"),
+            _per_stage(comm, n - 1, "send_forward"),
+            _per_stage(comm, n - 1, "send_backward"),
+            time_unit,
+            memory,
         )
 
     @classmethod

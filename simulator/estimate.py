@@ -167,7 +167,9 @@ class Estimate:
             "activation_bytes_per_layer": self.activation_bytes_per_layer,
             "layer_activations": [asdict(k) for k in self.layer_activations],
             "model_state_bytes_per_rank": [self.model_state_bytes_per_rank[r] for r in ranks],
-            "model_state_by_category": {c: [v.get(r, 0) for r in ranks] for c, v in self.model_state_by_category.items()},
+            "model_state_by_category": {
+                c: [v.get(r, 0) for r in ranks] for c, v in self.model_state_by_category.items()
+            },
             "peak_bytes_per_rank": [self.peak_bytes_per_rank[r] for r in ranks],
             "step_time_s": self.step_time_s,
             "model_flops_per_step": self.model_flops,
@@ -176,14 +178,21 @@ class Estimate:
             "hfu": self.utilization(self.hardware_flops),
             "tokens_per_s": self.tokens_per_step / self.step_time_s if self.step_time_s > 0 else None,
             "pipeline": {
-                "schedule": self.strategy.schedule, "num_stages": self.strategy.num_stages,
-                "micro_batches": self.strategy.micro_batches, "pipeline_s": self.pipeline_s,
-                "bubble_fraction": self.bubble_fraction, "tail_s": self.tail_s,
+                "schedule": self.strategy.schedule,
+                "num_stages": self.strategy.num_stages,
+                "micro_batches": self.strategy.micro_batches,
+                "pipeline_s": self.pipeline_s,
+                "bubble_fraction": self.bubble_fraction,
+                "tail_s": self.tail_s,
                 **({} if self.grad_sync_exposed_s is None else {"grad_sync_exposed_s": self.grad_sync_exposed_s}),
             },
             "stages": [asdict(s) for s in self.stages],
-            "trace": {"layers_traced": self.layers_traced, "ops": self.ops, "reshards": self.reshards,
-                      "seconds": self.trace_seconds},
+            "trace": {
+                "layers_traced": self.layers_traced,
+                "ops": self.ops,
+                "reshards": self.reshards,
+                "seconds": self.trace_seconds,
+            },
         }
 
     def summary(self) -> str:
@@ -225,8 +234,11 @@ class Estimate:
             "",
             f"step time {self.step_time_s:.4g} s: pipeline {self.pipeline_s:.4g} s (bubble {self.bubble_fraction:.3f}), "
             f"then gradient reduction + optimizer up to {max(self.tail_s):.4g} s"
-            + ("" if self.grad_sync_exposed_s is None else
-               f" (reduction overlapped with backward, {max(self.grad_sync_exposed_s, default=0.0):.4g} s of it exposed)")
+            + (
+                ""
+                if self.grad_sync_exposed_s is None
+                else f" (reduction overlapped with backward, {max(self.grad_sync_exposed_s, default=0.0):.4g} s of it exposed)"
+            )
             + "; "
             f"{self.tokens_per_step / self.step_time_s:,.0f} tokens/s",
             f"MFU {_pct(self.utilization(self.model_flops))}, HFU {_pct(self.utilization(self.hardware_flops))} "
@@ -243,14 +255,20 @@ class Estimate:
         """Per stage: milliseconds per micro-batch by op family and communication, and the bubble."""
         keys = sorted({k for s in self.stages for k in s.breakdown_ms})
         head = f"{'stage':>5} " + " ".join(f"{k:>{max(len(k), 8)}}" for k in keys)
-        lines = ["per stage, one micro-batch, busiest rank, ms (comm_overlapped: hidden behind weight-gradient GEMMs "
-                 "up to their time)", head]
+        lines = [
+            "per stage, one micro-batch, busiest rank, ms (comm_overlapped: hidden behind weight-gradient GEMMs "
+            "up to their time)",
+            head,
+        ]
         for s in self.stages:
-            lines.append(f"{s.stage:>5} " + " ".join(f"{s.breakdown_ms.get(k, 0.0):>{max(len(k), 8)}.3f}" for k in keys))
+            lines.append(
+                f"{s.stage:>5} " + " ".join(f"{s.breakdown_ms.get(k, 0.0):>{max(len(k), 8)}.3f}" for k in keys)
+            )
         lines.append(
             f"pipeline {self.pipeline_s * 1e3:.2f} ms, bubble {self.bubble_fraction:.3f} (1F1B ideal (p-1)/(m+p-1) = "
             f"{_ideal_bubble(self.strategy):.3f}); gradient reduction + optimizer per lane: "
-            + ", ".join(f"{t * 1e3:.2f}" for t in self.tail_s) + " ms"
+            + ", ".join(f"{t * 1e3:.2f}" for t in self.tail_s)
+            + " ms"
         )
         return "\n".join(lines)
 
@@ -276,7 +294,13 @@ def layers_per_stage(shape: GPTShape, strategy: GPTStrategy) -> list[int]:
 
 def update_cost(hw: HardwareProfile, op_overhead: float | None, update_overhead: float | None) -> float:
     """Host seconds per parameter update: ``update_overhead``, else ``op_overhead``, else the profile's."""
-    per_update = update_overhead if update_overhead is not None else op_overhead if op_overhead is not None else hw.update_overhead_s
+    per_update = (
+        update_overhead
+        if update_overhead is not None
+        else op_overhead
+        if op_overhead is not None
+        else hw.update_overhead_s
+    )
     if not per_update >= 0:
         raise ValueError(f"update_overhead must be >= 0 seconds, got {update_overhead!r}")
     return per_update
@@ -288,7 +312,9 @@ def update_bytes(step: StepTrace, part: Part, elements: int) -> float:
     return elements * step.update_bytes_per_element / max(1, step.update_counts.get(part, 0))
 
 
-def update_seconds(step: StepTrace, costs: PlanCosts, per_update: float, memory_bandwidth: float | None = None) -> dict[Part, dict[int, float]]:
+def update_seconds(
+    step: StepTrace, costs: PlanCosts, per_update: float, memory_bandwidth: float | None = None
+) -> dict[Part, dict[int, float]]:
     """Each part's optimizer updates, seconds per rank: the update's kernels at the elementwise
     rate (at least its states streamed once at ``memory_bandwidth``, where given) and
     ``per_update`` seconds of host time per parameter updated."""
@@ -333,8 +359,14 @@ def estimate(
     hw = load_profile(profile) if isinstance(profile, str) else profile
     per_update = update_cost(hw, op_overhead, update_overhead)
     step = step if step is not None else trace_gpt_step(shape, strategy)
-    costs = PlanCosts(step.plan, hw, memory_bandwidth=memory_bandwidth, vector_flops=vector_flops,
-                      op_overhead=op_overhead, reshard_overhead=reshard_overhead)
+    costs = PlanCosts(
+        step.plan,
+        hw,
+        memory_bandwidth=memory_bandwidth,
+        vector_flops=vector_flops,
+        op_overhead=op_overhead,
+        reshard_overhead=reshard_overhead,
+    )
     n_stages = step.num_stages
     layers = layers_per_stage(shape, strategy)
     traced = [[i for i, st in enumerate(step.layer_stage) if st == s] for s in range(n_stages)]
@@ -407,8 +439,10 @@ def estimate(
         w = max(stage_sum(s, "weight", r) for r in ranks)
         # Megatron's sequence-parallel backward runs its all-gather and reduce-scatter alongside the
         # weight-gradient GEMMs; only what those GEMMs cannot hide is paid.
-        b = max(stage_sum(s, "backward", r) + max(0.0, stage_sum(s, "overlap", r) - stage_sum(s, "weight", r))
-                for r in ranks)
+        b = max(
+            stage_sum(s, "backward", r) + max(0.0, stage_sum(s, "overlap", r) - stage_sum(s, "weight", r))
+            for r in ranks
+        )
         fwd.append(f)
         b_w.append(min(w, b))
         b_in.append(max(b - w, 0.0))
@@ -420,7 +454,9 @@ def estimate(
             (send_f if bucket == "forward" else send_b)[into - 1] += ledger.most()
 
     schedule = build_schedule(strategy.schedule, n_stages, strategy.micro_batches, strategy.chunks)
-    timeline = simulate_schedule(schedule, PipelineCost(tuple(fwd), tuple(b_in), tuple(b_w), tuple(send_f), tuple(send_b), "s"))
+    timeline = simulate_schedule(
+        schedule, PipelineCost(tuple(fwd), tuple(b_in), tuple(b_w), tuple(send_f), tuple(send_b), "s")
+    )
     lanes = schedule.num_ranks
     tails = []
     ends = []
@@ -439,7 +475,9 @@ def estimate(
         lane_ranks = step.stage_ranks[stages[0]]
         ends.append(max((sp.end for sp in timeline.lane(k, "compute")), default=0.0))
         if not overlap_grad_reduce:
-            tails.append(max(sum(stage_sum(s, b, r) for s in stages for b in ("sync", "optimizer")) for r in lane_ranks))
+            tails.append(
+                max(sum(stage_sum(s, b, r) for s in stages for b in ("sync", "optimizer")) for r in lane_ranks)
+            )
             continue
         mine = [p for p in reversed(forward_order) if any(p in parts_of_stage[s] for s in stages)]
         lane_tail, lane_exposed = 0.0, 0.0
@@ -462,8 +500,10 @@ def estimate(
     world = sorted({r for ranks in step.stage_ranks for r in ranks})
     state_total = {r: sum(state_cat[c].get(r, 0) for c in state_cat) for r in world}
     act = [
-        {r: round(sum(scale(p) * step.activations.get(p, {}).get(r, 0) for p in set(parts_of_stage[s])))
-         for r in step.stage_ranks[s]}
+        {
+            r: round(sum(scale(p) * step.activations.get(p, {}).get(r, 0) for p in set(parts_of_stage[s])))
+            for r in step.stage_ranks[s]
+        }
         for s in range(n_stages)
     ]
     peaks: dict[int, int] = {}
@@ -485,17 +525,39 @@ def estimate(
 
     stage_rows = [
         StageEstimate(
-            s, step.stage_ranks[s], layers[s], fwd[s], b_in[s], b_w[s], send_f[s] if s < n_stages - 1 else 0.0,
-            max(act[s].values()), in_flight[s], busiest_breakdown(s),
+            s,
+            step.stage_ranks[s],
+            layers[s],
+            fwd[s],
+            b_in[s],
+            b_w[s],
+            send_f[s] if s < n_stages - 1 else 0.0,
+            max(act[s].values()),
+            in_flight[s],
+            busiest_breakdown(s),
         )
         for s in range(n_stages)
     ]
     layer0 = step.activations.get(Part("layer", 0), {})
     return Estimate(
-        shape, strategy, hw.name, max(layer0.values()) if layer0 else 0, step.layer_kept, state_total, state_cat,
-        peaks, step_time, timeline.makespan, tails, timeline.bubble_fraction(), stage_rows, step.seconds,
-        len(step.layer_stage), len(plan.ops), len(plan.reshards), _peak_rate(hw, update_dtype if not
-                                                                            strategy.mixed_precision else "float16"),
+        shape,
+        strategy,
+        hw.name,
+        max(layer0.values()) if layer0 else 0,
+        step.layer_kept,
+        state_total,
+        state_cat,
+        peaks,
+        step_time,
+        timeline.makespan,
+        tails,
+        timeline.bubble_fraction(),
+        stage_rows,
+        step.seconds,
+        len(step.layer_stage),
+        len(plan.ops),
+        len(plan.reshards),
+        _peak_rate(hw, update_dtype if not strategy.mixed_precision else "float16"),
         exposed if overlap_grad_reduce else None,
     )
 
@@ -531,8 +593,12 @@ def _peak_rate(hw: HardwareProfile, dtype: str) -> float:
 def _overlapped(res: Any, strategy: GPTStrategy) -> bool:
     """A backward sequence-parallel all-gather or reduce-scatter: Megatron overlaps these with
     the weight-gradient GEMMs (Korthikanti et al. 2022, section 4.2.2)."""
-    return (strategy.sequence_parallel and res.phase == "backward" and bool(res.steps)
-            and all(st.kind in ("all_gather", "reduce_scatter") for st in res.steps))
+    return (
+        strategy.sequence_parallel
+        and res.phase == "backward"
+        and bool(res.steps)
+        and all(st.kind in ("all_gather", "reduce_scatter") for st in res.steps)
+    )
 
 
 @dataclass
@@ -555,18 +621,28 @@ class OffloadEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         ranks = sorted(self.host_bytes_per_rank)
-        return {"host_bytes_per_rank": [self.host_bytes_per_rank[r] for r in ranks],
-                "device_peak_bytes_per_rank": [self.device_peak_bytes_per_rank[r] for r in ranks],
-                "host_link_Bps": self.host_link_Bps, "transfer_s": self.transfer_s, "step_time_s": self.step_time_s}
+        return {
+            "host_bytes_per_rank": [self.host_bytes_per_rank[r] for r in ranks],
+            "device_peak_bytes_per_rank": [self.device_peak_bytes_per_rank[r] for r in ranks],
+            "host_link_Bps": self.host_link_Bps,
+            "transfer_s": self.transfer_s,
+            "step_time_s": self.step_time_s,
+        }
 
     def summary(self) -> str:
         gib = 2.0**30
         rank = max(self.device_peak_bytes_per_rank, key=lambda r: self.device_peak_bytes_per_rank[r])
-        link = "host and device share memory" if self.host_link_Bps is None else f"host link {self.host_link_Bps / 1e9:g} GB/s"
-        return (f"offload: optimizer states + master weights to host memory, up to "
-                f"{max(self.host_bytes_per_rank.values(), default=0) / gib:.2f} GiB per rank; "
-                f"device peak {self.device_peak_bytes_per_rank[rank] / gib:.2f} GiB (rank {rank}); "
-                f"{link}: +{self.transfer_s:.4g} s per step -> step time {self.step_time_s:.4g} s")
+        link = (
+            "host and device share memory"
+            if self.host_link_Bps is None
+            else f"host link {self.host_link_Bps / 1e9:g} GB/s"
+        )
+        return (
+            f"offload: optimizer states + master weights to host memory, up to "
+            f"{max(self.host_bytes_per_rank.values(), default=0) / gib:.2f} GiB per rank; "
+            f"device peak {self.device_peak_bytes_per_rank[rank] / gib:.2f} GiB (rank {rank}); "
+            f"{link}: +{self.transfer_s:.4g} s per step -> step time {self.step_time_s:.4g} s"
+        )
 
 
 def offload_estimate(result: Estimate, host_link_Bps: float | None) -> OffloadEstimate:
@@ -641,47 +717,120 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--layers", type=cliargs.positive_int, help="transformer layers")
     m.add_argument("--hidden", type=cliargs.positive_int, help="hidden size h")
     m.add_argument("--heads", type=cliargs.positive_int, help="attention heads a")
-    m.add_argument("--params", help="a parameter count (175e9, 175B, 350M): picks a GPT-3-style shape (head size 128, layers = heads)")
+    m.add_argument(
+        "--params",
+        help="a parameter count (175e9, 175B, 350M): picks a GPT-3-style shape (head size 128, layers = heads)",
+    )
     m.add_argument("--seq", type=cliargs.positive_int, default=2048, help="sequence length s (default 2048)")
     m.add_argument("--vocab", type=cliargs.positive_int, default=50257, help="vocabulary size (default 50257)")
-    m.add_argument("--micro-batch-size", type=cliargs.positive_int, default=1, help="sequences per micro-batch per data-parallel replica (default 1)")
-    m.add_argument("--dropout", type=cliargs.finite_float(0.0, 1.0, "a probability"), default=0.1, help="dropout probability (default 0.1; 0 keeps no masks)")
+    m.add_argument(
+        "--micro-batch-size",
+        type=cliargs.positive_int,
+        default=1,
+        help="sequences per micro-batch per data-parallel replica (default 1)",
+    )
+    m.add_argument(
+        "--dropout",
+        type=cliargs.finite_float(0.0, 1.0, "a probability"),
+        default=0.1,
+        help="dropout probability (default 0.1; 0 keeps no masks)",
+    )
     s = p.add_argument_group("strategy")
     s.add_argument("--mesh", default="dp=1", help="degrees, e.g. dp=8,tp=8,pp=16")
     s.add_argument("--sequence-parallel", action="store_true")
     s.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     s.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over dp")
-    s.add_argument("--mixed-precision", action="store_true", help="float16 parameters and gradients, float32 master weights and states")
+    s.add_argument(
+        "--mixed-precision",
+        action="store_true",
+        help="float16 parameters and gradients, float32 master weights and states",
+    )
     s.add_argument("--optimizer", default="adamw", choices=["adamw", "momentum"])
     s.add_argument("--micro-batches", type=cliargs.positive_int, default=1, help="micro-batches per step (default 1)")
     s.add_argument("--schedule", default="1F1B", help="FThenB, 1F1B, Interleaved1F1B or ZBH1 (default 1F1B)")
-    s.add_argument("--chunks", type=cliargs.positive_int, default=None, help="model chunks per pipeline rank (Interleaved1F1B; default 2)")
-    s.add_argument("--overlap-grad-reduce", action="store_true",
-                   help="gradient reductions run while backward runs (dist.overlap_grad_reduction): only the unhidden part is paid")
-    s.add_argument("--grad-clip", type=cliargs.finite_float(0.0, what="a non-negative norm"), default=None, metavar="NORM", help="global-norm gradient clipping")
+    s.add_argument(
+        "--chunks",
+        type=cliargs.positive_int,
+        default=None,
+        help="model chunks per pipeline rank (Interleaved1F1B; default 2)",
+    )
+    s.add_argument(
+        "--overlap-grad-reduce",
+        action="store_true",
+        help="gradient reductions run while backward runs (dist.overlap_grad_reduction): only the unhidden part is paid",
+    )
+    s.add_argument(
+        "--grad-clip",
+        type=cliargs.finite_float(0.0, what="a non-negative norm"),
+        default=None,
+        metavar="NORM",
+        help="global-norm gradient clipping",
+    )
     h = p.add_argument_group("hardware")
-    h.add_argument("--hardware", default="h100-nvlink-ib", help="a preset (h100-nvlink-ib, a100-nvlink-ib, cpu-local) or a profile JSON")
-    h.add_argument("--memory-bandwidth", type=_rate, default=None, metavar="BYTES_PER_S",
-                   help="price each op at max(FLOPs/rate, bytes/bandwidth) (default: FLOPs only)")
-    h.add_argument("--vector-flops", type=_rate, default=None, metavar="FLOP_PER_S",
-                   help="FLOP rate of non-matmul ops and optimizer updates (default: the profile's vector_curve at "
-                   "each op's size where it has one, else its matmul rate)")
-    h.add_argument("--op-overhead", type=_seconds, default=None, metavar="SECONDS",
-                   help="host time per op (default: the profile's op_overhead_s, 0 in the presets; a calibrated "
-                   "profile's measured host costs)")
-    h.add_argument("--reshard-overhead", type=_seconds, default=None, metavar="SECONDS",
-                   help="host time per reshard call, besides its collectives (default: --op-overhead)")
-    h.add_argument("--update-overhead", type=_seconds, default=None, metavar="SECONDS",
-                   help="host time per parameter the optimizer updates (default: --op-overhead)")
-    h.add_argument("--offload", action="store_true",
-                   help="optimizer states and master weights in host memory, copied over the host link every step")
-    h.add_argument("--host-link-bandwidth", type=_rate, default=None, metavar="BYTES_PER_S",
-                   help="host <-> device bandwidth per direction for --offload (default: the profile's host_link_Bps)")
+    h.add_argument(
+        "--hardware",
+        default="h100-nvlink-ib",
+        help="a preset (h100-nvlink-ib, a100-nvlink-ib, cpu-local) or a profile JSON",
+    )
+    h.add_argument(
+        "--memory-bandwidth",
+        type=_rate,
+        default=None,
+        metavar="BYTES_PER_S",
+        help="price each op at max(FLOPs/rate, bytes/bandwidth) (default: FLOPs only)",
+    )
+    h.add_argument(
+        "--vector-flops",
+        type=_rate,
+        default=None,
+        metavar="FLOP_PER_S",
+        help="FLOP rate of non-matmul ops and optimizer updates (default: the profile's vector_curve at "
+        "each op's size where it has one, else its matmul rate)",
+    )
+    h.add_argument(
+        "--op-overhead",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="host time per op (default: the profile's op_overhead_s, 0 in the presets; a calibrated "
+        "profile's measured host costs)",
+    )
+    h.add_argument(
+        "--reshard-overhead",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="host time per reshard call, besides its collectives (default: --op-overhead)",
+    )
+    h.add_argument(
+        "--update-overhead",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="host time per parameter the optimizer updates (default: --op-overhead)",
+    )
+    h.add_argument(
+        "--offload",
+        action="store_true",
+        help="optimizer states and master weights in host memory, copied over the host link every step",
+    )
+    h.add_argument(
+        "--host-link-bandwidth",
+        type=_rate,
+        default=None,
+        metavar="BYTES_PER_S",
+        help="host <-> device bandwidth per direction for --offload (default: the profile's host_link_Bps)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the estimate as JSON")
-    o.add_argument("--breakdown", action="store_true",
-                   help="also print, per stage, the ms by op family (gemm, norm, elementwise, ...) and communication, and the bubble")
-    o.add_argument("--plan", metavar="PATH", type=cliargs.output_path, help="also write the traced plan (mpipar.plan JSON)")
+    o.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also print, per stage, the ms by op family (gemm, norm, elementwise, ...) and communication, and the bubble",
+    )
+    o.add_argument(
+        "--plan", metavar="PATH", type=cliargs.output_path, help="also write the traced plan (mpipar.plan JSON)"
+    )
     return p
 
 
@@ -694,7 +843,9 @@ def from_args(ns: argparse.Namespace) -> tuple[GPTShape, GPTStrategy]:
             raise ValueError(f"--params picks the layers, hidden size and heads; drop {', '.join(given)} or --params")
         shape = GPTShape.from_params(parse_count(ns.params), ns.seq, ns.vocab, ns.micro_batch_size)
         if ns.dropout != shape.dropout:
-            shape = GPTShape(shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab, shape.micro_batch_size, ns.dropout)
+            shape = GPTShape(
+                shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab, shape.micro_batch_size, ns.dropout
+            )
     else:
         missing = [f"--{k}" for k, v in explicit.items() if v is None]
         if missing:
@@ -704,8 +855,18 @@ def from_args(ns: argparse.Namespace) -> tuple[GPTShape, GPTStrategy]:
     interleaved = ns.schedule.strip().lower() in ("interleaved1f1b", "interleaved", "vpp")
     chunks = ns.chunks if ns.chunks is not None else (2 if interleaved else 1)
     strategy = GPTStrategy(
-        deg["dp"], deg["tp"], deg["pp"], ns.sequence_parallel, ns.recompute, ns.zero, ns.mixed_precision, ns.optimizer,
-        ns.micro_batches, ns.schedule, chunks, ns.grad_clip,
+        deg["dp"],
+        deg["tp"],
+        deg["pp"],
+        ns.sequence_parallel,
+        ns.recompute,
+        ns.zero,
+        ns.mixed_precision,
+        ns.optimizer,
+        ns.micro_batches,
+        ns.schedule,
+        chunks,
+        ns.grad_clip,
     )
     return shape, strategy
 
@@ -718,9 +879,18 @@ def main(argv: list[str] | None = None) -> int:
         profile = load_profile(ns.hardware)
         started = time.perf_counter()
         step = trace_gpt_step(shape, strategy)
-        result = estimate(shape, strategy, profile, memory_bandwidth=ns.memory_bandwidth, vector_flops=ns.vector_flops,
-                          op_overhead=ns.op_overhead, reshard_overhead=ns.reshard_overhead,
-                          update_overhead=ns.update_overhead, step=step, overlap_grad_reduce=ns.overlap_grad_reduce)
+        result = estimate(
+            shape,
+            strategy,
+            profile,
+            memory_bandwidth=ns.memory_bandwidth,
+            vector_flops=ns.vector_flops,
+            op_overhead=ns.op_overhead,
+            reshard_overhead=ns.reshard_overhead,
+            update_overhead=ns.update_overhead,
+            step=step,
+            overlap_grad_reduce=ns.overlap_grad_reduce,
+        )
         if ns.host_link_bandwidth is not None and not ns.offload:
             raise ValueError("--host-link-bandwidth prices --offload's copies; add --offload or drop it")
         offload = offload_estimate(result, ns.host_link_bandwidth or profile.host_link_Bps) if ns.offload else None

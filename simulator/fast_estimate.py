@@ -76,8 +76,12 @@ def _add(into: dict[tuple[Part, str], float], part: Part, bucket: str, seconds: 
 def _context_reshard(res: PlanReshard, step: StepTrace, param_tensors: set[int]) -> bool:
     """Whether a reshard serves parameters' data parallelism: a gradient reduction, an optimizer
     reshard, a gather of a (ZeRO-3) parameter, or any collective over ``dp``."""
-    return (res.index in step.grad_sync or res.phase == "optimizer" or res.tensor in param_tensors
-            or any(DP in s.axes for s in res.steps))
+    return (
+        res.index in step.grad_sync
+        or res.phase == "optimizer"
+        or res.tensor in param_tensors
+        or any(DP in s.axes for s in res.steps)
+    )
 
 
 class _Costs(PlanCosts):
@@ -113,8 +117,14 @@ class Overheads:
     update_overhead: float | None = None
 
     def costs(self, plan: object, hw: HardwareProfile) -> _Costs:
-        return _Costs(plan, hw, memory_bandwidth=self.memory_bandwidth, vector_flops=self.vector_flops,  # type: ignore[arg-type]
-                      op_overhead=self.op_overhead, reshard_overhead=self.reshard_overhead)
+        return _Costs(
+            plan,
+            hw,
+            memory_bandwidth=self.memory_bandwidth,
+            vector_flops=self.vector_flops,  # type: ignore[arg-type]
+            op_overhead=self.op_overhead,
+            reshard_overhead=self.reshard_overhead,
+        )
 
 
 # ---------------------------------------------------------------------- invariant costs
@@ -147,8 +157,12 @@ def invariant_costs(step: StepTrace, hw: HardwareProfile, over: Overheads = Over
             # One float from op_times: even shards, every rank runs the same GEMM (its FLOPs once,
             # not once per rank of a 128-rank trace).
             ranks = costs.op_ranks(op)
-            _add(gemm, part, op.phase, max((costs.op_flops(op, r) for r in (ranks if isinstance(times, dict) else ranks[:1])),
-                                           default=0.0))
+            _add(
+                gemm,
+                part,
+                op.phase,
+                max((costs.op_flops(op, r) for r in (ranks if isinstance(times, dict) else ranks[:1])), default=0.0),
+            )
         t = _most(times)
         _add(seconds, part, op.phase, t)
         _add(seconds, part, f"{op.phase}/{op_family(op.op)}", t)
@@ -208,7 +222,9 @@ class ContextCosts:
         meshes = []
         for m in plan.meshes:
             if m.dim_names != (DP, "tp") or m.shape != (traced_dp, tp) or m.process_ids not in block:
-                raise ValueError(f"the GPT trace has an unexpected mesh {m}; the fast estimate knows (dp, tp) stage meshes")
+                raise ValueError(
+                    f"the GPT trace has an unexpected mesh {m}; the fast estimate knows (dp, tp) stage meshes"
+                )
             k = block[m.process_ids]
             ids = tuple(range(k * dp * tp, (k + 1) * dp * tp))
             real[m.process_ids] = PlanMesh(m.id, (dp, tp), ids, m.dim_names)
@@ -365,7 +381,9 @@ def pipeline(strategy: GPTStrategy, cost: PipelineCost, act: tuple[int, ...]) ->
         if all(_close(b - a, c - b) for a, b, c in zip(s0, s1, s2, strict=True)):
             rounds = (m - base) // period
             out = [a + rounds * (b - a) for a, b in zip(s0, s1, strict=True)]
-            pipe = PipelineTimes(tuple(out[:lanes]), out[lanes], out[lanes + 1], tuple(round(x) for x in out[lanes + 2:]))
+            pipe = PipelineTimes(
+                tuple(out[:lanes]), out[lanes], out[lanes + 1], tuple(round(x) for x in out[lanes + 2 :])
+            )
         else:
             pipe = _simulate(strategy, m, cost, act)
     lanes = len(pipe.ends)
@@ -407,7 +425,11 @@ def stage_parts(strategy: GPTStrategy, counts: list[int]) -> list[list[tuple[Par
 
 
 def assemble(
-    shape: GPTShape, strategy: GPTStrategy, hw: HardwareProfile, inv: InvariantCosts, ctx: PricedContext,
+    shape: GPTShape,
+    strategy: GPTStrategy,
+    hw: HardwareProfile,
+    inv: InvariantCosts,
+    ctx: PricedContext,
 ) -> FastEstimate:
     """``estimate``'s pipeline, tails and peaks from the two halves of the ledger (module docstring)."""
     counts = layer_counts(shape.layers, strategy.pp, strategy.chunks)
@@ -468,11 +490,32 @@ class TraceCache:
 
     def trace(self, shape: GPTShape, strategy: GPTStrategy, dp: int, zero: int) -> StepTrace:
         """The ``dp``-wide (1 or 2), two-stage trace of ``strategy``'s layer under ZeRO ``zero``."""
-        key = (shape, strategy.tp, strategy.sequence_parallel, strategy.recompute, zero, dp, strategy.mixed_precision,
-               strategy.optimizer, strategy.grad_clip)
+        key = (
+            shape,
+            strategy.tp,
+            strategy.sequence_parallel,
+            strategy.recompute,
+            zero,
+            dp,
+            strategy.mixed_precision,
+            strategy.optimizer,
+            strategy.grad_clip,
+        )
         if key not in self._steps:
-            traced = GPTStrategy(dp, strategy.tp, 2, strategy.sequence_parallel, strategy.recompute, zero,
-                              strategy.mixed_precision, strategy.optimizer, 1, "1F1B", 1, strategy.grad_clip)
+            traced = GPTStrategy(
+                dp,
+                strategy.tp,
+                2,
+                strategy.sequence_parallel,
+                strategy.recompute,
+                zero,
+                strategy.mixed_precision,
+                strategy.optimizer,
+                1,
+                "1F1B",
+                1,
+                strategy.grad_clip,
+            )
             step = trace_gpt_step(shape, traced, TRACED_LAYERS)
             self._steps[key] = step
             self.trace_seconds += step.seconds
@@ -483,16 +526,33 @@ class TraceCache:
         by global sizes, so one data-parallel replica can pick other layouts than two (two and
         more agree on the shapes the tests cover)."""
         dp = 1 if strategy.dp == 1 else 2
-        key = (shape, strategy.tp, strategy.sequence_parallel, strategy.recompute, dp, strategy.mixed_precision,
-               strategy.optimizer, strategy.grad_clip)
+        key = (
+            shape,
+            strategy.tp,
+            strategy.sequence_parallel,
+            strategy.recompute,
+            dp,
+            strategy.mixed_precision,
+            strategy.optimizer,
+            strategy.grad_clip,
+        )
         if key not in self._inv:
             self._inv[key] = invariant_costs(self.trace(shape, strategy, dp, 0), self.hw, self.over)
         return self._inv[key]
 
     def context(self, shape: GPTShape, strategy: GPTStrategy) -> PricedContext | None:
         dp, zero = (1, 0) if strategy.dp == 1 else (2, strategy.zero)
-        key = (shape, strategy.tp, strategy.sequence_parallel, strategy.recompute, zero, dp, strategy.mixed_precision,
-               strategy.optimizer, strategy.grad_clip)
+        key = (
+            shape,
+            strategy.tp,
+            strategy.sequence_parallel,
+            strategy.recompute,
+            zero,
+            dp,
+            strategy.mixed_precision,
+            strategy.optimizer,
+            strategy.grad_clip,
+        )
         if key not in self._ctx:
             self._ctx[key] = ContextCosts(self.trace(shape, strategy, dp, zero), self.hw, self.over)
         return self._ctx[key].at(strategy.dp)
@@ -507,16 +567,21 @@ class TraceCache:
         return assemble(shape, strategy, self.hw, self.invariant(shape, strategy), ctx)
 
 
-def fast_estimate(shape: GPTShape, strategy: GPTStrategy, profile: HardwareProfile, cache: TraceCache | None = None) -> FastEstimate | None:
+def fast_estimate(
+    shape: GPTShape, strategy: GPTStrategy, profile: HardwareProfile, cache: TraceCache | None = None
+) -> FastEstimate | None:
     """``estimate(shape, strategy, profile)``'s step time and peak memory through shared traces."""
     return (cache if cache is not None else TraceCache(profile)).estimate(shape, strategy)
 
 
-def lower_bound_stage_times(inv: InvariantCosts, strategy: GPTStrategy, counts: list[int]) -> list[tuple[float, float, float]]:
+def lower_bound_stage_times(
+    inv: InvariantCosts, strategy: GPTStrategy, counts: list[int]
+) -> list[tuple[float, float, float]]:
     """Per stage (forward, backward input, backward weight) from the invariant costs alone: the
     data-parallel half only adds to them, so a schedule built on these is never slower."""
     out = []
     for parts in stage_parts(strategy, counts):
+
         def s(bucket: str, parts: Iterable[tuple[Part, float]] = parts) -> float:
             return sum(k * inv.seconds.get((p, bucket), 0.0) for p, k in parts)
 
@@ -562,5 +627,6 @@ def peak_lower_bound(strategy: GPTStrategy, counts: list[int], inv: InvariantCos
     flight = in_flight_lower_bound(strategy, act)
     if flight is None:
         return 0.0
-    return max(state_per_layer * sum(n for s, n in enumerate(counts) if s % strategy.pp == k) + f
-               for k, f in enumerate(flight))
+    return max(
+        state_per_layer * sum(n for s, n in enumerate(counts) if s % strategy.pp == k) + f for k, f in enumerate(flight)
+    )

@@ -157,10 +157,13 @@ def compile_schedule(kind: str, stages: int, micro: int, chunks: int) -> Program
             raise RuntimeError(f"the pipeline compiler stalled at positions {pos} of {schedule!r}")
         remaining -= progressed
     done = final_backward_kind(split)
-    flight = tuple(tuple((a.stage, 1 if a.kind == "F" else -1) for a in schedule.actions[k] if a.kind in ("F", done))
-                   for k in range(ranks))
-    return Program(schedule, tuple(inputs), tuple(slots), tuple(probes), tuple(tuple(x) for x in lanes),
-                   tuple(transfers), flight)
+    flight = tuple(
+        tuple((a.stage, 1 if a.kind == "F" else -1) for a in schedule.actions[k] if a.kind in ("F", done))
+        for k in range(ranks)
+    )
+    return Program(
+        schedule, tuple(inputs), tuple(slots), tuple(probes), tuple(tuple(x) for x in lanes), tuple(transfers), flight
+    )
 
 
 LONGEST_WALK = 50_000
@@ -169,7 +172,9 @@ LONGEST_WALK = 50_000
 
 
 @functools.lru_cache(maxsize=256)
-def lane_flight_events(kind: str, stages: int, micro: int, chunks: int) -> tuple[tuple[tuple[int, int], ...], ...] | None:
+def lane_flight_events(
+    kind: str, stages: int, micro: int, chunks: int
+) -> tuple[tuple[tuple[int, int], ...], ...] | None:
     """``Program.flight`` of the schedule ``build_schedule`` would make, from its compute orders
     alone (no send/receive insertion, no validation: they do not move a compute action), or
     ``None`` beyond ``LONGEST_WALK`` actions."""

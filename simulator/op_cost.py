@@ -51,19 +51,47 @@ from mpipar.spec import DistSpec
 from simulator.cost import HardwareProfile
 
 ELEMENT_FLOPS: dict[str, float] = {
-    "add": 1, "subtract": 1, "multiply": 1, "divide": 1, "scale": 1, "maximum": 1, "minimum": 1, "neg": 1,
-    "abs": 1, "square": 1, "sign": 1, "where": 1, "relu": 1, "relu_grad": 1, "equal": 1, "not_equal": 1,
-    "greater_than": 1, "greater_equal": 1, "less_than": 1, "less_equal": 1, "isfinite": 1, "pow": 2,
-    "pow_grad": 3, "sqrt": 1, "sqrt_grad": 2, "rsqrt": 2, "exp": 1, "log": 1, "tanh": 1, "tanh_grad": 2,
-    "sigmoid": 3, "sigmoid_grad": 3,
-    "dropout": 2,            # compare the uniform draw, select and scale
+    "add": 1,
+    "subtract": 1,
+    "multiply": 1,
+    "divide": 1,
+    "scale": 1,
+    "maximum": 1,
+    "minimum": 1,
+    "neg": 1,
+    "abs": 1,
+    "square": 1,
+    "sign": 1,
+    "where": 1,
+    "relu": 1,
+    "relu_grad": 1,
+    "equal": 1,
+    "not_equal": 1,
+    "greater_than": 1,
+    "greater_equal": 1,
+    "less_than": 1,
+    "less_equal": 1,
+    "isfinite": 1,
+    "pow": 2,
+    "pow_grad": 3,
+    "sqrt": 1,
+    "sqrt_grad": 2,
+    "rsqrt": 2,
+    "exp": 1,
+    "log": 1,
+    "tanh": 1,
+    "tanh_grad": 2,
+    "sigmoid": 3,
+    "sigmoid_grad": 3,
+    "dropout": 2,  # compare the uniform draw, select and scale
     "dropout_grad": 2,
-    "softmax": 5,            # max, subtract, exp, sum, divide
+    "softmax": 5,  # max, subtract, exp, sum, divide
     "softmax_grad": 4,
-    "log_softmax": 5, "log_softmax_grad": 4,
-    "layer_norm": 8,         # mean, variance, normalise, scale and shift
+    "log_softmax": 5,
+    "log_softmax_grad": 4,
+    "layer_norm": 8,  # mean, variance, normalise, scale and shift
     "layer_norm_grad": 12,
-    "gelu": 10,              # the tanh approximation
+    "gelu": 10,  # the tanh approximation
     "gelu_grad": 14,
     "cross_entropy_with_softmax": 6,
     "cross_entropy_with_softmax_grad": 3,
@@ -73,10 +101,18 @@ ELEMENT_FLOPS: dict[str, float] = {
 REDUCTIONS = frozenset({"sum", "mean", "max", "min"})
 VIEW_OPS = frozenset({"reshape", "transpose", "unsqueeze", "squeeze", "expand", "split", "slice"})
 """Ops NumPy runs as views of their input: no bytes moved, no FLOPs."""
-NORM_OPS = frozenset({
-    "layer_norm", "layer_norm_grad", "softmax", "softmax_grad", "log_softmax", "log_softmax_grad",
-    "cross_entropy_with_softmax", "cross_entropy_with_softmax_grad",
-})
+NORM_OPS = frozenset(
+    {
+        "layer_norm",
+        "layer_norm_grad",
+        "softmax",
+        "softmax_grad",
+        "log_softmax",
+        "log_softmax_grad",
+        "cross_entropy_with_softmax",
+        "cross_entropy_with_softmax_grad",
+    }
+)
 """Normalisation, softmax and loss kernels (a family of their own in ``estimate --breakdown``)."""
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 GATHER_OPS = frozenset({"embedding"})
@@ -204,8 +240,10 @@ class PlanCosts:
                 continue  # the table: only the gathered rows are read, as many bytes as the output
             total += _numel(self.local_shape(tid, pls, rank)) * itemsize(t.dtype)
         if op.op in GATHER_OPS:
-            total += sum(_numel(self.local_shape(t, p, rank)) * itemsize(self._tensors[t].dtype)
-                         for t, p in zip(op.outputs, op.output_placements, strict=False))
+            total += sum(
+                _numel(self.local_shape(t, p, rank)) * itemsize(self._tensors[t].dtype)
+                for t, p in zip(op.outputs, op.output_placements, strict=False)
+            )
         for tid, pls in zip(op.outputs, op.output_placements, strict=False):
             t = self._tensors[tid]
             total += _numel(self.local_shape(tid, pls, rank)) * itemsize(t.dtype)
@@ -249,7 +287,9 @@ class PlanCosts:
                 # The measured curve replaces the flat share compute_time applied.
                 t *= self.profile.compute_efficiency / self.profile.gemm_efficiency(flops)
         else:
-            t = self.vector_time(flops, self.op_bytes(op, rank) if self.profile.vector_curve else 0.0, self.op_dtype(op))
+            t = self.vector_time(
+                flops, self.op_bytes(op, rank) if self.profile.vector_curve else 0.0, self.op_dtype(op)
+            )
         if self.memory_bandwidth is not None:
             t = max(t, self.op_bytes(op, rank) / self.memory_bandwidth)
         return t + self.op_overhead
@@ -315,7 +355,10 @@ class PlanCosts:
     def op_times(self, op: PlanOp) -> float | dict[int, float]:
         """Seconds ``op`` takes on each rank that runs it; one float when all take the same (even shards)."""
         ranks = self.op_ranks(op)
-        pairs = [*zip(op.inputs, op.required_placements, strict=False), *zip(op.outputs, op.output_placements, strict=False)]
+        pairs = [
+            *zip(op.inputs, op.required_placements, strict=False),
+            *zip(op.outputs, op.output_placements, strict=False),
+        ]
         if all(self._even(tid, pls) for tid, pls in pairs):
             return self.op_time(op, ranks[0]) if ranks else 0.0
         return {r: self.op_time(op, r) for r in ranks}
@@ -331,7 +374,10 @@ class PlanCosts:
                 for step in r.steps:
                     if step.kind in ("slice", "partial"):
                         continue
-                    times = {self._collective_time(r, step, mesh, q) for q in self._group_representatives(mesh, tuple(step.axes))}
+                    times = {
+                        self._collective_time(r, step, mesh, q)
+                        for q in self._group_representatives(mesh, tuple(step.axes))
+                    }
                     if len(times) != 1:
                         break
                     total += times.pop()

@@ -30,7 +30,9 @@ def partial_contributions(value: np.ndarray, spec: DistSpec, rng: np.random.Gene
     flat_shape = (n, *value.shape)
     if types <= {"sum", "avg"}:
         scale = int(np.prod([spec.mesh.shape[a] for a in axes if spec.placements[a].reduce_type == "avg"]))  # type: ignore[union-attr]
-        parts = rng.standard_normal(flat_shape).astype(value.dtype) * value.dtype.type(max(1.0, float(np.abs(value).mean())) if value.size else 1.0)
+        parts = rng.standard_normal(flat_shape).astype(value.dtype) * value.dtype.type(
+            max(1.0, float(np.abs(value).mean())) if value.size else 1.0
+        )
         parts[0] = value * value.dtype.type(scale) - parts[1:].sum(axis=0)
     else:
         (op,) = types
@@ -54,4 +56,3 @@ def random_partial_tensor(value: np.ndarray, spec: DistSpec, rng: np.random.Gene
         return np.ascontiguousarray(contribution[tuple(slice(s, e) for s, e in spec.local_box(rank))])
 
     return dist.dtensor_from_local(local, spec.mesh, list(spec.placements), shape=spec.shape)
-

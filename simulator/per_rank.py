@@ -301,7 +301,9 @@ class _Transport:
         self.world, self.me, self.call = world, rank, call
         self.comm = world.manual
 
-    def _run(self, group: Group, detail: str, payload: Any, compute: Callable[[dict[int, Any]], Mapping[int, Any]]) -> Any:
+    def _run(
+        self, group: Group, detail: str, payload: Any, compute: Callable[[dict[int, Any]], Mapping[int, Any]]
+    ) -> Any:
         try:
             return self.world.collective(self.me, self.call, group, detail, payload, compute)
         except RuntimeError as exc:

@@ -42,8 +42,19 @@ class PublishedRun:
         1F1B with 2 chunks where the layers divide (else 1F1B), no ZeRO, mixed precision."""
         chunks = 2 if self.pp > 1 and self.layers % (2 * self.pp) == 0 else 1
         schedule = "Interleaved1F1B" if chunks > 1 else "1F1B"
-        return GPTStrategy(self.dp, self.tp, self.pp, self.tp > 1, "selective", 0, True, "adamw",
-                        self.batch // self.dp, schedule, chunks)
+        return GPTStrategy(
+            self.dp,
+            self.tp,
+            self.pp,
+            self.tp > 1,
+            "selective",
+            0,
+            True,
+            "adamw",
+            self.batch // self.dp,
+            schedule,
+            chunks,
+        )
 
 
 NARAYANAN_2021_TABLE_1 = (

@@ -40,7 +40,9 @@ def simulate_schedule(schedule: Schedule, cost: str | PipelineCost = "unit") -> 
         )
     if isinstance(cost, str):
         if cost != "unit":
-            raise ValueError(f"simulate_schedule cost {cost!r} is unknown; pass 'unit' or a simulator.cost.PipelineCost")
+            raise ValueError(
+                f"simulate_schedule cost {cost!r} is unknown; pass 'unit' or a simulator.cost.PipelineCost"
+            )
         cost = PipelineCost.unit(schedule.num_stages)
     elif not isinstance(cost, PipelineCost):
         raise TypeError(f"simulate_schedule cost must be 'unit' or a PipelineCost, got {type(cost).__name__}")
@@ -103,7 +105,9 @@ class _Run:
                 self._transfer(send, recv)
             return True
         ready = self.free[rank]
-        for dep in local_inputs(action, self.schedule.num_stages, self.schedule.num_ranks, self.schedule.split_backward):
+        for dep in local_inputs(
+            action, self.schedule.num_stages, self.schedule.num_ranks, self.schedule.split_backward
+        ):
             if dep.is_comm:
                 if dep.key not in self.arrival:
                     return False
@@ -164,16 +168,54 @@ def main(argv: list[str] | None = None) -> int:
         description="Build a pipeline schedule, print its step x rank grid and its simulated bubble.",
     )
     parser.add_argument("kind", help="FThenB, 1F1B, Interleaved1F1B or ZBH1")
-    parser.add_argument("-p", "--ranks", type=cliargs.int_range(1, 1 << 16, "a pipeline rank count"), required=True, help="pipeline ranks")
-    parser.add_argument("-m", "--microbatches", type=cliargs.int_range(1, 1 << 16, "a micro-batch count"), required=True, help="micro-batches per step")
-    parser.add_argument("-v", "--chunks", type=cliargs.int_range(1, 1 << 10, "a chunk count"), default=1, help="model chunks per rank (Interleaved1F1B)")
+    parser.add_argument(
+        "-p",
+        "--ranks",
+        type=cliargs.int_range(1, 1 << 16, "a pipeline rank count"),
+        required=True,
+        help="pipeline ranks",
+    )
+    parser.add_argument(
+        "-m",
+        "--microbatches",
+        type=cliargs.int_range(1, 1 << 16, "a micro-batch count"),
+        required=True,
+        help="micro-batches per step",
+    )
+    parser.add_argument(
+        "-v",
+        "--chunks",
+        type=cliargs.int_range(1, 1 << 10, "a chunk count"),
+        default=1,
+        help="model chunks per rank (Interleaved1F1B)",
+    )
     parser.add_argument("--comm", action="store_true", help="show sends/receives in the grid")
-    parser.add_argument("--times", default=None, metavar="F,B,W",
-                        help="per-stage compute times instead of unit cost (B and W: the two backward halves)")
-    parser.add_argument("--comm-time", type=cliargs.finite_float(0.0, 1e9, "a non-negative time"), default=0.0, help="time of every transfer (with --times)")
+    parser.add_argument(
+        "--times",
+        default=None,
+        metavar="F,B,W",
+        help="per-stage compute times instead of unit cost (B and W: the two backward halves)",
+    )
+    parser.add_argument(
+        "--comm-time",
+        type=cliargs.finite_float(0.0, 1e9, "a non-negative time"),
+        default=0.0,
+        help="time of every transfer (with --times)",
+    )
     parser.add_argument("--csv", metavar="PATH", type=cliargs.output_path, help="write the action lists as CSV")
-    parser.add_argument("-o", "--timeline", metavar="PATH", type=cliargs.output_path, help="write the simulated timeline (mpipar.timeline JSON)")
-    parser.add_argument("--chrome", metavar="PATH", type=cliargs.output_path, help="write the timeline as Chrome trace JSON (Perfetto opens it)")
+    parser.add_argument(
+        "-o",
+        "--timeline",
+        metavar="PATH",
+        type=cliargs.output_path,
+        help="write the simulated timeline (mpipar.timeline JSON)",
+    )
+    parser.add_argument(
+        "--chrome",
+        metavar="PATH",
+        type=cliargs.output_path,
+        help="write the timeline as Chrome trace JSON (Perfetto opens it)",
+    )
     ns = parser.parse_args(argv)
     try:
         schedule = build_schedule(ns.kind, ns.ranks * ns.chunks, ns.microbatches, ns.chunks)

@@ -63,11 +63,16 @@ class Candidate:
 
     def estimate_flags(self, shape: GPTShape, hardware: str) -> str:
         st = self.strategy
-        flags = [f"--layers {shape.layers} --hidden {shape.hidden} --heads {shape.heads} --seq {shape.seq} "
-                 f"--vocab {shape.vocab} --micro-batch-size {self.micro_batch_size}",
-                 f"--mesh dp={st.dp},tp={st.tp},pp={st.pp}", f"--micro-batches {st.micro_batches}",
-                 f"--schedule {st.schedule}", f"--recompute {st.recompute}", f"--zero {st.zero}",
-                 f"--hardware {hardware}"]
+        flags = [
+            f"--layers {shape.layers} --hidden {shape.hidden} --heads {shape.heads} --seq {shape.seq} "
+            f"--vocab {shape.vocab} --micro-batch-size {self.micro_batch_size}",
+            f"--mesh dp={st.dp},tp={st.tp},pp={st.pp}",
+            f"--micro-batches {st.micro_batches}",
+            f"--schedule {st.schedule}",
+            f"--recompute {st.recompute}",
+            f"--zero {st.zero}",
+            f"--hardware {hardware}",
+        ]
         if st.chunks > 1:
             flags.append(f"--chunks {st.chunks}")
         if st.sequence_parallel:
@@ -113,21 +118,30 @@ class SearchResult:
         if st.recompute != "full":
             knobs.append("--recompute full")
         knobs.append("more devices (larger tp or pp)")
-        return (f"nothing fits in {self.memory_limit / 2**30:.2f} GiB: the smallest candidate "
-                f"(dp={st.dp},tp={st.tp},pp={st.pp}, zero {st.zero}, recompute {st.recompute}) needs "
-                f"{best.peak_bytes / 2**30:.2f} GiB, {(best.peak_bytes - self.memory_limit) / 2**30:.2f} GiB over; "
-                f"try {', '.join(knobs)}")
+        return (
+            f"nothing fits in {self.memory_limit / 2**30:.2f} GiB: the smallest candidate "
+            f"(dp={st.dp},tp={st.tp},pp={st.pp}, zero {st.zero}, recompute {st.recompute}) needs "
+            f"{best.peak_bytes / 2**30:.2f} GiB, {(best.peak_bytes - self.memory_limit) / 2**30:.2f} GiB over; "
+            f"try {', '.join(knobs)}"
+        )
 
 
 def enumerate_strategies(
-    shape: GPTShape, devices: int, global_batch: int, pruned: dict[str, int],
-    *, zero_stages: tuple[int, ...] = (0, 1, 2, 3), recomputes: tuple[str, ...] = RECOMPUTES,
-    schedules: tuple[str, ...] = SCHEDULES, mixed_precision: bool = True,
+    shape: GPTShape,
+    devices: int,
+    global_batch: int,
+    pruned: dict[str, int],
+    *,
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3),
+    recomputes: tuple[str, ...] = RECOMPUTES,
+    schedules: tuple[str, ...] = SCHEDULES,
+    mixed_precision: bool = True,
     micro_batch_sizes: tuple[int, ...] | None = None,
 ) -> Iterator[tuple[GPTStrategy, int]]:
     """Every (strategy, micro-batch size) that divides: heads by tp, layers by pp x chunks,
     batch by dp x micro-batches x micro-batch size. Counts what it drops in ``pruned``.
     ``micro_batch_sizes``: only these (default: every divisor of the batch per replica)."""
+
     def drop(reason: str) -> None:
         pruned[reason] = pruned.get(reason, 0) + 1
 
@@ -153,8 +167,12 @@ def enumerate_strategies(
                         for sp in (False, True) if tp > 1 else (False,):
                             for zero in zero_stages if dp > 1 else (0,):
                                 for rc in recomputes:
-                                    yield GPTStrategy(dp, tp, pp, sp, rc, zero, mixed_precision, "adamw",
-                                                   micro, schedule, chunks), mbs
+                                    yield (
+                                        GPTStrategy(
+                                            dp, tp, pp, sp, rc, zero, mixed_precision, "adamw", micro, schedule, chunks
+                                        ),
+                                        mbs,
+                                    )
 
 
 def state_lower_bound(shape: GPTShape, strategy: GPTStrategy, layers: int | None = None) -> float:
@@ -170,7 +188,11 @@ def state_lower_bound(shape: GPTShape, strategy: GPTStrategy, layers: int | None
     param = grad = 2 if mixed else 4
     states = {"adamw": 8, "momentum": 4}[strategy.optimizer] + (4 if mixed else 0)
     dp, z = strategy.dp, strategy.zero
-    return layers * per_layer * (param / (dp if z >= 3 else 1) + grad / (dp if z >= 2 else 1) + states / (dp if z >= 1 else 1))
+    return (
+        layers
+        * per_layer
+        * (param / (dp if z >= 3 else 1) + grad / (dp if z >= 2 else 1) + states / (dp if z >= 1 else 1))
+    )
 
 
 def state_per_layer_lower_bound(shape: GPTShape, strategy: GPTStrategy) -> float:
@@ -203,9 +225,17 @@ def _in_flight_lower_bound(strategy: GPTStrategy) -> int:
 
 
 def search(
-    shape: GPTShape, devices: int, global_batch: int, hardware: HardwareProfile | str = "h100-nvlink-ib",
-    *, memory_limit: int | None = None, top_k: int = 5, progress: Callable[[int, int], None] | None = None,
-    fast: bool = True, drop_dominated: bool = False, **space: object,
+    shape: GPTShape,
+    devices: int,
+    global_batch: int,
+    hardware: HardwareProfile | str = "h100-nvlink-ib",
+    *,
+    memory_limit: int | None = None,
+    top_k: int = 5,
+    progress: Callable[[int, int], None] | None = None,
+    fast: bool = True,
+    drop_dominated: bool = False,
+    **space: object,
 ) -> SearchResult:
     """Rank the strategies that divide and fit within ``memory_limit`` (default: the profile's
     device memory) by predicted step time; ``space``: ``enumerate_strategies`` options.
@@ -240,7 +270,9 @@ def search(
     peak_rate = max(hw.flops_per_s.values()) * devices
 
     def candidate(strategy: GPTStrategy, mbs: int, t: float, peak: int, bubble: float) -> Candidate:
-        return Candidate(strategy, mbs, t, peak, bubble, global_batch * shape.seq / t, flops / t / peak_rate, peak <= limit)
+        return Candidate(
+            strategy, mbs, t, peak, bubble, global_batch * shape.seq / t, flops / t / peak_rate, peak <= limit
+        )
 
     def sized(mbs: int) -> GPTShape:
         return GPTShape(shape.layers, shape.hidden, shape.heads, shape.seq, shape.vocab, mbs, shape.dropout)
@@ -255,18 +287,38 @@ def search(
             if progress is not None:
                 progress(i + 1, len(todo))
     else:
-        fitting, over = _branch_and_bound(shape, todo, hw, limit, top_k, pruned, candidate, sized, progress, drop_dominated)
+        fitting, over = _branch_and_bound(
+            shape, todo, hw, limit, top_k, pruned, candidate, sized, progress, drop_dominated
+        )
     if over:
         pruned["over the memory limit"] = len(over)
     fitting.sort(key=lambda c: c.step_time_s)
-    return SearchResult(shape, devices, global_batch, hw.name, limit, fitting[:top_k], enumerated, pruned,
-                        len(fitting) + len(over), over, time.perf_counter() - started)
+    return SearchResult(
+        shape,
+        devices,
+        global_batch,
+        hw.name,
+        limit,
+        fitting[:top_k],
+        enumerated,
+        pruned,
+        len(fitting) + len(over),
+        over,
+        time.perf_counter() - started,
+    )
 
 
 def _branch_and_bound(
-    shape: GPTShape, todo: list[tuple[GPTStrategy, int]], hw: HardwareProfile, limit: int, top_k: int,
-    pruned: dict[str, int], candidate: Callable[..., Candidate], sized: Callable[[int], GPTShape],
-    progress: Callable[[int, int], None] | None, drop_dominated: bool = False,
+    shape: GPTShape,
+    todo: list[tuple[GPTStrategy, int]],
+    hw: HardwareProfile,
+    limit: int,
+    top_k: int,
+    pruned: dict[str, int],
+    candidate: Callable[..., Candidate],
+    sized: Callable[[int], GPTShape],
+    progress: Callable[[int, int], None] | None,
+    drop_dominated: bool = False,
 ) -> tuple[list[Candidate], list[Candidate]]:
     """``search``'s fast path: best-first on step-time lower bounds, pricing exactly only what may rank."""
     cache = TraceCache(hw)
@@ -287,8 +339,12 @@ def _branch_and_bound(
         tick()
 
     dtype = "float16" if todo and todo[0][0].mixed_precision else "float32"
-    best_gemm = max(hw.flops_per_s.get(dtype, 0.0), hw.flops_per_s.get("bfloat16" if dtype == "float16" else dtype, 0.0))
-    best_gemm *= hw.gemm_efficiency_max if hw.gpu_model else max((e for _, e in hw.gemm_curve), default=hw.compute_efficiency)
+    best_gemm = max(
+        hw.flops_per_s.get(dtype, 0.0), hw.flops_per_s.get("bfloat16" if dtype == "float16" else dtype, 0.0)
+    )
+    best_gemm *= (
+        hw.gemm_efficiency_max if hw.gpu_model else max((e for _, e in hw.gemm_curve), default=hw.compute_efficiency)
+    )
 
     def counts(st: GPTStrategy) -> list[int]:
         return layer_counts(shape.layers, st.pp, st.chunks)
@@ -323,8 +379,14 @@ def _branch_and_bound(
         if state_lower_bound(shape, st) + act * _in_flight_lower_bound(st) > limit:
             drop("state + activations over the memory limit (bound)", i)
             return None
-        stages = [(mbs * sum(k * one.gemm_flops.get((p, "forward"), 0.0) for p, k in ps) / best_gemm,
-                   mbs * sum(k * one.gemm_flops.get((p, "backward"), 0.0) for p, k in ps) / best_gemm, 0.0) for ps in parts]
+        stages = [
+            (
+                mbs * sum(k * one.gemm_flops.get((p, "forward"), 0.0) for p, k in ps) / best_gemm,
+                mbs * sum(k * one.gemm_flops.get((p, "backward"), 0.0) for p, k in ps) / best_gemm,
+                0.0,
+            )
+            for ps in parts
+        ]
         return _chain_bound(stages, st), 1
 
     smallest_memory: tuple[float, int] | None = None
@@ -378,14 +440,18 @@ def _branch_and_bound(
             inv = cache.invariant(sized(mbs), st)
             parts = stage_parts(st, counts(st))
             act = sum(k * inv.activations.get(p, 0) for p, k in parts[0])
-            if (state_lower_bound(shape, st) + act * _in_flight_lower_bound(st) > limit
-                    # Every lane, with the activations its schedule really holds (an interleaved
-                    # warm-up holds several times what the first bound assumes, ZBH1 keeps them to
-                    # W): priced, such a candidate would only be found over the limit, after a
-                    # trace of its ZeRO stage. FThenB's and 1F1B's first lane holds exactly what
-                    # the first bound counts, so the walk would add nothing there.
-                    or (st.schedule in ("Interleaved1F1B", "ZBH1")
-                        and peak_lower_bound(st, counts(st), inv, state_per_layer_lower_bound(shape, st)) > limit)):
+            if (
+                state_lower_bound(shape, st) + act * _in_flight_lower_bound(st) > limit
+                # Every lane, with the activations its schedule really holds (an interleaved
+                # warm-up holds several times what the first bound assumes, ZBH1 keeps them to
+                # W): priced, such a candidate would only be found over the limit, after a
+                # trace of its ZeRO stage. FThenB's and 1F1B's first lane holds exactly what
+                # the first bound counts, so the walk would add nothing there.
+                or (
+                    st.schedule in ("Interleaved1F1B", "ZBH1")
+                    and peak_lower_bound(st, counts(st), inv, state_per_layer_lower_bound(shape, st)) > limit
+                )
+            ):
                 drop("state + activations over the memory limit (bound)", i)
                 continue
             push(max(lb, _chain_bound(lower_bound_stage_times(inv, st, counts(st)), st)), 2, i)
@@ -439,16 +505,22 @@ def _progress_bar(done: int, total: int) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cliargs.Parser(prog="python -m simulator search",
-                       description="Find the fastest GPT training strategy that fits in memory.")
+    p = cliargs.Parser(
+        prog="python -m simulator search", description="Find the fastest GPT training strategy that fits in memory."
+    )
     base = estimate_parser()
     for action in base._actions:
         if action.dest in ("layers", "hidden", "heads", "params", "seq", "vocab", "dropout", "hardware"):
             p._add_action(action)
     p.add_argument("--devices", type=cliargs.int_range(1, cliargs.MAX_WORLD, "a device count"), required=True)
     p.add_argument("--global-batch", type=cliargs.positive_int, required=True, help="sequences per step")
-    p.add_argument("--memory-limit", type=cliargs.positive_int, default=None, metavar="BYTES",
-                   help="per-device bytes (default: the profile's device memory)")
+    p.add_argument(
+        "--memory-limit",
+        type=cliargs.positive_int,
+        default=None,
+        metavar="BYTES",
+        help="per-device bytes (default: the profile's device memory)",
+    )
     p.add_argument("--top", type=cliargs.int_range(1, 1000, "a count"), default=5)
     p.add_argument("--json", action="store_true")
     return p
@@ -464,30 +536,61 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("the model needs --layers, --hidden and --heads (or --params N)")
         else:
             shape = GPTShape(ns.layers, ns.hidden, ns.heads, ns.seq, ns.vocab, 1, ns.dropout)
-        result = search(shape, ns.devices, ns.global_batch, ns.hardware, memory_limit=ns.memory_limit,
-                        top_k=ns.top, progress=None if ns.json else _progress_bar)
+        result = search(
+            shape,
+            ns.devices,
+            ns.global_batch,
+            ns.hardware,
+            memory_limit=ns.memory_limit,
+            top_k=ns.top,
+            progress=None if ns.json else _progress_bar,
+        )
     except ValueError as exc:
         parser.error(str(exc))
     if ns.json:
-        json.dump({
-            "devices": result.devices, "global_batch": result.global_batch, "memory_limit": result.memory_limit,
-            "enumerated": result.enumerated, "priced": result.priced, "pruned": result.pruned,
-            "seconds": result.seconds, "advice": result.advice(),
-            "top": [{"dp": c.strategy.dp, "tp": c.strategy.tp, "pp": c.strategy.pp, "step_time_s": c.step_time_s,
-                     "tokens_per_s": c.tokens_per_s, "mfu": c.mfu, "peak_bytes": c.peak_bytes,
-                     "bubble_fraction": c.bubble_fraction, "estimate_flags": c.estimate_flags(shape, ns.hardware),
-                     "gpt_flags": c.gpt_flags()} for c in result.ranked],
-        }, sys.stdout, indent=1)
+        json.dump(
+            {
+                "devices": result.devices,
+                "global_batch": result.global_batch,
+                "memory_limit": result.memory_limit,
+                "enumerated": result.enumerated,
+                "priced": result.priced,
+                "pruned": result.pruned,
+                "seconds": result.seconds,
+                "advice": result.advice(),
+                "top": [
+                    {
+                        "dp": c.strategy.dp,
+                        "tp": c.strategy.tp,
+                        "pp": c.strategy.pp,
+                        "step_time_s": c.step_time_s,
+                        "tokens_per_s": c.tokens_per_s,
+                        "mfu": c.mfu,
+                        "peak_bytes": c.peak_bytes,
+                        "bubble_fraction": c.bubble_fraction,
+                        "estimate_flags": c.estimate_flags(shape, ns.hardware),
+                        "gpt_flags": c.gpt_flags(),
+                    }
+                    for c in result.ranked
+                ],
+            },
+            sys.stdout,
+            indent=1,
+        )
         sys.stdout.write("\n")
         return 0
-    print(f"{result.enumerated} candidates: {result.priced} priced in {result.seconds:.1f} s; pruned: "
-          + (", ".join(f"{v} {k}" for k, v in result.pruned.items()) or "none"))
+    print(
+        f"{result.enumerated} candidates: {result.priced} priced in {result.seconds:.1f} s; pruned: "
+        + (", ".join(f"{v} {k}" for k, v in result.pruned.items()) or "none")
+    )
     if not result.ranked:
         print(result.advice())
         return 1
     for rank, c in enumerate(result.ranked, 1):
-        print(f"#{rank} step {c.step_time_s * 1e3:.2f} ms  {c.tokens_per_s:,.0f} tokens/s  MFU {c.mfu:.1%}  "
-              f"peak {c.peak_bytes / 2**30:.2f} GiB  bubble {c.bubble_fraction:.1%}")
+        print(
+            f"#{rank} step {c.step_time_s * 1e3:.2f} ms  {c.tokens_per_s:,.0f} tokens/s  MFU {c.mfu:.1%}  "
+            f"peak {c.peak_bytes / 2**30:.2f} GiB  bubble {c.bubble_fraction:.1%}"
+        )
         print(f"   estimate: {c.estimate_flags(shape, ns.hardware)}")
         print(f"   gpt.py:   {c.gpt_flags()}")
     return 0

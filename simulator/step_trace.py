@@ -361,12 +361,19 @@ def trace_gpt_step(shape: GPTShape, strategy: GPTStrategy, layers_traced: int | 
     default = 2 * stages if min(real) >= 2 else shape.layers
     traced = default if layers_traced is None else layers_traced
     if not stages <= traced <= shape.layers:
-        raise ValueError(f"layers_traced must be between the stages ({stages}) and the layers ({shape.layers}), got {traced}")
+        raise ValueError(
+            f"layers_traced must be between the stages ({stages}) and the layers ({shape.layers}), got {traced}"
+        )
     meshes = build_meshes(strategy)
     par = GPTParallel(meshes, sequence_parallel=strategy.sequence_parallel, recompute=strategy.recompute)
     cfg = GPTConfig(
-        vocab_size=shape.vocab, block_size=shape.seq, n_layer=traced, n_head=shape.heads, n_embd=shape.hidden,
-        dropout=shape.dropout, dtype=strategy.dtype,
+        vocab_size=shape.vocab,
+        block_size=shape.seq,
+        n_layer=traced,
+        n_head=shape.heads,
+        n_embd=shape.hidden,
+        dropout=shape.dropout,
+        dtype=strategy.dtype,
     )
     meta = {"shape_only": True, "model": f"GPT {shape}", "strategy": str(strategy), "layers_traced": traced}
     rec = _Recorder(meta)
@@ -379,8 +386,12 @@ def trace_gpt_step(shape: GPTShape, strategy: GPTStrategy, layers_traced: int | 
             block.register_forward_post_hook(functools.partial(_leave_block, rec, block_io, i, traced))
         batch = shape.micro_batch_size * strategy.dp
         first, last = meshes[0], meshes[-1]
-        idx = dist.shard_tensor(Tensor.abstract((batch, shape.seq), np.int64), first, par.activation(first, seq_split=False))
-        tgt = dist.shard_tensor(Tensor.abstract((batch, shape.seq), np.int64), last, par.activation(last, seq_split=False))
+        idx = dist.shard_tensor(
+            Tensor.abstract((batch, shape.seq), np.int64), first, par.activation(first, seq_split=False)
+        )
+        tgt = dist.shard_tensor(
+            Tensor.abstract((batch, shape.seq), np.int64), last, par.activation(last, seq_split=False)
+        )
         synced: set[int] = set()
         params = list(model.parameters())
         for p in params:
@@ -403,7 +414,9 @@ def trace_gpt_step(shape: GPTShape, strategy: GPTStrategy, layers_traced: int | 
                 step_param(p, g, lr)
 
             opt._step_param = labelled_step  # type: ignore[method-assign]
-            rec.tensor_parts = {id(p.grad): (rec.param_parts.get(id(p), LAST), p.grad) for p in params if p.grad is not None}
+            rec.tensor_parts = {
+                id(p.grad): (rec.param_parts.get(id(p), LAST), p.grad) for p in params if p.grad is not None
+            }
             opt.step()  # the steady-state update: this one is priced
         grad_sync = {i for i, out in rec.reshard_outs if id(out) in synced and rec.reshard_parts[i] != SETUP}
         parts = {id(p): rec.param_parts.get(id(p), LAST) for p in params}
@@ -414,10 +427,23 @@ def trace_gpt_step(shape: GPTShape, strategy: GPTStrategy, layers_traced: int | 
             counts[parts[id(p)]] = counts.get(parts[id(p)], 0) + 1
     plan = rec.plan()
     return StepTrace(
-        shape, strategy, plan, [tuple(m.process_ids) for m in meshes], [par.stage_of_layer(i, traced) for i in range(traced)],
-        rec.op_parts, rec.reshard_parts, grad_sync,
-        rec.weight_ops, activations, model_state, update_elements, counts, per_element, layer_kept,
-        time.perf_counter() - started, records,
+        shape,
+        strategy,
+        plan,
+        [tuple(m.process_ids) for m in meshes],
+        [par.stage_of_layer(i, traced) for i in range(traced)],
+        rec.op_parts,
+        rec.reshard_parts,
+        grad_sync,
+        rec.weight_ops,
+        activations,
+        model_state,
+        update_elements,
+        counts,
+        per_element,
+        layer_kept,
+        time.perf_counter() - started,
+        records,
     )
 
 
@@ -425,11 +451,13 @@ def _optimizer(model: GPT, strategy: GPTStrategy) -> Any:
     mp = strategy.mixed_precision
     clip = dist.optimizer.ClipGradByGlobalNorm(strategy.grad_clip) if strategy.grad_clip is not None else None
     if strategy.optimizer == "adamw":
-        opt = dist.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01,
-                                   grad_clip=clip, multi_precision=mp)
+        opt = dist.optimizer.AdamW(
+            learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01, grad_clip=clip, multi_precision=mp
+        )
     else:
-        opt = dist.optimizer.Momentum(learning_rate=1e-4, parameters=model.parameters(), momentum=0.9,
-                                      grad_clip=clip, multi_precision=mp)
+        opt = dist.optimizer.Momentum(
+            learning_rate=1e-4, parameters=model.parameters(), momentum=0.9, grad_clip=clip, multi_precision=mp
+        )
     if strategy.zero:
         stage = [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][strategy.zero - 1]
         opt = dist.shard_optimizer(opt, stage("dp"))
@@ -544,10 +572,19 @@ def _state_records(params: list[Parameter], opt: Any, parts: dict[int, Part]) ->
         for t in states.get(p.name or f"param_{i}", []):
             entries.append(("optimizer_state", np.dtype(t.dtype).itemsize, t.spec.placements_str))
             if tuple(t.shape) != tuple(p.shape) or t.spec.mesh != p.spec.mesh:
-                raise ValueError(f"optimizer state of {p.name} has shape {t.shape} on {t.spec.mesh}, not its parameter's")
+                raise ValueError(
+                    f"optimizer state of {p.name} has shape {t.shape} on {t.spec.mesh}, not its parameter's"
+                )
         layout = opt.layout_of(p)
-        out.append(StateRecord(parts[id(p)], tuple(p.spec.mesh.process_ids), tuple(p.shape), tuple(entries),
-                               layout.placements_str if layout is not None else None))
+        out.append(
+            StateRecord(
+                parts[id(p)],
+                tuple(p.spec.mesh.process_ids),
+                tuple(p.shape),
+                tuple(entries),
+                layout.placements_str if layout is not None else None,
+            )
+        )
     return out
 
 
@@ -566,7 +603,8 @@ def _model_state(
             _add(cats["gradients"], _rank_bytes(p.grad, world))
         layout = opt.layout_of(p)
         elems = (
-            {r: math.prod(layout.local_shape(r)) for r in layout.mesh.process_ids} if layout is not None
+            {r: math.prod(layout.local_shape(r)) for r in layout.mesh.process_ids}
+            if layout is not None
             else dict.fromkeys(world, math.prod(p.shape))
         )
         _add(updates.setdefault(part, {}), elems)

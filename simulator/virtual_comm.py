@@ -57,7 +57,9 @@ class VirtualCommunicator(Communicator):
         arrays = self._all("all_gather", group, bufs)
         for r, a, s in zip(group, arrays, shapes, strict=True):
             if tuple(a.shape) != tuple(s):
-                raise RuntimeError(f"all_gather on group {list(group)}: rank {r} passes shape {list(a.shape)}, others expect {list(s)}")
+                raise RuntimeError(
+                    f"all_gather on group {list(group)}: rank {r} passes shape {list(a.shape)}, others expect {list(s)}"
+                )
         return {r: arrays for r in group}
 
     def _reduce_scatter(self, group: Group, chunks: Mapping[int, Sequence[Array]], op: str) -> dict[int, Array]:
@@ -92,7 +94,9 @@ class VirtualCommunicator(Communicator):
         if value is None:
             raise RuntimeError(f"broadcast on group {list(group)}: root {root} has no buffer")
         if tuple(value.shape) != tuple(shape) or value.dtype != dtype:
-            raise RuntimeError(f"broadcast root {root} passes {value.dtype}{list(value.shape)}, members expect {dtype}{list(shape)}")
+            raise RuntimeError(
+                f"broadcast root {root} passes {value.dtype}{list(value.shape)}, members expect {dtype}{list(shape)}"
+            )
         return {r: value for r in group}
 
     def _reduce(self, group: Group, bufs: Mapping[int, Array], op: str, root: int) -> dict[int, Array]:
@@ -106,7 +110,9 @@ class VirtualCommunicator(Communicator):
             if t.data is None:
                 raise RuntimeError(f"transfer {t.src} -> {t.dst}: the sender has no data")
             if tuple(t.data.shape) != tuple(t.shape):
-                raise RuntimeError(f"transfer {t.src} -> {t.dst}: sends {list(t.data.shape)}, receiver expects {list(t.shape)}")
+                raise RuntimeError(
+                    f"transfer {t.src} -> {t.dst}: sends {list(t.data.shape)}, receiver expects {list(t.shape)}"
+                )
             out[(t.src, t.dst, t.tag)] = t.data
         return out
 
@@ -117,8 +123,7 @@ class VirtualCommunicator(Communicator):
         box = self._mailbox.get((src, dst, tag))
         if not box:
             raise RuntimeError(
-                f"rank {dst} receives from rank {src} (tag {tag}) but nothing was sent; under MPI this "
-                "would deadlock"
+                f"rank {dst} receives from rank {src} (tag {tag}) but nothing was sent; under MPI this would deadlock"
             )
         value = box.popleft()
         if tuple(value.shape) != tuple(shape) or value.dtype != dtype:

@@ -38,9 +38,29 @@ def gpt_plan_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     for the dashboard tests (read-only: tests load it, never write it)."""
     out = str(tmp_path_factory.mktemp("gpt") / "plan.json")
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "mpipar.cli", "plan", "-o", out, "-n", "8", "examples/gpt.py",
-                    "--mesh", "dp=2,tp=2,pp=2", "--schedule", "1F1B"], cwd=REPO, env=env, check=True,
-                   timeout=300, stdin=subprocess.DEVNULL, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mpipar.cli",
+            "plan",
+            "-o",
+            out,
+            "-n",
+            "8",
+            "examples/gpt.py",
+            "--mesh",
+            "dp=2,tp=2,pp=2",
+            "--schedule",
+            "1F1B",
+        ],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+    )
     return out
 
 

@@ -41,8 +41,12 @@ class Tokens(Dataset):
 def build(par: GPTParallel | None, zero: int) -> tuple[GPT, Any, DataLoader]:
     dist.seed(3)
     model = GPT(CFG, par)
-    opt = dist.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters(), weight_decay=0.01,
-                               grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0))
+    opt = dist.optimizer.AdamW(
+        learning_rate=1e-2,
+        parameters=model.parameters(),
+        weight_decay=0.01,
+        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
+    )
     if zero:
         opt = dist.shard_optimizer(opt, [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][zero - 1]("dp"))
     loader = DataLoader(Tokens(), batch_sampler=RandomBatchSampler(len(Tokens()), BATCH, seed=5, num_batches=10))
@@ -64,7 +68,11 @@ def trained_state() -> dict[str, Any]:
 
 TARGETS: dict[str, tuple[int, Callable[[], GPTParallel | None], int]] = {
     # (world size, layout, ZeRO stage)
-    "tp4xdp2": (8, lambda: GPTParallel([dist.ProcessMesh(np.arange(8).reshape(4, 2).T.tolist(), dim_names=["dp", "tp"])]), 1),
+    "tp4xdp2": (
+        8,
+        lambda: GPTParallel([dist.ProcessMesh(np.arange(8).reshape(4, 2).T.tolist(), dim_names=["dp", "tp"])]),
+        1,
+    ),
     "4 ranks": (4, lambda: GPTParallel.from_degrees(1, 4), 0),
     "3 ranks": (3, lambda: GPTParallel.from_degrees(3, 1), 3),  # parameters and moments split 3 ways, unevenly
     "1 rank": (1, lambda: GPTParallel.from_degrees(1, 1), 0),

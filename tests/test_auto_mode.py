@@ -33,8 +33,15 @@ CHOICE = re.compile(r"^auto: (chose|runner-up) +(.+?)  \(predicted step ([\d.]+)
 def run(*args: str, home: Path, timeout: int = 240) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
     env.update(HOME=str(home), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, cwd=REPO, env=env)
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def losses(text: str) -> list[float]:
@@ -67,7 +74,9 @@ def simulated(profile: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     return out.stdout, home
 
 
-def test_auto_in_the_simulator_picks_a_valid_strategy_and_trains_as_its_flags_would(simulated: tuple[str, Path]) -> None:
+def test_auto_in_the_simulator_picks_a_valid_strategy_and_trains_as_its_flags_would(
+    simulated: tuple[str, Path],
+) -> None:
     text, home = simulated
     assert "auto: profile cpu-local-copy from " in text
     picked = choices(text)
@@ -88,7 +97,9 @@ def test_auto_under_mpiexec_every_rank_trains_rank_0s_choice(simulated: tuple[st
     text, home = simulated
     got = mpirun(4, GPT, *COMMON, "--auto", "--profile", str(profile), env={"HOME": str(home)}, timeout=240)
     assert got.returncode == 0, got.output[-4000:]
-    assert not re.search(r"^\[rank [1-9]\d*\] (auto:|step \d+ loss)", got.output, re.M), "only rank 0 reports:\n" + got.output
+    assert not re.search(r"^\[rank [1-9]\d*\] (auto:|step \d+ loss)", got.output, re.M), (
+        "only rank 0 reports:\n" + got.output
+    )
     rank0 = "\n".join(got.lines_of(0))
     assert choices(rank0)["chose"][0] == choices(text)["chose"][0]  # the same profile: the same choice
     # The simulator's --auto run trains what its flags would (test above); mpiexec must print its losses.
@@ -106,13 +117,18 @@ def test_a_plain_run_falls_back_to_the_cpu_preset_and_says_so(tmp_path: Path) ->
     assert not (tmp_path / ".cache").exists()
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    (("--mesh", "dp=2"), "--auto and --mesh dp=2: --auto chooses --mesh itself"),
-    (("--schedule", "1F1B"), "--auto and --schedule 1F1B"),
-    (("--sequence-parallel",), "--auto and --sequence-parallel:"),
-    (("--profile", "no-such-profile"), "--auto: --profile 'no-such-profile': no hardware profile"),
-])
-def test_auto_refuses_flags_it_sets_and_unreadable_profiles(extra: tuple[str, ...], message: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--mesh", "dp=2"), "--auto and --mesh dp=2: --auto chooses --mesh itself"),
+        (("--schedule", "1F1B"), "--auto and --schedule 1F1B"),
+        (("--sequence-parallel",), "--auto and --sequence-parallel:"),
+        (("--profile", "no-such-profile"), "--auto: --profile 'no-such-profile': no hardware profile"),
+    ],
+)
+def test_auto_refuses_flags_it_sets_and_unreadable_profiles(
+    extra: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
     out = run(GPT, "--tiny", "--auto", *extra, home=tmp_path)
     assert out.returncode != 0 and message in out.stderr, out.stderr[-2000:]
 
@@ -125,12 +141,26 @@ def test_a_malformed_profile_file_is_named_with_its_field(tmp_path: Path) -> Non
     assert out.returncode != 0 and f"--profile '{bad}'" in out.stderr and "name" in out.stderr, out.stderr[-2000:]
 
 
-def test_a_memory_limit_only_recompute_meets_picks_it_and_trains_as_its_flags_would(profile: Path, tmp_path: Path) -> None:
+def test_a_memory_limit_only_recompute_meets_picks_it_and_trains_as_its_flags_would(
+    profile: Path, tmp_path: Path
+) -> None:
     """Two ranks, ``--memory-limit 170000``: only full recompute fits this model (its smallest peaks:
     none 196,096 bytes, selective 186,880, full 152,832; ``tests/test_auto_recompute.py``), so the
     choice and the runner-up both say ``--recompute full``, and training runs with it."""
-    out = run("-m", "simulator", "-n", "2", GPT, *COMMON, "--auto", "--profile", str(profile),
-              "--memory-limit", "170000", home=tmp_path)
+    out = run(
+        "-m",
+        "simulator",
+        "-n",
+        "2",
+        GPT,
+        *COMMON,
+        "--auto",
+        "--profile",
+        str(profile),
+        "--memory-limit",
+        "170000",
+        home=tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "memory limit 170,000 bytes per rank" in out.stdout
     picked = choices(out.stdout)
@@ -161,7 +191,9 @@ def strategy_run(*args: str, home: Path) -> tuple[list[str], str]:
     out = run("-m", "simulator", "-n", "2", STRATEGY_SCRIPT, *args, home=home)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     lines = out.stdout.splitlines()
-    return [line for line in lines if line.startswith("loss ")], next(line for line in lines if line.startswith("chosen "))
+    return [line for line in lines if line.startswith("loss ")], next(
+        line for line in lines if line.startswith("chosen ")
+    )
 
 
 def test_strategy_auto_picks_a_schedule_and_trains_as_if_it_was_given(tmp_path: Path) -> None:
@@ -171,8 +203,12 @@ def test_strategy_auto_picks_a_schedule_and_trains_as_if_it_was_given(tmp_path: 
     out = run("-m", "simulator", "-n", "2", STRATEGY_SCRIPT, "auto", home=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "using the 'cpu-local' preset" in out.stdout and "a training step does not calibrate" in out.stdout
-    report = re.search(r"^Strategy\(auto=True\): schedule (\S+), (\d+) micro-batches \(predicted step ([\d.]+) ms on cpu-local\); "
-                       r"runner-up (\S+), (\d+) micro-batches \(([\d.]+) ms\)$", out.stdout, re.M)
+    report = re.search(
+        r"^Strategy\(auto=True\): schedule (\S+), (\d+) micro-batches \(predicted step ([\d.]+) ms on cpu-local\); "
+        r"runner-up (\S+), (\d+) micro-batches \(([\d.]+) ms\)$",
+        out.stdout,
+        re.M,
+    )
     assert report, out.stdout
     kind, m = report.group(1), int(report.group(2))
     assert kind in ("FThenB", "1F1B", "ZBH1") and 8 % m == 0 and float(report.group(3)) <= float(report.group(6))

@@ -32,8 +32,16 @@ def test_a_limit_only_recompute_meets_picks_recompute() -> None:
     assert [c.strategy.recompute for c in result.ranked] == ["full", "full"]
     assert all(c.fits and c.peak_bytes <= ONLY_FULL_FITS for c in result.ranked)
     with dist.use_backend(ShapeOnlyBackend()):
-        lighter = search(TINY, 2, 8, hw, memory_limit=ONLY_FULL_FITS, top_k=2, mixed_precision=False,
-                         recomputes=("none", "selective"))
+        lighter = search(
+            TINY,
+            2,
+            8,
+            hw,
+            memory_limit=ONLY_FULL_FITS,
+            top_k=2,
+            mixed_precision=False,
+            recomputes=("none", "selective"),
+        )
     assert lighter.ranked == [] and "--recompute full" in lighter.advice()
     # Without a limit nothing needs recompute: the fastest recomputes nothing.
     assert choose(TINY, 2, 8, hw).ranked[0].strategy.recompute == "none"

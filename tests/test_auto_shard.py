@@ -28,8 +28,12 @@ from simulator.auto_price import price_plan
 CFG = GPTConfig(vocab_size=512, block_size=64, n_layer=1, n_head=4, n_embd=256, dtype="float64")
 BATCH = 8
 MEGATRON = {
-    "blocks.0.attn.q": "column", "blocks.0.attn.k": "column", "blocks.0.attn.v": "column",
-    "blocks.0.attn.proj": "row", "blocks.0.mlp.fc": "column", "blocks.0.mlp.proj": "row",
+    "blocks.0.attn.q": "column",
+    "blocks.0.attn.k": "column",
+    "blocks.0.attn.v": "column",
+    "blocks.0.attn.proj": "row",
+    "blocks.0.mlp.fc": "column",
+    "blocks.0.mlp.proj": "row",
 }
 
 
@@ -86,7 +90,10 @@ def _collectives(model: GPT, mesh: dist.ProcessMesh) -> Counter[tuple[str, str, 
             _gpt_step(model, idx, tgt).backward()
     plan = rec.plan()
     return Counter(
-        (r.phase, s.kind, s.bytes_per_rank) for r in plan.reshards for s in r.steps if s.kind not in ("slice", "partial")
+        (r.phase, s.kind, s.bytes_per_rank)
+        for r in plan.reshards
+        for s in r.steps
+        if s.kind not in ("slice", "partial")
     )
 
 
@@ -134,7 +141,10 @@ def test_gpt_plan_collectives_equal_the_hand_annotated_model(gpt_plan: AutoShard
     got, hand = _collectives(auto, mesh), _collectives(GPT(CFG, GPTParallel([mesh])), mesh)
     assert got == hand
     # Megatron's forward: one all_reduce after the embedding and after each row-parallel layer.
-    assert sum(n for (phase, kind, _), n in got.items() if phase == "forward" and kind == "all_reduce") == 1 + 2 * CFG.n_layer
+    assert (
+        sum(n for (phase, kind, _), n in got.items() if phase == "forward" and kind == "all_reduce")
+        == 1 + 2 * CFG.n_layer
+    )
 
 
 def test_zero_tolerance_keeps_the_cheapest_embedding_which_differs_only_by_cheaper_collectives(
@@ -157,7 +167,9 @@ def test_zero_tolerance_keeps_the_cheapest_embedding_which_differs_only_by_cheap
 
 def test_built_in_gpt_with_the_embeddings_pinned_has_the_hand_annotated_collectives() -> None:
     mesh = _mesh()
-    plan = dist.auto_shard(GPT(CFG), mesh, _tokens(0), step=_gpt_step, price=_cpu, fixed={"wte": "vocab", "wpe": "replicate"})
+    plan = dist.auto_shard(
+        GPT(CFG), mesh, _tokens(0), step=_gpt_step, price=_cpu, fixed={"wte": "vocab", "wpe": "replicate"}
+    )
     assert plan.choices == {**MEGATRON, "lm_head": "column", "wte": "vocab", "wpe": "replicate"}
     auto = GPT(CFG)
     dist.shard_layer(auto, mesh, plan)
@@ -175,7 +187,10 @@ def test_tied_head_makes_the_embedding_vocabulary_parallel_with_megatrons_collec
     got = _collectives(auto, mesh)
     assert got == _collectives(hand, mesh)
     # Megatron's forward: one all_reduce after the embedding and after each row-parallel layer.
-    assert sum(n for (phase, kind, _), n in got.items() if phase == "forward" and kind == "all_reduce") == 1 + 2 * CFG.n_layer
+    assert (
+        sum(n for (phase, kind, _), n in got.items() if phase == "forward" and kind == "all_reduce")
+        == 1 + 2 * CFG.n_layer
+    )
 
 
 def test_gpt_trained_with_the_chosen_layout_matches_one_device(gpt_plan: AutoShard) -> None:
@@ -217,7 +232,10 @@ def test_mlp_stack_gets_column_then_row_pairs() -> None:
     assert plan.placements()["2.weight"] == [dist.Replicate(), dist.Shard(0)]
     no_bias = Sequential(Linear(512, 512, bias_attr=False), ReLU(), Linear(512, 512, bias_attr=False))
     plan = dist.auto_shard(no_bias, _mesh(), (x,))
-    assert plan.placements() == {"0.weight": [dist.Replicate(), dist.Shard(1)], "2.weight": [dist.Replicate(), dist.Shard(0)]}
+    assert plan.placements() == {
+        "0.weight": [dist.Replicate(), dist.Shard(1)],
+        "2.weight": [dist.Replicate(), dist.Shard(0)],
+    }
 
 
 def test_mlp_trained_with_the_chosen_layout_matches_one_device() -> None:
@@ -260,15 +278,21 @@ def test_dp_finds_the_brute_force_optimum_of_a_chain_priced_pairwise(seed: int) 
     names = ["replicate", "column", "row"]
 
     def price(plan: Plan) -> tuple[float, float]:
-        layout = {t.name: codes[t.placements] for t in plan.tensors if t.kind == "parameter" and t.name.endswith("weight")}
+        layout = {
+            t.name: codes[t.placements] for t in plan.tensors if t.kind == "parameter" and t.name.endswith("weight")
+        }
         c = [layout[f"{2 * i}.weight"] for i in range(depth)]
-        return float(sum(unary[i, c[i]] for i in range(depth)) + sum(pair[i, c[i], c[i + 1]] for i in range(depth - 1))), 0.0
+        return float(
+            sum(unary[i, c[i]] for i in range(depth)) + sum(pair[i, c[i], c[i + 1]] for i in range(depth - 1))
+        ), 0.0
 
     def total(c: tuple[int, ...]) -> float:
         return float(sum(unary[i, c[i]] for i in range(depth)) + sum(pair[i, c[i], c[i + 1]] for i in range(depth - 1)))
 
     best = min(itertools.product(range(3), repeat=depth), key=total)
-    plan = dist.auto_shard(_mlp(6, depth), dist.ProcessMesh([0, 1], dim_names=["tp"]), (Tensor(np.zeros((4, 6))),), price=price)
+    plan = dist.auto_shard(
+        _mlp(6, depth), dist.ProcessMesh([0, 1], dim_names=["tp"]), (Tensor(np.zeros((4, 6))),), price=price
+    )
     assert plan.choices == {str(2 * i): names[c] for i, c in enumerate(best)}
     assert plan.chosen.seconds == pytest.approx(total(best))
     assert plan.converged and plan.traces < 3**depth
@@ -301,13 +325,18 @@ def _tables_price(tok_vocab: float) -> Any:
     return price
 
 
-@pytest.mark.parametrize(("tok_vocab", "tolerance", "want"), [
-    (0.004, 0.01, {"tok": "vocab", "pos": "replicate"}),   # both within 1%: the conventional layouts
-    (0.02, 0.01, {"tok": "hidden", "pos": "replicate"}),   # the vocab split costs 2%: the price decides
-    (0.004, 0.0, {"tok": "hidden", "pos": "hidden"}),      # no tolerance: the cheapest
-])
+@pytest.mark.parametrize(
+    ("tok_vocab", "tolerance", "want"),
+    [
+        (0.004, 0.01, {"tok": "vocab", "pos": "replicate"}),  # both within 1%: the conventional layouts
+        (0.02, 0.01, {"tok": "hidden", "pos": "replicate"}),  # the vocab split costs 2%: the price decides
+        (0.004, 0.0, {"tok": "hidden", "pos": "hidden"}),  # no tolerance: the cheapest
+    ],
+)
 def test_conventional_embeddings_are_kept_only_within_the_tolerance(
-    tok_vocab: float, tolerance: float, want: dict[str, str],
+    tok_vocab: float,
+    tolerance: float,
+    want: dict[str, str],
 ) -> None:
     ids = Tensor(np.zeros((4, 5), dtype=np.int64))
     mesh = dist.ProcessMesh([0, 1], dim_names=["tp"])
@@ -320,16 +349,23 @@ def test_conventional_embeddings_are_kept_only_within_the_tolerance(
     if want["tok"] == "vocab":
         assert "tok (Embedding): vocab [P; conventional: vocab within +0.40% of hidden (the DP's choice)" in report
     elif tolerance:
-        assert "the conventional vocab would cost +2.00% of the step, over the tolerance (1% above the cheapest)" in report
+        assert (
+            "the conventional vocab would cost +2.00% of the step, over the tolerance (1% above the cheapest)" in report
+        )
 
 
 # ----------------------------------------------------------------------------- bad input
 def test_bad_requests_name_what_is_wrong() -> None:
     mesh = _mesh()
     x = (Tensor(np.zeros((4, 6))),)
-    with pytest.raises(ValueError, match=r"'nope' is not a Linear or Embedding sublayer of Sequential \(these are: \['0', '2'\]\)"):
+    with pytest.raises(
+        ValueError, match=r"'nope' is not a Linear or Embedding sublayer of Sequential \(these are: \['0', '2'\]\)"
+    ):
         dist.auto_shard(_mlp(6, 2), mesh, x, fixed={"nope": "row"})
-    with pytest.raises(ValueError, match=r"'0' \(Linear\) cannot be 'vocab' on axis 'tp' of size 2; its candidates are \['replicate', 'column', 'row'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"'0' \(Linear\) cannot be 'vocab' on axis 'tp' of size 2; its candidates are \['replicate', 'column', 'row'\]",
+    ):
         dist.auto_shard(_mlp(6, 2), mesh, x, fixed={"0": "vocab"})
     with pytest.raises(ValueError, match=r"axis 'pp' is not an axis of mesh"):
         dist.auto_shard(_mlp(6, 2), mesh, x, axis="pp")
@@ -339,7 +375,9 @@ def test_bad_requests_name_what_is_wrong() -> None:
     plan = dist.auto_shard(odd, mesh, x, price=lambda p: (1.0, 0.0))
     assert [c.name for c in plan.units[0].candidates] == ["replicate", "row"]
     assert "weight dim 1 of length 5 does not divide by 2" in plan.report()
-    one = dist.auto_shard(_mlp(6, 2), dist.ProcessMesh([[0], [1]], dim_names=["dp", "tp"]), x, price=lambda p: (1.0, 0.0))
+    one = dist.auto_shard(
+        _mlp(6, 2), dist.ProcessMesh([[0], [1]], dim_names=["dp", "tp"]), x, price=lambda p: (1.0, 0.0)
+    )
     assert one.choices == {"0": "replicate", "2": "replicate"} and "the split axis has one rank" in one.report()
     other = dist.ProcessMesh([0, 1], dim_names=["tp"])
     with pytest.raises(ValueError, match="auto_shard chose placements for mesh"):

@@ -37,17 +37,28 @@ def _events(comm: dist.CommDebugMode) -> list[tuple[Any, ...]]:
     return [(e.op, e.ranks, e.input_nbytes, e.output_nbytes, e.dtype, e.reduce_type) for e in comm.events]
 
 
-def mlp(layout: str = "tp", opt: str = "sgd", lr: Any = 0.01, numpy_args: bool = False, clear: bool = True) -> tuple[Step, list[dist.Tensor], Any]:
+def mlp(
+    layout: str = "tp", opt: str = "sgd", lr: Any = 0.01, numpy_args: bool = False, clear: bool = True
+) -> tuple[Step, list[dist.Tensor], Any]:
     """Megatron's MLP (``tp``: hidden split) or a data-parallel one (``dp``: batch split), float64."""
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
     rng = np.random.default_rng(0)
     tp = layout == "tp"
-    w1 = dist.shard_tensor(dist.Parameter(rng.standard_normal((6, 16))), mesh, [dist.Shard(1) if tp else dist.Replicate()])
+    w1 = dist.shard_tensor(
+        dist.Parameter(rng.standard_normal((6, 16))), mesh, [dist.Shard(1) if tp else dist.Replicate()]
+    )
     b1 = dist.shard_tensor(dist.Parameter(rng.standard_normal(16)), mesh, [dist.Shard(0) if tp else dist.Replicate()])
-    w2 = dist.shard_tensor(dist.Parameter(rng.standard_normal((16, 6))), mesh, [dist.Shard(0) if tp else dist.Replicate()])
+    w2 = dist.shard_tensor(
+        dist.Parameter(rng.standard_normal((16, 6))), mesh, [dist.Shard(0) if tp else dist.Replicate()]
+    )
     b2 = dist.shard_tensor(dist.Parameter(rng.standard_normal(6)), mesh, [dist.Replicate()])
     params = [w1, b1, w2, b2]
-    kinds = {"sgd": dist.optimizer.SGD, "momentum": dist.optimizer.Momentum, "adamw": dist.optimizer.AdamW, "adam": dist.optimizer.Adam}
+    kinds = {
+        "sgd": dist.optimizer.SGD,
+        "momentum": dist.optimizer.Momentum,
+        "adamw": dist.optimizer.AdamW,
+        "adam": dist.optimizer.Adam,
+    }
     optimizer = kinds[opt](learning_rate=lr, parameters=params)
     x_layout = [dist.Replicate() if tp else dist.Shard(0)]
 
@@ -66,14 +77,18 @@ def mlp(layout: str = "tp", opt: str = "sgd", lr: Any = 0.01, numpy_args: bool =
     return step, params, optimizer
 
 
-def _batches(n: int, rows: int | list[int] = 8, seed: int = 1, numpy_args: bool = False, layout: str = "tp") -> list[Any]:
+def _batches(
+    n: int, rows: int | list[int] = 8, seed: int = 1, numpy_args: bool = False, layout: str = "tp"
+) -> list[Any]:
     rng = np.random.default_rng(seed)
     sizes = rows if isinstance(rows, list) else [rows] * n
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
     out = []
     for r in sizes:
         x = rng.standard_normal((r, 6))
-        out.append(x if numpy_args else dist.shard_tensor(x, mesh, [dist.Replicate() if layout == "tp" else dist.Shard(0)]))
+        out.append(
+            x if numpy_args else dist.shard_tensor(x, mesh, [dist.Replicate() if layout == "tp" else dist.Shard(0)])
+        )
     return out
 
 
@@ -91,8 +106,12 @@ def _same(a: Any, b: Any) -> bool:
     return np.array_equal(np.asarray(a), np.asarray(b))
 
 
-def _run(build: Callable[[], tuple[Step, list[dist.Tensor], Any]], batches: list[Any], captured: bool,
-         between: Callable[[Any, int], None] | None = None) -> tuple[list[Any], list[np.ndarray], list[Any], Any]:
+def _run(
+    build: Callable[[], tuple[Step, list[dist.Tensor], Any]],
+    batches: list[Any],
+    captured: bool,
+    between: Callable[[Any, int], None] | None = None,
+) -> tuple[list[Any], list[np.ndarray], list[Any], Any]:
     step, params, opt = build()
     fn = dist.compile_step(step, capture=True) if captured else step
     outs, events = [], []
@@ -327,7 +346,9 @@ def test_python_control_flow_on_a_tensor_value_is_refused_and_right() -> None:
 
     rng = np.random.default_rng(5)
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
-    batches = [dist.shard_tensor(rng.standard_normal((8, 6)) * s, mesh, [dist.Replicate()]) for s in (1.0, 1.0, 1.0, 3.0, 1.0)]
+    batches = [
+        dist.shard_tensor(rng.standard_normal((8, 6)) * s, mesh, [dist.Replicate()]) for s in (1.0, 1.0, 1.0, 3.0, 1.0)
+    ]
     _refused_same(build, batches, "control flow")
 
 
@@ -480,11 +501,17 @@ def test_default_compile_step_is_unchanged() -> None:
 
 # ------------------------------------------------------------------------------- hypothesis
 @settings(max_examples=8, deadline=None)
-@given(layout=st.sampled_from(["tp", "dp"]), opt=st.sampled_from(["sgd", "momentum", "adamw"]),
-       rows=st.lists(st.sampled_from([4, 8]), min_size=3, max_size=7), lr_changes=st.booleans(),
-       clear=st.booleans(), numpy_args=st.booleans())
-def test_captured_equals_eager_on_random_runs(layout: str, opt: str, rows: list[int], lr_changes: bool, clear: bool,
-                                              numpy_args: bool) -> None:
+@given(
+    layout=st.sampled_from(["tp", "dp"]),
+    opt=st.sampled_from(["sgd", "momentum", "adamw"]),
+    rows=st.lists(st.sampled_from([4, 8]), min_size=3, max_size=7),
+    lr_changes=st.booleans(),
+    clear=st.booleans(),
+    numpy_args=st.booleans(),
+)
+def test_captured_equals_eager_on_random_runs(
+    layout: str, opt: str, rows: list[int], lr_changes: bool, clear: bool, numpy_args: bool
+) -> None:
     def build() -> tuple[Step, list[dist.Tensor], Any]:
         lr = dist.optimizer.lr.StepDecay(0.05, step_size=1, gamma=0.7) if lr_changes else 0.02
         return mlp(layout, opt, lr=lr, numpy_args=numpy_args, clear=clear)
@@ -552,7 +579,13 @@ def test_a_weight_shard_held_elsewhere_is_never_overwritten() -> None:
 @pytest.mark.parametrize("n", [2, 4])
 def test_captured_steps_under_mpi_match_eager(n: int) -> None:
     """TP MLP (SGD in place, AdamW) and a DP MLP: losses, weights, states and collectives."""
-    run = mpirun(n, "tests/mpi_scripts/capture_step.py", "--steps", "8", env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    run = mpirun(
+        n,
+        "tests/mpi_scripts/capture_step.py",
+        "--steps",
+        "8",
+        env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
+    )
     assert run.returncode == 0, run.output[-4000:]
     for r in range(n):
         lines = run.lines_of(r)
@@ -580,7 +613,10 @@ def test_to_static_captures_its_training_steps() -> None:
     loss_fn = mse
 
     rng = np.random.default_rng(2)
-    data = [tuple(dist.shard_tensor(rng.standard_normal((8, 6)), mesh, [dist.Replicate()]) for _ in range(2)) for _ in range(6)]
+    data = [
+        tuple(dist.shard_tensor(rng.standard_normal((8, 6)), mesh, [dist.Replicate()]) for _ in range(2))
+        for _ in range(6)
+    ]
     m1, o1 = build()
     m2, o2 = build()
     plain = dist.to_static(m1, None, loss_fn, o1)
@@ -614,8 +650,14 @@ def test_a_pipelined_to_static_model_runs_as_before() -> None:
         model = TwoStage()
         opt = dist.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
         strategy = dist.Strategy({"pipeline": {"enable": True, "schedule_mode": "1F1B", "accumulate_steps": 2}})
-        dm = dist.to_static(model, None, lambda out, y: dist.mean(dist.square(dist.subtract(out, y))), opt, strategy,
-                            capture=capture_steps)
+        dm = dist.to_static(
+            model,
+            None,
+            lambda out, y: dist.mean(dist.square(dist.subtract(out, y))),
+            opt,
+            strategy,
+            capture=capture_steps,
+        )
         losses = []
         for step in range(4):
             rng = np.random.default_rng(step)
@@ -670,7 +712,7 @@ def test_the_seed_of_backward_is_folded_and_updates_follow_their_gradients() -> 
     assert program.alias  # the backward of z * z multiplies the same two arrays twice: once here
     makers = {}
     for k, (_, _, outs, kind) in enumerate(program.instrs):
-        for s in ((outs,) if kind == 0 else outs if kind == 1 else ()):
+        for s in (outs,) if kind == 0 else outs if kind == 1 else ():
             makers[s] = k
     updates = [k for k, name in enumerate(names) if name in ("_update_fn", "_sgd_fn")]
     assert len(updates) == 16  # four parameters on four ranks
@@ -679,7 +721,9 @@ def test_the_seed_of_backward_is_folded_and_updates_follow_their_gradients() -> 
         assert makers[grad] < k
         between = [names[j] for j in range(makers[grad] + 1, k)]
         assert all(n in ("_update_fn", "_sgd_fn") for n in between), between  # only other updates in between
-    assert names[-4:] == ["_bump_fn"] * 4 and names.count("_bump_fn") == 4  # the step counts (one a parameter) stay last
+    assert (
+        names[-4:] == ["_bump_fn"] * 4 and names.count("_bump_fn") == 4
+    )  # the step counts (one a parameter) stay last
 
 
 def test_only_mpipars_own_kernels_are_folded() -> None:

@@ -279,7 +279,9 @@ def test_each_rank_reads_exactly_the_chunks_overlapping_its_shard(data: st.DataO
     # The process reads each needed chunk once, and nothing else.
     assert len(io.chunk_reads) == len({(c.tensor, c.key) for c in io.chunk_reads})
     data_bytes = sum(c.nbytes for c in io.chunk_reads)
-    assert data_bytes == sum(c["nbytes"] for c in chunks if ("t", c["key"]) in {(r.tensor, r.key) for r in io.chunk_reads})
+    assert data_bytes == sum(
+        c["nbytes"] for c in chunks if ("t", c["key"]) in {(r.tensor, r.key) for r in io.chunk_reads}
+    )
 
 
 def test_a_pipeline_stage_opens_only_its_own_files(tmp_path: Any) -> None:
@@ -288,7 +290,10 @@ def test_a_pipeline_stage_opens_only_its_own_files(tmp_path: Any) -> None:
     s0 = dist.ProcessMesh([0, 1], ["tp"])
     s1 = dist.ProcessMesh([2, 3], ["tp"])
     a, b = rng.standard_normal((6, 4)), rng.standard_normal((5, 4))
-    state = {"s0": {"w": dist.shard_tensor(a, s0, [dist.Shard(0)])}, "s1": {"w": dist.shard_tensor(b, s1, [dist.Shard(1)])}}
+    state = {
+        "s0": {"w": dist.shard_tensor(a, s0, [dist.Shard(0)])},
+        "s1": {"w": dist.shard_tensor(b, s1, [dist.Shard(1)])},
+    }
     dist.save_state_dict(state, str(tmp_path / "ck"))
     assert sorted(os.listdir(tmp_path / "ck")) == [METADATA] + [f"rank{r:05d}.safetensors" for r in range(4)]
     os.remove(tmp_path / "ck" / "rank00000.safetensors")
@@ -298,7 +303,10 @@ def test_a_pipeline_stage_opens_only_its_own_files(tmp_path: Any) -> None:
         dist.load_state_dict({"s1": {"w": target}}, str(tmp_path / "ck"))
     assert identical(target.full_tensor(), b)
     assert sorted(io.files_opened) == ["rank00002.safetensors", "rank00003.safetensors"]
-    with pytest.raises(CheckpointError, match=r"tensor 's0.w': data file .*rank0000[01]\.safetensors, listed in metadata.json, is missing"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor 's0.w': data file .*rank0000[01]\.safetensors, listed in metadata.json, is missing",
+    ):
         dist.load_state_dict({"s0": {"w": dist.to_tensor(np.zeros((6, 4)))}}, str(tmp_path / "ck"))
 
 
@@ -427,7 +435,9 @@ def test_data_files_are_plain_safetensors(tmp_path: Any) -> None:
     mesh = dist.ProcessMesh([[0, 1, 2], [3, 4, 5]], ["dp", "tp"])
     value = np.arange(7 * 5, dtype=np.float32).reshape(7, 5)
     ck = tmp_path / "ck"
-    dist.save_state_dict({"w": dist.shard_tensor(value, mesh, [dist.Shard(1), dist.Shard(0)]), "i": np.arange(3)}, str(ck))
+    dist.save_state_dict(
+        {"w": dist.shard_tensor(value, mesh, [dist.Shard(1), dist.Shard(0)]), "i": np.arange(3)}, str(ck)
+    )
     meta = json.loads((ck / METADATA).read_text())
     seen = 0
     for name, entry in meta["tensors"].items():
@@ -471,7 +481,9 @@ def test_a_failing_save_keeps_the_previous_checkpoint(tmp_path: Any) -> None:
     assert identical(read_state_dict(ck)["w"], np.arange(3.0))
 
 
-def test_a_failing_deferred_fsync_fails_the_save_and_keeps_the_previous_checkpoint(tmp_path: Any, monkeypatch: Any) -> None:
+def test_a_failing_deferred_fsync_fails_the_save_and_keeps_the_previous_checkpoint(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
     """The simulator writes every rank's file, each fsync on a worker thread while the next file
     is written: an fsync error (the second file's) still fails the save, after every other fsync
     has finished, and the partial directory is removed."""
@@ -516,9 +528,13 @@ def test_load_errors_name_the_entry_and_the_fix(tmp_path: Any) -> None:
     dist.save_state_dict({"model": {"w": dist.shard_tensor(np.zeros((4, 2)), mesh, [dist.Shard(0)])}, "step": 1}, ck)
     with pytest.raises(CheckpointError, match=r"no entry 'model.b' .* under 'model' it holds 'w'"):
         dist.load_state_dict({"model": {"b": dist.to_tensor(np.zeros(2))}}, ck)
-    with pytest.raises(CheckpointError, match=r"tensor 'model.w' has shape \[4, 3\], but checkpoint .* holds shape \[4, 2\]"):
+    with pytest.raises(
+        CheckpointError, match=r"tensor 'model.w' has shape \[4, 3\], but checkpoint .* holds shape \[4, 2\]"
+    ):
         dist.load_state_dict({"model": {"w": dist.to_tensor(np.zeros((4, 3)))}}, ck)
-    with pytest.raises(CheckpointError, match=r"tensor 'model.w' has dtype float32, but .* holds float64; build it with dtype float64"):
+    with pytest.raises(
+        CheckpointError, match=r"tensor 'model.w' has dtype float32, but .* holds float64; build it with dtype float64"
+    ):
         dist.load_state_dict({"model": {"w": dist.to_tensor(np.zeros((4, 2), np.float32))}}, ck)
     with pytest.raises(CheckpointError, match=r"state entry 'step' is a Tensor, but checkpoint .* holds a value there"):
         dist.load_state_dict({"step": dist.to_tensor(np.zeros(1))}, ck)
@@ -553,7 +569,11 @@ def test_save_errors_name_the_entry(tmp_path: Any) -> None:
 def test_replicated_pieces_are_spread_evenly_over_their_replicas(tmp_path: Any) -> None:
     mesh = dist.ProcessMesh([[0, 1], [2, 3]], ["dp", "tp"])
     value = np.arange(64 * 4.0).reshape(64, 4)  # 2 KiB, cut into 16 slabs of 128 B
-    dist.save_state_dict({"w": dist.shard_tensor(value, mesh, [dist.Replicate(), dist.Replicate()])}, str(tmp_path / "ck"), piece_bytes=128)
+    dist.save_state_dict(
+        {"w": dist.shard_tensor(value, mesh, [dist.Replicate(), dist.Replicate()])},
+        str(tmp_path / "ck"),
+        piece_bytes=128,
+    )
     meta = json.loads((tmp_path / "ck" / METADATA).read_text())
     per_file: dict[str, int] = {}
     for c in meta["tensors"]["w"]["chunks"]:

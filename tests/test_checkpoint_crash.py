@@ -97,7 +97,10 @@ def test_killed_while_overwriting(tmp_path: Any) -> None:
     assert os.path.basename(partial).startswith("ck.partial-")
     assert sorted(os.listdir(tmp_path)) == ["child.py", "ck", os.path.basename(partial)]
     _expect_step1(ck)  # the previous checkpoint is intact
-    with pytest.raises(CheckpointError, match=r"incomplete checkpoint .*ck\.partial-.*: it has no metadata.json .* interrupted \(4 data file"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"incomplete checkpoint .*ck\.partial-.*: it has no metadata.json .* interrupted \(4 data file",
+    ):
         dist.load_state_dict({"step": 0}, partial)
     # The next save to the same path clears the debris and succeeds.
     dist.save_state_dict({"step": 3}, ck)
@@ -109,7 +112,10 @@ def test_killed_while_saving_to_a_new_path(tmp_path: Any) -> None:
     first, second = str(tmp_path / "step1"), str(tmp_path / "step2")
     _kill_mid_save(tmp_path, first, second)
     _expect_step1(first)
-    with pytest.raises(CheckpointError, match=r"no checkpoint at .*step2: a save into it was interrupted and left the incomplete .*step2\.partial-"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"no checkpoint at .*step2: a save into it was interrupted and left the incomplete .*step2\.partial-",
+    ):
         dist.load_state_dict({"step": 0}, second)
 
 
@@ -128,5 +134,8 @@ def test_killed_between_the_two_renames_points_at_both_copies(tmp_path: Any) -> 
         dist.load_state_dict({"step": 0}, ck)
     assert read_state_dict(ck + ".replaced-00000000000000ab") == {"step": 1}
     os.rename(ck + ".replaced-00000000000000ab", str(tmp_path / "old"))
-    with pytest.raises(CheckpointError, match=r"wrote everything but was interrupted before its final rename; the complete checkpoint is at .*ck\.partial-"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"wrote everything but was interrupted before its final rename; the complete checkpoint is at .*ck\.partial-",
+    ):
         dist.load_state_dict({"step": 0}, ck)

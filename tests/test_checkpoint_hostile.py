@@ -99,7 +99,8 @@ def _outside(ck: str, paths: list[str]) -> list[str]:
     """The paths opened outside ``ck``, except mpipar's own modules (imported lazily by a load)."""
     root = os.path.realpath(ck)
     return [
-        p for p in paths
+        p
+        for p in paths
         if os.path.commonpath([root, os.path.realpath(p)]) != root
         and not (os.path.realpath(p).startswith(_PACKAGE + os.sep) and p.endswith((".py", ".pyc")))
     ]
@@ -110,8 +111,11 @@ def test_absolute_chunk_file_is_refused_without_opening_it(tmp_path: Any, opened
     ck = _save(tmp_path)
     _edit(ck, lambda m: m["tensors"]["w"]["chunks"][0].update(file="/etc/passwd"))
     opened.clear()
-    with pytest.raises(CheckpointError, match=r"metadata\.json: field tensors\['w'\]\.chunks\[0\]\.file: '/etc/passwd' "
-                       r"is not a plain relative file name") as info:
+    with pytest.raises(
+        CheckpointError,
+        match=r"metadata\.json: field tensors\['w'\]\.chunks\[0\]\.file: '/etc/passwd' "
+        r"is not a plain relative file name",
+    ) as info:
         _load(ck)
     assert "header" not in str(info.value)
     assert _outside(ck, opened) == []
@@ -151,8 +155,11 @@ def test_swapped_boxes_are_refused(tmp_path: Any) -> None:
         c[0]["box"], c[1]["box"] = c[1]["box"], c[0]["box"]
 
     _edit(ck, swap)
-    with pytest.raises(CheckpointError, match=r"chunk 'w#0' in data file .* holds box \[\[0, 2\], \[0, 3\]\], but "
-                       r"metadata\.json places it at \[\[0, 2\], \[3, 6\]\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"chunk 'w#0' in data file .* holds box \[\[0, 2\], \[0, 3\]\], but "
+        r"metadata\.json places it at \[\[0, 2\], \[3, 6\]\]",
+    ):
         _load(ck)
 
 
@@ -161,7 +168,10 @@ def test_swapped_boxes_are_refused(tmp_path: Any) -> None:
     [
         ([[-1, 1], [0, 3]], r"chunks\[0\]\.box\[0\]: \[-1, 1\] is not a range \[start, stop\] with 0 <= start"),
         ([[0, 2], [0, 7]], r"chunks\[0\]\.box\[1\]: \[0, 7\] is not a range .* stop <= 6"),
-        ([[0, 2], [1, 4]], r"chunks\[1\]\.box: \[\[0, 2\], \[3, 6\]\] overlaps chunks\[0\]\.box \[\[0, 2\], \[1, 4\]\]"),
+        (
+            [[0, 2], [1, 4]],
+            r"chunks\[1\]\.box: \[\[0, 2\], \[3, 6\]\] overlaps chunks\[0\]\.box \[\[0, 2\], \[1, 4\]\]",
+        ),
         ([[0, 2]], r"chunks\[0\]\.box: \[\[0, 2\]\] has 1 ranges for a tensor of 2 dimensions"),
         ([[0, 1], [0, 3]], r"nbytes: 48 is not 24"),
     ],
@@ -180,9 +190,17 @@ def test_bad_boxes_are_refused(tmp_path: Any, box: list[list[int]], message: str
         ("placements", "S(0)", r"placements: 'S\(0\)' has 1 placement\(s\) for a mesh of 2 axes"),
         ("placements", "P(max)P(sum)", r"mixes Partial reduce types"),
         ("stored_placements", "X", r"stored_placements: 'X' is not a placement list"),
-        ("mesh", {"shape": [2, 2], "process_ids": [0, 0, 2, 3], "dim_names": ["dp", "tp"]}, r"process_ids: .* repeats a rank"),
+        (
+            "mesh",
+            {"shape": [2, 2], "process_ids": [0, 0, 2, 3], "dim_names": ["dp", "tp"]},
+            r"process_ids: .* repeats a rank",
+        ),
         ("mesh", {"shape": [3, 2], "process_ids": [0, 1, 2, 3], "dim_names": ["dp", "tp"]}, r"is not 6 ranks"),
-        ("mesh", {"shape": [1 << 20, 1 << 20], "process_ids": [0], "dim_names": ["dp", "tp"]}, r"more than 16777216 ranks"),
+        (
+            "mesh",
+            {"shape": [1 << 20, 1 << 20], "process_ids": [0], "dim_names": ["dp", "tp"]},
+            r"more than 16777216 ranks",
+        ),
         ("mesh", {"shape": [2, 2], "process_ids": [0, 1, 2, 3], "dim_names": ["dp", "dp"]}, r"dim_names: .* distinct"),
         ("mesh", {"shape": [2, 0], "process_ids": [], "dim_names": ["dp", "tp"]}, r"mesh\.shape\[1\]: 0 is not an int"),
     ],
@@ -199,8 +217,11 @@ def test_described_layouts_must_be_possible(tmp_path: Any, field: str, value: An
 def test_chunks_missing_or_doubled_are_refused(tmp_path: Any) -> None:
     ck = _save(tmp_path)
     _edit(ck, lambda m: m["tensors"]["w"]["chunks"].pop())
-    with pytest.raises(CheckpointError, match=r"tensors\['w'\]\.chunks: '3 chunks' hold 18 elements, but the tensor "
-                       r"of shape \[4, 6\] has 24"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensors\['w'\]\.chunks: '3 chunks' hold 18 elements, but the tensor "
+        r"of shape \[4, 6\] has 24",
+    ):
         _load(ck)
     ck2 = _save(tmp_path / "b")
     _edit(ck2, lambda m: m["tensors"]["w"]["chunks"].append(dict(m["tensors"]["w"]["chunks"][0])))
@@ -241,7 +262,9 @@ def test_previous_checkpoint_that_cannot_be_removed_does_not_fail_the_save(tmp_p
         real(path, *args, **kwargs)
 
     monkeypatch.setattr(save_module.shutil, "rmtree", refuse)
-    with pytest.warns(RuntimeWarning, match=r"checkpoint .*ck is in place, but its leftover .*ck\.replaced-.* could not be removed"):
+    with pytest.warns(
+        RuntimeWarning, match=r"checkpoint .*ck is in place, but its leftover .*ck\.replaced-.* could not be removed"
+    ):
         dist.save_state_dict({"step": 2}, ck)
     assert read_state_dict(ck) == {"step": 2}
     monkeypatch.undo()
@@ -287,17 +310,34 @@ def test_leftover_of_a_commit_killed_between_renames_is_removed_by_the_next_load
     [
         (lambda m: m["tensors"]["w"].update(chunks="x"), r"tensors\['w'\]\.chunks: 'x' is not a list of chunks"),
         (lambda m: m["tensors"]["w"]["chunks"][0].update(file=5), r"chunks\[0\]\.file: 5 is not a file name"),
-        (lambda m: m["tensors"]["w"]["chunks"][0].pop("crc32c"), r"chunks\[0\]\.crc32c: None is not an int in \[0, 4294967295\]"),
-        (lambda m: m["tensors"]["w"]["chunks"][0].update(file="."), r"chunks\[0\]\.file: '\.' is not a plain relative file name"),
-        (lambda m: m["tensors"]["w"].update(dtype="object"), r"tensors\['w'\]\.dtype: 'object' is not a dtype a checkpoint stores"),
+        (
+            lambda m: m["tensors"]["w"]["chunks"][0].pop("crc32c"),
+            r"chunks\[0\]\.crc32c: None is not an int in \[0, 4294967295\]",
+        ),
+        (
+            lambda m: m["tensors"]["w"]["chunks"][0].update(file="."),
+            r"chunks\[0\]\.file: '\.' is not a plain relative file name",
+        ),
+        (
+            lambda m: m["tensors"]["w"].update(dtype="object"),
+            r"tensors\['w'\]\.dtype: 'object' is not a dtype a checkpoint stores",
+        ),
         (lambda m: m["tensors"]["w"].update(shape=[4, -6]), r"tensors\['w'\]\.shape\[1\]: -6 is not an int"),
         (lambda m: m["tensors"].pop("v"), r"state\['v'\]\.array: 'v' names no tensor"),
         (lambda m: m.update(tensors=[]), r"tensors: \[\] is not an object"),
-        (lambda m: m["state"]["dict"].append(["x", {"pickle": 1}]), r"state\['x'\]: 'pickle' is not a known structure node"),
-        (lambda m: m["state"]["dict"].append([["k"], {"value": 1}]), r"state\.dict\[3\]: \[\['k'\], .* is not a \[key, node\] pair"),
+        (
+            lambda m: m["state"]["dict"].append(["x", {"pickle": 1}]),
+            r"state\['x'\]: 'pickle' is not a known structure node",
+        ),
+        (
+            lambda m: m["state"]["dict"].append([["k"], {"value": 1}]),
+            r"state\.dict\[3\]: \[\['k'\], .* is not a \[key, node\] pair",
+        ),
     ],
 )
-def test_malformed_metadata_gives_named_errors(tmp_path: Any, change: Callable[[dict[str, Any]], None], message: str) -> None:
+def test_malformed_metadata_gives_named_errors(
+    tmp_path: Any, change: Callable[[dict[str, Any]], None], message: str
+) -> None:
     ck = _save(tmp_path)
     _edit(ck, change)
     with pytest.raises(CheckpointError, match=r"checkpoint .*ck/metadata\.json: field .*" + message) as info:
@@ -337,8 +377,11 @@ def test_data_file_header_is_checked_as_untrusted(tmp_path: Any) -> None:
     assert len(body) == n
     with open(path, "wb") as f:
         f.write(raw[:8] + body + raw[8 + n :])
-    with pytest.raises(CheckpointError, match=rf"{fname}: field \(safetensors header\) 'v#0'\.data_offsets: .* span 20 bytes, "
-                       r"but I32\[6\] takes 24"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{fname}: field \(safetensors header\) 'v#0'\.data_offsets: .* span 20 bytes, "
+        r"but I32\[6\] takes 24",
+    ):
         _load(ck)
     with open(path, "wb") as f:
         f.write(raw[:8] + b"\xfe" * n + raw[8 + n :])

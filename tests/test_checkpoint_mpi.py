@@ -181,7 +181,12 @@ def _env() -> dict[str, str]:
 def _mpi(script: Any, n: int, *args: str) -> str:
     proc = subprocess.run(
         [MPIEXEC, "-n", str(n), sys.executable, str(script), *args],
-        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL, cwd=REPO, env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=_env(),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
@@ -190,7 +195,12 @@ def _mpi(script: Any, n: int, *args: str) -> str:
 def _sim(script: Any, n: int, *args: str) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "simulator", "-n", str(n), str(script), *args],
-        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL, cwd=REPO, env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=_env(),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
@@ -226,7 +236,10 @@ def test_saved_by_8_processes_loaded_by_8_4_3_and_1(tmp_path: Any) -> None:
     assert _digests(_sim(script, 3, "load", mpi_ck, "tp")) == expected
     assert _digests(_mpi(script, 3, "load", sim_ck, "tp")) == expected
     assert any(k.startswith("gpt.optimizer.") and k.endswith(".moment2") for k in expected)
-    with open(os.path.join(mpi_ck + "-gpt", "metadata.json")) as f, open(os.path.join(sim_ck + "-gpt", "metadata.json")) as g:
+    with (
+        open(os.path.join(mpi_ck + "-gpt", "metadata.json")) as f,
+        open(os.path.join(sim_ck + "-gpt", "metadata.json")) as g,
+    ):
         assert json.load(f)["tensors"] == json.load(g)["tensors"]  # MPI trained and saved the simulator's bytes
 
 
@@ -239,7 +252,10 @@ def test_failures_on_one_rank_fail_the_save_on_every_rank(tmp_path: Any) -> None
     assert "ranks [1] pass a state dict whose names" in out
     assert not os.path.exists(tmp_path / "a")
     out = _mpi(script, 2, "fail", str(tmp_path / "b"))
-    assert "FAILED 0: CheckpointError: checkpoint save to" in out and "failed on rank 1: OSError: disk full on rank 1" in out, out
+    assert (
+        "FAILED 0: CheckpointError: checkpoint save to" in out
+        and "failed on rank 1: OSError: disk full on rank 1" in out
+    ), out
     assert "FAILED 1: OSError: disk full on rank 1" in out, out
     assert "KEPT 0 [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]" in out and "KEPT 1 [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]" in out, out
     assert sorted(os.listdir(tmp_path)) == ["b", "child.py"]

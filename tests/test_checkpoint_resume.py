@@ -70,8 +70,13 @@ def gpt(launch: str, n: int, *args: str) -> list[str]:
         "mpi": [MPIEXEC, "-n", str(n), sys.executable],
     }[launch]
     proc = subprocess.run(
-        [*prefix, GPT_PY, "--tiny", *args], capture_output=True, text=True, timeout=300,
-        stdin=subprocess.DEVNULL, cwd=REPO, env=_env(),
+        [*prefix, GPT_PY, "--tiny", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=_env(),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return LOSS_LINE.findall(proc.stdout)
@@ -147,12 +152,26 @@ def assert_losses_close(got: list[str], want: list[str], rtol: float = 1e-12) ->
     np.testing.assert_allclose(g, w, rtol=rtol, atol=0)
 
 
-def uninterrupted(tmp: Any, launch: str, n: int, mesh: list[str], steps: int = 5, every: int = 2,
-                  dtype: str = "float32") -> tuple[list[str], str, str]:
+def uninterrupted(
+    tmp: Any, launch: str, n: int, mesh: list[str], steps: int = 5, every: int = 2, dtype: str = "float32"
+) -> tuple[list[str], str, str]:
     """The oracle run: its loss lines, its checkpoint series and its final state."""
     series, final = str(tmp / "series"), str(tmp / "final")
-    lines = gpt(launch, n, "--steps", str(steps), "--dtype", dtype, *mesh, "--save-every", str(every),
-                "--save-dir", series, "--save-final", final)
+    lines = gpt(
+        launch,
+        n,
+        "--steps",
+        str(steps),
+        "--dtype",
+        dtype,
+        *mesh,
+        "--save-every",
+        str(every),
+        "--save-dir",
+        series,
+        "--save-final",
+        final,
+    )
     assert len(lines) == steps
     assert series_steps(series) == list(range(every, steps + 1, every))
     return lines, series, final
@@ -161,8 +180,11 @@ def uninterrupted(tmp: Any, launch: str, n: int, mesh: list[str], steps: int = 5
 # ====================================================== same mesh: bit-identical
 SAME_MESH = {
     "dp2xtp2": ("sim", 4, ["--mesh", "dp=2,tp=2"]),
-    "dp2xtp2xpp2-zero2-sp-recompute": ("sim", 8, ["--mesh", "dp=2,tp=2,pp=2", "--zero", "2", "--sequence-parallel",
-                                                  "--recompute", "full"]),
+    "dp2xtp2xpp2-zero2-sp-recompute": (
+        "sim",
+        8,
+        ["--mesh", "dp=2,tp=2,pp=2", "--zero", "2", "--sequence-parallel", "--recompute", "full"],
+    ),
     "dp3-zero3-accumulate": ("sim", 3, ["--mesh", "dp=3", "--zero", "3", "--accumulate-steps", "2"]),
     "reference": ("reference", 1, ["--mesh", "dp=2,tp=2", "--zero", "1"]),
     "dp2xpp2-1F1B-schedule": ("sim", 4, ["--mesh", "dp=2,pp=2", "--schedule", "1F1B"]),  # steps through dist.to_static
@@ -174,7 +196,9 @@ def test_resume_on_the_same_mesh_is_bit_identical(tmp_path: Any, case: str) -> N
     launch, n, mesh = SAME_MESH[case]
     lines, series, final = uninterrupted(tmp_path, launch, n, mesh)
     # From step-2 (named), then from the series directory: its latest complete one, step-4.
-    resumed = gpt(launch, n, "--steps", "5", *mesh, "--resume", f"{series}/step-2", "--save-final", str(tmp_path / "r2"))
+    resumed = gpt(
+        launch, n, "--steps", "5", *mesh, "--resume", f"{series}/step-2", "--save-final", str(tmp_path / "r2")
+    )
     assert resumed == lines[2:]
     assert_bit_identical(tmp_path / "r2", final)
     resumed = gpt(launch, n, "--steps", "5", *mesh, "--resume", series, "--save-final", str(tmp_path / "r4"))
@@ -186,16 +210,20 @@ def test_resume_on_the_same_mesh_is_bit_identical(tmp_path: Any, case: str) -> N
 KEEPS_REDUCTIONS = {
     # ZeRO-1 keeps gradients and the update's arithmetic; only where the states live changes.
     "zero1->zero0": (["--mesh", "dp=2,tp=2", "--zero", "1"], ["--mesh", "dp=2,tp=2"]),
-    "zero0->zero1-selective": (["--mesh", "dp=2,tp=2"], ["--mesh", "dp=2,tp=2", "--zero", "1", "--recompute", "selective"]),
+    "zero0->zero1-selective": (
+        ["--mesh", "dp=2,tp=2"],
+        ["--mesh", "dp=2,tp=2", "--zero", "1", "--recompute", "selective"],
+    ),
     # ZeRO-3 stores the parameters split as well; gradients are reduce-scattered in both.
     "zero3->zero2": (["--mesh", "dp=2,tp=2,pp=2", "--zero", "3"], ["--mesh", "dp=2,tp=2,pp=2", "--zero", "2"]),
     "dp4-zero1->dp4-full-recompute": (["--mesh", "dp=4", "--zero", "1"], ["--mesh", "dp=4", "--recompute", "full"]),
     # Under tp the recomputed block's input gradient is tp-partial; it is reduced where the
     # ordinary backward reduces it, so the sums keep their order.
     "tp-full-recompute": (["--mesh", "dp=2,tp=2"], ["--mesh", "dp=2,tp=2", "--recompute", "full"]),
-    "tp-sp-zero2->full-recompute": (["--mesh", "dp=2,tp=2,pp=2", "--sequence-parallel", "--zero", "2"],
-                                    ["--mesh", "dp=2,tp=2,pp=2", "--sequence-parallel", "--zero", "2",
-                                     "--recompute", "full"]),
+    "tp-sp-zero2->full-recompute": (
+        ["--mesh", "dp=2,tp=2,pp=2", "--sequence-parallel", "--zero", "2"],
+        ["--mesh", "dp=2,tp=2,pp=2", "--sequence-parallel", "--zero", "2", "--recompute", "full"],
+    ),
 }
 
 
@@ -227,8 +255,19 @@ def test_resume_on_another_mesh_matches_to_1e_12(tmp_path: Any) -> None:
     lines, series, final = uninterrupted(tmp_path, "sim", 4, source, steps=6, every=3, dtype="float64")
     for label, (n, mesh) in REORDERS.items():
         out = tmp_path / label
-        resumed = gpt("sim", n, "--steps", "6", "--dtype", "float64", *mesh, "--resume", f"{series}/step-3",
-                      "--save-final", str(out / "resumed"))
+        resumed = gpt(
+            "sim",
+            n,
+            "--steps",
+            "6",
+            "--dtype",
+            "float64",
+            *mesh,
+            "--resume",
+            f"{series}/step-3",
+            "--save-final",
+            str(out / "resumed"),
+        )
         assert_losses_close(resumed, lines[3:])
         assert_close(out / "resumed", final)
         native = gpt("sim", n, "--steps", "6", "--dtype", "float64", *mesh, "--save-final", str(out / "native"))
@@ -239,7 +278,9 @@ def test_resume_on_another_mesh_matches_to_1e_12(tmp_path: Any) -> None:
 # ====================================================== series, crashes, misuse
 def test_resume_from_a_directory_skips_interrupted_saves_and_keep_last_prunes(tmp_path: Any) -> None:
     series = tmp_path / "series"
-    lines = gpt("sim", 2, "--steps", "4", "--mesh", "dp=2", "--save-every", "1", "--save-dir", str(series), "--keep-last", "2")
+    lines = gpt(
+        "sim", 2, "--steps", "4", "--mesh", "dp=2", "--save-every", "1", "--save-dir", str(series), "--keep-last", "2"
+    )
     assert series_steps(series) == [3, 4]
     assert sorted(os.listdir(series)) == ["step-3", "step-4"]
     # A save of step 5 killed midway: a partial directory with data but no metadata.
@@ -354,26 +395,42 @@ def test_resume_refuses_a_checkpoint_of_another_model_or_kind(tmp_path: Any) -> 
         load_training_state(tmp_path / "ck", model=other, optimizer=other_opt)
     smaller = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=8, dtype="float64"))
     with pytest.raises(CheckpointError, match=r"model entries this model does not have: \['blocks.1"):
-        load_training_state(tmp_path / "ck", model=smaller, optimizer=dist.optimizer.AdamW(parameters=smaller.parameters()))
+        load_training_state(
+            tmp_path / "ck", model=smaller, optimizer=dist.optimizer.AdamW(parameters=smaller.parameters())
+        )
     momentum = dist.optimizer.Momentum(parameters=model.parameters())
-    with pytest.raises(CheckpointError, match=r"optimizer tensors .*moment1.* not keep \(Momentum: \['velocity'\] per parameter\)"):
+    with pytest.raises(
+        CheckpointError, match=r"optimizer tensors .*moment1.* not keep \(Momentum: \['velocity'\] per parameter\)"
+    ):
         load_training_state(tmp_path / "ck", model=model, optimizer=momentum)
     dist.save_state_dict({"model": model.state_dict()}, tmp_path / "plain")
-    with pytest.raises(CheckpointError, match=r"not a training checkpoint: it has no \['optimizer', 'step', 'rng', 'loader'\]"):
+    with pytest.raises(
+        CheckpointError, match=r"not a training checkpoint: it has no \['optimizer', 'step', 'rng', 'loader'\]"
+    ):
         load_training_state(tmp_path / "plain", model=model, optimizer=opt)
     loader = dist.io.DataLoader(dist.io.Dataset(), batch_sampler=dist.io.RandomBatchSampler(10, 2))
     with pytest.raises(CheckpointError, match="holds no data-loader position"):
         load_training_state(tmp_path / "ck", model=model, optimizer=opt, loader=loader)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--save-every", "2"], "--save-every needs --save-dir DIR"),
-    (["--save-dir", "x"], "--save-dir and --keep-last take effect with --save-every N"),
-    (["--save-every", "-1", "--save-dir", "x"], r"--save-every \(-1\) and --keep-last \(0\) must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--save-every", "2"], "--save-every needs --save-dir DIR"),
+        (["--save-dir", "x"], "--save-dir and --keep-last take effect with --save-every N"),
+        (["--save-every", "-1", "--save-dir", "x"], r"--save-every \(-1\) and --keep-last \(0\) must be >= 0"),
+    ],
+)
 def test_gpt_checkpoint_flag_misuse_is_refused(args: list[str], message: str) -> None:
-    proc = subprocess.run([sys.executable, GPT_PY, "--tiny", "--steps", "1", *args], capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL, cwd=REPO, env=_env())
+    proc = subprocess.run(
+        [sys.executable, GPT_PY, "--tiny", "--steps", "1", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=_env(),
+    )
     assert proc.returncode != 0 and re.search(message, proc.stderr), proc.stderr
 
 
@@ -408,11 +465,15 @@ def test_set_state_dict_errors_name_the_state_and_the_fix() -> None:
     _train(model, opt, 1)
     saved = opt.state_dict()
     name = next(iter(saved["steps"]))
-    with pytest.raises(ValueError, match=rf"no '{re.escape(name)}.moment2', though state\['steps'\] names its parameter"):
+    with pytest.raises(
+        ValueError, match=rf"no '{re.escape(name)}.moment2', though state\['steps'\] names its parameter"
+    ):
         opt.set_state_dict({k: v for k, v in saved.items() if k != f"{name}.moment2"})
     wrong = dict(saved)
     wrong[f"{name}.moment1"] = np.zeros((3, 3))
-    with pytest.raises(ValueError, match=rf"'{re.escape(name)}.moment1' is float64\[3, 3\], but its parameter .* is float64"):
+    with pytest.raises(
+        ValueError, match=rf"'{re.escape(name)}.moment1' is float64\[3, 3\], but its parameter .* is float64"
+    ):
         opt.set_state_dict(wrong)
     wrong[f"{name}.moment1"] = [0.0]
     with pytest.raises(TypeError, match=r"is a list; give a Tensor or a NumPy array"):
@@ -453,7 +514,18 @@ def test_mpi_resume_on_another_world_size_matches_to_1e_12(tmp_path: Any) -> Non
     lines, series, final = uninterrupted(tmp_path, "mpi", 4, source, steps=6, every=3, dtype="float64")
     for n, mesh in [(8, ["--mesh", "dp=2,tp=2,pp=2", "--zero", "3"]), (2, ["--mesh", "tp=2", "--sequence-parallel"])]:
         out = tmp_path / f"n{n}"
-        resumed = gpt("mpi", n, "--steps", "6", "--dtype", "float64", *mesh, "--resume", f"{series}/step-3",
-                      "--save-final", str(out))
+        resumed = gpt(
+            "mpi",
+            n,
+            "--steps",
+            "6",
+            "--dtype",
+            "float64",
+            *mesh,
+            "--resume",
+            f"{series}/step-3",
+            "--save-final",
+            str(out),
+        )
         assert_losses_close(resumed, lines[3:])
         assert_close(out, final)

@@ -59,11 +59,15 @@ MPIPAR = (os.path.join(BIN, "mpipar"),)
         ((*SIM, "-n", "5000", "examples/manual_dp.py"), ("-n", "5000 per-rank programs", "4096")),
         ((*MPIPAR, "plan", "-o", "/nonexistent/x.json", "examples/gpt.py"), ("/nonexistent",)),
         ((*MPIPAR, "viz", "--port", "99999"), ("--port", "99999")),
-        ((*MPIPAR, "reshard", "--shape", "4", "4", "--mesh", "100000x100000", "--src", "RR", "--dst", "RR"),
-         ("100000 x 100000", "limit")),
+        (
+            (*MPIPAR, "reshard", "--shape", "4", "4", "--mesh", "100000x100000", "--src", "RR", "--dst", "RR"),
+            ("100000 x 100000", "limit"),
+        ),
         ((*MPIPAR, "reshard", "--shape", "4", "-4", "--mesh", "2", "--src", "R", "--dst", "R"), ("-4",)),
-        ((*MPIPAR, "reshard", "--shape", "4", "4", "--mesh", "2", "--src", "R", "--dst", "R", "--dtype", "nope"),
-         ("nope",)),
+        (
+            (*MPIPAR, "reshard", "--shape", "4", "4", "--mesh", "2", "--src", "R", "--dst", "R", "--dtype", "nope"),
+            ("nope",),
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: tuple[str, ...], words: tuple[str, ...]) -> None:

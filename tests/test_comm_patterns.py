@@ -34,7 +34,9 @@ def test_column_then_row_parallel_mlp_one_all_reduce_each_way() -> None:
     _mlp(xd, w0d, w1d).backward()
     for got, want in ((x, xd), (w0, w0d), (w1, w1d)):
         np.testing.assert_allclose(got.grad.full_tensor(), want.grad.full_tensor(), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(loss.full_tensor(), _mlp(dist.Tensor(x_val), dist.Tensor(w0_val), dist.Tensor(w1_val)).full_tensor(), rtol=1e-12)
+    np.testing.assert_allclose(
+        loss.full_tensor(), _mlp(dist.Tensor(x_val), dist.Tensor(w0_val), dist.Tensor(w1_val)).full_tensor(), rtol=1e-12
+    )
 
 
 def test_data_parallel_one_all_reduce_per_parameter() -> None:
@@ -93,8 +95,9 @@ def test_a_partial_is_kept_through_a_matmul_only_when_deferring_its_reduction_is
     assert [str(s.placements[0]) for s in res.inputs] == ["R", "S(0)"]
     assert res.outputs[0].placements == (dist.Shard(1),)
 
-    shrinking = dist.spmd.infer_forward("matmul", [dist.DistSpec([32, 64], mesh, [dist.Partial()]),
-                                                   dist.DistSpec([64, 16], mesh, [dist.Replicate()])])
+    shrinking = dist.spmd.infer_forward(
+        "matmul", [dist.DistSpec([32, 64], mesh, [dist.Partial()]), dist.DistSpec([64, 16], mesh, [dist.Replicate()])]
+    )
     assert shrinking.outputs[0].placements == (dist.Partial(),)
     assert shrinking.inputs[0].placements == (dist.Partial(),)
 

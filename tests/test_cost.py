@@ -1,6 +1,6 @@
 """The cost model: collective formulas against hand-derived values, profiles, pipeline costs.
 
-    .venv/bin/python -m pytest tests/test_cost.py -q
+.venv/bin/python -m pytest tests/test_cost.py -q
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def test_collective_formulas(op: str, nbytes: float, n: int, gamma_bps: float | 
 def test_all_reduce_is_reduce_scatter_plus_all_gather(n: int, nbytes: float, alpha: float, bw: float) -> None:
     """The ring all-reduce is a reduce-scatter followed by an all-gather, in every term."""
     link = Link(alpha, bw)
-    parts = collective_time("reduce_scatter", nbytes, n, link, 3e9) + collective_time("all_gather", nbytes, n, link, 3e9)
+    parts = collective_time("reduce_scatter", nbytes, n, link, 3e9) + collective_time(
+        "all_gather", nbytes, n, link, 3e9
+    )
     assert collective_time("all_reduce", nbytes, n, link, 3e9) == pytest.approx(parts, rel=1e-12, abs=1e-18)
 
 
@@ -217,8 +219,9 @@ def test_pipeline_cost_validation() -> None:
     with pytest.raises(ValueError, match=r"PipelineCost forward\[1\] must be a finite number >= 0, got nan"):
         PipelineCost.uniform(2, forward=[1.0, math.nan])
     with pytest.raises(ValueError, match="rank_devices has 3 entries for 2 ranks"):
-        PipelineCost.from_profile(load_profile("cpu-local"), num_stages=2, forward_flops=1, message_bytes=1,
-                                  rank_devices=[0, 1, 2])
+        PipelineCost.from_profile(
+            load_profile("cpu-local"), num_stages=2, forward_flops=1, message_bytes=1, rank_devices=[0, 1, 2]
+        )
     with pytest.raises(ValueError, match="the cost describes 3 stages but the schedule has 4"):
         simulate_schedule(build_schedule("1F1B", 4, 4), PipelineCost.uniform(3))
     with pytest.raises(ValueError, match="cost 'fast' is unknown"):

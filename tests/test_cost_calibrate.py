@@ -1,6 +1,6 @@
 """``python -m simulator calibrate`` and ``python -m simulator schedule`` end to end.
 
-    .venv/bin/python -m pytest tests/test_cost_calibrate.py -q
+.venv/bin/python -m pytest tests/test_cost_calibrate.py -q
 """
 
 from __future__ import annotations
@@ -25,7 +25,11 @@ def test_calibrate_writes_a_loadable_profile(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     proc = subprocess.run(
         [sys.executable, "-m", "simulator", "calibrate", "--quick", "-o", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr
     assert "point-to-point: alpha" in proc.stdout and f"wrote {out}" in proc.stdout
@@ -42,7 +46,9 @@ def test_calibrate_writes_a_loadable_profile(tmp_path: Path) -> None:
     assert cal["seconds_taken"] < 30
     # The CPU model: GEMM shares and elementwise rates by size, host costs, all from this run.
     assert len(profile.gemm_curve) >= 3 and 0 < max(e for _, e in profile.gemm_curve) <= 1.0
-    assert [b for b, _ in profile.vector_curve] == sorted(b for b, _ in profile.vector_curve) and len(profile.vector_curve) == 6
+    assert [b for b, _ in profile.vector_curve] == sorted(b for b, _ in profile.vector_curve) and len(
+        profile.vector_curve
+    ) == 6
     assert profile.op_overhead_s > 0 and profile.update_overhead_s > 0 and profile.reshard_overhead_s >= 0
     assert cal["host_costs"]["op"] == profile.op_overhead_s
 
@@ -50,10 +56,24 @@ def test_calibrate_writes_a_loadable_profile(tmp_path: Path) -> None:
 def test_schedule_subcommand_prints_grid_and_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     timeline_path, trace_path, csv_path = tmp_path / "t.json", tmp_path / "trace.json", tmp_path / "s.csv"
     with pytest.raises(SystemExit) as info:
-        simulator_main([
-            "schedule", "Interleaved1F1B", "-p", "2", "-v", "2", "-m", "4",
-            "-o", str(timeline_path), "--chrome", str(trace_path), "--csv", str(csv_path),
-        ])
+        simulator_main(
+            [
+                "schedule",
+                "Interleaved1F1B",
+                "-p",
+                "2",
+                "-v",
+                "2",
+                "-m",
+                "4",
+                "-o",
+                str(timeline_path),
+                "--chrome",
+                str(trace_path),
+                "--csv",
+                str(csv_path),
+            ]
+        )
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("Interleaved1F1B: 4 stages on 2 ranks, 4 micro-batches\nstep  rank 0  rank 1\n")
@@ -89,7 +109,11 @@ def test_scripts_still_run_next_to_subcommands(tmp_path: Path) -> None:
     script.write_text("import sys\nprint('args', sys.argv[1:])\n")
     proc = subprocess.run(
         [sys.executable, "-m", "simulator", "-n", "2", str(script), "schedule", "-x"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr
     assert "args ['schedule', '-x']" in proc.stdout

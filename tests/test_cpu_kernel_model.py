@@ -21,9 +21,14 @@ from simulator.step_trace import SETUP, GPTShape, GPTStrategy, trace_gpt_step
 
 LINK = Link(2e-5, 1e9)
 BASE = HardwareProfile("cpu-test", LINK, LINK, {"float32": 4e10, "float64": 2e10}, memory_bytes=1 << 34)
-CURVED = replace(BASE, gemm_curve=((1e5, 0.2), (1e7, 0.8), (1e9, 1.0)),
-                 vector_curve=((1e4, 2e9), (1e6, 1e9), (1e8, 2.5e8)),
-                 op_overhead_s=2e-4, reshard_overhead_s=5e-4, update_overhead_s=3e-5)
+CURVED = replace(
+    BASE,
+    gemm_curve=((1e5, 0.2), (1e7, 0.8), (1e9, 1.0)),
+    vector_curve=((1e4, 2e9), (1e6, 1e9), (1e8, 2.5e8)),
+    op_overhead_s=2e-4,
+    reshard_overhead_s=5e-4,
+    update_overhead_s=3e-5,
+)
 SHAPE = GPTShape(4, 128, 4, seq=64, vocab=128, micro_batch_size=2)
 
 
@@ -43,18 +48,21 @@ def test_the_profile_round_trips_through_json(tmp_path: Path) -> None:
     assert (back.op_overhead_s, back.reshard_overhead_s, back.update_overhead_s) == (2e-4, 5e-4, 3e-5)
 
 
-@pytest.mark.parametrize(("field", "value", "words"), [
-    ("gemm_curve", "fast", "gemm_curve must be a list of"),
-    ("gemm_curve", [[1e5, 0.5], [1e4, 0.6]], r"gemm_curve\[1\] x = 10000.0; x must be > 0 and strictly increasing"),
-    ("gemm_curve", [[1e5, 1.5]], r"gemm_curve\[0\] y = 1.5; must be a share in \(0, 1\]"),
-    ("gemm_curve", [[1e5, 0.5, 1]], r"gemm_curve\[0\] must be \[x, y\]"),
-    ("gemm_curve", [[-1, 0.5]], r"gemm_curve\[0\] x = -1"),
-    ("vector_curve", [[1e4, 0]], r"vector_curve\[0\] y = 0; must be FLOP/s > 0"),
-    ("vector_curve", [[1e4, True]], r"vector_curve\[0\] must be \[x, y\]"),
-    ("vector_curve", [[i + 1, 1e9] for i in range(65)], "vector_curve has 65 points, at most 64"),
-    ("op_overhead_s", -1e-6, r"op_overhead_s must be seconds in \[0, 1\], got -1e-06"),
-    ("update_overhead_s", 5, r"update_overhead_s must be seconds in \[0, 1\], got 5"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("gemm_curve", "fast", "gemm_curve must be a list of"),
+        ("gemm_curve", [[1e5, 0.5], [1e4, 0.6]], r"gemm_curve\[1\] x = 10000.0; x must be > 0 and strictly increasing"),
+        ("gemm_curve", [[1e5, 1.5]], r"gemm_curve\[0\] y = 1.5; must be a share in \(0, 1\]"),
+        ("gemm_curve", [[1e5, 0.5, 1]], r"gemm_curve\[0\] must be \[x, y\]"),
+        ("gemm_curve", [[-1, 0.5]], r"gemm_curve\[0\] x = -1"),
+        ("vector_curve", [[1e4, 0]], r"vector_curve\[0\] y = 0; must be FLOP/s > 0"),
+        ("vector_curve", [[1e4, True]], r"vector_curve\[0\] must be \[x, y\]"),
+        ("vector_curve", [[i + 1, 1e9] for i in range(65)], "vector_curve has 65 points, at most 64"),
+        ("op_overhead_s", -1e-6, r"op_overhead_s must be seconds in \[0, 1\], got -1e-06"),
+        ("update_overhead_s", 5, r"update_overhead_s must be seconds in \[0, 1\], got 5"),
+    ],
+)
 def test_a_bad_profile_file_is_refused_naming_the_field(tmp_path: Path, field: str, value: Any, words: str) -> None:
     data = CURVED.to_dict()
     data[field] = value
@@ -107,15 +115,22 @@ def test_estimate_defaults_to_the_profiles_host_costs() -> None:
     step = trace_gpt_step(SHAPE, strategy, layers_traced=SHAPE.layers)
     implicit = estimate(SHAPE, strategy, CURVED, step=step).step_time_s
     bare = replace(CURVED, op_overhead_s=0.0, reshard_overhead_s=0.0, update_overhead_s=0.0)
-    explicit = estimate(SHAPE, strategy, bare, op_overhead=2e-4, reshard_overhead=5e-4, update_overhead=3e-5, step=step).step_time_s
+    explicit = estimate(
+        SHAPE, strategy, bare, op_overhead=2e-4, reshard_overhead=5e-4, update_overhead=3e-5, step=step
+    ).step_time_s
     assert implicit == pytest.approx(explicit, rel=1e-12)
     assert implicit > estimate(SHAPE, strategy, bare, step=step).step_time_s + 100 * 2e-4  # hundreds of ops
 
 
-@pytest.mark.parametrize("strategy", [GPTStrategy(4, 2, 1, False, "none", 1, False, "adamw", 2, "1F1B", 1),
-                                      GPTStrategy(2, 1, 4, False, "none", 0, False, "adamw", 4, "ZBH1", 1),
-                                      GPTStrategy(1, 2, 2, True, "none", 2, False, "adamw", 2, "1F1B", 1)],
-                         ids=["dp4-tp2", "dp2-pp4-zbh1", "tp2-pp2-sp-z2"])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        GPTStrategy(4, 2, 1, False, "none", 1, False, "adamw", 2, "1F1B", 1),
+        GPTStrategy(2, 1, 4, False, "none", 0, False, "adamw", 4, "ZBH1", 1),
+        GPTStrategy(1, 2, 2, True, "none", 2, False, "adamw", 2, "1F1B", 1),
+    ],
+    ids=["dp4-tp2", "dp2-pp4-zbh1", "tp2-pp2-sp-z2"],
+)
 def test_the_fast_path_prices_the_curves_exactly_as_estimate(strategy: GPTStrategy) -> None:
     shape = GPTShape(4, 128, 4, seq=64, vocab=128, micro_batch_size=2)
     fast = TraceCache(CURVED).estimate(shape, strategy)
@@ -126,8 +141,13 @@ def test_the_fast_path_prices_the_curves_exactly_as_estimate(strategy: GPTStrate
 def test_the_fast_search_on_a_curved_profile_finds_the_exhaustive_best() -> None:
     """The search's lower bound (GEMM FLOPs at the best rate) stays a bound under the curve."""
     shape = GPTShape(4, 128, 4, seq=64, vocab=128, micro_batch_size=1)
-    space: dict[str, Any] = {"mixed_precision": False, "recomputes": ("none",), "zero_stages": (0,),
-                             "schedules": ("1F1B", "ZBH1"), "micro_batch_sizes": (1, 4)}
+    space: dict[str, Any] = {
+        "mixed_precision": False,
+        "recomputes": ("none",),
+        "zero_stages": (0,),
+        "schedules": ("1F1B", "ZBH1"),
+        "micro_batch_sizes": (1, 4),
+    }
     fast = search(shape, 4, 8, CURVED, top_k=3, **space)
     slow = search(shape, 4, 8, CURVED, top_k=3, fast=False, **space)
     assert len(fast.ranked) == 3
@@ -136,8 +156,10 @@ def test_the_fast_search_on_a_curved_profile_finds_the_exhaustive_best() -> None
 
 
 def test_calibration_bins_gemms_by_size_as_shares_of_the_fastest() -> None:
-    points = [{"a": [n, n], "b": [n, n], "flops": f, "flops_per_s": r}
-              for n, f, r in ((1, 1e5, 1e9), (2, 1.2e5, 3e9), (3, 1e7, 8e9), (4, 1e9, 1e10))]
+    points = [
+        {"a": [n, n], "b": [n, n], "flops": f, "flops_per_s": r}
+        for n, f, r in ((1, 1e5, 1e9), (2, 1.2e5, 3e9), (3, 1e7, 8e9), (4, 1e9, 1e10))
+    ]
     peak, curve = calibrate_host.gemm_curve(points)
     assert peak == 1e10
     assert [round(math.log(f, 4)) for f, _ in curve] == [8, 12, 15]
@@ -157,7 +179,9 @@ def test_the_measured_shapes_span_the_model_sizes() -> None:
     assert calibrate_host.gemm_flops((4, 64, 256), (256, 256)) == 2.0 * 4 * 64 * 256 * 256
 
 
-def test_auto_measures_again_when_the_cached_profile_predates_the_cpu_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_measures_again_when_the_cached_profile_predates_the_cpu_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A cache written before the CPU model would rank on FLOPs alone: --auto calibrates again
     (where it can), and keeps a cache that has the model."""
     from simulator import auto

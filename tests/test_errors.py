@@ -14,13 +14,18 @@ def mesh() -> dist.ProcessMesh:
 
 
 def test_placements_length_differs_from_mesh(mesh: dist.ProcessMesh) -> None:
-    with pytest.raises(ValueError, match=r"shard_tensor of an array of shape \[4, 3\]: 1 placements S\(0\) given for mesh .* with 2 axes \['x', 'y'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"shard_tensor of an array of shape \[4, 3\]: 1 placements S\(0\) given for mesh .* with 2 axes \['x', 'y'\]",
+    ):
         dist.shard_tensor(np.zeros((4, 3)), mesh, [dist.Shard(0)])
 
 
 def test_shard_of_missing_dim(mesh: dist.ProcessMesh) -> None:
     w = dist.Parameter(np.zeros((4, 3)), name="w0")
-    with pytest.raises(ValueError, match=r"Tensor 'w0' of shape \[4, 3\].*Shard\(2\) on mesh axis 1 \('y'\) names tensor dim 2"):
+    with pytest.raises(
+        ValueError, match=r"Tensor 'w0' of shape \[4, 3\].*Shard\(2\) on mesh axis 1 \('y'\) names tensor dim 2"
+    ):
         dist.shard_tensor(w, mesh, [dist.Replicate(), dist.Shard(2)])
     x = dist.shard_tensor(np.zeros((4, 3)), mesh, [dist.Shard(0), dist.Replicate()])
     with pytest.raises(ValueError, match=r"reshard of DistTensor of shape \[4, 3\].*Shard\(5\)"):
@@ -40,7 +45,10 @@ def test_unknown_reduce_type() -> None:
 def test_shape_disagrees_with_data(mesh: dist.ProcessMesh) -> None:
     shards = {r: np.zeros((2, 3)) for r in range(4)}
     shards[3] = np.zeros((1, 3))
-    with pytest.raises(ValueError, match=r"the shard of rank 3 has shape \[1, 3\], but global shape \[4, 3\].*gives rank 3 a shard of shape \[2, 3\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"the shard of rank 3 has shape \[1, 3\], but global shape \[4, 3\].*gives rank 3 a shard of shape \[2, 3\]",
+    ):
         dist.dtensor_from_local(shards, mesh, [dist.Shard(0), dist.Replicate()], shape=[4, 3])
 
 

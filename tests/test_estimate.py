@@ -63,14 +63,36 @@ def test_what_a_sequence_parallel_layer_keeps() -> None:
     assert sorted(k.role for k in kept if k.op == "recompute") == ["input 0", "input 1", "input 2"]
     assert not [k for k in kept if k.op in ("softmax", "dropout") and k.local_shape[-1] == 2048]
     _, full = _layer_bytes(GPTStrategy(tp=8, recompute="full", mixed_precision=True))
-    assert [(k.op, k.role, k.local_shape, k.dtype) for k in full] == [("recompute", "input 0", (1, 2048, 12288), "float16")]
+    assert [(k.op, k.role, k.local_shape, k.dtype) for k in full] == [
+        ("recompute", "input 0", (1, 2048, 12288), "float16")
+    ]
 
 
 def test_cli_json_has_the_contract_fields() -> None:
     out = io.StringIO()
     with redirect_stdout(out):
-        assert main(["--layers", "96", "--hidden", "12288", "--heads", "96", "--seq", "2048", "--vocab", "50257",
-                     "--mesh", "tp=8", "--sequence-parallel", "--mixed-precision", "--json"]) == 0
+        assert (
+            main(
+                [
+                    "--layers",
+                    "96",
+                    "--hidden",
+                    "12288",
+                    "--heads",
+                    "96",
+                    "--seq",
+                    "2048",
+                    "--vocab",
+                    "50257",
+                    "--mesh",
+                    "tp=8",
+                    "--sequence-parallel",
+                    "--mixed-precision",
+                    "--json",
+                ]
+            )
+            == 0
+        )
     data = json.loads(out.getvalue())
     assert data["format"] == "mpipar.estimate"
     assert data["activation_bytes_per_layer"] == 342 * MiB + 2 * 2 * 2048 * 2 // 8  # + LayerNorm statistics
@@ -114,7 +136,9 @@ def test_memory_matches_a_numerically_run_model() -> None:
     opt = dist.shard_optimizer(dist.optimizer.AdamW(parameters=model.parameters()), dist.ShardingStage1("dp"))
     rng = np.random.default_rng(0)
     mesh = par.stage_meshes[0]
-    x, y = (dist.shard_tensor(rng.integers(0, 64, (4, 16)), mesh, par.activation(mesh, seq_split=False)) for _ in range(2))
+    x, y = (
+        dist.shard_tensor(rng.integers(0, 64, (4, 16)), mesh, par.activation(mesh, seq_split=False)) for _ in range(2)
+    )
     loss = model.loss(x, y)
     saved = dist.memory_report(model, opt, loss)
     loss.backward()
@@ -148,7 +172,9 @@ def test_mixed_precision_model_state_is_2_2_12_bytes_split_by_zero(zero: int) ->
     dp = 4
     shape = GPTShape(layers=2, hidden=64, heads=4, seq=16, vocab=128)
     est = estimate(shape, GPTStrategy(dp=dp, tp=2, zero=zero, mixed_precision=True))
-    model = GPT(GPTConfig(vocab_size=128, block_size=16, n_layer=2, n_head=4, n_embd=64), GPTParallel.from_degrees(dp, 2, 1))
+    model = GPT(
+        GPTConfig(vocab_size=128, block_size=16, n_layer=2, n_head=4, n_embd=64), GPTParallel.from_degrees(dp, 2, 1)
+    )
     rule = dist.ShardingStage1("dp")
     for r in range(dp * 2):
         whole = split = 0  # elements rank r holds of each parameter, and in its ZeRO layout
@@ -158,8 +184,11 @@ def test_mixed_precision_model_state_is_2_2_12_bytes_split_by_zero(zero: int) ->
             whole += n
             split += n if layout is None else int(np.prod(layout.local_shape(r)))
         assert split < whole
-        want = {"parameters": 2 * (split if zero == 3 else whole), "gradients": 2 * (split if zero >= 2 else whole),
-                "optimizer_state": 12 * (split if zero >= 1 else whole)}
+        want = {
+            "parameters": 2 * (split if zero == 3 else whole),
+            "gradients": 2 * (split if zero >= 2 else whole),
+            "optimizer_state": 12 * (split if zero >= 1 else whole),
+        }
         got = {c: est.model_state_by_category[c][r] for c in want}
         assert got == want, (r, zero)
 
@@ -183,8 +212,17 @@ def test_layer_matmul_flops_are_megatrons() -> None:
 def test_gpt3_175b_on_1024_ranks() -> None:
     """The acceptance configuration: dp 8 x tp 8 x pp 16, 64 micro-batches, 1F1B (timed in
     benchmarks/estimate_scale.py, not here)."""
-    strategy = GPTStrategy(dp=8, tp=8, pp=16, sequence_parallel=True, recompute="selective", zero=1,
-                        mixed_precision=True, micro_batches=64, schedule="1F1B")
+    strategy = GPTStrategy(
+        dp=8,
+        tp=8,
+        pp=16,
+        sequence_parallel=True,
+        recompute="selective",
+        zero=1,
+        mixed_precision=True,
+        micro_batches=64,
+        schedule="1F1B",
+    )
     est = estimate(GPTShape.from_params(175e9), strategy)
     assert est.layers_traced == 32 and est.shape.layers == 96
     assert [s.layers for s in est.stages] == [6] * 16
@@ -193,11 +231,14 @@ def test_gpt3_175b_on_1024_ranks() -> None:
     for i, stage in enumerate(est.stages):
         assert stage.peak_in_flight == 16 - i
         for r in stage.ranks:
-            assert est.peak_bytes_per_rank[r] == (est.model_state_bytes_per_rank[r]
-                                                  + (16 - i) * stage.activation_bytes_per_microbatch)
+            assert est.peak_bytes_per_rank[r] == (
+                est.model_state_bytes_per_rank[r] + (16 - i) * stage.activation_bytes_per_microbatch
+            )
     middle = est.stages[5]
     assert middle.activation_bytes_per_microbatch == 6 * est.activation_bytes_per_layer
-    assert est.step_time_s > est.pipeline_s > 64 * (middle.forward_s + middle.backward_input_s + middle.backward_weight_s)
+    assert (
+        est.step_time_s > est.pipeline_s > 64 * (middle.forward_s + middle.backward_input_s + middle.backward_weight_s)
+    )
     assert 0 < est.bubble_fraction < 1
 
 
@@ -218,7 +259,10 @@ def test_schedules_order_as_expected() -> None:
     times = {k: estimate(shape, GPTStrategy(schedule=k, **base)).step_time_s for k in ("FThenB", "1F1B", "ZBH1")}
     assert times["ZBH1"] < times["1F1B"]  # W fills the bubble
     assert times["1F1B"] == pytest.approx(times["FThenB"], rel=0.05)  # same bubble, other order
-    peaks = {k: max(estimate(shape, GPTStrategy(schedule=k, **base)).peak_bytes_per_rank.values()) for k in ("FThenB", "1F1B")}
+    peaks = {
+        k: max(estimate(shape, GPTStrategy(schedule=k, **base)).peak_bytes_per_rank.values())
+        for k in ("FThenB", "1F1B")
+    }
     assert peaks["1F1B"] < peaks["FThenB"]
 
 
@@ -229,13 +273,18 @@ def test_schedules_order_as_expected() -> None:
         (["--layers", "4", "--hidden", "64"], "needs --heads"),
         (["--params", "1e9", "--mesh", "dp=two"], "cannot read 'dp=two'"),
         (["--params", "lots"], "cannot read 'lots'"),
-        (["--layers", "2", "--hidden", "64", "--heads", "4", "--mesh", "pp=4"], r"layers \(2\) < pipeline stages pp\(4\)"),
+        (
+            ["--layers", "2", "--hidden", "64", "--heads", "4", "--mesh", "pp=4"],
+            r"layers \(2\) < pipeline stages pp\(4\)",
+        ),
         (["--layers", "2", "--hidden", "64", "--heads", "5"], "divisible by heads"),
         (["--params", "1e9", "--hardware", "tpu-v9"], "no hardware profile 'tpu-v9'"),
         (["--params", "1e9", "--schedule", "2F2B"], "unknown pipeline schedule kind"),
     ],
 )
-def test_bad_command_lines_are_refused_naming_the_flag(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_command_lines_are_refused_naming_the_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2
@@ -248,8 +297,11 @@ def test_gradient_clipping_is_traced_and_priced_per_parameter() -> None:
     shape = GPTShape(layers=6, hidden=32, heads=2, seq=16, vocab=64)
     strategy = GPTStrategy(dp=2, pp=2, grad_clip=1.0)
     step = trace_gpt_step(shape, strategy)
-    layer0 = [op.op for op, part in zip(step.plan.ops, step.op_parts, strict=True)
-              if op.phase == "optimizer" and part == Part("layer", 0)]
+    layer0 = [
+        op.op
+        for op, part in zip(step.plan.ops, step.op_parts, strict=True)
+        if op.phase == "optimizer" and part == Part("layer", 0)
+    ]
     per_layer = 16  # parameters of one block: q, k, v, proj, fc, proj weights and biases, two norms
     assert (layer0.count("square"), layer0.count("sum"), layer0.count("scale")) == (per_layer,) * 3
     plain = estimate(shape, GPTStrategy(dp=2, pp=2), op_overhead=1e-4)
@@ -266,8 +318,27 @@ def test_cli_writes_the_traced_plan(tmp_path: object) -> None:
     path = f"{tmp_path}/plan.json"
     out = io.StringIO()
     with redirect_stdout(out):
-        assert main(["--layers", "4", "--hidden", "64", "--heads", "2", "--seq", "16", "--vocab", "64",
-                     "--mesh", "dp=2,pp=2", "--plan", path]) == 0
+        assert (
+            main(
+                [
+                    "--layers",
+                    "4",
+                    "--hidden",
+                    "64",
+                    "--heads",
+                    "2",
+                    "--seq",
+                    "16",
+                    "--vocab",
+                    "64",
+                    "--mesh",
+                    "dp=2,pp=2",
+                    "--plan",
+                    path,
+                ]
+            )
+            == 0
+        )
     plan = Plan.load(path)
     assert plan.meta["shape_only"] and plan.meta["layers_traced"] == 4
     assert plan.comm_counts("forward") == {"transfer": 1}  # the one pipeline hand-off

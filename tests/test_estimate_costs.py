@@ -13,7 +13,11 @@ from simulator.cost import HardwareProfile, Link
 from simulator.op_cost import PlanCosts, _contracted
 
 PROFILE = HardwareProfile(
-    "test", Link(1e-6, 1e10), Link(1e-5, 1e9), {"float32": 1e12, "float16": 4e12}, devices_per_node=2,
+    "test",
+    Link(1e-6, 1e10),
+    Link(1e-5, 1e9),
+    {"float32": 1e12, "float16": 4e12},
+    devices_per_node=2,
 )
 
 
@@ -23,8 +27,9 @@ def _tp_step(transpose: bool) -> Plan:
         mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["dp", "tp"])
         x = dist.shard_tensor(dist.Tensor.abstract((8, 6), np.float32), mesh, [dist.Shard(0), dist.Replicate()])
         w_shape = (10, 6) if transpose else (6, 10)
-        w = dist.shard_tensor(dist.Tensor.abstract(w_shape, np.float32), mesh,
-                              [dist.Replicate(), dist.Shard(0 if transpose else 1)])
+        w = dist.shard_tensor(
+            dist.Tensor.abstract(w_shape, np.float32), mesh, [dist.Replicate(), dist.Shard(0 if transpose else 1)]
+        )
         w2 = dist.shard_tensor(dist.Tensor.abstract((10, 4), np.float32), mesh, [dist.Replicate(), dist.Shard(0)])
         for t in (w, w2):
             t.stop_gradient = False
@@ -47,12 +52,12 @@ def test_matmul_flops_are_2mnk_on_local_shards(transpose: bool) -> None:
 
 
 def test_contracted_length_reads_transposes() -> None:
-    assert _contracted((4, 6), (4, 5)) == 6          # (m, k) @ (k, n)
-    assert _contracted((6, 4), (4, 5)) == 6          # (k, m)^T @ (k, n)
-    assert _contracted((4, 4), (4, 5)) == 4          # square: both readings agree
+    assert _contracted((4, 6), (4, 5)) == 6  # (m, k) @ (k, n)
+    assert _contracted((6, 4), (4, 5)) == 6  # (k, m)^T @ (k, n)
+    assert _contracted((4, 4), (4, 5)) == 4  # square: both readings agree
     assert _contracted((2, 3, 4, 6), (2, 3, 4, 5)) == 6
-    assert _contracted((6,), (5,)) == 6              # (k,) @ (k, n)
-    assert _contracted((4, 6), (4,)) == 6            # (m, k) @ (k,)
+    assert _contracted((6,), (5,)) == 6  # (k,) @ (k, n)
+    assert _contracted((4, 6), (4,)) == 6  # (m, k) @ (k,)
 
 
 def test_reshard_time_is_the_collective_on_the_ranks_group() -> None:

@@ -20,14 +20,18 @@ def estimate(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("extra", [[], ["--mixed-precision"], ["--zero", "1"]])
-def test_offload_drops_device_memory_by_the_optimizer_states(capsys: pytest.CaptureFixture[str], extra: list[str]) -> None:
+def test_offload_drops_device_memory_by_the_optimizer_states(
+    capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
     plain = estimate(capsys, *extra)
     moved = estimate(capsys, *extra, "--offload")
     states = plain["model_state_by_category"]["optimizer_state"]
     assert all(n > 0 for n in states)
     off = moved["offload"]
     assert off["host_bytes_per_rank"] == states
-    assert off["device_peak_bytes_per_rank"] == [p - s for p, s in zip(plain["peak_bytes_per_rank"], states, strict=True)]
+    assert off["device_peak_bytes_per_rank"] == [
+        p - s for p, s in zip(plain["peak_bytes_per_rank"], states, strict=True)
+    ]
     assert moved["peak_bytes_per_rank"] == plain["peak_bytes_per_rank"]  # the report without offload stays as it was
 
 

@@ -28,15 +28,20 @@ def test_exposed_sync_by_hand() -> None:
     assert exposed_grad_sync([(1, 0.0, 0.25), (1, 0.0, 0.5)]) == pytest.approx(0.75)
 
 
-@pytest.mark.parametrize("strategy", [GPTStrategy(dp=4), GPTStrategy(dp=2, tp=2), GPTStrategy(dp=2, pp=2, micro_batches=4)],
-                         ids=["dp4", "dp2tp2", "dp2pp2"])
+@pytest.mark.parametrize(
+    "strategy",
+    [GPTStrategy(dp=4), GPTStrategy(dp=2, tp=2), GPTStrategy(dp=2, pp=2, micro_batches=4)],
+    ids=["dp4", "dp2tp2", "dp2pp2"],
+)
 def test_step_time_pays_only_the_exposed_reduction(strategy: GPTStrategy) -> None:
     step = trace_gpt_step(SHAPE, strategy)
     plain = estimate(SHAPE, strategy, "h100-nvlink-ib", step=step)
     over = estimate(SHAPE, strategy, "h100-nvlink-ib", step=step, overlap_grad_reduce=True)
     assert plain.grad_sync_exposed_s is None and over.grad_sync_exposed_s is not None
     assert over.pipeline_s == plain.pipeline_s  # the schedule itself is unchanged
-    for lane, (t_plain, t_over, exposed) in enumerate(zip(plain.tail_s, over.tail_s, over.grad_sync_exposed_s, strict=True)):
+    for lane, (t_plain, t_over, exposed) in enumerate(
+        zip(plain.tail_s, over.tail_s, over.grad_sync_exposed_s, strict=True)
+    ):
         hidden = t_plain - t_over  # = the lane's whole reduction minus its exposed part
         assert hidden > 0, lane
         assert exposed > 0  # the reduction of what backward reaches last is never hidden

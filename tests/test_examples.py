@@ -51,7 +51,13 @@ CASES = [
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MPIPAR_BACKEND", "MPIPAR_TRACE")}
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, cwd=REPO, env=env
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=env,
     )
 
 
@@ -103,9 +109,13 @@ def test_gpt_first_run_uses_the_whole_world_and_explains_itself() -> None:
     sim = run("-m", "simulator", "-n", "8", *common)
     ref = run("-m", "simulator", "--reference", *common)
     explicit = run("-m", "simulator", "-n", "8", *common, "--mesh", "dp=8")
-    assert sim.returncode == 0 and ref.returncode == 0 and explicit.returncode == 0, sim.stderr + ref.stderr + explicit.stderr
+    assert sim.returncode == 0 and ref.returncode == 0 and explicit.returncode == 0, (
+        sim.stderr + ref.stderr + explicit.stderr
+    )
     lines = sim.stdout.splitlines()
-    assert re.fullmatch(r"GPT: [\d,]+ parameters \| mesh dp=8 \(8 ranks\) \| batch 8 x 16 tokens = 128 tokens/step", lines[0])
+    assert re.fullmatch(
+        r"GPT: [\d,]+ parameters \| mesh dp=8 \(8 ranks\) \| batch 8 x 16 tokens = 128 tokens/step", lines[0]
+    )
     assert lines[1].startswith("data: 50,000 characters of the Python standard library's .py files")
     assert [int(s) for s, _ in LOSS.findall(sim.stdout)] == [0, 1, 2]
     assert losses(sim) == losses(explicit)
@@ -115,7 +125,9 @@ def test_gpt_first_run_uses_the_whole_world_and_explains_itself() -> None:
     assert lines[-2] == "sample (greedy, after the first 16 characters of the data):"
     prompt, _, text = lines[-1].partition("|")
     assert prompt == '"""Record of pha' and len(text.encode().decode("unicode_escape")) == 12
-    assert sim.stdout.splitlines()[-1] == ref.stdout.splitlines()[-1]  # the trained model writes what one device's writes
+    assert (
+        sim.stdout.splitlines()[-1] == ref.stdout.splitlines()[-1]
+    )  # the trained model writes what one device's writes
     # Per-step speed goes to stderr when stdout is not a terminal (stdout stays the parseable loss log).
     assert re.findall(r"^step (\d+): [\d.]+ ms/step, [\d,]+ tokens/s$", sim.stderr, re.M) == ["0", "1", "2"]
 

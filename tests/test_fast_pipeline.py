@@ -17,22 +17,34 @@ from simulator.schedule_sim import _Run
 from simulator.search import state_lower_bound, state_per_layer_lower_bound
 from simulator.step_trace import GPTShape, GPTStrategy
 
-CASES = [("FThenB", 4, 6, 1), ("1F1B", 4, 9, 1), ("1F1B", 1, 3, 1), ("ZBH1", 4, 7, 1),
-         ("Interleaved1F1B", 8, 8, 2), ("Interleaved1F1B", 12, 9, 4)]
+CASES = [
+    ("FThenB", 4, 6, 1),
+    ("1F1B", 4, 9, 1),
+    ("1F1B", 1, 3, 1),
+    ("ZBH1", 4, 7, 1),
+    ("Interleaved1F1B", 8, 8, 2),
+    ("Interleaved1F1B", 12, 9, 4),
+]
 
 
 @pytest.mark.parametrize("kind,stages,micro,chunks", CASES, ids=lambda c: str(c))
 def test_compiled_pipeline_equals_event_simulation(kind: str, stages: int, micro: int, chunks: int) -> None:
     rng = random.Random(stages * 100 + micro)
     for trial in range(3):
+
         def times(n: int) -> tuple[float, ...]:
             return tuple(rng.uniform(0.1, 3.0) for _ in range(n))
 
         # Trial 0: zero transfers and zero weight time, where ties between inputs are everywhere.
         zero = trial == 0
-        cost = PipelineCost(times(stages), times(stages), (0.0,) * stages if zero else times(stages),
-                            (0.0,) * (stages - 1) if zero else times(stages - 1),
-                            (0.0,) * (stages - 1) if zero else times(stages - 1), "s")
+        cost = PipelineCost(
+            times(stages),
+            times(stages),
+            (0.0,) * stages if zero else times(stages),
+            (0.0,) * (stages - 1) if zero else times(stages - 1),
+            (0.0,) * (stages - 1) if zero else times(stages - 1),
+            "s",
+        )
         act = tuple(rng.randrange(1, 1 << 30) for _ in range(stages))
         schedule = build_schedule(kind, stages, micro, chunks)
         timeline = _Run(schedule, cost).timeline()
@@ -42,7 +54,8 @@ def test_compiled_pipeline_equals_event_simulation(kind: str, stages: int, micro
         assert got.makespan == timeline.makespan
         assert got.busy == sum(timeline.busy(r) for r in timeline.ranks)
         assert got.in_flight == tuple(
-            _peak_in_flight_bytes(schedule, k, {s: act[s] for s in schedule.stages_of(k)}) for k in range(lanes))
+            _peak_in_flight_bytes(schedule, k, {s: act[s] for s in schedule.stages_of(k)}) for k in range(lanes)
+        )
 
 
 def test_cost_of_another_stage_count_is_refused() -> None:
@@ -66,8 +79,15 @@ BOUND_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mbs,strategy", BOUND_CASES, ids=lambda c: str(c) if isinstance(c, int) else
-                         f"dp{c.dp}-tp{c.tp}-pp{c.pp}-{c.schedule}-c{c.chunks}-z{c.zero}-{c.recompute}-m{c.micro_batches}")
+@pytest.mark.parametrize(
+    "mbs,strategy",
+    BOUND_CASES,
+    ids=lambda c: (
+        str(c)
+        if isinstance(c, int)
+        else f"dp{c.dp}-tp{c.tp}-pp{c.pp}-{c.schedule}-c{c.chunks}-z{c.zero}-{c.recompute}-m{c.micro_batches}"
+    ),
+)
 def test_peak_bound_never_exceeds_the_priced_peak(mbs: int, strategy: GPTStrategy) -> None:
     shape = GPTShape(SHAPE.layers, SHAPE.hidden, SHAPE.heads, SHAPE.seq, SHAPE.vocab, mbs)
     cache = TraceCache(HW)

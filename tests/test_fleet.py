@@ -141,7 +141,9 @@ def test_contradictions_are_refused() -> None:
     s.sharding = True
     s.hybrid_configs = {"mp_degree": 2}
     s.sharding_configs = {"mp_degree": 4}
-    with pytest.raises(ValueError, match=re.escape("hybrid_configs['mp_degree'] = 2 but strategy.sharding_configs['mp_degree'] = 4")):
+    with pytest.raises(
+        ValueError, match=re.escape("hybrid_configs['mp_degree'] = 2 but strategy.sharding_configs['mp_degree'] = 4")
+    ):
         s.resolved()
     off = fleet.DistributedStrategy()
     off.sharding_configs = {"mp_degree": 2}
@@ -156,7 +158,9 @@ def test_contradictions_are_refused() -> None:
     merge.sharding, merge.gradient_merge = True, True
     merge.sharding_configs = {"gradient_merge_acc_step": 2}
     merge.gradient_merge_configs = {"k_steps": 3}
-    with pytest.raises(ValueError, match=re.escape("gradient_merge_acc_step'] = 2 but strategy.gradient_merge_configs['k_steps'] = 3")):
+    with pytest.raises(
+        ValueError, match=re.escape("gradient_merge_acc_step'] = 2 but strategy.gradient_merge_configs['k_steps'] = 3")
+    ):
         merge.resolved()
 
 
@@ -169,7 +173,9 @@ def test_degrees_must_multiply_to_the_world_size() -> None:
         return "no error"
 
     out = per_rank(8, program)
-    assert out[0].startswith("fleet.init: dp_degree(2) * pp_degree(2) * sharding_degree(2) * mp_degree(2) = 16 != world size 8")
+    assert out[0].startswith(
+        "fleet.init: dp_degree(2) * pp_degree(2) * sharding_degree(2) * mp_degree(2) = 16 != world size 8"
+    )
 
     def fill(rank: int) -> str:
         s = fleet.DistributedStrategy()
@@ -180,7 +186,9 @@ def test_degrees_must_multiply_to_the_world_size() -> None:
             return str(exc)
         return "no error"
 
-    assert "world size 4 is not a multiple of pp_degree(1) * sharding_degree(1) * mp_degree(3) = 3" in per_rank(4, fill)[0]
+    assert (
+        "world size 4 is not a multiple of pp_degree(1) * sharding_degree(1) * mp_degree(3) = 3" in per_rank(4, fill)[0]
+    )
     with pytest.raises(ValueError, match="is_collective=True"):
         fleet.init()
 
@@ -238,8 +246,14 @@ def test_topology_round_trips_and_parallel_modes() -> None:
     assert list(mesh.process_ids) == list(range(12))
     with pytest.raises(ValueError, match="get_rank: model=2 is outside the axis of size 2"):
         topo.get_rank(data=0, pipe=0, sharding=0, model=2)
-    modes = per_rank(2, lambda r: [init(dp=2).get_parallel_mode(), init(sh=2).get_parallel_mode(), init(mp=2).get_parallel_mode()])
-    assert modes[0] == [fleet.ParallelMode.DATA_PARALLEL, fleet.ParallelMode.SHARDING_PARALLEL, fleet.ParallelMode.TENSOR_PARALLEL]
+    modes = per_rank(
+        2, lambda r: [init(dp=2).get_parallel_mode(), init(sh=2).get_parallel_mode(), init(mp=2).get_parallel_mode()]
+    )
+    assert modes[0] == [
+        fleet.ParallelMode.DATA_PARALLEL,
+        fleet.ParallelMode.SHARDING_PARALLEL,
+        fleet.ParallelMode.TENSOR_PARALLEL,
+    ]
 
 
 # ---------------------------------------------------------------------- layers against dense
@@ -494,7 +508,11 @@ def test_layer_errors_name_the_layer_and_the_size() -> None:
     def program(rank: int) -> list[str]:
         init(mp=4)
         errors = []
-        for build in (lambda: ColumnParallelLinear(4, 6), lambda: RowParallelLinear(10, 4), lambda: VocabParallelEmbedding(6, 4)):
+        for build in (
+            lambda: ColumnParallelLinear(4, 6),
+            lambda: RowParallelLinear(10, 4),
+            lambda: VocabParallelEmbedding(6, 4),
+        ):
             try:
                 build()
             except ValueError as exc:
@@ -507,7 +525,9 @@ def test_layer_errors_name_the_layer_and_the_size() -> None:
         return errors
 
     errors = per_rank(4, program)[0]
-    assert errors[0].startswith("ColumnParallelLinear: out_features = 6 does not split evenly over the model-parallel group of 4 ranks")
+    assert errors[0].startswith(
+        "ColumnParallelLinear: out_features = 6 does not split evenly over the model-parallel group of 4 ranks"
+    )
     assert errors[1].startswith("RowParallelLinear: in_features = 10 does not split evenly")
     assert errors[2].startswith("VocabParallelEmbedding: num_embeddings = 6 does not split evenly")
     assert errors[3] == "VocabParallelEmbedding: id 8 is outside the vocabulary of 8"
@@ -524,7 +544,9 @@ def _dense_training(clip: float, merge: int) -> list[np.ndarray]:
     with dist.nn.layer.default_dtype("float64"):
         up, down = dist.nn.Linear(6, 8), dist.nn.Linear(8, 6)
     params = [up.weight, up.bias, down.weight, down.bias]
-    opt = dist.optimizer.AdamW(learning_rate=0.1, parameters=params, grad_clip=dist.optimizer.ClipGradByGlobalNorm(clip))
+    opt = dist.optimizer.AdamW(
+        learning_rate=0.1, parameters=params, grad_clip=dist.optimizer.ClipGradByGlobalNorm(clip)
+    )
     for i, (x, y) in enumerate(_mlp_batches()):
         d = dist.subtract(down(dist.nn.functional.gelu(up(dist.to_tensor(x)))), dist.to_tensor(y))
         dist.scale(dist.mean(dist.multiply(d, d)), 1.0 / merge).backward()
@@ -552,7 +574,9 @@ def test_hybrid_optimizer_matches_one_device(dp: int, sharding: int, mp: int, st
             up = ColumnParallelLinear(6, 8, gather_output=False)
             down = RowParallelLinear(8, 6, input_is_parallel=True)
         params = [up.weight, up.bias, down.weight, down.bias]
-        inner = dist.optimizer.AdamW(learning_rate=0.1, parameters=params, grad_clip=dist.optimizer.ClipGradByGlobalNorm(clip))
+        inner = dist.optimizer.AdamW(
+            learning_rate=0.1, parameters=params, grad_clip=dist.optimizer.ClipGradByGlobalNorm(clip)
+        )
         opt = fleet.distributed_optimizer(inner)
         n_data = dp * sharding
         share = hcg.get_data_parallel_rank() * sharding + hcg.get_sharding_parallel_rank()
@@ -620,7 +644,9 @@ def test_segments_and_pipeline_errors() -> None:
             PipelineLayer([LayerDesc(dist.nn.Linear, 2, 2)] * 2, num_stages=3)
         except ValueError as exc:
             errors.append(str(exc))
-        model = fleet.distributed_model(PipelineLayer([LayerDesc(dist.nn.Linear, 2, 2)] * 3, loss_fn=lambda out, y: dist.mean(out)))
+        model = fleet.distributed_model(
+            PipelineLayer([LayerDesc(dist.nn.Linear, 2, 2)] * 3, loss_fn=lambda out, y: dist.mean(out))
+        )
         opt = fleet.distributed_optimizer(dist.optimizer.SGD(learning_rate=0.1, parameters=model.parameters()))
         try:
             model.train_batch([np.zeros((3, 2)), np.zeros((3, 2))], opt)
@@ -630,8 +656,14 @@ def test_segments_and_pipeline_errors() -> None:
         return errors
 
     out = per_rank(2, program)
-    assert out[0][0] == "PipelineLayer: num_stages = 3 but the topology's pp_degree is 2; pass num_stages=hcg.get_pipe_parallel_world_size()"
-    assert out[0][1] == "train_batch: inputs have 3 rows but pipeline_configs micro_batch_size (2) * accumulate_steps (2) = 4"
+    assert (
+        out[0][0]
+        == "PipelineLayer: num_stages = 3 but the topology's pp_degree is 2; pass num_stages=hcg.get_pipe_parallel_world_size()"
+    )
+    assert (
+        out[0][1]
+        == "train_batch: inputs have 3 rows but pipeline_configs micro_batch_size (2) * accumulate_steps (2) = 4"
+    )
     assert "stage 0 of 2: layers 0..0" in out[0][2] and "stage 1 of 2: layers 1..2" in out[1][2]
 
 
@@ -762,7 +794,13 @@ def _run(*args: str) -> list[tuple[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
     env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     out = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=REPO, env=env
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return LOSS.findall(out.stdout)

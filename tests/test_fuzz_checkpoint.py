@@ -64,7 +64,9 @@ def _pristine() -> tuple[str, dict[str, Any], dict[str, Any]]:
             mesh = dist.ProcessMesh([[0, 1], [2, 3]], ["dp", "tp"])
             state = {
                 "w": dist.shard_tensor(rng.standard_normal((8, 6)), mesh, [dist.Shard(0), dist.Shard(1)]),
-                "b": dist.shard_tensor(rng.standard_normal(6).astype(np.float32), mesh, [dist.Replicate(), dist.Shard(0)]),
+                "b": dist.shard_tensor(
+                    rng.standard_normal(6).astype(np.float32), mesh, [dist.Replicate(), dist.Shard(0)]
+                ),
                 "e": rng.integers(-9, 9, (3, 4)).astype(np.int32),
                 "s": np.float64(2.5),
                 "step": 7,
@@ -92,20 +94,44 @@ def _json_paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...
 
 
 _REPLACEMENTS = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.sampled_from([0, -1, 1, 2**31, 2**64]),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, -1, 1, 2**31, 2**64]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
     st.sampled_from(["", ".", "..", "x", "w#0", "float64", "bfloat16", "object", "nan", "dist", "dict"]),
-    st.just([]), st.just({}), st.just([[0, 1]]), st.just([[-1, 2], [0, 2]]),
+    st.just([]),
+    st.just({}),
+    st.just([[0, 1]]),
+    st.just([[-1, 2], [0, 2]]),
 )
-_BAD_NAMES = ["/etc/passwd", "../outside.safetensors", "./rank00000.safetensors", ".", "", "..", "a/../../x",
-              "rank00000.safetensors/..", "missing.safetensors", "link_out", "subdir", "fifo", "\x00x", 5, None,
-              "meta_link_out"]
+_BAD_NAMES = [
+    "/etc/passwd",
+    "../outside.safetensors",
+    "./rank00000.safetensors",
+    ".",
+    "",
+    "..",
+    "a/../../x",
+    "rank00000.safetensors/..",
+    "missing.safetensors",
+    "link_out",
+    "subdir",
+    "fifo",
+    "\x00x",
+    5,
+    None,
+    "meta_link_out",
+]
 
 
 @st.composite
 def mutations(draw: st.DrawFn) -> dict[str, Any]:
     _, meta, _ = _pristine()
-    kind = draw(st.sampled_from(["meta_bytes", "data_bytes", "json", "path", "swap_boxes", "swap_chunks", "dtype_shape"]))
+    kind = draw(
+        st.sampled_from(["meta_bytes", "data_bytes", "json", "path", "swap_boxes", "swap_chunks", "dtype_shape"])
+    )
     # Read whole (read_state_dict), or loaded in place into tensors on another mesh (load_state_dict:
     # chunks cut into several shards go through the memory-mapped path).
     m: dict[str, Any] = {"kind": kind, "target": draw(st.sampled_from(["read", "load"]))}
@@ -144,7 +170,11 @@ def _apply(ck: str, m: dict[str, Any]) -> bool:
         path = os.path.join(ck, m["file"])
         with open(path, "rb") as f:
             raw = bytearray(f.read())
-        limit = len(raw) if m["op"] != "flip_header" or kind == "meta_bytes" else min(len(raw), 8 + int.from_bytes(raw[:8], "little"))
+        limit = (
+            len(raw)
+            if m["op"] != "flip_header" or kind == "meta_bytes"
+            else min(len(raw), 8 + int.from_bytes(raw[:8], "little"))
+        )
         at = int(m["at"] * limit)
         if m["op"] == "truncate":
             raw = raw[:at]
@@ -289,7 +319,8 @@ def check_case(m: dict[str, Any]) -> None:
         assert outcome != "hang", f"load hung on mutation {m}"
         root = os.path.realpath(ck)
         outside = [
-            p for p in _OPENED
+            p
+            for p in _OPENED
             if os.path.commonpath([root, os.path.realpath(p)]) != root
             and not (os.path.realpath(p).startswith(_PACKAGE + os.sep) and p.endswith((".py", ".pyc")))
         ]
@@ -301,7 +332,8 @@ def check_case(m: dict[str, Any]) -> None:
             originals = {a.tobytes() + str(a.dtype).encode() + str(a.shape).encode() for a in _arrays(original)}
             for a in _arrays(result):
                 assert a.tobytes() + str(a.dtype).encode() + str(a.shape).encode() in originals, (
-                    f"mutation {m} loaded an array that is none of the saved ones")
+                    f"mutation {m} loaded an array that is none of the saved ones"
+                )
         else:
             assert _same(result, original), f"mutation {m} loaded values that differ from the saved ones"
     finally:
@@ -313,8 +345,12 @@ def test_fuzz_checkpoint_loader(request: pytest.FixtureRequest) -> None:
     long_run = "fuzz" in (request.config.getoption("markexpr") or "")
     examples = int(os.environ.get("MPIPAR_FUZZ_EXAMPLES", 20000 if long_run else 1000))
 
-    @settings(max_examples=examples, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(mutations())
     def case(m: dict[str, Any]) -> None:
         check_case(m)

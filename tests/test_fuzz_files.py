@@ -48,9 +48,12 @@ pytestmark = pytest.mark.fuzz
 
 EXAMPLES = int(os.environ.get("MPIPAR_FUZZ_EXAMPLES", "200"))
 CASE_TIMEOUT_S = 20.0
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="MPIPAR_FUZZ_EXAMPLES" not in os.environ,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize="MPIPAR_FUZZ_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 WORKDIR = tempfile.mkdtemp(prefix="mpipar-fuzz-")
 _OPENED: list[str] | None = None
 
@@ -102,8 +105,14 @@ def _measured_timeline() -> dict[str, Any]:
         for mb in range(2):
             with rec.span(f"{rank}F{mb}", "F", stage=rank, microbatch=mb):
                 np.ones((64, 64)) @ np.ones((64, 64))
-            with rec.span(f"{rank}SEND_F{mb}" if rank == 0 else f"{rank}RECV_F{mb}", "SEND" if rank == 0 else "RECV",
-                          track="comm", stage=rank, microbatch=mb, peer=1 - rank):
+            with rec.span(
+                f"{rank}SEND_F{mb}" if rank == 0 else f"{rank}RECV_F{mb}",
+                "SEND" if rank == 0 else "RECV",
+                track="comm",
+                stage=rank,
+                microbatch=mb,
+                peer=1 - rank,
+            ):
                 pass
         per_rank.append(rec.timeline())
     return Timeline.merge(per_rank, meta={"run": "fuzz"}).to_dict()
@@ -142,11 +151,17 @@ def _set(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
 
 
 _SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 10), st.integers(-(1 << 80), 1 << 80),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 10),
+    st.integers(-(1 << 80), 1 << 80),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
     st.sampled_from(["S(0)", "S(9)", "RS(1)", "P(max)P(sum)", "S(-3)R", "Q", "", "float32", "forward", "x" * 70000]),
 )
-_VALUES = st.one_of(_SCALARS, st.lists(_SCALARS, max_size=3), st.dictionaries(st.text(max_size=4), _SCALARS, max_size=2))
+_VALUES = st.one_of(
+    _SCALARS, st.lists(_SCALARS, max_size=3), st.dictionaries(st.text(max_size=4), _SCALARS, max_size=2)
+)
 
 
 @st.composite

@@ -22,18 +22,27 @@ from simulator.step_trace import GPTShape, GPTStrategy, Part, trace_gpt_step
 A100 = load_profile("a100-nvlink-ib")
 
 
-def _shape(layers: int = 2, hidden: int = 256, heads: int = 4, seq: int = 128, vocab: int = 512, mbs: int = 2) -> GPTShape:
+def _shape(
+    layers: int = 2, hidden: int = 256, heads: int = 4, seq: int = 128, vocab: int = 512, mbs: int = 2
+) -> GPTShape:
     return GPTShape(layers, hidden, heads, seq, vocab, mbs, 0.1)
 
 
-def _strategy(tp: int = 2, pp: int = 1, recompute: str = "none", sp: bool = False, micro_batches: int = 1) -> GPTStrategy:
+def _strategy(
+    tp: int = 2, pp: int = 1, recompute: str = "none", sp: bool = False, micro_batches: int = 1
+) -> GPTStrategy:
     return GPTStrategy(1, tp, pp, sp, recompute, 0, True, "adamw", micro_batches, "1F1B", 1, None)
 
 
 def _flops_by(step_parts: list[Part], plan_ops: list, costs: PlanCosts, phase: str, kind: str, family: str) -> float:
     total = 0.0
     for op, part in zip(plan_ops, step_parts, strict=True):
-        if op.phase == phase and part.kind == kind and op_family(op.op) == family and (kind != "layer" or part.index == 0):
+        if (
+            op.phase == phase
+            and part.kind == kind
+            and op_family(op.op) == family
+            and (kind != "layer" or part.index == 0)
+        ):
             total += costs.op_flops(op, costs.op_ranks(op)[0])
     return total
 
@@ -109,8 +118,11 @@ def test_skinny_gemm_runs_further_below_peak_than_a_square_one() -> None:
     for sh in (sh_square, sh_skinny):
         step = trace_gpt_step(sh, _strategy(tp=1))
         costs = PlanCosts(step.plan, A100)
-        op = next(o for o, p in zip(step.plan.ops, step.op_parts, strict=True)
-                  if o.op == "matmul" and o.phase == "forward" and p.kind == "layer")
+        op = next(
+            o
+            for o, p in zip(step.plan.ops, step.op_parts, strict=True)
+            if o.op == "matmul" and o.phase == "forward" and p.kind == "layer"
+        )
         r = costs.op_ranks(op)[0]
         rates.append(costs.op_flops(op, r) / (costs.op_time(op, r) - A100.kernel_launch_s))
     assert rates[1] < rates[0] / 10
@@ -130,15 +142,18 @@ def test_non_gemm_ops_are_priced_from_memory_bandwidth_with_the_stated_fusion() 
     assert seen > 5
 
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("gemm_efficiency_max", 1.5, "gemm_efficiency_max must be a share in (0, 1]"),
-    ("gemm_efficiency_max", True, "gemm_efficiency_max"),
-    ("memory_Bps", 0, "memory_Bps must be bytes/s > 0"),
-    ("kernel_launch_s", -1e-6, "kernel_launch_s must be seconds"),
-    ("gemm_half_flops", "1e9", "gemm_half_flops must be FLOPs"),
-    ("elementwise_fusion", 0.5, "elementwise_fusion must be a factor in [1, 1000]"),
-    ("memory_Bps", None, "gemm_efficiency_max is set but memory_Bps is null"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("gemm_efficiency_max", 1.5, "gemm_efficiency_max must be a share in (0, 1]"),
+        ("gemm_efficiency_max", True, "gemm_efficiency_max"),
+        ("memory_Bps", 0, "memory_Bps must be bytes/s > 0"),
+        ("kernel_launch_s", -1e-6, "kernel_launch_s must be seconds"),
+        ("gemm_half_flops", "1e9", "gemm_half_flops must be FLOPs"),
+        ("elementwise_fusion", 0.5, "elementwise_fusion must be a factor in [1, 1000]"),
+        ("memory_Bps", None, "gemm_efficiency_max is set but memory_Bps is null"),
+    ],
+)
 def test_gpu_profile_fields_are_checked(field: str, value: object, message: str, tmp_path: Path) -> None:
     data = A100.to_dict()
     data[field] = value
@@ -180,13 +195,35 @@ def test_last_stage_extra_forward_is_its_analytic_cost() -> None:
 def test_estimate_breakdown_prints_families_comm_and_bubble() -> None:
     buf = io.StringIO()
     with redirect_stdout(buf):
-        rc = main(["--layers", "4", "--hidden", "256", "--heads", "4", "--seq", "128", "--vocab", "512",
-                   "--mesh", "tp=2,pp=2", "--micro-batches", "4", "--sequence-parallel", "--recompute", "selective",
-                   "--mixed-precision", "--hardware", "a100-nvlink-ib", "--breakdown"])
+        rc = main(
+            [
+                "--layers",
+                "4",
+                "--hidden",
+                "256",
+                "--heads",
+                "4",
+                "--seq",
+                "128",
+                "--vocab",
+                "512",
+                "--mesh",
+                "tp=2,pp=2",
+                "--micro-batches",
+                "4",
+                "--sequence-parallel",
+                "--recompute",
+                "selective",
+                "--mixed-precision",
+                "--hardware",
+                "a100-nvlink-ib",
+                "--breakdown",
+            ]
+        )
     text = buf.getvalue()
     assert rc == 0
     assert "MFU" in text and "HFU" in text
-    table = text[text.index("per stage, one micro-batch"):].splitlines()
+    table = text[text.index("per stage, one micro-batch") :].splitlines()
     header = table[1].split()
     for col in ("forward/gemm", "backward/gemm", "forward/comm", "backward/comm", "forward/norm"):
         assert col in header

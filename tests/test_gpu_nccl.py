@@ -48,7 +48,15 @@ def test_nccl_is_chosen_and_reshards_round_trip() -> None:
 @pytest.mark.mpi
 @needs_two_gpus
 def test_nccl_communicator_matches_simulator_bit_for_bit() -> None:
-    run = mpirun(GPUS, "tests/mpi_scripts/comm_cases.py", "--cases", "150", "--seed", "23",
-                 env={"MPIPAR_BACKEND": "nccl"}, timeout=600)
+    run = mpirun(
+        GPUS,
+        "tests/mpi_scripts/comm_cases.py",
+        "--cases",
+        "150",
+        "--seed",
+        "23",
+        env={"MPIPAR_BACKEND": "nccl"},
+        timeout=600,
+    )
     assert run.returncode == 0, run.output[-4000:]
     assert run.lines_of(0)[-1] == f"ok 150 cases on {GPUS} ranks"

@@ -40,26 +40,86 @@ def big_plan() -> dict[str, Any]:
     half = BIG // 2
     gathered = float(half * half * 4)
     return {
-        "format": "mpipar.plan", "version": 1, "meta": {"shape_only": True, "world_size": 4},
+        "format": "mpipar.plan",
+        "version": 1,
+        "meta": {"shape_only": True, "world_size": 4},
         "meshes": [{"id": 0, "shape": [2, 2], "process_ids": [0, 1, 2, 3], "dim_names": ["dp", "tp"]}],
         "tensors": [
-            {"id": 0, "name": "w", "kind": "parameter", "shape": [BIG, BIG], "dtype": "float32", "mesh": 0,
-             "placements": "S(0)S(1)", "local_shapes": [[half, half]] * 4},
-            {"id": 1, "name": "w.gathered", "kind": "activation", "shape": [BIG, BIG], "dtype": "float32",
-             "mesh": 0, "placements": "S(0)R", "local_shapes": [[half, BIG]] * 4},
-            {"id": 2, "name": "y", "kind": "activation", "shape": [BIG, BIG], "dtype": "float32", "mesh": 0,
-             "placements": "S(0)R", "local_shapes": [[half, BIG]] * 4},
+            {
+                "id": 0,
+                "name": "w",
+                "kind": "parameter",
+                "shape": [BIG, BIG],
+                "dtype": "float32",
+                "mesh": 0,
+                "placements": "S(0)S(1)",
+                "local_shapes": [[half, half]] * 4,
+            },
+            {
+                "id": 1,
+                "name": "w.gathered",
+                "kind": "activation",
+                "shape": [BIG, BIG],
+                "dtype": "float32",
+                "mesh": 0,
+                "placements": "S(0)R",
+                "local_shapes": [[half, BIG]] * 4,
+            },
+            {
+                "id": 2,
+                "name": "y",
+                "kind": "activation",
+                "shape": [BIG, BIG],
+                "dtype": "float32",
+                "mesh": 0,
+                "placements": "S(0)R",
+                "local_shapes": [[half, BIG]] * 4,
+            },
         ],
-        "ops": [{"index": 0, "op": "relu", "phase": "forward", "scope": "m", "inputs": [1], "outputs": [2],
-                 "rule": "elementwise", "decision": "keep", "input_placements": ["S(0)S(1)"],
-                 "required_placements": ["S(0)R"], "output_placements": ["S(0)R"], "reshards": [0]}],
-        "reshards": [{"index": 0, "op": 0, "tensor": 0, "new_tensor": 1, "reason": "relu needs S(0)R",
-                      "phase": "forward", "shape": [BIG, BIG], "dtype": "float32",
-                      "src": {"mesh": 0, "placements": "S(0)S(1)"}, "dst": {"mesh": 0, "placements": "S(0)R"},
-                      "bytes_per_rank": gathered,
-                      "steps": [{"kind": "all_gather", "axes": ["tp"], "reduce_type": None, "src": "S(0)S(1)",
-                                 "dst": "S(0)R", "bytes_per_rank": gathered, "pieces": []}]}],
-        "pipeline": None, "memory": None,
+        "ops": [
+            {
+                "index": 0,
+                "op": "relu",
+                "phase": "forward",
+                "scope": "m",
+                "inputs": [1],
+                "outputs": [2],
+                "rule": "elementwise",
+                "decision": "keep",
+                "input_placements": ["S(0)S(1)"],
+                "required_placements": ["S(0)R"],
+                "output_placements": ["S(0)R"],
+                "reshards": [0],
+            }
+        ],
+        "reshards": [
+            {
+                "index": 0,
+                "op": 0,
+                "tensor": 0,
+                "new_tensor": 1,
+                "reason": "relu needs S(0)R",
+                "phase": "forward",
+                "shape": [BIG, BIG],
+                "dtype": "float32",
+                "src": {"mesh": 0, "placements": "S(0)S(1)"},
+                "dst": {"mesh": 0, "placements": "S(0)R"},
+                "bytes_per_rank": gathered,
+                "steps": [
+                    {
+                        "kind": "all_gather",
+                        "axes": ["tp"],
+                        "reduce_type": None,
+                        "src": "S(0)S(1)",
+                        "dst": "S(0)R",
+                        "bytes_per_rank": gathered,
+                        "pieces": [],
+                    }
+                ],
+            }
+        ],
+        "pipeline": None,
+        "memory": None,
     }
 
 
@@ -84,8 +144,9 @@ HOSTILE: list[tuple[str, Callable[[dict[str, Any]], bytes], str]] = [
 
 
 @pytest.mark.parametrize(("what", "make", "problem"), HOSTILE, ids=[h[0] for h in HOSTILE])
-def test_plan_load_names_every_hostile_file(docs: tuple, tmp_path: Path, what: str,
-                                            make: Callable[[dict[str, Any]], bytes], problem: str) -> None:
+def test_plan_load_names_every_hostile_file(
+    docs: tuple, tmp_path: Path, what: str, make: Callable[[dict[str, Any]], bytes], problem: str
+) -> None:
     path = tmp_path / "plan.json"
     path.write_bytes(make(docs[0]))
     with pytest.raises(PlanFormatError) as err:
@@ -96,8 +157,9 @@ def test_plan_load_names_every_hostile_file(docs: tuple, tmp_path: Path, what: s
 
 
 @pytest.mark.parametrize(("what", "make", "problem"), HOSTILE, ids=[h[0] for h in HOSTILE])
-def test_timeline_load_names_every_hostile_file(docs: tuple, tmp_path: Path, what: str,
-                                                make: Callable[[dict[str, Any]], bytes], problem: str) -> None:
+def test_timeline_load_names_every_hostile_file(
+    docs: tuple, tmp_path: Path, what: str, make: Callable[[dict[str, Any]], bytes], problem: str
+) -> None:
     path = tmp_path / "timeline.json"
     path.write_bytes(make(docs[1]))
     with pytest.raises(TimelineFormatError) as err:
@@ -133,8 +195,9 @@ def test_plan_refuses_a_number_beyond_its_cap(docs: tuple) -> None:
 
 
 @pytest.mark.parametrize(("what", "make", "problem"), HOSTILE, ids=[h[0] for h in HOSTILE])
-def test_dashboard_loader_names_every_hostile_file(docs: tuple, what: str,
-                                                   make: Callable[[dict[str, Any]], bytes], problem: str) -> None:
+def test_dashboard_loader_names_every_hostile_file(
+    docs: tuple, what: str, make: Callable[[dict[str, Any]], bytes], problem: str
+) -> None:
     with pytest.raises(VizFileError) as err:
         load_document(make(docs[0]), "upload.json")  # the upload path: bytes from the browser
     assert str(err.value).startswith("upload.json: ") and problem in str(err.value)
@@ -268,24 +331,42 @@ def test_timeline_refuses_a_repeated_memory_category(docs: tuple) -> None:
 @pytest.mark.parametrize(
     ("mutate", "field", "words"),
     [
-        (lambda p: p["pipeline"]["cost"].update(forward=["x"] * len(p["pipeline"]["stages"])),
-         "pipeline.cost.forward[0]", "not a non-negative number"),
+        (
+            lambda p: p["pipeline"]["cost"].update(forward=["x"] * len(p["pipeline"]["stages"])),
+            "pipeline.cost.forward[0]",
+            "not a non-negative number",
+        ),
         (lambda p: p["pipeline"]["cost"].update(forward=[1.0]), "pipeline.cost.forward", "entries for"),
         (lambda p: p["pipeline"]["cost"].update(time_unit="fortnight"), "pipeline.cost.time_unit", "'s' or 'unit'"),
         (lambda p: p["pipeline"].update(step_end={"0": ["x"]}), "pipeline.step_end['0'][0]", "not a JSON object"),
-        (lambda p: p["pipeline"].update(step_end={"0": [{"duration": -1}]}), "pipeline.step_end['0'][0].duration",
-         "non-negative"),
+        (
+            lambda p: p["pipeline"].update(step_end={"0": [{"duration": -1}]}),
+            "pipeline.step_end['0'][0].duration",
+            "non-negative",
+        ),
         (lambda p: p["pipeline"]["stages"][0].update(mesh=999), "pipeline.stages[0].mesh", "names no mesh"),
         (lambda p: p["pipeline"]["stages"][1].update(stage=0), "pipeline.stages[1].stage", "new stage number"),
-        (lambda p: p["pipeline"]["schedule"].update(num_microbatches=1 << 40), "pipeline.schedule.num_microbatches",
-         "[1, 2^20]"),
+        (
+            lambda p: p["pipeline"]["schedule"].update(num_microbatches=1 << 40),
+            "pipeline.schedule.num_microbatches",
+            "[1, 2^20]",
+        ),
         (lambda p: p["pipeline"]["schedule"]["actions"][0].append("9F9"), "pipeline.schedule", "not a valid schedule"),
-        (lambda p: p["memory"]["ranks"][0].update(parameters="lots"), "memory.ranks[0].parameters",
-         "not a non-negative number"),
-        (lambda p: p["memory"]["ranks"][0].update(activations={"one": 5}), "memory.ranks[0].activations",
-         "not a stage number"),
-        (lambda p: p["memory"]["ranks"][1].update(rank=p["memory"]["ranks"][0]["rank"]), "memory.ranks[1].rank",
-         "repeats"),
+        (
+            lambda p: p["memory"]["ranks"][0].update(parameters="lots"),
+            "memory.ranks[0].parameters",
+            "not a non-negative number",
+        ),
+        (
+            lambda p: p["memory"]["ranks"][0].update(activations={"one": 5}),
+            "memory.ranks[0].activations",
+            "not a stage number",
+        ),
+        (
+            lambda p: p["memory"]["ranks"][1].update(rank=p["memory"]["ranks"][0]["rank"]),
+            "memory.ranks[1].rank",
+            "repeats",
+        ),
         (lambda p: p["memory"].update(capacity_bytes=-1), "memory.capacity_bytes", "non-negative"),
         (lambda p: p["tensors"][0].update(dtype="object"), "tensors[0].dtype", "not an element type"),
         (lambda p: p["reshards"][0].update(dtype="V8"), "reshards[0].dtype", "not an element type"),

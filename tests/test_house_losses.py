@@ -34,8 +34,18 @@ CASES: list[tuple[str, str, list[str], int]] = [
 def losses_of(script: str, extra: list[str], n: int) -> list[str]:
     """The loss strings one simulated run prints, exactly as printed."""
     env = {k: v for k, v in os.environ.items() if k not in ("MPIPAR_BACKEND", "MPIPAR_TRACE")}
-    cmd = [sys.executable, "-m", "simulator", "-n", str(n), os.path.join("examples", script),
-           "--tiny", "--steps", "3", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "simulator",
+        "-n",
+        str(n),
+        os.path.join("examples", script),
+        "--tiny",
+        "--steps",
+        "3",
+        *extra,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, cwd=REPO, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     found = [v for _, v in LOSS.findall(out.stdout)]

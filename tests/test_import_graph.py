@@ -113,7 +113,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
                 stack.pop()
             elif colour.get(child, 2) == 1:
                 path = [n for n, _ in stack]
-                return [*path[path.index(child):], child]
+                return [*path[path.index(child) :], child]
             elif colour.get(child, 2) == 0:
                 colour[child] = 1
                 stack.append((child, iter(sorted(edges[child]))))

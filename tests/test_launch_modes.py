@@ -19,7 +19,13 @@ TOUR = os.path.join(REPO, "tests", "scripts", "reshard_tour.py")
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "MPIPAR_BACKEND"}
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=REPO, env=env
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=env,
     )
 
 

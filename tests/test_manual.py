@@ -43,7 +43,13 @@ def launch(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProces
     env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
     start = time.monotonic()
     out = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, cwd=REPO, env=env
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=env,
     )
     return out, time.monotonic() - start
 
@@ -64,6 +70,7 @@ def test_every_collective_against_numpy(n: int) -> None:
 )
 def test_generated_reductions_and_exchanges(n: int, dtype: str, op: str, lengths: list[int], seed: int) -> None:
     """all_reduce, reduce_scatter with uneven pieces and alltoall with uneven pieces, vs NumPy."""
+
     def value(rank: int, salt: int, size: int) -> np.ndarray:
         return np.random.default_rng([seed, rank, salt]).integers(-3, 4, size).astype(dtype)
 
@@ -115,7 +122,9 @@ def test_different_shapes_in_one_collective_are_a_mismatch() -> None:
     def program(me: int) -> None:
         dist.broadcast(dist.to_tensor(np.ones(3 + me)), src=0)
 
-    with pytest.raises(ManualModeError, match=r"rank 0 calls broadcast float64\[3\] from rank 0, rank 1 calls broadcast float64\[4\]"):
+    with pytest.raises(
+        ManualModeError, match=r"rank 0 calls broadcast float64\[3\] from rank 0, rank 1 calls broadcast float64\[4\]"
+    ):
         per_rank(2, program)
 
 
@@ -132,7 +141,9 @@ def test_a_recv_never_matched_is_a_deadlock_report() -> None:
     msg = str(err.value)
     assert msg.startswith("deadlock in the per-rank programs")
     assert "rank 0: recv float32[4] from rank 1: rank 1 never sends it" in msg
-    assert "rank 1: all_reduce(sum) float32[4] on group [0, 1, 2] (call #1 on that group), waiting for rank(s) [0]" in msg
+    assert (
+        "rank 1: all_reduce(sum) float32[4] on group [0, 1, 2] (call #1 on that group), waiting for rank(s) [0]" in msg
+    )
     assert "rank 3: finished" in msg
 
 
@@ -146,7 +157,9 @@ def test_collectives_on_different_groups_deadlock_with_both_groups_named() -> No
         per_rank(3, program)
     msg = str(err.value)
     assert "rank 0: all_reduce(sum) float64[2] on group [0, 1] (call #1 on that group), waiting for rank(s) [1]" in msg
-    assert "rank 1: all_reduce(sum) float64[2] on group [1, 0, 2] (call #1 on that group), waiting for rank(s) [0]" in msg
+    assert (
+        "rank 1: all_reduce(sum) float64[2] on group [1, 0, 2] (call #1 on that group), waiting for rank(s) [0]" in msg
+    )
 
 
 def test_a_message_never_received_and_a_wrong_recv_buffer_are_errors() -> None:
@@ -159,7 +172,9 @@ def test_a_message_never_received_and_a_wrong_recv_buffer_are_errors() -> None:
         else:
             dist.recv(dist.to_tensor(np.ones(3)), src=0)
 
-    with pytest.raises(ManualModeError, match=r"rank 1 expects float64\[3\] from rank 0 \(tag 0\) but got float64\[2\]"):
+    with pytest.raises(
+        ManualModeError, match=r"rank 1 expects float64\[3\] from rank 0 \(tag 0\) but got float64\[2\]"
+    ):
         per_rank(2, wrong)
 
 
@@ -369,7 +384,12 @@ def test_traced_plans_count_manual_collectives_like_reshards(tmp_path: object) -
     plan.save(path)
     again = Plan.load(path)
     rows = {(row["collective"], row["axes"]): row["count"] for row in comm_table(again)}
-    assert rows == {("all_reduce", "group"): 1, ("all_gather", "group"): 1, ("reduce_scatter", "group"): 1, ("transfer", "group"): 2}
+    assert rows == {
+        ("all_reduce", "group"): 1,
+        ("all_gather", "group"): 1,
+        ("reduce_scatter", "group"): 1,
+        ("transfer", "group"): 2,
+    }
 
 
 def test_plain_python_runs_a_manual_example_as_one_device() -> None:

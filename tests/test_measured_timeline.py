@@ -143,13 +143,17 @@ def test_recording_stops_and_untraced_calls_are_not_timed() -> None:
     backend = SimBackend(2)
     trace = MeasuredTrace(backend).start()
     trace.stop()
-    assert trace not in comm_module._span_recorders and trace not in hooks.op_hooks and trace not in hooks.op_start_hooks
+    assert (
+        trace not in comm_module._span_recorders and trace not in hooks.op_hooks and trace not in hooks.op_start_hooks
+    )
     assert comm_module._span_start() == 0.0
 
 
 def test_trace_setting(tmp_path: Path) -> None:
     assert start_from_env(SimBackend(2), environ={}) is None
-    with pytest.raises(ValueError, match=r"MPIPAR_TRACE='/no/such/dir/t.json': the folder '/no/such/dir' does not exist"):
+    with pytest.raises(
+        ValueError, match=r"MPIPAR_TRACE='/no/such/dir/t.json': the folder '/no/such/dir' does not exist"
+    ):
         start_from_env(SimBackend(2), environ={"MPIPAR_TRACE": "/no/such/dir/t.json"})
     assert measured.active() is None
 
@@ -196,7 +200,11 @@ def test_mpiexec_trace_has_the_simulators_spans_on_every_rank(tmp_path: Path) ->
     assert run.output.count("mpipar: wrote the measured timeline") == 1, run.output  # rank 0 only
     sim = subprocess.run(
         [sys.executable, "-m", "simulator", "-n", "4", "examples/gpt.py", *ARGS],
-        cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**_clean_env(), "MPIPAR_TRACE": str(sim_path)},
     )
     assert sim.returncode == 0, sim.stderr[-4000:]
@@ -225,7 +233,12 @@ def test_mpiexec_trace_has_the_simulators_spans_on_every_rank(tmp_path: Path) ->
 
     out = subprocess.run(
         [sys.executable, "-m", "mpipar.runtime.measured", str(mpi_path), "--chrome", str(tmp_path / "trace.json")],
-        cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=True,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout
     assert out.startswith(f"4 ranks, {len(measured_tl.spans)} spans")
     assert json.loads((tmp_path / "trace.json").read_text()) == chrome

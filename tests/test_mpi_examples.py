@@ -68,14 +68,20 @@ def _case_id(case: tuple[str, int, tuple[str, ...]]) -> str:
 def _losses(lines: list[str], where: str) -> list[tuple[int, str, str]]:
     """(step, printed loss, the rest of the line) of every training line; exactly steps 0..STEPS-1."""
     found = [(int(m.group(1)), m.group(2), m.group(3)) for line in lines if (m := LOSS_LINE.fullmatch(line.strip()))]
-    assert [s for s, _, _ in found] == list(range(STEPS)), f"{where}: expected steps 0..{STEPS - 1}, got lines:\n" + "\n".join(lines)
+    assert [s for s, _, _ in found] == list(range(STEPS)), (
+        f"{where}: expected steps 0..{STEPS - 1}, got lines:\n" + "\n".join(lines)
+    )
     return found
 
 
 def _simulate(script: str, n: int, args: tuple[str, ...]) -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "simulator", "-n", str(n), script, *args],
-        cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, f"simulator failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout.splitlines()
@@ -116,7 +122,9 @@ def _compare_with_simulator(script: str, n: int, extra: tuple[str, ...], env: di
 
     for (step, want, want_rest), (_, have, have_rest) in zip(expected, got, strict=True):
         w, h = float(want), float(have)
-        assert abs(h - w) <= RTOL * abs(w), f"step {step}: mpiexec loss {have} vs simulator {want} (relative {abs(h - w) / abs(w):.3g})"
+        assert abs(h - w) <= RTOL * abs(w), (
+            f"step {step}: mpiexec loss {have} vs simulator {want} (relative {abs(h - w) / abs(w):.3g})"
+        )
         assert have_rest == want_rest, f"step {step}: mpiexec metrics {have_rest!r} vs simulator {want_rest!r}"
     return got == expected
 

@@ -26,7 +26,9 @@ def test_reshard_cases_match_simulator(n: int, cases: int) -> None:
 
 def test_reshard_cases_under_check_mode() -> None:
     """The signature check finds no mismatch in correct plans (and costs no correctness)."""
-    run = mpirun(6, "tests/mpi_scripts/reshard_cases.py", "--cases", "80", "--seed", "21", env={"MPIPAR_CHECK_COLLECTIVES": "1"})
+    run = mpirun(
+        6, "tests/mpi_scripts/reshard_cases.py", "--cases", "80", "--seed", "21", env={"MPIPAR_CHECK_COLLECTIVES": "1"}
+    )
     assert run.returncode == 0, run.output[-4000:]
     assert run.lines_of(0)[-1] == "ok 80 cases on 6 ranks"
 
@@ -41,7 +43,9 @@ def test_communicator_methods_match_simulator(n: int) -> None:
 @pytest.mark.parametrize("n", [3, 8])
 def test_native_sums_match_the_simulator_to_rounding(n: int) -> None:
     """MPIPAR_REDUCE=native: float sums by MPI itself, within rounding; all else bit for bit."""
-    run = mpirun(n, "tests/mpi_scripts/comm_cases.py", "--cases", "200", "--seed", "23", env={"MPIPAR_REDUCE": "native"})
+    run = mpirun(
+        n, "tests/mpi_scripts/comm_cases.py", "--cases", "200", "--seed", "23", env={"MPIPAR_REDUCE": "native"}
+    )
     assert run.returncode == 0, run.output[-4000:]
     assert run.lines_of(0)[-1] == f"ok 200 cases on {n} ranks"
 
@@ -55,7 +59,12 @@ def test_a_bad_reduce_mode_is_refused() -> None:
 def _simulated(script: str, n: int) -> list[str]:
     out = subprocess.run(
         [sys.executable, "-m", "simulator", "-n", str(n), script],
-        cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=True,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     return out.splitlines()
 
@@ -86,7 +95,9 @@ def test_a_mesh_larger_than_the_world_is_refused_once_on_every_rank() -> None:
     refuses it; the report shows once and the job ends."""
     run = mpirun(4, "examples/seed_shard_tensor.py", timeout=60)
     assert run.returncode != 0
-    assert run.output.count("ValueError: ProcessMesh [2, 4, 5, 0, 1, 3] names process 4, but the world has 4 ranks") == 1, run.output
+    assert (
+        run.output.count("ValueError: ProcessMesh [2, 4, 5, 0, 1, 3] names process 4, but the world has 4 ranks") == 1
+    ), run.output
     assert "mpiexec -n 6" in run.output
 
 

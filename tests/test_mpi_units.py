@@ -102,7 +102,9 @@ def test_cache_setting() -> None:
     assert cache_bytes_from_env({"MPIPAR_COMM_CACHE_MIB": "0"}) == 0
     assert cache_bytes_from_env({"MPIPAR_COMM_CACHE_MIB": "1.5"}) == int(1.5 * MIB)
     for bad in ("-1", "lots", "inf", "nan"):
-        with pytest.raises(ValueError, match=f"MPIPAR_COMM_CACHE_MIB must be a non-negative number of MiB .* got '{bad}'"):
+        with pytest.raises(
+            ValueError, match=f"MPIPAR_COMM_CACHE_MIB must be a non-negative number of MiB .* got '{bad}'"
+        ):
             cache_bytes_from_env({"MPIPAR_COMM_CACHE_MIB": bad})
 
 

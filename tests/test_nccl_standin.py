@@ -56,15 +56,25 @@ def test_captured_steps_under_nccl_match_eager_and_the_mpi_backend(ranks: int) -
     script, ``repr`` for ``repr``."""
     args = ("--steps", "8", "--print-losses")
     threads = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    ref = mpirun(ranks, "tests/mpi_scripts/capture_step.py", *args, env={"MPIPAR_BACKEND": "mpi", **threads}, timeout=300)
+    ref = mpirun(
+        ranks, "tests/mpi_scripts/capture_step.py", *args, env={"MPIPAR_BACKEND": "mpi", **threads}, timeout=300
+    )
     assert ref.returncode == 0, ref.output[-4000:]
-    run = mpirun(ranks, "tests/mpi_scripts/nccl_standin_run.py", "tests/mpi_scripts/capture_step.py", *args,
-                 env={**NCCL_ENV, **threads}, timeout=300)
+    run = mpirun(
+        ranks,
+        "tests/mpi_scripts/nccl_standin_run.py",
+        "tests/mpi_scripts/capture_step.py",
+        *args,
+        env={**NCCL_ENV, **threads},
+        timeout=300,
+    )
     assert run.returncode == 0, run.output[-4000:]
     for r in range(ranks):
         lines = run.lines_of(r)
         for case in ("tp-sgd", "tp-adamw", "dp-sgd", "static"):
-            assert any(line.startswith(f"ok {case} captured ") and line != f"ok {case} captured 0" for line in lines), run.output[-3000:]
+            assert any(line.startswith(f"ok {case} captured ") and line != f"ok {case} captured 0" for line in lines), (
+                run.output[-3000:]
+            )
         (report,) = [line for line in lines if line.startswith("standin backend=")]
         assert "backend=nccl standin=True" in report and "open_groups=0" in report and " calls=0 " not in report, report
         losses = [line for line in lines if line.startswith("loss ")]
@@ -97,7 +107,15 @@ def test_every_kernel_under_the_standin_equals_the_mpi_backend(tmp_path: Path) -
     script = "tests/mpi_scripts/kernels_on_device.py"
     ref = mpirun(2, script, "--out", str(tmp_path / "mpi.npz"), env={"MPIPAR_BACKEND": "mpi"}, timeout=300)
     assert ref.returncode == 0, ref.output[-4000:]
-    run = mpirun(2, "tests/mpi_scripts/nccl_standin_run.py", script, "--out", str(tmp_path / "nccl.npz"), env=NCCL_ENV, timeout=300)
+    run = mpirun(
+        2,
+        "tests/mpi_scripts/nccl_standin_run.py",
+        script,
+        "--out",
+        str(tmp_path / "nccl.npz"),
+        env=NCCL_ENV,
+        timeout=300,
+    )
     assert run.returncode == 0, run.output[-4000:]
     assert "0 failing samples" in run.output, run.output[-4000:]
     with np.load(tmp_path / "mpi.npz") as saved:

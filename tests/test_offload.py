@@ -20,8 +20,14 @@ from mpipar.optimizer.offload import OffloadConfig, move_states
 SHAPE = (8, 6)
 
 
-def _train(offload: bool, zero: bool = False, steps: int = 3, dtype: str = "float64", multi_precision: bool = False,
-           master_weight: bool = False) -> tuple[np.ndarray, Any, dist.Tensor]:
+def _train(
+    offload: bool,
+    zero: bool = False,
+    steps: int = 3,
+    dtype: str = "float64",
+    multi_precision: bool = False,
+    master_weight: bool = False,
+) -> tuple[np.ndarray, Any, dist.Tensor]:
     """A (8, 6) weight on a 2 x 2 (dp, tp) mesh, split over tp, trained ``steps`` steps with AdamW."""
     mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["dp", "tp"])
     rng = np.random.default_rng(7)
@@ -33,8 +39,11 @@ def _train(offload: bool, zero: bool = False, steps: int = 3, dtype: str = "floa
     if offload:
         opt = dist.offload_optimizer(opt, master_weight=master_weight)
     for step in range(steps):
-        x = dist.shard_tensor(dist.Tensor(np.random.default_rng(step).standard_normal((4, 8)).astype(dtype)), mesh,
-                              [dist.Shard(0), dist.Replicate()])
+        x = dist.shard_tensor(
+            dist.Tensor(np.random.default_rng(step).standard_normal((4, 8)).astype(dtype)),
+            mesh,
+            [dist.Shard(0), dist.Replicate()],
+        )
         dist.sum(dist.multiply(dist.matmul(x, w), dist.matmul(x, w))).backward()
         opt.step()
         opt.clear_grad()
@@ -46,7 +55,9 @@ def test_offload_changes_no_value(zero: bool) -> None:
     plain, plain_opt, _ = _train(offload=False, zero=zero)
     moved, moved_opt, _ = _train(offload=True, zero=zero)
     np.testing.assert_array_equal(moved, plain)
-    for (name, a), (name_b, b) in zip(plain_opt.state_tensors().items(), moved_opt.state_tensors().items(), strict=True):
+    for (name, a), (name_b, b) in zip(
+        plain_opt.state_tensors().items(), moved_opt.state_tensors().items(), strict=True
+    ):
         assert name == name_b
         np.testing.assert_array_equal(b.full_tensor(), a.full_tensor())
 
@@ -76,7 +87,9 @@ def test_bytes_moved_per_rank_are_counted_per_step() -> None:
     _, opt, _ = _train(offload=True, zero=True, steps=steps)
     state_bytes = 2 * (8 * 6 // 4) * 8  # two moments of a (4, 3) float64 shard
     # Step 0 makes the states on the device (nothing to fetch); every step puts them back.
-    assert opt.offload.moved == {r: {"to_device": (steps - 1) * state_bytes, "to_host": steps * state_bytes} for r in range(4)}
+    assert opt.offload.moved == {
+        r: {"to_device": (steps - 1) * state_bytes, "to_host": steps * state_bytes} for r in range(4)
+    }
 
 
 def test_master_weights_move_only_when_asked() -> None:

@@ -36,7 +36,9 @@ def _scale(arrays: list[np.ndarray]) -> float:
     return max([1.0] + [float(np.abs(a).max()) for a in arrays if a.size and np.issubdtype(a.dtype, np.floating)]) * 16
 
 
-def _run(op_name: str, tensors: list[dist.Tensor], inputs: list[Any], attrs: dict[str, Any], cots: list[np.ndarray] | None) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+def _run(
+    op_name: str, tensors: list[dist.Tensor], inputs: list[Any], attrs: dict[str, Any], cots: list[np.ndarray] | None
+) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
     op = get_op(op_name)
     out = apply(op_name, _nest(inputs, tensors), attrs)
     outs = list(out) if op.multi_output else [out]
@@ -92,7 +94,9 @@ def test_forward_and_backward_match_dense(op_name: str, data: st.DataObject, see
     for i, (g, w) in enumerate(zip(got_grads, want_grads, strict=True)):
         assert (g is None) == (w is None), (op_name, i)
         if w is not None:
-            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12 * _scale(arrays), err_msg=f"{op_name} grad of input {i}")
+            np.testing.assert_allclose(
+                g, w, rtol=1e-12, atol=1e-12 * _scale(arrays), err_msg=f"{op_name} grad of input {i}"
+            )
 
 
 @pytest.mark.parametrize("op_name", DIFFERENTIABLE)
@@ -103,7 +107,8 @@ def test_gradients_match_finite_differences(op_name: str) -> None:
     for inputs, attrs in op.sample(rng)[:2]:
         arrays = _flat(inputs)
         float_in = [
-            i for i, a in enumerate(arrays)
+            i
+            for i, a in enumerate(arrays)
             if np.issubdtype(a.dtype, np.floating) and (op.differentiable is None or i in op.differentiable)
         ]
         tensors = [dist.Tensor(a, stop_gradient=i not in float_in) for i, a in enumerate(arrays)]
@@ -115,13 +120,18 @@ def test_gradients_match_finite_differences(op_name: str) -> None:
         # A float32 output (cast) needs a larger step; the ops checked this way are smooth there.
         eps = 1e-2 if any(o.dtype == np.float32 for o in probe) else 1e-6
 
-        def f(arrs: list[np.ndarray], inputs: list = inputs, attrs: dict = attrs, cots: list = cots, wanted: list = wanted) -> float:
+        def f(
+            arrs: list[np.ndarray], inputs: list = inputs, attrs: dict = attrs, cots: list = cots, wanted: list = wanted
+        ) -> float:
             res = apply(op_name, _nest(inputs, [dist.Tensor(a) for a in arrs]), attrs)
             res = list(res) if op.multi_output else [res]
-            return float(sum(
-                np.sum(r.full_tensor().astype(np.float64) * c)
-                for r, c, w in zip(res, cots, wanted, strict=True) if w
-            ))
+            return float(
+                sum(
+                    np.sum(r.full_tensor().astype(np.float64) * c)
+                    for r, c, w in zip(res, cots, wanted, strict=True)
+                    if w
+                )
+            )
 
         tensors = [dist.Tensor(a, stop_gradient=i not in float_in) for i, a in enumerate(arrays)]
         _, grads = _run(op_name, tensors, inputs, attrs, cots)

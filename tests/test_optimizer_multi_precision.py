@@ -125,7 +125,9 @@ def test_shape_only_step_creates_float32_states_in_the_zero_layout() -> None:
         mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["dp", "tp"])
         p = dist.shard_tensor(dist.Tensor.abstract((8, 16), np.float16), mesh, [dist.Replicate(), dist.Shard(1)])
         p.stop_gradient = False
-        opt = dist.shard_optimizer(dist.optimizer.AdamW(parameters=[p], multi_precision=True), dist.ShardingStage1("dp"))
+        opt = dist.shard_optimizer(
+            dist.optimizer.AdamW(parameters=[p], multi_precision=True), dist.ShardingStage1("dp")
+        )
         x = dist.shard_tensor(dist.Tensor.abstract((4, 8), np.float16), mesh, [dist.Shard(0), dist.Replicate()])
         dist.sum(dist.matmul(x, p)).backward()
         opt.step()
@@ -160,8 +162,10 @@ def test_state_dict_round_trip_keeps_the_master() -> None:
             opt_.step()
             opt_.clear_grad()
     np.testing.assert_array_equal(q.full_tensor(), p.full_tensor())
-    np.testing.assert_array_equal(again.state_tensors()[f"{q.name}.master_weight"].full_tensor(),
-                                  opt.state_tensors()[f"{p.name}.master_weight"].full_tensor())
+    np.testing.assert_array_equal(
+        again.state_tensors()[f"{q.name}.master_weight"].full_tensor(),
+        opt.state_tensors()[f"{p.name}.master_weight"].full_tensor(),
+    )
     bad = dict(saved)
     bad[f"{p.name}.moment1"] = saved[f"{p.name}.moment1"].astype(np.float16)
     with pytest.raises(ValueError, match=r"moment1' is float16\[4, 6\], but its parameter .* kept as float32"):

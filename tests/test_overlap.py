@@ -91,13 +91,17 @@ def _check_run(output: str, sim_digest: str) -> None:
     facts = _facts(output)
     m = re.match(r"digest plain (\w+) overlap (\w+) per-gradient (\w+)", facts["digest"])
     assert m and m.group(1) == m.group(2) == m.group(3) == sim_digest, facts["digest"]
-    m = re.match(r"all_reduce plain (\d+) x (\d+) B, overlap (\d+) x (\d+) B, per-gradient (\d+) x (\d+) B", facts["all_reduce"])
+    m = re.match(
+        r"all_reduce plain (\d+) x (\d+) B, overlap (\d+) x (\d+) B, per-gradient (\d+) x (\d+) B", facts["all_reduce"]
+    )
     assert m, facts["all_reduce"]
     plain_n, plain_b, over_n, over_b, one_n, one_b = map(int, m.groups())
     assert plain_b == over_b == one_b and one_n == plain_n and over_n < plain_n
     m = re.match(r"buckets overlap (\d+) per-gradient (\d+)", facts["buckets"])
     assert m and over_n == plain_n - int(m.group(2)) + int(m.group(1)), facts["buckets"]
-    m = re.match(r"first start at event (\d+), last backward op at (\d+), buckets started before it (\d+)", facts["first"])
+    m = re.match(
+        r"first start at event (\d+), last backward op at (\d+), buckets started before it (\d+)", facts["first"]
+    )
     assert m and int(m.group(1)) < int(m.group(2)) and int(m.group(3)) >= 1, facts["first"]
 
 
@@ -123,26 +127,51 @@ def test_started_all_reduces_under_mpiexec_match_blocking_ones() -> None:
 def test_overlap_through_the_nccl_standin_is_bit_identical() -> None:
     sim = run("dp_tp", overlap=True, hidden=67, inner=1100, bucket_mib=1.0)
     result = mpirun(
-        4, "tests/mpi_scripts/nccl_standin_run.py", "tests/mpi_scripts/overlap_step.py", "--layout", "dp_tp", *LARGE,
-        env=NCCL_ENV, timeout=300,
+        4,
+        "tests/mpi_scripts/nccl_standin_run.py",
+        "tests/mpi_scripts/overlap_step.py",
+        "--layout",
+        "dp_tp",
+        *LARGE,
+        env=NCCL_ENV,
+        timeout=300,
     )
     assert result.returncode == 0, result.output[-4000:]
     assert sum("backend=nccl standin=True" in line for line in result.output.splitlines()) == 4
     _check_run(result.output, digest(sim))
-    cases = mpirun(4, "tests/mpi_scripts/nccl_standin_run.py", "tests/mpi_scripts/overlap_step.py", "--cases", env=NCCL_ENV, timeout=300)
+    cases = mpirun(
+        4,
+        "tests/mpi_scripts/nccl_standin_run.py",
+        "tests/mpi_scripts/overlap_step.py",
+        "--cases",
+        env=NCCL_ENV,
+        timeout=300,
+    )
     assert cases.returncode == 0, cases.output[-4000:]
     assert "ok 110 started all-reduces (_StreamAllReduce)" in cases.output
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("mesh", [("--mesh", "dp=2,tp=2,pp=2", "--sequence-parallel", "--recompute", "full"),
-                                  ("--mesh", "dp=4,pp=2", "--recompute", "selective")], ids=["dp2tp2pp2-sp-full", "dp4pp2-sel"])
+@pytest.mark.parametrize(
+    "mesh",
+    [
+        ("--mesh", "dp=2,tp=2,pp=2", "--sequence-parallel", "--recompute", "full"),
+        ("--mesh", "dp=4,pp=2", "--recompute", "selective"),
+    ],
+    ids=["dp2tp2pp2-sp-full", "dp4pp2-sel"],
+)
 def test_gpt_with_overlap_under_mpiexec_prints_the_simulators_losses(mesh: tuple[str, ...]) -> None:
     """Pipelines and recompute (a nested backward joins the outer pass's buckets) under
     ``--overlap``: the losses of the simulator without overlap, to the last printed digit."""
     common = ("--tiny", "--dtype", "float64", "--steps", "3", "--sample", "0", *mesh)
-    sim = subprocess.run([sys.executable, "-m", "simulator", "-n", "8", "examples/gpt.py", *common],
-                         cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    sim = subprocess.run(
+        [sys.executable, "-m", "simulator", "-n", "8", "examples/gpt.py", *common],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert sim.returncode == 0, sim.stderr[-3000:]
     run = mpirun(8, "examples/gpt.py", *common, "--overlap", "0.01", timeout=300)
     assert run.returncode == 0, run.output[-4000:]

@@ -31,7 +31,17 @@ EXAMPLES = [
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize(("script", "extra", "n"), EXAMPLES, ids=[f"{s[:-3]}{''.join(e)}" for s, e, _ in EXAMPLES])
 def test_schedules_match_the_reference(schedule: str, script: str, extra: list[str], n: int) -> None:
-    common = [os.path.join("examples", script), "--tiny", "--dtype", "float64", "--steps", "3", "--schedule", schedule, *extra]
+    common = [
+        os.path.join("examples", script),
+        "--tiny",
+        "--dtype",
+        "float64",
+        "--steps",
+        "3",
+        "--schedule",
+        schedule,
+        *extra,
+    ]
     ref = losses(run("-m", "simulator", "--reference", *common))
     sim = losses(run("-m", "simulator", "-n", str(n), *common))
     assert len(ref) == 3
@@ -43,12 +53,27 @@ def test_schedules_match_the_reference(schedule: str, script: str, extra: list[s
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize(("script", "extra", "n"), EXAMPLES, ids=[f"{s[:-3]}{''.join(e)}" for s, e, _ in EXAMPLES])
 def test_schedules_under_mpi_match_the_simulator(schedule: str, script: str, extra: list[str], n: int) -> None:
-    common = [os.path.join("examples", script), "--tiny", "--dtype", "float64", "--steps", "3", "--schedule", schedule, *extra]
+    common = [
+        os.path.join("examples", script),
+        "--tiny",
+        "--dtype",
+        "float64",
+        "--steps",
+        "3",
+        "--schedule",
+        schedule,
+        *extra,
+    ]
     sim = losses(run("-m", "simulator", "-n", str(n), *common))
     env = {k: v for k, v in os.environ.items() if k not in ("MPIPAR_BACKEND", "MPIPAR_TRACE")}
     out = subprocess.run(
         [os.path.join(VENV_BIN, "mpiexec"), "-n", str(n), sys.executable, *common],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, cwd=REPO, env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=env,
     )
     mpi = losses(out)
     for a, b in zip(sim, mpi, strict=True):
@@ -171,7 +196,10 @@ def test_plan_of_a_pipelined_model() -> None:
 def test_micro_batches_must_divide_the_shards() -> None:
     m0, _ = _meshes()
     x = dist.shard_tensor(np.zeros((6, 2)), m0, [dist.Shard(0)])
-    with pytest.raises(ValueError, match=r"6 rows cannot be cut into 4 equal micro-batches over 2 data-parallel shard\(s\): 6 must be divisible by 2 \* 4 = 8"):
+    with pytest.raises(
+        ValueError,
+        match=r"6 rows cannot be cut into 4 equal micro-batches over 2 data-parallel shard\(s\): 6 must be divisible by 2 \* 4 = 8",
+    ):
         runner_mod.split_microbatches(x, 4)
 
 
@@ -179,7 +207,9 @@ def test_interleaving_needs_stages_on_repeating_meshes() -> None:
     m0, m1 = _meshes()
     model = TwoStage(m0, m1)
     opt = dist.optimizer.SGD(parameters=model.parameters())
-    strategy = dist.Strategy({"pipeline": {"enable": True, "schedule_mode": "Interleaved1F1B", "accumulate_steps": 2, "vpp_degree": 2}})
+    strategy = dist.Strategy(
+        {"pipeline": {"enable": True, "schedule_mode": "Interleaved1F1B", "accumulate_steps": 2, "vpp_degree": 2}}
+    )
     dm = dist.to_static(model, None, lambda out, y: F.cross_entropy(out, y), opt, strategy)
     with pytest.raises(ValueError, match="vpp_degree = 2, but the model places 2 stages on 2 meshes"):
         dm(*_data(0, m0, m1))

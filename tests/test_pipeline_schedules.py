@@ -144,7 +144,14 @@ def test_action_fields() -> None:
 def test_import_mpipar_exposes_pipeline() -> None:
     schedule = mpipar.pipeline.build_schedule("1F1B", 2, 2)
     assert [str(a) for a in schedule.actions[1]] == [
-        "1RECV_F0", "1F0", "1RECV_F1", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1",
+        "1RECV_F0",
+        "1F0",
+        "1RECV_F1",
+        "1B0",
+        "1SEND_B0",
+        "1F1",
+        "1B1",
+        "1SEND_B1",
     ]
     # Peers are filled in: rank 1's receives come from rank 0, its sends go there.
     assert {a.peer for a in schedule.actions[1] if a.is_comm} == {0}
@@ -154,8 +161,12 @@ def test_import_mpipar_exposes_pipeline() -> None:
 def test_transfer_tags_pair_sends_with_receives(kind: str) -> None:
     chunks = 2 if kind == "Interleaved1F1B" else 1
     schedule = build_schedule(kind, 3 * chunks, 5, num_chunks=chunks)
-    sends = {transfer_tag(a, schedule.num_stages): (r, a) for r, row in enumerate(schedule.actions) for a in row if a.is_send}
-    recvs = {transfer_tag(a, schedule.num_stages): (r, a) for r, row in enumerate(schedule.actions) for a in row if a.is_recv}
+    sends = {
+        transfer_tag(a, schedule.num_stages): (r, a) for r, row in enumerate(schedule.actions) for a in row if a.is_send
+    }
+    recvs = {
+        transfer_tag(a, schedule.num_stages): (r, a) for r, row in enumerate(schedule.actions) for a in row if a.is_recv
+    }
     assert sends.keys() == recvs.keys()
     assert len(sends) == sum(a.is_send for row in schedule.actions for a in row)  # unique per transfer
     for tag, (src, send) in sends.items():

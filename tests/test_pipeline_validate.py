@@ -1,6 +1,6 @@
 """The dry-run validator: hand-broken schedules are refused, naming the rank and the action.
 
-    .venv/bin/python -m pytest tests/test_pipeline_validate.py -q
+.venv/bin/python -m pytest tests/test_pipeline_validate.py -q
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ def test_local_order_error_is_named_first() -> None:
 
 def test_send_before_its_producer() -> None:
     lists = [["0SEND_F0", "0F0", "0RECV_B0", "0B0"], ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]]
-    with pytest.raises(ScheduleDeadlock, match=r"sends the result of 0F0, which comes later in rank 0's own list \(#1\)"):
+    with pytest.raises(
+        ScheduleDeadlock, match=r"sends the result of 0F0, which comes later in rank 0's own list \(#1\)"
+    ):
         Schedule(lists, 2, 1).validate("nonblocking")
 
 
@@ -176,6 +178,7 @@ def test_nonblocking_deadlock_names_the_missing_send() -> None:
     with pytest.raises(ScheduleDeadlock) as info:
         Schedule(lists, 2, 1).validate("nonblocking")
     assert (info.value.rank, info.value.index, str(info.value.action)) == (0, 2, "0B0")
-    assert "rank 1 is blocked at action #1 1F0: its input arrives by 1RECV_F0, but rank 0 never posts 0SEND_F0 (#3)" in str(
-        info.value
+    assert (
+        "rank 1 is blocked at action #1 1F0: its input arrives by 1RECV_F0, but rank 0 never posts 0SEND_F0 (#3)"
+        in str(info.value)
     )

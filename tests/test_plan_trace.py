@@ -47,7 +47,9 @@ def test_trace_records_ops_rules_and_reshards() -> None:
     assert plan.reshards[relu_with_reshard[0].reshards[0]].op == relu_with_reshard[0].index
     matmul0 = plan.ops[0]
     assert matmul0.op == "matmul" and "split index n" in matmul0.decision and matmul0.output_placements == ("S(0)S(1)",)
-    comm_in_backward = [r for r in plan.reshards if r.phase == "backward" and any(s.kind == "all_reduce" for s in r.steps)]
+    comm_in_backward = [
+        r for r in plan.reshards if r.phase == "backward" and any(s.kind == "all_reduce" for s in r.steps)
+    ]
     assert len(comm_in_backward) == 2 and all("gradient of" in r.reason for r in comm_in_backward)
     assert all(r.op is None for r in comm_in_backward)  # leaf accumulation, not an op's input
     w0 = next(t for t in plan.tensors if t.name == "w0")
@@ -69,8 +71,10 @@ def test_shape_only_traces_the_same_plan() -> None:
     data = _tp_mlp_step(abstract=False)
     with dist.use_backend(ShapeOnlyBackend()):
         shapes = _tp_mlp_step(abstract=True)
-    strip = lambda p: ([(o.op, o.input_placements, o.required_placements, o.output_placements) for o in p.ops],  # noqa: E731
-                       [(r.src, r.dst, r.bytes_per_rank, r.phase) for r in p.reshards])
+    strip = lambda p: (
+        [(o.op, o.input_placements, o.required_placements, o.output_placements) for o in p.ops],  # noqa: E731
+        [(r.src, r.dst, r.bytes_per_rank, r.phase) for r in p.reshards],
+    )
     assert strip(shapes) == strip(data)
 
 
@@ -124,8 +128,21 @@ def test_mpipar_plan_command_writes_a_loadable_plan(tmp_path: object, shape_only
     from conftest import REPO, VENV_BIN
 
     out = f"{tmp_path}/plan.json"
-    cmd = [os.path.join(VENV_BIN, "mpipar"), "plan", "-o", out, "-n", "8", *(["--shape-only"] if shape_only else []),
-           "examples/gpt.py", "--tiny", "--mesh", "dp=2,tp=2,pp=2", "--schedule", "1F1B"]
+    cmd = [
+        os.path.join(VENV_BIN, "mpipar"),
+        "plan",
+        "-o",
+        out,
+        "-n",
+        "8",
+        *(["--shape-only"] if shape_only else []),
+        "examples/gpt.py",
+        "--tiny",
+        "--mesh",
+        "dp=2,tp=2,pp=2",
+        "--schedule",
+        "1F1B",
+    ]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-3000:]
     plan = Plan.load(out)
@@ -133,8 +150,14 @@ def test_mpipar_plan_command_writes_a_loadable_plan(tmp_path: object, shape_only
     assert len(plan.pipeline["stages"]) == 2 and plan.pipeline["num_microbatches"] == 2
     assert plan.comm_counts("forward").get("transfer") == 1
     assert plan.meta["shape_only"] is shape_only
-    eager = subprocess.run([sys.executable, "-m", "mpipar.cli", "plan", "-o", out, "examples/seed_dp.py", "--tiny"],
-                           cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    eager = subprocess.run(
+        [sys.executable, "-m", "mpipar.cli", "plan", "-o", out, "examples/seed_dp.py", "--tiny"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert eager.returncode == 0, eager.stderr[-3000:]
     plan = Plan.load(out)
     assert plan.comm_counts("backward") == {"all_reduce": 2}  # the data-parallel gradients of w0 and w1

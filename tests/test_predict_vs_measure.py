@@ -93,8 +93,12 @@ def test_at_load_moves_every_gemm_rate_in_proportion() -> None:
 def _curved() -> HardwareProfile:
     """A calibrated-style profile: its best GEMM 4e10, the 512x512 one (the calibration's raw
     measurement) 2e10, GEMM and elementwise rates by size."""
-    return replace(_compute_only(4e10), gemm_curve=((1e5, 0.25), (1e8, 1.0)), vector_curve=((1e4, 1e9), (1e6, 2e8)),
-                   calibration={"gemm": {"float32": {"n": 512, "flops_per_s": 2e10}}})
+    return replace(
+        _compute_only(4e10),
+        gemm_curve=((1e5, 0.25), (1e8, 1.0)),
+        vector_curve=((1e4, 1e9), (1e6, 2e8)),
+        calibration={"gemm": {"float32": {"n": 512, "flops_per_s": 2e10}}},
+    )
 
 
 def test_at_load_moves_the_curves_by_the_workers_rates_and_keeps_their_shape() -> None:
@@ -191,7 +195,11 @@ def test_interleaved_runs_each_name_once_per_round_in_rotated_order() -> None:
 
 def test_steady_is_the_median_of_each_constant_with_its_range() -> None:
     """One noisy worker run (a 4x collective) does not move the set every strategy is priced with."""
-    rows = [{"op": 2e-4, "allreduce8_2": 1e-3}, {"op": 3e-4, "allreduce8_2": 4e-3}, {"op": 2.5e-4, "allreduce8_2": 1.2e-3}]
+    rows = [
+        {"op": 2e-4, "allreduce8_2": 1e-3},
+        {"op": 3e-4, "allreduce8_2": 4e-3},
+        {"op": 2.5e-4, "allreduce8_2": 1.2e-3},
+    ]
     med, spread = pvm.steady(rows)
     assert med == pytest.approx({"op": 2.5e-4, "allreduce8_2": 1.2e-3})
     assert spread["allreduce8_2"] == pytest.approx((1e-3, 4e-3))
@@ -228,7 +236,9 @@ def test_predicted_breakdown_adds_up_to_the_prediction() -> None:
     full = pvm.predict(step, slow, host, 5e-4, host["vector_flops"])
     assert sum(parts.values()) == pytest.approx(full)
     assert min(parts.values()) > 0, parts
-    assert parts["compute"] == pytest.approx(pvm.predict(step, _compute_only(), {**host, "op": 0.0, "update": 0.0}, 0.0, 5e8))
+    assert parts["compute"] == pytest.approx(
+        pvm.predict(step, _compute_only(), {**host, "op": 0.0, "update": 0.0}, 0.0, 5e8)
+    )
     free = pvm.predicted_breakdown(step, _compute_only(), host, 0.0, host["vector_flops"])
     assert free["comm"] == pytest.approx(0.0, abs=1e-12)
     assert free["host"] == pytest.approx(parts["host"])
@@ -242,7 +252,10 @@ def test_round_scales_is_each_worker_runs_own_kern_x() -> None:
     priced = {b: pvm.kernel_seconds(probes[b], level, 1e9) for b in pvm.KERNEL_BATCHES}
     small, large = pvm.KERNEL_BATCHES
     grow = priced[large] - priced[small]
-    rows = [{"gemm_flops": 2e10, "vector_flops": 1e9, f"model_fb{small}": 0.1, f"model_fb{large}": 0.1 + k * grow} for k in (2.0, 4.0)]
+    rows = [
+        {"gemm_flops": 2e10, "vector_flops": 1e9, f"model_fb{small}": 0.1, f"model_fb{large}": 0.1 + k * grow}
+        for k in (2.0, 4.0)
+    ]
     assert pvm.round_scales(prof, probes, rows) == pytest.approx([2.0, 4.0])
 
 
@@ -295,8 +308,13 @@ def test_at_gap_prices_a_message_by_its_size_between_the_measured_ones() -> None
     assert pvm.at_gap(only_small, 2, 0.0, big) == pytest.approx(1e-3)
     # Over group sizes the size holds too (at_size interpolates in n at that size).
     for n in (4, 8):
-        host.update({pvm.allreduce_key(n, g, b): c * n / 2 for b, c in ((small, 1e-3), (mid, 2e-3), (big, 4e-3))
-                     for g in range(len(pvm.GAP_GRID))})
+        host.update(
+            {
+                pvm.allreduce_key(n, g, b): c * n / 2
+                for b, c in ((small, 1e-3), (mid, 2e-3), (big, 4e-3))
+                for g in range(len(pvm.GAP_GRID))
+            }
+        )
     assert pvm.at_size(host, 6, 0.0, big) == pytest.approx(12e-3)
 
 
@@ -404,8 +422,18 @@ def test_flat_predict_follows_the_worker_runs_constants() -> None:
     prof = _curved()
     probes, clip, dp = _probes()
     small, large = pvm.KERNEL_BATCHES
-    host = {"op": 2e-4, "update": 3e-5, "vector_flops": 5e8, "gemm_flops": 2e10, f"model_fb{small}": 0.2,
-            f"model_fb{large}": 1.0, "probe_fb": 0.1, "probe_update": 0.05, "dp_fb": 0.2, **_host({2: 1e-3, 4: 2e-3, 8: 4e-3})}
+    host = {
+        "op": 2e-4,
+        "update": 3e-5,
+        "vector_flops": 5e8,
+        "gemm_flops": 2e10,
+        f"model_fb{small}": 0.2,
+        f"model_fb{large}": 1.0,
+        "probe_fb": 0.1,
+        "probe_update": 0.05,
+        "dp_fb": 0.2,
+        **_host({2: 1e-3, 4: 2e-3, 8: 4e-3}),
+    }
     step = pvm.gpt_step("dp=2,tp=4")
     base = pvm.flat_predict(step, prof, probes, host, clip, dp)
     assert base > 0
@@ -429,7 +457,9 @@ def test_optimizer_seconds_is_what_opt_x_scales_in_the_prediction() -> None:
     clipped, plain = pvm.one_rank_step(small, grad_clip=1.0), pvm.one_rank_step(small)
     assert pvm.optimizer_seconds(clipped, prof, host, 5e8) > pvm.optimizer_seconds(plain, prof, host, 5e8) > 0
     params = sum(plain.update_counts.values())
-    more = pvm.optimizer_seconds(plain, prof, {**host, "update": 1e-4}, 5e8) - pvm.optimizer_seconds(plain, prof, host, 5e8)
+    more = pvm.optimizer_seconds(plain, prof, {**host, "update": 1e-4}, 5e8) - pvm.optimizer_seconds(
+        plain, prof, host, 5e8
+    )
     assert more == pytest.approx(params * 7e-5, rel=1e-9)
     # dp=8's ranks update what a 4-layer one-rank model updates (replicated parameters); the
     # step probe's 2 layers price lower: opt x is not taken from dp=8's own phase.
@@ -437,9 +467,15 @@ def test_optimizer_seconds_is_what_opt_x_scales_in_the_prediction() -> None:
     assert pvm.optimizer_seconds(pvm.step_probes()[0], prof, host, 5e8) < 0.7 * opt
 
 
-@pytest.mark.parametrize(("measured", "priced", "words"), [
-    (0.0, 0.1, "measured seconds .* is 0.0"), (math.nan, 0.1, "measured seconds .* is nan"),
-    (0.05, math.inf, "priced seconds .* is inf"), (0.05, -1.0, "priced seconds .* is -1.0")])
+@pytest.mark.parametrize(
+    ("measured", "priced", "words"),
+    [
+        (0.0, 0.1, "measured seconds .* is 0.0"),
+        (math.nan, 0.1, "measured seconds .* is nan"),
+        (0.05, math.inf, "priced seconds .* is inf"),
+        (0.05, -1.0, "priced seconds .* is -1.0"),
+    ],
+)
 def test_optimizer_scale_refuses_a_bad_probe(measured: float, priced: float, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         pvm.optimizer_scale(measured, priced)
@@ -494,8 +530,14 @@ def test_step_scales_price_the_probes_with_the_models_own_rates() -> None:
     elementwise kernels prices the update higher and gets a smaller opt x."""
     prof = _compute_only()
     _, clip, dp = _probes()
-    host = {"op": 2e-4, "update": 3e-5, "probe_fb": 0.2, "dp_fb": 0.35, "probe_update": 0.05,
-            **_host({2: 1e-3, 4: 2e-3, 8: 4e-3})}
+    host = {
+        "op": 2e-4,
+        "update": 3e-5,
+        "probe_fb": 0.2,
+        "dp_fb": 0.35,
+        "probe_update": 0.05,
+        **_host({2: 1e-3, 4: 2e-3, 8: 4e-3}),
+    }
     opt_x, comm_x = pvm.step_scales(host, prof, 5e8, clip, dp)
     assert opt_x == pytest.approx(0.05 / pvm.optimizer_seconds(clip, prof, host, 5e8))
     assert comm_x == pytest.approx(0.15 / pvm.call_prices(host, pvm.collectives(dp, prof, host, 5e8)))

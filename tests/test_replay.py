@@ -58,16 +58,24 @@ def _assert_same(eager: tuple[Any, ...], replayed: tuple[Any, ...]) -> None:
 
 
 # ---------------------------------------------------------------------------------- models
-def tp_mlp(placements: str = "tp", adam: bool = True) -> Callable[[], tuple[Callable[..., dist.Tensor], list[dist.Tensor]]]:
+def tp_mlp(
+    placements: str = "tp", adam: bool = True
+) -> Callable[[], tuple[Callable[..., dist.Tensor], list[dist.Tensor]]]:
     """Megatron's MLP (``tp``: hidden split) or a data-parallel one (``dp``: batch split)."""
 
     def build() -> tuple[Callable[..., dist.Tensor], list[dist.Tensor]]:
         mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
         rng = np.random.default_rng(0)
         tp = placements == "tp"
-        w1 = dist.shard_tensor(dist.Parameter(rng.standard_normal((6, 16))), mesh, [dist.Shard(1) if tp else dist.Replicate()])
-        b1 = dist.shard_tensor(dist.Parameter(rng.standard_normal(16)), mesh, [dist.Shard(0) if tp else dist.Replicate()])
-        w2 = dist.shard_tensor(dist.Parameter(rng.standard_normal((16, 6))), mesh, [dist.Shard(0) if tp else dist.Replicate()])
+        w1 = dist.shard_tensor(
+            dist.Parameter(rng.standard_normal((6, 16))), mesh, [dist.Shard(1) if tp else dist.Replicate()]
+        )
+        b1 = dist.shard_tensor(
+            dist.Parameter(rng.standard_normal(16)), mesh, [dist.Shard(0) if tp else dist.Replicate()]
+        )
+        w2 = dist.shard_tensor(
+            dist.Parameter(rng.standard_normal((16, 6))), mesh, [dist.Shard(0) if tp else dist.Replicate()]
+        )
         b2 = dist.shard_tensor(dist.Parameter(rng.standard_normal(6)), mesh, [dist.Replicate()])
         params = [w1, b1, w2, b2]
         opt = (dist.optimizer.Adam if adam else dist.optimizer.SGD)(learning_rate=0.01, parameters=params)
@@ -276,5 +284,8 @@ def test_replay_checks_attributes_that_decide_dtypes() -> None:
     x = dist.shard_tensor(np.ones((4, 2)), mesh, [dist.Shard(0)])
     fn = dist.compile_step(lambda dt: dist.cast(x, dt))
     assert [fn(dt).dtype for dt in (np.float32, np.float16, np.float16, np.float32)] == [
-        np.float32, np.float16, np.float16, np.float32
+        np.float32,
+        np.float16,
+        np.float16,
+        np.float32,
     ]

@@ -161,7 +161,11 @@ def _gpt_steps(sequence_parallel: bool, reuse: bool) -> tuple[list[dict[str, int
     [
         # The vocabulary-split output layer (lm_head Shard(1) on tp) adds the loss's all_to_all
         # and the logits' reduce_scatter; reuse drops what it dropped before.
-        (False, {"all_reduce": 89, "all_to_all": 4, "reduce_scatter": 4}, {"all_reduce": 81, "all_to_all": 4, "reduce_scatter": 4}),
+        (
+            False,
+            {"all_reduce": 89, "all_to_all": 4, "reduce_scatter": 4},
+            {"all_reduce": 81, "all_to_all": 4, "reduce_scatter": 4},
+        ),
         (
             True,
             {"all_gather": 38, "all_reduce": 64, "all_to_all": 16, "reduce_scatter": 30},

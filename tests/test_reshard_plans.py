@@ -55,7 +55,8 @@ def test_one_axis_transitions_are_byte_optimal(n: int, shape: tuple[int, ...]) -
         assert need <= (n - 1) * max(_chunks(last, n)) * max(rows)
     for (src, dst), (kind, elems) in cases.items():
         plan = dist.plan_reshard(
-            dist.DistSpec(shape, mesh, dist.parse_placements(src)), dist.DistSpec(shape, mesh, dist.parse_placements(dst))
+            dist.DistSpec(shape, mesh, dist.parse_placements(src)),
+            dist.DistSpec(shape, mesh, dist.parse_placements(dst)),
         )
         assert "+".join(s.kind for s in plan.steps) == kind, (src, dst, plan)
         assert plan.recv_elems_per_rank() == pytest.approx(elems), (src, dst, plan)
@@ -72,7 +73,8 @@ def test_two_by_two_whole_mesh_optimum() -> None:
     assert pp.bytes_per_rank(itemsize) == 1.5 * T  # not 2 T axis by axis
     assert [s.kind for s in pp.steps] == ["all_reduce"] and pp.steps[0].axes == (0, 1)
     swap = dist.plan_reshard(
-        dist.DistSpec(shape, mesh, [dist.Shard(0), dist.Shard(1)]), dist.DistSpec(shape, mesh, [dist.Shard(1), dist.Shard(0)])
+        dist.DistSpec(shape, mesh, [dist.Shard(0), dist.Shard(1)]),
+        dist.DistSpec(shape, mesh, [dist.Shard(1), dist.Shard(0)]),
     )
     assert swap.bytes_per_rank(itemsize) == 0.25 * T  # not 0.5 T (DTensor) or 0.75 T (Paddle)
     assert [s.kind for s in swap.steps] == ["all_to_all"]
@@ -159,10 +161,17 @@ def _named_transitions() -> list[tuple[str, dist.DistSpec, dist.DistSpec]]:
         ("2x2 nested reorder", s((8, 6), m2, "RS(0)"), s((8, 6), m2, "S(0)R")),
         ("2x2 P,S(1) -> S(0),R", s((8, 6), m2, "P(sum)S(1)"), s((8, 6), m2, "S(0)R")),
         ("2x2 P(avg)P(sum) -> P(max)R", s((8, 6), m2, "P(avg)P(sum)"), s((8, 6), m2, "P(max)R")),
-        ("seed 2.3 R[0,1] -> S(0)[2,3]", s((2, 3), dist.ProcessMesh([0, 1], dim_names=["x"]), "R"),
-         s((2, 3), dist.ProcessMesh([2, 3], dim_names=["x"]), "S(0)")),
+        (
+            "seed 2.3 R[0,1] -> S(0)[2,3]",
+            s((2, 3), dist.ProcessMesh([0, 1], dim_names=["x"]), "R"),
+            s((2, 3), dist.ProcessMesh([2, 3], dim_names=["x"]), "S(0)"),
+        ),
         ("seed 4.4 stage hand-off", s((4, 8, 16), m2, "S(0)S(2)"), s((4, 8, 16), m2b, "S(0)S(2)")),
-        ("partial to another stage", s((8, 6), m2, "P(sum)R"), s((8, 6), dist.ProcessMesh([4, 5], dim_names=["x"]), "R")),
+        (
+            "partial to another stage",
+            s((8, 6), m2, "P(sum)R"),
+            s((8, 6), dist.ProcessMesh([4, 5], dim_names=["x"]), "R"),
+        ),
         ("2x2 -> 1-d same ranks", s((8, 6), m2, "S(0)S(1)"), s((8, 6), m1, "S(1)")),
     ]
 

@@ -27,8 +27,11 @@ def _sized(mbs: int, layers: int = 8) -> GPTShape:
     return GPTShape(layers, SHAPE.hidden, SHAPE.heads, SHAPE.seq, SHAPE.vocab, mbs)
 
 
-@pytest.mark.parametrize("mbs,strategy", CASES, ids=lambda c: str(c) if isinstance(c, int) else
-                         f"dp{c.dp}-tp{c.tp}-pp{c.pp}-{c.schedule}-z{c.zero}-{c.recompute}")
+@pytest.mark.parametrize(
+    "mbs,strategy",
+    CASES,
+    ids=lambda c: str(c) if isinstance(c, int) else f"dp{c.dp}-tp{c.tp}-pp{c.pp}-{c.schedule}-z{c.zero}-{c.recompute}",
+)
 def test_fast_estimate_equals_estimate(mbs: int, strategy: GPTStrategy) -> None:
     shape = _sized(mbs)
     assert applicable(shape, strategy, HW) == ""
@@ -54,7 +57,9 @@ def test_one_trace_serves_every_pipeline_and_schedule() -> None:
     cache = TraceCache(HW)
     shape = _sized(1)
     for pp, schedule, m in ((1, "1F1B", 4), (2, "1F1B", 4), (4, "ZBH1", 8), (2, "FThenB", 2)):
-        assert cache.estimate(shape, GPTStrategy(2, 2, pp, True, "selective", 0, True, "adamw", m, schedule)) is not None
+        assert (
+            cache.estimate(shape, GPTStrategy(2, 2, pp, True, "selective", 0, True, "adamw", m, schedule)) is not None
+        )
     assert cache.traces == 1
 
 

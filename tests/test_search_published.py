@@ -17,8 +17,12 @@ from simulator.search import search
 HW = load_profile("a100-nvlink-ib")
 # Every dp x tp x pp and sequence-parallel choice with the published layouts' other knobs and
 # micro-batches of 1 or 2 (the whole space is benchmarks/search_vs_published.py's: slow here).
-SPACE = {"zero_stages": (0,), "recomputes": ("selective",), "schedules": ("1F1B", "Interleaved1F1B"),
-         "micro_batch_sizes": (1, 2)}
+SPACE = {
+    "zero_stages": (0,),
+    "recomputes": ("selective",),
+    "schedules": ("1F1B", "Interleaved1F1B"),
+    "micro_batch_sizes": (1, 2),
+}
 
 
 def _check(row: PublishedRun) -> None:
@@ -36,7 +40,8 @@ def _check(row: PublishedRun) -> None:
     assert best.fits and best.peak_bytes <= HW.memory_bytes
     assert best.step_time_s <= step * (1 + 1e-9), (
         f"{row.billions}B: the search's best ({best.step_time_s:.4f} s, {best.strategy}) is slower than the "
-        f"published tp={row.tp}, pp={row.pp}, dp={row.dp} ({step:.4f} s, peak {peak / 2**30:.1f} GiB)")
+        f"published tp={row.tp}, pp={row.pp}, dp={row.dp} ({step:.4f} s, peak {peak / 2**30:.1f} GiB)"
+    )
 
 
 @pytest.mark.parametrize("row", NARAYANAN_2021_TABLE_1[:2], ids=lambda r: f"{r.billions}B")
@@ -45,8 +50,10 @@ def test_search_is_never_slower_than_the_published_layout(row: PublishedRun) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("MPIPAR_SLOW") != "1",
-                    reason="searches 128 to 1536 GPUs: on demand, MPIPAR_SLOW=1 pytest -m slow tests/test_search_published.py")
+@pytest.mark.skipif(
+    os.environ.get("MPIPAR_SLOW") != "1",
+    reason="searches 128 to 1536 GPUs: on demand, MPIPAR_SLOW=1 pytest -m slow tests/test_search_published.py",
+)
 @pytest.mark.parametrize("row", NARAYANAN_2021_TABLE_1[2:7], ids=lambda r: f"{r.billions}B")
 def test_search_is_never_slower_than_the_published_layout_larger(row: PublishedRun) -> None:
     _check(row)

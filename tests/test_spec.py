@@ -74,7 +74,11 @@ def test_negative_shard_dim_is_normalised() -> None:
     ("shape", "pls", "message"),
     [
         ([4, 3], [dist.Shard(0)], r"1 placements S\(0\) given for mesh .* with 2 axes"),
-        ([4, 3], [dist.Shard(2), dist.Replicate()], r"Shard\(2\) on mesh axis 0 \('x'\) names tensor dim 2, but the tensor of shape \[4, 3\] has 2 dims"),
+        (
+            [4, 3],
+            [dist.Shard(2), dist.Replicate()],
+            r"Shard\(2\) on mesh axis 0 \('x'\) names tensor dim 2, but the tensor of shape \[4, 3\] has 2 dims",
+        ),
         ([4, 3], [dist.Partial("max"), dist.Partial("sum")], "do not commute"),
         ([4, -3], [dist.Replicate(), dist.Replicate()], "negative"),
         ([4, 3], [dist.Replicate(), "S(0)"], r"placements\[1\] is 'S\(0\)'"),

@@ -45,8 +45,12 @@ def test_layer_norm_split_on_the_normalised_dim_keeps_the_batch_split() -> None:
     w = dist.DistSpec.from_dims_mapping([8], MESH, [-1])
     b = dist.DistSpec.from_dims_mapping([8], MESH, [-1])
     out = _spec([4, 3, 8], [dist.Shard(0), dist.Shard(2)])
-    res = dist.spmd.infer_backward("layer_norm", [x, w, b], [out, _spec([4, 3], [dist.Shard(0), dist.Replicate()]),
-                                                             _spec([4, 3], [dist.Shard(0), dist.Replicate()])], begin_norm_axis=2)
+    res = dist.spmd.infer_backward(
+        "layer_norm",
+        [x, w, b],
+        [out, _spec([4, 3], [dist.Shard(0), dist.Replicate()]), _spec([4, 3], [dist.Shard(0), dist.Replicate()])],
+        begin_norm_axis=2,
+    )
     assert list(res.inputs[0].placements) == [dist.Shard(0), dist.Replicate()]
     assert list(res.outputs[0].placements) == [dist.Shard(0), dist.Replicate()]
     assert "index" in res.reason and "mesh axis 'tp'" in res.reason

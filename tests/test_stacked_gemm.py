@@ -88,8 +88,16 @@ def _signature(xs: list[np.ndarray], y: np.ndarray, trans_y: bool) -> tuple[obje
     **FLOATS,
 )
 def test_product_sum_is_the_rank_ordered_sum_of_the_written_products(
-    ks: list[int], m: int, n: int, dtype: type, trans_x: bool, trans_y: bool, x_layout: str, y_layout: str,
-    tile_bytes: int, seed: int,
+    ks: list[int],
+    m: int,
+    n: int,
+    dtype: type,
+    trans_x: bool,
+    trans_y: bool,
+    x_layout: str,
+    y_layout: str,
+    tile_bytes: int,
+    seed: int,
 ) -> None:
     """Uneven contraction lengths per rank (an uneven batch split), both tilings (rows when the
     result is tall, columns when wide), tiles from one element to the whole result."""

@@ -1,6 +1,6 @@
 """Timeline files: round trips, field-level refusal of malformed files, Chrome trace, analysis.
 
-    .venv/bin/python -m pytest tests/test_timeline.py -q
+.venv/bin/python -m pytest tests/test_timeline.py -q
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from simulator.cost import PipelineCost, StageMemory
 def _simulated(with_memory: bool = True) -> Timeline:
     schedule = build_schedule("1F1B", 3, 4)
     memory = StageMemory.uniform(3, parameters=1e6, gradients=1e6, optimizer_state=2e6, activations=5e5, message=1e4)
-    cost = PipelineCost.uniform(3, forward=1.0, backward_input=1.0, backward_weight=1.0, comm=0.25,
-                                memory=memory if with_memory else None)
+    cost = PipelineCost.uniform(
+        3, forward=1.0, backward_input=1.0, backward_weight=1.0, comm=0.25, memory=memory if with_memory else None
+    )
     return simulate_schedule(schedule, cost)
 
 
@@ -77,9 +78,24 @@ MALFORMED: list[tuple[str, Mutation, str, str]] = [
     ("span name/kind disagree", lambda d: d["spans"][0].update(kind="B"), "spans[0].kind", "'B'"),
     ("span name/stage disagree", lambda d: d["spans"][0].update(stage=2), "spans[0].stage", "2"),
     ("memory category", lambda d: d["memory"]["categories"].append("weights"), "memory.categories[5]", "'weights'"),
-    ("memory length", lambda d: d["memory"]["ranks"][1]["bytes"]["activations"].pop(), "memory.ranks[1].bytes.activations", "["),
-    ("memory time order", lambda d: d["memory"]["ranks"][0]["times"].__setitem__(2, -5.0), "memory.ranks[0].times[2]", "-5.0"),
-    ("memory negative", lambda d: d["memory"]["ranks"][0]["bytes"]["parameters"].__setitem__(0, -1), "memory.ranks[0].bytes.parameters[0]", "-1"),
+    (
+        "memory length",
+        lambda d: d["memory"]["ranks"][1]["bytes"]["activations"].pop(),
+        "memory.ranks[1].bytes.activations",
+        "[",
+    ),
+    (
+        "memory time order",
+        lambda d: d["memory"]["ranks"][0]["times"].__setitem__(2, -5.0),
+        "memory.ranks[0].times[2]",
+        "-5.0",
+    ),
+    (
+        "memory negative",
+        lambda d: d["memory"]["ranks"][0]["bytes"]["parameters"].__setitem__(0, -1),
+        "memory.ranks[0].bytes.parameters[0]",
+        "-1",
+    ),
     ("memory rank", lambda d: d["memory"]["ranks"][0].update(rank=7), "memory.ranks[0].rank", "7"),
     ("meta not object", lambda d: d.update(meta=[1]), "meta", "[1]"),
 ]
@@ -98,10 +114,14 @@ def test_malformed_timeline_names_field_and_value(case: str, mutate: Mutation, f
 def test_truncated_and_non_json_files(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     path.write_text(_simulated().to_json()[:200])
-    with pytest.raises(TimelineFormatError, match=r"is not valid JSON \(line 1 column \d+: .*\); is the file truncated"):
+    with pytest.raises(
+        TimelineFormatError, match=r"is not valid JSON \(line 1 column \d+: .*\); is the file truncated"
+    ):
         Timeline.load(path)
-    path.write_text('{"format": "mpipar.timeline", "version": 1, "ranks": [0], "spans": [{"rank": 0, "name": "x", '
-                    '"kind": "OTHER", "start": NaN, "end": 1, "track": "compute"}]}')
+    path.write_text(
+        '{"format": "mpipar.timeline", "version": 1, "ranks": [0], "spans": [{"rank": 0, "name": "x", '
+        '"kind": "OTHER", "start": NaN, "end": 1, "track": "compute"}]}'
+    )
     # NaN is refused while parsing (mpipar.untrusted), before any field is read.
     with pytest.raises(TimelineFormatError, match=r"<number>: 'NaN' is not a finite number"):
         Timeline.load(path)
@@ -119,7 +139,11 @@ def test_chrome_trace() -> None:
     span = next(s for s in timeline.spans if s.name == "1F0")
     assert (f0["pid"], f0["tid"], f0["ts"], f0["dur"], f0["cat"]) == (1, 0, span.start * 1e3, span.duration * 1e3, "F")
     assert f0["args"] == {"stage": 1, "microbatch": 0}
-    names = {(e["pid"], e.get("tid"), e["args"]["name"]) for e in events if e["ph"] == "M" and e["name"] != "process_sort_index"}
+    names = {
+        (e["pid"], e.get("tid"), e["args"]["name"])
+        for e in events
+        if e["ph"] == "M" and e["name"] != "process_sort_index"
+    }
     assert (2, None, "rank 2") in names and (2, 1, "comm") in names and (0, 0, "compute") in names
     starts = [e for e in events if e["ph"] == "s"]
     finishes = [e for e in events if e["ph"] == "f"]
@@ -150,14 +174,23 @@ def test_bubble_definitions_on_a_hand_made_timeline() -> None:
 
 def test_memory_curve_frees_before_allocating_at_the_same_time() -> None:
     curve = MemoryCurve.from_deltas(
-        0, [(1.0, "activations", 10.0), (2.0, "activations", -10.0), (2.0, "activations", 10.0), (3.0, "activations", -10.0)],
+        0,
+        [
+            (1.0, "activations", 10.0),
+            (2.0, "activations", -10.0),
+            (2.0, "activations", 10.0),
+            (3.0, "activations", -10.0),
+        ],
         baseline={"parameters": 5.0},
     )
     assert curve.times == (0.0, 1.0, 2.0, 3.0)
     assert curve.bytes["activations"] == (0.0, 10.0, 10.0, 0.0)
     assert curve.total() == [5.0, 15.0, 15.0, 5.0]
-    assert curve.peak() == (1.0, 15.0, {"parameters": 5.0, "gradients": 0.0, "optimizer_state": 0.0,
-                                        "activations": 10.0, "comm_buffers": 0.0})
+    assert curve.peak() == (
+        1.0,
+        15.0,
+        {"parameters": 5.0, "gradients": 0.0, "optimizer_state": 0.0, "activations": 10.0, "comm_buffers": 0.0},
+    )
     with pytest.raises(ValueError, match="memory category 'weights' is unknown"):
         MemoryCurve.from_deltas(0, [(1.0, "weights", 1.0)])
 
@@ -180,7 +213,8 @@ def test_recorder_and_merge() -> None:
     rec.add("all_reduce grads", "COLL", 20.0, 21.0, track="comm")
     mine = rec.timeline()
     assert [(s.name, s.start, s.end, s.track) for s in mine.spans] == [
-        ("0F0", 0.5, 1.0, "compute"), ("all_reduce grads", 10.0, 11.0, "comm"),
+        ("0F0", 0.5, 1.0, "compute"),
+        ("all_reduce grads", 10.0, 11.0, "comm"),
     ]
     assert mine.meta["source"] == "measured"
     other = Timeline([Span(1, "0F1", "F", 0, 1, 0.0, 2.0)], meta={"host": "a"})

@@ -20,8 +20,12 @@ def _batch(par: GPTParallel, batch: int = 8) -> tuple[dist.Tensor, dist.Tensor]:
     idx = rng.integers(0, CFG.vocab_size, (batch, CFG.block_size))
     tgt = rng.integers(0, CFG.vocab_size, (batch, CFG.block_size))
     first, last = par.stage_meshes[0], par.stage_meshes[-1]
-    return (dist.shard_tensor(idx, first, par.activation(first, seq_split=False)[:1] + [dist.Replicate()] * (first.ndim - 1)),
-            dist.shard_tensor(tgt, last, par.activation(last, seq_split=False)[:1] + [dist.Replicate()] * (last.ndim - 1)))
+    return (
+        dist.shard_tensor(
+            idx, first, par.activation(first, seq_split=False)[:1] + [dist.Replicate()] * (first.ndim - 1)
+        ),
+        dist.shard_tensor(tgt, last, par.activation(last, seq_split=False)[:1] + [dist.Replicate()] * (last.ndim - 1)),
+    )
 
 
 def _step_comm(par: GPTParallel, zero: int = 0) -> tuple[Counter[str], Counter[str], dict[str, float]]:
@@ -174,7 +178,11 @@ def test_shuffling_is_the_same_in_every_run() -> None:
     first = [b[0].full_tensor().tolist() for b in data]
     dist.seed(5)
     second = [b[0].full_tensor().tolist() for b in data]
-    assert first == second and sorted(i for batch in first for i in batch) == list(range(20)) and first != [list(range(i, i + 4)) for i in range(0, 20, 4)]
+    assert (
+        first == second
+        and sorted(i for batch in first for i in batch) == list(range(20))
+        and first != [list(range(i, i + 4)) for i in range(0, 20, 4)]
+    )
 
 
 class _Range(dist.io.Dataset):

@@ -149,8 +149,10 @@ def test_files_from_the_command_line(tmp_path: object) -> None:
         (pickle.dumps({"format": "mpipar.plan"}), "never unpickles"),
         (b"\xff\xfe\x00junk", "not UTF-8"),
         (b"[1, 2, 3]", "not an object"),
-        (b'{"format": "mpipar.plan", "version": 1, "meshes": [], "tensors": [{"id": 0}], "ops": [], "reshards": []}',
-         "tensors[0]"),
+        (
+            b'{"format": "mpipar.plan", "version": 1, "meshes": [], "tensors": [{"id": 0}], "ops": [], "reshards": []}',
+            "tensors[0]",
+        ),
     ],
 )
 def test_bad_files_show_a_readable_error(tmp_path: object, content: bytes, expected: str) -> None:

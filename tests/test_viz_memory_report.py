@@ -45,13 +45,37 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Plan, dict
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     procs = []
     for name, (n, args) in STRATEGIES.items():
-        plan_cmd = [sys.executable, "-m", "mpipar.cli", "plan", "-o", str(tmp / f"{name}.plan.json"), "-n", str(n),
-                    "examples/gpt.py", "--tiny", *args]
-        report_cmd = [sys.executable, "-m", "simulator", "-n", str(n), "examples/gpt_memory.py", "--tiny", *args,
-                      "-o", str(tmp / f"{name}.report.json")]
+        plan_cmd = [
+            sys.executable,
+            "-m",
+            "mpipar.cli",
+            "plan",
+            "-o",
+            str(tmp / f"{name}.plan.json"),
+            "-n",
+            str(n),
+            "examples/gpt.py",
+            "--tiny",
+            *args,
+        ]
+        report_cmd = [
+            sys.executable,
+            "-m",
+            "simulator",
+            "-n",
+            str(n),
+            "examples/gpt_memory.py",
+            "--tiny",
+            *args,
+            "-o",
+            str(tmp / f"{name}.report.json"),
+        ]
         for cmd in (plan_cmd, report_cmd):
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+                )
+            )
     for proc in procs:
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out.decode()[-2000:]
@@ -94,7 +118,9 @@ def test_strategies_move_the_right_categories(runs: dict[str, tuple[Plan, dict[i
     assert recompute["activations"] < base["activations"] and recompute["parameters"] == base["parameters"]
 
 
-def test_to_static_plan_records_gradients_and_optimizer_states(runs: dict[str, tuple[Plan, dict[int, dict[str, Any]]]]) -> None:
+def test_to_static_plan_records_gradients_and_optimizer_states(
+    runs: dict[str, tuple[Plan, dict[int, dict[str, Any]]]],
+) -> None:
     plan, _ = runs["static"]
     kinds = [t.kind for t in plan.tensors]
     params = {t.name for t in plan.tensors if t.kind == "parameter"}
@@ -104,7 +130,9 @@ def test_to_static_plan_records_gradients_and_optimizer_states(runs: dict[str, t
     assert plan.pipeline and plan.pipeline["schedule"]  # still the pipelined plan
 
 
-def test_plan_without_the_record_keeps_the_older_estimate(runs: dict[str, tuple[Plan, dict[int, dict[str, Any]]]]) -> None:
+def test_plan_without_the_record_keeps_the_older_estimate(
+    runs: dict[str, tuple[Plan, dict[int, dict[str, Any]]]],
+) -> None:
     """Older plans (no kept_for_backward) count forward outputs; the record counts what the tape keeps."""
     plan, report = runs["eager"]
     with_record = shown(plan)
@@ -115,20 +143,25 @@ def test_plan_without_the_record_keeps_the_older_estimate(runs: dict[str, tuple[
         assert sum(acts.values()) == report[r]["activations"]
         assert sum(old_acts[r].values()) > 0 and old_acts[r] != acts
     # the state categories do not depend on the record
-    assert [{c: e[c] for c in STATE} for e in with_record.memory["ranks"]] == \
-        [{c: e[c] for c in STATE} for e in old.memory["ranks"]]
+    assert [{c: e[c] for c in STATE} for e in with_record.memory["ranks"]] == [
+        {c: e[c] for c in STATE} for e in old.memory["ranks"]
+    ]
 
 
-@pytest.mark.parametrize(("kept", "field"), [
-    ("x", f"meta.{KEPT_KEY}"),
-    ([[0]], f"meta.{KEPT_KEY}[0]"),
-    ([[10**9, 0]], f"meta.{KEPT_KEY}[0][0]"),
-    ([[True, 0]], f"meta.{KEPT_KEY}[0][0]"),
-    ([[0, 10**9]], f"meta.{KEPT_KEY}[0][1]"),
-    ([[0, "op"]], f"meta.{KEPT_KEY}[0][1]"),
-])
-def test_forged_kept_record_is_refused(runs: dict[str, tuple[Plan, dict[int, dict[str, Any]]]], kept: Any,
-                                      field: str) -> None:
+@pytest.mark.parametrize(
+    ("kept", "field"),
+    [
+        ("x", f"meta.{KEPT_KEY}"),
+        ([[0]], f"meta.{KEPT_KEY}[0]"),
+        ([[10**9, 0]], f"meta.{KEPT_KEY}[0][0]"),
+        ([[True, 0]], f"meta.{KEPT_KEY}[0][0]"),
+        ([[0, 10**9]], f"meta.{KEPT_KEY}[0][1]"),
+        ([[0, "op"]], f"meta.{KEPT_KEY}[0][1]"),
+    ],
+)
+def test_forged_kept_record_is_refused(
+    runs: dict[str, tuple[Plan, dict[int, dict[str, Any]]]], kept: Any, field: str
+) -> None:
     plan, _ = runs["eager"]
     doc = plan.to_dict()
     assert Plan.from_dict(doc) == plan  # the record round-trips
@@ -138,7 +171,9 @@ def test_forged_kept_record_is_refused(runs: dict[str, tuple[Plan, dict[int, dic
     assert err.value.field == field
 
 
-def test_memory_section_skips_record_entries_naming_nothing(runs: dict[str, tuple[Plan, dict[int, dict[str, Any]]]]) -> None:
+def test_memory_section_skips_record_entries_naming_nothing(
+    runs: dict[str, tuple[Plan, dict[int, dict[str, Any]]]],
+) -> None:
     """memory_section reads a Plan built in code too (not through from_dict): bad pairs count nothing."""
     viewed = shown(runs["eager"][0])
     forged = dataclasses.replace(viewed, meta={**viewed.meta, KEPT_KEY: [*viewed.meta[KEPT_KEY], [10**9, 0], "x", [1]]})

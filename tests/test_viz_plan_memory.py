@@ -78,9 +78,29 @@ def test_memory_view_draws_the_gpt_plan(gpt_plan_path: str) -> None:
 def _eager_plan(tmp: Path, *extra: str) -> Plan:
     out = str(tmp / f"plan{len(extra)}.json")
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "mpipar.cli", "plan", "-o", out, "-n", "4", "examples/gpt.py", "--tiny",
-                    "--mesh", "dp=2,tp=2", *extra], cwd=ROOT, env=env, check=True, timeout=300,
-                   stdin=subprocess.DEVNULL, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mpipar.cli",
+            "plan",
+            "-o",
+            out,
+            "-n",
+            "4",
+            "examples/gpt.py",
+            "--tiny",
+            "--mesh",
+            "dp=2,tp=2",
+            *extra,
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+    )
     return Plan.load(out)
 
 

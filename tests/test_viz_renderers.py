@@ -69,13 +69,15 @@ def test_golden_layout_text_uneven_partial_and_3d() -> None:
 def test_golden_sample_trace_stepper_comm(sample: tuple) -> None:
     plan, _ = sample
     handoff = next(r for r in plan.reshards if any(s.kind == "transfer" for s in r.steps))
-    text = "\n".join([
-        plan.summary() + "\n",
-        propagation.trace_text(plan, layer="stage0"),
-        propagation.trace_text(plan, collective="all_reduce", phase="backward"),
-        *(stepper.stepper_text(plan, handoff, i) for i in range(len(handoff.steps))),
-        comm.comm_text(plan),
-    ])
+    text = "\n".join(
+        [
+            plan.summary() + "\n",
+            propagation.trace_text(plan, layer="stage0"),
+            propagation.trace_text(plan, collective="all_reduce", phase="backward"),
+            *(stepper.stepper_text(plan, handoff, i) for i in range(len(handoff.steps))),
+            comm.comm_text(plan),
+        ]
+    )
     _golden("sample_views.txt", text)
 
 
@@ -86,9 +88,16 @@ def test_golden_pipeline_memory_whatif_unit_cost() -> None:
     curve = memory.rank_curve(plan, 5)
     assert curve is not None
     rows = whatif.diff_rows(whatif.plan_metrics(unit, t), whatif.plan_metrics(unit, simulate_plan(unit, "FThenB")))
-    _golden("pipeline_memory_whatif.txt", "\n".join([
-        timeline_view.timeline_text(t), memory.memory_text(curve, capacity=2**20), whatif.diff_text(rows),
-    ]))
+    _golden(
+        "pipeline_memory_whatif.txt",
+        "\n".join(
+            [
+                timeline_view.timeline_text(t),
+                memory.memory_text(curve, capacity=2**20),
+                whatif.diff_text(rows),
+            ]
+        ),
+    )
 
 
 def _unit_copy(plan):  # type: ignore[no-untyped-def]
@@ -100,16 +109,28 @@ def _unit_copy(plan):  # type: ignore[no-untyped-def]
 
 
 # ------------------------------------------------------------------------------ claims
-@pytest.mark.parametrize(("shape", "pls"), [((5, 3, 7), "S(0)S(2)"), ((3, 16), "P(sum)S(0)"), ((7, 5), "S(1)S(1)"),
-                                           ((9,), "S(0)R"), ((), "RR"), ((2, 9), "S(0)S(0)")])
+@pytest.mark.parametrize(
+    ("shape", "pls"),
+    [
+        ((5, 3, 7), "S(0)S(2)"),
+        ((3, 16), "P(sum)S(0)"),
+        ((7, 5), "S(1)S(1)"),
+        ((9,), "S(0)R"),
+        ((), "RR"),
+        ((2, 9), "S(0)S(0)"),
+    ],
+)
 def test_tiles_cover_the_slice_exactly_once(shape: tuple[int, ...], pls: str) -> None:
     spec = _spec(shape, np.arange(8).reshape(2, 4), ["dp", "tp"], pls)
     dims = layout.default_dims(spec)
     blocks = layout.visible_blocks(spec, dims)
     rows = shape[dims[0]] if len(dims) == 2 else 1
     cols = shape[dims[-1]] if dims else 1
-    area = sum((b.box[dims[0]][1] - b.box[dims[0]][0] if len(dims) == 2 else 1)
-               * (b.box[dims[-1]][1] - b.box[dims[-1]][0] if dims else 1) for b in blocks)
+    area = sum(
+        (b.box[dims[0]][1] - b.box[dims[0]][0] if len(dims) == 2 else 1)
+        * (b.box[dims[-1]][1] - b.box[dims[-1]][0] if dims else 1)
+        for b in blocks
+    )
     assert area == rows * cols  # no gap, no overlap: blocks partition the slice
     holders = sorted(r for b in layout.layout_blocks(spec) for r in b.ranks)
     assert holders == list(range(8))
@@ -144,15 +165,18 @@ def test_trace_places_reshards_before_the_op_that_asked(sample: tuple) -> None:
         if row["row"] == "reshard":
             r = plan.reshards[row["index"]]
             if r.op is not None:
-                nxt = next(x for x in rows[i + 1:] if x["row"] == "op")
+                nxt = next(x for x in rows[i + 1 :] if x["row"] == "op")
                 assert nxt["index"] == r.op
     only = propagation.trace_rows(plan, collective="transfer")
     assert only and all(r["row"] == "reshard" and "transfer" in r["collectives"] for r in only)
     layer = propagation.trace_rows(plan, layer="stage1.block0.fc1")
     assert layer and all(r["layer"].startswith("stage1.block0.fc1") for r in layer if r["row"] == "op")
     w = next(t for t in plan.tensors if t.name == "stage0.block0.fc1.weight" and t.kind == "parameter")
-    assert all(w.id in plan.ops[r["index"]].inputs + plan.ops[r["index"]].outputs
-               for r in propagation.trace_rows(plan, tensor=w.id) if r["row"] == "op")
+    assert all(
+        w.id in plan.ops[r["index"]].inputs + plan.ops[r["index"]].outputs
+        for r in propagation.trace_rows(plan, tensor=w.id)
+        if r["row"] == "op"
+    )
 
 
 def test_stepper_boxes_follow_the_steps(sample: tuple) -> None:
@@ -222,16 +246,21 @@ def test_whatif_diff_reports_the_change(sample: tuple) -> None:
     plan, timeline = sample
     new_plan, new_t = whatif.whatif_sample(4, 2, 2, "1F1B", 4)
     assert whatif.whatif_sample(4, 2, 2, "1F1B", 4)[0] is new_plan  # cached
-    rows = {r["metric"]: r for r in whatif.diff_rows(whatif.plan_metrics(plan, timeline),
-                                                     whatif.plan_metrics(new_plan, new_t))}
+    rows = {
+        r["metric"]: r
+        for r in whatif.diff_rows(whatif.plan_metrics(plan, timeline), whatif.plan_metrics(new_plan, new_t))
+    }
     assert rows["world size"]["loaded"] == "8" and rows["world size"]["what-if"] == "16"
     assert rows["world size"]["what-if / loaded"] == "2x"
 
 
 def test_overlay_of_other_unit_is_normalized() -> None:
     predicted = Timeline([Span(0, "0F0", "F", 0, 0, 0.0, 1.0), Span(1, "1F0", "F", 1, 0, 1.0, 2.0)], time_unit="unit")
-    measured = Timeline([Span(0, "0F0", "F", 0, 0, 0.0, 0.003), Span(1, "1F0", "F", 1, 0, 0.003, 0.007)],
-                        time_unit="s", meta={"source": "measured"})
+    measured = Timeline(
+        [Span(0, "0F0", "F", 0, 0, 0.0, 0.003), Span(1, "1F0", "F", 1, 0, 0.003, 0.007)],
+        time_unit="s",
+        meta={"source": "measured"},
+    )
     fig = timeline_view.timeline_figure(predicted, overlay=measured)
     assert "both scaled to their step" in fig.axes[0].get_title()
     assert fig.axes[0].get_xlim()[1] == pytest.approx(1.12)
@@ -288,8 +317,9 @@ def test_sample_zero_and_recompute_knobs_change_the_plan() -> None:
     z2, _ = build_sample(2, 2, 2, "1F1B", 2, zero=2, hidden=16, batch=8)
     full, _ = build_sample(2, 2, 2, "1F1B", 2, recompute="full", hidden=16, batch=8)
     sel, _ = build_sample(2, 2, 2, "1F1B", 2, recompute="selective", hidden=16, batch=8)
-    mem = {name: p.memory["ranks"][0] for name, p in
-           (("base", base), ("z1", z1), ("z2", z2), ("full", full), ("sel", sel))}
+    mem = {
+        name: p.memory["ranks"][0] for name, p in (("base", base), ("z1", z1), ("z2", z2), ("full", full), ("sel", sel))
+    }
     # ZeRO-1: velocities split over dp (ln vectors of 16 split too), the new parameters all-gathered.
     assert mem["z1"]["optimizer_state"] == mem["base"]["optimizer_state"] // 2
     assert mem["z1"]["gradients"] == mem["base"]["gradients"]

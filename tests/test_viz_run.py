@@ -33,15 +33,36 @@ def _in_repo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     sys.argv = saved
 
 
-def test_run_prepares_the_plan_and_a_measured_timeline_and_opens_both(tmp_path: object,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_prepares_the_plan_and_a_measured_timeline_and_opens_both(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = f"{tmp_path}/run"
-    rc = viz_main.main(["--prepare-only", "--run-dir", run_dir, "--steps", "2", "--run", "examples/gpt.py",
-                        "--mesh", "dp=2", "--tiny", "--sample", "0"])
+    rc = viz_main.main(
+        [
+            "--prepare-only",
+            "--run-dir",
+            run_dir,
+            "--steps",
+            "2",
+            "--run",
+            "examples/gpt.py",
+            "--mesh",
+            "dp=2",
+            "--tiny",
+            "--sample",
+            "0",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     plan = Plan.load(f"{run_dir}/plan.json")
-    assert plan.meta["script"] == "examples/gpt.py" and plan.meta["args"] == ["--mesh", "dp=2", "--tiny", "--sample", "0"]
+    assert plan.meta["script"] == "examples/gpt.py" and plan.meta["args"] == [
+        "--mesh",
+        "dp=2",
+        "--tiny",
+        "--sample",
+        "0",
+    ]
     assert plan.comm_counts("backward").get("all_reduce")  # dp=2: the gradients are all-reduced
     timeline = Timeline.load(f"{run_dir}/measured.json")
     assert timeline.meta["source"] == "measured" and sorted(timeline.ranks) == [0, 1]
@@ -52,7 +73,7 @@ def test_run_prepares_the_plan_and_a_measured_timeline_and_opens_both(tmp_path: 
     assert command[-3:] == ["--", os.path.abspath(f"{run_dir}/plan.json"), os.path.abspath(f"{run_dir}/measured.json")]
     assert command[command.index("--server.address") + 1] == "127.0.0.1"
     at = AppTest.from_file(os.path.join(REPO, "viz", "app.py"), default_timeout=120)
-    sys.argv = [command[command.index("--") - 1], *command[command.index("--") + 1:]]
+    sys.argv = [command[command.index("--") - 1], *command[command.index("--") + 1 :]]
     at.run()
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     assert "plan.json" in at.sidebar.caption[0].value
@@ -80,9 +101,23 @@ def test_run_refuses_files_and_a_missing_script(tmp_path: object, capsys: pytest
 def test_mpipar_viz_forwards_run_and_its_options(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
     monkeypatch.setattr("subprocess.call", lambda argv, **_: seen.append(argv) or 0)
-    assert cli.main(["viz", "--prepare-only", "--launcher", "mpiexec", "--run", "examples/gpt.py", "--mesh",
-                     "dp=2,tp=2", "--tiny"]) == 0
+    assert (
+        cli.main(
+            [
+                "viz",
+                "--prepare-only",
+                "--launcher",
+                "mpiexec",
+                "--run",
+                "examples/gpt.py",
+                "--mesh",
+                "dp=2,tp=2",
+                "--tiny",
+            ]
+        )
+        == 0
+    )
     argv = seen[0]
     assert argv[1:3] == ["-m", "viz"] and "--prepare-only" in argv
     assert argv[argv.index("--launcher") + 1] == "mpiexec"
-    assert argv[argv.index("--run"):] == ["--run", "examples/gpt.py", "--mesh", "dp=2,tp=2", "--tiny"]
+    assert argv[argv.index("--run") :] == ["--run", "examples/gpt.py", "--mesh", "dp=2,tp=2", "--tiny"]

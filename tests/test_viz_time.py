@@ -64,8 +64,9 @@ def _clean(at: AppTest) -> None:
     assert not at.error, [e.value for e in at.error]
 
 
-def _expected_parts(plan: Plan, preset: str) -> tuple[tuple[float, ...], tuple[float, ...], dict[str, list[float]],
-                                                     list[float]]:
+def _expected_parts(
+    plan: Plan, preset: str
+) -> tuple[tuple[float, ...], tuple[float, ...], dict[str, list[float]], list[float]]:
     """The cost model's seconds for the plan's ops on ``preset``, recomputed rank by rank
     (PlanCosts.op_time / reshard_time): per stage the busiest rank's forward and backward, the
     hand-offs between stages, and each stage's gradient sync (the parameters' gradient reshards)."""
@@ -174,8 +175,9 @@ def test_profile_files_are_untrusted(tmp_path: Path, gpt_plan_path: str) -> None
     # in the app: a bad path is an error naming the field, a calibrated file prices the plan
     (tmp_path / "bad.json").write_text(json.dumps({**good, "compute_efficiency": 7}))
     load_profile("h100-nvlink-ib").save(tmp_path / "mine.json")
-    at = _app([gpt_plan_path], False, view="Layout", hw="calibrated profile file...",
-              hw_path=str(tmp_path / "bad.json"))
+    at = _app(
+        [gpt_plan_path], False, view="Layout", hw="calibrated profile file...", hw_path=str(tmp_path / "bad.json")
+    )
     errors = [e.value for e in at.sidebar.error]
     assert errors and "compute_efficiency" in errors[0] and "bad.json" in errors[0]
     at.text_input(key="hw_path").set_value(str(tmp_path / "mine.json"))
@@ -220,7 +222,9 @@ def test_default_is_the_gpt_plan_and_the_sample_is_one_click_away() -> None:
     _clean(at)
     assert "built-in sample" in at.sidebar.caption[-1].value
     hw = at.selectbox(key="hw")
-    assert hw.value == "cpu-local" and hw.options[0] == "as loaded (cpu-local)"  # the choice stays; its own costs offered
+    assert (
+        hw.value == "cpu-local" and hw.options[0] == "as loaded (cpu-local)"
+    )  # the choice stays; its own costs offered
     hw.set_value("as loaded (cpu-local)").run()
     _clean(at)
     assert len(at.get("image")) == 2  # the sample's memory, on its own costs

@@ -83,8 +83,14 @@ def test_whatif_on_the_gpt_plan_retraces_its_own_script_only_after_the_click(gpt
     command = at.code[0].value
     argv = shlex.split(command)
     assert argv[:4] == [sys.executable, "-m", "mpipar.cli", "plan"] and "--shape-only" in argv
-    assert argv[-6:] == [os.path.join(REPO, "examples", "gpt.py"), "--tiny", "--mesh", "dp=2,tp=2,pp=2",
-                         "--schedule", "1F1B"]
+    assert argv[-6:] == [
+        os.path.join(REPO, "examples", "gpt.py"),
+        "--tiny",
+        "--mesh",
+        "dp=2,tp=2,pp=2",
+        "--schedule",
+        "1F1B",
+    ]
     out = argv[argv.index("-o") + 1]
     # only the loaded plan's own numbers are shown, no what-if column
     assert not os.path.exists(out) and list(at.dataframe[0].value.columns) == ["metric", "loaded"]
@@ -94,11 +100,14 @@ def test_whatif_on_the_gpt_plan_retraces_its_own_script_only_after_the_click(gpt
     at.button(key="wi_run").click().run()
     _clean(at)
     assert os.path.exists(out)
-    by_hand = with_memory(_mpipar_plan(f"{tmp_path}/by-hand.json", ["--tiny", "--mesh", "dp=2,tp=2,pp=2",
-                                                                     "--schedule", "1F1B"]))
+    by_hand = with_memory(
+        _mpipar_plan(f"{tmp_path}/by-hand.json", ["--tiny", "--mesh", "dp=2,tp=2,pp=2", "--schedule", "1F1B"])
+    )
     loaded = with_memory(Plan.load(gpt_plan))
-    expected = whatif.diff_rows(whatif.plan_metrics(loaded, simulate_plan_lanes(loaded, None, None)),
-                                whatif.plan_metrics(by_hand, simulate_plan_lanes(by_hand, None, None)))
+    expected = whatif.diff_rows(
+        whatif.plan_metrics(loaded, simulate_plan_lanes(loaded, None, None)),
+        whatif.plan_metrics(by_hand, simulate_plan_lanes(by_hand, None, None)),
+    )
     rows = _rows(at)
     for r in expected:
         assert rows[r["metric"].strip()]["what-if"] == r["what-if"], r["metric"]
@@ -155,15 +164,18 @@ def test_a_plan_without_a_script_shows_no_foreign_numbers(tmp_path: object) -> N
     assert [list(d.value.columns) for d in at.dataframe] == [["metric", "loaded"]] and not at.warning
 
 
-@pytest.mark.parametrize(("meta", "match"), [
-    ({"script": 5}, "meta.script is 5"),
-    ({"script": "examples/gpt.py", "args": "--tiny"}, "meta.args is '--tiny'"),
-    ({"script": "examples/gpt.py", "args": ["--tiny", 3]}, r"meta.args\[1\] is 3"),
-    ({"script": "examples/gpt.py", "args": ["x" * 2000]}, r"meta.args\[0\] is 2000 characters"),
-    ({"script": "examples/gpt.py\x00.py"}, "NUL"),
-    ({"script": "README.md"}, "not a .py file"),
-    ({"script": "examples/gpt.py", "shape_only": "yes"}, "meta.shape_only is 'yes'"),
-])
+@pytest.mark.parametrize(
+    ("meta", "match"),
+    [
+        ({"script": 5}, "meta.script is 5"),
+        ({"script": "examples/gpt.py", "args": "--tiny"}, "meta.args is '--tiny'"),
+        ({"script": "examples/gpt.py", "args": ["--tiny", 3]}, r"meta.args\[1\] is 3"),
+        ({"script": "examples/gpt.py", "args": ["x" * 2000]}, r"meta.args\[0\] is 2000 characters"),
+        ({"script": "examples/gpt.py\x00.py"}, "NUL"),
+        ({"script": "README.md"}, "not a .py file"),
+        ({"script": "examples/gpt.py", "shape_only": "yes"}, "meta.shape_only is 'yes'"),
+    ],
+)
 def test_untrusted_script_fields_are_refused_by_name(meta: dict[str, object], match: str) -> None:
     plan = _tiny_plan()
     plan.meta.clear()
@@ -179,11 +191,31 @@ def test_knobs_rewrite_only_what_changed() -> None:
     assert script_whatif.with_knobs(args, base, base) == args
     new = script_whatif.Knobs(2, 2, 2, "ZBH1", 4, 2, 1, "full", True)
     assert script_whatif.with_knobs(args, base, new) == [
-        "--tiny", "--mesh", "dp=2,tp=2,pp=2", "--schedule", "ZBH1", "--steps", "3", "--micro-batches", "4",
-        "--zero", "1", "--recompute", "full", "--sequence-parallel"]
+        "--tiny",
+        "--mesh",
+        "dp=2,tp=2,pp=2",
+        "--schedule",
+        "ZBH1",
+        "--steps",
+        "3",
+        "--micro-batches",
+        "4",
+        "--zero",
+        "1",
+        "--recompute",
+        "full",
+        "--sequence-parallel",
+    ]
     eager = script_whatif.Knobs(4, 1, 1, None, 2, 2, 0, "none", False)
     assert script_whatif.with_knobs(args, base, eager) == [
-        "--tiny", "--mesh", "dp=4,tp=1,pp=1", "--steps", "3", "--accumulate-steps", "2"]
+        "--tiny",
+        "--mesh",
+        "dp=4,tp=1,pp=1",
+        "--steps",
+        "3",
+        "--accumulate-steps",
+        "2",
+    ]
     assert script_whatif.read_knobs(["--tiny"], 8).dp == 8  # no --mesh: data parallel over the world
     with pytest.raises(script_whatif.ScriptRefused, match="--schedule 'Bogus'"):
         script_whatif.read_knobs(["--schedule", "Bogus"], 1)
@@ -192,12 +224,20 @@ def test_knobs_rewrite_only_what_changed() -> None:
 
 
 def _cand(t: float, mem: int, fits: bool = True, dp: int = 1) -> Candidate:
-    return Candidate(GPTStrategy(dp, 1, 1, False, "none", 0, False, "adamw", 1, "1F1B", 1), 1, t, mem, 0.0, 1.0, 0.1, fits)
+    return Candidate(
+        GPTStrategy(dp, 1, 1, False, "none", 0, False, "adamw", 1, "1F1B", 1), 1, t, mem, 0.0, 1.0, 0.1, fits
+    )
 
 
 def test_pareto_front_and_search_figure() -> None:
-    points = [_cand(1.0, 900), _cand(2.0, 500), _cand(2.5, 600), _cand(3.0, 100), _cand(0.5, 5000, fits=False),
-              _cand(1.0, 950)]
+    points = [
+        _cand(1.0, 900),
+        _cand(2.0, 500),
+        _cand(2.5, 600),
+        _cand(3.0, 100),
+        _cand(0.5, 5000, fits=False),
+        _cand(1.0, 950),
+    ]
     assert search_view.pareto_front(points) == [0, 1, 3]  # 2 and 5 are beaten; 4 is over the limit
     fig = search_view.search_figure(points, [0, 1, 3], 1000, selected=2)
     ax = fig.axes[0]

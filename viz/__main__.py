@@ -28,8 +28,21 @@ APP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "app.py")
 
 def streamlit_command(files: Sequence[str], address: str = "127.0.0.1", port: int | None = None) -> list[str]:
     """The command line that serves the dashboard (also used by the browser test)."""
-    cmd = [sys.executable, "-m", "streamlit", "run", APP, "--server.address", address, "--server.headless", "true",
-           "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        APP,
+        "--server.address",
+        address,
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "viewer",
+    ]
     if port is not None:
         cmd += ["--server.port", str(port)]
     if files:
@@ -53,17 +66,36 @@ def run_directory(text: str) -> str:
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """``--run SCRIPT [args]`` and its options (shared with ``mpipar viz``); ``--run`` comes last."""
-    parser.add_argument("--run-dir", default=DEFAULT_DIR, type=run_directory,
-                        help=f"with --run: where the plan, measured timeline and log go (default ./{DEFAULT_DIR}/)")
-    parser.add_argument("--steps", type=cliargs.int_range(1, 10_000, "a step count"), default=3,
-                        help="with --run: measured training steps, unless the script's arguments give --steps")
-    parser.add_argument("--launcher", choices=LAUNCHERS, default="sim",
-                        help="with --run: the simulator (every rank here) or mpiexec (a process per rank)")
+    parser.add_argument(
+        "--run-dir",
+        default=DEFAULT_DIR,
+        type=run_directory,
+        help=f"with --run: where the plan, measured timeline and log go (default ./{DEFAULT_DIR}/)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=cliargs.int_range(1, 10_000, "a step count"),
+        default=3,
+        help="with --run: measured training steps, unless the script's arguments give --steps",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="sim",
+        help="with --run: the simulator (every rank here) or mpiexec (a process per rank)",
+    )
     parser.add_argument("--shape-only", action="store_true", help="with --run: trace the plan shape-only")
-    parser.add_argument("--prepare-only", action="store_true",
-                        help="with --run: write the run directory and print the dashboard command; start no server")
-    parser.add_argument("--run", nargs=argparse.REMAINDER, metavar="SCRIPT ARGS",
-                        help="trace SCRIPT's plan, run a few measured steps, open the dashboard on both (last option)")
+    parser.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="with --run: write the run directory and print the dashboard command; start no server",
+    )
+    parser.add_argument(
+        "--run",
+        nargs=argparse.REMAINDER,
+        metavar="SCRIPT ARGS",
+        help="trace SCRIPT's plan, run a few measured steps, open the dashboard on both (last option)",
+    )
 
 
 def prepare_files(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -90,7 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = cliargs.Parser(prog="mpipar viz", description="Open plans and timelines in the mpipar dashboard.")
     parser.add_argument("files", nargs="*", help="plan.json, then optional timeline.json and measured timeline")
     parser.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=cliargs.port, default=None, help="port (default: Streamlit's, 8501 or the next free)")
+    parser.add_argument(
+        "--port", type=cliargs.port, default=None, help="port (default: Streamlit's, 8501 or the next free)"
+    )
     add_run_arguments(parser)
     ns = parser.parse_args(argv)
     files = prepare_files(ns, parser)

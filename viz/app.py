@@ -107,14 +107,20 @@ def _cli_doc(path: str) -> tuple[str, Plan | Timeline]:
         st_ = os.stat(path)
     except OSError:
         return "", load_path(path)  # load_path words the missing/unreadable file
-    return f"file:{os.path.abspath(path)}:{st_.st_mtime_ns}:{st_.st_size}", _load_cli(path, st_.st_mtime_ns, st_.st_size)
+    return f"file:{os.path.abspath(path)}:{st_.st_mtime_ns}:{st_.st_size}", _load_cli(
+        path, st_.st_mtime_ns, st_.st_size
+    )
 
 
 def _default_plan() -> tuple[str, str, Plan, Timeline | None]:
     """(key, source label, plan, its timeline) of the plan the sidebar's "Open" choice names."""
-    choice = st.sidebar.radio("Open", OPEN_CHOICES, key="open_plan",
-                              help="with no file loaded: the project's GPT example, traced shape-only, or the "
-                                   "built-in sample (a residual MLP)")
+    choice = st.sidebar.radio(
+        "Open",
+        OPEN_CHOICES,
+        key="open_plan",
+        help="with no file loaded: the project's GPT example, traced shape-only, or the "
+        "built-in sample (a residual MLP)",
+    )
     if choice == GPT_CHOICE:
         stamp = script_stamp()
         try:
@@ -140,7 +146,9 @@ def _load_inputs() -> tuple[str, str, Plan, Timeline | None, Timeline | None]:
         docs.append((os.path.basename(path), doc))
         keys.append(key)
     uploads = st.sidebar.file_uploader(
-        "Open plan / timeline JSON", type=["json"], accept_multiple_files=True,
+        "Open plan / timeline JSON",
+        type=["json"],
+        accept_multiple_files=True,
         help="mpipar.plan and mpipar.timeline files (a second timeline is overlaid as the measured one)",
     )
     for up in uploads or []:
@@ -162,8 +170,11 @@ def _load_inputs() -> tuple[str, str, Plan, Timeline | None, Timeline | None]:
     if plan_doc is None:
         key, source, plan, own_t = _default_plan()
         if timelines or errors:
-            st.info(f"No plan could be loaded; the views below show the {source} plan." if errors or not timelines
-                    else f"Only timelines were loaded; plan views show the {source} plan.")
+            st.info(
+                f"No plan could be loaded; the views below show the {source} plan."
+                if errors or not timelines
+                else f"Only timelines were loaded; plan views show the {source} plan."
+            )
         return key, source, plan, main_t or own_t, overlay
     plan_key = next(k for k, (_, d) in zip(keys, docs, strict=True) if d is plan_doc[1])
     return plan_key, plan_doc[0], plan_doc[1], main_t, overlay
@@ -173,13 +184,16 @@ def _load_inputs() -> tuple[str, str, Plan, Timeline | None, Timeline | None]:
 def _downloads(fig_fn: Callable[[], Figure], text_fn: Callable[[], str] | None, stem: str, key: str) -> None:
     """PNG / SVG / text download buttons; the bytes are made only when clicked."""
     cols = st.columns(3 if text_fn else 2)
-    cols[0].download_button("PNG", lambda: to_png(fig_fn(), dpi=150), f"{stem}.png", "image/png", key=f"{key}-png",
-                            on_click="ignore")
-    cols[1].download_button("SVG", lambda: to_svg(fig_fn()), f"{stem}.svg", "image/svg+xml", key=f"{key}-svg",
-                            on_click="ignore")
+    cols[0].download_button(
+        "PNG", lambda: to_png(fig_fn(), dpi=150), f"{stem}.png", "image/png", key=f"{key}-png", on_click="ignore"
+    )
+    cols[1].download_button(
+        "SVG", lambda: to_svg(fig_fn()), f"{stem}.svg", "image/svg+xml", key=f"{key}-svg", on_click="ignore"
+    )
     if text_fn:
-        cols[2].download_button("text", lambda: text_fn().encode(), f"{stem}.txt", "text/plain", key=f"{key}-txt",
-                                on_click="ignore")
+        cols[2].download_button(
+            "text", lambda: text_fn().encode(), f"{stem}.txt", "text/plain", key=f"{key}-txt", on_click="ignore"
+        )
 
 
 def _show(fig: Figure) -> None:
@@ -209,9 +223,12 @@ def view_layout(plan: Plan) -> None:
     if nd > 2:
         c1, c2 = st.columns(2)
         d0 = c1.selectbox("rows: dim", list(range(nd)), index=dims[0], key="layout_d0")
-        d1 = c2.selectbox("columns: dim", [d for d in range(nd) if d != d0],
-                          index=max(0, [d for d in range(nd) if d != d0].index(dims[1]) if dims[1] != d0 else 0),
-                          key="layout_d1")
+        d1 = c2.selectbox(
+            "columns: dim",
+            [d for d in range(nd) if d != d0],
+            index=max(0, [d for d in range(nd) if d != d0].index(dims[1]) if dims[1] != d0 else 0),
+            key="layout_d1",
+        )
         dims = sorted([d0, d1])
         for d in range(nd):
             if d not in dims and t.shape[d] > 1:
@@ -222,8 +239,12 @@ def view_layout(plan: Plan) -> None:
         _show(layout.tensor_tiles_figure(spec, t.name or f"#{t.id}", dims, at))
     with right:
         _show(layout.mesh_grid_figure(spec, size, t.name or f"#{t.id}"))
-    _downloads(lambda: layout.tensor_tiles_figure(spec, t.name or f"#{t.id}", dims, at),
-               lambda: layout.layout_text(spec, t.name or f"#{t.id}", size, dims, at), f"layout-{t.id}", "layout")
+    _downloads(
+        lambda: layout.tensor_tiles_figure(spec, t.name or f"#{t.id}", dims, at),
+        lambda: layout.layout_text(spec, t.name or f"#{t.id}", size, dims, at),
+        f"layout-{t.id}",
+        "layout",
+    )
     with st.expander("What each rank holds"):
         st.dataframe(arrow_safe(layout.rank_table(spec, size)), hide_index=True)
 
@@ -252,8 +273,14 @@ def view_propagation(plan: Plan) -> None:
             return [color] * len(row)
 
         st.dataframe(frame.style.apply(highlight, axis=1), hide_index=True)
-    st.download_button("trace as text", lambda: propagation.trace_text(plan, layer, tensor, collective, phase).encode(),
-                       "trace.txt", "text/plain", key="trace-txt", on_click="ignore")
+    st.download_button(
+        "trace as text",
+        lambda: propagation.trace_text(plan, layer, tensor, collective, phase).encode(),
+        "trace.txt",
+        "text/plain",
+        key="trace-txt",
+        on_click="ignore",
+    )
 
 
 def view_stepper(plan: Plan) -> None:
@@ -270,11 +297,17 @@ def view_stepper(plan: Plan) -> None:
     else:
         step = 0
         st.caption("One step.")
-    st.markdown(f"**{r.src} → {r.dst}** — {r.bytes_per_rank:,.0f} bytes received per rank in all; "
-                f"step {step + 1}: `{propagation.step_text(r.steps[step])}`")
+    st.markdown(
+        f"**{r.src} → {r.dst}** — {r.bytes_per_rank:,.0f} bytes received per rank in all; "
+        f"step {step + 1}: `{propagation.step_text(r.steps[step])}`"
+    )
     _show(stepper.stepper_figure(plan, r, step))
-    _downloads(lambda: stepper.stepper_figure(plan, r, step), lambda: stepper.stepper_text(plan, r, step),
-               f"reshard-{r.index}-step{step + 1}", "stepper")
+    _downloads(
+        lambda: stepper.stepper_figure(plan, r, step),
+        lambda: stepper.stepper_text(plan, r, step),
+        f"reshard-{r.index}-step{step + 1}",
+        "stepper",
+    )
     with st.expander("Each rank before and after (text)"):
         st.code(stepper.stepper_text(plan, r, step), language=None)
 
@@ -302,23 +335,35 @@ def _stage_table(plan: Plan, profile: HardwareProfile) -> list[dict[str, Any]]:
     prices = price_stages(plan, profile)
     rows = []
     for s in range(len(prices.forward)):
-        rows.append({
-            "stage": s, "F ms": 1e3 * prices.forward[s],
-            "B ms": 1e3 * (prices.backward[s] - prices.backward_weight[s]), "W ms": 1e3 * prices.backward_weight[s],
-            "send F ms": 1e3 * prices.send_forward[s] if s < len(prices.send_forward) else 0.0,
-            "send B ms": 1e3 * prices.send_backward[s - 1] if s > 0 else 0.0,
-        })
+        rows.append(
+            {
+                "stage": s,
+                "F ms": 1e3 * prices.forward[s],
+                "B ms": 1e3 * (prices.backward[s] - prices.backward_weight[s]),
+                "W ms": 1e3 * prices.backward_weight[s],
+                "send F ms": 1e3 * prices.send_forward[s] if s < len(prices.send_forward) else 0.0,
+                "send B ms": 1e3 * prices.send_backward[s - 1] if s > 0 else 0.0,
+            }
+        )
     return rows
 
 
-def view_pipeline(plan: Plan, plan_key: str, main: Timeline | None, overlay: Timeline | None,
-                  hardware: str = AS_LOADED, profile: HardwareProfile | None = None) -> None:
+def view_pipeline(
+    plan: Plan,
+    plan_key: str,
+    main: Timeline | None,
+    overlay: Timeline | None,
+    hardware: str = AS_LOADED,
+    profile: HardwareProfile | None = None,
+) -> None:
     kinds = compatible_kinds(plan)
     if main is None and kinds:
         main = _simulated(plan_key, plan, None, None)
     if main is None:
-        st.info("This plan has no pipeline section and no timeline was loaded: nothing to draw. "
-                "Load a timeline (mpipar.timeline JSON) in the sidebar.")
+        st.info(
+            "This plan has no pipeline section and no timeline was loaded: nothing to draw. "
+            "Load a timeline (mpipar.timeline JSON) in the sidebar."
+        )
         return
     if overlay is not None and overlay.meta.get("source") == "measured":
         overlay = measured_on_lanes(overlay, main)
@@ -326,25 +371,43 @@ def view_pipeline(plan: Plan, plan_key: str, main: Timeline | None, overlay: Tim
     c1, c2 = st.columns([1, 3])
     c1.metric("Predicted step", f"{main.makespan:.6g}{' ' if unit == 's' else ''}{unit}", border=True)
     if profile is not None:
-        c2.caption(f"Priced on **{hardware}**: each op and reshard of the plan on the busiest rank of its stage "
-                   "(simulator.op_cost.PlanCosts), the schedule simulated with those stage times; the gradient "
-                   "sync and the optimizer once per step after the flush.")
+        c2.caption(
+            f"Priced on **{hardware}**: each op and reshard of the plan on the busiest rank of its stage "
+            "(simulator.op_cost.PlanCosts), the schedule simulated with those stage times; the gradient "
+            "sync and the optimizer once per step after the flush."
+        )
     elif main.time_unit != "s":
-        c2.caption("This plan carries no costs: unit times (F 1, B 2). Pick a hardware preset in the sidebar "
-                   "for seconds.")
+        c2.caption(
+            "This plan carries no costs: unit times (F 1, B 2). Pick a hardware preset in the sidebar for seconds."
+        )
     else:
         c2.caption(f"Costs as loaded ({hardware}).")
     _show(timeline_view.timeline_figure(main, overlay))
-    _downloads(lambda: timeline_view.timeline_figure(main, overlay), lambda: timeline_view.timeline_text(main),
-               "timeline", "timeline")
-    st.download_button("Chrome trace (Perfetto)", lambda: timeline_view.chrome_trace_bytes(main), "trace.json",
-                       "application/json", key="chrome", on_click="ignore")
+    _downloads(
+        lambda: timeline_view.timeline_figure(main, overlay),
+        lambda: timeline_view.timeline_text(main),
+        "timeline",
+        "timeline",
+    )
+    st.download_button(
+        "Chrome trace (Perfetto)",
+        lambda: timeline_view.chrome_trace_bytes(main),
+        "trace.json",
+        "application/json",
+        key="chrome",
+        on_click="ignore",
+    )
     if overlay is None:
-        st.caption("Load a measured timeline (meta.source = \"measured\", e.g. from MPIPAR_TRACE) to overlay it on "
-                   "the prediction.")
+        st.caption(
+            'Load a measured timeline (meta.source = "measured", e.g. from MPIPAR_TRACE) to overlay it on '
+            "the prediction."
+        )
     elif "measured_ranks" in overlay.meta:
-        st.caption("Measured outlines: ranks " + ", ".join(str(r) for r in overlay.meta["measured_ranks"])
-                   + " (the first rank of each stage mesh), from the measured file's first to last span.")
+        st.caption(
+            "Measured outlines: ranks "
+            + ", ".join(str(r) for r in overlay.meta["measured_ranks"])
+            + " (the first rank of each stage mesh), from the measured file's first to last span."
+        )
     st.dataframe(arrow_safe(timeline_view.bubble_rows(main)), hide_index=True)
     if profile is not None:
         st.dataframe(arrow_safe(_stage_table(plan, profile)), hide_index=True)
@@ -391,8 +454,10 @@ def view_memory(plan: Plan, plan_key: str, main: Timeline | None, profile: Hardw
         title = f"rank {rank} over the step ({plan_kind(plan)})"
         host = (rank_memory(plan, int(rank)) or {}).get(HOST_KEY)
         if isinstance(host, int | float) and host > 0:
-            st.caption(f"Offloaded: {fmt_bytes(float(host))} of optimizer state in rank {rank}'s host memory "
-                       "(moved to the device for the update; not in the device curve below).")
+            st.caption(
+                f"Offloaded: {fmt_bytes(float(host))} of optimizer state in rank {rank}'s host memory "
+                "(moved to the device for the update; not in the device curve below)."
+            )
     elif main is not None and main.memory:
         lane = st.selectbox("Lane", sorted(main.memory), key="mem_lane")
         curve = main.memory[lane]
@@ -403,8 +468,12 @@ def view_memory(plan: Plan, plan_key: str, main: Timeline | None, profile: Hardw
     # A rank's curve is simulated from the plan (its costs' unit); a lane's comes from the loaded timeline.
     unit = plan_cost(plan).time_unit if entries else (main.time_unit if main else "s")
     _show(memory.memory_figure(curve, capacity, title, unit))
-    _downloads(lambda: memory.memory_figure(curve, capacity, title, unit), lambda: memory.memory_text(curve, capacity),
-               "memory", "memory")
+    _downloads(
+        lambda: memory.memory_figure(curve, capacity, title, unit),
+        lambda: memory.memory_text(curve, capacity),
+        "memory",
+        "memory",
+    )
     if entries:
         peaks = _rank_peaks(plan_key, plan)
         _show(memory.peaks_figure(peaks, capacity))
@@ -443,8 +512,10 @@ def _whatif_base(plan: Plan) -> tuple[SampleConfig, str | None]:
         return SampleConfig(), f"The plan's meta.config is not a sample configuration ({exc}); using the defaults."
     for name, bound in _WHATIF_BOUNDS.items():
         if getattr(base, name) > bound:
-            return SampleConfig(), (f"The plan's meta.config.{name} = {getattr(base, name)!r:.40} is over the what-if "
-                                    f"limit of {bound}; using the sample's defaults.")
+            return SampleConfig(), (
+                f"The plan's meta.config.{name} = {getattr(base, name)!r:.40} is over the what-if "
+                f"limit of {bound}; using the sample's defaults."
+            )
     if base.schedule not in WHATIF_KINDS:
         return SampleConfig(), f"The plan's schedule {base.schedule!r} has no what-if here; using the defaults."
     return base, None
@@ -461,8 +532,10 @@ def view_whatif(plan: Plan, plan_key: str, main: Timeline | None) -> None:
             ref = script_whatif.script_ref(plan, _start_dir())
         except script_whatif.ScriptRefused as exc:
             # Another model's numbers would be wrong numbers: say why there are none.
-            st.info(f"No what-if for this plan: {exc}. The what-if re-traces the plan's own script "
-                    "(`mpipar plan` records it); this plan's model cannot be re-traced here. The loaded plan:")
+            st.info(
+                f"No what-if for this plan: {exc}. The what-if re-traces the plan's own script "
+                "(`mpipar plan` records it); this plan's model cannot be re-traced here. The loaded plan:"
+            )
             _loaded_metrics_table(_loaded_metrics(plan_key, plan))
         else:
             _whatif_script(plan, plan_key, ref)
@@ -483,8 +556,9 @@ def _whatif_back_button() -> None:
             st.rerun()
 
 
-def whatif_loaded(source: str, plan: Plan, main_t: Timeline | None,
-                  overlay: Timeline | None) -> tuple[str, Plan, Timeline | None, Timeline | None]:
+def whatif_loaded(
+    source: str, plan: Plan, main_t: Timeline | None, overlay: Timeline | None
+) -> tuple[str, Plan, Timeline | None, Timeline | None]:
     """The what-if plan the user loaded into the views, while the same file is open; else the inputs."""
     st.session_state["wi_source"] = source  # what a loaded what-if replaces, and what "Back" returns to
     loaded = st.session_state.get("wi_loaded")
@@ -498,8 +572,12 @@ def whatif_loaded(source: str, plan: Plan, main_t: Timeline | None,
 
 def _load_into_views(label: str, plan: Plan, timeline: Timeline | None, key: str) -> None:
     if st.button("Load this plan into the other views", key=key):
-        st.session_state["wi_loaded"] = {"base": st.session_state.get("wi_source", ""), "label": label, "plan": plan,
-                                         "timeline": timeline}
+        st.session_state["wi_loaded"] = {
+            "base": st.session_state.get("wi_source", ""),
+            "label": label,
+            "plan": plan,
+            "timeline": timeline,
+        }
         st.rerun()
 
 
@@ -518,19 +596,28 @@ def _knob_widgets(base: script_whatif.Knobs, prefix: str) -> script_whatif.Knobs
     dp = int(c[0].number_input("dp", 1, 64, base.dp, key=f"{prefix}_dp"))
     tp = int(c[1].number_input("tp", 1, 64, base.tp, key=f"{prefix}_tp"))
     pp = int(c[2].number_input("pp", 1, 16, base.pp, key=f"{prefix}_pp"))
-    m = int(c[3].number_input("micro-batches (0: the script's default)", 0, 256, base.micro_batches or 0,
-                              key=f"{prefix}_m"))
+    m = int(
+        c[3].number_input("micro-batches (0: the script's default)", 0, 256, base.micro_batches or 0, key=f"{prefix}_m")
+    )
     c = st.columns(5)
     schedules = ["(none: eager)", *script_whatif.SCHEDULES]
-    kind = c[0].selectbox("schedule", schedules, index=schedules.index(base.schedule or schedules[0]),
-                          key=f"{prefix}_kind")
+    kind = c[0].selectbox(
+        "schedule", schedules, index=schedules.index(base.schedule or schedules[0]), key=f"{prefix}_kind"
+    )
     chunks = int(c[1].number_input("chunks (Interleaved1F1B)", 1, 8, base.chunks, key=f"{prefix}_chunks"))
     zero = int(c[2].selectbox("ZeRO stage", script_whatif.ZERO_STAGES, index=base.zero, key=f"{prefix}_zero"))
-    recompute = str(c[3].selectbox("recompute", script_whatif.RECOMPUTES,
-                                   index=script_whatif.RECOMPUTES.index(base.recompute), key=f"{prefix}_recompute"))
+    recompute = str(
+        c[3].selectbox(
+            "recompute",
+            script_whatif.RECOMPUTES,
+            index=script_whatif.RECOMPUTES.index(base.recompute),
+            key=f"{prefix}_recompute",
+        )
+    )
     sp = bool(c[4].checkbox("sequence parallel", base.sequence_parallel, key=f"{prefix}_sp"))
-    return script_whatif.Knobs(dp, tp, pp, None if kind == schedules[0] else kind, m or None, chunks, zero, recompute,
-                               sp)
+    return script_whatif.Knobs(
+        dp, tp, pp, None if kind == schedules[0] else kind, m or None, chunks, zero, recompute, sp
+    )
 
 
 def _confirmed_retrace(ref: script_whatif.ScriptRef, args: list[str], key: str) -> Plan | None:
@@ -560,8 +647,10 @@ def _whatif_script(plan: Plan, plan_key: str, ref: script_whatif.ScriptRef) -> N
     except script_whatif.ScriptRefused as exc:
         st.info(f"No what-if for this plan: {exc}.")
         return
-    st.caption(f"Change the knobs: `{ref.recorded}` is re-traced with `mpipar plan`"
-               f"{' --shape-only' if ref.shape_only else ''} and diffed against the loaded plan.")
+    st.caption(
+        f"Change the knobs: `{ref.recorded}` is re-traced with `mpipar plan`"
+        f"{' --shape-only' if ref.shape_only else ''} and diffed against the loaded plan."
+    )
     knobs = _knob_widgets(base, "wis")
     args = script_whatif.with_knobs(ref.args, base, knobs)
     loaded = _loaded_metrics(plan_key, plan)
@@ -579,8 +668,14 @@ def _whatif_script(plan: Plan, plan_key: str, ref: script_whatif.ScriptRef) -> N
     st.dataframe(arrow_safe({k: v for k, v in r.items() if not k.startswith("_")} for r in rows), hide_index=True)
     _show(whatif.diff_figure(rows))
     _downloads(lambda: whatif.diff_figure(rows), lambda: whatif.diff_text(rows), "what-if", "whatif")
-    st.download_button("what-if plan (JSON)", lambda: _plan_json(new_plan), "whatif-plan.json", "application/json",
-                       key="wis-plan", on_click="ignore")
+    st.download_button(
+        "what-if plan (JSON)",
+        lambda: _plan_json(new_plan),
+        "whatif-plan.json",
+        "application/json",
+        key="wis-plan",
+        on_click="ignore",
+    )
     _load_into_views(" ".join([ref.recorded, *args]), new_plan, None, "wis_load")
 
 
@@ -611,27 +706,46 @@ def _whatif_search(plan: Plan, ref: script_whatif.ScriptRef | None) -> None:
     st.subheader("Strategy search")
     gpt = ref is not None and os.path.basename(ref.path) == "gpt.py"
     d = _search_defaults(plan, ref)
-    st.caption(("The model of the loaded `examples/gpt.py` plan" if gpt else "A GPT of the shape below")
-               + ": every layout that divides is priced by the estimator; keep the space small to stay interactive.")
+    st.caption(
+        ("The model of the loaded `examples/gpt.py` plan" if gpt else "A GPT of the shape below")
+        + ": every layout that divides is priced by the estimator; keep the space small to stay interactive."
+    )
     c = st.columns(7)
     names = ("layers", "hidden", "heads", "seq", "vocab", "global_batch", "devices")
-    vals = {n: int(c[i].number_input(n.replace("_", " "), 1, search_view.BOUNDS[n],
-                                     min(getattr(d, n), search_view.BOUNDS[n]), key=f"wss_{n}"))
-            for i, n in enumerate(names)}
+    vals = {
+        n: int(
+            c[i].number_input(
+                n.replace("_", " "), 1, search_view.BOUNDS[n], min(getattr(d, n), search_view.BOUNDS[n]), key=f"wss_{n}"
+            )
+        )
+        for i, n in enumerate(names)
+    }
     c = st.columns(4)
     presets = [p for p in list_presets() if load_profile(p).memory_bytes]
-    hardware = c[0].selectbox("hardware", presets, index=presets.index(d.hardware) if d.hardware in presets else 0,
-                              key="wss_hw")
+    hardware = c[0].selectbox(
+        "hardware", presets, index=presets.index(d.hardware) if d.hardware in presets else 0, key="wss_hw"
+    )
     limit_mib = int(c[1].number_input("memory limit MiB (0: the device's)", 0, 1 << 30, 0, key="wss_limit"))
     sample = ref is None and plan.meta.get("builder") == "viz.sample"
     zeros = [z for z in script_whatif.ZERO_STAGES if not (sample and z == 3)]  # the sample has no ZeRO-3
     zero = tuple(c[2].multiselect("ZeRO stages", zeros, [0], key="wss_zero"))
     recompute = tuple(c[3].multiselect("recompute", script_whatif.RECOMPUTES, ["none"], key="wss_recompute"))
     schedules = tuple(st.multiselect("schedules (pipelines)", script_whatif.SCHEDULES, ["1F1B"], key="wss_sched"))
-    space = search_view.SearchSpace(vals["layers"], vals["hidden"], vals["heads"], vals["seq"], vals["vocab"],
-                                    vals["devices"], vals["global_batch"], str(hardware),
-                                    limit_mib * 2**20 if limit_mib else None, zero, recompute, schedules,
-                                    dropout=d.dropout)
+    space = search_view.SearchSpace(
+        vals["layers"],
+        vals["hidden"],
+        vals["heads"],
+        vals["seq"],
+        vals["vocab"],
+        vals["devices"],
+        vals["global_batch"],
+        str(hardware),
+        limit_mib * 2**20 if limit_mib else None,
+        zero,
+        recompute,
+        schedules,
+        dropout=d.dropout,
+    )
     if st.button("Search", key="wss_go"):
         st.session_state["wss_space"] = space
     asked = st.session_state.get("wss_space")
@@ -647,16 +761,27 @@ def _whatif_search(plan: Plan, ref: script_whatif.ScriptRef | None) -> None:
         return
     points = search_view.candidates(result)
     front = search_view.pareto_front(points)
-    st.caption(f"{len(points)} candidates priced in {result.seconds:.1f} s ({result.enumerated} enumerated; pruned: "
-               + (", ".join(f"{v} {k}" for k, v in result.pruned.items()) or "none") + f"); {len(front)} on the Pareto front.")
+    st.caption(
+        f"{len(points)} candidates priced in {result.seconds:.1f} s ({result.enumerated} enumerated; pruned: "
+        + (", ".join(f"{v} {k}" for k, v in result.pruned.items()) or "none")
+        + f"); {len(front)} on the Pareto front."
+    )
     if not points:
         st.info("No candidate divides this model and device count.")
         return
-    chosen = st.selectbox("Candidate", list(range(len(points))), key="wss_cand",
-                          format_func=lambda i: ("* " if i in front else "") + search_view.candidate_label(points[i]))
+    chosen = st.selectbox(
+        "Candidate",
+        list(range(len(points))),
+        key="wss_cand",
+        format_func=lambda i: ("* " if i in front else "") + search_view.candidate_label(points[i]),
+    )
     _show(search_view.search_figure(points, front, result.memory_limit, chosen))
-    _downloads(lambda: search_view.search_figure(points, front, result.memory_limit, chosen),
-               lambda: search_view.search_text(points, front, result.memory_limit), "search", "search")
+    _downloads(
+        lambda: search_view.search_figure(points, front, result.memory_limit, chosen),
+        lambda: search_view.search_text(points, front, result.memory_limit),
+        "search",
+        "search",
+    )
     with st.expander("All candidates"):
         st.dataframe(arrow_safe(search_view.candidate_rows(points, front)), hide_index=True)
     _load_candidate(plan, ref, points[int(chosen)])
@@ -682,9 +807,18 @@ def _load_candidate(plan: Plan, ref: script_whatif.ScriptRef | None, cand: searc
         base_cfg, _ = _whatif_base(plan)
         kind = flags["schedule"] or base_cfg.schedule
         try:
-            new_plan, new_t = whatif.whatif_sample(flags["dp"], flags["tp"], flags["pp"], kind, flags["micro_batches"],
-                                                   flags["zero"], flags["recompute"], base_cfg.hidden, base_cfg.batch,
-                                                   base_cfg.profile)
+            new_plan, new_t = whatif.whatif_sample(
+                flags["dp"],
+                flags["tp"],
+                flags["pp"],
+                kind,
+                flags["micro_batches"],
+                flags["zero"],
+                flags["recompute"],
+                base_cfg.hidden,
+                base_cfg.batch,
+                base_cfg.profile,
+            )
         except ValueError as exc:
             st.info(f"The sample cannot take this candidate: {exc}")
             return
@@ -706,17 +840,25 @@ def _whatif_sample(plan: Plan, main: Timeline | None) -> None:
     c = st.columns(4)
     kind = c[0].selectbox("schedule", WHATIF_KINDS, index=WHATIF_KINDS.index(base.schedule), key="wi_kind")
     offered = [z for z in ZERO_STAGES if f"zero={z}" not in UNSUPPORTED]
-    zero = c[1].selectbox("ZeRO stage", offered, index=offered.index(base.zero) if base.zero in offered else 0,
-                          key="wi_zero", help=f"ZeRO-3 is not offered: {UNSUPPORTED['zero=3']}")
-    recompute = c[2].selectbox("recompute", RECOMPUTE_MODES, index=RECOMPUTE_MODES.index(base.recompute),
-                               key="wi_recompute")
+    zero = c[1].selectbox(
+        "ZeRO stage",
+        offered,
+        index=offered.index(base.zero) if base.zero in offered else 0,
+        key="wi_zero",
+        help=f"ZeRO-3 is not offered: {UNSUPPORTED['zero=3']}",
+    )
+    recompute = c[2].selectbox(
+        "recompute", RECOMPUTE_MODES, index=RECOMPUTE_MODES.index(base.recompute), key="wi_recompute"
+    )
     presets = list_presets()
-    profile = c[3].selectbox("hardware", presets, index=presets.index(base.profile) if base.profile in presets else 0,
-                             key="wi_profile")
+    profile = c[3].selectbox(
+        "hardware", presets, index=presets.index(base.profile) if base.profile in presets else 0, key="wi_profile"
+    )
     st.caption(f"ZeRO-3 is not offered: {UNSUPPORTED['zero=3']}.")
     try:
-        new_plan, new_t = whatif.whatif_sample(int(dp), int(tp), int(pp), kind, int(m), int(zero), str(recompute),
-                                               base.hidden, base.batch, profile)
+        new_plan, new_t = whatif.whatif_sample(
+            int(dp), int(tp), int(pp), kind, int(m), int(zero), str(recompute), base.hidden, base.batch, profile
+        )
     except ValueError as exc:
         st.error(f"cannot build this what-if: {exc}")
         return
@@ -726,10 +868,20 @@ def _whatif_sample(plan: Plan, main: Timeline | None) -> None:
     _downloads(lambda: whatif.diff_figure(rows), lambda: whatif.diff_text(rows), "what-if", "whatif")
     with st.expander("What-if pipeline timeline"):
         _show(timeline_view.timeline_figure(new_t))
-    st.download_button("what-if plan (JSON)", lambda: _plan_json(new_plan), "whatif-plan.json", "application/json",
-                       key="wi-plan", on_click="ignore")
-    _load_into_views(f"sample what-if (dp={dp},tp={tp},pp={pp} {kind} x{m}, ZeRO {zero}, recompute {recompute})",
-                     new_plan, new_t, "wi_load")
+    st.download_button(
+        "what-if plan (JSON)",
+        lambda: _plan_json(new_plan),
+        "whatif-plan.json",
+        "application/json",
+        key="wi-plan",
+        on_click="ignore",
+    )
+    _load_into_views(
+        f"sample what-if (dp={dp},tp={tp},pp={pp} {kind} x{m}, ZeRO {zero}, recompute {recompute})",
+        new_plan,
+        new_t,
+        "wi_load",
+    )
 
 
 def _plan_json(plan: Plan) -> bytes:
@@ -778,10 +930,13 @@ def _hardware(plan: Plan, main_t: Timeline | None) -> tuple[str, str, HardwarePr
     options = ([f"{AS_LOADED} ({own})"] if own else []) + presets + [PROFILE_FILE]
     default = 0 if own else presets.index(DEFAULT_PRESET) if DEFAULT_PRESET in presets else 0
     choice = st.sidebar.selectbox(
-        "Hardware (prices the plan)", options, index=default, key="hw",
+        "Hardware (prices the plan)",
+        options,
+        index=default,
+        key="hw",
         help="prices every op and reshard of the plan with the simulator's cost model on this hardware: the "
-             "pipeline and memory views are then in seconds. A calibrated profile comes from "
-             "`python -m simulator calibrate -o profile.json`.",
+        "pipeline and memory views are then in seconds. A calibrated profile comes from "
+        "`python -m simulator calibrate -o profile.json`.",
     )
     if choice.startswith(AS_LOADED):
         return choice, "own", None

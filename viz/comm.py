@@ -63,18 +63,27 @@ def comm_figure(plan: Plan) -> Figure:
     rows = comm_table(plan)
     fig = new_figure(10.0, 3.8)
     phases = [p for p in PHASES if any(row["phase"] == p for row in rows)]
-    for col, (key, value, title) in enumerate((
-        ("collective", "count", "calls by collective"),
-        ("axes", "bytes/rank", "bytes received per rank by mesh axis"),
-    )):
+    for col, (key, value, title) in enumerate(
+        (
+            ("collective", "count", "calls by collective"),
+            ("axes", "bytes/rank", "bytes received per rank by mesh axis"),
+        )
+    ):
         ax = fig.add_subplot(1, 2, col + 1)
         data = _by(rows, key, value)
         labels = sorted(data)
         bottom = np.zeros(len(labels))
         for ph in phases:
             heights = np.array([data[k].get(ph, 0.0) for k in labels])
-            ax.bar(labels, heights, bottom=bottom, label=ph, color=PHASE_COLORS[ph], hatch=PHASE_HATCH[ph],
-                   edgecolor="white")
+            ax.bar(
+                labels,
+                heights,
+                bottom=bottom,
+                label=ph,
+                color=PHASE_COLORS[ph],
+                hatch=PHASE_HATCH[ph],
+                edgecolor="white",
+            )
             bottom += heights
         ax.set_title(title, fontsize=10)
         if value == "bytes/rank" and labels:
@@ -125,8 +134,12 @@ def traffic_figure(plan: Plan, phase: str | None = None) -> Figure:
         empty_notice(ax, "no traffic" + (f" in {phase}" if phase else ""))
         return fig
     positive = m[m > 0]
-    image = ax.imshow(np.where(m > 0, m, np.nan), cmap="viridis", interpolation="nearest",
-                      norm=LogNorm(vmin=float(positive.min()), vmax=float(positive.max())))
+    image = ax.imshow(
+        np.where(m > 0, m, np.nan),
+        cmap="viridis",
+        interpolation="nearest",
+        norm=LogNorm(vmin=float(positive.min()), vmax=float(positive.max())),
+    )
     fig.colorbar(image, ax=ax, label="bytes received (log scale)")
     step = max(1, len(ranks) // 16)
     ticks = list(range(0, len(ranks), step))
@@ -145,13 +158,17 @@ def comm_text(plan: Plan) -> str:
     if not rows:
         lines.append("  (none)")
     for row in rows:
-        lines.append(f"  {row['phase']:<9} {row['collective']:<15} {row['axes']:<10} x{row['count']:<4} "
-                     f"{fmt_bytes(row['bytes/rank']):>12}")
+        lines.append(
+            f"  {row['phase']:<9} {row['collective']:<15} {row['axes']:<10} x{row['count']:<4} "
+            f"{fmt_bytes(row['bytes/rank']):>12}"
+        )
     for ph in PHASES:
         sub = [row for row in rows if row["phase"] == ph]
         if sub:
-            lines.append(f"  total {ph}: {sum(r['count'] for r in sub)} call(s), "
-                         f"{fmt_bytes(sum(r['bytes/rank'] for r in sub))} per rank")
+            lines.append(
+                f"  total {ph}: {sum(r['count'] for r in sub)} call(s), "
+                f"{fmt_bytes(sum(r['bytes/rank'] for r in sub))} per rank"
+            )
     colors = ", ".join(f"{k}" for k in COLLECTIVE_COLORS if any(r["collective"] == k for r in rows))
     if colors:
         lines.append(f"  collectives used: {colors}")

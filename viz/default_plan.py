@@ -33,8 +33,19 @@ class DefaultPlanError(RuntimeError):
 
 def gpt_plan_command(output: str) -> list[str]:
     """``python -m mpipar.cli plan -o OUTPUT -n 8 --shape-only examples/gpt.py --mesh ... --schedule 1F1B``."""
-    return [sys.executable, "-m", "mpipar.cli", "plan", "-o", output, "-n", str(WORLD_SIZE), "--shape-only",
-            GPT_SCRIPT, *GPT_ARGS]
+    return [
+        sys.executable,
+        "-m",
+        "mpipar.cli",
+        "plan",
+        "-o",
+        output,
+        "-n",
+        str(WORLD_SIZE),
+        "--shape-only",
+        GPT_SCRIPT,
+        *GPT_ARGS,
+    ]
 
 
 def script_stamp() -> tuple[int, int]:
@@ -50,14 +61,26 @@ def trace_gpt_plan() -> Plan:
     """Trace the GPT plan in a child process and read it back (``viz.files.load_path``'s checks)."""
     if not os.path.isfile(GPT_SCRIPT):
         raise DefaultPlanError(f"{GPT_SCRIPT} is missing: the GPT plan cannot be traced")
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)}
+    env = {
+        **os.environ,
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p),
+    }
     env.pop("MPIPAR_TRACE", None)  # the trace is not a run: no measured timeline from it
     with tempfile.TemporaryDirectory(prefix="mpipar-viz-") as tmp:
         out = os.path.join(tmp, "gpt-plan.json")
         try:
-            done = subprocess.run(gpt_plan_command(out), cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                                  capture_output=True, text=True, timeout=TRACE_TIMEOUT_S, check=False)
+            done = subprocess.run(
+                gpt_plan_command(out),
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=TRACE_TIMEOUT_S,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             raise DefaultPlanError(f"tracing {GPT_SCRIPT} took over {TRACE_TIMEOUT_S} s") from None
         if done.returncode != 0 or not os.path.isfile(out):

@@ -76,7 +76,9 @@ def default_dims(spec: DistSpec) -> tuple[int, ...]:
     return tuple(sorted(chosen))
 
 
-def _check_dims(spec: DistSpec, dims: Sequence[int], at: Sequence[int] | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _check_dims(
+    spec: DistSpec, dims: Sequence[int], at: Sequence[int] | None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     nd = len(spec.shape)
     dims = tuple(int(d) for d in dims)
     if len(dims) != min(nd, 2) or len(set(dims)) != len(dims) or any(not 0 <= d < nd for d in dims):
@@ -144,14 +146,24 @@ def tensor_tiles_figure(
         rects.append(Rectangle((c0, r0), c1 - c0, r1 - r0))
         colors.append(b.color)
     if rects:
-        ax.add_collection(PatchCollection(rects, facecolors=colors, edgecolors="white", linewidths=1.5,
-                                          hatch="//" if partial else None))
+        ax.add_collection(
+            PatchCollection(
+                rects, facecolors=colors, edgecolors="white", linewidths=1.5, hatch="//" if partial else None
+            )
+        )
     if len(blocks) <= MAX_LABELS:
         for b in blocks:
             (r0, r1), (c0, c1) = _extent(b.box, dims_t)
             label = f"{b.name}\n{'x'.join(str(n) for n in box_shape(b.box)) or 'scalar'}\nr{fmt_ranks(b.ranks, 3)}"
-            ax.text((c0 + c1) / 2, (r0 + r1) / 2, label, ha="center", va="center", fontsize=8,
-                    bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1})
+            ax.text(
+                (c0 + c1) / 2,
+                (r0 + r1) / 2,
+                label,
+                ha="center",
+                va="center",
+                fontsize=8,
+                bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1},
+            )
     ax.set_xlim(0, max(ncols, 1))
     ax.set_ylim(max(nrows, 1), 0)
     ax.set_xlabel(f"dim {dims_t[-1]} (size {spec.shape[dims_t[-1]]})" if dims_t else "scalar")
@@ -193,22 +205,27 @@ def rank_table(spec: DistSpec, itemsize: int) -> list[dict[str, object]]:
     for r in spec.mesh.process_ids:
         b = block_of[r]
         box = b.box
-        rows.append({
-            "rank": r,
-            "coord": spec.mesh.coordinate(r),
-            "block": b.name,
-            "box": " x ".join(f"[{s},{e})" for s, e in box) or "scalar",
-            "local shape": box_shape(box),
-            "bytes": box_numel(box) * itemsize,
-            "replicas": len(b.ranks) // part if part > 1 else len(b.ranks),
-            "partial holders": part,
-            "empty": box_numel(box) == 0 and len(spec.shape) > 0,
-        })
+        rows.append(
+            {
+                "rank": r,
+                "coord": spec.mesh.coordinate(r),
+                "block": b.name,
+                "box": " x ".join(f"[{s},{e})" for s, e in box) or "scalar",
+                "local shape": box_shape(box),
+                "bytes": box_numel(box) * itemsize,
+                "replicas": len(b.ranks) // part if part > 1 else len(b.ranks),
+                "partial holders": part,
+                "empty": box_numel(box) == 0 and len(spec.shape) > 0,
+            }
+        )
     return rows
 
 
 def draw_mesh_grid(
-    ax: Any, mesh: ProcessMesh, colors: Mapping[int, str], texts: Mapping[int, str] | None = None,
+    ax: Any,
+    mesh: ProcessMesh,
+    colors: Mapping[int, str],
+    texts: Mapping[int, str] | None = None,
     edges: Mapping[int, str] | None = None,
 ) -> None:
     """Draw ``mesh`` on ``ax``: one cell per rank in ``colors[rank]``, ``texts`` when few cells.
@@ -225,15 +242,23 @@ def draw_mesh_grid(
             rects.append(Rectangle((j, i), 1, 1))
             facecolors.append(colors.get(r, "#DDDDDD"))
             edgecolors.append((edges or {}).get(r, "white"))
-    ax.add_collection(PatchCollection(rects, facecolors=facecolors, edgecolors=edgecolors,
-                                      linewidths=2.5 if edges else 1.0))
+    ax.add_collection(
+        PatchCollection(rects, facecolors=facecolors, edgecolors=edgecolors, linewidths=2.5 if edges else 1.0)
+    )
     if texts is not None and nr * nc <= MAX_LABELS:
         for i in range(nr):
             for j in range(nc):
                 text = texts.get(int(grid[i, j]))
                 if text:
-                    ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=7,
-                            bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 1})
+                    ax.text(
+                        j + 0.5,
+                        i + 0.5,
+                        text,
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 1},
+                    )
     ax.set_xlim(0, nc)
     ax.set_ylim(nr, 0)
     step_c = max(1, nc // 16)
@@ -258,8 +283,9 @@ def mesh_grid_figure(spec: DistSpec, itemsize: int = 4, name: str = "tensor") ->
         rep = f"x{row['replicas']} repl" if row["replicas"] != 1 else "1 copy"
         if int(row["partial holders"]) > 1:  # type: ignore[call-overload]
             rep += f", 1/{row['partial holders']} partial"
-        texts[r] = f"rank {r}  {row['block']}\n{'empty' if row['empty'] else shape}\n" \
-                   f"{fmt_bytes(float(row['bytes']))}\n{rep}"  # type: ignore[arg-type]
+        texts[r] = (
+            f"rank {r}  {row['block']}\n{'empty' if row['empty'] else shape}\n{fmt_bytes(float(row['bytes']))}\n{rep}"  # type: ignore[arg-type]
+        )
     draw_mesh_grid(ax, spec.mesh, colors, texts)
     sizes = sorted({int(r["bytes"]) for r in rows.values()})  # type: ignore[call-overload]
     span = fmt_bytes(sizes[0]) if len(sizes) == 1 else f"{fmt_bytes(sizes[0])} .. {fmt_bytes(sizes[-1])}"
@@ -268,8 +294,12 @@ def mesh_grid_figure(spec: DistSpec, itemsize: int = 4, name: str = "tensor") ->
 
 
 def layout_text(
-    spec: DistSpec, name: str = "tensor", itemsize: int = 4, dims: Sequence[int] | None = None,
-    at: Sequence[int] | None = None, max_ranks: int = 64,
+    spec: DistSpec,
+    name: str = "tensor",
+    itemsize: int = 4,
+    dims: Sequence[int] | None = None,
+    at: Sequence[int] | None = None,
+    max_ranks: int = 64,
 ) -> str:
     """The layout as text: blocks with their boxes and holders, then the mesh grid of block names."""
     dims_t, at_t = _check_dims(spec, default_dims(spec) if dims is None else dims, at)
@@ -279,13 +309,17 @@ def layout_text(
     note = _partial_note(spec)
     if note:
         lines.append(note)
-    lines.append(f"blocks: {len(blocks)}; each held by {rep} replica(s)" + (f" x {part} partial holders" if part > 1 else ""))
+    lines.append(
+        f"blocks: {len(blocks)}; each held by {rep} replica(s)" + (f" x {part} partial holders" if part > 1 else "")
+    )
     shown = blocks[:max_ranks]
     for b in shown:
         box = " x ".join(f"[{s},{e})" for s, e in b.box) or "scalar"
         shape = "x".join(str(n) for n in box_shape(b.box)) or "scalar"
         tag = "  EMPTY" if b.empty and spec.shape else ""
-        lines.append(f"  {b.name:>3} {box:<28} {shape:<12} {fmt_bytes(box_numel(b.box) * itemsize):>10}  ranks {fmt_ranks(b.ranks)}{tag}")
+        lines.append(
+            f"  {b.name:>3} {box:<28} {shape:<12} {fmt_bytes(box_numel(b.box) * itemsize):>10}  ranks {fmt_ranks(b.ranks)}{tag}"
+        )
     if len(blocks) > len(shown):
         lines.append(f"  ... {len(blocks) - len(shown)} more blocks")
     grid, row_labels, col_labels = _mesh_rows(spec.mesh)
@@ -296,7 +330,9 @@ def layout_text(
     width = max([len(c) for c in col_labels[:cols]] + [8])
     label_w = max([len(r) for r in row_labels[:rows]] + [4])
     lines.append("mesh (rank:block):")
-    lines.append(" " * (label_w + 2) + "  ".join(c.ljust(width) for c in col_labels[:cols]) + ("  ..." if nc > cols else ""))
+    lines.append(
+        " " * (label_w + 2) + "  ".join(c.ljust(width) for c in col_labels[:cols]) + ("  ..." if nc > cols else "")
+    )
     for i in range(rows):
         cells = "  ".join(f"{int(grid[i, j])}:{block_of[int(grid[i, j])]}".ljust(width) for j in range(cols))
         lines.append(f"{row_labels[i]:<{label_w}}  {cells}".rstrip() + ("  ..." if nc > cols else ""))
@@ -304,6 +340,10 @@ def layout_text(
         lines.append(f"... {nr - rows} more rows")
     hidden = [d for d in range(len(spec.shape)) if d not in dims_t]
     if hidden:
-        lines.append("2-D view: dims " + " x ".join(str(d) for d in dims_t) + "; slice at " +
-                     ", ".join(f"dim {d} = {at_t[d]}" for d in hidden))
+        lines.append(
+            "2-D view: dims "
+            + " x ".join(str(d) for d in dims_t)
+            + "; slice at "
+            + ", ".join(f"dim {d} = {at_t[d]}" for d in hidden)
+        )
     return "\n".join(lines) + "\n"

@@ -33,8 +33,9 @@ def _gib_axis(values: float) -> tuple[float, str]:
     return 1.0, "B"
 
 
-def memory_figure(curve: MemoryCurve, capacity: float | None = None, title: str | None = None,
-                  time_unit: str = "s") -> Figure:
+def memory_figure(
+    curve: MemoryCurve, capacity: float | None = None, title: str | None = None, time_unit: str = "s"
+) -> Figure:
     """Stacked step areas per category, the peak marked, the capacity as a line."""
     fig = new_figure(9.0, 3.8)
     ax = fig.add_subplot()
@@ -49,12 +50,14 @@ def memory_figure(curve: MemoryCurve, capacity: float | None = None, title: str 
         ax.fill_between(xs, bottom, bottom + vals, step="post", color=MEMORY_COLORS[cat], label=cat, linewidth=0)
         bottom = bottom + vals
     ax.axvline(peak_t, color="black", linestyle=":", linewidth=1)
-    ax.annotate(f"peak {fmt_bytes(peak)}", (peak_t, peak / scale), xytext=(5, 5), textcoords="offset points",
-                fontsize=8)
+    ax.annotate(
+        f"peak {fmt_bytes(peak)}", (peak_t, peak / scale), xytext=(5, 5), textcoords="offset points", fontsize=8
+    )
     top = peak / scale
     if capacity:
-        ax.axhline(capacity / scale, color="#D62728", linestyle="--", linewidth=1.2,
-                   label=f"capacity {fmt_bytes(capacity)}")
+        ax.axhline(
+            capacity / scale, color="#D62728", linestyle="--", linewidth=1.2, label=f"capacity {fmt_bytes(capacity)}"
+        )
         top = max(top, capacity / scale)
     ax.set_ylim(0, top * 1.15 or 1)
     ax.set_xlim(xs[0], xs[-1])
@@ -74,8 +77,10 @@ def rank_peaks(plan: Plan, kind: str | None = None, microbatches: int | None = N
     for e in entries:
         rank = int(e["rank"])
         lane = lane_of_rank(plan, rank)
-        signature = (lane, *(repr(e.get(k)) for k in ("parameters", "gradients", "optimizer_state", "activations",
-                                                      "messages")))
+        signature = (
+            lane,
+            *(repr(e.get(k)) for k in ("parameters", "gradients", "optimizer_state", "activations", "messages")),
+        )
         if signature not in cache:
             if lane is None:
                 state = {c: float(e.get(c, 0.0) or 0.0) for c in ("parameters", "gradients", "optimizer_state")}
@@ -124,7 +129,9 @@ def peaks_figure(rows: list[dict[str, Any]], capacity: float | None = None) -> F
         ax.stairs(bottom + vals, x, baseline=bottom, fill=True, color=MEMORY_COLORS[cat], label=cat)
         bottom = bottom + vals
     if capacity:
-        ax.axhline(capacity / scale, color="#D62728", linestyle="--", linewidth=1.2, label=f"capacity {fmt_bytes(capacity)}")
+        ax.axhline(
+            capacity / scale, color="#D62728", linestyle="--", linewidth=1.2, label=f"capacity {fmt_bytes(capacity)}"
+        )
     ax.set_ylim(0, max(peak, capacity or 0.0) / scale * 1.15 or 1)
     step = max(1, len(rows) // 16)
     ax.set_xticks(range(0, len(rows), step), [str(rows[i]["rank"]) for i in range(0, len(rows), step)], fontsize=7)
@@ -142,6 +149,8 @@ def memory_text(curve: MemoryCurve, capacity: float | None = None) -> str:
     for c, v in at.items():
         lines.append(f"  {c:<16} {fmt_bytes(v):>12}")
     if capacity:
-        lines.append(f"  capacity {fmt_bytes(capacity)}: {'FITS' if peak <= capacity else 'DOES NOT FIT'} "
-                     f"({peak / capacity:.1%} used)")
+        lines.append(
+            f"  capacity {fmt_bytes(capacity)}: {'FITS' if peak <= capacity else 'DOES NOT FIT'} "
+            f"({peak / capacity:.1%} used)"
+        )
     return "\n".join(lines) + "\n"

@@ -105,7 +105,9 @@ def kept_stages(plan: Plan) -> list[tuple[int, int]]:
         tid, index = pair
         op = by_index.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
         if op is None:
-            op = next((o for o in forward if tid in o.inputs), None) or next((o for o in forward if tid in o.outputs), None)
+            op = next((o for o in forward if tid in o.inputs), None) or next(
+                (o for o in forward if tid in o.outputs), None
+            )
         stage = stage_of(plan, op) if op is not None else _sending_stage(plan, plan.tensor(tid).mesh)
         if stage is not None:
             out.append((tid, stage))
@@ -137,8 +139,14 @@ def memory_section(plan: Plan, capacity_bytes: float | None = None, profile: str
     ranks: dict[int, dict[str, Any]] = {}
     for m in plan.meshes:
         for r in m.process_ids:
-            ranks[r] = {"rank": r, "parameters": 0, "gradients": 0, "optimizer_state": 0, "activations": {},
-                        "messages": {}}
+            ranks[r] = {
+                "rank": r,
+                "parameters": 0,
+                "gradients": 0,
+                "optimizer_state": 0,
+                "activations": {},
+                "messages": {},
+            }
     on_host = host_tensors(plan)
     current = state_tensors(plan)
     for t in plan.tensors:

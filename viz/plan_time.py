@@ -197,8 +197,11 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
             continue
         if op.phase not in PHASES:
             continue
-        owners = (list(mesh_stages.get(mesh_of_op.get(op.index), [])) if one_step  # type: ignore[arg-type]
-                  else _op_stages(plan, op, mesh_stages))
+        owners = (
+            list(mesh_stages.get(mesh_of_op.get(op.index), []))
+            if one_step  # type: ignore[arg-type]
+            else _op_stages(plan, op, mesh_stages)
+        )
         if not owners:
             continue
         times = costs.op_times(op)
@@ -243,7 +246,11 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
         forward, backward, weight = (sum(forward) + sum(send_f),), (sum(backward) + sum(send_b),), (sum(weight),)
         send_f = send_b = ()
     return StagePrices(
-        forward, backward, weight, send_f, send_b,
+        forward,
+        backward,
+        weight,
+        send_f,
+        send_b,
         {lane: sync[lane].most() for lane in range(lanes)},
         {lane: opt[lane].most() for lane in range(lanes)},
         {lane: opt_comm[lane].most() for lane in range(lanes)},
@@ -254,11 +261,14 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
 def cost_section(prices: StagePrices) -> dict[str, Any]:
     """The ``pipeline.cost`` section ``viz.simulate.plan_cost`` reads, in seconds."""
     return {
-        "time_unit": "s", "profile": prices.profile, "source": "viz.plan_time (simulator.op_cost.PlanCosts)",
+        "time_unit": "s",
+        "profile": prices.profile,
+        "source": "viz.plan_time (simulator.op_cost.PlanCosts)",
         "forward": list(prices.forward),
         "backward_input": [b - w for b, w in zip(prices.backward, prices.backward_weight, strict=True)],
         "backward_weight": list(prices.backward_weight),
-        "send_forward": list(prices.send_forward), "send_backward": list(prices.send_backward),
+        "send_forward": list(prices.send_forward),
+        "send_backward": list(prices.send_backward),
     }
 
 
@@ -272,8 +282,9 @@ def step_end_section(prices: StagePrices) -> dict[str, list[dict[str, Any]]]:
         if prices.optimizer[lane] > 0:
             items.append({"name": "optimizer", "kind": "OPT", "track": "compute", "duration": prices.optimizer[lane]})
         if prices.optimizer_comm.get(lane, 0.0) > 0:
-            items.append({"name": "optimizer reshards", "kind": "COLL", "track": "comm",
-                          "duration": prices.optimizer_comm[lane]})
+            items.append(
+                {"name": "optimizer reshards", "kind": "COLL", "track": "comm", "duration": prices.optimizer_comm[lane]}
+            )
         if items:
             out[str(lane)] = items
     return out
@@ -287,8 +298,12 @@ def one_step_pipeline(plan: Plan) -> dict[str, Any]:
     other; forward, backward, then gradient sync and optimizer.
     """
     mesh = max(plan.meshes, key=lambda m: (len(m.process_ids), -m.id))
-    return {"stages": [{"stage": 0, "mesh": mesh.id, "rank": 0}], "num_microbatches": 1,
-            "schedule": build_schedule("1F1B", 1, 1).to_dict(), ONE_STEP: True}
+    return {
+        "stages": [{"stage": 0, "mesh": mesh.id, "rank": 0}],
+        "num_microbatches": 1,
+        "schedule": build_schedule("1F1B", 1, 1).to_dict(),
+        ONE_STEP: True,
+    }
 
 
 def priced(plan: Plan, profile: HardwareProfile) -> Plan:
@@ -314,10 +329,13 @@ def profile_from_bytes(data: bytes, name: str) -> HardwareProfile:
     if not data.strip():
         raise ProfileError(f"profile {name}: the file is empty; expected a hardware profile (mpipar.hardware JSON)")
     if len(data) > MAX_PROFILE_BYTES:
-        raise ProfileError(f"profile {name}: {len(data)} bytes is over the limit of {MAX_PROFILE_BYTES} bytes "
-                           "for a hardware profile")
+        raise ProfileError(
+            f"profile {name}: {len(data)} bytes is over the limit of {MAX_PROFILE_BYTES} bytes for a hardware profile"
+        )
     if data[:1] == b"\x80":
-        raise ProfileError(f"profile {name}: this looks like a Python pickle; profiles are JSON and are never unpickled")
+        raise ProfileError(
+            f"profile {name}: this looks like a Python pickle; profiles are JSON and are never unpickled"
+        )
     try:
         doc = parse_json(data, kind="profile", max_bytes=MAX_PROFILE_BYTES)
     except FileFormatError as exc:
@@ -359,7 +377,9 @@ def measured_on_lanes(measured: Timeline, predicted: Timeline) -> Timeline:
     if not pick or set(pick) == set(pick.values()) == set(measured.ranks):
         return measured
     spans = [dataclasses.replace(s, rank=pick[s.rank], peer=None) for s in measured.spans if s.rank in pick]
-    meta = {**measured.meta, "lane_ranks": {str(lane): [rank] for rank, lane in pick.items()},
-            "measured_ranks": sorted(pick)}
+    meta = {
+        **measured.meta,
+        "lane_ranks": {str(lane): [rank] for rank, lane in pick.items()},
+        "measured_ranks": sorted(pick),
+    }
     return Timeline(spans, ranks=sorted(pick.values()), time_unit=measured.time_unit, meta=meta)
-

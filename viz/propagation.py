@@ -88,7 +88,10 @@ def _matches_reshard(r: PlanReshard, tensor: int | None, collective: str | None)
 
 
 def trace_rows(
-    plan: Plan, layer: str | None = None, tensor: int | None = None, collective: str | None = None,
+    plan: Plan,
+    layer: str | None = None,
+    tensor: int | None = None,
+    collective: str | None = None,
     phase: str | None = None,
 ) -> list[dict[str, Any]]:
     """The trace as table rows (see the module docstring for order and filters)."""
@@ -114,29 +117,38 @@ def trace_rows(
         if layer and not layer_of(op).startswith(layer):
             continue
         asked = before.get(op.index, [])
-        if tensor is not None and tensor not in op.inputs and tensor not in op.outputs and not any(
-            _matches_reshard(r, tensor, None) for r in asked
+        if (
+            tensor is not None
+            and tensor not in op.inputs
+            and tensor not in op.outputs
+            and not any(_matches_reshard(r, tensor, None) for r in asked)
         ):
             continue
         if collective is not None and not any(_matches_reshard(r, None, collective) for r in asked):
             continue
         for r in asked:
             rows.append(_reshard_row(plan, r))
-        rows.append({
-            "row": "op",
-            "index": op.index,
-            "phase": op.phase,
-            "layer": layer_of(op),
-            "op": op.op,
-            "inputs": ", ".join(_tensor_ref(plan, t, p) for t, p in zip(op.inputs, op.input_placements, strict=False)),
-            "rule": op.rule,
-            "decision": op.decision,
-            "required": ", ".join(op.required_placements),
-            "outputs": ", ".join(_tensor_ref(plan, t, p) for t, p in zip(op.outputs, op.output_placements, strict=False)),
-            "reshards": ", ".join(f"#{r.index}" for r in asked),
-            "collectives": ", ".join(s.kind for r in asked for s in r.steps if s.kind in COMM_KINDS),
-            "bytes/rank": sum(r.bytes_per_rank for r in asked),
-        })
+        rows.append(
+            {
+                "row": "op",
+                "index": op.index,
+                "phase": op.phase,
+                "layer": layer_of(op),
+                "op": op.op,
+                "inputs": ", ".join(
+                    _tensor_ref(plan, t, p) for t, p in zip(op.inputs, op.input_placements, strict=False)
+                ),
+                "rule": op.rule,
+                "decision": op.decision,
+                "required": ", ".join(op.required_placements),
+                "outputs": ", ".join(
+                    _tensor_ref(plan, t, p) for t, p in zip(op.outputs, op.output_placements, strict=False)
+                ),
+                "reshards": ", ".join(f"#{r.index}" for r in asked),
+                "collectives": ", ".join(s.kind for r in asked for s in r.steps if s.kind in COMM_KINDS),
+                "bytes/rank": sum(r.bytes_per_rank for r in asked),
+            }
+        )
     emit_loose(len(plan.ops))
     return rows
 
@@ -157,16 +169,22 @@ def filter_choices(plan: Plan) -> dict[str, list[Any]]:
 
 
 def trace_text(
-    plan: Plan, layer: str | None = None, tensor: int | None = None, collective: str | None = None,
-    phase: str | None = None, limit: int = 400,
+    plan: Plan,
+    layer: str | None = None,
+    tensor: int | None = None,
+    collective: str | None = None,
+    phase: str | None = None,
+    limit: int = 400,
 ) -> str:
     """The trace as text; reshard rows start with ``>>``."""
     rows = trace_rows(plan, layer, tensor, collective, phase)
     lines = [f"propagation trace: {len(rows)} row(s)" + (f", first {limit}" if len(rows) > limit else "")]
     for row in rows[:limit]:
         if row["row"] == "reshard":
-            lines.append(f"  >> reshard #{row['index']} [{row['phase']}] {row['inputs']} -> {row['required']}"
-                         + (f"  ({row['rule']})" if row["rule"] else ""))
+            lines.append(
+                f"  >> reshard #{row['index']} [{row['phase']}] {row['inputs']} -> {row['required']}"
+                + (f"  ({row['rule']})" if row["rule"] else "")
+            )
             for part in str(row["decision"]).split("; "):
                 lines.append(f"       {part}")
         else:

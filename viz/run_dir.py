@@ -64,8 +64,9 @@ def _run(cmd: list[str], log: str, env: dict[str, str], timeout: float) -> None:
         out.write(f"$ {command_text(cmd)}\n")
         out.flush()
         try:
-            done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout, stdin=subprocess.DEVNULL
+            )
         except subprocess.TimeoutExpired:
             raise RunFailed(f"`{command_text(cmd)}` did not finish in {timeout:g} s (output in {log})") from None
     if done.returncode != 0:
@@ -75,8 +76,14 @@ def _run(cmd: list[str], log: str, env: dict[str, str], timeout: float) -> None:
 
 
 def prepare_run(
-    script: str, args: Sequence[str], run_dir: str = DEFAULT_DIR, steps: int = 3, launcher: str = "sim",
-    shape_only: bool = False, timeout: float = DEFAULT_TIMEOUT_S, echo: Callable[[str], None] | None = None,
+    script: str,
+    args: Sequence[str],
+    run_dir: str = DEFAULT_DIR,
+    steps: int = 3,
+    launcher: str = "sim",
+    shape_only: bool = False,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    echo: Callable[[str], None] | None = None,
 ) -> RunFiles:
     """Trace ``script``'s plan, run ``steps`` measured steps, and return the two files' paths."""
     if not os.path.isfile(script) or not script.endswith(".py"):
@@ -87,8 +94,13 @@ def prepare_run(
         raise RunFailed(f"--steps {steps}: run at least one step")
     say = echo or (lambda _line: None)
     os.makedirs(run_dir, exist_ok=True)
-    files = RunFiles(run_dir, os.path.join(run_dir, "plan.json"), os.path.join(run_dir, "measured.json"),
-                     os.path.join(run_dir, "run.log"), 0)
+    files = RunFiles(
+        run_dir,
+        os.path.join(run_dir, "plan.json"),
+        os.path.join(run_dir, "measured.json"),
+        os.path.join(run_dir, "run.log"),
+        0,
+    )
     for stale in (files.plan, files.timeline, files.log):  # never show an earlier run's file as this one's
         if os.path.exists(stale):
             os.remove(stale)
@@ -96,8 +108,17 @@ def prepare_run(
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
 
-    trace = [sys.executable, "-m", "mpipar.cli", "plan", "-o", files.plan, *(["--shape-only"] if shape_only else []),
-             script, *args]
+    trace = [
+        sys.executable,
+        "-m",
+        "mpipar.cli",
+        "plan",
+        "-o",
+        files.plan,
+        *(["--shape-only"] if shape_only else []),
+        script,
+        *args,
+    ]
     say(f"tracing the plan: {command_text(trace)}")
     _run(trace, files.log, env, timeout)
     files.commands.append(trace)
@@ -115,8 +136,10 @@ def prepare_run(
     timeline = _load(files.timeline, Timeline)
     if timeline.meta.get("source") != "measured":
         raise RunFailed(f"{files.timeline}: meta.source is {timeline.meta.get('source')!r}, not 'measured'")
-    say(f"wrote {files.plan} ({plan.summary().splitlines()[0]}) and {files.timeline} "
-        f"({len(timeline.spans)} spans, {timeline.makespan:.4g} {timeline.time_unit}); log: {files.log}")
+    say(
+        f"wrote {files.plan} ({plan.summary().splitlines()[0]}) and {files.timeline} "
+        f"({len(timeline.spans)} spans, {timeline.makespan:.4g} {timeline.time_unit}); log: {files.log}"
+    )
     return files
 
 

@@ -65,7 +65,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE_MODES = ("none", "selective", "full")
 UNSUPPORTED: dict[str, str] = {
     "zero=3": "ZeRO-3 needs parameters gathered per use in forward and backward; the sample's hand-written "
-              "optimizer does not do that (the GPT sample with dist.shard_optimizer will)",
+    "optimizer does not do that (the GPT sample with dist.shard_optimizer will)",
 }
 """Knob values the sample cannot honour, with the reason the dashboard shows beside them."""
 
@@ -198,11 +198,18 @@ def _trace(c: SampleConfig) -> Plan:
         zero_pls.append(list(layout.placements) if layout is not None else list(pls))
         if c.zero >= 2 and layout is not None:
             p.grad_placements = list(layout.placements)
-    velocity = [dist.shard_tensor(zeros(tuple(p.shape), f"{name}.velocity"), mesh, zpls)
-                for (name, p, mesh, _), zpls in zip(params, zero_pls, strict=True)]
+    velocity = [
+        dist.shard_tensor(zeros(tuple(p.shape), f"{name}.velocity"), mesh, zpls)
+        for (name, p, mesh, _), zpls in zip(params, zero_pls, strict=True)
+    ]
 
-    meta = {"builder": "viz.sample", "config": dataclasses.asdict(c), "world_size": c.world_size,
-            "shape_only": c.shape_only, "model": f"{c.stages}-stage residual MLP, hidden {h}"}
+    meta = {
+        "builder": "viz.sample",
+        "config": dataclasses.asdict(c),
+        "world_size": c.world_size,
+        "shape_only": c.shape_only,
+        "model": f"{c.stages}-stage residual MLP, hidden {h}",
+    }
     with trace(meta) as rec:
         for (name, p, _, _), v in zip(params, velocity, strict=True):
             rec.mark(p, "parameter", name)
@@ -379,10 +386,18 @@ def _pipeline_section(plan: Plan, c: SampleConfig, profile: HardwareProfile) -> 
     step_end = {
         str(lane): [
             {"name": "gradient sync", "kind": "COLL", "track": "comm", "duration": grad_sync[lane]},
-            {"name": "optimizer", "kind": "OPT", "track": "compute",
-             "duration": profile.compute_time(optimizer_flops[lane], c.dtype)},
-        ] + ([{"name": "parameter all_gather (ZeRO)", "kind": "COLL", "track": "comm", "duration": param_gather[lane]}]
-             if param_gather[lane] else [])
+            {
+                "name": "optimizer",
+                "kind": "OPT",
+                "track": "compute",
+                "duration": profile.compute_time(optimizer_flops[lane], c.dtype),
+            },
+        ]
+        + (
+            [{"name": "parameter all_gather (ZeRO)", "kind": "COLL", "track": "comm", "duration": param_gather[lane]}]
+            if param_gather[lane]
+            else []
+        )
         for lane in range(c.pp)
     }
     return {
@@ -390,9 +405,15 @@ def _pipeline_section(plan: Plan, c: SampleConfig, profile: HardwareProfile) -> 
         "num_microbatches": c.microbatches,
         "schedule": sched.to_dict(),
         "cost": {
-            "time_unit": "s", "profile": profile.name, "forward": fwd, "backward_input": b_in,
-            "backward_weight": half, "send_forward": send_forward, "send_backward": send_backward,
-            "forward_flops": forward_flops, "backward_flops": backward_flops,
+            "time_unit": "s",
+            "profile": profile.name,
+            "forward": fwd,
+            "backward_input": b_in,
+            "backward_weight": half,
+            "send_forward": send_forward,
+            "send_backward": send_backward,
+            "forward_flops": forward_flops,
+            "backward_flops": backward_flops,
         },
         "step_end": step_end,
     }
@@ -414,8 +435,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeline", default=None)
     ns = parser.parse_args(argv)
     try:
-        plan, timeline = build_sample(ns.dp, ns.tp, ns.pp, ns.schedule, ns.microbatches, shape_only=ns.shape_only,
-                                      hidden=ns.hidden, batch=ns.batch, profile=ns.profile)
+        plan, timeline = build_sample(
+            ns.dp,
+            ns.tp,
+            ns.pp,
+            ns.schedule,
+            ns.microbatches,
+            shape_only=ns.shape_only,
+            hidden=ns.hidden,
+            batch=ns.batch,
+            profile=ns.profile,
+        )
     except ValueError as exc:
         parser.error(str(exc))
     plan.save(ns.output)

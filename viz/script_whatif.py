@@ -82,8 +82,10 @@ def resolve_script(script: str, root: str) -> str:
     real_root = os.path.realpath(root)
     path = os.path.realpath(os.path.join(real_root, script))
     if os.path.commonpath([real_root, path]) != real_root:
-        raise ScriptRefused(f"the plan's meta.script {script!r} resolves to {path}, outside the directory the "
-                            f"dashboard was started in ({real_root}); only scripts inside it are run")
+        raise ScriptRefused(
+            f"the plan's meta.script {script!r} resolves to {path}, outside the directory the "
+            f"dashboard was started in ({real_root}); only scripts inside it are run"
+        )
     if not path.endswith(".py"):
         raise ScriptRefused(f"the plan's meta.script {script!r} is not a .py file")
     if not os.path.isfile(path):
@@ -124,7 +126,7 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
     if i is None:
         return None
     if args[i].startswith(flag + "="):
-        return args[i][len(flag) + 1:]
+        return args[i][len(flag) + 1 :]
     return args[i + 1] if i + 1 < len(args) else None
 
 
@@ -200,8 +202,17 @@ def read_knobs(args: Sequence[str], world: int) -> Knobs:
         raise ScriptRefused(f"the plan's meta.args give --zero {zero}; known: 0, 1, 2, 3")
     chunks = _int_flag(args, "--chunks", 2)
     assert chunks is not None and zero is not None
-    return Knobs(degrees["dp"], degrees["tp"], degrees["pp"], schedule, micro, chunks, zero, recompute,
-                 has_switch(args, "--sequence-parallel"))
+    return Knobs(
+        degrees["dp"],
+        degrees["tp"],
+        degrees["pp"],
+        schedule,
+        micro,
+        chunks,
+        zero,
+        recompute,
+        has_switch(args, "--sequence-parallel"),
+    )
 
 
 def with_knobs(args: Sequence[str], base: Knobs, new: Knobs) -> list[str]:
@@ -245,8 +256,17 @@ def _out_path(ref: ScriptRef, args: Sequence[str]) -> str:
 
 def retrace_command(ref: ScriptRef, args: Sequence[str]) -> list[str]:
     """``mpipar plan`` in the loaded plan's mode on the resolved script: exactly what ``retrace`` runs."""
-    return [sys.executable, "-m", "mpipar.cli", "plan", "-o", _out_path(ref, args),
-            *(["--shape-only"] if ref.shape_only else []), ref.path, *args]
+    return [
+        sys.executable,
+        "-m",
+        "mpipar.cli",
+        "plan",
+        "-o",
+        _out_path(ref, args),
+        *(["--shape-only"] if ref.shape_only else []),
+        ref.path,
+        *args,
+    ]
 
 
 def command_text(cmd: Sequence[str]) -> str:
@@ -273,16 +293,19 @@ def _retrace_cached(ref: ScriptRef, args: tuple[str, ...], mtime: int, timeout: 
     env = {k: v for k, v in os.environ.items() if k != "MPIPAR_TRACE"}  # a re-trace writes no timeline
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
-        done = subprocess.run(cmd, cwd=ref.root, env=env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            cmd, cwd=ref.root, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
         raise RetraceFailed(f"`{command_text(cmd)}` did not finish in {timeout:g} s") from None
     if done.returncode != 0:
         tail = (done.stderr or done.stdout or "").strip()[-1500:]
         hint = ""
         if ref.shape_only and "has no values" in tail and flag_value(args, "--schedule") is None:
-            hint = (" (the plan was traced shape-only, where an eager loop that reads its loss has no value "
-                    "to read: pick a schedule, which traces a to_static step)")
+            hint = (
+                " (the plan was traced shape-only, where an eager loop that reads its loss has no value "
+                "to read: pick a schedule, which traces a to_static step)"
+            )
         raise RetraceFailed(f"`{command_text(cmd)}` failed (exit {done.returncode}): {tail}{hint}")
     try:
         plan = load_path(_out_path(ref, args))

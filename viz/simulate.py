@@ -133,8 +133,12 @@ def _stage_memory(plan: Plan, rank: int, stages: int) -> StageMemory | None:
     activations = [float(acts.get(str(s), 0.0)) if s in own else 0.0 for s in range(stages)]
     messages = [float(msgs.get(str(s), 0.0)) for s in range(stages - 1)]
     return StageMemory(
-        tuple(per_stage("parameters")), tuple(per_stage("gradients")), tuple(per_stage("optimizer_state")),
-        tuple(activations), tuple(messages), tuple(messages),
+        tuple(per_stage("parameters")),
+        tuple(per_stage("gradients")),
+        tuple(per_stage("optimizer_state")),
+        tuple(activations),
+        tuple(messages),
+        tuple(messages),
     )
 
 
@@ -145,12 +149,23 @@ def plan_cost(plan: Plan, memory_rank: int | None = None, stages: int | None = N
     memory = _stage_memory(plan, memory_rank, n) if memory_rank is not None else None
     if not isinstance(cost, Mapping) or "forward" not in cost:
         base = PipelineCost.unit(n)
-        return PipelineCost(base.forward, base.backward_input, base.backward_weight, base.send_forward,
-                            base.send_backward, "unit", memory)
+        return PipelineCost(
+            base.forward,
+            base.backward_input,
+            base.backward_weight,
+            base.send_forward,
+            base.send_backward,
+            "unit",
+            memory,
+        )
     return PipelineCost(
-        _floats(cost.get("forward"), n, 1.0), _floats(cost.get("backward_input"), n, 1.0),
-        _floats(cost.get("backward_weight"), n, 1.0), _floats(cost.get("send_forward"), n - 1, 0.0),
-        _floats(cost.get("send_backward"), n - 1, 0.0), unit if unit in ("s", "unit") else "unit", memory,
+        _floats(cost.get("forward"), n, 1.0),
+        _floats(cost.get("backward_input"), n, 1.0),
+        _floats(cost.get("backward_weight"), n, 1.0),
+        _floats(cost.get("send_forward"), n - 1, 0.0),
+        _floats(cost.get("send_backward"), n - 1, 0.0),
+        unit if unit in ("s", "unit") else "unit",
+        memory,
     )
 
 
@@ -167,8 +182,18 @@ def simulate_plan(
         t = ends[lane]
         for item in step_end.get(str(lane), []) if isinstance(step_end, Mapping) else []:
             dur = float(item.get("duration", 0.0))
-            spans.append(Span(lane, str(item.get("name", "step end")), str(item.get("kind", "OTHER")), None, None,
-                              t, t + dur, str(item.get("track", "compute"))))
+            spans.append(
+                Span(
+                    lane,
+                    str(item.get("name", "step end")),
+                    str(item.get("kind", "OTHER")),
+                    None,
+                    None,
+                    t,
+                    t + dur,
+                    str(item.get("track", "compute")),
+                )
+            )
             t += dur
     memory: list[MemoryCurve] | None = list(timeline.memory.values()) if timeline.memory else None
     meta = {**timeline.meta, "lane_ranks": {str(k): v for k, v in lane_ranks(plan).items()}}
@@ -213,5 +238,10 @@ def simulate_plan_lanes(plan: Plan, kind: str | None = None, microbatches: int |
             chosen[str(lane)] = rank
     if not curves or len(curves) != len(base.ranks):
         return base
-    return Timeline(base.spans, ranks=base.ranks, memory=curves, time_unit=base.time_unit,
-                    meta={**base.meta, "memory_ranks": chosen})
+    return Timeline(
+        base.spans,
+        ranks=base.ranks,
+        memory=curves,
+        time_unit=base.time_unit,
+        meta={**base.meta, "memory_ranks": chosen},
+    )

@@ -110,9 +110,7 @@ def stepper_figure(plan: Plan, r: PlanReshard, step: int) -> Figure:
         edges = {rank: GROUP_EDGES[g % len(GROUP_EDGES)] for rank, g in group.items()} if group else None
         draw_mesh_grid(ax, spec.mesh, colors, texts, edges)
         ax.set_title(f"{title}: {spec.placements_str} on mesh {fmt_ranks(spec.mesh.process_ids)}", fontsize=9)
-    fig.suptitle(
-        f"reshard #{r.index} step {step + 1}/{len(views)}: {view.description}", fontsize=10
-    )
+    fig.suptitle(f"reshard #{r.index} step {step + 1}/{len(views)}: {view.description}", fontsize=10)
     return fig
 
 
@@ -121,8 +119,10 @@ def stepper_text(plan: Plan, r: PlanReshard, step: int, max_ranks: int = 64) -> 
     if not 0 <= step < len(views):
         raise ValueError(f"reshard #{r.index} has {len(views)} step(s); step {step} does not exist")
     view = views[step]
-    lines = [f"reshard #{r.index} {list(r.shape)} {r.src} -> {r.dst}: step {step + 1}/{len(views)}",
-             f"  {view.description}"]
+    lines = [
+        f"reshard #{r.index} {list(r.shape)} {r.src} -> {r.dst}: step {step + 1}/{len(views)}",
+        f"  {view.description}",
+    ]
     if view.step.kind == "transfer":
         lines.append(f"  {len(view.pieces)} piece(s), {fmt_bytes(sum(p[2] for p in view.step.pieces))} in all:")
         for s, d, box in view.pieces[:max_ranks]:
@@ -138,8 +138,11 @@ def stepper_text(plan: Plan, r: PlanReshard, step: int, max_ranks: int = 64) -> 
         return "\n".join(lines) + "\n"
     group = _group_of(view)
     if view.groups:
-        lines.append(f"  {len(view.groups)} group(s) of {len(view.groups[0])}: "
-                     + "; ".join(fmt_ranks(g) for g in view.groups[:8]) + (" ..." if len(view.groups) > 8 else ""))
+        lines.append(
+            f"  {len(view.groups)} group(s) of {len(view.groups[0])}: "
+            + "; ".join(fmt_ranks(g) for g in view.groups[:8])
+            + (" ..." if len(view.groups) > 8 else "")
+        )
     for rank in view.before.mesh.process_ids[:max_ranks]:
         g = f" (group {group[rank]})" if rank in group else ""
         lines.append(f"    rank {rank}{g}: {_box_str(view.before.boxes[rank])} -> {_box_str(view.after.boxes[rank])}")

@@ -84,8 +84,13 @@ def _scale(timeline: Timeline, normalize: bool) -> tuple[float, float]:
 
 
 def draw_lanes(
-    ax: Any, timeline: Timeline, *, overlay: Timeline | None = None, labels: bool = True,
-    normalize: bool = False, title: str | None = None,
+    ax: Any,
+    timeline: Timeline,
+    *,
+    overlay: Timeline | None = None,
+    labels: bool = True,
+    normalize: bool = False,
+    title: str | None = None,
 ) -> None:
     """Draw ``timeline`` on ``ax`` (see the module docstring); ``overlay`` as outlined bars."""
     lanes = {r: i for i, r in enumerate(timeline.ranks)}
@@ -95,22 +100,36 @@ def draw_lanes(
     for s in timeline.spans:
         y = lanes[s.rank] + (COMPUTE_Y if s.track == "compute" else COMM_Y)
         h = COMPUTE_H if s.track == "compute" else COMM_H
-        by_kind.setdefault(s.kind, []).append(Rectangle(((s.start - origin) * factor, y), (s.end - s.start) * factor, h))
+        by_kind.setdefault(s.kind, []).append(
+            Rectangle(((s.start - origin) * factor, y), (s.end - s.start) * factor, h)
+        )
     for kind, rects in by_kind.items():
-        ax.add_collection(PatchCollection(rects, facecolor=KIND_COLORS.get(kind, "#999999"), edgecolor="white",
-                                          linewidth=0.5))
+        ax.add_collection(
+            PatchCollection(rects, facecolor=KIND_COLORS.get(kind, "#999999"), edgecolor="white", linewidth=0.5)
+        )
     if labels and len(compute) <= MAX_SPAN_LABELS:
         for s in compute:
             if s.microbatch is None:
                 continue
-            ax.text((s.start + s.end - 2 * origin) / 2 * factor, lanes[s.rank] + COMPUTE_Y + COMPUTE_H / 2,
-                    str(s.microbatch), ha="center", va="center", fontsize=6, color="white", clip_on=True)
+            ax.text(
+                (s.start + s.end - 2 * origin) / 2 * factor,
+                lanes[s.rank] + COMPUTE_Y + COMPUTE_H / 2,
+                str(s.microbatch),
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white",
+                clip_on=True,
+            )
     links = send_recv_links(timeline)
     if links:
         segs = [
-            [((a.start - origin) * factor, lanes[a.rank] + COMM_Y + COMM_H / 2),
-             ((b.end - origin) * factor, lanes[b.rank] + COMM_Y + COMM_H / 2)]
-            for a, b in links if a.rank in lanes and b.rank in lanes
+            [
+                ((a.start - origin) * factor, lanes[a.rank] + COMM_Y + COMM_H / 2),
+                ((b.end - origin) * factor, lanes[b.rank] + COMM_Y + COMM_H / 2),
+            ]
+            for a, b in links
+            if a.rank in lanes and b.rank in lanes
         ]
         ax.add_collection(LineCollection(segs, colors="#555555", linewidths=0.6, alpha=0.6))
     if overlay is not None:
@@ -120,12 +139,16 @@ def draw_lanes(
         for s in overlay.spans:
             if s.rank not in lanes or s.track != "compute":
                 continue
-            rects.append(Rectangle(((s.start - o_origin) * o_factor, lanes[s.rank] + COMPUTE_Y - 0.04),
-                                   (s.end - s.start) * o_factor, COMPUTE_H + 0.08))
+            rects.append(
+                Rectangle(
+                    ((s.start - o_origin) * o_factor, lanes[s.rank] + COMPUTE_Y - 0.04),
+                    (s.end - s.start) * o_factor,
+                    COMPUTE_H + 0.08,
+                )
+            )
             colors.append(KIND_COLORS.get(s.kind, "#333333"))
         if rects:
-            ax.add_collection(PatchCollection(rects, facecolor="none", edgecolor=colors, linewidth=1.2,
-                                              linestyle="--"))
+            ax.add_collection(PatchCollection(rects, facecolor="none", edgecolor=colors, linewidth=1.2, linestyle="--"))
     end = max(timeline.makespan * factor, (overlay.makespan * _scale(overlay, normalize)[1]) if overlay else 0.0)
     ax.set_xlim(0, end * 1.12 if end > 0 else 1)
     ax.set_ylim(len(lanes) - 0.5, -0.6)
@@ -147,8 +170,11 @@ def _title(timeline: Timeline) -> str:
     kind = meta.get("schedule", "timeline")
     m = meta.get("num_microbatches")
     unit = timeline.time_unit
-    return (f"{kind}" + (f", {m} micro-batches" if m else "") +
-            f": step {timeline.makespan:.4g} {unit}, bubble {timeline.bubble_fraction():.1%} (per lane at right)")
+    return (
+        f"{kind}"
+        + (f", {m} micro-batches" if m else "")
+        + f": step {timeline.makespan:.4g} {unit}, bubble {timeline.bubble_fraction():.1%} (per lane at right)"
+    )
 
 
 def _legend(fig: Figure, kinds: Sequence[str], overlay: bool) -> None:
@@ -170,8 +196,10 @@ def timeline_figure(timeline: Timeline, overlay: Timeline | None = None, title: 
         if normalize:
             head += " (units differ: both scaled to their step)"
     draw_lanes(ax, timeline, overlay=overlay, normalize=normalize, title=head)
-    kinds = sorted({s.kind for s in timeline.spans} | ({s.kind for s in overlay.spans} if overlay else set()),
-                   key=list(KIND_COLORS).index)
+    kinds = sorted(
+        {s.kind for s in timeline.spans} | ({s.kind for s in overlay.spans} if overlay else set()),
+        key=list(KIND_COLORS).index,
+    )
     _legend(fig, kinds, overlay is not None)
     return fig
 
@@ -198,8 +226,9 @@ def timeline_text(timeline: Timeline) -> str:
     lines = [_title(timeline)]
     labels = lane_labels(timeline)
     for row in bubble_rows(timeline):
-        lines.append(f"  {labels[row['rank']]}: busy {row['busy']:.4g}, bubble {row['bubble']:.4g} "
-                     f"({row['bubble share']:.1%})")
+        lines.append(
+            f"  {labels[row['rank']]}: busy {row['busy']:.4g}, bubble {row['bubble']:.4g} ({row['bubble share']:.1%})"
+        )
     links = send_recv_links(timeline)
     if links:
         lines.append(f"  {len(links)} send -> recv transfer(s)")

@@ -28,12 +28,31 @@ from viz.sample import build_sample
 
 @functools.lru_cache(maxsize=64)
 def whatif_sample(
-    dp: int, tp: int, pp: int, schedule: str, microbatches: int, zero: int = 0, recompute: str = "none",
-    hidden: int = 256, batch: int = 32, profile: str = "cpu-local",
+    dp: int,
+    tp: int,
+    pp: int,
+    schedule: str,
+    microbatches: int,
+    zero: int = 0,
+    recompute: str = "none",
+    hidden: int = 256,
+    batch: int = 32,
+    profile: str = "cpu-local",
 ) -> tuple[Plan, Timeline]:
     """The sample re-traced shape-only with these knobs (cached)."""
-    return build_sample(dp, tp, pp, schedule, microbatches, zero, recompute, shape_only=True, hidden=hidden,
-                        batch=batch, profile=profile)
+    return build_sample(
+        dp,
+        tp,
+        pp,
+        schedule,
+        microbatches,
+        zero,
+        recompute,
+        shape_only=True,
+        hidden=hidden,
+        batch=batch,
+        profile=profile,
+    )
 
 
 def plan_metrics(plan: Plan, timeline: Timeline | None) -> dict[str, Any]:
@@ -79,13 +98,15 @@ def diff_rows(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]
         if isinstance(a, int | float) and isinstance(b, int | float) and a:
             ratio = b / a
         comparable = k != "step time" or base.get("_time_unit") == new.get("_time_unit")
-        rows.append({
-            "metric": k.strip() if not k.startswith("  ") else k,
-            "loaded": _fmt(k, a, base.get("_time_unit")),
-            "what-if": _fmt(k, b, new.get("_time_unit")),
-            "what-if / loaded": f"{ratio:.3g}x" if ratio is not None and comparable else "-",
-            "_ratio": ratio if comparable else None,
-        })
+        rows.append(
+            {
+                "metric": k.strip() if not k.startswith("  ") else k,
+                "loaded": _fmt(k, a, base.get("_time_unit")),
+                "what-if": _fmt(k, b, new.get("_time_unit")),
+                "what-if / loaded": f"{ratio:.3g}x" if ratio is not None and comparable else "-",
+                "_ratio": ratio if comparable else None,
+            }
+        )
     return rows
 
 
@@ -108,7 +129,7 @@ def diff_figure(rows: list[dict[str, Any]]) -> Figure:
     lim = max(1.0, float(np.abs(np.log2(ratios)).max()) * 1.2)
     ax.set_xlim(-lim, lim)
     ticks = np.arange(-np.floor(lim), np.floor(lim) + 1)
-    ax.set_xticks(ticks, [f"{2.0 ** t:g}x" for t in ticks], fontsize=8)
+    ax.set_xticks(ticks, [f"{2.0**t:g}x" for t in ticks], fontsize=8)
     ax.set_xlabel("what-if / loaded (green: less, red: more)")
     return fig
 

@@ -67,8 +67,7 @@ class Coordinator:
         text = "" if error is None else f"{type(error).__name__}: {error}"
         # A process hosting several ranks (the simulator) reports its error once, on its first rank.
         per_rank = {
-            r: np.frombuffer(text.encode("utf-8") if r == self.hosted[0] else b"", dtype=np.uint8)
-            for r in self.hosted
+            r: np.frombuffer(text.encode("utf-8") if r == self.hosted[0] else b"", dtype=np.uint8) for r in self.hosted
         }
         got = self.gather(per_rank, np.uint8)
         return [(r, bytes(a).decode("utf-8", "replace")) for r, a in zip(self.world, got, strict=True) if a.size]

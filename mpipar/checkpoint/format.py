@@ -67,8 +67,22 @@ _ST_DTYPES: dict[str, str] = {
     "complex64": "C64",
     "bfloat16": "BF16",  # ml_dtypes' bfloat16, when a script uses it
 }
-_ST_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "U32": 4, "I32": 4, "U64": 8, "I64": 8,
-                "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "C64": 8}
+_ST_ITEMSIZE = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "U16": 2,
+    "I16": 2,
+    "U32": 4,
+    "I32": 4,
+    "U64": 8,
+    "I64": 8,
+    "F16": 2,
+    "BF16": 2,
+    "F32": 4,
+    "F64": 8,
+    "C64": 8,
+}
 
 
 class CheckpointError(FileFormatError):
@@ -206,8 +220,12 @@ def _is_int(value: Any) -> bool:
 
 
 def _header_error(path: str, field_path: str, value: Any, problem: str) -> CheckpointError:
-    return CheckpointError(field_path=f"(safetensors header) {field_path}", value=value,
-                           problem=problem + "; the file is corrupted or not from this checkpoint", source=path)
+    return CheckpointError(
+        field_path=f"(safetensors header) {field_path}",
+        value=value,
+        problem=problem + "; the file is corrupted or not from this checkpoint",
+        source=path,
+    )
 
 
 def read_header(fileobj: Any, path: str) -> tuple[int, dict[str, FileEntry]]:
@@ -260,8 +278,9 @@ def read_header(fileobj: Any, path: str) -> tuple[int, dict[str, FileEntry]]:
         for n in shape:
             nbytes *= n
         if stop - start != nbytes:
-            raise _header_error(path, f"{key!r}.data_offsets", offsets,
-                                f"span {stop - start} bytes, but {dtype}{shape} takes {nbytes}")
+            raise _header_error(
+                path, f"{key!r}.data_offsets", offsets, f"span {stop - start} bytes, but {dtype}{shape} takes {nbytes}"
+            )
         entries[key] = FileEntry(key, dtype, tuple(shape), start, stop, boxes.get(key))
     return data_start, entries
 
@@ -288,7 +307,9 @@ def _header_boxes(meta: Any, path: str) -> dict[str, tuple[tuple[int, int], ...]
         if not isinstance(box, list) or not all(
             isinstance(r, list) and len(r) == 2 and all(_is_int(n) for n in r) for r in box
         ):
-            raise _header_error(path, f"__metadata__[{BOXES_KEY!r}][{key!r}]", box, "is not a list of [start, stop] pairs")
+            raise _header_error(
+                path, f"__metadata__[{BOXES_KEY!r}][{key!r}]", box, "is not a list of [start, stop] pairs"
+            )
         boxes[key] = tuple((r[0], r[1]) for r in box)
     return boxes
 

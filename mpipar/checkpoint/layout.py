@@ -139,7 +139,9 @@ def _encode(value: Any, path: tuple[Any, ...], leaves: list[Leaf], names: dict[s
     )
 
 
-def _add_leaf(leaf: Leaf, path: tuple[Any, ...], leaves: list[Leaf], names: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
+def _add_leaf(
+    leaf: Leaf, path: tuple[Any, ...], leaves: list[Leaf], names: dict[str, tuple[Any, ...]]
+) -> dict[str, Any]:
     name = path_name(path)
     if name in names:
         raise ValueError(

@@ -208,12 +208,21 @@ class _Loader:
         try:
             return self.meta["tensors"][name]
         except KeyError:
-            raise CheckpointError(f"checkpoint {self.root}: {METADATA} names tensor {name!r} but has no entry for it") from None
+            raise CheckpointError(
+                f"checkpoint {self.root}: {METADATA} names tensor {name!r} but has no entry for it"
+            ) from None
 
     def _kind_error(self, node: dict[str, Any], path: tuple[Any, ...], given: str) -> CheckpointError:
         kind = next(iter(node))
-        saved = {"dist": "a distributed tensor", "dense": "a dense tensor", "array": "a NumPy array",
-                 "scalar": "a NumPy scalar", "dict": "a dict", "list": "a list", "tuple": "a tuple"}.get(kind, "a value")
+        saved = {
+            "dist": "a distributed tensor",
+            "dense": "a dense tensor",
+            "array": "a NumPy array",
+            "scalar": "a NumPy scalar",
+            "dict": "a dict",
+            "list": "a list",
+            "tuple": "a tuple",
+        }.get(kind, "a value")
         return CheckpointError(
             f"state entry {path_name(path)!r} is {given}, but checkpoint {self.root} holds {saved} there"
         )
@@ -308,7 +317,12 @@ class _Loader:
         self._verify()
 
     def _read_scattered(
-        self, name: str, chunk: dict[str, Any], cbox: Box, dtype: np.dtype, targets: list[tuple[np.ndarray, Box]],
+        self,
+        name: str,
+        chunk: dict[str, Any],
+        cbox: Box,
+        dtype: np.dtype,
+        targets: list[tuple[np.ndarray, Box]],
         ranks: tuple[int, ...],
     ) -> None:
         """Copy a chunk that no shard holds contiguously straight out of the page cache: the
@@ -370,7 +384,9 @@ class _Loader:
             self._check(checksum(byte_view(out)), name, chunk, cbox, fpath)
         return out
 
-    def _locate(self, name: str, chunk: dict[str, Any], cbox: Box, dtype: np.dtype, nbytes: int) -> tuple[Any, int, str]:
+    def _locate(
+        self, name: str, chunk: dict[str, Any], cbox: Box, dtype: np.dtype, nbytes: int
+    ) -> tuple[Any, int, str]:
         """The open data file holding ``chunk``, the chunk's byte offset in it, and its path."""
         fname, key = chunk["file"], chunk["key"]
         fpath = os.path.join(self.root, fname)

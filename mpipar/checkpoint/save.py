@@ -77,7 +77,9 @@ after_file_written: list[Callable[[str], None]] = []
 writing several files calls them once all are written, in file order as each becomes durable."""
 
 
-def save_state_dict(state_dict: dict[str, Any], path: str | os.PathLike[str], *, piece_bytes: int = PIECE_BYTES) -> None:
+def save_state_dict(
+    state_dict: dict[str, Any], path: str | os.PathLike[str], *, piece_bytes: int = PIECE_BYTES
+) -> None:
     """Save ``state_dict`` to the directory ``path`` (a collective: every process calls it).
 
     ``state_dict`` is a (nested) dict of names to distributed or dense ``Tensor``s, NumPy
@@ -370,8 +372,12 @@ def _commit(target: str, tmp: str, token: int, meta: dict[str, Any]) -> None:
     try:
         fsync_dir(os.path.dirname(target))
     except OSError as exc:
-        warnings.warn(f"checkpoint {target} is in place, but fsync of its parent directory failed ({exc}); "
-                      "the rename may not survive a power loss", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"checkpoint {target} is in place, but fsync of its parent directory failed ({exc}); "
+            "the rename may not survive a power loss",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     remove_commit_leftovers(target)
 
 
@@ -380,8 +386,11 @@ def _ours(directory: str) -> bool:
     if os.path.islink(directory) or not os.path.isdir(directory):
         return False
     try:
-        meta = parse_json(read_bounded(os.path.join(directory, METADATA), kind="checkpoint", max_bytes=MAX_METADATA_BYTES),
-                          kind="checkpoint", max_int_digits=METADATA_INT_DIGITS)
+        meta = parse_json(
+            read_bounded(os.path.join(directory, METADATA), kind="checkpoint", max_bytes=MAX_METADATA_BYTES),
+            kind="checkpoint",
+            max_int_digits=METADATA_INT_DIGITS,
+        )
     except FileFormatError:
         return False
     return isinstance(meta, dict) and meta.get("format") == FORMAT
@@ -404,7 +413,7 @@ def remove_commit_leftovers(target: str) -> list[str]:
     except OSError:
         return []
     for entry in sorted(siblings):
-        rest = entry[len(base):]
+        rest = entry[len(base) :]
         if not entry.startswith(base) or not rest.startswith((REPLACED_TAG, PARTIAL_TAG)):
             continue
         token = rest.split("-", 1)[1]
@@ -415,6 +424,10 @@ def remove_commit_leftovers(target: str) -> list[str]:
             shutil.rmtree(full)
             removed.append(full)
         except OSError as exc:
-            warnings.warn(f"checkpoint {target} is in place, but its leftover {full} could not be removed ({exc}); "
-                          "delete it by hand", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"checkpoint {target} is in place, but its leftover {full} could not be removed ({exc}); "
+                "delete it by hand",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     return removed

@@ -113,9 +113,7 @@ def prune_series(directory: str | os.PathLike[str], keep_last: int) -> list[int]
 
 
 # ============================================================================ save
-def training_state(
-    *, model: Any, optimizer: Any, step: int, loader: Any = None, extra: Any = None
-) -> dict[str, Any]:
+def training_state(*, model: Any, optimizer: Any, step: int, loader: Any = None, extra: Any = None) -> dict[str, Any]:
     """The state dict ``save_training_state`` writes (see the module doc)."""
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise ValueError(f"training state: step must be a non-negative int (steps completed), got {step!r}")
@@ -220,8 +218,7 @@ def _target(root: str, meta: dict[str, Any], model: Any, optimizer: Any, want_lo
             f"checkpoint {root} holds no learning-rate schedule, but this optimizer follows "
             f"{type(optimizer._learning_rate).__name__}; resume with the constant rate it was saved with"
         )
-    return {"model": model_state, "optimizer": opt_target, "step": None, "rng": None, "loader": None,
-            "extra": None}
+    return {"model": model_state, "optimizer": opt_target, "step": None, "rng": None, "loader": None, "extra": None}
 
 
 def _dict_node(node: dict[str, Any]) -> dict[str, Any]:

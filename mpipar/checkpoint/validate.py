@@ -117,12 +117,18 @@ def _check_layout(c: _Check, at: str, t: dict[str, Any], ndim: int) -> None:
         raise c.fail(f"{at}.mesh.shape", shape, f"makes a mesh of more than {MAX_WORLD} ranks")
     ids = c.of_type(f"{at}.mesh.process_ids", mesh.get("process_ids"), list, "a flat list of ranks")
     if len(ids) != math.prod(shape) or not all(_is_int(r) and 0 <= r < MAX_WORLD for r in ids):
-        raise c.fail(f"{at}.mesh.process_ids", ids, f"is not {math.prod(shape)} ranks in [0, {MAX_WORLD}), one per cell of the mesh")
+        raise c.fail(
+            f"{at}.mesh.process_ids",
+            ids,
+            f"is not {math.prod(shape)} ranks in [0, {MAX_WORLD}), one per cell of the mesh",
+        )
     if len(set(ids)) != len(ids):
         raise c.fail(f"{at}.mesh.process_ids", ids, "repeats a rank")
     names = mesh.get("dim_names")
     if names is not None and not (
-        isinstance(names, list) and len(names) == len(shape) and all(isinstance(n, str) and n for n in names)
+        isinstance(names, list)
+        and len(names) == len(shape)
+        and all(isinstance(n, str) and n for n in names)
         and len(set(names)) == len(names)
     ):
         raise c.fail(f"{at}.mesh.dim_names", names, f"is not {len(shape)} distinct axis names")
@@ -201,8 +207,11 @@ def _check_cover(c: _Check, at: str, shape: list[int], boxes: list[tuple[tuple[i
     numel = math.prod(shape)
     volume = sum(math.prod(e - s for s, e in b) for b in boxes)
     if volume != numel:
-        raise c.fail(f"{at}.chunks", f"{len(boxes)} chunks",
-                     f"hold {volume} elements, but the tensor of shape {shape} has {numel}: chunks are missing or overlap")
+        raise c.fail(
+            f"{at}.chunks",
+            f"{len(boxes)} chunks",
+            f"hold {volume} elements, but the tensor of shape {shape} has {numel}: chunks are missing or overlap",
+        )
     solid = [(i, b) for i, b in enumerate(boxes) if all(e > s for s, e in b)]
     if not shape:
         if len(solid) > 1:
@@ -233,8 +242,11 @@ def _check_cover(c: _Check, at: str, shape: list[int], boxes: list[tuple[tuple[i
 
 def _overlap(c: _Check, at: str, j: int, i: int, boxes: list[tuple[tuple[int, int], ...]]) -> CheckpointError:
     a, b = sorted((i, j))
-    return c.fail(f"{at}.chunks[{b}].box", [list(r) for r in boxes[b]],
-                  f"overlaps chunks[{a}].box {[list(r) for r in boxes[a]]}: a tensor's chunks must be disjoint")
+    return c.fail(
+        f"{at}.chunks[{b}].box",
+        [list(r) for r in boxes[b]],
+        f"overlaps chunks[{a}].box {[list(r) for r in boxes[a]]}: a tensor's chunks must be disjoint",
+    )
 
 
 _PLAIN = (type(None), bool, int, float, str)
@@ -258,8 +270,12 @@ def _check_structure(c: _Check, state: Any, tensors: dict[str, Any]) -> None:
         elif kind == "dict":
             c.of_type(f"{where}.dict", value, list, "a list of [key, node] pairs")
             for k, item in enumerate(value):
-                if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str | int)
-                        and not isinstance(item[0], bool)):
+                if not (
+                    isinstance(item, list)
+                    and len(item) == 2
+                    and isinstance(item[0], str | int)
+                    and not isinstance(item[0], bool)
+                ):
                     raise c.fail(f"{where}.dict[{k}]", item, "is not a [key, node] pair with a str or int key")
                 stack.append((item[1], f"{where}[{item[0]!r}]"))
         elif kind in ("list", "tuple"):
@@ -287,17 +303,23 @@ def load_metadata(path: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise CheckpointError(describe_missing(path)) from None
     except OSError as exc:
-        raise CheckpointError(field_path="<file>", value=meta_path, problem=f"cannot be read ({exc.strerror})",
-                              source=meta_path) from None
+        raise CheckpointError(
+            field_path="<file>", value=meta_path, problem=f"cannot be read ({exc.strerror})", source=meta_path
+        ) from None
     if stat.S_ISDIR(mode):
-        raise CheckpointError(field_path="<file>", value=meta_path, problem="is a directory, not a metadata file",
-                              source=meta_path)
+        raise CheckpointError(
+            field_path="<file>", value=meta_path, problem="is a directory, not a metadata file", source=meta_path
+        )
     try:
         # A metadata.json that is a symlink out of the directory is not read.
         inside(path, METADATA, kind="checkpoint", field_path="<file>")
-        meta = parse_json(read_bounded(meta_path, kind="checkpoint", max_bytes=MAX_METADATA_BYTES),
-                          kind="checkpoint", source=meta_path, max_bytes=MAX_METADATA_BYTES,
-                          max_int_digits=METADATA_INT_DIGITS)
+        meta = parse_json(
+            read_bounded(meta_path, kind="checkpoint", max_bytes=MAX_METADATA_BYTES),
+            kind="checkpoint",
+            source=meta_path,
+            max_bytes=MAX_METADATA_BYTES,
+            max_int_digits=METADATA_INT_DIGITS,
+        )
     except FileFormatError as exc:
         raise CheckpointError.of(exc) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:

@@ -190,7 +190,12 @@ class Block(Layer):
         Ops that save the gathered tensor for backward keep the sequence shard instead and
         gather again there (Megatron's sequence parallelism does the same).
         """
-        if self.par is not None and self.par.sequence_parallel and self.mesh is not None and self.par.tp in self.mesh.dim_names:
+        if (
+            self.par is not None
+            and self.par.sequence_parallel
+            and self.mesh is not None
+            and self.par.tp in self.mesh.dim_names
+        ):
             full = reshard_axis(x, self.mesh, self.par.tp, Replicate())
             if full.is_dist and x.is_dist:
                 full._regather = (x, full.spec)
@@ -227,7 +232,9 @@ class GPT(Layer):
         self.drop = Dropout(cfg.dropout)
         self.blocks = LayerList([Block(cfg) for _ in range(cfg.n_layer)])
         self.ln_f = LayerNorm(cfg.n_embd)
-        self.lm_head = Linear(cfg.n_embd, cfg.vocab_size, weight_attr=_normal(0.02), bias_attr=ParamAttr(initializer=Constant(0.0)))
+        self.lm_head = Linear(
+            cfg.n_embd, cfg.vocab_size, weight_attr=_normal(0.02), bias_attr=ParamAttr(initializer=Constant(0.0))
+        )
         self.par = par or GPTParallel()
         if self.par.distributed:
             self._place()

@@ -57,7 +57,9 @@ def layer_norm(
     return y
 
 
-def embedding(x: Any, weight: Tensor, padding_idx: int | None = None, sparse: bool = False, name: str | None = None) -> Tensor:
+def embedding(
+    x: Any, weight: Tensor, padding_idx: int | None = None, sparse: bool = False, name: str | None = None
+) -> Tensor:
     ids = as_tensor(x)
     if not np.issubdtype(ids.dtype, np.integer):
         raise TypeError(f"embedding ids must be integers, got {ids.dtype} ({ids._label()})")
@@ -79,8 +81,13 @@ def _label_like(label: Tensor, logits: Tensor, axis: int) -> Tensor:
 
 
 def softmax_with_cross_entropy(
-    logits: Any, label: Any, soft_label: bool = False, ignore_index: int = -100, numeric_stable_mode: bool = True,
-    return_softmax: bool = False, axis: int = -1,
+    logits: Any,
+    label: Any,
+    soft_label: bool = False,
+    ignore_index: int = -100,
+    numeric_stable_mode: bool = True,
+    return_softmax: bool = False,
+    axis: int = -1,
 ) -> Any:
     if soft_label:
         raise ValueError("softmax_with_cross_entropy: soft labels are not supported; pass class indices")
@@ -91,8 +98,15 @@ def softmax_with_cross_entropy(
 
 
 def cross_entropy(
-    input: Any, label: Any, weight: Any = None, ignore_index: int = -100, reduction: str = "mean",
-    soft_label: bool = False, axis: int = -1, use_softmax: bool = True, name: str | None = None,
+    input: Any,
+    label: Any,
+    weight: Any = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    soft_label: bool = False,
+    axis: int = -1,
+    use_softmax: bool = True,
+    name: str | None = None,
 ) -> Tensor:
     """Paddle's ``cross_entropy`` on logits and class-index labels; ``reduction`` mean/sum/none."""
     if weight is not None:
@@ -113,7 +127,14 @@ def cross_entropy(
     return divide(sum_(loss), valid)
 
 
-def dropout(x: Any, p: float = 0.5, axis: Any = None, training: bool = True, mode: str = "upscale_in_train", name: str | None = None) -> Tensor:
+def dropout(
+    x: Any,
+    p: float = 0.5,
+    axis: Any = None,
+    training: bool = True,
+    mode: str = "upscale_in_train",
+    name: str | None = None,
+) -> Tensor:
     """Zero elements with probability ``p`` and scale the rest by 1/(1-p) (Paddle's default mode).
 
     The mask depends only on the global element index and the draw number, so it is the
@@ -134,7 +155,9 @@ def dropout(x: Any, p: float = 0.5, axis: Any = None, training: bool = True, mod
     return out
 
 
-def accuracy(input: Any, label: Any, k: int = 1, correct: Any = None, total: Any = None, name: str | None = None) -> Tensor:
+def accuracy(
+    input: Any, label: Any, k: int = 1, correct: Any = None, total: Any = None, name: str | None = None
+) -> Tensor:
     """Top-k accuracy (``paddle.metric.accuracy``): the fraction of rows whose label is in the top k."""
     pred = as_tensor(input)
     lb = _label_like(as_tensor(label), pred, -1)

@@ -71,7 +71,9 @@ class Uniform(Initializer):
         self.low, self.high = low, high
 
     def box_init(self, key: int, dtype: Any) -> BoxInit:
-        return lambda shape, box: (self.low + (self.high - self.low) * mrandom.uniform_box(key, shape, box)).astype(dtype)
+        return lambda shape, box: (self.low + (self.high - self.low) * mrandom.uniform_box(key, shape, box)).astype(
+            dtype
+        )
 
 
 class XavierUniform(Initializer):

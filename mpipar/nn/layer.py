@@ -50,8 +50,12 @@ class ParamAttr:
     """Paddle's parameter attributes: name, initializer, trainable, learning-rate multiplier."""
 
     def __init__(
-        self, name: str | None = None, initializer: Initializer | None = None, learning_rate: float = 1.0,
-        trainable: bool = True, need_clip: bool = True,
+        self,
+        name: str | None = None,
+        initializer: Initializer | None = None,
+        learning_rate: float = 1.0,
+        trainable: bool = True,
+        need_clip: bool = True,
     ) -> None:
         self.name, self.initializer, self.learning_rate = name, initializer, learning_rate
         self.trainable, self.need_clip = trainable, need_clip
@@ -190,7 +194,9 @@ class Layer:
             if not isinstance(value, Tensor):
                 value = Tensor(np.asarray(value, dtype=target.dtype))
             if tuple(value.shape) != tuple(target.shape):
-                raise ValueError(f"set_state_dict: {key} has shape {list(value.shape)}, the layer's is {list(target.shape)}")
+                raise ValueError(
+                    f"set_state_dict: {key} has shape {list(value.shape)}, the layer's is {list(target.shape)}"
+                )
             moved = reshard_to(value, target.spec) if target.is_dist else Tensor(value.full_tensor())
             target._take_storage(moved)
 

@@ -21,7 +21,12 @@ class Linear(Layer):
     """``y = x @ weight + bias`` with Paddle's (in_features, out_features) weight."""
 
     def __init__(
-        self, in_features: int, out_features: int, weight_attr: ParamAttr | None = None, bias_attr: Any = None, name: str | None = None
+        self,
+        in_features: int,
+        out_features: int,
+        weight_attr: ParamAttr | None = None,
+        bias_attr: Any = None,
+        name: str | None = None,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -37,8 +42,13 @@ class Linear(Layer):
 
 class Embedding(Layer):
     def __init__(
-        self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, sparse: bool = False,
-        weight_attr: ParamAttr | None = None, name: str | None = None,
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        sparse: bool = False,
+        weight_attr: ParamAttr | None = None,
+        name: str | None = None,
     ) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
@@ -53,7 +63,11 @@ class Embedding(Layer):
 
 class LayerNorm(Layer):
     def __init__(
-        self, normalized_shape: int | Sequence[int], epsilon: float = 1e-5, weight_attr: Any = None, bias_attr: Any = None,
+        self,
+        normalized_shape: int | Sequence[int],
+        epsilon: float = 1e-5,
+        weight_attr: Any = None,
+        bias_attr: Any = None,
         name: str | None = None,
     ) -> None:
         super().__init__()
@@ -63,7 +77,9 @@ class LayerNorm(Layer):
         if w_attr.initializer is None:
             w_attr.initializer = Constant(1.0)
         self.weight = None if weight_attr is False else self.create_parameter(self.normalized_shape, attr=w_attr)
-        self.bias = None if bias_attr is False else self.create_parameter(self.normalized_shape, attr=bias_attr, is_bias=True)
+        self.bias = (
+            None if bias_attr is False else self.create_parameter(self.normalized_shape, attr=bias_attr, is_bias=True)
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.epsilon)
@@ -73,7 +89,9 @@ class LayerNorm(Layer):
 
 
 class Dropout(Layer):
-    def __init__(self, p: float = 0.5, axis: Any = None, mode: str = "upscale_in_train", name: str | None = None) -> None:
+    def __init__(
+        self, p: float = 0.5, axis: Any = None, mode: str = "upscale_in_train", name: str | None = None
+    ) -> None:
         super().__init__()
         self.p, self.axis, self.mode = p, axis, mode
 
@@ -150,8 +168,14 @@ class LayerList(Layer):
 
 class CrossEntropyLoss(Layer):
     def __init__(
-        self, weight: Any = None, ignore_index: int = -100, reduction: str = "mean", soft_label: bool = False, axis: int = -1,
-        use_softmax: bool = True, name: str | None = None,
+        self,
+        weight: Any = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        soft_label: bool = False,
+        axis: int = -1,
+        use_softmax: bool = True,
+        name: str | None = None,
     ) -> None:
         super().__init__()
         self.ignore_index, self.reduction, self.soft_label, self.axis = ignore_index, reduction, soft_label, axis
@@ -184,15 +208,29 @@ class ColumnParallelLinear(Layer):
     """
 
     def __init__(
-        self, in_features: int, out_features: int, mesh: ProcessMesh, axis: str | int = 0, weight_attr: Any = None,
-        has_bias: bool = True, gather_output: bool = True, name: str | None = None,
+        self,
+        in_features: int,
+        out_features: int,
+        mesh: ProcessMesh,
+        axis: str | int = 0,
+        weight_attr: Any = None,
+        has_bias: bool = True,
+        gather_output: bool = True,
+        name: str | None = None,
     ) -> None:
         super().__init__()
         self.mesh, self.axis, self.gather_output = mesh, axis, gather_output
-        self.weight = shard_tensor(self.create_parameter([in_features, out_features], attr=weight_attr), mesh, _axis_placements(mesh, axis, Shard(1)))
+        self.weight = shard_tensor(
+            self.create_parameter([in_features, out_features], attr=weight_attr),
+            mesh,
+            _axis_placements(mesh, axis, Shard(1)),
+        )
         self.bias = (
-            shard_tensor(self.create_parameter([out_features], is_bias=True), mesh, _axis_placements(mesh, axis, Shard(0)))
-            if has_bias else None
+            shard_tensor(
+                self.create_parameter([out_features], is_bias=True), mesh, _axis_placements(mesh, axis, Shard(0))
+            )
+            if has_bias
+            else None
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -213,15 +251,29 @@ class RowParallelLinear(Layer):
     """
 
     def __init__(
-        self, in_features: int, out_features: int, mesh: ProcessMesh, axis: str | int = 0, weight_attr: Any = None,
-        has_bias: bool = True, input_is_parallel: bool = False, name: str | None = None,
+        self,
+        in_features: int,
+        out_features: int,
+        mesh: ProcessMesh,
+        axis: str | int = 0,
+        weight_attr: Any = None,
+        has_bias: bool = True,
+        input_is_parallel: bool = False,
+        name: str | None = None,
     ) -> None:
         super().__init__()
         self.mesh, self.axis, self.input_is_parallel = mesh, axis, input_is_parallel
-        self.weight = shard_tensor(self.create_parameter([in_features, out_features], attr=weight_attr), mesh, _axis_placements(mesh, axis, Shard(0)))
+        self.weight = shard_tensor(
+            self.create_parameter([in_features, out_features], attr=weight_attr),
+            mesh,
+            _axis_placements(mesh, axis, Shard(0)),
+        )
         self.bias = (
-            shard_tensor(self.create_parameter([out_features], is_bias=True), mesh, _axis_placements(mesh, axis, Replicate()))
-            if has_bias else None
+            shard_tensor(
+                self.create_parameter([out_features], is_bias=True), mesh, _axis_placements(mesh, axis, Replicate())
+            )
+            if has_bias
+            else None
         )
 
     def forward(self, x: Tensor) -> Tensor:

@@ -25,7 +25,10 @@ def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
     if (
         like is not None
         and isinstance(x, (int, float, bool, np.number))
-        and (np.issubdtype(like.dtype, np.floating) or (isinstance(x, (int, bool)) and np.issubdtype(like.dtype, np.integer)))
+        and (
+            np.issubdtype(like.dtype, np.floating)
+            or (isinstance(x, (int, bool)) and np.issubdtype(like.dtype, np.integer))
+        )
     ):
         return Tensor(np.asarray(x, dtype=like.dtype))
     return Tensor(np.asarray(x))
@@ -49,11 +52,15 @@ def ones_like_global(t: Tensor) -> Tensor:
     assert spec is not None
     if mode is Mode.DENSE:
         return Tensor._from_reference(t.spec, np.ones(t.shape, dtype=t.dtype))
-    if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:  # a captured step: made on every run
+    if (
+        capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None
+    ):  # a captured step: made on every run
         ranks = list(t._shards)
         made = tr.create(backend.xp.ones, [spec.local_shape(r) for r in ranks], t.dtype)
         return Tensor._from_shards(spec, dict(zip(ranks, made, strict=True)), t.dtype)
-    return Tensor._from_shards(spec, {r: backend.xp.ones(spec.local_shape(r), dtype=t.dtype) for r in t._shards}, t.dtype)
+    return Tensor._from_shards(
+        spec, {r: backend.xp.ones(spec.local_shape(r), dtype=t.dtype) for r in t._shards}, t.dtype
+    )
 
 
 def zeros_like_global(like: Tensor, shape: Sequence[int]) -> Tensor:

@@ -242,7 +242,9 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     stage_run = hooks.stage_runs[-1] if hooks.stage_runs else None
     first_dist = dist_inputs[0] if dist_inputs else None
     # Inside a pipeline stage run, ops of the other stages only run their rule (no data, no comm).
-    inactive = stage_run is not None and first_dist is not None and not stage_run.op_is_real(first_dist.spec.mesh, op.name)
+    inactive = (
+        stage_run is not None and first_dist is not None and not stage_run.op_is_real(first_dist.spec.mesh, op.name)
+    )
     if stage_run is not None and first_dist is not None:
         stage_run.note_inputs(flat, first_dist.spec.mesh)
     gathered, swapped = ([], False) if inactive else _gather_stored_split(op, flat)
@@ -272,7 +274,9 @@ def _run_abstract(
     if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
         tr.refuse("the step runs in shape-only mode")
     if op.replicate_only:
-        raise ValueError(f"{op.name} is replicate-only: its output shapes are unknown without running it, so it cannot be traced in shape-only mode; give it a rule")
+        raise ValueError(
+            f"{op.name} is replicate-only: its output shapes are unknown without running it, so it cannot be traced in shape-only mode; give it a rule"
+        )
     dtypes = op.out_dtypes([t.dtype for t in flat], attrs)
     if not dist_inputs:
         mesh = _dense_mesh()
@@ -300,7 +304,9 @@ def _run_abstract(
     return outs, used, res
 
 
-def _run_dense(op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor]) -> list[Tensor]:
+def _run_dense(
+    op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor]
+) -> list[Tensor]:
     mesh = _dense_mesh()
     specs = [DistSpec(t.shape, mesh, [Replicate()]) for t in flat]
     arrays = [t._value for t in flat]
@@ -317,7 +323,11 @@ def _run_dense(op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, 
     outs = []
     frozen = []
     for arr, dt in zip(results, dtypes, strict=True):
-        arr = np.asarray(arr, dtype=dt) if isinstance(arr, (np.ndarray, np.generic, int, float, bool)) else arr.astype(dt, copy=False)
+        arr = (
+            np.asarray(arr, dtype=dt)
+            if isinstance(arr, (np.ndarray, np.generic, int, float, bool))
+            else arr.astype(dt, copy=False)
+        )
         frozen.append(freeze(arr))
         if dist_inputs:  # --reference: keep a distributed label so scripts can ask for it
             ref_mesh = dist_inputs[0].spec.mesh
@@ -330,7 +340,9 @@ def _run_dense(op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, 
             t._dtype = arr.dtype
             outs.append(t)
     if tr is not None:
-        tr.record_kernel(op, ctx, attrs, dtypes, flat, None, arrays, frozen if op.multi_output else frozen[0], dense=True)
+        tr.record_kernel(
+            op, ctx, attrs, dtypes, flat, None, arrays, frozen if op.multi_output else frozen[0], dense=True
+        )
     return outs
 
 
@@ -365,9 +377,13 @@ class StepPlayer(Protocol):
     """A compiled step being recorded or replayed (``mpipar.replay.StepPlayer``, above the ops):
     it hands dispatch each call's recorded ``Decision`` by position, or records a new one."""
 
-    def next(self, op: OpDef, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, backend: Any) -> Decision | None: ...
+    def next(
+        self, op: OpDef, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, backend: Any
+    ) -> Decision | None: ...
 
-    def record(self, op: OpDef, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, decision: Decision, backend: Any) -> None: ...
+    def record(
+        self, op: OpDef, flat: list[Tensor], attrs: dict[str, Any], reuse: Any, decision: Decision, backend: Any
+    ) -> None: ...
 
 
 _replaying: list[StepPlayer] = []
@@ -409,7 +425,14 @@ def _decision_key(
     hashable (such a call is decided afresh)."""
     ins = tuple(t._spec if t._spec is not None else (t._shape, mesh) for t in flat)
     try:
-        key = (op.name, ins, tuple(t._dtype for t in flat), freeze_attrs(decision_attrs(op, attrs)), reuse, tuple(nest) if op.list_input else None)
+        key = (
+            op.name,
+            ins,
+            tuple(t._dtype for t in flat),
+            freeze_attrs(decision_attrs(op, attrs)),
+            reuse,
+            tuple(nest) if op.list_input else None,
+        )
         hash(key)
     except TypeError:
         return None
@@ -448,7 +471,9 @@ def _decide(
         out_boxes = tuple(s.boxes[r] for s in out_specs) if out_specs is not None else ()
         ctx = contexts.get((in_boxes, out_boxes))
         if ctx is None:
-            ctx = contexts[(in_boxes, out_boxes)] = KernelContext(need, out_specs or [], list(in_boxes), list(out_boxes), backend.xp)
+            ctx = contexts[(in_boxes, out_boxes)] = KernelContext(
+                need, out_specs or [], list(in_boxes), list(out_boxes), backend.xp
+            )
         ranks.append((r, tuple(box_shape(b) for b in out_boxes), ctx))
     dtypes = op.out_dtypes([t.dtype for t in flat], attrs)
     return Decision(res, need, out_specs, rule_label, dtypes, reshard_flags, tuple(ranks))
@@ -557,7 +582,9 @@ def _kernel_outputs(
                     )
                 got[j] = freeze(arr)
             memo[key] = got
-            if capture_hooks.capture_tracers and inputs is None:  # a captured step being traced: this kernel call is an instruction
+            if (
+                capture_hooks.capture_tracers and inputs is None
+            ):  # a captured step being traced: this kernel call is an instruction
                 tr = capture_hooks.capture_tracer()
                 if tr is not None:
                     tr.record_kernel(op, ctx, attrs, dtypes, used, r, arrays, got, raw=result)
@@ -605,11 +632,14 @@ def _deferred_output(op: OpDef, decision: Decision, used: list[Tensor], attrs: d
     values), the kernel runs when the shards are first asked for, and each rank's ``Product``
     lets a communicator sum them without writing them."""
     inputs = {r: [u._shards[r] for u in used] for r, _, _ in decision.ranks}
-    deferred = DeferredShards(lambda: {r: got[0] for r, got in _kernel_outputs(op, decision, attrs, inputs, []).items()})
+    deferred = DeferredShards(
+        lambda: {r: got[0] for r, got in _kernel_outputs(op, decision, attrs, inputs, []).items()}
+    )
     assert op.product_sum is not None
     dtype = decision.dtypes[0]
     deferred.products = {
-        r: Product(tuple(inputs[r]), attrs, shapes[0], dtype, op.product_sum, deferred, r) for r, shapes, _ in decision.ranks
+        r: Product(tuple(inputs[r]), attrs, shapes[0], dtype, op.product_sum, deferred, r)
+        for r, shapes, _ in decision.ranks
     }
     out = _output(decision.out_specs[0], dtype)  # type: ignore[index]
     del out.__dict__["_shards"]
@@ -617,7 +647,9 @@ def _deferred_output(op: OpDef, decision: Decision, used: list[Tensor], attrs: d
     return out
 
 
-def _replicate_only_outputs(op: OpDef, used: list[Tensor], attrs: dict[str, Any], decision: Decision, mesh: ProcessMesh) -> list[Tensor]:
+def _replicate_only_outputs(
+    op: OpDef, used: list[Tensor], attrs: dict[str, Any], decision: Decision, mesh: ProcessMesh
+) -> list[Tensor]:
     """A replicate-only op's outputs: replicated, with the shapes its kernel returns."""
     if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
         tr.refuse(f"{op.name} is replicate-only (its output shapes come from running it)")
@@ -709,4 +741,3 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
     for j, t in enumerate(outs):
         t._grad_fn = node
         t._out_index = j
-

@@ -20,7 +20,9 @@ def _mt(a: Array) -> Array:
     return a.swapaxes(-1, -2)
 
 
-def _matmul_kernel(ctx: KernelContext, x: Array, y: Array, trans_x: bool = False, trans_y: bool = False, **_: Any) -> Array:
+def _matmul_kernel(
+    ctx: KernelContext, x: Array, y: Array, trans_x: bool = False, trans_y: bool = False, **_: Any
+) -> Array:
     return ctx.xp.matmul(_mt(x) if trans_x else x, _mt(y) if trans_y else y)
 
 
@@ -53,7 +55,11 @@ def _samples(rng: Any) -> list[tuple[list[Any], dict[str, Any]]]:
 def _matmul_all_pieces(pieces: list[list[Array]], attrs: dict[str, Any]) -> list[Array] | None:
     """Ranks multiplying their own rows by one shared ``y`` (data parallel): one GEMM."""
     y = pieces[0][1]
-    if getattr(y, "size", 0) < stacked_gemm.STACK_ELEMENTS or attrs.get("trans_x") or any(p[1] is not y for p in pieces):
+    if (
+        getattr(y, "size", 0) < stacked_gemm.STACK_ELEMENTS
+        or attrs.get("trans_x")
+        or any(p[1] is not y for p in pieces)
+    ):
         return None
     return stacked_gemm.stacked_matmul([p[0] for p in pieces], y, bool(attrs.get("trans_y")))
 
@@ -67,7 +73,14 @@ def _matmul_product_sum(products: Sequence[Product]) -> Array | None:
 
 
 register_op(
-    OpDef("matmul", _matmul_kernel, _matmul_grad, sample=_samples, all_pieces=_matmul_all_pieces, product_sum=_matmul_product_sum)
+    OpDef(
+        "matmul",
+        _matmul_kernel,
+        _matmul_grad,
+        sample=_samples,
+        all_pieces=_matmul_all_pieces,
+        product_sum=_matmul_product_sum,
+    )
 )
 
 
@@ -75,7 +88,9 @@ def matmul(x: Any, y: Any, transpose_x: bool = False, transpose_y: bool = False,
     """``x @ y`` with optional transposes of the last two dims; 1-d operands as in NumPy."""
     xt, yt = _pair(x, y)
     if xt.ndim == 0 or yt.ndim == 0:
-        raise ValueError(f"matmul needs tensors with at least one dim, got shapes {list(xt.shape)} and {list(yt.shape)}")
+        raise ValueError(
+            f"matmul needs tensors with at least one dim, got shapes {list(xt.shape)} and {list(yt.shape)}"
+        )
     squeeze_axes = []
     if xt.ndim == 1:
         xt = unsqueeze(xt, 0)

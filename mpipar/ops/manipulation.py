@@ -49,22 +49,39 @@ def _back_to_input_shape(ctx: GradContext, g: list[Any]) -> list[Any]:
 
 register_op(
     OpDef(
-        "reshape", _to_local_shape, _back_to_input_shape, save_inputs=(),
-        sample=lambda r: [([r.standard_normal((4, 6))], {"shape": [24]}), ([r.standard_normal((4, 6))], {"shape": [2, 2, 6]}),
-                          ([r.standard_normal((2, 3, 4))], {"shape": [6, -1]}), ([r.standard_normal((5, 6))], {"shape": [30]}),
-                          ([r.standard_normal((6, 4))], {"shape": [3, 8]}), ([r.standard_normal((4, 1, 6))], {"shape": [4, 6]})],
+        "reshape",
+        _to_local_shape,
+        _back_to_input_shape,
+        save_inputs=(),
+        sample=lambda r: [
+            ([r.standard_normal((4, 6))], {"shape": [24]}),
+            ([r.standard_normal((4, 6))], {"shape": [2, 2, 6]}),
+            ([r.standard_normal((2, 3, 4))], {"shape": [6, -1]}),
+            ([r.standard_normal((5, 6))], {"shape": [30]}),
+            ([r.standard_normal((6, 4))], {"shape": [3, 8]}),
+            ([r.standard_normal((4, 1, 6))], {"shape": [4, 6]}),
+        ],
     )
 )
 register_op(
     OpDef(
-        "unsqueeze", _to_local_shape, _back_to_input_shape, save_inputs=(),
+        "unsqueeze",
+        _to_local_shape,
+        _back_to_input_shape,
+        save_inputs=(),
         sample=lambda r: [([r.standard_normal((4, 6))], {"axis": 1}), ([r.standard_normal((5,))], {"axis": [0, 2]})],
     )
 )
 register_op(
     OpDef(
-        "squeeze", _to_local_shape, _back_to_input_shape, save_inputs=(),
-        sample=lambda r: [([r.standard_normal((4, 1, 6))], {"axis": 1}), ([r.standard_normal((1, 5, 1))], {"axis": None})],
+        "squeeze",
+        _to_local_shape,
+        _back_to_input_shape,
+        save_inputs=(),
+        sample=lambda r: [
+            ([r.standard_normal((4, 1, 6))], {"axis": 1}),
+            ([r.standard_normal((1, 5, 1))], {"axis": None}),
+        ],
     )
 )
 
@@ -77,8 +94,14 @@ def _transpose_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
 
 register_op(
     OpDef(
-        "transpose", lambda c, x, perm=(), **_: x.transpose(tuple(int(p) % x.ndim for p in perm)), _transpose_grad, save_inputs=(),
-        sample=lambda r: [([r.standard_normal((4, 6))], {"perm": [1, 0]}), ([r.standard_normal((2, 3, 5))], {"perm": [2, 0, 1]})],
+        "transpose",
+        lambda c, x, perm=(), **_: x.transpose(tuple(int(p) % x.ndim for p in perm)),
+        _transpose_grad,
+        save_inputs=(),
+        sample=lambda r: [
+            ([r.standard_normal((4, 6))], {"perm": [1, 0]}),
+            ([r.standard_normal((2, 3, 5))], {"perm": [2, 0, 1]}),
+        ],
     )
 )
 
@@ -93,9 +116,15 @@ def _expand_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
 
 register_op(
     OpDef(
-        "expand", _expand_kernel, _expand_grad, save_inputs=(),
-        sample=lambda r: [([r.standard_normal((4, 1))], {"shape": [4, 6]}), ([r.standard_normal((6,))], {"shape": [3, 6]}),
-                          ([r.standard_normal((1, 5))], {"shape": [2, 4, 5]})],
+        "expand",
+        _expand_kernel,
+        _expand_grad,
+        save_inputs=(),
+        sample=lambda r: [
+            ([r.standard_normal((4, 1))], {"shape": [4, 6]}),
+            ([r.standard_normal((6,))], {"shape": [3, 6]}),
+            ([r.standard_normal((1, 5))], {"shape": [2, 4, 5]}),
+        ],
     )
 )
 
@@ -131,16 +160,28 @@ def _concat_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
 
 register_op(
     OpDef(
-        "concat", lambda c, *xs, axis=0, **_: c.xp.concatenate(xs, axis=norm_axis(axis, xs[0].ndim, "concat")),
-        _concat_grad, save_inputs=(), list_input=True,
-        sample=lambda r: [([[r.standard_normal((3, 4)), r.standard_normal((2, 4))]], {"axis": 0}),
-                          ([[r.standard_normal((5, 2)), r.standard_normal((5, 3)), r.standard_normal((5, 1))]], {"axis": 1})],
+        "concat",
+        lambda c, *xs, axis=0, **_: c.xp.concatenate(xs, axis=norm_axis(axis, xs[0].ndim, "concat")),
+        _concat_grad,
+        save_inputs=(),
+        list_input=True,
+        sample=lambda r: [
+            ([[r.standard_normal((3, 4)), r.standard_normal((2, 4))]], {"axis": 0}),
+            ([[r.standard_normal((5, 2)), r.standard_normal((5, 3)), r.standard_normal((5, 1))]], {"axis": 1}),
+        ],
     )
 )
 
 
 # ----------------------------------------------------------------------------- slice
-def _slice_kernel(ctx: KernelContext, x: Array, axes: Sequence[int] = (), starts: Sequence[int] = (), ends: Sequence[int] = (), **_: Any) -> Array:
+def _slice_kernel(
+    ctx: KernelContext,
+    x: Array,
+    axes: Sequence[int] = (),
+    starts: Sequence[int] = (),
+    ends: Sequence[int] = (),
+    **_: Any,
+) -> Array:
     index = [slice(None)] * x.ndim
     # Sliced dims are whole on every rank (the rule keeps them unsplit), so global bounds apply.
     for a, (s, e) in slice_bounds(ctx.in_shape(0), axes, starts, ends).items():
@@ -153,7 +194,15 @@ def _slice_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     return [apply("slice_grad", [g[0]], {"input_shape": tuple(ctx.input_shapes[0]), **attrs})]
 
 
-def _slice_grad_kernel(ctx: KernelContext, g: Array, input_shape: Sequence[int] = (), axes: Sequence[int] = (), starts: Sequence[int] = (), ends: Sequence[int] = (), **_: Any) -> Array:
+def _slice_grad_kernel(
+    ctx: KernelContext,
+    g: Array,
+    input_shape: Sequence[int] = (),
+    axes: Sequence[int] = (),
+    starts: Sequence[int] = (),
+    ends: Sequence[int] = (),
+    **_: Any,
+) -> Array:
     out = ctx.xp.zeros(ctx.out_local_shape(0), dtype=g.dtype)
     index = [slice(None)] * g.ndim
     for a, (s, e) in slice_bounds(input_shape, axes, starts, ends).items():
@@ -164,15 +213,25 @@ def _slice_grad_kernel(ctx: KernelContext, g: Array, input_shape: Sequence[int] 
 
 register_op(
     OpDef(
-        "slice", _slice_kernel, _slice_grad, save_inputs=(),
-        sample=lambda r: [([r.standard_normal((6, 5))], {"axes": [0], "starts": [1], "ends": [4]}),
-                          ([r.standard_normal((4, 6, 3))], {"axes": [1, 2], "starts": [0, -2], "ends": [6, 3]})],
+        "slice",
+        _slice_kernel,
+        _slice_grad,
+        save_inputs=(),
+        sample=lambda r: [
+            ([r.standard_normal((6, 5))], {"axes": [0], "starts": [1], "ends": [4]}),
+            ([r.standard_normal((4, 6, 3))], {"axes": [1, 2], "starts": [0, -2], "ends": [6, 3]}),
+        ],
     )
 )
 register_op(
     OpDef(
-        "slice_grad", _slice_grad_kernel, None, differentiable=(),
-        sample=lambda r: [([r.standard_normal((3, 5))], {"input_shape": (6, 5), "axes": [0], "starts": [1], "ends": [4]})],
+        "slice_grad",
+        _slice_grad_kernel,
+        None,
+        differentiable=(),
+        sample=lambda r: [
+            ([r.standard_normal((3, 5))], {"input_shape": (6, 5), "axes": [0], "starts": [1], "ends": [4]})
+        ],
     )
 )
 
@@ -227,7 +286,15 @@ def concat(x: Sequence[Any], axis: int = 0, name: str | None = None) -> Tensor:
 
 
 def slice_(x: Any, axes: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> Tensor:
-    return apply("slice", [_t(x)], {"axes": tuple(int(a) for a in axes), "starts": tuple(int(s) for s in starts), "ends": tuple(int(e) for e in ends)})
+    return apply(
+        "slice",
+        [_t(x)],
+        {
+            "axes": tuple(int(a) for a in axes),
+            "starts": tuple(int(s) for s in starts),
+            "ends": tuple(int(e) for e in ends),
+        },
+    )
 
 
 def getitem(x: Tensor, index: Any) -> Tensor:
@@ -272,8 +339,14 @@ def _num_sections(attrs: dict[str, Any]) -> int:
 
 register_op(
     OpDef(
-        "split", _split_kernel, _split_grad, num_outputs=_num_sections, save_inputs=(),
-        sample=lambda r: [([r.standard_normal((6, 4))], {"num_or_sections": 2, "axis": 0}),
-                          ([r.standard_normal((3, 7))], {"num_or_sections": [2, 4, 1], "axis": 1})],
+        "split",
+        _split_kernel,
+        _split_grad,
+        num_outputs=_num_sections,
+        save_inputs=(),
+        sample=lambda r: [
+            ([r.standard_normal((6, 4))], {"num_or_sections": 2, "axis": 0}),
+            ([r.standard_normal((3, 7))], {"num_or_sections": [2, 4, 1], "axis": 1}),
+        ],
     )
 )

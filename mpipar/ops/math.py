@@ -89,7 +89,17 @@ def _minmax_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
 register_op(OpDef("add", lambda c, x, y, **_: x + y, _add_grad, save_inputs=(), sample=_samples_binary))
 register_op(OpDef("subtract", lambda c, x, y, **_: x - y, _sub_grad, save_inputs=(), sample=_samples_binary))
 register_op(OpDef("multiply", lambda c, x, y, **_: x * y, _mul_grad, sample=_samples_binary))
-register_op(OpDef("divide", lambda c, x, y, **_: x / y, _div_grad, sample=lambda r: [([r.standard_normal((5, 6)), r.random((5, 6)) + 0.5], {}), ([r.standard_normal((4, 7)), r.random((7,)) + 0.5], {})]))
+register_op(
+    OpDef(
+        "divide",
+        lambda c, x, y, **_: x / y,
+        _div_grad,
+        sample=lambda r: [
+            ([r.standard_normal((5, 6)), r.random((5, 6)) + 0.5], {}),
+            ([r.standard_normal((4, 7)), r.random((7,)) + 0.5], {}),
+        ],
+    )
+)
 register_op(OpDef("maximum", lambda c, x, y, **_: c.xp.maximum(x, y), _minmax_grad, sample=_samples_binary))
 register_op(OpDef("minimum", lambda c, x, y, **_: c.xp.minimum(x, y), _minmax_grad, sample=_samples_binary))
 
@@ -110,14 +120,20 @@ register_op(
         dtype=lambda dt, a: [np.result_type(dt[1], dt[2])],
         save_inputs=(0,),
         differentiable=(1, 2),
-        sample=lambda r: [([r.random((5, 6)) > 0.5, r.standard_normal((5, 6)), r.standard_normal((5, 6))], {}),
-                          ([r.random((4, 7)) > 0.5, r.standard_normal((4, 7)), r.standard_normal((7,))], {})],
+        sample=lambda r: [
+            ([r.random((5, 6)) > 0.5, r.standard_normal((5, 6)), r.standard_normal((5, 6))], {}),
+            ([r.random((4, 7)) > 0.5, r.standard_normal((4, 7)), r.standard_normal((7,))], {}),
+        ],
     )
 )
 
 for _name, _fn in {
-    "greater_than": np.greater, "less_than": np.less, "greater_equal": np.greater_equal,
-    "less_equal": np.less_equal, "equal": np.equal, "not_equal": np.not_equal,
+    "greater_than": np.greater,
+    "less_than": np.less,
+    "greater_equal": np.greater_equal,
+    "less_equal": np.less_equal,
+    "equal": np.equal,
+    "not_equal": np.not_equal,
 }.items():
     register_op(OpDef(_name, lambda c, x, y, _f=_fn, **_: _f(x, y), None, dtype=_bool, sample=_samples_binary))
 
@@ -134,7 +150,9 @@ register_op(OpDef("neg", lambda c, x, **_: -x, _unary_grad(lambda c, g: neg(g)),
 register_op(
     OpDef(
         "scale",
-        lambda c, x, scale=1.0, bias=0.0, **_: x * x.dtype.type(scale) + x.dtype.type(bias) if bias else x * x.dtype.type(scale),
+        lambda c, x, scale=1.0, bias=0.0, **_: (
+            x * x.dtype.type(scale) + x.dtype.type(bias) if bias else x * x.dtype.type(scale)
+        ),
         _unary_grad(lambda c, g: scale(g, c.attrs.get("scale", 1.0))),
         save_inputs=(),
         rule_attrs=(),
@@ -143,43 +161,101 @@ register_op(
 )
 register_op(
     OpDef(
-        "exp", lambda c, x, **_: c.xp.exp(x), _unary_grad(lambda c, g: multiply(g, c.outputs[0])),
-        save_inputs=(), save_outputs=(0,), sample=_samples_unary,
+        "exp",
+        lambda c, x, **_: c.xp.exp(x),
+        _unary_grad(lambda c, g: multiply(g, c.outputs[0])),
+        save_inputs=(),
+        save_outputs=(0,),
+        sample=_samples_unary,
     )
 )
-register_op(OpDef("log", lambda c, x, **_: c.xp.log(x), _unary_grad(lambda c, g: divide(g, c.inputs[0])), sample=_samples_positive))
 register_op(
     OpDef(
-        "tanh", lambda c, x, **_: c.xp.tanh(x), _unary_grad(lambda c, g: apply("tanh_grad", [c.outputs[0], g])),
-        save_inputs=(), save_outputs=(0,), sample=_samples_unary,
+        "log", lambda c, x, **_: c.xp.log(x), _unary_grad(lambda c, g: divide(g, c.inputs[0])), sample=_samples_positive
     )
 )
-register_op(OpDef("tanh_grad", lambda c, y, g, **_: g * (1 - y * y), None, differentiable=(), sample=lambda r: [([r.standard_normal((4, 5)), r.standard_normal((4, 5))], {})]))
 register_op(
     OpDef(
-        "sqrt", lambda c, x, **_: c.xp.sqrt(x), _unary_grad(lambda c, g: apply("sqrt_grad", [c.outputs[0], g])),
-        save_inputs=(), save_outputs=(0,), sample=_samples_positive,
+        "tanh",
+        lambda c, x, **_: c.xp.tanh(x),
+        _unary_grad(lambda c, g: apply("tanh_grad", [c.outputs[0], g])),
+        save_inputs=(),
+        save_outputs=(0,),
+        sample=_samples_unary,
     )
 )
-register_op(OpDef("sqrt_grad", lambda c, y, g, **_: g * (0.5 / y).astype(g.dtype, copy=False), None, sample=lambda r: [([r.random((4, 5)) + 0.5, r.standard_normal((4, 5))], {})]))
 register_op(
     OpDef(
-        "rsqrt", lambda c, x, **_: 1 / c.xp.sqrt(x),
+        "tanh_grad",
+        lambda c, y, g, **_: g * (1 - y * y),
+        None,
+        differentiable=(),
+        sample=lambda r: [([r.standard_normal((4, 5)), r.standard_normal((4, 5))], {})],
+    )
+)
+register_op(
+    OpDef(
+        "sqrt",
+        lambda c, x, **_: c.xp.sqrt(x),
+        _unary_grad(lambda c, g: apply("sqrt_grad", [c.outputs[0], g])),
+        save_inputs=(),
+        save_outputs=(0,),
+        sample=_samples_positive,
+    )
+)
+register_op(
+    OpDef(
+        "sqrt_grad",
+        lambda c, y, g, **_: g * (0.5 / y).astype(g.dtype, copy=False),
+        None,
+        sample=lambda r: [([r.random((4, 5)) + 0.5, r.standard_normal((4, 5))], {})],
+    )
+)
+register_op(
+    OpDef(
+        "rsqrt",
+        lambda c, x, **_: 1 / c.xp.sqrt(x),
         _unary_grad(lambda c, g: multiply(g, scale(pow_(c.outputs[0], 3.0), -0.5))),
-        save_inputs=(), save_outputs=(0,), sample=_samples_positive,
+        save_inputs=(),
+        save_outputs=(0,),
+        sample=_samples_positive,
     )
 )
 register_op(
     OpDef(
-        "sigmoid", lambda c, x, **_: 1 / (1 + c.xp.exp(-x)),
+        "sigmoid",
+        lambda c, x, **_: 1 / (1 + c.xp.exp(-x)),
         _unary_grad(lambda c, g: apply("sigmoid_grad", [c.outputs[0], g])),
-        save_inputs=(), save_outputs=(0,), sample=_samples_unary,
+        save_inputs=(),
+        save_outputs=(0,),
+        sample=_samples_unary,
     )
 )
-register_op(OpDef("sigmoid_grad", lambda c, y, g, **_: g * y * (1 - y), None, sample=lambda r: [([r.random((4, 5)), r.standard_normal((4, 5))], {})]))
-register_op(OpDef("abs", lambda c, x, **_: c.xp.abs(x), _unary_grad(lambda c, g: multiply(g, sign(c.inputs[0]))), sample=_samples_unary))
+register_op(
+    OpDef(
+        "sigmoid_grad",
+        lambda c, y, g, **_: g * y * (1 - y),
+        None,
+        sample=lambda r: [([r.random((4, 5)), r.standard_normal((4, 5))], {})],
+    )
+)
+register_op(
+    OpDef(
+        "abs",
+        lambda c, x, **_: c.xp.abs(x),
+        _unary_grad(lambda c, g: multiply(g, sign(c.inputs[0]))),
+        sample=_samples_unary,
+    )
+)
 register_op(OpDef("sign", lambda c, x, **_: c.xp.sign(x), None, rule="abs", sample=_samples_unary))
-register_op(OpDef("square", lambda c, x, **_: x * x, _unary_grad(lambda c, g: multiply(g, scale(c.inputs[0], 2.0))), sample=_samples_unary))
+register_op(
+    OpDef(
+        "square",
+        lambda c, x, **_: x * x,
+        _unary_grad(lambda c, g: multiply(g, scale(c.inputs[0], 2.0))),
+        sample=_samples_unary,
+    )
+)
 register_op(
     OpDef(
         "pow",
@@ -209,7 +285,9 @@ register_op(
         sample=lambda r: [([r.standard_normal((5, 6))], {"dtype": np.float32})],
     )
 )
-register_op(OpDef("assign", lambda c, x, **_: x.copy(), _unary_grad(lambda c, g: g), save_inputs=(), sample=_samples_unary))
+register_op(
+    OpDef("assign", lambda c, x, **_: x.copy(), _unary_grad(lambda c, g: g), save_inputs=(), sample=_samples_unary)
+)
 register_op(OpDef("isfinite", lambda c, x, **_: c.xp.isfinite(x), None, dtype=_bool, sample=_samples_unary))
 
 
@@ -306,9 +384,17 @@ def _red_samples(rng: np.random.Generator) -> list[tuple[list[Any], dict[str, An
 
 _RED_ATTRS = ("axis", "keepdim")
 register_op(OpDef("sum", _sum_kernel, _sum_grad, save_inputs=(), rule_attrs=_RED_ATTRS, sample=_red_samples))
-register_op(OpDef("mean", _mean_kernel, _mean_grad, save_inputs=(), rule_attrs=_RED_ATTRS, dtype=_float_like, sample=_red_samples))
-register_op(OpDef("max", _extreme_kernel("max"), _extreme_grad, save_outputs=(0,), rule_attrs=_RED_ATTRS, sample=_red_samples))
-register_op(OpDef("min", _extreme_kernel("min"), _extreme_grad, save_outputs=(0,), rule_attrs=_RED_ATTRS, sample=_red_samples))
+register_op(
+    OpDef(
+        "mean", _mean_kernel, _mean_grad, save_inputs=(), rule_attrs=_RED_ATTRS, dtype=_float_like, sample=_red_samples
+    )
+)
+register_op(
+    OpDef("max", _extreme_kernel("max"), _extreme_grad, save_outputs=(0,), rule_attrs=_RED_ATTRS, sample=_red_samples)
+)
+register_op(
+    OpDef("min", _extreme_kernel("min"), _extreme_grad, save_outputs=(0,), rule_attrs=_RED_ATTRS, sample=_red_samples)
+)
 
 
 # ----------------------------------------------------------------------------- eager API

@@ -21,8 +21,25 @@ def _relu_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     return [apply("relu_grad", [ctx.outputs[0], g[0]])]
 
 
-register_op(OpDef("relu", lambda c, x, **_: c.xp.maximum(x, x.dtype.type(0)), _relu_grad, save_inputs=(), save_outputs=(0,), sample=lambda r: [([r.standard_normal((5, 6))], {})]))
-register_op(OpDef("relu_grad", lambda c, y, g, **_: g * (y > 0), None, dtype=lambda dt, a: [dt[1]], sample=lambda r: [([r.standard_normal((5, 6)), r.standard_normal((5, 6))], {})]))
+register_op(
+    OpDef(
+        "relu",
+        lambda c, x, **_: c.xp.maximum(x, x.dtype.type(0)),
+        _relu_grad,
+        save_inputs=(),
+        save_outputs=(0,),
+        sample=lambda r: [([r.standard_normal((5, 6))], {})],
+    )
+)
+register_op(
+    OpDef(
+        "relu_grad",
+        lambda c, y, g, **_: g * (y > 0),
+        None,
+        dtype=lambda dt, a: [dt[1]],
+        sample=lambda r: [([r.standard_normal((5, 6)), r.standard_normal((5, 6))], {})],
+    )
+)
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -57,11 +74,25 @@ def _gelu_grad_kernel(c: KernelContext, x: Array, g: Array, approximate: bool = 
 
 register_op(
     OpDef(
-        "gelu", _gelu, lambda c, g: [apply("gelu_grad", [c.inputs[0], g[0]], {"approximate": c.attrs.get("approximate", False)})],
-        rule_attrs=(), sample=lambda r: [([r.standard_normal((5, 6))], {"approximate": True}), ([r.standard_normal((4,))], {"approximate": False})],
+        "gelu",
+        _gelu,
+        lambda c, g: [apply("gelu_grad", [c.inputs[0], g[0]], {"approximate": c.attrs.get("approximate", False)})],
+        rule_attrs=(),
+        sample=lambda r: [
+            ([r.standard_normal((5, 6))], {"approximate": True}),
+            ([r.standard_normal((4,))], {"approximate": False}),
+        ],
     )
 )
-register_op(OpDef("gelu_grad", _gelu_grad_kernel, None, rule_attrs=(), sample=lambda r: [([r.standard_normal((5, 6)), r.standard_normal((5, 6))], {"approximate": True})]))
+register_op(
+    OpDef(
+        "gelu_grad",
+        _gelu_grad_kernel,
+        None,
+        rule_attrs=(),
+        sample=lambda r: [([r.standard_normal((5, 6)), r.standard_normal((5, 6))], {"approximate": True})],
+    )
+)
 
 
 # ----------------------------------------------------------------------------- softmax
@@ -89,9 +120,27 @@ def _log_softmax_grad_kernel(c: KernelContext, out: Array, g: Array, axis: int =
 
 _soft_samples = lambda r: [([r.standard_normal((4, 7))], {"axis": -1}), ([r.standard_normal((3, 5, 4))], {"axis": 1})]  # noqa: E731
 _soft_grad_samples = lambda r: [([r.random((4, 7)), r.standard_normal((4, 7))], {"axis": -1})]  # noqa: E731
-register_op(OpDef("softmax", _softmax, lambda c, g: [apply("softmax_grad", [c.outputs[0], g[0]], {"axis": c.attrs.get("axis", -1)})], save_inputs=(), save_outputs=(0,), sample=_soft_samples))
+register_op(
+    OpDef(
+        "softmax",
+        _softmax,
+        lambda c, g: [apply("softmax_grad", [c.outputs[0], g[0]], {"axis": c.attrs.get("axis", -1)})],
+        save_inputs=(),
+        save_outputs=(0,),
+        sample=_soft_samples,
+    )
+)
 register_op(OpDef("softmax_grad", _softmax_grad_kernel, None, sample=_soft_grad_samples))
-register_op(OpDef("log_softmax", _log_softmax, lambda c, g: [apply("log_softmax_grad", [c.outputs[0], g[0]], {"axis": c.attrs.get("axis", -1)})], save_inputs=(), save_outputs=(0,), sample=_soft_samples))
+register_op(
+    OpDef(
+        "log_softmax",
+        _log_softmax,
+        lambda c, g: [apply("log_softmax_grad", [c.outputs[0], g[0]], {"axis": c.attrs.get("axis", -1)})],
+        save_inputs=(),
+        save_outputs=(0,),
+        sample=_soft_samples,
+    )
+)
 register_op(OpDef("log_softmax_grad", _log_softmax_grad_kernel, None, rule="softmax_grad", sample=_soft_grad_samples))
 
 
@@ -101,7 +150,9 @@ def _norm_axes(x: Array, begin_norm_axis: int) -> tuple[int, ...]:
     return tuple(range(b, x.ndim))
 
 
-def _layer_norm(c: KernelContext, x: Array, w: Array, b: Array, begin_norm_axis: int = -1, epsilon: float = 1e-5, **_: Any) -> tuple[Array, Array, Array]:
+def _layer_norm(
+    c: KernelContext, x: Array, w: Array, b: Array, begin_norm_axis: int = -1, epsilon: float = 1e-5, **_: Any
+) -> tuple[Array, Array, Array]:
     axes = _norm_axes(x, begin_norm_axis)
     t = x.dtype.type
     mean = np.mean(x, axis=axes, keepdims=True)
@@ -133,24 +184,54 @@ def _layer_norm_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     x, w, _b = ctx.inputs
     _, mean, rstd = ctx.outputs
     dy = g[0]
-    dx, dw, db = apply("layer_norm_grad", [x, w, mean, rstd, dy], {"begin_norm_axis": ctx.attrs.get("begin_norm_axis", -1)})
+    dx, dw, db = apply(
+        "layer_norm_grad", [x, w, mean, rstd, dy], {"begin_norm_axis": ctx.attrs.get("begin_norm_axis", -1)}
+    )
     return [dx, dw, db]
 
 
 register_op(
     OpDef(
-        "layer_norm", _layer_norm, _layer_norm_grad, num_outputs=3, save_inputs=(0, 1), save_outputs=(1, 2),
+        "layer_norm",
+        _layer_norm,
+        _layer_norm_grad,
+        num_outputs=3,
+        save_inputs=(0, 1),
+        save_outputs=(1, 2),
         nondiff_outputs=(1, 2),
         rule_attrs=("begin_norm_axis",),
-        sample=lambda r: [([r.standard_normal((4, 6)), r.standard_normal((6,)), r.standard_normal((6,))], {"begin_norm_axis": 1, "epsilon": 1e-5}),
-                          ([r.standard_normal((2, 3, 5)), r.standard_normal((5,)), r.standard_normal((5,))], {"begin_norm_axis": 2, "epsilon": 1e-5})],
+        sample=lambda r: [
+            (
+                [r.standard_normal((4, 6)), r.standard_normal((6,)), r.standard_normal((6,))],
+                {"begin_norm_axis": 1, "epsilon": 1e-5},
+            ),
+            (
+                [r.standard_normal((2, 3, 5)), r.standard_normal((5,)), r.standard_normal((5,))],
+                {"begin_norm_axis": 2, "epsilon": 1e-5},
+            ),
+        ],
     )
 )
 register_op(
     OpDef(
-        "layer_norm_grad", _layer_norm_grad_kernel, None, num_outputs=3, rule_attrs=("begin_norm_axis",),
+        "layer_norm_grad",
+        _layer_norm_grad_kernel,
+        None,
+        num_outputs=3,
+        rule_attrs=("begin_norm_axis",),
         dtype=lambda dt, a: [dt[4], dt[1], dt[1]],
-        sample=lambda r: [([r.standard_normal((4, 6)), r.standard_normal((6,)), r.standard_normal((4,)), r.random((4,)) + 0.5, r.standard_normal((4, 6))], {"begin_norm_axis": 1})],
+        sample=lambda r: [
+            (
+                [
+                    r.standard_normal((4, 6)),
+                    r.standard_normal((6,)),
+                    r.standard_normal((4,)),
+                    r.random((4,)) + 0.5,
+                    r.standard_normal((4, 6)),
+                ],
+                {"begin_norm_axis": 1},
+            )
+        ],
     )
 )
 
@@ -169,7 +250,9 @@ def _embedding(c: KernelContext, ids: Array, table: Array, padding_idx: int | No
     return out
 
 
-def _embedding_grad_kernel(c: KernelContext, ids: Array, dout: Array, num_embeddings: int = 0, padding_idx: int | None = None, **_: Any) -> Array:
+def _embedding_grad_kernel(
+    c: KernelContext, ids: Array, dout: Array, num_embeddings: int = 0, padding_idx: int | None = None, **_: Any
+) -> Array:
     (v0, v1), (h0, h1) = c.out_boxes[0]
     xp = c.xp  # the shards' module: CuPy's scatter-add needs a device output and device indices
     out = xp.zeros((v1 - v0, h1 - h0), dtype=dout.dtype)
@@ -185,26 +268,43 @@ def _embedding_grad_kernel(c: KernelContext, ids: Array, dout: Array, num_embedd
 def _embedding_backward(ctx: GradContext, g: list[Any]) -> list[Any]:
     ids = ctx.inputs[0]
     n = ctx.input_shapes[1][0]
-    return [None, apply("embedding_grad", [ids, g[0]], {"num_embeddings": int(n), "padding_idx": ctx.attrs.get("padding_idx")})]
+    return [
+        None,
+        apply("embedding_grad", [ids, g[0]], {"num_embeddings": int(n), "padding_idx": ctx.attrs.get("padding_idx")}),
+    ]
 
 
 register_op(
     OpDef(
-        "embedding", _embedding, _embedding_backward, save_inputs=(0,), differentiable=(1,), rule_attrs=(),
+        "embedding",
+        _embedding,
+        _embedding_backward,
+        save_inputs=(0,),
+        differentiable=(1,),
+        rule_attrs=(),
         dtype=lambda dt, a: [dt[1]],
-        sample=lambda r: [([r.integers(0, 9, (4, 5)), r.standard_normal((9, 6))], {}), ([r.integers(0, 7, (6,)), r.standard_normal((7, 4))], {"padding_idx": 2})],
+        sample=lambda r: [
+            ([r.integers(0, 9, (4, 5)), r.standard_normal((9, 6))], {}),
+            ([r.integers(0, 7, (6,)), r.standard_normal((7, 4))], {"padding_idx": 2}),
+        ],
     )
 )
 register_op(
     OpDef(
-        "embedding_grad", _embedding_grad_kernel, None, rule_attrs=("num_embeddings",), dtype=lambda dt, a: [dt[1]],
+        "embedding_grad",
+        _embedding_grad_kernel,
+        None,
+        rule_attrs=("num_embeddings",),
+        dtype=lambda dt, a: [dt[1]],
         sample=lambda r: [([r.integers(0, 9, (4, 5)), r.standard_normal((4, 5, 6))], {"num_embeddings": 9})],
     )
 )
 
 
 # ----------------------------------------------------------------------------- cross entropy
-def _ce(c: KernelContext, logits: Array, label: Array, axis: int = -1, ignore_index: int = -100, **_: Any) -> tuple[Array, Array]:
+def _ce(
+    c: KernelContext, logits: Array, label: Array, axis: int = -1, ignore_index: int = -100, **_: Any
+) -> tuple[Array, Array]:
     a = norm_axis(axis, logits.ndim, "cross_entropy")
     shifted = logits - extreme(logits, "max", a, True, -np.inf)
     sumexp = np.sum(np.exp(shifted), axis=a, keepdims=True)
@@ -216,7 +316,9 @@ def _ce(c: KernelContext, logits: Array, label: Array, axis: int = -1, ignore_in
     return softmax, loss
 
 
-def _ce_grad_kernel(c: KernelContext, label: Array, softmax: Array, dloss: Array, axis: int = -1, ignore_index: int = -100, **_: Any) -> Array:
+def _ce_grad_kernel(
+    c: KernelContext, label: Array, softmax: Array, dloss: Array, axis: int = -1, ignore_index: int = -100, **_: Any
+) -> Array:
     a = norm_axis(axis, softmax.ndim, "cross_entropy_grad")
     safe = np.where(label == ignore_index, 0, label).astype(np.int64)
     grad = softmax.copy()
@@ -249,13 +351,25 @@ def _ce_samples(rng: np.random.Generator) -> list[tuple[list[Any], dict[str, Any
 
 register_op(
     OpDef(
-        "cross_entropy_with_softmax", _ce, _ce_backward, num_outputs=2, save_inputs=(1,), save_outputs=(0,),
-        differentiable=(0,), rule_attrs=("axis",), dtype=lambda dt, a: [dt[0], dt[0]], sample=_ce_samples,
+        "cross_entropy_with_softmax",
+        _ce,
+        _ce_backward,
+        num_outputs=2,
+        save_inputs=(1,),
+        save_outputs=(0,),
+        differentiable=(0,),
+        rule_attrs=("axis",),
+        dtype=lambda dt, a: [dt[0], dt[0]],
+        sample=_ce_samples,
     )
 )
 register_op(
     OpDef(
-        "cross_entropy_with_softmax_grad", _ce_grad_kernel, None, rule_attrs=("axis",), dtype=lambda dt, a: [dt[1]],
+        "cross_entropy_with_softmax_grad",
+        _ce_grad_kernel,
+        None,
+        rule_attrs=("axis",),
+        dtype=lambda dt, a: [dt[1]],
         sample=lambda r: [([r.integers(0, 5, (6, 1)), r.random((6, 5)), r.standard_normal((6, 1))], {"axis": -1})],
     )
 )
@@ -277,16 +391,29 @@ def _dropout_grad_kernel(c: KernelContext, keep: Array, g: Array, p: float = 0.5
 
 register_op(
     OpDef(
-        "dropout", _dropout, lambda c, g: [apply("dropout_grad", [c.outputs[1], g[0]], {"p": c.attrs.get("p", 0.5)})],
-        num_outputs=2, save_inputs=(), save_outputs=(1,), nondiff_outputs=(1,), rule_attrs=(),
+        "dropout",
+        _dropout,
+        lambda c, g: [apply("dropout_grad", [c.outputs[1], g[0]], {"p": c.attrs.get("p", 0.5)})],
+        num_outputs=2,
+        save_inputs=(),
+        save_outputs=(1,),
+        nondiff_outputs=(1,),
+        rule_attrs=(),
         dtype=lambda dt, a: [dt[0], np.bool_],
         volatile_attrs=("key",),  # a new random key every call
-        sample=lambda r: [([r.standard_normal((6, 8))], {"p": 0.3, "key": 12345}), ([r.standard_normal((3, 4, 5))], {"p": 0.5, "key": 7})],
+        sample=lambda r: [
+            ([r.standard_normal((6, 8))], {"p": 0.3, "key": 12345}),
+            ([r.standard_normal((3, 4, 5))], {"p": 0.5, "key": 7}),
+        ],
     )
 )
 register_op(
     OpDef(
-        "dropout_grad", _dropout_grad_kernel, None, rule_attrs=(), dtype=lambda dt, a: [dt[1]],
+        "dropout_grad",
+        _dropout_grad_kernel,
+        None,
+        rule_attrs=(),
+        dtype=lambda dt, a: [dt[1]],
         sample=lambda r: [([r.random((6, 8)) > 0.3, r.standard_normal((6, 8))], {"p": 0.3})],
     )
 )
@@ -305,7 +432,14 @@ def _accuracy(c: KernelContext, pred: Array, label: Array, k: int = 1, **_: Any)
 
 register_op(
     OpDef(
-        "accuracy", _accuracy, None, rule_attrs=(), dtype=lambda dt, a: [np.float64],
-        sample=lambda r: [([r.standard_normal((8, 6)), r.integers(0, 6, (8, 1))], {"k": 1}), ([r.standard_normal((8, 6)), r.integers(0, 6, (8, 1))], {"k": 5})],
+        "accuracy",
+        _accuracy,
+        None,
+        rule_attrs=(),
+        dtype=lambda dt, a: [np.float64],
+        sample=lambda r: [
+            ([r.standard_normal((8, 6)), r.integers(0, 6, (8, 1))], {"k": 1}),
+            ([r.standard_normal((8, 6)), r.integers(0, 6, (8, 1))], {"k": 5}),
+        ],
     )
 )

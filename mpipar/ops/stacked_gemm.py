@@ -123,7 +123,13 @@ def stacked_matmul(xs: Sequence[Array], y: Array, trans_y: bool) -> list[np.ndar
     k, n = (y.shape[1], y.shape[0]) if trans_y else y.shape
     first = xs[0]
     for x in xs:
-        if type(x) is not np.ndarray or x.ndim != 2 or x.dtype != first.dtype or x.dtype not in _FLOATS or x.shape[1] != k:
+        if (
+            type(x) is not np.ndarray
+            or x.ndim != 2
+            or x.dtype != first.dtype
+            or x.dtype not in _FLOATS
+            or x.shape[1] != k
+        ):
             return None
         if x.shape[0] and not _gemm_shaped(x.shape[0], n):
             return None
@@ -206,7 +212,9 @@ def _tiled_sum_equals_reduction(lhs: Sequence[np.ndarray], rhs: Sequence[np.ndar
     return True
 
 
-def product_sum(pairs: Sequence[tuple[Array, Array]], trans_x: bool, trans_y: bool, dtype: np.dtype) -> np.ndarray | None:
+def product_sum(
+    pairs: Sequence[tuple[Array, Array]], trans_x: bool, trans_y: bool, dtype: np.dtype
+) -> np.ndarray | None:
     """The rank-ordered sum of the ranks' matmuls ``x @ y`` (each transposed as the flags say)
     without writing any of them, bit for bit what summing the written products gives; None
     when that is not checked to hold or the operands do not fit (not 2-d float NumPy arrays,
@@ -224,13 +232,21 @@ def product_sum(pairs: Sequence[tuple[Array, Array]], trans_x: bool, trans_y: bo
     if not _gemm_shaped(m, n):
         return None
     for a, b in zip(lhs, rhs, strict=True):
-        if a.dtype not in _FLOATS or np.result_type(a, b) != dtype or a.shape[0] != m or b.shape[1] != n or a.shape[1] != b.shape[0]:
+        if (
+            a.dtype not in _FLOATS
+            or np.result_type(a, b) != dtype
+            or a.shape[0] != m
+            or b.shape[1] != n
+            or a.shape[1] != b.shape[0]
+        ):
             return None
         if any(s < 0 for s in (*a.strides, *b.strides)):
             return None
     if _overlapping(list(zip(lhs, rhs, strict=True))):
         return None
-    shapes = tuple((a.shape, a.strides, a.dtype.str, b.shape, b.strides, b.dtype.str) for a, b in zip(lhs, rhs, strict=True))
+    shapes = tuple(
+        (a.shape, a.strides, a.dtype.str, b.shape, b.strides, b.dtype.str) for a, b in zip(lhs, rhs, strict=True)
+    )
     signature = (shapes, dtype.str, _TILE_BYTES)
     same = _SUMS_VERIFIED.get(signature)
     if same is None:

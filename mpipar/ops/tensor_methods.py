@@ -44,7 +44,9 @@ def _install() -> None:
     T.mean = lambda self, axis=None, keepdim=False: M.mean(self, axis, keepdim)  # type: ignore[attr-defined]
     T.max = lambda self, axis=None, keepdim=False: M.max_(self, axis, keepdim)  # type: ignore[attr-defined]
     T.min = lambda self, axis=None, keepdim=False: M.min_(self, axis, keepdim)  # type: ignore[attr-defined]
-    T.reshape = lambda self, *shape: manipulation.reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)  # type: ignore[attr-defined]
+    T.reshape = lambda self, *shape: manipulation.reshape(
+        self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
+    )  # type: ignore[attr-defined]
     T.transpose = lambda self, perm: manipulation.transpose(self, perm)  # type: ignore[attr-defined]
     T.unsqueeze = lambda self, axis: manipulation.unsqueeze(self, axis)  # type: ignore[attr-defined]
     T.squeeze = lambda self, axis=None: manipulation.squeeze(self, axis)  # type: ignore[attr-defined]

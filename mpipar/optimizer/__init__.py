@@ -5,4 +5,15 @@ from mpipar.optimizer.offload import OffloadConfig, offload_optimizer
 from mpipar.optimizer.optimizer import ClipGradByGlobalNorm, L2Decay, Optimizer
 from mpipar.optimizer.sgd_momentum_adam import SGD, Adam, AdamW, Momentum
 
-__all__ = ["SGD", "Adam", "AdamW", "ClipGradByGlobalNorm", "L2Decay", "Momentum", "OffloadConfig", "Optimizer", "lr", "offload_optimizer"]
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "ClipGradByGlobalNorm",
+    "L2Decay",
+    "Momentum",
+    "OffloadConfig",
+    "Optimizer",
+    "lr",
+    "offload_optimizer",
+]

@@ -47,7 +47,9 @@ class StepDecay(LRScheduler):
 
 
 class MultiStepDecay(LRScheduler):
-    def __init__(self, learning_rate: float, milestones: Sequence[int], gamma: float = 0.1, last_epoch: int = -1) -> None:
+    def __init__(
+        self, learning_rate: float, milestones: Sequence[int], gamma: float = 0.1, last_epoch: int = -1
+    ) -> None:
         self.milestones, self.gamma = sorted(milestones), gamma
         super().__init__(learning_rate, last_epoch)
 
@@ -69,7 +71,14 @@ class LinearWarmup(LRScheduler):
     """Linear warm-up from ``start_lr`` to ``end_lr`` over ``warmup_steps``, then ``learning_rate``
     (a float or another scheduler, stepped from then on)."""
 
-    def __init__(self, learning_rate: float | LRScheduler, warmup_steps: int, start_lr: float, end_lr: float, last_epoch: int = -1) -> None:
+    def __init__(
+        self,
+        learning_rate: float | LRScheduler,
+        warmup_steps: int,
+        start_lr: float,
+        end_lr: float,
+        last_epoch: int = -1,
+    ) -> None:
         self.after = learning_rate
         self.warmup_steps, self.start_lr, self.end_lr = warmup_steps, start_lr, end_lr
         super().__init__(end_lr, last_epoch)

@@ -66,8 +66,14 @@ def _convert(t: Tensor, convert: Callable[[Any], Any]) -> Tensor:
     return Tensor._from_shards(t.spec, shards, t.dtype)
 
 
-def move_states(state: dict[str, Any], names: Iterable[str], config: OffloadConfig, direction: str,
-                ranks: Iterable[int], xp: Any = None) -> None:
+def move_states(
+    state: dict[str, Any],
+    names: Iterable[str],
+    config: OffloadConfig,
+    direction: str,
+    ranks: Iterable[int],
+    xp: Any = None,
+) -> None:
     """Move the offloaded ``names`` of one parameter's ``state`` in ``direction`` (``to_device``/``to_host``).
 
     ``xp`` is the device's array module (the backend's by default). With NumPy there is one
@@ -91,7 +97,9 @@ def move_states(state: dict[str, Any], names: Iterable[str], config: OffloadConf
 def offload_optimizer(optimizer: Any, master_weight: bool = False) -> Any:
     """Keep ``optimizer``'s states (and with ``master_weight=True`` its float32 master copies) on the host."""
     if not hasattr(optimizer, "_states") or not hasattr(optimizer, "state_names"):
-        raise TypeError(f"offload_optimizer: {type(optimizer).__name__} is not an mpipar optimizer (e.g. dist.optimizer.AdamW)")
+        raise TypeError(
+            f"offload_optimizer: {type(optimizer).__name__} is not an mpipar optimizer (e.g. dist.optimizer.AdamW)"
+        )
     if not isinstance(master_weight, bool):
         raise TypeError(f"offload_optimizer: master_weight must be True or False, got {master_weight!r}")
     optimizer.offload = OffloadConfig(master_weight=master_weight)

@@ -129,7 +129,9 @@ class Optimizer:
 
     clear_gradients = clear_grad
 
-    def minimize(self, loss: Tensor, startup_program: Any = None, parameters: Any = None, no_grad_set: Any = None) -> None:
+    def minimize(
+        self, loss: Tensor, startup_program: Any = None, parameters: Any = None, no_grad_set: Any = None
+    ) -> None:
         loss.backward()
         self.step()
 
@@ -202,7 +204,9 @@ class Optimizer:
                         memo[key] = tr.update(self, p, lr, src, gv, state, r, cdt)
                     else:
                         grad = gv._shards[r].astype(cdt, copy=False)
-                        memo[key] = self._update(src._shards[r], grad, {n: state[n]._shards[r] for n in self.state_names}, lr, state)
+                        memo[key] = self._update(
+                            src._shards[r], grad, {n: state[n]._shards[r] for n in self.state_names}, lr, state
+                        )
                 shards[r] = memo[key][0]
                 for n in self.state_names:
                     new_state_shards[n][r] = memo[key][1][n]
@@ -257,7 +261,9 @@ class Optimizer:
     """Whether ``_update`` writes the new parameter into ``p`` when ``p`` is writable (see
     ``_unfreeze_if_alone``), instead of returning a new array."""
 
-    def _update(self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
+    def _update(
+        self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]
+    ) -> tuple[Array, dict[str, Array]]:
         """One elementwise update on local arrays; returns the new parameter and states.
 
         ``p`` is read-only, except when nothing but the parameter holds it (``updates_in_place``
@@ -278,7 +284,11 @@ class Optimizer:
 
     def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.state_tensors())
-        out["steps"] = {p.name or f"param_{i}": self._states[id(p)]["step"] for i, p in enumerate(self._parameter_list) if id(p) in self._states}
+        out["steps"] = {
+            p.name or f"param_{i}": self._states[id(p)]["step"]
+            for i, p in enumerate(self._parameter_list)
+            if id(p) in self._states
+        }
         if isinstance(self._learning_rate, LRScheduler):
             out["LR_Scheduler"] = self._learning_rate.state_dict()
         return out
@@ -327,7 +337,8 @@ def _state_in_layout(state: dict[str, Any], key: str, p: Tensor, layout: DistSpe
     if tuple(value.shape) != tuple(p.shape) or value.dtype != want:
         raise ValueError(
             f"set_state_dict: {key!r} is {value.dtype}{list(value.shape)}, but its parameter {p._label()} is "
-            f"{p.dtype}{list(p.shape)}" + (f" (its states are kept as {want})" if want != p.dtype else "")
+            f"{p.dtype}{list(p.shape)}"
+            + (f" (its states are kept as {want})" if want != p.dtype else "")
             + "; restore states saved for this model (cast them first if the dtype changed)"
         )
     if layout is None:
@@ -370,7 +381,9 @@ def _cast(t: Tensor, dtype: np.dtype) -> Tensor:
     if mode is Mode.DENSE:
         return Tensor._from_reference(t.spec, np.asarray(t._value).astype(dtype))
     cast: dict[int, Array] = {}  # replicas share one copy
-    return Tensor._from_shards(t.spec, {r: cast.setdefault(id(a), a.astype(dtype)) for r, a in t._shards.items()}, dtype)
+    return Tensor._from_shards(
+        t.spec, {r: cast.setdefault(id(a), a.astype(dtype)) for r, a in t._shards.items()}, dtype
+    )
 
 
 def _shard_refs(t: Tensor) -> tuple[int, int, Array]:

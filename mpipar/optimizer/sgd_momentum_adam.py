@@ -28,7 +28,9 @@ def _l2(weight_decay: float | L2Decay | None) -> float:
 class SGD(Optimizer):
     updates_in_place = True
 
-    def _update(self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
+    def _update(
+        self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]
+    ) -> tuple[Array, dict[str, Array]]:
         t = p.dtype.type
         coeff = _l2(self.regularization)
         if coeff:
@@ -45,14 +47,23 @@ class Momentum(Optimizer):
     state_names = ("velocity",)
 
     def __init__(
-        self, learning_rate: float | LRScheduler = 0.001, momentum: float = 0.9, parameters: Iterable[Tensor] | None = None,
-        use_nesterov: bool = False, weight_decay: float | L2Decay | None = None, grad_clip: Any = None,
-        multi_precision: bool = False, rescale_grad: float = 1.0, name: str | None = None,
+        self,
+        learning_rate: float | LRScheduler = 0.001,
+        momentum: float = 0.9,
+        parameters: Iterable[Tensor] | None = None,
+        use_nesterov: bool = False,
+        weight_decay: float | L2Decay | None = None,
+        grad_clip: Any = None,
+        multi_precision: bool = False,
+        rescale_grad: float = 1.0,
+        name: str | None = None,
     ) -> None:
         super().__init__(learning_rate, parameters, weight_decay, grad_clip, name, multi_precision=multi_precision)
         self.momentum, self.use_nesterov, self.rescale_grad = momentum, use_nesterov, rescale_grad
 
-    def _update(self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
+    def _update(
+        self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]
+    ) -> tuple[Array, dict[str, Array]]:
         t = p.dtype.type
         if self.rescale_grad != 1.0:
             g = g * t(self.rescale_grad)
@@ -70,9 +81,17 @@ class Adam(Optimizer):
     state_names = ("moment1", "moment2")
 
     def __init__(
-        self, learning_rate: float | LRScheduler = 0.001, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8,
-        parameters: Iterable[Tensor] | None = None, weight_decay: float | L2Decay | None = None, grad_clip: Any = None,
-        lazy_mode: bool = False, multi_precision: bool = False, name: str | None = None,
+        self,
+        learning_rate: float | LRScheduler = 0.001,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        epsilon: float = 1e-8,
+        parameters: Iterable[Tensor] | None = None,
+        weight_decay: float | L2Decay | None = None,
+        grad_clip: Any = None,
+        lazy_mode: bool = False,
+        multi_precision: bool = False,
+        name: str | None = None,
     ) -> None:
         super().__init__(learning_rate, parameters, weight_decay, grad_clip, name, multi_precision=multi_precision)
         self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
@@ -80,7 +99,9 @@ class Adam(Optimizer):
     def _decoupled(self, p: Array, lr: float, meta: dict[str, Any]) -> Array:
         return p
 
-    def _update(self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]) -> tuple[Array, dict[str, Array]]:
+    def _update(
+        self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]
+    ) -> tuple[Array, dict[str, Array]]:
         t = p.dtype.type
         coeff = 0.0 if isinstance(self, AdamW) else _l2(self.regularization)
         if coeff:
@@ -91,7 +112,7 @@ class Adam(Optimizer):
         v = t(self.beta2) * states["moment2"] + t(1 - self.beta2) * g * g
         b1p, b2p = self.beta1**step, self.beta2**step
         lr_t = lr * math.sqrt(1 - b2p) / (1 - b1p)
-        new_p = p - t(lr_t) * m / (v**t(0.5) + t(self.epsilon * math.sqrt(1 - b2p)))
+        new_p = p - t(lr_t) * m / (v ** t(0.5) + t(self.epsilon * math.sqrt(1 - b2p)))
         return new_p, {"moment1": m, "moment2": v}
 
 
@@ -99,12 +120,23 @@ class AdamW(Adam):
     """Adam with decoupled weight decay ``p *= 1 - lr * coeff`` (Paddle's AdamW)."""
 
     def __init__(
-        self, learning_rate: float | LRScheduler = 0.001, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8,
-        parameters: Iterable[Tensor] | None = None, weight_decay: float = 0.01, lr_ratio: Callable[[Tensor], float] | None = None,
-        apply_decay_param_fun: Callable[[str], bool] | None = None, grad_clip: Any = None, lazy_mode: bool = False,
-        multi_precision: bool = False, name: str | None = None,
+        self,
+        learning_rate: float | LRScheduler = 0.001,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        epsilon: float = 1e-8,
+        parameters: Iterable[Tensor] | None = None,
+        weight_decay: float = 0.01,
+        lr_ratio: Callable[[Tensor], float] | None = None,
+        apply_decay_param_fun: Callable[[str], bool] | None = None,
+        grad_clip: Any = None,
+        lazy_mode: bool = False,
+        multi_precision: bool = False,
+        name: str | None = None,
     ) -> None:
-        super().__init__(learning_rate, beta1, beta2, epsilon, parameters, None, grad_clip, lazy_mode, multi_precision, name)
+        super().__init__(
+            learning_rate, beta1, beta2, epsilon, parameters, None, grad_clip, lazy_mode, multi_precision, name
+        )
         self.coeff = float(weight_decay.coeff if isinstance(weight_decay, L2Decay) else weight_decay)
         self.apply_decay_param_fun = apply_decay_param_fun
         self._decay_this = True

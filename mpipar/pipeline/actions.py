@@ -100,7 +100,9 @@ class Action:
                 raise ValueError(f"pipeline action {self.kind} needs a non-negative int {name}, got {value!r}")
         if self.peer is not None:
             if self.kind in COMPUTE_KINDS:
-                raise ValueError(f"compute action {self.stage}{self.kind}{self.microbatch} has no peer, got {self.peer!r}")
+                raise ValueError(
+                    f"compute action {self.stage}{self.kind}{self.microbatch} has no peer, got {self.peer!r}"
+                )
             if isinstance(self.peer, bool) or not isinstance(self.peer, int) or self.peer < 0:
                 raise ValueError(f"action {self} needs a non-negative int peer rank, got {self.peer!r}")
 

@@ -112,7 +112,11 @@ class StageRun:
         if self.target < 0:  # the probe: a planned reshard, on the tape (the plan's backward crosses it)
             shadow = src if src.is_abstract else Tensor.abstract(src.shape, src.dtype, src.spec)
             if shadow is not src:
-                shadow.stop_gradient, shadow._grad_fn, shadow._out_index = src.stop_gradient, src._grad_fn, src._out_index
+                shadow.stop_gradient, shadow._grad_fn, shadow._out_index = (
+                    src.stop_gradient,
+                    src._grad_fn,
+                    src._out_index,
+                )
             return _reshard(shadow, dst, current_backend())
         out = Tensor.abstract(src.shape, src.dtype, dst)
         out.stop_gradient = src.stop_gradient
@@ -308,7 +312,11 @@ def split_microbatches(t: Tensor, m: int, what: str = "batch") -> list[Tensor]:
         rows = np.concatenate([np.arange(s + i * piece, s + (i + 1) * piece) for s, _e in chunks])
         shape = (n // m, *t.shape[1:])
         if t.is_abstract:
-            out.append(Tensor.abstract(shape, t.dtype, DistSpec(shape, spec.mesh, list(spec.placements)) if spec is not None else None))
+            out.append(
+                Tensor.abstract(
+                    shape, t.dtype, DistSpec(shape, spec.mesh, list(spec.placements)) if spec is not None else None
+                )
+            )
             continue
         if spec is None or t._value is not None:  # dense, or one big device (--reference)
             value = t._value[rows]

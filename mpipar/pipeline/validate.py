@@ -97,20 +97,26 @@ def _check_ranges(
     if action.stage >= num_stages:
         raise ScheduleError(
             f"{where}: stage {action.stage} is out of range, the schedule has stages 0..{num_stages - 1}",
-            rank=rank, index=index, action=action,
+            rank=rank,
+            index=index,
+            action=action,
         )
     if action.microbatch >= num_microbatches:
         raise ScheduleError(
             f"{where}: micro-batch {action.microbatch} is out of range, the schedule has micro-batches "
             f"0..{num_microbatches - 1}",
-            rank=rank, index=index, action=action,
+            rank=rank,
+            index=index,
+            action=action,
         )
     owner = stage_rank(action.stage, num_ranks)
     if owner != rank:
         raise ScheduleError(
             f"{where}: stage {action.stage} runs on rank {action.stage} mod {num_ranks} = {owner}, not rank {rank}; "
             f"move the action to rank {owner}'s list",
-            rank=rank, index=index, action=action,
+            rank=rank,
+            index=index,
+            action=action,
         )
     if action.is_comm:
         other = action.stage + 1 if action.kind in ("SEND_F", "RECV_B") else action.stage - 1
@@ -119,13 +125,17 @@ def _check_ranges(
             raise ScheduleError(
                 f"{where}: stage {action.stage} is the {side} stage, it has no stage {other} to "
                 f"{'send to' if action.is_send else 'receive from'}; remove the action",
-                rank=rank, index=index, action=action,
+                rank=rank,
+                index=index,
+                action=action,
             )
         if stage_rank(other, num_ranks) == rank:
             raise ScheduleError(
                 f"{where}: stages {action.stage} and {other} both run on rank {rank}, so nothing crosses ranks; "
                 "remove the action",
-                rank=rank, index=index, action=action,
+                rank=rank,
+                index=index,
+                action=action,
             )
 
 
@@ -147,18 +157,24 @@ def check_structure(
                 raise ScheduleError(
                     f"rank {rank} action #{index} {action}: a weight-gradient action in a schedule that does not "
                     "split backward; use a zero-bubble kind (ZBH1) or drop the W actions",
-                    rank=rank, index=index, action=action,
+                    rank=rank,
+                    index=index,
+                    action=action,
                 )
             if action.is_comm and not with_comm:
                 raise ScheduleError(
                     f"rank {rank} action #{index} {action}: compute orders hold only F, B and W actions; "
                     "communication is inserted for you",
-                    rank=rank, index=index, action=action,
+                    rank=rank,
+                    index=index,
+                    action=action,
                 )
             if action.key in seen:
                 raise ScheduleError(
                     f"rank {rank} action #{index} {action} repeats action #{seen[action.key]}; each action runs once",
-                    rank=rank, index=index, action=action,
+                    rank=rank,
+                    index=index,
+                    action=action,
                 )
             seen[action.key] = index
         where_is.append(seen)
@@ -172,7 +188,8 @@ def check_structure(
                     raise ScheduleError(
                         f"stage {stage} micro-batch {mb} has no {kind} action; add '{stage}{kind}{mb}' to "
                         f"rank {rank}'s list",
-                        rank=rank, action=Action(kind, stage, mb),
+                        rank=rank,
+                        action=Action(kind, stage, mb),
                     )
     if not with_comm:
         return
@@ -183,10 +200,30 @@ def check_structure(
         for mb in range(num_microbatches):
             # (rank that must hold it, the action, the action that needs it on that rank)
             needs = (
-                (dst, Action("RECV_F", stage + 1, mb), Action("F", stage + 1, mb), f"stage {stage}'s output from rank {src}"),
-                (src, Action("SEND_F", stage, mb), Action("F", stage, mb), f"rank {dst}'s receive {stage + 1}RECV_F{mb}"),
-                (src, Action("RECV_B", stage, mb), Action("B", stage, mb), f"stage {stage + 1}'s gradient from rank {dst}"),
-                (dst, Action("SEND_B", stage + 1, mb), Action("B", stage + 1, mb), f"rank {src}'s receive {stage}RECV_B{mb}"),
+                (
+                    dst,
+                    Action("RECV_F", stage + 1, mb),
+                    Action("F", stage + 1, mb),
+                    f"stage {stage}'s output from rank {src}",
+                ),
+                (
+                    src,
+                    Action("SEND_F", stage, mb),
+                    Action("F", stage, mb),
+                    f"rank {dst}'s receive {stage + 1}RECV_F{mb}",
+                ),
+                (
+                    src,
+                    Action("RECV_B", stage, mb),
+                    Action("B", stage, mb),
+                    f"stage {stage + 1}'s gradient from rank {dst}",
+                ),
+                (
+                    dst,
+                    Action("SEND_B", stage + 1, mb),
+                    Action("B", stage + 1, mb),
+                    f"rank {src}'s receive {stage}RECV_B{mb}",
+                ),
             )
             for rank, action, user, why in needs:
                 if action.key not in where_is[rank]:
@@ -195,7 +232,9 @@ def check_structure(
                         f"rank {rank} has no {action}: its {user} (action #{where_is[rank][user.key]}) "
                         f"{'needs' if action.is_recv else 'must feed'} {why}; add the {verb} "
                         f"{'before' if action.is_recv else 'after'} {user}",
-                        rank=rank, index=where_is[rank][user.key], action=user,
+                        rank=rank,
+                        index=where_is[rank][user.key],
+                        action=user,
                     )
 
 
@@ -287,9 +326,7 @@ def dry_run(
         if remaining == before:
             _raise_deadlock(actions, pos, compute_round, comm_done, num_stages, split_backward, semantics)
         step += 1
-    return DryRun(
-        steps=tuple(tuple(row) for row in steps), order=tuple(order), num_steps=step, semantics=semantics
-    )
+    return DryRun(steps=tuple(tuple(row) for row in steps), order=tuple(order), num_steps=step, semantics=semantics)
 
 
 def local_inputs(action: Action, num_stages: int, num_ranks: int, split_backward: bool) -> list[Action]:

@@ -146,7 +146,9 @@ def _copy_into(out: Array, box: Box, pieces: list[tuple[Box, Array]]) -> Array:
     return out
 
 
-def _assemble_all(wanted: dict[int, tuple[Box, list[tuple[Box, Array]], Array | None]], dtype: np.dtype, xp: Any) -> Shards:
+def _assemble_all(
+    wanted: dict[int, tuple[Box, list[tuple[Box, Array]], Array | None]], dtype: np.dtype, xp: Any
+) -> Shards:
     """``_assemble`` for every hosted rank, the copies landing in one allocation.
 
     The simulator assembles all ranks' results at once; one large buffer carved into per-rank
@@ -210,7 +212,9 @@ def _run_all_gather(step: ReshardStep, current: Shards, dtype: np.dtype, backend
             return {r: freeze(flat.reshape(step.dst_shape(r)))}
         gathered = backend.comm.all_gather(group, {r: a}, step.member_shapes(group))[r]
         flat = _flat_of(gathered)
-        return {r: _assemble(dst[r], list(zip((src[m] for m in group), gathered, strict=True)), dtype, backend.xp, flat)}
+        return {
+            r: _assemble(dst[r], list(zip((src[m] for m in group), gathered, strict=True)), dtype, backend.xp, flat)
+        }
     out: Shards = {}
     for group in _groups(step, current):
         shapes = step.member_shapes(group)
@@ -249,7 +253,9 @@ def _run_all_to_all(step: ReshardStep, current: Shards, dtype: np.dtype, backend
             for m in group:
                 inter = box_intersect(src[r], dst[m])
                 row.append(
-                    current[r][box_relative(inter, src[r])] if inter is not None else xp.empty((0,) * len(src[r]), dtype=dtype)
+                    current[r][box_relative(inter, src[r])]
+                    if inter is not None
+                    else xp.empty((0,) * len(src[r]), dtype=dtype)
                 )
             chunks[r] = row
             recv_shapes[r] = [_overlap_shape(src[m], dst[r]) for m in group]

@@ -230,7 +230,9 @@ def _plan_cached(src: DistSpec, dst: DistSpec) -> ReshardPlan:
 State = tuple[Placement, ...]
 
 
-def _legal(shape: tuple[int, ...], before: State, after: State, group: Sequence[int], trivial: frozenset[int] = frozenset()) -> bool:
+def _legal(
+    shape: tuple[int, ...], before: State, after: State, group: Sequence[int], trivial: frozenset[int] = frozenset()
+) -> bool:
     """The nesting rule: no outside axis shards a dim G touches at a higher axis index.
 
     ``trivial`` axes have one rank: their split is the whole chunk, so they never break nesting.
@@ -238,7 +240,9 @@ def _legal(shape: tuple[int, ...], before: State, after: State, group: Sequence[
     gset = set(group) | set(trivial)
     for d in range(len(shape)):
         touching = [
-            a for a in group if (isinstance(before[a], Shard) and before[a].dim == d)
+            a
+            for a in group
+            if (isinstance(before[a], Shard) and before[a].dim == d)
             or (isinstance(after[a], Shard) and after[a].dim == d)
         ]
         if not touching:
@@ -267,9 +271,7 @@ def _active_axes(shape: tuple[int, ...], src: State, dst: State) -> tuple[int, .
                 continue
             first = min(touching)
             for a in range(len(src)):
-                if a > first and a not in active and any(
-                    isinstance(p, Shard) and p.dim == d for p in (src[a], dst[a])
-                ):
+                if a > first and a not in active and any(isinstance(p, Shard) and p.dim == d for p in (src[a], dst[a])):
                     active.add(a)
                     changed = True
     return tuple(sorted(active))
@@ -463,4 +465,3 @@ def _plan_cross_mesh(src: DistSpec, dst: DistSpec) -> tuple[ReshardStep, ...]:
     steps.append(_transfer_step(send_form, recv_form))
     steps.extend(_plan_same_mesh(recv_form, dst))
     return tuple(steps)
-

@@ -196,7 +196,9 @@ def compare_signatures(group: Sequence[int], sigs: Sequence[Mapping[str, Any]], 
             by_desc = {}
             for r, s, c in zip(group, sigs, commons, strict=True):
                 by_desc.setdefault(f"{s['desc']} {c}", []).append(r)
-        lines = [f"  rank{'s' if len(rs) > 1 else ''} {rs if len(rs) > 1 else rs[0]} issued {d}" for d, rs in by_desc.items()]
+        lines = [
+            f"  rank{'s' if len(rs) > 1 else ''} {rs if len(rs) > 1 else rs[0]} issued {d}" for d, rs in by_desc.items()
+        ]
         return (
             f"MPIPAR_CHECK_COLLECTIVES: the members of {where} issued different collectives:\n"
             + "\n".join(lines)
@@ -405,13 +407,21 @@ class Watchdog:
         out = [self.rank]
         for r in waiting.group:
             n = self._latest.get(r)
-            if r != self.rank and n is not None and n.kind == "waiting" and n.group == waiting.group and n.seq == waiting.seq:
+            if (
+                r != self.rank
+                and n is not None
+                and n.kind == "waiting"
+                and n.group == waiting.group
+                and n.seq == waiting.seq
+            ):
                 out.append(r)
         return sorted(out)
 
     def describe(self, waiting: Waiting, elapsed: float, gone: Sequence[int]) -> str:
         """The timeout message: op, group, who never arrived and what each was doing."""
-        where = f"{waiting.op} on group {list(waiting.group)}" + ("" if waiting.p2p else f" (call #{waiting.seq} on this group)")
+        where = f"{waiting.op} on group {list(waiting.group)}" + (
+            "" if waiting.p2p else f" (call #{waiting.seq} on this group)"
+        )
         if gone:
             head = f"mpipar: rank {self.rank} waits in {where}, but a member has left the script:"
         else:
@@ -426,14 +436,18 @@ class Watchdog:
         elif waiting.p2p:
             for r in others:
                 n = self._latest.get(r)
-                lines.append(f"  rank {r} {n.describe() if n else 'sent no word: busy outside mpipar communication, hung or dead'}")
+                lines.append(
+                    f"  rank {r} {n.describe() if n else 'sent no word: busy outside mpipar communication, hung or dead'}"
+                )
         else:
             arrived = self._arrived(waiting)
             missing = [r for r in waiting.group if r not in arrived]
             lines.append(f"  never arrived: rank{'s' if len(missing) != 1 else ''} {missing}")
             for r in missing:
                 n = self._latest.get(r)
-                lines.append(f"  rank {r} {n.describe() if n else 'sent no word: busy outside mpipar collectives, hung or dead'}")
+                lines.append(
+                    f"  rank {r} {n.describe() if n else 'sent no word: busy outside mpipar collectives, hung or dead'}"
+                )
             lines.append(f"  arrived and waiting: rank{'s' if len(arrived) != 1 else ''} {arrived}")
         if not gone:
             lines.append(

@@ -69,10 +69,10 @@ _INT_FIELDS = 7  # rank, name index, kind index, track index, stage, microbatch,
 class MeasuredTrace:
     """Records compute and comm spans of the ranks ``backend`` hosts (module docstring).
 
-        trace = MeasuredTrace(backend).start()
-        ...                                   # run ops
-        trace.stop()
-        timeline = trace.timeline()           # collective under MPI: the whole world's on rank 0
+    trace = MeasuredTrace(backend).start()
+    ...                                   # run ops
+    trace.stop()
+    timeline = trace.timeline()           # collective under MPI: the whole world's on rank 0
     """
 
     def __init__(self, backend: Backend, origin: float | None = None) -> None:
@@ -139,7 +139,9 @@ class MeasuredTrace:
             if self._room():
                 self._lane(r).add(op.name, kind, start, end, track="compute")
 
-    def record_comm(self, name: str, kind: str, ranks: Sequence[int], start: float, end: float, peer: int | None) -> None:
+    def record_comm(
+        self, name: str, kind: str, ranks: Sequence[int], start: float, end: float, peer: int | None
+    ) -> None:
         self._last_comm_end = end
         for r in ranks:
             if self.backend.hosts(r) and self._room():
@@ -180,7 +182,9 @@ class MeasuredTrace:
             "source": "measured",
             "backend": self.backend.name,
             "world_size": len(self.world_ranks()),
-            "time_origin": "a barrier when the backend started" if isinstance(self.backend, GathersTimelines) else "the start of tracing",
+            "time_origin": "a barrier when the backend started"
+            if isinstance(self.backend, GathersTimelines)
+            else "the start of tracing",
             "clock": "time.perf_counter, seconds",
         }
         info.update(meta or {})
@@ -199,7 +203,9 @@ class MeasuredTrace:
         info["dropped_spans"] = dropped
         merged = Timeline.merge(per_rank, meta=info)
         # every rank of the world gets a lane, even one that recorded nothing
-        return Timeline(merged.spans, ranks=sorted(set(merged.ranks) | set(self.world_ranks())), time_unit="s", meta=merged.meta)
+        return Timeline(
+            merged.spans, ranks=sorted(set(merged.ranks) | set(self.world_ranks())), time_unit="s", meta=merged.meta
+        )
 
     def write(self, path: str) -> Timeline | None:
         """Stop recording, build the world's timeline and save it at ``path`` (rank 0)."""
@@ -210,8 +216,11 @@ class MeasuredTrace:
         timeline.save(path)
         dropped = timeline.meta.get("dropped_spans", 0)
         note = f"; {dropped} spans over the limit of {MAX_SPANS} per process were dropped" if dropped else ""
-        print(f"mpipar: wrote the measured timeline {path} ({len(timeline.ranks)} ranks, {len(timeline.spans)} spans{note})",
-              file=sys.stderr, flush=True)
+        print(
+            f"mpipar: wrote the measured timeline {path} ({len(timeline.ranks)} ranks, {len(timeline.spans)} spans{note})",
+            file=sys.stderr,
+            flush=True,
+        )
         return timeline
 
 
@@ -243,7 +252,10 @@ def encode_spans(spans: Sequence[Span], dropped: int = 0) -> list[np.ndarray]:
         index = names.setdefault(s.name, len(names))
         base = 1 + _INT_FIELDS * i
         ints[base : base + _INT_FIELDS] = (
-            s.rank, index, SPAN_KINDS.index(s.kind), TRACKS.index(s.track),
+            s.rank,
+            index,
+            SPAN_KINDS.index(s.kind),
+            TRACKS.index(s.track),
             _NO_INT if s.stage is None else s.stage,
             _NO_INT if s.microbatch is None else s.microbatch,
             _NO_INT if s.peer is None else s.peer,
@@ -263,8 +275,17 @@ def decode_spans(arrays: Sequence[np.ndarray]) -> tuple[list[Span], int]:
     records = ints[1:].reshape(count, _INT_FIELDS).tolist()
     bounds = times.reshape(count, 2).tolist()
     spans = [
-        Span(rank, names[name], SPAN_KINDS[kind], None if stage < 0 else stage, None if mb < 0 else mb,
-             start, end, TRACKS[track], None if peer < 0 else peer)
+        Span(
+            rank,
+            names[name],
+            SPAN_KINDS[kind],
+            None if stage < 0 else stage,
+            None if mb < 0 else mb,
+            start,
+            end,
+            TRACKS[track],
+            None if peer < 0 else peer,
+        )
         for (rank, name, kind, track, stage, mb, peer), (start, end) in zip(records, bounds, strict=True)
     ]
     return spans, int(ints[0])
@@ -306,9 +327,12 @@ def start_from_env(backend: Backend, environ: Any = None) -> MeasuredTrace | Non
 
 start_hooks.append(start_from_env)  # the backend calls it when MPIPAR_TRACE is set
 
+
 def summary(timeline: Timeline, top: int = 8) -> str:
     """Per rank: compute and comm time and the share of the run; the ops and collectives that took longest."""
-    lines = [f"{len(timeline.ranks)} ranks, {len(timeline.spans)} spans, {timeline.makespan:.4f} s from first to last span"]
+    lines = [
+        f"{len(timeline.ranks)} ranks, {len(timeline.spans)} spans, {timeline.makespan:.4f} s from first to last span"
+    ]
     lines.append(f"{'rank':>5} {'compute s':>10} {'comm s':>9} {'compute %':>10} {'spans':>7}")
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
     span = timeline.makespan or 1.0
@@ -330,7 +354,8 @@ def summary(timeline: Timeline, top: int = 8) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mpipar.runtime.measured", description="Summarize a measured timeline; export it as a Chrome trace."
+        prog="python -m mpipar.runtime.measured",
+        description="Summarize a measured timeline; export it as a Chrome trace.",
     )
     parser.add_argument("timeline", help="an mpipar.timeline file (MPIPAR_TRACE=path wrote it)")
     parser.add_argument("--chrome", metavar="PATH", help="also write Chrome trace-event JSON (open in ui.perfetto.dev)")

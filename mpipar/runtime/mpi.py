@@ -445,9 +445,17 @@ class MPICommunicator(OrderedCommunicator):
         dtype = np.dtype(dtype)
         size = math.prod(shape)
         n = len(group)
-        if (n == 1 or self.rank not in group or self.check_collectives or self._native_type(dtype, op, group) is not None
-                or dtype not in _MOVE_TYPES or op not in REDUCE_OPS or not size
-                or not self.gathers_whole(size, n, dtype.itemsize) or n * size * dtype.itemsize >= GATHER_P2P_MIN_BYTES):
+        if (
+            n == 1
+            or self.rank not in group
+            or self.check_collectives
+            or self._native_type(dtype, op, group) is not None
+            or dtype not in _MOVE_TYPES
+            or op not in REDUCE_OPS
+            or not size
+            or not self.gathers_whole(size, n, dtype.itemsize)
+            or n * size * dtype.itemsize >= GATHER_P2P_MIN_BYTES
+        ):
             return None
         return _BoundAllReduce(self, group, tuple(shape), dtype, op)
 
@@ -520,7 +528,9 @@ class MPICommunicator(OrderedCommunicator):
             report_mismatch_once(group, self.rank, f"(reported by rank {self.rank}) {problem}")
 
     # ------------------------------------------------------------------ transport
-    def _t_alltoallv(self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]) -> None:
+    def _t_alltoallv(
+        self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]
+    ) -> None:
         self._reap()
         sc, sd = _byte_counts(scounts, send.itemsize)
         rc, rd = _byte_counts(rcounts, recv.itemsize)
@@ -621,7 +631,9 @@ class MPICommunicator(OrderedCommunicator):
             if t.src == self.rank:
                 if t.data is None or tuple(t.data.shape) != tuple(t.shape):
                     got = "no data" if t.data is None else f"shape {list(t.data.shape)}"
-                    raise RuntimeError(f"transfer {t.src} -> {t.dst} (tag {t.tag}): the sender has {got}, expected {list(t.shape)}")
+                    raise RuntimeError(
+                        f"transfer {t.src} -> {t.dst} (tag {t.tag}): the sender has {got}, expected {list(t.shape)}"
+                    )
                 data = np.ascontiguousarray(t.data, dtype=t.dtype)
                 keep.append(data)
                 requests.append(comm.Isend([_bytes(data), MPI.BYTE], dest=t.dst, tag=t.tag))
@@ -636,7 +648,9 @@ class MPICommunicator(OrderedCommunicator):
         self._exchanges += 1
         statuses = [MPI.Status() for _ in requests]
         group = tuple(sorted(peers | {self.rank}))
-        with self._rt.watchdog.watch(f"point-to-point exchange with ranks {sorted(peers)}", group, self._exchanges, p2p=True):
+        with self._rt.watchdog.watch(
+            f"point-to-point exchange with ranks {sorted(peers)}", group, self._exchanges, p2p=True
+        ):
             MPI.Request.Waitall(requests, statuses)
         out = {}
         for t, buf, index in received:
@@ -657,12 +671,16 @@ class MPICommunicator(OrderedCommunicator):
             raise RuntimeError(f"rank {self.rank} cannot receive on behalf of rank {dst} (recv {src} -> {dst})")
         buf = self._recv_buffer(shape, dtype)
         if type(buf) is not np.ndarray:  # the MPI wheel is not CUDA-aware: a device buffer would crash it
-            raise TypeError(f"MPI receives into host (NumPy) memory; the buffer for the message from rank {src} "
-                            f"(tag {tag}) is a {type(buf).__module__}.{type(buf).__name__}")
+            raise TypeError(
+                f"MPI receives into host (NumPy) memory; the buffer for the message from rank {src} "
+                f"(tag {tag}) is a {type(buf).__module__}.{type(buf).__name__}"
+            )
         self._reap()
         status = MPI.Status()
         req = self._rt.mailbox.Irecv([_bytes(buf), MPI.BYTE], source=src, tag=tag)
-        with self._rt.watchdog.watch(f"recv of {dtype}{list(shape)} from rank {src} (tag {tag})", (src, dst), 0, p2p=True):
+        with self._rt.watchdog.watch(
+            f"recv of {dtype}{list(shape)} from rank {src} (tag {tag})", (src, dst), 0, p2p=True
+        ):
             req.Wait(status)
         _check_count(status, buf, src, dst, tag)
         self._reap()
@@ -685,7 +703,9 @@ class MPICommunicator(OrderedCommunicator):
         targets = sorted({(dst, tag) for _, _, dst, tag in self._pending})
         dsts = sorted({d for d, _ in targets})
         what = ", ".join(f"rank {d} (tag {t})" for d, t in targets)
-        with self._rt.watchdog.watch(f"exit: sends to {what} not yet received", tuple(sorted({self.rank, *dsts})), 0, p2p=True):
+        with self._rt.watchdog.watch(
+            f"exit: sends to {what} not yet received", tuple(sorted({self.rank, *dsts})), 0, p2p=True
+        ):
             MPI.Request.Waitall([p[0] for p in self._pending])
         self._pending = []
 
@@ -707,7 +727,9 @@ class _StartedAllReduce(Pending):
     match in posting order, and every member posts its buckets' phases in start order.
     """
 
-    def __init__(self, owner: MPICommunicator, group: Group, a: np.ndarray, op: str, seq: int, native: Any | None) -> None:
+    def __init__(
+        self, owner: MPICommunicator, group: Group, a: np.ndarray, op: str, seq: int, native: Any | None
+    ) -> None:
         self.owner, self.group, self.op, self.seq = owner, group, op, seq
         self.shape = tuple(a.shape)
         self.label = f"all_reduce({op}) started"
@@ -736,7 +758,9 @@ class _StartedAllReduce(Pending):
             rows[i * mine : (i + 1) * mine] = flat[starts[i] : starts[i + 1]]
             peers = (*range(i + 1, n), *range(i))
             self.reqs = [first.Irecv(_spec(rows[j * mine : (j + 1) * mine]), j, STARTED_TAG) for j in peers if mine]
-            self.reqs += [first.Isend(_spec(flat[starts[j] : starts[j + 1]]), j, STARTED_TAG) for j in peers if lengths[j]]
+            self.reqs += [
+                first.Isend(_spec(flat[starts[j] : starts[j + 1]]), j, STARTED_TAG) for j in peers if lengths[j]
+            ]
 
     def _advance(self) -> None:
         """The requests of the current phase have completed: run what follows them."""
@@ -755,7 +779,9 @@ class _StartedAllReduce(Pending):
             self.phase = "allgather"
             self.send = self.rows = None
             peers = (*range(i + 1, n), *range(i))
-            self.reqs = [self.second.Irecv(_spec(out[starts[j] : starts[j + 1]]), j, STARTED_TAG) for j in peers if lengths[j]]
+            self.reqs = [
+                self.second.Irecv(_spec(out[starts[j] : starts[j + 1]]), j, STARTED_TAG) for j in peers if lengths[j]
+            ]
             if mine:
                 self.reqs += [self.second.Isend(_spec(out[starts[i] : starts[i + 1]]), j, STARTED_TAG) for j in peers]
             return
@@ -823,4 +849,3 @@ class MPIBackend(Backend):
     def gather_at_root(self, arrays: Sequence[np.ndarray]) -> list[list[np.ndarray]] | None:
         """Every rank's arrays on rank 0 (a collective; see ``MPIRuntime.gather_at_root``)."""
         return self._rt.gather_at_root(arrays)
-

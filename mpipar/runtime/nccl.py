@@ -102,8 +102,10 @@ def pack_unique_id(raw: Any) -> np.ndarray:
     # ncclUniqueId is ``char internal[128]``: a tuple holds its values as signed chars.
     values = np.frombuffer(bytes(raw), dtype=np.int8) if as_bytes else np.asarray(raw, dtype=np.int64).ravel()
     if values.shape != (NCCL_UNIQUE_ID_BYTES,) or not np.all((values >= -128) & (values <= 127)):
-        raise RuntimeError(f"NCCL's unique id from CuPy is a {type(raw).__name__} of {values.size} values; expected "
-                           f"{NCCL_UNIQUE_ID_BYTES} bytes or signed chars (did CuPy's nccl.get_unique_id change form?)")
+        raise RuntimeError(
+            f"NCCL's unique id from CuPy is a {type(raw).__name__} of {values.size} values; expected "
+            f"{NCCL_UNIQUE_ID_BYTES} bytes or signed chars (did CuPy's nccl.get_unique_id change form?)"
+        )
     out = np.empty(NCCL_UNIQUE_ID_BYTES + 1, dtype=np.int8)
     out[:-1] = values.astype(np.int8)
     out[-1] = 1 if as_bytes else 0
@@ -177,7 +179,9 @@ class NCCLCommunicator(MPICommunicator):
         self._p2p_enqueue(comm, sends, recvs, self.stream)
         self._sync()
 
-    def _p2p_enqueue(self, comm: Any, sends: Sequence[tuple[Array, int]], recvs: Sequence[tuple[Array, int]], on: Any) -> None:
+    def _p2p_enqueue(
+        self, comm: Any, sends: Sequence[tuple[Array, int]], recvs: Sequence[tuple[Array, int]], on: Any
+    ) -> None:
         """One NCCL group of sends and receives enqueued on stream ``on`` (no wait)."""
         u8 = self._nccl_mod.NCCL_UINT8
         stream = on.ptr
@@ -253,8 +257,13 @@ class NCCLCommunicator(MPICommunicator):
                 )
                 reduce_rows(rows.reshape(n, mine), op, cp, out=out[starts[i] : starts[i + 1]])
                 if _uniform(lengths):
-                    comm.allGather(self._u8(out[starts[i] : starts[i + 1]]).data.ptr, self._u8(out).data.ptr,
-                                   mine * out.itemsize, u8, on.ptr)
+                    comm.allGather(
+                        self._u8(out[starts[i] : starts[i + 1]]).data.ptr,
+                        self._u8(out).data.ptr,
+                        mine * out.itemsize,
+                        u8,
+                        on.ptr,
+                    )
                 else:
                     self._p2p_enqueue(
                         comm,
@@ -264,7 +273,9 @@ class NCCLCommunicator(MPICommunicator):
                     )
         return _StreamAllReduce(self, on, group, seq, out.reshape(a.shape), keep)
 
-    def _t_alltoallv(self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]) -> None:
+    def _t_alltoallv(
+        self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]
+    ) -> None:
         comm, i = self._nccl_for(group), group.index(self.rank)
         s8, r8 = self._u8(send), self._u8(recv)
         sd, rd = _offsets(scounts, send.itemsize), _offsets(rcounts, recv.itemsize)
@@ -330,7 +341,9 @@ class NCCLCommunicator(MPICommunicator):
             if t.src == self.rank:
                 if t.data is None or tuple(t.data.shape) != tuple(t.shape):
                     got = "no data" if t.data is None else f"shape {list(t.data.shape)}"
-                    raise RuntimeError(f"transfer {t.src} -> {t.dst} (tag {t.tag}): the sender has {got}, expected {list(t.shape)}")
+                    raise RuntimeError(
+                        f"transfer {t.src} -> {t.dst} (tag {t.tag}): the sender has {got}, expected {list(t.shape)}"
+                    )
                 sends.append((self._u8(self._flat(t.data, t.dtype)), t.dst))
                 peers.add(t.dst)
             elif t.dst == self.rank:
@@ -342,7 +355,9 @@ class NCCLCommunicator(MPICommunicator):
             return out
         self._exchanges += 1
         group = tuple(sorted(peers | {self.rank}))
-        with self._rt.watchdog.watch(f"point-to-point exchange with ranks {sorted(peers)}", group, self._exchanges, p2p=True):
+        with self._rt.watchdog.watch(
+            f"point-to-point exchange with ranks {sorted(peers)}", group, self._exchanges, p2p=True
+        ):
             self._p2p(self._world, sends, recvs)
         return out
 
@@ -361,7 +376,9 @@ class NCCLCommunicator(MPICommunicator):
 class _StreamAllReduce(Pending):
     """A started all-reduce enqueued on the reduction stream (``NCCLCommunicator._all_reduce_start``)."""
 
-    def __init__(self, owner: NCCLCommunicator, stream: Any, group: Group, seq: int, out: Array, keep: list[Any]) -> None:
+    def __init__(
+        self, owner: NCCLCommunicator, stream: Any, group: Group, seq: int, out: Array, keep: list[Any]
+    ) -> None:
         self.owner, self.stream, self.group, self.seq, self.out = owner, stream, group, seq, out
         self.keep: list[Any] | None = keep  # buffers the stream still reads: not freed before it is done
 

@@ -120,7 +120,9 @@ class ResultCache:
     released, oldest first.
     """
 
-    def __init__(self, idle_limit: int, max_buffers: int = CACHED_MAX_BUFFERS, min_bytes: int = CACHED_MIN_BYTES) -> None:
+    def __init__(
+        self, idle_limit: int, max_buffers: int = CACHED_MAX_BUFFERS, min_bytes: int = CACHED_MIN_BYTES
+    ) -> None:
         self.idle_limit = idle_limit
         self.max_buffers = max_buffers
         self.min_bytes = min_bytes
@@ -225,7 +227,9 @@ class OrderedCommunicator(Communicator):
 
     # ------------------------------------------------------------------ transport
     @abstractmethod
-    def _t_alltoallv(self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]) -> None:
+    def _t_alltoallv(
+        self, group: Group, send: Array, scounts: Sequence[int], recv: Array, rcounts: Sequence[int]
+    ) -> None:
         """Member i sends ``send``'s j-th piece (``scounts[j]`` elements, packed) to member j."""
 
     def _t_alltoall(self, group: Group, send: Array, recv: Array, count: int) -> None:
@@ -407,7 +411,9 @@ class OrderedCommunicator(Communicator):
             row = list(row)
         n, i = len(group), group.index(self.rank)
         if len(row) != n:
-            raise RuntimeError(f"reduce_scatter on group {list(group)}: rank {self.rank} passes {len(row)} chunks for {n} members")
+            raise RuntimeError(
+                f"reduce_scatter on group {list(group)}: rank {self.rank} passes {len(row)} chunks for {n} members"
+            )
         if n == 1:
             return {self.rank: reduce_arrays([row[0]], op, self.xp)}
         dtype = row[0].dtype
@@ -456,7 +462,9 @@ class OrderedCommunicator(Communicator):
         row = list(self._mine("all_to_all", group, chunks))
         n = len(group)
         if len(row) != n:
-            raise RuntimeError(f"all_to_all on group {list(group)}: rank {self.rank} passes {len(row)} chunks for {n} members")
+            raise RuntimeError(
+                f"all_to_all on group {list(group)}: rank {self.rank} passes {len(row)} chunks for {n} members"
+            )
         expect = [tuple(int(d) for d in s) for s in recv_shapes[self.rank]]
         if n == 1:
             return {self.rank: row}

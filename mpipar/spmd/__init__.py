@@ -1,8 +1,8 @@
 """SPMD rules: queryable without running anything.
 
-    >>> from mpipar import spmd
-    >>> r = spmd.infer_forward("matmul", [x_spec, w_spec], trans_x=False, trans_y=False)
-    >>> r.inputs, r.outputs        # the layouts the op runs on; outputs may be Partial
+>>> from mpipar import spmd
+>>> r = spmd.infer_forward("matmul", [x_spec, w_spec], trans_x=False, trans_y=False)
+>>> r.inputs, r.outputs        # the layouts the op runs on; outputs may be Partial
 """
 
 from mpipar.spmd import rules  # noqa: F401  (importing the package registers every built-in rule)

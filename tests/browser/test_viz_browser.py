@@ -29,8 +29,13 @@ CHROMIUM = "/usr/bin/chromium"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARTIFACTS = os.path.join(REPO, "test-artifacts")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
 ]
 VIEWS = {  # view -> a text only that view shows, to know its own content (not the previous view's) is up
     "Layout": "What each rank holds",
@@ -92,8 +97,15 @@ def _serve(cmd: list[str], cwd: str, log_path: Path) -> Iterator[str]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Plain ``streamlit run viz/app.py`` from another directory: only the config beside the script applies."""
     cwd = tmp_path_factory.mktemp("elsewhere")
-    cmd = [sys.executable, "-m", "streamlit", "run", os.path.join(REPO, "viz", "app.py"), "--server.port",
-           str(_free_port())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        os.path.join(REPO, "viz", "app.py"),
+        "--server.port",
+        str(_free_port()),
+    ]
     yield from _serve(cmd, str(cwd), cwd / "server.log")
 
 
@@ -106,9 +118,29 @@ def gpt_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("gpt")
     plan = str(tmp / "plan.json")
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "mpipar.cli", "plan", "-o", plan, "-n", "8", "examples/gpt.py", "--mesh",
-                    "dp=2,tp=2,pp=2", "--schedule", "1F1B"], cwd=REPO, env=env, check=True, timeout=300,
-                   stdin=subprocess.DEVNULL, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mpipar.cli",
+            "plan",
+            "-o",
+            plan,
+            "-n",
+            "8",
+            "examples/gpt.py",
+            "--mesh",
+            "dp=2,tp=2,pp=2",
+            "--schedule",
+            "1F1B",
+        ],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+    )
     yield from _serve(streamlit_command([plan], port=_free_port()), REPO, tmp / "server.log")
 
 

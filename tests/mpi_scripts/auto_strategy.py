@@ -26,7 +26,9 @@ def main(argv: list[str]) -> None:
     if argv[0] == "auto":
         strategy = dist.Strategy(auto=True)
     else:
-        strategy = dist.Strategy({"pipeline": {"enable": True, "schedule_mode": argv[0], "accumulate_steps": int(argv[1])}})
+        strategy = dist.Strategy(
+            {"pipeline": {"enable": True, "schedule_mode": argv[0], "accumulate_steps": int(argv[1])}}
+        )
     step = dist.to_static(model, None, gpt_loss, opt, strategy)
     rng = np.random.default_rng(0)
     for _ in range(3):

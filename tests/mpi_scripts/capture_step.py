@@ -30,14 +30,22 @@ import mpipar as dist
 F = dist.nn.functional
 
 
-def build(n: int, layout: str, opt: str) -> tuple[Callable[[dist.Tensor], dist.Tensor], list[dist.Tensor], Any, dist.ProcessMesh]:
+def build(
+    n: int, layout: str, opt: str
+) -> tuple[Callable[[dist.Tensor], dist.Tensor], list[dist.Tensor], Any, dist.ProcessMesh]:
     mesh = dist.ProcessMesh(list(range(n)), dim_names=["x"])
     rng = np.random.default_rng(0)
     hidden = 8 * n
     tp = layout == "tp"
-    w1 = dist.shard_tensor(dist.Parameter(rng.standard_normal((6, hidden))), mesh, [dist.Shard(1) if tp else dist.Replicate()])
-    b1 = dist.shard_tensor(dist.Parameter(rng.standard_normal(hidden)), mesh, [dist.Shard(0) if tp else dist.Replicate()])
-    w2 = dist.shard_tensor(dist.Parameter(rng.standard_normal((hidden, 6))), mesh, [dist.Shard(0) if tp else dist.Replicate()])
+    w1 = dist.shard_tensor(
+        dist.Parameter(rng.standard_normal((6, hidden))), mesh, [dist.Shard(1) if tp else dist.Replicate()]
+    )
+    b1 = dist.shard_tensor(
+        dist.Parameter(rng.standard_normal(hidden)), mesh, [dist.Shard(0) if tp else dist.Replicate()]
+    )
+    w2 = dist.shard_tensor(
+        dist.Parameter(rng.standard_normal((hidden, 6))), mesh, [dist.Shard(0) if tp else dist.Replicate()]
+    )
     b2 = dist.shard_tensor(dist.Parameter(rng.standard_normal(6)), mesh, [dist.Replicate()])
     params = [w1, b1, w2, b2]
     optimizer = (dist.optimizer.SGD if opt == "sgd" else dist.optimizer.AdamW)(learning_rate=0.01, parameters=params)
@@ -74,7 +82,9 @@ def run_case(n: int, layout: str, opt: str, steps: int, print_losses: bool = Fal
     fn = dist.compile_step(step, capture=True)
     rng = np.random.default_rng(1)
     for i in range(steps):
-        x = dist.shard_tensor(rng.standard_normal((4 * n, 6)), mesh, [dist.Replicate() if layout == "tp" else dist.Shard(0)])
+        x = dist.shard_tensor(
+            rng.standard_normal((4 * n, 6)), mesh, [dist.Replicate() if layout == "tp" else dist.Shard(0)]
+        )
         if i % 2:  # nothing listens: the program's reshards run bound (``bound_all_reduce``, the step's runner)
             before, ran = nccl_calls(), fn.captured_calls
             want = eager_step(x)

@@ -97,7 +97,9 @@ def close(label: str, got: Any, want: Any, addends: list[np.ndarray], op: str) -
     allows (k addends: at most (k - 1) eps times the sum of their magnitudes), NaNs alike."""
     got, want = to_numpy(got), to_numpy(want)
     if got.dtype != want.dtype or got.shape != want.shape:
-        raise AssertionError(f"{label}: MPI gives {got.dtype}{list(got.shape)}, the simulator {want.dtype}{list(want.shape)}")
+        raise AssertionError(
+            f"{label}: MPI gives {got.dtype}{list(got.shape)}, the simulator {want.dtype}{list(want.shape)}"
+        )
     k = len(addends)
     bound = 2 * k * np.finfo(want.dtype).eps * sum(np.abs(a.astype(np.float64)) for a in addends)
     if op == "avg":
@@ -127,15 +129,21 @@ def run_case(index: int, rng: np.random.Generator, world: int, me: int, mpi: Any
     if dtype == np.bool_ and op in ("all_reduce", "reduce", "reduce_scatter"):
         dtype = np.dtype("float64") if reduce_op in ("sum", "avg") else dtype
     big = rng.random() < 0.3
-    shape = (int(rng.integers(9000, 20000)),) if big else tuple(int(s) for s in rng.integers(0, 6, size=int(rng.integers(0, 3))))
+    shape = (
+        (int(rng.integers(9000, 20000)),)
+        if big
+        else tuple(int(s) for s in rng.integers(0, 6, size=int(rng.integers(0, 3))))
+    )
     fold_as_arriving = rng.random() < 0.5
     if hasattr(mpi, "fold_min_bytes"):  # the same draw on every rank: all members agree
         mpi.fold_min_bytes = 0 if fold_as_arriving else FOLD_AS_ARRIVING_MIN_BYTES
     split = rng.random() < 0.5
     mpi.small_reduce_bytes = 0 if split else SMALL_REDUCE_BYTES
-    label = f"case {index}: {op}({reduce_op}) {dtype}{list(shape)} on group {list(group)}" + (
-        " (folded as arriving)" if fold_as_arriving else ""
-    ) + (" (split)" if split else "")
+    label = (
+        f"case {index}: {op}({reduce_op}) {dtype}{list(shape)} on group {list(group)}"
+        + (" (folded as arriving)" if fold_as_arriving else "")
+        + (" (split)" if split else "")
+    )
     mine = me in group
 
     if op in ("all_reduce", "reduce"):
@@ -177,7 +185,9 @@ def run_case(index: int, rng: np.random.Generator, world: int, me: int, mpi: Any
             same(f"{label} flat", mpi.all_gather_flat(group, {me: bufs[me]}, shapes)[me], joined)
     elif op == "all_to_all":
         sizes = rng.integers(0, 5, size=(k, k, 2))
-        chunks = {r: [values(rng, tuple(int(x) for x in sizes[i, j]), dtype) for j in range(k)] for i, r in enumerate(group)}
+        chunks = {
+            r: [values(rng, tuple(int(x) for x in sizes[i, j]), dtype) for j in range(k)] for i, r in enumerate(group)
+        }
         recv_shapes = {r: [tuple(int(x) for x in sizes[i, j]) for i in range(k)] for j, r in enumerate(group)}
         want = virt.all_to_all(group, chunks, recv_shapes)
         if mine:
@@ -206,7 +216,11 @@ def point_to_point(rng: np.random.Generator, world: int, me: int, mpi: Any) -> N
     payload = {r: np.full(1 << 18, float(r)) + np.arange(1 << 18) for r in range(world)}  # 2 MiB each
     mpi.send(me, nxt, payload[me], tag=3)
     mpi.barrier(everyone)
-    same("send before the matching recv", mpi.recv(prev, me, payload[prev].shape, payload[prev].dtype, tag=3), payload[prev])
+    same(
+        "send before the matching recv",
+        mpi.recv(prev, me, payload[prev].shape, payload[prev].dtype, tag=3),
+        payload[prev],
+    )
     # A batch of tagged transfers between random pairs, some empty, some to oneself.
     pairs = [(int(rng.integers(world)), int(rng.integers(world))) for _ in range(6 * world)]
     shapes = [tuple(int(s) for s in rng.integers(0, 40, size=2)) for _ in pairs]
@@ -221,8 +235,11 @@ def point_to_point(rng: np.random.Generator, world: int, me: int, mpi: Any) -> N
     got = mpi.exchange(transfers, [me])
     for t in transfers:
         if t.dst == me:
-            index = next(i for i, (p, _) in enumerate(zip(pairs, shapes, strict=True)) if p == (t.src, t.dst) and
-                         sum(1 for q in pairs[:i] if q == (t.src, t.dst)) == t.tag)
+            index = next(
+                i
+                for i, (p, _) in enumerate(zip(pairs, shapes, strict=True))
+                if p == (t.src, t.dst) and sum(1 for q in pairs[:i] if q == (t.src, t.dst)) == t.tag
+            )
             same(f"exchange {t.src} -> {t.dst} tag {t.tag}", got[(t.src, t.dst, t.tag)], datas[index])
 
 

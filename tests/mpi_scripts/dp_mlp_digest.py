@@ -28,8 +28,12 @@ def digests(ranks: int) -> dict[str, str]:
     for dtype in (np.float32, np.float64):
         rng = np.random.default_rng(11)
         x = dist.shard_tensor(rng.standard_normal((TOKENS, HIDDEN)).astype(dtype), mesh, [dist.Shard(0)])
-        w0 = dist.shard_tensor(dist.Parameter((rng.standard_normal((HIDDEN, 4 * HIDDEN)) / 16).astype(dtype)), mesh, [dist.Replicate()])
-        w1 = dist.shard_tensor(dist.Parameter((rng.standard_normal((4 * HIDDEN, HIDDEN)) / 32).astype(dtype)), mesh, [dist.Replicate()])
+        w0 = dist.shard_tensor(
+            dist.Parameter((rng.standard_normal((HIDDEN, 4 * HIDDEN)) / 16).astype(dtype)), mesh, [dist.Replicate()]
+        )
+        w1 = dist.shard_tensor(
+            dist.Parameter((rng.standard_normal((4 * HIDDEN, HIDDEN)) / 32).astype(dtype)), mesh, [dist.Replicate()]
+        )
         loss = dist.mean(dist.matmul(F.relu(dist.matmul(x, w0)), w1) ** 2)
         loss.backward()
         h = hashlib.sha256(np.asarray(float(loss)).tobytes())

@@ -42,13 +42,16 @@ def _flat(inputs: list[Any]) -> list[np.ndarray]:
     return [np.asarray(v) for x in inputs for v in (x if isinstance(x, list) else [x])]
 
 
-def run_sample(name: str, inputs: list[Any], attrs: dict[str, Any], mesh: dist.ProcessMesh,
-               rng: np.random.Generator) -> dict[str, np.ndarray]:
+def run_sample(
+    name: str, inputs: list[Any], attrs: dict[str, Any], mesh: dist.ProcessMesh, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
     """The op's outputs and its inputs' gradients (``out<j>``, ``grad<i>``) as host arrays."""
     op = get_op(name)
     arrays = _flat(inputs)
-    trainable = [np.issubdtype(a.dtype, np.floating) and (op.differentiable is None or i in op.differentiable)
-                 for i, a in enumerate(arrays)]
+    trainable = [
+        np.issubdtype(a.dtype, np.floating) and (op.differentiable is None or i in op.differentiable)
+        for i, a in enumerate(arrays)
+    ]
     tensors = []
     for a, tr in zip(arrays, trainable, strict=True):
         t = dist.shard_tensor(a, mesh, [dist.Replicate()])
@@ -91,7 +94,9 @@ def compare(want_path: str, got_path: str, rtol: float) -> list[str]:
                 problems.append(f"{key}: not the same bits")
         else:
             scale = max(1.0, float(np.nanmax(np.abs(w))) if w.size and not np.all(np.isnan(w)) else 1.0)
-            if not np.array_equal(np.isnan(w), np.isnan(g)) or not np.allclose(w, g, rtol=rtol, atol=rtol * scale, equal_nan=True):
+            if not np.array_equal(np.isnan(w), np.isnan(g)) or not np.allclose(
+                w, g, rtol=rtol, atol=rtol * scale, equal_nan=True
+            ):
                 err = float(np.nanmax(np.abs(w - g))) if w.size else 0.0
                 problems.append(f"{key}: differs by up to {err:.3g} (scale {scale:.3g})")
     return problems
@@ -128,8 +133,10 @@ def main() -> None:
                 results[f"{op.name}/{k}/error"] = np.array(f"{type(exc).__name__}: {exc}")
     if dist.get_rank() == 0:
         np.savez(args.out, **results)
-    dist.print_once(f"kernels on {dist.current_backend().name}: {len(results)} arrays, "
-                    f"{len(failed)} failing samples{': ' + ', '.join(sorted(set(failed))) if failed else ''}")
+    dist.print_once(
+        f"kernels on {dist.current_backend().name}: {len(results)} arrays, "
+        f"{len(failed)} failing samples{': ' + ', '.join(sorted(set(failed))) if failed else ''}"
+    )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ def fold(arrays: list[np.ndarray], op: str) -> np.ndarray:
 def same(got: object, want: np.ndarray, what: str) -> None:
     arr = got.numpy() if isinstance(got, dist.Tensor) else np.asarray(got)
     if arr.dtype != want.dtype or arr.shape != want.shape or not np.array_equal(arr, want):
-        raise AssertionError(f"rank {dist.get_rank()}: {what}: got {arr.dtype}{arr.tolist()}, want {want.dtype}{want.tolist()}")
+        raise AssertionError(
+            f"rank {dist.get_rank()}: {what}: got {arr.dtype}{arr.tolist()}, want {want.dtype}{want.tolist()}"
+        )
 
 
 def run_cases() -> int:
@@ -63,7 +65,11 @@ def run_cases() -> int:
         t = dist.to_tensor(value(me, tag, (3, 5), dtype))
         dist.all_reduce(t, group=sub)
         members = world[::-2]
-        want = fold([value(r, tag, (3, 5), dtype) for r in members], "sum") if me in members else value(me, tag, (3, 5), dtype)
+        want = (
+            fold([value(r, tag, (3, 5), dtype) for r in members], "sum")
+            if me in members
+            else value(me, tag, (3, 5), dtype)
+        )
         same(t, want, f"all_reduce on {members} {dtype}")
         tag += 1
         t = dist.to_tensor(value(me, tag, (5,), dtype))
@@ -73,7 +79,11 @@ def run_cases() -> int:
             tag += 1
             t = dist.to_tensor(value(me, tag, (2, 3), dtype))
             dist.reduce(t, dst=n // 2, op=op)
-            want = fold([value(r, tag, (2, 3), dtype) for r in world], op) if me == n // 2 else value(me, tag, (2, 3), dtype)
+            want = (
+                fold([value(r, tag, (2, 3), dtype) for r in world], op)
+                if me == n // 2
+                else value(me, tag, (2, 3), dtype)
+            )
             same(t, want, f"reduce({op}) {dtype}")
         tag += 1
         got: list[dist.Tensor] = []
@@ -88,7 +98,11 @@ def run_cases() -> int:
         pieces = [value(me, tag * 100 + i, (i + 1, 2), dtype) for i in world]
         out = dist.to_tensor(np.zeros((me + 1, 2), dtype))
         dist.reduce_scatter(out, [dist.to_tensor(p) for p in pieces], op="sum")
-        same(out, fold([value(r, tag * 100 + me, (me + 1, 2), dtype) for r in world], "sum"), f"reduce_scatter list {dtype}")
+        same(
+            out,
+            fold([value(r, tag * 100 + me, (me + 1, 2), dtype) for r in world], "sum"),
+            f"reduce_scatter list {dtype}",
+        )
         whole = np.concatenate([value(me, tag * 100 + i, (2,), dtype) for i in world])
         out = dist.to_tensor(np.zeros((2,), dtype))
         dist.reduce_scatter(out, dist.to_tensor(whole))

@@ -34,7 +34,12 @@ def _mesh(layout: str) -> tuple[dist.ProcessMesh, list[Any], list[Any], list[Any
 
 
 def run(
-    layout: str, overlap: bool, bucket_mib: float = 0.004, steps: int = 3, hidden: int = HIDDEN, inner: int = INNER,
+    layout: str,
+    overlap: bool,
+    bucket_mib: float = 0.004,
+    steps: int = 3,
+    hidden: int = HIDDEN,
+    inner: int = INNER,
     zero: int = 0,
 ) -> dict[str, Any]:
     """Train ``steps`` steps (``zero``: with that ZeRO stage over dp); the losses, each parameter's global value, the all-reduce counts
@@ -57,7 +62,9 @@ def run(
     record: dict[str, Any] = {}
     setting = dist.overlap_grad_reduction(bucket_mib=bucket_mib, record=True) if overlap else None
     for step in range(steps):
-        x = dist.shard_tensor(dist.to_tensor(np.random.default_rng(100 + step).standard_normal((BATCH, hidden))), mesh, data_pl)
+        x = dist.shard_tensor(
+            dist.to_tensor(np.random.default_rng(100 + step).standard_normal((BATCH, hidden))), mesh, data_pl
+        )
         h = dist.tanh(dist.matmul(dist.multiply(x, scale), w0))
         h = dist.matmul(h, w1)
         h = dist.multiply(h, scale)
@@ -114,7 +121,12 @@ def started_cases(seed: int = 5) -> tuple[int, list[str]]:
                     got = pending.wait()
                     assert sorted(got) == sorted(want), (sorted(got), sorted(want))
                     for r in got:
-                        assert got[r].dtype == want[r].dtype and got[r].tobytes() == want[r].tobytes(), (size, dtype, op, r)
+                        assert got[r].dtype == want[r].dtype and got[r].tobytes() == want[r].tobytes(), (
+                            size,
+                            dtype,
+                            op,
+                            r,
+                        )
                     cases += 1
     return cases, sorted(kinds)
 
@@ -164,7 +176,9 @@ def main() -> None:
     other = {k: v for k, v in plain["counts"].items() if k != "all_reduce"}
     other_over = {k: v for k, v in over["counts"].items() if k != "all_reduce"}
     dist.print_once(f"other collectives plain {sorted(other.items())} overlap {sorted(other_over.items())}")
-    dist.print_once(f"first start at event {first_start}, last backward op at {last_op}, buckets started before it {starts_during}")
+    dist.print_once(
+        f"first start at event {first_start}, last backward op at {last_op}, buckets started before it {starts_during}"
+    )
 
 
 if __name__ == "__main__":

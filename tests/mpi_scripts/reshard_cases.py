@@ -128,7 +128,9 @@ def run_case(index: int, rng: np.random.Generator, world: int, me: int) -> None:
         np.testing.assert_array_equal(full, expected, err_msg=label)
     # (b) this rank's shard, bit for bit
     if (mine is None) != (sim_mine is None):
-        raise AssertionError(f"{label}: rank {me} holds a shard under MPI: {mine is not None}, in the simulator: {sim_mine is not None}")
+        raise AssertionError(
+            f"{label}: rank {me} holds a shard under MPI: {mine is not None}, in the simulator: {sim_mine is not None}"
+        )
     if mine is not None:
         mine, sim_mine = np.asarray(mine), np.asarray(sim_mine)
         if mine.dtype != sim_mine.dtype or mine.shape != sim_mine.shape or mine.tobytes() != sim_mine.tobytes():
@@ -142,8 +144,10 @@ def run_case(index: int, rng: np.random.Generator, world: int, me: int) -> None:
     want = [comparable(e, me) for e in sim_events]
     if got != want:
         raise AssertionError(
-            f"{label}: rank {me} recorded\n  " + "\n  ".join(map(str, mpi_log.events))
-            + "\nbut the simulator's events of its groups are\n  " + "\n  ".join(map(str, sim_events))
+            f"{label}: rank {me} recorded\n  "
+            + "\n  ".join(map(str, mpi_log.events))
+            + "\nbut the simulator's events of its groups are\n  "
+            + "\n  ".join(map(str, sim_events))
         )
     for m, s in zip(mpi_log.events, sim_events, strict=True):
         if not sizes_agree(m, s, me):

@@ -46,12 +46,15 @@ def run_round(round_: int, world: int, me: int, mpi: Any) -> dict[str, tuple[Any
         "all_reduce": mpi.all_reduce(group, {me: full[me]}, "sum")[me],
         "all_gather": mpi.all_gather(group, {me: pieces[me]}, [p.shape for p in pieces.values()])[me],
         "all_to_all": mpi.all_to_all(group, {me: rows[me]}, {me: [c.shape for c in rows[me]]})[me],
-        "broadcast": mpi.broadcast(group, {me: full[me] if me == round_ % world else None}, round_ % world, (ELEMS,), np.float64)[me],
+        "broadcast": mpi.broadcast(
+            group, {me: full[me] if me == round_ % world else None}, round_ % world, (ELEMS,), np.float64
+        )[me],
     }
     src, dst = (me - 1) % world, (me + 1) % world
     tag = 10 + round_
     received = mpi.exchange(
-        [PointToPoint(me, dst, tag, (ELEMS,), np.float64, full[me]), PointToPoint(src, me, tag, (ELEMS,), np.float64)], [me]
+        [PointToPoint(me, dst, tag, (ELEMS,), np.float64, full[me]), PointToPoint(src, me, tag, (ELEMS,), np.float64)],
+        [me],
     )
     got["exchange"] = received[(src, me, tag)]
     want["exchange"] = full[src]

@@ -77,7 +77,9 @@ def distributed_optimizer(optimizer: Any, strategy: DistributedStrategy | None =
             "fleet.distributed_optimizer: the strategy differs from the one fleet.init built the groups "
             "from; pass it to fleet.init(is_collective=True, strategy=...) before building the model"
         )
-    return HybridParallelOptimizer(optimizer, get_hybrid_communicate_group(), resolved_strategy("fleet.distributed_optimizer"))
+    return HybridParallelOptimizer(
+        optimizer, get_hybrid_communicate_group(), resolved_strategy("fleet.distributed_optimizer")
+    )
 
 
 __all__ = [

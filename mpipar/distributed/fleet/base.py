@@ -32,7 +32,9 @@ def _rank() -> int:
 
 
 def init(
-    role_maker: Any = None, is_collective: bool = False, strategy: DistributedStrategy | None = None,
+    role_maker: Any = None,
+    is_collective: bool = False,
+    strategy: DistributedStrategy | None = None,
     log_level: Any = "INFO",
 ) -> None:
     """Build the 4-D topology of ``strategy`` over the world (without one: data parallel over all ranks).

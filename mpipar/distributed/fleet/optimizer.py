@@ -56,7 +56,9 @@ class HybridParallelOptimizer:
 
     def __init__(self, optimizer: Optimizer, hcg: HybridCommunicateGroup, strategy: Resolved) -> None:
         if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"distributed_optimizer: expected an mpipar optimizer (dist.optimizer.AdamW, ...), got {type(optimizer).__name__}")
+            raise TypeError(
+                f"distributed_optimizer: expected an mpipar optimizer (dist.optimizer.AdamW, ...), got {type(optimizer).__name__}"
+            )
         self._inner_opt = optimizer
         self._hcg = hcg
         self._strategy = strategy
@@ -72,7 +74,9 @@ class HybridParallelOptimizer:
         self._sharding = hcg.get_sharding_parallel_world_size()
         self._stage = strategy.sharding_stage
         group = hcg.get_sharding_parallel_group()
-        positions = partition_parameters(self._params, self._sharding) if self._sharding > 1 else [0] * len(self._params)
+        positions = (
+            partition_parameters(self._params, self._sharding) if self._sharding > 1 else [0] * len(self._params)
+        )
         self._owner = {id(p): group.ranks[pos] for p, pos in zip(self._params, positions, strict=True)}
         me = hcg.get_global_rank()
         self._owned = [p for p in self._params if self._owner[id(p)] == me]
@@ -103,7 +107,9 @@ class HybridParallelOptimizer:
 
     clear_gradients = clear_grad
 
-    def minimize(self, loss: Tensor, startup_program: Any = None, parameters: Any = None, no_grad_set: Any = None) -> None:
+    def minimize(
+        self, loss: Tensor, startup_program: Any = None, parameters: Any = None, no_grad_set: Any = None
+    ) -> None:
         loss.backward()
         self.step()
 

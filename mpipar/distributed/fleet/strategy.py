@@ -41,7 +41,12 @@ _SHARDING_KEYS: dict[str, Any] = {
     "optimize_cast": False,
     "stage": 1,
 }
-_PIPELINE_KEYS: dict[str, Any] = {"micro_batch_size": 1, "accumulate_steps": 1, "schedule_mode": "1F1B", "p2p_cache_shape": True}
+_PIPELINE_KEYS: dict[str, Any] = {
+    "micro_batch_size": 1,
+    "accumulate_steps": 1,
+    "schedule_mode": "1F1B",
+    "p2p_cache_shape": True,
+}
 _MERGE_KEYS: dict[str, Any] = {"k_steps": 1, "avg": True}
 _RECOMPUTE_KEYS: dict[str, Any] = {"checkpoints": [], "enable_offload": False, "checkpoint_shape": []}
 

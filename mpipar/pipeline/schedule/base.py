@@ -98,12 +98,17 @@ class Schedule:
                 raise ValueError(f"schedule field {name!r} is missing; fields present: {sorted(data)}")
         actions = data["actions"]
         if not isinstance(actions, list) or not all(isinstance(row, list) for row in actions):
-            raise ValueError(f"schedule field 'actions' must be a list of token lists (one per rank), got {actions!r:.80}")
+            raise ValueError(
+                f"schedule field 'actions' must be a list of token lists (one per rank), got {actions!r:.80}"
+            )
         split = data.get("split_backward")
         if split is not None and not isinstance(split, bool):
             raise ValueError(f"schedule field 'split_backward' must be true, false or null, got {split!r}")
         schedule = cls(
-            actions, data["num_stages"], data["num_microbatches"], kind=str(data.get("kind", "custom")),
+            actions,
+            data["num_stages"],
+            data["num_microbatches"],
+            kind=str(data.get("kind", "custom")),
             split_backward=split,
         )
         for name in ("num_ranks", "num_chunks"):
@@ -194,7 +199,11 @@ class Schedule:
         if not isinstance(other, Schedule):
             return NotImplemented
         return (self.kind, self.num_stages, self.num_microbatches, self.split_backward, self._actions) == (
-            other.kind, other.num_stages, other.num_microbatches, other.split_backward, other._actions,
+            other.kind,
+            other.num_stages,
+            other.num_microbatches,
+            other.split_backward,
+            other._actions,
         )
 
     def __hash__(self) -> int:
@@ -287,4 +296,3 @@ class Schedule:
             "split_backward": self.split_backward,
             "actions": self.to_strings(),
         }
-

@@ -32,6 +32,8 @@ register_rule("where")(lambda specs, **a: elementwise("where", specs, (1, 2), Tr
 # Negation and scaling by a constant are linear; max/min would swap under negative factors.
 for _name in ("neg", "scale"):
     register_rule(_name)(lambda specs, _n=_name, **a: elementwise(_n, specs, (0,), True))
+
+
 # Dropout outputs (x * mask / (1-p), mask). The mask is the same wherever an element lives, so
 # it cannot follow a Partial input: a Partial x is reduced first.
 @register_rule("dropout")
@@ -46,13 +48,33 @@ register_rule("assign")(lambda specs, **a: elementwise("assign", specs, (0,), Tr
 
 # Non-linear: a Partial input is reduced first.
 for _name in (
-    "relu", "gelu", "exp", "log", "tanh", "sqrt", "rsqrt", "sigmoid", "abs", "square", "pow",
-    "cast", "maximum", "minimum", "greater_than", "less_than", "greater_equal", "less_equal",
-    "equal", "not_equal", "logical_and", "logical_or", "logical_not", "isfinite",
+    "relu",
+    "gelu",
+    "exp",
+    "log",
+    "tanh",
+    "sqrt",
+    "rsqrt",
+    "sigmoid",
+    "abs",
+    "square",
+    "pow",
+    "cast",
+    "maximum",
+    "minimum",
+    "greater_than",
+    "less_than",
+    "greater_equal",
+    "less_equal",
+    "equal",
+    "not_equal",
+    "logical_and",
+    "logical_or",
+    "logical_not",
+    "isfinite",
 ):
     register_rule(_name)(lambda specs, _n=_name, **a: elementwise(_n, specs))
 
 # Gradients of pointwise ops: linear in the incoming gradient (the last input).
 for _name in ("relu_grad", "gelu_grad", "tanh_grad", "sigmoid_grad", "sqrt_grad", "pow_grad"):
     register_rule(_name)(lambda specs, _n=_name, **a: elementwise(_n, specs, (len(specs) - 1,), True))
-

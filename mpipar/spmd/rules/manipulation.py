@@ -17,9 +17,19 @@ from mpipar.spmd.registry import Rule, SpmdResult, register_rule
 from mpipar.spmd.rules.common import LOWER, UPPER, norm_axes, norm_axis
 
 
-def _layout(op: str, ins: Sequence[str], outs: Sequence[str], no_shard: set[str], sizes: dict[str, int] | None = None) -> EinsumSpec:
+def _layout(
+    op: str, ins: Sequence[str], outs: Sequence[str], no_shard: set[str], sizes: dict[str, int] | None = None
+) -> EinsumSpec:
     return EinsumSpec(
-        tuple(ins), tuple(outs), tuple(range(len(ins))), True, ALL_PARTIALS, None, frozenset(no_shard), sizes or {}, op=op
+        tuple(ins),
+        tuple(outs),
+        tuple(range(len(ins))),
+        True,
+        ALL_PARTIALS,
+        None,
+        frozenset(no_shard),
+        sizes or {},
+        op=op,
     )
 
 
@@ -110,7 +120,9 @@ def concat_rule(specs: list[DistSpec], axis: int = 0, **_: object) -> EinsumSpec
 
 
 @register_rule("slice")
-def slice_rule(specs: list[DistSpec], axes: Sequence[int] = (), starts: Sequence[int] = (), ends: Sequence[int] = (), **_: object) -> EinsumSpec:
+def slice_rule(
+    specs: list[DistSpec], axes: Sequence[int] = (), starts: Sequence[int] = (), ends: Sequence[int] = (), **_: object
+) -> EinsumSpec:
     (x,) = specs
     letters = list(LOWER[: x.ndim])
     out = list(letters)
@@ -123,7 +135,9 @@ def slice_rule(specs: list[DistSpec], axes: Sequence[int] = (), starts: Sequence
     return _layout("slice", ["".join(letters)], ["".join(out)], no_shard, sizes)
 
 
-def slice_bounds(shape: Sequence[int], axes: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> dict[int, tuple[int, int]]:
+def slice_bounds(
+    shape: Sequence[int], axes: Sequence[int], starts: Sequence[int], ends: Sequence[int]
+) -> dict[int, tuple[int, int]]:
     """Paddle's slice attributes as clamped (start, stop) per axis."""
     if not len(axes) == len(starts) == len(ends):
         raise ValueError(f"slice: axes {list(axes)}, starts {list(starts)} and ends {list(ends)} differ in length")
@@ -152,9 +166,16 @@ class ReshapeRule(Rule):
         pls, out_pls = self._solve(x, target)
         need = x.with_placements(pls)
         out = DistSpec(target, x.mesh, out_pls)
-        return SpmdResult((need,), (out,), "reshape", f"reshape {list(x.shape)} -> {target}: {need.placements_str} -> {out.placements_str}")
+        return SpmdResult(
+            (need,),
+            (out,),
+            "reshape",
+            f"reshape {list(x.shape)} -> {target}: {need.placements_str} -> {out.placements_str}",
+        )
 
-    def infer_backward(self, inputs: Sequence[Any], outputs: Sequence[DistSpec], shape: Sequence[int] = (), **_: object) -> SpmdResult:
+    def infer_backward(
+        self, inputs: Sequence[Any], outputs: Sequence[DistSpec], shape: Sequence[int] = (), **_: object
+    ) -> SpmdResult:
         (x,) = inputs
         (out,) = outputs
         # Solving the inverse reshape from the wanted output gives the input layout.
@@ -226,7 +247,9 @@ def resolve_shape(shape: Sequence[int], target: Sequence[int]) -> list[int]:
             raise ValueError(f"reshape of {list(shape)} to {list(target)}: cannot infer the -1 dim")
         out[out.index(-1)] = total // known
     if _prod(out) != total or any(n < 0 for n in out):
-        raise ValueError(f"reshape of {list(shape)} ({total} elements) to {list(target)} ({_prod(out)} elements) is impossible")
+        raise ValueError(
+            f"reshape of {list(shape)} ({total} elements) to {list(target)} ({_prod(out)} elements) is impossible"
+        )
     return out
 
 
@@ -287,7 +310,14 @@ def expand_rule(specs: list[DistSpec], shape: Sequence[int] = (), **_: object) -
 
 
 @register_rule("slice_grad")
-def slice_grad_rule(specs: list[DistSpec], input_shape: Sequence[int] = (), axes: Sequence[int] = (), starts: Sequence[int] = (), ends: Sequence[int] = (), **_: object) -> EinsumSpec:
+def slice_grad_rule(
+    specs: list[DistSpec],
+    input_shape: Sequence[int] = (),
+    axes: Sequence[int] = (),
+    starts: Sequence[int] = (),
+    ends: Sequence[int] = (),
+    **_: object,
+) -> EinsumSpec:
     (g,) = specs
     letters = list(LOWER[: g.ndim])
     ins = list(letters)

@@ -52,4 +52,6 @@ def matmul_rule(specs: list[DistSpec], trans_x: bool = False, trans_y: bool = Fa
             f"matmul: contraction sizes differ: x {x} (trans_x={trans_x}) has {x_k}, y {y} (trans_y={trans_y}) has {y_k}"
         )
     out = batch[:nb] + ("m" if x.ndim > 1 else "") + ("n" if y.ndim > 1 else "")
-    return EinsumSpec((xl, yl), (out,), (0, 1), False, frozenset({"sum", "avg"}), "sum", frozenset(no_shard), op="matmul")
+    return EinsumSpec(
+        (xl, yl), (out,), (0, 1), False, frozenset({"sum", "avg"}), "sum", frozenset(no_shard), op="matmul"
+    )

@@ -74,7 +74,9 @@ def embedding_rule(specs: list[DistSpec], **_: object) -> EinsumSpec:
     if table.ndim != 2:
         raise ValueError(f"embedding: the table must be 2-d (vocab, hidden), got {table}")
     letters = LOWER[: ids.ndim]
-    return EinsumSpec((letters, "vh"), (letters + "h",), linear_in=(1,), jointly=False, contraction="sum", op="embedding")
+    return EinsumSpec(
+        (letters, "vh"), (letters + "h",), linear_in=(1,), jointly=False, contraction="sum", op="embedding"
+    )
 
 
 @register_rule("embedding_grad")
@@ -83,8 +85,13 @@ def embedding_grad_rule(specs: list[DistSpec], num_embeddings: int = 0, **_: obj
     letters = LOWER[: ids.ndim]
     # dtable[v, h] = sum over positions with id v of dout[pos, h]: positions are contracted.
     return EinsumSpec(
-        (letters, letters + "h"), ("vh",), linear_in=(1,), jointly=False, contraction="sum",
-        sizes={"v": int(num_embeddings)}, op="embedding_grad",
+        (letters, letters + "h"),
+        ("vh",),
+        linear_in=(1,),
+        jointly=False,
+        contraction="sum",
+        sizes={"v": int(num_embeddings)},
+        op="embedding_grad",
     )
 
 
@@ -100,7 +107,9 @@ def cross_entropy_rule(specs: list[DistSpec], axis: int = -1, **_: object) -> Ei
     logits = specs[0]
     letters, label_l, cls = _ce_letters(logits, axis)
     # outputs: softmax (like logits), loss (like the label: size 1 on the class axis)
-    return EinsumSpec((letters, label_l), (letters, label_l), no_shard=frozenset({cls, "K"}), op="cross_entropy_with_softmax")
+    return EinsumSpec(
+        (letters, label_l), (letters, label_l), no_shard=frozenset({cls, "K"}), op="cross_entropy_with_softmax"
+    )
 
 
 @register_rule("cross_entropy_with_softmax_grad")
@@ -108,7 +117,10 @@ def cross_entropy_grad_rule(specs: list[DistSpec], axis: int = -1, **_: object) 
     softmax = specs[1]
     letters, label_l, cls = _ce_letters(softmax, axis)
     return EinsumSpec(
-        (label_l, letters, label_l), (letters,), linear_in=(2,), no_shard=frozenset({cls, "K"}),
+        (label_l, letters, label_l),
+        (letters,),
+        linear_in=(2,),
+        no_shard=frozenset({cls, "K"}),
         op="cross_entropy_with_softmax_grad",
     )
 

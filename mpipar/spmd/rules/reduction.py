@@ -11,7 +11,12 @@ from mpipar.spmd.rules.common import LOWER, UPPER, norm_axes
 
 
 def reduction(
-    op: str, specs: list[DistSpec], axis: int | Sequence[int] | None, keep_dim: bool, partials: frozenset[str], contraction: str
+    op: str,
+    specs: list[DistSpec],
+    axis: int | Sequence[int] | None,
+    keep_dim: bool,
+    partials: frozenset[str],
+    contraction: str,
 ) -> EinsumSpec:
     (x,) = specs
     axes = norm_axes(axis, x.ndim, op)

@@ -129,7 +129,9 @@ class _Pointer:
 def _refuse_initial(name: str, kwargs: dict[str, Any]) -> None:
     """CuPy's max/min take no ``initial`` (NumPy's do): refuse it as CuPy does."""
     if name in ("max", "min", "amax", "amin") and "initial" in kwargs:
-        raise TypeError(f"{name}() got an unexpected keyword argument 'initial' (CuPy has none; the stand-in refuses it too)")
+        raise TypeError(
+            f"{name}() got an unexpected keyword argument 'initial' (CuPy has none; the stand-in refuses it too)"
+        )
 
 
 class ndarray(np.ndarray):
@@ -152,11 +154,15 @@ class ndarray(np.ndarray):
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         _check_readable(inputs)
         if any(type(x) is np.ndarray and x.ndim > 0 for x in inputs):  # CuPy does not mix host and device arrays
-            raise TypeError(f"{ufunc.__name__}: a host numpy.ndarray operand beside device arrays (CuPy refuses "
-                            "'Unsupported type <class numpy.ndarray>'; the stand-in refuses it too)")
+            raise TypeError(
+                f"{ufunc.__name__}: a host numpy.ndarray operand beside device arrays (CuPy refuses "
+                "'Unsupported type <class numpy.ndarray>'; the stand-in refuses it too)"
+            )
         if method == "at" and not isinstance(inputs[0], ndarray):  # CuPy scatters only into device memory
-            raise TypeError(f"{ufunc.__name__}.at into a {type(inputs[0]).__name__} with device arrays: CuPy's "
-                            "scatter needs a device output (the stand-in refuses what CuPy refuses)")
+            raise TypeError(
+                f"{ufunc.__name__}.at into a {type(inputs[0]).__name__} with device arrays: CuPy's "
+                "scatter needs a device output (the stand-in refuses what CuPy refuses)"
+            )
         args = [x.view(np.ndarray) if isinstance(x, ndarray) else x for x in inputs]
         if "out" in kwargs:
             kwargs["out"] = tuple(x.view(np.ndarray) if isinstance(x, ndarray) else x for x in kwargs["out"])
@@ -246,6 +252,7 @@ def __getattr__(name: str) -> Any:
         _WRAPPED[name] = attr
         return attr
     if callable(attr) and not isinstance(attr, type):
+
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             _refuse_initial(name, kwargs)
             _check_readable(args)
@@ -323,7 +330,9 @@ class NcclCommunicator:
 
     def __init__(self, n: int, uid: bytes, rank: int) -> None:
         if not isinstance(uid, bytes) or len(uid) != 128:  # CuPy 14 takes back the bytes get_unique_id gave
-            raise TypeError(f"NcclCommunicator: the unique id must be the 128 bytes get_unique_id returned, got {type(uid).__name__}")
+            raise TypeError(
+                f"NcclCommunicator: the unique id must be the 128 bytes get_unique_id returned, got {type(uid).__name__}"
+            )
         world = _world()
         root = (uid[0] & 0x7F) | (uid[1] << 7)
         serial = (uid[2] & 0x7F) | (uid[3] << 7)
@@ -341,7 +350,9 @@ class NcclCommunicator:
             members = world.recv(source=root, tag=self.tag)
         key = tuple(members)  # a group is ordered: member i is NCCL rank i
         if key in _Nccl.created:
-            raise DisciplineError(f"a second NCCL communicator for processes {list(key)}: create one per group and reuse it")
+            raise DisciplineError(
+                f"a second NCCL communicator for processes {list(key)}: create one per group and reuse it"
+            )
         _Nccl.created[key] = 1
         self.members = members
         self.rank = rank

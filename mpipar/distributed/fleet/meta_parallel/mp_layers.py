@@ -88,8 +88,15 @@ class ColumnParallelLinear(Layer):
     """``y = x @ W + b`` with W's output columns split over the model-parallel group."""
 
     def __init__(
-        self, in_features: int, out_features: int, weight_attr: Any = None, has_bias: bool | None = None,
-        gather_output: bool = True, fuse_matmul_bias: bool = False, mp_group: Group | None = None, name: str | None = None,
+        self,
+        in_features: int,
+        out_features: int,
+        weight_attr: Any = None,
+        has_bias: bool | None = None,
+        gather_output: bool = True,
+        fuse_matmul_bias: bool = False,
+        mp_group: Group | None = None,
+        name: str | None = None,
     ) -> None:
         super().__init__()
         self.group = _mp_group(mp_group, "ColumnParallelLinear")
@@ -112,8 +119,15 @@ class RowParallelLinear(Layer):
     """``y = x @ W + b`` with W's input rows split over the model-parallel group."""
 
     def __init__(
-        self, in_features: int, out_features: int, weight_attr: Any = None, has_bias: bool = True,
-        input_is_parallel: bool = False, fuse_matmul_bias: bool = False, mp_group: Group | None = None, name: str | None = None,
+        self,
+        in_features: int,
+        out_features: int,
+        weight_attr: Any = None,
+        has_bias: bool = True,
+        input_is_parallel: bool = False,
+        fuse_matmul_bias: bool = False,
+        mp_group: Group | None = None,
+        name: str | None = None,
     ) -> None:
         super().__init__()
         self.group = _mp_group(mp_group, "RowParallelLinear")
@@ -138,7 +152,11 @@ class VocabParallelEmbedding(Layer):
     """An embedding table whose rows (vocabulary ids) are split over the model-parallel group."""
 
     def __init__(
-        self, num_embeddings: int, embedding_dim: int, weight_attr: Any = None, mp_group: Group | None = None,
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        weight_attr: Any = None,
+        mp_group: Group | None = None,
         name: str | None = None,
     ) -> None:
         super().__init__()
@@ -188,7 +206,9 @@ class ParallelCrossEntropy(Layer):
         labels = np.asarray(as_tensor(label).numpy())
         if labels.ndim == logits.ndim:
             if labels.shape[-1] != 1:
-                raise ValueError(f"ParallelCrossEntropy: label shape {list(labels.shape)} must end in 1 or drop that dim")
+                raise ValueError(
+                    f"ParallelCrossEntropy: label shape {list(labels.shape)} must end in 1 or drop that dim"
+                )
             labels = labels[..., 0]
         if labels.shape != tuple(logits.shape[:-1]):
             raise ValueError(
@@ -200,7 +220,9 @@ class ParallelCrossEntropy(Layer):
         vocab = per * self.group.nranks
         valid = labels != self.ignore_index
         if ((labels[valid] < 0) | (labels[valid] >= vocab)).any():
-            raise ValueError(f"ParallelCrossEntropy: a label is outside the vocabulary of {vocab} (ignore_index={self.ignore_index})")
+            raise ValueError(
+                f"ParallelCrossEntropy: a label is outside the vocabulary of {vocab} (ignore_index={self.ignore_index})"
+            )
         # The row max, over the whole vocabulary: only a shift for stability, so no gradient.
         row_max = Tensor(np.max(logits.numpy(), axis=-1, keepdims=True))
         all_reduce(row_max, op=ReduceOp.MAX, group=self.group)
@@ -217,4 +239,10 @@ class ParallelCrossEntropy(Layer):
         return unsqueeze(loss, -1)
 
 
-__all__ = ["ColumnParallelLinear", "ParallelCrossEntropy", "RowParallelLinear", "VocabParallelEmbedding", "split_parameter"]
+__all__ = [
+    "ColumnParallelLinear",
+    "ParallelCrossEntropy",
+    "RowParallelLinear",
+    "VocabParallelEmbedding",
+    "split_parameter",
+]

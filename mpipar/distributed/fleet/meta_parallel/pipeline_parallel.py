@@ -110,7 +110,9 @@ class PipelineParallel(Layer):
             raise ValueError("train_batch: the PipelineLayer has no loss_fn; pass PipelineLayer(..., loss_fn=...)")
         loss = loss_fn(output, Tensor(label))
         if not isinstance(loss, Tensor) or int(np.prod(loss.shape)) != 1:
-            raise ValueError(f"train_batch: loss_fn must return a one-element tensor, got {getattr(loss, 'shape', loss)!r}")
+            raise ValueError(
+                f"train_batch: loss_fn must return a one-element tensor, got {getattr(loss, 'shape', loss)!r}"
+            )
         return loss
 
     def _run_schedule(self, data: Any, train: bool) -> float:
@@ -154,7 +156,9 @@ class PipelineParallel(Layer):
                 grad = x.grad if x.grad is not None else Tensor(np.zeros(tuple(x.shape), dtype=x.dtype))
                 _send(grad, self.prev_rank)
             else:
-                raise ValueError(f"train_batch: schedule {self.schedule} gave action {action}, which fleet does not run")
+                raise ValueError(
+                    f"train_batch: schedule {self.schedule} gave action {action}, which fleet does not run"
+                )
         return self._broadcast_loss(float(np.mean(losses)) if losses else 0.0)
 
     def _broadcast_loss(self, value: float) -> float:
@@ -168,7 +172,9 @@ class PipelineParallel(Layer):
     def train_batch(self, data: Any, optimizer: Any, lr_scheduler: Any = None, scaler: Any = None) -> Tensor:
         """Forward and backward of every micro-batch on the schedule, then one optimizer step; the mean loss."""
         if scaler is not None:
-            raise ValueError("train_batch: loss scaling (scaler=) is for float16 training, which fleet does not run; pass None")
+            raise ValueError(
+                "train_batch: loss scaling (scaler=) is for float16 training, which fleet does not run; pass None"
+            )
         self._layers.train()
         loss = self._run_schedule(data, train=True)
         self._layers.allreduce_shared_weight_gradients()

@@ -55,8 +55,13 @@ class SharedLayerDesc(LayerDesc):
     (the layer's own ``forward`` when None); ``shared_weight_attr`` names the tied parameter."""
 
     def __init__(
-        self, key: str, layer_func: type[Layer], forward_func: Callable[..., Any] | None = None,
-        shared_weight_attr: str = "weight", *inputs: Any, **kwargs: Any,
+        self,
+        key: str,
+        layer_func: type[Layer],
+        forward_func: Callable[..., Any] | None = None,
+        shared_weight_attr: str = "weight",
+        *inputs: Any,
+        **kwargs: Any,
     ) -> None:
         super().__init__(layer_func, *inputs, **kwargs)
         if not isinstance(key, str) or not key:
@@ -70,7 +75,9 @@ class SharedLayerDesc(LayerDesc):
 def segment_uniform(num_items: int, num_parts: int) -> list[int]:
     """Stage boundaries (Paddle's ``uniform``): equal counts, the later stages taking the remainder."""
     if num_items < num_parts:
-        raise ValueError(f"PipelineLayer: {num_items} layers cannot fill {num_parts} pipeline stages; give at least one per stage")
+        raise ValueError(
+            f"PipelineLayer: {num_items} layers cannot fill {num_parts} pipeline stages; give at least one per stage"
+        )
     bounds = [0]
     per, extra = divmod(num_items, num_parts)
     for i in range(1, num_parts + 1):
@@ -82,9 +89,15 @@ class PipelineLayer(Layer):
     """The stage of ``layers`` that this rank runs; ``forward`` runs it, ``loss_fn`` ends the last stage."""
 
     def __init__(
-        self, layers: Sequence[Any], num_stages: int | None = None, topology: Any = None,
-        loss_fn: Callable[..., Any] | None = None, seg_method: str = "uniform", recompute_interval: int = 0,
-        recompute_ctx: Any = None, num_virtual_pipeline_stages: int | None = None,
+        self,
+        layers: Sequence[Any],
+        num_stages: int | None = None,
+        topology: Any = None,
+        loss_fn: Callable[..., Any] | None = None,
+        seg_method: str = "uniform",
+        recompute_interval: int = 0,
+        recompute_ctx: Any = None,
+        num_virtual_pipeline_stages: int | None = None,
     ) -> None:
         super().__init__()
         hcg = hcg_or_none()
@@ -101,7 +114,9 @@ class PipelineLayer(Layer):
                 "pass num_stages=hcg.get_pipe_parallel_world_size()"
             )
         if num_virtual_pipeline_stages not in (None, 1):
-            raise ValueError(f"PipelineLayer: num_virtual_pipeline_stages = {num_virtual_pipeline_stages}: interleaved stages are not supported")
+            raise ValueError(
+                f"PipelineLayer: num_virtual_pipeline_stages = {num_virtual_pipeline_stages}: interleaved stages are not supported"
+            )
         if seg_method != "uniform":
             raise ValueError(f"PipelineLayer: seg_method = {seg_method!r}; only 'uniform' is supported")
         if isinstance(recompute_interval, bool) or not isinstance(recompute_interval, int) or recompute_interval < 0:
@@ -111,7 +126,9 @@ class PipelineLayer(Layer):
         items = list(layers)
         for i, item in enumerate(items):
             if not (isinstance(item, LayerDesc | Layer) or callable(item)):
-                raise TypeError(f"PipelineLayer: layers[{i}] is {type(item).__name__}; give a LayerDesc, a Layer or a function")
+                raise TypeError(
+                    f"PipelineLayer: layers[{i}] is {type(item).__name__}; give a LayerDesc, a Layer or a function"
+                )
         self.num_stages = num_stages
         self.stage_id = hcg.get_stage_id() if hcg is not None else 0
         self.segment_parts = segment_uniform(len(items), num_stages)
@@ -161,7 +178,9 @@ class PipelineLayer(Layer):
             if key in self.shared_layers:
                 weight = getattr(self.shared_layers[key], attrs[key], None)
                 if not isinstance(weight, Tensor):
-                    raise ValueError(f"SharedLayerDesc {key!r}: the layer has no parameter {attrs[key]!r} (shared_weight_attr)")
+                    raise ValueError(
+                        f"SharedLayerDesc {key!r}: the layer has no parameter {attrs[key]!r} (shared_weight_attr)"
+                    )
                 if self.stage_id != stages[0]:
                     weight.is_firstly_shared = False
                 self._shared.append((key, group, weight))
