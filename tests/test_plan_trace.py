@@ -71,10 +71,13 @@ def test_shape_only_traces_the_same_plan() -> None:
     data = _tp_mlp_step(abstract=False)
     with dist.use_backend(ShapeOnlyBackend()):
         shapes = _tp_mlp_step(abstract=True)
-    strip = lambda p: (
-        [(o.op, o.input_placements, o.required_placements, o.output_placements) for o in p.ops],  # noqa: E731
-        [(r.src, r.dst, r.bytes_per_rank, r.phase) for r in p.reshards],
-    )
+
+    def strip(p):
+        return (
+            [(o.op, o.input_placements, o.required_placements, o.output_placements) for o in p.ops],
+            [(r.src, r.dst, r.bytes_per_rank, r.phase) for r in p.reshards],
+        )
+
     assert strip(shapes) == strip(data)
 
 
