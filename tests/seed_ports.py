@@ -76,11 +76,11 @@ def is_placeholder(block: Block) -> bool:
 # --- the import rewrite (the only edit a user makes) ------------------------------------------
 
 IMPORT_RULES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^(\s*)import paddle\.distributed as (\w+)\s*$", re.M), r"\1import mpipar.distributed as \2"),
-    (re.compile(r"^(\s*)import paddle\s*$", re.M), r"\1import mpipar as paddle"),
-    (re.compile(r"^(\s*)import paddle as (\w+)\s*$", re.M), r"\1import mpipar as \2"),
+    (re.compile(r"^(\s*)import paddle\.distributed as (\w+)[ \t]*$", re.M), r"\1import mpipar.distributed as \2"),
+    (re.compile(r"^(\s*)import paddle[ \t]*$", re.M), r"\1import mpipar as paddle"),
+    (re.compile(r"^(\s*)import paddle as (\w+)[ \t]*$", re.M), r"\1import mpipar as \2"),
     (re.compile(r"^(\s*)from paddle(\.[\w.]+)? import ", re.M), r"\1from mpipar\2 import "),
-    (re.compile(r"^(\s*)import oneflow as (\w+)\s*$", re.M), r"\1from mpipar import oneflow as \2"),
+    (re.compile(r"^(\s*)import oneflow as (\w+)[ \t]*$", re.M), r"\1from mpipar import oneflow as \2"),
 ]
 
 
@@ -203,10 +203,12 @@ def world_of(block: Block) -> int:
 
 
 def static_available() -> bool:
-    import mpipar
-    import mpipar.distributed
+    """Has this tree the static graph and the Engine (the static blocks then join the runs)?"""
+    import importlib
 
-    return hasattr(mpipar, "enable_static") and hasattr(mpipar.distributed, "Engine")
+    # importlib, not an import statement: the simulator reads this driver's imports to pick its mode.
+    paddle, dist = importlib.import_module("mpipar"), importlib.import_module("mpipar.distributed")
+    return hasattr(paddle, "enable_static") and hasattr(dist, "Engine")
 
 
 def port(block: Block, *, seed_rng: bool = True) -> str:
@@ -256,12 +258,17 @@ def write_ports(out: Path, names: list[str] | None = None) -> dict[str, Path]:
 
 
 def main(argv: list[str]) -> int:
-    """``seed_ports.py --out DIR [NAME ...]``: write the ports; ``--run`` also runs them here, in turn,
-    each line of their output prefixed ``[NAME]`` (one ``mpiexec`` launch serves many blocks)."""
+    """``seed_ports.py --out DIR [NAME ...]``: write the ports; with ``--run`` also run them here in
+    turn (one launch serves many blocks). Rank 0 prints ``=== NAME`` before each block; under MPI
+    each block runs inside a ``CommDebugMode`` and rank 0 prints ``comm NAME {op: n}`` after it,
+    and other ranks' output is dropped (the per-rank simulator tags it ``[rank r]`` itself)."""
     import argparse
     import contextlib
     import io
+    import json
     import runpy
+
+    import mpipar
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -273,13 +280,22 @@ def main(argv: list[str]) -> int:
         for name, path in paths.items():
             print(name, path)
         return 0
+    backend = mpipar.current_backend()
+    mpi = backend.name == "mpi"
+    fresh = mpipar.get_rng_state()  # each block starts from the generator a fresh process has
     for name in ns.names or list(paths):
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
+        mpipar.set_rng_state(fresh)
+        if not mpi or backend.rank == 0:
+            print(f"=== {name}", flush=True)
+        if not mpi:
             runpy.run_path(str(paths[name]), run_name="__main__")
-        for line in buf.getvalue().splitlines():
-            sys.stdout.write(f"[{name}] {line}\n")
-        sys.stdout.flush()
+            continue
+        buf = io.StringIO()
+        with mpipar.CommDebugMode() as mode, contextlib.redirect_stdout(buf):
+            runpy.run_path(str(paths[name]), run_name="__main__")
+        if backend.rank == 0:
+            sys.stdout.write(buf.getvalue())
+            print(f"comm {name} {json.dumps(dict(sorted(mode.counts().items())))}", flush=True)
     return 0
 
 
