@@ -51,7 +51,7 @@ opt = dist.shard_optimizer(opt)
 for step, inputs in enumerate(dataloader):
     if step >= args.steps:
         break
-    data = inputs[0]
+    data = inputs
     logits = model(data)
     loss = dist.mean(logits)
     loss.backward()

@@ -51,7 +51,7 @@ opt = dist.optimizer.AdamW(learning_rate=0.001, parameters=model.parameters())
 for step, inputs in enumerate(dataloader):
     if step >= args.steps:
         break
-    x = dist.shard_tensor(inputs[0], mesh0, [dist.Replicate()])
+    x = dist.shard_tensor(inputs, mesh0, [dist.Replicate()])
     loss = dist.mean(model(x))
     loss.backward()
     opt.step()

@@ -49,7 +49,7 @@ opt = dist.optimizer.AdamW(learning_rate=0.001, parameters=model.parameters())
 for step, inputs in enumerate(dataloader):
     if step >= args.steps:
         break
-    logits = model(inputs[0])
+    logits = model(inputs)
     loss = dist.mean(logits)
     loss.backward()
     opt.step()

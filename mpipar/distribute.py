@@ -18,9 +18,9 @@ import numpy as np
 from mpipar import capture_hooks, hooks, tape
 from mpipar.backend import check_mesh, current_backend
 from mpipar.comm import comm_context, current_context, note_reused_reshard
-from mpipar.mesh import ProcessMesh, is_shard_spec, shard_spec_placements
+from mpipar.mesh import ProcessMesh
 from mpipar.modes import Mode, execution_mode
-from mpipar.placement import Placement, check_placements
+from mpipar.placement import Placement, check_placements, is_shard_spec, shard_spec_placements
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import DistSpec, box_relative

@@ -265,29 +265,3 @@ def _kept_axes(ndim: int, index: Any) -> list[int]:
             raise ValueError(f"ProcessMesh index {index!r}: only ints, slices and ... are supported")
     kept.extend(range(axis, ndim))
     return kept
-
-
-def is_shard_spec(spec: object) -> bool:
-    """Is ``spec`` Paddle's older shard spec (per tensor dim a mesh axis name or None, as in
-    ``shard_tensor(x, mesh, [None, "mp"])``) rather than a list of placements?"""
-    return isinstance(spec, (list, tuple)) and all(s is None or isinstance(s, str) for s in spec)
-
-
-def shard_spec_placements(spec: Sequence[str | None], mesh: ProcessMesh, ndim: int, what: str) -> list[Any]:
-    """The placements (one per mesh axis) of shard spec ``spec`` for a ``ndim``-d tensor on ``mesh``."""
-    from mpipar.placement import Replicate, Shard
-
-    if len(spec) != ndim:
-        raise ValueError(
-            f"{what}: shard spec {list(spec)} has {len(spec)} entries for a tensor with {ndim} dims "
-            "(one mesh axis name or None per tensor dim)"
-        )
-    placements: list[Any] = [Replicate()] * mesh.ndim
-    for d, axis in enumerate(spec):
-        if axis is None:
-            continue
-        k = mesh.axis_index(axis)
-        if placements[k] != Replicate():
-            raise ValueError(f"{what}: shard spec {list(spec)} names mesh axis {axis!r} for two tensor dims")
-        placements[k] = Shard(d)
-    return placements

@@ -24,12 +24,12 @@ import numpy as np
 from mpipar.backend import current_backend
 from mpipar.distribute import dtensor_from_local, reshard, shard_tensor
 from mpipar.io import DataLoader
-from mpipar.mesh import ProcessMesh, shard_spec_placements
+from mpipar.mesh import ProcessMesh
 from mpipar.modes import Mode, execution_mode
 from mpipar.nn.layer import Layer
 from mpipar.ops import dispatch
 from mpipar.optimizer.optimizer import Optimizer
-from mpipar.placement import Placement, Replicate, Shard
+from mpipar.placement import Placement, Replicate, Shard, shard_spec_placements
 from mpipar.spec import DistSpec
 from mpipar.tensor import Tensor
 

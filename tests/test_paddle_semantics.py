@@ -136,7 +136,9 @@ def test_group_sharded_levels_compute_data_parallel_and_gather_at_level_3(level:
         paddle.seed(9)
         with paddle.nn.layer.default_dtype("float64"):
             layer = paddle.nn.Linear(3, 2)
-        opt = paddle.optimizer.Momentum(0.1, parameters=layer.parameters(), weight_decay=paddle.regularizer.L2Decay(0.01))
+        opt = paddle.optimizer.Momentum(
+            0.1, parameters=layer.parameters(), weight_decay=paddle.regularizer.L2Decay(0.01)
+        )
         model, opt, _ = dist.sharding.group_sharded_parallel(layer, opt, level=level)
         mode = paddle.CommDebugMode() if rank == 0 else contextlib.nullcontext()
         with mode:
@@ -153,7 +155,9 @@ def test_group_sharded_levels_compute_data_parallel_and_gather_at_level_3(level:
         paddle.seed(9)
         with paddle.nn.layer.default_dtype("float64"):
             layer = paddle.nn.Linear(3, 2)
-        opt = paddle.optimizer.Momentum(0.1, parameters=layer.parameters(), weight_decay=paddle.regularizer.L2Decay(0.01))
+        opt = paddle.optimizer.Momentum(
+            0.1, parameters=layer.parameters(), weight_decay=paddle.regularizer.L2Decay(0.01)
+        )
         for _ in range(2):
             paddle.mean(layer(paddle.to_tensor(data))).backward()
             opt.step()
@@ -183,7 +187,7 @@ def test_metric_accuracy_and_accumulating_accuracy() -> None:
     assert m.accumulate() == [3 / 6, 5 / 6] and m.name() == ["acc_top1", "acc_top2"]
     m.reset()
     assert m.accumulate() == [0.0, 0.0]
-    with pytest.raises(ValueError, match="k = 4 is outside 1..3"):
+    with pytest.raises(ValueError, match=r"k = 4 is outside 1\.\.3"):
         paddle.metric.accuracy(paddle.to_tensor(scores), paddle.to_tensor(label), k=4)
 
 

@@ -175,9 +175,9 @@ def test_gradient_accumulation_equals_the_full_batch() -> None:
 def test_shuffling_is_the_same_in_every_run() -> None:
     data = dist.io.DataLoader(_Range(20), batch_size=4, shuffle=True)
     dist.seed(5)
-    first = [b[0].full_tensor().tolist() for b in data]
+    first = [b.full_tensor().tolist() for b in data]
     dist.seed(5)
-    second = [b[0].full_tensor().tolist() for b in data]
+    second = [b.full_tensor().tolist() for b in data]
     assert (
         first == second
         and sorted(i for batch in first for i in batch) == list(range(20))
@@ -216,7 +216,7 @@ def test_shard_dataloader_loads_only_the_local_rows() -> None:
 
     mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["dp", "tp"])
     loader = dist.shard_dataloader(dist.io.DataLoader(Tracking(16), batch_size=8), [mesh], shard_dims="dp")
-    (batch,) = next(iter(loader))
+    batch = next(iter(loader))  # one field: one tensor, as the wrapped DataLoader yields
     assert batch.placements == [dist.Shard(0), dist.Replicate()]
     np.testing.assert_array_equal(batch.full_tensor()[:, 0], np.arange(8))
     assert batch.local_tensor(2).tolist() == [[4, 4], [5, 5], [6, 6], [7, 7]]

@@ -195,5 +195,4 @@ def group_sharded_parallel(
     return wrapped, opt, scaler
 
 
-
 __all__ = ["GroupShardedModel", "GroupShardedOptimizer", "group_sharded_parallel"]

@@ -33,7 +33,6 @@ moved to another placement, records them again. Results are the eager step's, bi
 from __future__ import annotations
 
 import inspect
-
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpipar.compat.collective import broadcast
 from mpipar.compat.fleet import meta_parallel, utils
 from mpipar.compat.fleet.base import (
     barrier_worker,
@@ -34,7 +35,6 @@ from mpipar.compat.fleet.base import (
 )
 from mpipar.compat.fleet.optimizer import HybridParallelOptimizer
 from mpipar.compat.fleet.strategy import DistributedStrategy
-from mpipar.compat.collective import broadcast
 from mpipar.compat.fleet.topology import CommunicateTopology, HybridCommunicateGroup, ParallelMode
 from mpipar.nn.layer import Layer
 from mpipar.tensor import Tensor

@@ -14,4 +14,14 @@ from mpipar.mesh import ProcessMesh
 from mpipar.parallel import shard_layer, shard_op
 from mpipar.placement import Partial, Replicate, Shard
 
-__all__ = ["Partial", "ProcessMesh", "Replicate", "Shard", "Strategy", "reshard", "shard_layer", "shard_op", "shard_tensor"]
+__all__ = [
+    "Partial",
+    "ProcessMesh",
+    "Replicate",
+    "Shard",
+    "Strategy",
+    "reshard",
+    "shard_layer",
+    "shard_op",
+    "shard_tensor",
+]
