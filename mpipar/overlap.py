@@ -149,7 +149,9 @@ def default_setting() -> GradReduceOverlap | None:
         try:
             mib = float(raw)
         except ValueError:
-            raise ValueError(f"${BUCKETS_ENV} = {raw!r}: give MiB per gradient bucket (a number >= 0) or 'off'") from None
+            raise ValueError(
+                f"${BUCKETS_ENV} = {raw!r}: give MiB per gradient bucket (a number >= 0) or 'off'"
+            ) from None
     key = mib
     if _default_cache.get("key") != key:
         _default_cache["key"], _default_cache["setting"] = key, GradReduceOverlap(mib)
