@@ -4,8 +4,10 @@
     m = paddle.metric.Accuracy(topk=(1, 5))
     m.update(m.compute(out, label)); m.accumulate()     # [top-1, top-5] so far
 
-A metric is bookkeeping, not training: it reads the values (``full_tensor`` for a distributed
-tensor, so under MPI every rank takes part, as for ``float(loss)``) and computes with NumPy.
+``accuracy`` is the ``accuracy`` op of ``mpipar.nn.functional`` (dense or distributed inputs).
+``Accuracy`` is bookkeeping across batches: it reads the values (``full_tensor`` for a
+distributed tensor, so under MPI every rank takes part, as for ``float(loss)``) and counts with
+NumPy.
 A sample counts as correct for top-k when its label is among the k highest scores; ties go to
 the lower class index, as a stable sort orders them.
 """
@@ -17,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from mpipar.nn import functional
 from mpipar.tensor import Tensor
 
 
@@ -51,13 +54,14 @@ def _topk_correct(pred: np.ndarray, lab: np.ndarray, maxk: int) -> np.ndarray:
 
 
 def accuracy(input: Any, label: Any, k: int = 1, correct: Any = None, total: Any = None, name: Any = None) -> Tensor:
-    """Fraction of the batch whose label is among the top ``k`` scores, a float32 tensor of shape [1]."""
+    """Fraction of the batch whose label is among the top ``k`` scores: ``paddle.nn.functional``'s
+    ``accuracy`` op, so a distributed batch is reduced by its rule (no gather of the scores)."""
     if correct is not None or total is not None:
         raise ValueError("paddle.metric.accuracy: correct= and total= (static-graph outputs) are not supported")
-    pred = _values(input, "input")
-    hits = _topk_correct(pred, _labels(label, pred.shape[0] if pred.ndim else 0), int(k))
-    value = hits.sum() / max(1, hits.shape[0])
-    return Tensor(np.array([value], dtype=np.float32))
+    classes = int(input.shape[-1]) if getattr(input, "shape", None) else 0
+    if not 1 <= int(k) <= classes:
+        raise ValueError(f"paddle.metric: k = {k} is outside 1..{classes} (the number of classes)")
+    return functional.accuracy(input, label, k=int(k))
 
 
 class Accuracy:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpipar import hooks
+from mpipar import capture_hooks, hooks
 from mpipar.backend import current_backend
 from mpipar.comm import Pending, _span_recorders, comm_context
 from mpipar.modes import Mode, execution_mode
@@ -167,7 +167,14 @@ def begin_backward() -> _Session | None:
     else the default buckets (``default_setting``)."""
     if _session:
         return None
-    setting = _settings[-1] if _settings else default_setting()
+    if _settings:
+        setting: GradReduceOverlap | None = _settings[-1]
+    elif capture_hooks.capture_tracers and capture_hooks.capture_tracer() is not None:
+        # A step being captured (mpipar.capture) records each gradient's own reshard, which its
+        # program replays; the default buckets stay out of it (an explicit setting refuses the capture).
+        setting = None
+    else:
+        setting = default_setting()
     if setting is None or setting.off:
         return None
     session = _Session(setting)

@@ -1,9 +1,10 @@
-"""Seed 000 §4.3: pipeline parallelism by hand -- w0 on mesh0, w1 on mesh1, reshard between.
+"""Seed 000 §4.2: tensor parallelism -- w0 split by columns, w1 by rows; the output is Partial.
 
-python -m simulator -n 8 examples/seed_pp.py --tiny
-mpiexec -n 8 python examples/seed_pp.py --tiny
+python -m simulator -n 4 examples/paddle_auto/tp.py --tiny
+mpiexec -n 4 python examples/paddle_auto/tp.py --tiny
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import log_step, parser, require_world, seeded_uniform, setup
 
 import mpipar as dist
@@ -12,9 +13,8 @@ from mpipar.io import BatchSampler, DataLoader
 args = parser(__doc__.splitlines()[0]).parse_args()
 setup(args)
 SEQ, HIDDEN, INNER = (8, 32, 64) if args.tiny else (128, 1024, 4096)
-require_world(8, "meshes [0..3] and [4..7]")
-mesh0 = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
-mesh1 = dist.ProcessMesh([4, 5, 6, 7], dim_names=["x"])
+require_world(4, "mesh [0, 1, 2, 3]")
+mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
 
 
 class RandomDataset(dist.io.Dataset):
@@ -32,13 +32,12 @@ class RandomDataset(dist.io.Dataset):
 class MlpModel(dist.nn.Layer):
     def __init__(self):
         super().__init__()
-        self.w0 = dist.shard_tensor(self.create_parameter(shape=[HIDDEN, INNER]), mesh0, [dist.Replicate()])
-        self.w1 = dist.shard_tensor(self.create_parameter(shape=[INNER, HIDDEN]), mesh1, [dist.Replicate()])
+        # w0 split along dim 1 (columns), w1 along dim 0 (rows)
+        self.w0 = dist.shard_tensor(self.create_parameter(shape=[HIDDEN, INNER]), mesh, [dist.Shard(1)])
+        self.w1 = dist.shard_tensor(self.create_parameter(shape=[INNER, HIDDEN]), mesh, [dist.Shard(0)])
 
     def forward(self, x):
         y = dist.matmul(x, self.w0)
-        # reshard: move stage 0's result to stage 1
-        y = dist.reshard(y, mesh1, [dist.Replicate()])
         z = dist.matmul(y, self.w1)
         return z
 
@@ -51,8 +50,8 @@ opt = dist.optimizer.AdamW(learning_rate=0.001, parameters=model.parameters())
 for step, inputs in enumerate(dataloader):
     if step >= args.steps:
         break
-    x = dist.shard_tensor(inputs, mesh0, [dist.Replicate()])
-    loss = dist.mean(model(x))
+    logits = model(inputs)
+    loss = dist.mean(logits)
     loss.backward()
     opt.step()
     opt.clear_grad()
