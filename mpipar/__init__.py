@@ -96,6 +96,8 @@ from mpipar.recompute import recompute
 from mpipar.replay import CompiledStep, compile_step
 from mpipar.reshard import ReshardPlan, ReshardStep, plan_reshard
 from mpipar.runtime import measured as _measured  # noqa: F401  (registers the MPIPAR_TRACE start with the backend)
+from mpipar.runtime.heartbeat import mark_step
+from mpipar.runtime.hosts import host_mesh, rank_hosts
 from mpipar.runtime.log import print_once
 from mpipar.spec import DistSpec, chunk_range
 from mpipar.static import DistModel, Strategy, to_static
@@ -174,6 +176,7 @@ __all__ = [
     "get_world_size",
     "greater_equal",
     "greater_than",
+    "host_mesh",
     "io",
     "irecv",
     "is_grad_enabled",
@@ -182,6 +185,7 @@ __all__ = [
     "less_than",
     "load_state_dict",
     "log",
+    "mark_step",
     "matmul",
     "max",
     "maximum",
@@ -204,6 +208,7 @@ __all__ = [
     "plan_reshard",
     "pow",
     "print_once",
+    "rank_hosts",
     "recompute",
     "recv",
     "reduce",
