@@ -101,6 +101,7 @@ class Heartbeat:
         self.error: str | None = None
         self.beat = 0
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._record = {
             "rank": rank,
             "host": host,
@@ -157,15 +158,16 @@ class Heartbeat:
         }
 
     def write(self) -> None:
-        self.beat += 1
         path = beat_path(self.attempt_dir, self.rank)
         tmp = f"{path}.tmp"
-        try:
-            with open(tmp, "w") as f:
-                json.dump(self.snapshot(), f)
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a full or vanished log folder must not end the training
+        with self._lock:  # the thread, the excepthook and the exit handler all write
+            self.beat += 1
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(self.snapshot(), f)
+                os.replace(tmp, path)
+            except OSError:
+                pass  # a full or vanished log folder must not end the training
 
     def _run(self) -> None:
         request = request_path(self.attempt_dir, self.rank)

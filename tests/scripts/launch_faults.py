@@ -32,10 +32,17 @@ def main() -> None:
     p.add_argument("--fault", default="none", choices=["none", "raise", "hang", "exit"])
     p.add_argument("--rank", type=int, default=1)
     p.add_argument("--at", type=int, default=2)
+    p.add_argument("--report-host", action="store_true", help="each rank prints hydra's and mpipar's idea of its host")
+    p.add_argument("--tp-mesh", action="store_true", help="also use a 2x2 (dp, tp) mesh in rank order")
     args = p.parse_args()
     world = dist.get_world_size()
     mesh = dist.ProcessMesh(list(range(world)), dim_names=["dp"])
     rank = dist.get_rank()
+    if args.report_host:
+        print(f"host {rank} {os.environ.get('PMI_HOSTNAME')} {(dist.rank_hosts() or ['?'] * world)[rank]}", flush=True)
+    if args.tp_mesh:
+        grid = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["dp", "tp"])
+        dist.shard_tensor(np.ones((4, 4)), grid, [dist.Shard(0), dist.Shard(1)])
     for step in range(args.steps):
         if step == args.at and rank == args.rank:
             if args.fault == "raise":

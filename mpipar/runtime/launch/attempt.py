@@ -79,7 +79,7 @@ class Outcome:
     returncode: int
     seconds: float
     ranks: dict[int, str] = field(default_factory=dict)
-    """Per rank: ``exit 0``, ``raised ...``, ``killed by signal 9``, ``hung``, ``ended with the job``."""
+    """Per rank: ``finished the script``, ``raised ...``, ``killed by signal 9``, ``hung``, ``ended with the job``."""
     cause: str = ""
     error: str = ""
     """The failure's kind and message (for the same-failure-twice check)."""
@@ -393,7 +393,7 @@ def _describe(
         elif b.get("state") == "raised":
             text = f"raised {b.get('error')}"
         elif b.get("state") == "exited":
-            text = "exit 0"
+            text = "finished the script"
         elif r in died_first:
             # mpiexec's report names one dead process's status; the one it saw first is the culprit's
             text = f"killed by signal {codes[0]}" if codes and 0 < codes[0] < 64 else "died"
@@ -418,7 +418,7 @@ def _describe(
             if first is not None:
                 break
         if first is None:
-            first = next((r for r, t in outcome.ranks.items() if not t.startswith(("exit 0", "ended with"))), None)
+            first = next((r for r, t in outcome.ranks.items() if not t.startswith(("finished", "ended with"))), None)
         what = outcome.ranks.get(first, f"exit {returncode}") if first is not None else f"exit {returncode}"
         outcome.cause = f"rank {first} {what}" if first is not None else f"mpiexec ended with status {returncode}"
         outcome.error = what
