@@ -31,7 +31,6 @@ from hypothesis import strategies as st
 from mpipar import ProcessMesh
 from mpipar.checkpoint import restart_info, resume_target, save_state_dict
 from mpipar.checkpoint.format import CheckpointError
-from mpipar.runtime import heartbeat as hb
 from mpipar.runtime.hosts import (
     decode_map,
     encode_map,
@@ -134,7 +133,7 @@ def test_host_mesh_keeps_each_tp_group_on_one_host(shape: tuple[int, ...], place
 
 
 def test_host_mesh_refuses_a_host_that_cannot_hold_whole_groups() -> None:
-    with pytest.raises(ValueError, match=r"host 'a' holds 3 ranks, not a multiple of tp\(2\) = 2"):
+    with pytest.raises(ValueError, match=r"by_hosts: host 'a' holds 3 ranks, not a multiple of tp\(2\) = 2"):
         host_mesh([2, 2], ["dp", "tp"], ["a", "a", "a", "b"])
     with pytest.raises(ValueError, match="inner axes"):
         host_mesh([2, 2], ["dp", "x"], None)
@@ -182,7 +181,12 @@ def test_bad_launch_lines_are_refused(argv: list[str], message: str, capsys: Any
 
 def test_paddle_flags_map_onto_the_launcher() -> None:
     opts = parse_paddle(["--gpus=0,1", "--log_dir", "logs", "train.py", "--lr", "0.1"])
-    assert (opts.nprocs, opts.log_dir, opts.args, opts.env) == (2, "logs", ["--lr", "0.1"], {"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert (opts.nprocs, opts.log_dir, opts.args, opts.env) == (
+        2,
+        "logs",
+        ["--lr", "0.1"],
+        {"CUDA_VISIBLE_DEVICES": "0,1"},
+    )
     opts = parse_paddle(["--devices", "2,3", "--ips", "10.0.0.1,10.0.0.2", "--max_restart", "3", "t.py"])
     assert opts.nprocs == 4 and opts.max_restarts == 3 and opts.rank_hosts() == ["10.0.0.1"] * 2 + ["10.0.0.2"] * 2
     assert parse_paddle(["--nproc_per_node", "3", "t.py"]).nprocs == 3
@@ -273,8 +277,8 @@ def test_the_summary_lists_attempts_and_their_resume_steps() -> None:
 
 def test_the_main_threads_stack_is_cut_from_a_dump_of_all_threads() -> None:
     dump = (
-        "Thread 0x00007f00000000aa (most recent call first):\n  File \"hb.py\", line 1 in _run\n\n"
-        "Current thread 0x00007f00000000bb (most recent call first):\n  File \"train.py\", line 9 in spin\n"
+        'Thread 0x00007f00000000aa (most recent call first):\n  File "hb.py", line 1 in _run\n\n'
+        'Current thread 0x00007f00000000bb (most recent call first):\n  File "train.py", line 9 in spin\n'
     )
     assert main_stack(dump, 0x7F00000000BB).startswith("Current thread") and "spin" in main_stack(dump, 0x7F00000000BB)
     assert "_run" in main_stack(dump, 0x7F00000000AA) and "spin" not in main_stack(dump, 0x7F00000000AA)
@@ -300,7 +304,9 @@ def test_launch_writes_a_log_per_rank_and_shows_rank_0_live(tmp_path: Any) -> No
     logs = tmp_path / "logs"
     run = launch("-n", "2", "--log-dir", str(logs), "--", FAULTS, "--steps", "3")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert [ln for ln in run.stdout.splitlines() if ln.startswith("step ")] == [f"step {i} total {4 * i:g}" for i in range(3)]
+    assert [ln for ln in run.stdout.splitlines() if ln.startswith("step ")] == [
+        f"step {i} total {4 * i:g}" for i in range(3)
+    ]
     assert "step 2 total 8" in (logs / "attempt-0" / "workerlog.0").read_text()
     assert (logs / "attempt-0" / "workerlog.1").exists()
     assert run.stderr.strip().splitlines()[-1].startswith("mpipar launch: ok: 2 ranks | ")
@@ -369,7 +375,8 @@ def test_restarts_after_kill_9_at_random_steps_end_with_the_uninterrupted_losses
                 if target is None and beat["step"] is not None:
                     if beat["step"] + 1 > steps - 2:
                         return  # too near the end to kill before it finishes
-                    target = rng.randint(beat["step"] + 1, steps - 2)
+                    # within 3 steps of where it resumed: each kill leaves room for the next
+                    target = rng.randint(beat["step"] + 1, min(beat["step"] + 3, steps - 2))
                 if target is not None and beat["step"] is not None and beat["step"] >= target:
                     os.kill(beat["pid"], signal.SIGKILL)
                     kills.append((attempt, rank, beat["step"]))
@@ -379,7 +386,9 @@ def test_restarts_after_kill_9_at_random_steps_end_with_the_uninterrupted_losses
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     try:
-        run = launch("-n", "4", "--log-dir", str(logs), "--max-restarts", "4", "--", *gpt, "--save-dir", str(tmp_path / "ck"))
+        run = launch(
+            "-n", "4", "--log-dir", str(logs), "--max-restarts", "4", "--", *gpt, "--save-dir", str(tmp_path / "ck")
+        )
     finally:
         stop.set()
         thread.join(timeout=10)
@@ -456,4 +465,4 @@ def test_ctrl_c_reaches_the_ranks_and_stops_without_a_restart(tmp_path: Any) -> 
     assert proc.returncode == 130, err
     assert "interrupted by SIGINT" in err and "interrupted: no restart" in err
     assert not (logs / "attempt-1").exists()
-    assert hb.DUMP_SIGNAL == signal.SIGUSR2
+    assert "step 1 total" in out  # rank 0's lines came through live before the interrupt

@@ -26,8 +26,6 @@ import socket
 import warnings
 from collections.abc import Mapping, Sequence
 
-import numpy as np
-
 from mpipar.backend import current_backend
 from mpipar.mesh import ProcessMesh
 
@@ -178,47 +176,15 @@ def host_of(rank: int, size: int, env: Mapping[str, str] | None = None) -> str:
 def host_mesh(
     shape: Sequence[int],
     dim_names: Sequence[str],
-    hosts: Sequence[str] | None,
+    hosts: Sequence[str] | None = None,
     inner: Sequence[str] = ("tp",),
 ) -> ProcessMesh:
-    """A mesh of ``shape`` whose groups along the ``inner`` axes hold ranks of one host.
-
-    The ranks are taken host by host (hosts in order of their first rank, each host's ranks
-    ascending) and filled into the mesh with the ``inner`` axes varying fastest, so each inner
-    group is a run of one host's ranks. ``hosts`` is each rank's host (``rank_hosts``); None
-    means one host (the plain row-major layout). Each host must hold a multiple of the inner
-    group size.
-    """
-    names = [str(n) for n in dim_names]
-    dims = [int(d) for d in shape]
-    if len(names) != len(dims):
-        raise ValueError(f"host_mesh: shape {dims} has {len(dims)} axes but dim_names {names} has {len(names)}")
-    missing = [a for a in inner if a not in names]
-    if missing:
-        raise ValueError(f"host_mesh: inner axes {missing} are not among the mesh's dim_names {names}")
-    size = math.prod(dims)
-    hosts = list(hosts) if hosts is not None else ["localhost"] * size
-    if len(hosts) != size:
-        raise ValueError(
-            f"host_mesh: the mesh {'x'.join(map(str, dims))} has {size} ranks but {len(hosts)} hosts were given"
-        )
-    group = math.prod(dims[names.index(a)] for a in inner)
-    by_host: dict[str, list[int]] = {}
-    for r, h in enumerate(hosts):
-        by_host.setdefault(h, []).append(r)
-    for h, rs in by_host.items():
-        if len(rs) % group:
-            inner_text = " * ".join(f"{a}({dims[names.index(a)]})" for a in inner)
-            raise ValueError(
-                f"host_mesh: host {h!r} holds {len(rs)} ranks, not a multiple of {inner_text} = {group}; "
-                f"a group along {list(inner)} cannot stay inside it"
-            )
-    order = [r for rs in by_host.values() for r in rs]
-    outer_axes = [i for i, n in enumerate(names) if n not in inner]
-    inner_axes = [names.index(a) for a in inner]
-    permuted = np.array(order).reshape([dims[i] for i in outer_axes + inner_axes])
-    ids = np.transpose(permuted, np.argsort(outer_axes + inner_axes))
-    return ProcessMesh(ids, dim_names=names)
+    """``ProcessMesh.by_hosts`` on the launcher's hosts (``rank_hosts()``) unless ``hosts`` are
+    given; on one machine (no map) the plain row-major layout."""
+    hosts = rank_hosts() if hosts is None else hosts
+    if hosts is None:
+        hosts = ["localhost"] * math.prod(int(d) for d in shape)
+    return ProcessMesh.by_hosts(shape, dim_names, hosts, inner)
 
 
 def spanning_groups(mesh: ProcessMesh, axis: str, hosts: Sequence[str]) -> list[tuple[tuple[int, ...], list[str]]]:
