@@ -49,7 +49,23 @@ class LaunchOptions:
 
 
 def _add_common(p: argparse.ArgumentParser, *, paddle: bool) -> None:
+    """The flags both spellings share (Paddle's with underscores; its own names for two of them)."""
     dash = "_" if paddle else "-"
+    p.add_argument("--simulate", action="store_true", help="virtual ranks in one process (python -m simulator -n N)")
+    p.add_argument(
+        f"--log{dash}dir",
+        dest="log_dir",
+        default="log" if paddle else "logs",
+        help=f"where each attempt's folder of workerlog.<rank> goes (default: {'log' if paddle else 'logs'})",
+    )
+    p.add_argument(
+        "--max_restart" if paddle else "--max-restarts",
+        dest="max_restarts",
+        type=cliargs.int_range(0, MAX_RESTARTS, "a restart count"),
+        default=0,
+        metavar="K",
+        help="relaunch a failed attempt up to K times, resuming from the latest complete checkpoint",
+    )
     p.add_argument(
         f"--hang{dash}timeout",
         dest="hang_timeout",
@@ -87,18 +103,9 @@ def parser() -> argparse.ArgumentParser:
         "heartbeats and automatic restarts from the latest checkpoint.",
     )
     p.add_argument("-n", "--nprocs", type=cliargs.int_range(1, cliargs.MAX_WORLD, "a world size"), required=True)
-    p.add_argument("--simulate", action="store_true", help="virtual ranks in one process (python -m simulator -n N)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--hosts", default=None, metavar="H1:N,H2:N", help="hosts and their slots, as mpiexec -hosts")
     where.add_argument("--hostfile", default=None, metavar="F", help="a host file, as mpiexec -f")
-    p.add_argument("--log-dir", default="logs", help="where each attempt's folder of workerlog.<rank> goes")
-    p.add_argument(
-        "--max-restarts",
-        type=cliargs.int_range(0, MAX_RESTARTS, "a restart count"),
-        default=0,
-        metavar="K",
-        help="relaunch a failed attempt up to K times, resuming from the latest complete checkpoint",
-    )
     _add_common(p, paddle=False)
     return p
 
@@ -113,7 +120,7 @@ def parse(argv: Sequence[str]) -> LaunchOptions:
     except ValueError as exc:
         p.error(str(exc))
     source = f"-hosts {ns.hosts}" if ns.hosts else f"-f {ns.hostfile}" if ns.hostfile else None
-    return _options(ns, hosts, source, ns.log_dir, ns.max_restarts)
+    return _options(ns, hosts, source)
 
 
 def _split_dashes(argv: Sequence[str]) -> list[str]:
@@ -125,18 +132,16 @@ def _split_dashes(argv: Sequence[str]) -> list[str]:
     return argv
 
 
-def _options(
-    ns: argparse.Namespace, hosts: list[tuple[str, int]] | None, source: str | None, log_dir: str, restarts: int
-) -> LaunchOptions:
+def _options(ns: argparse.Namespace, hosts: list[tuple[str, int]] | None, source: str | None) -> LaunchOptions:
     return LaunchOptions(
         nprocs=ns.nprocs,
         script=ns.script,
         args=list(ns.args),
-        simulate=bool(getattr(ns, "simulate", False)),
+        simulate=ns.simulate,
         hosts=hosts,
         host_source=source,
-        log_dir=log_dir,
-        max_restarts=restarts,
+        log_dir=ns.log_dir,
+        max_restarts=ns.max_restarts,
         hang_timeout=ns.hang_timeout,
         checkpoint_dir=ns.checkpoint_dir,
         dry_run=ns.dry_run,
@@ -167,14 +172,6 @@ def paddle_parser() -> argparse.ArgumentParser:
         help="ranks per host (default: one per device, or 1)",
     )
     p.add_argument("--ips", default=None, metavar="IP1,IP2", help="hosts; each runs nproc_per_node ranks")
-    p.add_argument("--log_dir", default="log", help="where each attempt's workerlog.<rank> go (default: log)")
-    p.add_argument(
-        "--max_restart",
-        type=cliargs.int_range(0, MAX_RESTARTS, "a restart count"),
-        default=0,
-        help="relaunch a failed attempt up to this many times from the latest complete checkpoint",
-    )
-    p.add_argument("--simulate", action="store_true", help="virtual ranks in one process instead of mpiexec")
     _add_common(p, paddle=True)
     return p
 
@@ -202,7 +199,7 @@ def parse_paddle(argv: Sequence[str]) -> LaunchOptions:
     if not math.isfinite(ns.nprocs) or ns.nprocs > cliargs.MAX_WORLD:
         p.error(f"{ns.nprocs} ranks is over the limit of {cliargs.MAX_WORLD}")
     source = "-hosts " + ",".join(f"{h}:{n}" for h, n in hosts) if hosts else None
-    out = _options(ns, hosts, source, ns.log_dir, ns.max_restart)
+    out = _options(ns, hosts, source)
     if devices:
         out.env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     return out
