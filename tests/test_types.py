@@ -51,7 +51,11 @@ def read_baseline() -> Counter[str]:
 
 def test_the_error_pattern_reads_mypy_lines() -> None:
     m = ERROR.match('mpipar/x.py:12: error: "A" has no attribute "b"  [attr-defined]')
-    assert m is not None and (m["path"], m["code"], m["message"]) == ("mpipar/x.py", "attr-defined", '"A" has no attribute "b"')
+    assert m is not None and (m["path"], m["code"], m["message"]) == (
+        "mpipar/x.py",
+        "attr-defined",
+        '"A" has no attribute "b"',
+    )
 
 
 @pytest.fixture(scope="module")
