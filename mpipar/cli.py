@@ -17,9 +17,9 @@ import numpy as np
 
 from mpipar import cliargs
 from mpipar.backend import create_backend, current_backend
+from mpipar.compile.plan_script import trace_script
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import parse_placements
-from mpipar.plan_script import trace_script
 from mpipar.reshard import plan_reshard
 from mpipar.runtime import launch
 from mpipar.spec import DistSpec
