@@ -361,8 +361,12 @@ def test_restarts_after_kill_9_at_random_steps_end_with_the_uninterrupted_losses
 
     def killer() -> None:
         """kill -9 a random rank of attempts 0..2 once it reports a random step past its resume point."""
+        last = None
         for attempt in range(3):
-            rank, target = rng.randrange(4), None
+            # a random rank, never the last one killed: the same rank killed twice after the same step
+            # would read as a failure that repeats (which stops the restarts, as it should)
+            rank, target = rng.choice([r for r in range(4) if r != last]), None
+            last = rank
             path = logs / f"attempt-{attempt}" / "heartbeat" / f"rank-{rank}.json"
             while not stop.is_set():
                 try:
@@ -436,7 +440,7 @@ def test_a_failure_that_repeats_stops_the_restarts_paddle_spelling_simulated(tmp
     assert run.returncode == 1, run.stderr
     assert "RuntimeError: boom at step 2" in run.stdout  # the traceback, live from the one process's log
     assert (
-        "attempts 0 and 1 both failed after step 1 with 'raised RuntimeError: boom at step 2': "
+        "attempts 0 and 1 both failed on rank 0 after step 1 with 'raised RuntimeError: boom at step 2': "
         "the failure repeats, so restarts stop" in run.stderr
     )
     assert sorted(os.listdir(tmp_path / "log")) == ["attempt-0", "attempt-1"]

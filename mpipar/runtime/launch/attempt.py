@@ -83,6 +83,8 @@ class Outcome:
     cause: str = ""
     error: str = ""
     """The failure's kind and message (for the same-failure-twice check)."""
+    culprit: int | None = None
+    """The rank the failure is blamed on, or None."""
     last_step: int | None = None
     resumed_step: int | None = None
     hang: Hang | None = None
@@ -409,6 +411,7 @@ def _describe(
         outcome.error = outcome.cause
     elif hang is not None:
         outcome.cause = f"rank {hang.rank} on {hang.host} hung"
+        outcome.culprit = hang.rank
         outcome.error = f"hung: {_top_frame(hang.stack)}"
         outcome.last_step = hang.step
     else:
@@ -422,6 +425,7 @@ def _describe(
         what = outcome.ranks.get(first, f"exit {returncode}") if first is not None else f"exit {returncode}"
         outcome.cause = f"rank {first} {what}" if first is not None else f"mpiexec ended with status {returncode}"
         outcome.error = what
+        outcome.culprit = first
         b = beats.get(first, {}) if first is not None else {}
         if isinstance(b.get("step"), int):
             outcome.last_step = b["step"]

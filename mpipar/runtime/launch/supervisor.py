@@ -13,7 +13,8 @@ A restart happens when an attempt fails (a rank killed, an error raised, a hang)
 are left. Before it, stale leftovers of the killed attempt in the checkpoint folder are cleared
 (a save's ``.partial-*`` folder without metadata; a ``*.lock`` file no live process holds), and
 the latest complete checkpoint is handed on. Restarts stop early when two attempts in a row fail
-at the same step with the same error: a deterministic failure would only repeat.
+on the same rank after the same step with the same error: a deterministic failure would only
+repeat.
 """
 
 from __future__ import annotations
@@ -264,9 +265,10 @@ def run(opts: LaunchOptions, out: IO[bytes] | None = None, err: IO[bytes] | None
                     stop_reason = f"no restart left (--max-restarts {opts.max_restarts})"
                 break
             if len(outcomes) >= 2 and _same_failure(outcomes[-2], outcome):
+                who = f"on rank {outcome.culprit} " if outcome.culprit is not None else ""
                 stop_reason = (
-                    f"attempts {attempt - 1} and {attempt} both failed after step {_step_text(outcome.last_step)} with "
-                    f"{outcome.error!r}: the failure repeats, so restarts stop"
+                    f"attempts {attempt - 1} and {attempt} both failed {who}after step "
+                    f"{_step_text(outcome.last_step)} with {outcome.error!r}: the failure repeats, so restarts stop"
                 )
                 break
             cleared = clear_stale(ckpt_dir)
@@ -290,7 +292,8 @@ def run(opts: LaunchOptions, out: IO[bytes] | None = None, err: IO[bytes] | None
 
 
 def _same_failure(a: Outcome, b: Outcome) -> bool:
-    return a.last_step == b.last_step and a.error == b.error and bool(a.error)
+    """The same rank failed after the same step with the same error: it would only repeat."""
+    return bool(a.error) and (a.culprit, a.last_step, a.error) == (b.culprit, b.last_step, b.error)
 
 
 def _step_text(step: int | None) -> str:
