@@ -15,13 +15,12 @@ import sys
 
 import numpy as np
 
-from mpipar import cliargs
+from mpipar import cliargs, launch
 from mpipar.backend import create_backend, current_backend
 from mpipar.compile.plan_script import trace_script
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import parse_placements
 from mpipar.reshard import plan_reshard
-from mpipar.runtime import launch
 from mpipar.spec import DistSpec
 from mpipar.version import __version__
 

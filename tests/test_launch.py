@@ -31,6 +31,9 @@ from hypothesis import strategies as st
 from mpipar import ProcessMesh
 from mpipar.checkpoint import restart_info, resume_target, save_state_dict
 from mpipar.checkpoint.format import CheckpointError
+from mpipar.launch.attempt import Outcome, hang_bound, main_stack
+from mpipar.launch.options import parse, parse_paddle
+from mpipar.launch.supervisor import _same_failure, clear_stale, command, is_this_machine, rank_env, summary
 from mpipar.runtime.hosts import (
     decode_map,
     encode_map,
@@ -42,9 +45,6 @@ from mpipar.runtime.hosts import (
     spanning_groups,
     warn_if_spans_hosts,
 )
-from mpipar.runtime.launch.attempt import Outcome, hang_bound, main_stack
-from mpipar.runtime.launch.options import parse, parse_paddle
-from mpipar.runtime.launch.supervisor import clear_stale, command, is_this_machine, rank_env, summary
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 FAULTS = os.path.join("tests", "scripts", "launch_faults.py")
@@ -264,7 +264,8 @@ def test_stale_leftovers_are_cleared_and_live_ones_kept(tmp_path: Any) -> None:
 
 def test_the_summary_lists_attempts_and_their_resume_steps() -> None:
     opts = parse(["-n", "4", "t.py"])
-    first = Outcome(0, 9, 3.0, {0: "ended with the job", 2: "killed by signal 9"}, "rank 2 killed by signal 9", "k", 3)
+    ranks = {0: "ended with the job", 2: "killed by signal 9"}
+    first = Outcome(0, 9, 3.0, ranks, cause="rank 2 killed by signal 9", error="killed by signal 9", last_step=3)
     second = Outcome(1, 0, 2.0, resumed_step=2)
     line = summary(opts, [first, second], 5.25)
     assert line == (
@@ -273,6 +274,16 @@ def test_the_summary_lists_attempts_and_their_resume_steps() -> None:
     )
     assert summary(opts, [second], 1.0) == "ok: 4 ranks | 1.0 s"
     assert summary(opts, [first], 3.0).endswith("| ranks: 0 ended with the job, 2 killed by signal 9")
+
+
+def test_only_the_same_rank_failing_the_same_way_after_the_same_step_is_a_repeat() -> None:
+    def failed(rank: int, step: int, error: str = "killed by signal 9") -> Outcome:
+        return Outcome(0, 9, 1.0, cause=f"rank {rank} {error}", error=error, culprit=rank, last_step=step)
+
+    assert _same_failure(failed(1, 5), failed(1, 5))
+    assert not _same_failure(failed(1, 5), failed(2, 5))  # two random kills that met at one step
+    assert not _same_failure(failed(1, 5), failed(1, 6))
+    assert not _same_failure(failed(1, 5), failed(1, 5, "raised RuntimeError: x"))
 
 
 def test_the_main_threads_stack_is_cut_from_a_dump_of_all_threads() -> None:

@@ -19,7 +19,7 @@ from a busy or waiting one:
 * ``state``: ``running``, ``raised`` (with ``error``, the exception's last line) or
   ``exited`` (the script ended normally).
 
-The launcher decides (``mpipar.runtime.launch``): a rank whose progress stood still outside
+The launcher decides (``mpipar.launch``): a rank whose progress stood still outside
 any wait for ``--hang-timeout`` seconds is hung. It then asks for the rank's Python stack: by
 ``SIGUSR2`` when the rank runs on the launcher's machine (``faulthandler`` answers it from C,
 even while the main thread holds the interpreter lock), else through a request file

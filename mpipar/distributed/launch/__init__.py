@@ -6,6 +6,6 @@ Paddle's flags (``--devices``/``--gpus``, ``--nproc_per_node``, ``--ips``, ``--l
 ``--max_restart``) on mpipar's launcher (``mpipar launch``; ``docs/launching.md``).
 """
 
-from mpipar.runtime.launch import paddle_main as main
+from mpipar.launch import paddle_main as main
 
 __all__ = ["main"]

@@ -2,7 +2,7 @@
 
 import sys
 
-from mpipar.runtime.launch import paddle_main
+from mpipar.launch import paddle_main
 
 if __name__ == "__main__":
     sys.exit(paddle_main(sys.argv[1:]))

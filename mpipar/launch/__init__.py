@@ -20,8 +20,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from mpipar.runtime.launch.options import parse, parse_paddle
-from mpipar.runtime.launch.supervisor import run
+from mpipar.launch.options import parse, parse_paddle
+from mpipar.launch.supervisor import run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

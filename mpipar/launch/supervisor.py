@@ -40,10 +40,10 @@ from mpipar.checkpoint.training import (
     resolve_checkpoint,
     series_steps,
 )
+from mpipar.launch.attempt import Interrupts, Outcome, hang_bound, run_attempt
+from mpipar.launch.options import LaunchOptions, checkpoint_dir
 from mpipar.runtime import heartbeat as hb
 from mpipar.runtime.hosts import HOST_MAP_ENV, encode_map, format_map
-from mpipar.runtime.launch.attempt import Interrupts, Outcome, hang_bound, run_attempt
-from mpipar.runtime.launch.options import LaunchOptions, checkpoint_dir
 
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 TIMEOUT_MARGIN_S = 60.0
