@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from mpipar import ProcessMesh
 from mpipar.checkpoint import restart_info, resume_target, save_state_dict
 from mpipar.checkpoint.format import CheckpointError
+from mpipar.debug.timeline import Timeline
 from mpipar.launch.attempt import Outcome, hang_bound, main_stack
 from mpipar.launch.options import parse, parse_paddle
 from mpipar.launch.supervisor import _same_failure, clear_stale, command, is_this_machine, rank_env, summary
@@ -147,6 +148,13 @@ def test_a_tp_group_across_hosts_warns_and_one_inside_a_host_does_not() -> None:
         warnings.simplefilter("error")
         assert not warn_if_spans_hosts(mesh, ["a", "a", "b", "b"])
         assert not warn_if_spans_hosts(mesh, None)
+
+
+def test_timelines_name_each_ranks_host_and_ignore_a_malformed_map() -> None:
+    timeline = Timeline([], ranks=[0, 1, 2], time_unit="s", meta={"hosts": {"0": "node1", "1": 7}})
+    names = [e["args"]["name"] for e in timeline.to_chrome_trace()["traceEvents"] if e["name"] == "process_name"]
+    assert names == ["rank 0 @ node1", "rank 1", "rank 2"]
+    assert Timeline([], ranks=[0], time_unit="s", meta={"hosts": ["node1"]}).to_chrome_trace()
 
 
 def test_loopback_aliases_are_this_machine() -> None:
