@@ -10,6 +10,7 @@ the restarts, Ctrl-C.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -268,6 +269,12 @@ def test_stale_leftovers_are_cleared_and_live_ones_kept(tmp_path: Any) -> None:
     assert removed == ["save.lock", "step-4.partial-00ff"]
     assert (tmp_path / "step-2").is_dir() and held.exists()
     assert clear_stale(str(tmp_path)) == ["other.lock"]  # once its holder is gone
+    flocked = tmp_path / "flock.lock"
+    flocked.write_text("")
+    with open(flocked) as f:  # a BSD flock, which POSIX locks do not see, counts as held too
+        fcntl.flock(f, fcntl.LOCK_EX)
+        assert clear_stale(str(tmp_path)) == []
+    assert clear_stale(str(tmp_path)) == ["flock.lock"]
 
 
 def test_the_summary_lists_attempts_and_their_resume_steps() -> None:

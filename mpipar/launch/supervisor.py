@@ -156,17 +156,19 @@ def clear_stale(directory: str | None) -> list[str]:
 
 
 def _unheld(path: str) -> bool:
-    """No process holds an fcntl lock on ``path`` (the one that did was killed with its attempt)."""
+    """No process holds a lock on ``path``, of either kind (``flock`` or POSIX ``lockf``: Linux
+    keeps them apart); the process that did was killed with its attempt."""
     try:
         fd = os.open(path, os.O_RDWR)
     except OSError:
         return False
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
-    else:
-        fcntl.lockf(fd, fcntl.LOCK_UN)
+        for take, release in ((fcntl.flock, fcntl.flock), (fcntl.lockf, fcntl.lockf)):
+            try:
+                take(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False
+            release(fd, fcntl.LOCK_UN)
         return True
     finally:
         os.close(fd)
