@@ -396,16 +396,18 @@ def _describe(
             text = f"raised {b.get('error')}"
         elif b.get("state") == "exited":
             text = "finished the script"
+        elif simulate:  # the launcher's own child: its status is known
+            text = f"exit {returncode}" if returncode >= 0 else f"killed by signal {-returncode}"
         elif r in died_first:
             # mpiexec's report names one dead process's status; the one it saw first is the culprit's
             text = f"killed by signal {codes[0]}" if codes and 0 < codes[0] < 64 else "died"
-        elif simulate:
-            text = f"exit {returncode}" if returncode >= 0 else f"killed by signal {-returncode}"
         elif isinstance(b.get("waiting"), str):
             text = f"ended with the job (waiting in {b['waiting'][:200]})"
         else:
             text = "ended with the job"
         outcome.ranks[r] = text
+    if simulate:  # one process hosts every rank: they share its fate
+        outcome.ranks = dict.fromkeys(range(nprocs), outcome.ranks[0])
     if interrupted:
         outcome.cause = f"interrupted by {signal.Signals(interrupted).name}"
         outcome.error = outcome.cause

@@ -43,7 +43,7 @@ from mpipar.checkpoint.training import (
 from mpipar.launch.attempt import Interrupts, Outcome, hang_bound, run_attempt
 from mpipar.launch.options import LaunchOptions, checkpoint_dir
 from mpipar.runtime import heartbeat as hb
-from mpipar.runtime.hosts import HOST_MAP_ENV, encode_map, format_map
+from mpipar.runtime.hosts import HOST_MAP_ENV, encode_map, format_map, ranges
 
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 TIMEOUT_MARGIN_S = 60.0
@@ -315,7 +315,11 @@ def summary(opts: LaunchOptions, outcomes: Sequence[Outcome], seconds: float) ->
             attempts.append(f"attempt {o.attempt} ({resumed}, {o.seconds:.1f} s): {ended}")
         parts.append("; ".join(attempts))
     if not last.ok and last.ranks:
-        parts.append("ranks: " + ", ".join(f"{r} {t}" for r, t in sorted(last.ranks.items())))
+        by_status: dict[str, list[int]] = {}
+        for r, t in sorted(last.ranks.items()):
+            by_status.setdefault(t, []).append(r)
+        groups = sorted(by_status.items(), key=lambda item: item[1][0])
+        parts.append("ranks: " + ", ".join(f"{ranges(rs)} {t}" for t, rs in groups))
     return " | ".join(parts)
 
 

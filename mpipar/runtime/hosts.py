@@ -127,10 +127,11 @@ def format_map(rank_hosts: Sequence[str]) -> list[str]:
     by_host: dict[str, list[int]] = {}
     for r, h in enumerate(rank_hosts):
         by_host.setdefault(h, []).append(r)
-    return [f"{h}: rank{'s' if len(rs) > 1 else ''} {_ranges(rs)}" for h, rs in by_host.items()]
+    return [f"{h}: rank{'s' if len(rs) > 1 else ''} {ranges(rs)}" for h, rs in by_host.items()]
 
 
-def _ranges(ranks: Sequence[int]) -> str:
+def ranges(ranks: Sequence[int]) -> str:
+    """``0-3,6`` for [0, 1, 2, 3, 6] (ascending ranks)."""
     parts: list[str] = []
     start = prev = ranks[0]
     for r in [*ranks[1:], None]:
