@@ -5,8 +5,9 @@ runs a daemon thread that rewrites ``<attempt>/heartbeat/rank-<r>.json`` each
 ``MPIPAR_HEARTBEAT_S`` seconds (default 1) with what the launcher needs to tell a hung rank
 from a busy or waiting one:
 
-    {"rank": 2, "host": "node1", "node": "node1", "pid": 4711, "beat": 37,
-     "step": 12, "progress": 530, "waiting": null, "state": "running", "resumed_step": 10}
+    {"rank": 2, "host": "node1", "node": "node1", "pid": 4711, "main_thread": 1401..., "beat": 37,
+     "step": 12, "progress": 530, "waiting": null, "state": "running", "error": null,
+     "resumed_step": 10}
 
 * ``step``: the last step the script reported (``mark_step``; ``examples/gpt.py`` calls it
   after every step), or null;
@@ -16,8 +17,12 @@ from a busy or waiting one:
   rank that waits for its peers is not hung; the peer it waits for may be;
 * ``beat`` grows with each write: a file that stops changing means the thread itself cannot
   run (the main thread holds the interpreter lock in C code, or the process is stopped);
-* ``state``: ``running``, ``raised`` (with ``error``, the exception's last line) or
-  ``exited`` (the script ended normally).
+* ``state``: ``running``, ``raised`` (with ``error``: the uncaught exception's type and first
+  line) or ``exited`` (the interpreter is exiting without an uncaught exception: the script's
+  end or ``sys.exit``);
+* ``host`` is the launcher's name for the rank's host (``MPIPAR_HOST_MAP``), ``node`` the
+  machine's own name (the launcher signals only ranks on its own machine), ``main_thread``
+  picks the main thread's part out of a ``faulthandler`` dump of every thread.
 
 The launcher decides (``mpipar.launch``): a rank whose progress stood still outside
 any wait for ``--hang-timeout`` seconds is hung. It then asks for the rank's Python stack: by
