@@ -27,7 +27,6 @@ import select
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -461,9 +460,3 @@ def _top_frame(stack: str) -> str:
         if line.startswith("File "):
             return line
     return "no stack"
-
-
-def write_stdout(data: bytes) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()

@@ -40,7 +40,7 @@ from mpipar.checkpoint.training import (
     resolve_checkpoint,
     series_steps,
 )
-from mpipar.launch.attempt import Interrupts, Outcome, hang_bound, run_attempt
+from mpipar.launch.attempt import Interrupts, Outcome, run_attempt
 from mpipar.launch.options import LaunchOptions, checkpoint_dir
 from mpipar.runtime import heartbeat as hb
 from mpipar.runtime.hosts import HOST_MAP_ENV, encode_map, format_map, ranges
@@ -282,6 +282,10 @@ def run(opts: LaunchOptions, out: IO[bytes] | None = None, err: IO[bytes] | None
                 where += "; give --checkpoint-dir (or the script's --save-dir) to resume from checkpoints"
             say(f"restart {attempt + 1} of {opts.max_restarts} {where}", err)
             time.sleep(RESTART_PAUSE_S)  # the killed ranks' ports and files are released
+            if interrupts.signum:  # Ctrl-C between attempts: no new one
+                outcome.interrupted = interrupts.signum
+                stop_reason = "interrupted: no restart"
+                break
     if stop_reason:
         say(stop_reason, err)
     say(summary(opts, outcomes, time.monotonic() - start), err)
@@ -321,6 +325,3 @@ def summary(opts: LaunchOptions, outcomes: Sequence[Outcome], seconds: float) ->
         groups = sorted(by_status.items(), key=lambda item: item[1][0])
         parts.append("ranks: " + ", ".join(f"{ranges(rs)} {t}" for t, rs in groups))
     return " | ".join(parts)
-
-
-__all__ = ["hang_bound", "run"]
