@@ -168,6 +168,7 @@ def test_the_launch_command_line_and_the_script_arguments() -> None:
     opts = parse(["-n", "4", "--hosts", "a:2,b:2", "--max-restarts", "2", "--", "train.py", "--dry-run", "-n", "9"])
     assert (opts.nprocs, opts.script, opts.args) == (4, "train.py", ["--dry-run", "-n", "9"])
     assert not opts.dry_run and opts.max_restarts == 2 and opts.rank_hosts() == ["a", "a", "b", "b"]
+    assert parse(["-n", "2", "train.py", "a", "--", "b"]).args == ["a", "--", "b"]  # the script's own "--"
     opts = parse(["-n", "2", "--dry-run", "train.py", "--steps", "3"])
     assert opts.dry_run and opts.args == ["--steps", "3"] and opts.rank_hosts() is None
 

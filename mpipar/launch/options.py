@@ -112,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
 
 def parse(argv: Sequence[str]) -> LaunchOptions:
     p = parser()
-    ns = p.parse_args(_split_dashes(argv))
+    ns = p.parse_args(list(argv))
     if ns.simulate and (ns.hosts or ns.hostfile):
         p.error("--simulate runs every rank in this process: --hosts/--hostfile do not apply")
     try:
@@ -121,15 +121,6 @@ def parse(argv: Sequence[str]) -> LaunchOptions:
         p.error(str(exc))
     source = f"-hosts {ns.hosts}" if ns.hosts else f"-f {ns.hostfile}" if ns.hostfile else None
     return _options(ns, hosts, source)
-
-
-def _split_dashes(argv: Sequence[str]) -> list[str]:
-    """``... -- train.py args`` -> ``... train.py args`` (argparse's REMAINDER keeps a leading ``--``)."""
-    argv = list(argv)
-    if "--" in argv:
-        i = argv.index("--")
-        return [*argv[:i], *argv[i + 1 :]]
-    return argv
 
 
 def _options(ns: argparse.Namespace, hosts: list[tuple[str, int]] | None, source: str | None) -> LaunchOptions:
@@ -178,7 +169,7 @@ def paddle_parser() -> argparse.ArgumentParser:
 
 def parse_paddle(argv: Sequence[str]) -> LaunchOptions:
     p = paddle_parser()
-    ns = p.parse_args(_split_dashes(argv))
+    ns = p.parse_args(list(argv))
     devices: list[str] = []
     if ns.devices is not None:
         devices = [d.strip() for d in ns.devices.split(",")]
