@@ -64,8 +64,19 @@ def gpt_plan_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return out
 
 
+TIERS = ("unit", "mpi", "viz", "fuzz")
+"""The test folders, each also a marker (``pytest -m unit``): in-process tests of the library and
+the simulator; tests that launch ``mpiexec``; the dashboard's renderers, app and browser test;
+long generated fuzzing of the file readers."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``slow`` cases run on demand (``pytest -m slow`` or ``MPIPAR_SLOW=1``), not in the default suite."""
+    """Each test carries its folder's tier marker. ``slow`` cases run on demand (``pytest -m slow``
+    or ``MPIPAR_SLOW=1``), not in the default suite."""
+    for item in items:
+        parts = item.path.relative_to(os.path.join(REPO, "tests")).parts
+        if len(parts) > 1 and parts[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
     if "slow" in (config.getoption("-m") or "") or os.environ.get("MPIPAR_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow: run on demand with `pytest -m slow` or MPIPAR_SLOW=1")
