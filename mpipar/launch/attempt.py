@@ -373,8 +373,8 @@ def _describe(
     died_first: Sequence[int],
 ) -> Outcome:
     beats = watch.last
-    steps = [b.get("step") for b in beats.values() if isinstance(b.get("step"), int)]
-    resumed = [b.get("resumed_step") for b in beats.values() if isinstance(b.get("resumed_step"), int)]
+    steps: list[int] = [b["step"] for b in beats.values() if isinstance(b.get("step"), int)]
+    resumed: list[int] = [b["resumed_step"] for b in beats.values() if isinstance(b.get("resumed_step"), int)]
     outcome = Outcome(
         attempt,
         returncode,
@@ -439,7 +439,7 @@ def _bad_termination_codes(path: str) -> list[int]:
         with open(path, "rb") as f:
             text = f.read(1 << 20).decode("utf-8", "replace")
     except OSError:
-        return {}
+        return []
     text = re.sub(r"\n=\s*", " = ", text)
     return [int(m.group(3)) for m in _BAD_TERMINATION.finditer(text)]
 

@@ -67,8 +67,8 @@ def is_this_machine(host: str) -> bool:
     except ValueError:
         pass
     try:
-        theirs = {a[4][0] for a in socket.getaddrinfo(name, None)}
-        mine = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None)}
+        theirs = {str(a[4][0]) for a in socket.getaddrinfo(name, None)}
+        mine = {str(a[4][0]) for a in socket.getaddrinfo(socket.gethostname(), None)}
     except OSError:
         return False
     return any(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in theirs) or bool(theirs & mine)
