@@ -36,7 +36,7 @@ from mpipar.compat.collective import (
 )
 from mpipar.compile.to_static import DistModel, Strategy, to_static
 from mpipar.distribute import dtensor_from_local, reshard, shard_tensor
-from mpipar.distributed import auto_parallel, fleet, sharding
+from mpipar.distributed import auto_parallel, fleet, launch, sharding
 from mpipar.mesh import ProcessMesh
 from mpipar.parallel import (
     ShardDataloader,
@@ -80,6 +80,7 @@ __all__ = [
     "get_world_size",
     "irecv",
     "isend",
+    "launch",
     "load_state_dict",
     "new_group",
     "recv",
