@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mpipar.mesh import ProcessMesh
@@ -181,7 +181,7 @@ def is_shard_spec(spec: object) -> bool:
     return isinstance(spec, (list, tuple)) and all(s is None or isinstance(s, str) for s in spec)
 
 
-def shard_spec_placements(spec: Sequence[str | None], mesh: ProcessMesh, ndim: int, what: str) -> list[Placement]:
+def shard_spec_placements(spec: Sequence[Any], mesh: ProcessMesh, ndim: int, what: str) -> list[Placement]:
     """The placements (one per mesh axis) of shard spec ``spec`` for a ``ndim``-d tensor on ``mesh``."""
     if len(spec) != ndim:
         raise ValueError(
