@@ -29,6 +29,7 @@ from mpipar.modes import Mode, execution_mode
 from mpipar.ops import math as M
 from mpipar.optimizer.lr import LRScheduler
 from mpipar.optimizer.offload import OffloadConfig, move_states
+from mpipar.runtime import collector
 from mpipar.spec import DistSpec
 from mpipar.tensor import Tensor
 
@@ -145,6 +146,7 @@ class Optimizer:
             lr = self.get_lr()
             for p, g in params_grads:
                 self._step_param(p, g, _param_lr(p, lr))
+        collector.step_done()  # a step boundary: the collector's one-time freeze after the warm-up
 
     def layout_of(self, p: Tensor) -> DistSpec | None:
         """The layout ``p`` is updated and its states are kept in (None: dense)."""
