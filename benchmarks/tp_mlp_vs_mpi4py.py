@@ -193,8 +193,10 @@ def main() -> None:
     )
     p.add_argument(
         "--only",
-        default="",
-        help="comma-separated variants to time besides the hand-written one (default: all), e.g. 'mpipar'",
+        action="append",
+        default=[],
+        metavar="VARIANT",
+        help="time this variant besides the hand-written one (repeatable; default: all), e.g. --only mpipar",
     )
     p.add_argument("--per-rank", action="store_true", help="also print each rank's own p10 / p50 / p90")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object instead")
@@ -210,7 +212,7 @@ def main() -> None:
     ref_step, ref_state = hand_written(world)
     ref_losses = [ref_step() for _ in range(2)]
     variants: dict[str, Callable[[], float]] = {"hand-written mpi4py": hand_written(world)[0]}
-    wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+    wanted = {w.strip() for w in args.only}
     for label, reuse in (
         ("mpipar", True),
         ("mpipar, replayed", True),
