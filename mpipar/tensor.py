@@ -113,6 +113,9 @@ class Tensor:
     Set by ``ops.dispatch`` (ZeRO-3) and ``models.gpt`` (sequence parallel); read by
     ``tape.pack_saved`` (what a node saves) and ``simulator.step_trace`` (the parameter behind it)."""
     _grad_any_layout: bool = False
+    """The gradient of this leaf keeps the layout backward gave it (Partial too). Set by
+    ``recompute`` on a recomputed block's detached inputs; read by ``autograd`` and ``overlap``,
+    which otherwise reshard a leaf's gradient to its own layout."""
     # Defaults most tensors keep (op outputs, detached views): class attributes, so that making
     # a tensor (every op makes several) sets only what differs, and allocates no hook list.
     _dense: Array | None = None
@@ -125,9 +128,6 @@ class Tensor:
     _out_index: int = 0
     _grad_hooks: Sequence[Callable[[Tensor], Tensor | None]] = ()
     """This leaf's gradient hooks (``register_hook`` makes the instance's own list)."""
-    """The gradient of this leaf keeps the layout backward gave it (Partial too). Set by
-    ``recompute`` on a recomputed block's detached inputs; read by ``autograd`` and ``overlap``,
-    which otherwise reshard a leaf's gradient to its own layout."""
 
     # Paddle's parameter attributes, with Paddle's defaults: declared on every tensor because
     # the optimizers take any trainable tensor, not only a Parameter.
