@@ -25,7 +25,7 @@ collector off on every rank while timing; ``MPIPAR_REDUCE=native`` times MPI's o
 ``MPIPAR_GC=off`` times without mpipar's collector policy (``docs/performance.md``).
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (mpipar before mpi4py: below)
 
 import argparse
 import gc
@@ -36,10 +36,12 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
+# mpipar first (as a user's script would have it): it sets how ranks wait inside MPI
+# (mpipar.runtime.waits) before importing mpi4py starts MPI; the hand-written step gets it too.
+import mpipar as dist
 from mpi4py import MPI
 from tp_mlp import sgd_step, sgd_step_tensor
-
-import mpipar as dist
 from mpipar.runtime.ordered import reduce_mode_from_env
 from mpipar.tensor import reuse_reshards
 
@@ -283,6 +285,7 @@ def main() -> None:
         "ranks": world.Get_size(),
         "reduce": reduce_mode_from_env(),
         "gc": args.gc,
+        "heavy_yield": os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD", "unset"),
         "mpipar_gc": os.environ.get("MPIPAR_GC", ""),
         "steps_per_variant": args.rounds * args.iters,
         "load_average_before": load_before,
@@ -301,7 +304,7 @@ def main() -> None:
         print(json.dumps(report, indent=1), flush=True)
         return
     print(
-        f"{world.Get_size()} ranks, sums {report['reduce']}, collector {args.gc}"
+        f"{world.Get_size()} ranks, sums {report['reduce']}, MPICH heavy yield {report['heavy_yield']}, collector {args.gc}"
         f" (MPIPAR_GC={report['mpipar_gc'] or 'unset'}), {report['steps_per_variant']} steps per variant, load average "
         f"{' '.join(f'{x:.2f}' for x in load_before)} before, {' '.join(f'{x:.2f}' for x in report['load_average_after'])} after",  # type: ignore[union-attr]
         flush=True,
