@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from mpipar.debug.timeline import Timeline
+
 
 def run(steps: int) -> None:
     from mpi4py import MPI
@@ -57,8 +59,6 @@ def steps_of(spans: list[Any]) -> list[list[Any]]:
 
 
 def analyse(path: str, show: int, skip: int = 3) -> dict[str, Any]:
-    from mpipar.timeline import Timeline
-
     timeline = Timeline.load(path)
     by_rank: dict[int, list[Any]] = defaultdict(list)
     for s in timeline.spans:
