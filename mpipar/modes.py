@@ -40,6 +40,16 @@ class HasMode(Protocol):
     def is_abstract(self) -> bool: ...
 
 
+static_graph: list[bool] = [False]
+"""Paddle's static-graph mode (``mpipar.enable_static()``): ``static.data`` makes placeholders
+and the ops on them are recorded into a program (``mpipar.compile.program``), not computed.
+Read here, low in the stack, by the optimizer (``parameters=None`` is legal in static mode)."""
+
+
+def in_static_mode() -> bool:
+    return static_graph[0]
+
+
 def execution_mode(tensors: Iterable[HasMode] = (), backend: Backend | None = None) -> Mode:
     """The mode values are held in under ``backend`` (the current one by default), given the
     tensors involved: ``ABSTRACT`` if the backend is shape-only or any of ``tensors`` is
