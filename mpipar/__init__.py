@@ -114,7 +114,7 @@ def __getattr__(name: str) -> object:
         return importlib.import_module("mpipar.distributed")
     if name == "fleet":
         return importlib.import_module("mpipar.distributed.fleet")
-    if name in ("static", "base"):
+    if name in ("static", "base", "metric", "regularizer"):
         return importlib.import_module(f"mpipar.{name}")
     raise AttributeError(f"module 'mpipar' has no attribute {name!r}")
 

@@ -65,8 +65,11 @@ class _Section:
 
 
 class Strategy:
-    """Paddle's ``dist.Strategy``: ``pipeline``, ``sharding`` and ``gradient_merge`` sections.
+    """Paddle's ``dist.Strategy``: ``pipeline``, ``sharding``, ``gradient_merge``, ``recompute`` and
+    ``amp`` sections (``to_static`` applies the first three; the ``Engine`` all, refusing amp).
     ``auto=True``: ``to_static`` chooses the pipeline schedule and micro-batches itself (module doc)."""
+
+    _SECTIONS = ("pipeline", "sharding", "gradient_merge", "recompute", "amp")
 
     def __init__(self, config: dict[str, dict[str, Any]] | None = None, *, auto: bool = False) -> None:
         if not isinstance(auto, bool):
@@ -76,17 +79,21 @@ class Strategy:
             enable=False, schedule_mode="1F1B", accumulate_steps=1, micro_batch_size=None, vpp_degree=1
         )
         self.sharding = _Section(enable=False, stage=1, degree=None, mesh_dim="dp")
-        self.gradient_merge = _Section(enable=False, k_steps=1)
+        self.gradient_merge = _Section(enable=False, k_steps=1, avg=True)
+        # Read by the Engine (mpipar.compile.engine), which applies recompute and refuses amp by name.
+        self.recompute = _Section(enable=False, checkpoints=None, no_recompute_segments=[])
+        self.amp = _Section(enable=False, dtype="float16", level="o1", init_loss_scaling=32768.0)
         for section, values in (config or {}).items():
-            target = getattr(self, section, None)
+            target = getattr(self, section, None) if section in self._SECTIONS else None
             if target is None:
-                raise ValueError(f"Strategy has no section {section!r}; sections: pipeline, sharding, gradient_merge")
+                raise ValueError(f"Strategy has no section {section!r}; sections: {', '.join(self._SECTIONS)}")
             target.__dict__.update(values)
 
     def __repr__(self) -> str:
         auto = ", auto=True" if self.auto else ""
         return (
-            f"Strategy(pipeline={self.pipeline}, sharding={self.sharding}, gradient_merge={self.gradient_merge}{auto})"
+            f"Strategy(pipeline={self.pipeline}, sharding={self.sharding}, gradient_merge={self.gradient_merge}, "
+            f"recompute={self.recompute}, amp={self.amp}{auto})"
         )
 
 
