@@ -110,7 +110,7 @@ def test_static_program_refuses_bad_feeds_and_fetches(static_mode: None) -> None
     main, loss, _ = _build(3, 4, 2)
     exe = paddle.static.Executor(paddle.CUDAPlace(0))
     x, y = np.zeros((2, 3)), np.zeros((2, 1), dtype="int64")
-    with pytest.raises(TypeError, match="feed 'img' has dtype float32, but static.data declared float64"):
+    with pytest.raises(TypeError, match=r"feed 'img' has dtype float32, but static\.data declared float64"):
         exe.run(main, feed={"img": x.astype("float32"), "label": y}, fetch_list=[loss])
     with pytest.raises(ValueError, match=r"feed 'img' has shape \[2, 4\], but static.data declared \[-1, 3\]"):
         exe.run(main, feed={"img": np.zeros((2, 4)), "label": y}, fetch_list=[loss])
@@ -127,7 +127,7 @@ def test_static_program_refuses_bad_feeds_and_fetches(static_mode: None) -> None
 
 
 def test_static_data_and_parameterless_optimizers_need_static_mode() -> None:
-    with pytest.raises(ValueError, match="call mpipar.enable_static"):
+    with pytest.raises(ValueError, match=r"call mpipar\.enable_static"):
         paddle.static.data(name="x", shape=[None, 2])
     with pytest.raises(ValueError, match="needs parameters="):
         _momentum(None)
@@ -139,7 +139,8 @@ def test_program_prints_and_draws_its_ops(static_mode: None, tmp_path: str) -> N
     for needed in ("img : float64 [-1, 3]", "matmul(img, net.linear1.weight)", "ops (backward)", "Momentum update"):
         assert needed in text, text
     written = IrGraph(core.Graph(main.desc), for_test=True).draw(str(tmp_path), "single_main_program", [])
-    dot = open(written[0], encoding="utf-8").read()
+    with open(written[0], encoding="utf-8") as f:
+        dot = f.read()
     assert written[0].endswith("single_main_program.dot") and dot.startswith('digraph "main program"')
     assert dot.count("shape=box") >= 8 and "cross_entropy_with_softmax" in dot
     assert all(os.path.exists(p) for p in written)
@@ -210,7 +211,8 @@ def test_engine_data_parallel_program_shows_the_gradient_all_reduce(tmp_path: st
     assert len(reduces) == 4  # one per parameter gradient: 2 weights, 2 biases
     assert "all_reduce" in str(engine.main_program) and "all_reduce" not in str(engine.serial_main_program)
     written = IrGraph(core.Graph(engine.main_program.desc)).draw(str(tmp_path), "dp_main_program", [])
-    assert "all_reduce(dp)" in open(written[0], encoding="utf-8").read()
+    with open(written[0], encoding="utf-8") as f:
+        assert "all_reduce(dp)" in f.read()
 
 
 def test_engine_refuses_by_name() -> None:
