@@ -175,10 +175,11 @@ def to_dot(
         out.append(f'  op{op.index} [shape=box, style=filled, fillcolor="{colour}", label={_q(label)}];')
         resharded = {r.tensor: r for r in by_op.get(op.index, [])} if not serial else {}
         for i in op.inputs:
-            r = resharded.get(i)
-            if r is None:
+            found = resharded.get(i)
+            if found is None:
                 out.append(f"  t{i} -> op{op.index};")
                 continue
+            r = found
             kinds = ", ".join(f"{s.kind}({','.join(s.axes)})" for s in r.steps)
             label = f"{kinds}\n{r.src} -> {r.dst}\n{_size(r.bytes_per_rank)}/rank"
             out.append(f"  c{r.index} [shape=diamond, color=red, fontcolor=red, label={_q(label)}];")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -57,8 +57,16 @@ from mpipar.tensor import Tensor
 
 
 class _Section:
+    """One section of a ``Strategy``: its keys are attributes (Paddle's ``strategy.pipeline.enable``)."""
+
     def __init__(self, **defaults: Any) -> None:
         self.__dict__.update(defaults)
+
+    if TYPE_CHECKING:  # keys are set per section at run time; the type checker sees any name
+
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.__dict__.items())})"
