@@ -46,7 +46,7 @@ from mpipar import random as mrandom
 from mpipar.compile.plan import Plan
 from mpipar.compile.replay import CompiledStep
 from mpipar.compile.trace import PlanRecorder
-from mpipar.distribute import reshard_to, shard_tensor
+from mpipar.distribute import reshard, shard_tensor
 from mpipar.mesh import ProcessMesh
 from mpipar.modes import static_graph
 from mpipar.ops import dispatch
@@ -390,7 +390,7 @@ class Program:
         if index is None or hooks.current_phase() != "forward":
             return
         self._calls.append(
-            _Call("reshard", "reshard", [_Var(index)], {"spec": spec}, self._name_outputs("reshard", [out]))
+            _Call("reshard", "reshard", [_Var(index)], {"mesh": spec.mesh, "placements": list(spec.placements)}, self._name_outputs("reshard", [out]))
         )
         self._plan = None
 
@@ -589,7 +589,8 @@ def _run_call(call: _Call, env: dict[int, Tensor]) -> None:
     elif call.kind == "shard_tensor":
         outs = [shard_tensor(inputs[0], call.attrs["mesh"], call.attrs["placements"])]
     else:
-        outs = [reshard_to(inputs[0], call.attrs["spec"])]
+        # The layout, not the traced spec: a fed batch's size may differ from the traced one.
+        outs = [reshard(inputs[0], call.attrs["mesh"], call.attrs["placements"])]
     for index, t in zip(call.outputs, outs, strict=True):
         env[index] = t
 
