@@ -390,7 +390,13 @@ class Program:
         if index is None or hooks.current_phase() != "forward":
             return
         self._calls.append(
-            _Call("reshard", "reshard", [_Var(index)], {"mesh": spec.mesh, "placements": list(spec.placements)}, self._name_outputs("reshard", [out]))
+            _Call(
+                "reshard",
+                "reshard",
+                [_Var(index)],
+                {"mesh": spec.mesh, "placements": list(spec.placements)},
+                self._name_outputs("reshard", [out]),
+            )
         )
         self._plan = None
 

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 
-from mpipar.compile.plan import Plan, PlanReshard, PlanTensor
+from mpipar.compile.plan import Plan, PlanOp, PlanReshard, PlanTensor
 
 PHASE_COLOURS = {"forward": "#dbeafe", "backward": "#fde68a", "optimizer": "#bbf7d0", "other": "#e5e7eb"}
 DOT_TIMEOUT_S = 60
@@ -63,17 +63,51 @@ def _tensor_line(plan: Plan, t: PlanTensor, serial: bool, rank: int, dynamic: se
     return f"    {t.kind:<15} {t.name or f't{t.id}'} : {t.dtype} {shape}  {where}{here}"
 
 
-def _name(plan: Plan, tid: int) -> str:
-    t = plan.tensors[tid] if tid < len(plan.tensors) and plan.tensors[tid].id == tid else None
-    if t is None:
-        t = next((x for x in plan.tensors if x.id == tid), None)
-    return t.name if t is not None and t.name else f"t{tid}"
+def display_names(plan: Plan) -> dict[int, str]:
+    """A name for every tensor: its own, else Paddle-style by the op that made it
+    (``matmul_0.tmp_0``), else ``t<id>``."""
+    names = {t.id: t.name for t in plan.tensors if t.name}
+    counts: dict[str, int] = {}
+    for op in plan.ops:
+        n = counts.get(op.op, 0)
+        counts[op.op] = n + 1
+        for j, o in enumerate(op.outputs):
+            names.setdefault(o, f"{op.op}_{n}.tmp_{j}")
+    for t in plan.tensors:
+        names.setdefault(t.id, f"t{t.id}")
+    return names
+
+
+def _on_rank(plan: Plan, op: PlanOp, rank: int) -> bool:
+    """Does ``rank`` run ``op``? (It does unless every tensor of it lives on meshes without it.)"""
+    meshes = {t.mesh for t in plan.tensors if t.id in op.inputs or t.id in op.outputs}
+    meshes.discard(None)
+    return not meshes or any(rank in plan.meshes[m].process_ids for m in meshes if m < len(plan.meshes))
+
+
+def _comm_kind(r: PlanReshard, kind: str) -> str:
+    return f"send mesh {r.src_mesh} -> mesh {r.dst_mesh}" if kind == "transfer" else kind
 
 
 def _comm_line(r: PlanReshard) -> Iterable[str]:
     for s in r.steps:
         axes = ",".join(s.axes) or "-"
-        yield f"      comm {s.kind:<14} over {axes:<6} {s.src} -> {s.dst}  {_size(s.bytes_per_rank)}/rank"
+        yield f"      comm {_comm_kind(r, s.kind):<14} over {axes:<6} {s.src} -> {s.dst}  {_size(s.bytes_per_rank)}/rank"
+
+
+def _pipeline_lines(plan: Plan, serial: bool, rank: int) -> list[str]:
+    pipe = plan.pipeline if isinstance(plan.pipeline, dict) else None
+    sched = pipe.get("schedule") if pipe else None
+    if not isinstance(sched, dict):
+        return []
+    stages = ", ".join(f"stage {s.get('stage')} on mesh {s.get('mesh')}" for s in pipe.get("stages", []))  # type: ignore[union-attr]
+    lines = [f"  pipeline: {sched.get('kind')}, {sched.get('num_microbatches')} micro-batches; {stages}"]
+    actions = sched.get("actions")
+    if isinstance(actions, list):
+        shown = range(len(actions)) if serial else [rank] if rank < len(actions) else []
+        for r in shown:
+            lines.append(f"    rank {r} runs: {' '.join(map(str, actions[r]))}")
+    return lines
 
 
 def listing(
@@ -97,6 +131,8 @@ def listing(
         lines.append(
             f"  mesh {m.id}: shape {list(m.shape)} process_ids {list(m.process_ids)} dim_names {list(m.dim_names)}"
         )
+    lines.extend(_pipeline_lines(plan, serial, rank))
+    names = display_names(plan)
     lines.append("  vars:")
     for t in plan.tensors:
         if t.kind in ("parameter", "input", "optimizer_state"):
@@ -105,30 +141,36 @@ def listing(
     for r in plan.reshards:
         by_op.setdefault(r.op, []).append(r)
     phase = None
+    skipped = 0
     for op in plan.ops:
+        if not serial and not _on_rank(plan, op, rank):
+            skipped += 1
+            continue
         if op.phase != phase:
             phase = op.phase
             lines.append(f"  ops ({phase}):")
         if not serial:
             for r in by_op.get(op.index, []):
-                lines.append(f"    reshard {_name(plan, r.tensor)} for {op.op}: {r.src} -> {r.dst}")
+                lines.append(f"    reshard {names[r.tensor]} for {op.op}: {r.src} -> {r.dst}")
                 lines.extend(_comm_line(r))
         ins = ", ".join(
-            f"{_name(plan, i)}{'' if p == 'dense' else ' ' + p}"
+            f"{names.get(i, f't{i}')}{'' if p == 'dense' else ' ' + p}"
             for i, p in zip(op.inputs, op.required_placements if not serial else op.input_placements, strict=False)
         )
         outs = ", ".join(
-            f"{_name(plan, o)}{'' if p == 'dense' else ' ' + p}"
+            f"{names.get(o, f't{o}')}{'' if p == 'dense' else ' ' + p}"
             for o, p in zip(op.outputs, op.output_placements, strict=False)
         )
         scope = f"  [{op.scope}]" if op.scope else ""
         lines.append(f"    {{{outs}}} = {op.op}({ins}){scope}")
+    if skipped:
+        lines.append(f"  // {skipped} ops of other ranks' stages not listed (serial_main_program lists every op)")
     if not serial:
         loose = by_op.get(None, [])
         if loose:
             lines.append("  communication outside ops (explicit reshards, gradient layouts):")
             for r in loose:
-                lines.append(f"    reshard {_name(plan, r.tensor)} ({r.phase}): {r.reason}")
+                lines.append(f"    reshard {names.get(r.tensor, f't{r.tensor}')} ({r.phase}): {r.reason}")
                 lines.extend(_comm_line(r))
     for u in plan.meta.get("updates", []) if isinstance(plan.meta.get("updates"), list) else []:
         lines.append(
@@ -154,6 +196,7 @@ def to_dot(
     shape and placements) and, unless ``serial``, the inserted communication (red diamonds)."""
     dynamic = dynamic or set()
     out = [f"digraph {_q(title)} {{", "  rankdir=TB;", f"  label={_q(title)};", "  node [fontsize=10];"]
+    names = display_names(plan)
     used: set[int] = set()
     for op in plan.ops:
         used.update(op.inputs)
@@ -164,7 +207,7 @@ def to_dot(
         pos = _rank_position(plan, t.mesh, rank)
         where = "" if t.mesh is None else f"\nmesh {t.mesh} {t.placements}"
         style = "filled" if t.kind == "parameter" else "solid"
-        label = f"{t.name or f't{t.id}'}\n{t.dtype} {_shape(t, serial, pos, dynamic)}{where}"
+        label = f"{names[t.id]}\n{t.dtype} {_shape(t, serial, pos, dynamic)}{where}"
         out.append(f'  t{t.id} [shape=ellipse, style={style}, fillcolor="#f3f4f6", label={_q(label)}];')
     by_op: dict[int | None, list[PlanReshard]] = {}
     for r in plan.reshards:
@@ -180,7 +223,7 @@ def to_dot(
                 out.append(f"  t{i} -> op{op.index};")
                 continue
             r = found
-            kinds = ", ".join(f"{s.kind}({','.join(s.axes)})" for s in r.steps)
+            kinds = ", ".join(f"{_comm_kind(r, s.kind)}({','.join(s.axes)})" for s in r.steps)
             label = f"{kinds}\n{r.src} -> {r.dst}\n{_size(r.bytes_per_rank)}/rank"
             out.append(f"  c{r.index} [shape=diamond, color=red, fontcolor=red, label={_q(label)}];")
             out.append(f"  t{i} -> c{r.index} [color=red];")
@@ -189,7 +232,7 @@ def to_dot(
             out.append(f"  op{op.index} -> t{o};")
     if not serial:
         for r in by_op.get(None, []):
-            kinds = ", ".join(f"{s.kind}({','.join(s.axes)})" for s in r.steps)
+            kinds = ", ".join(f"{_comm_kind(r, s.kind)}({','.join(s.axes)})" for s in r.steps)
             label = f"{kinds}\n{r.src} -> {r.dst}\n{_size(r.bytes_per_rank)}/rank"
             out.append(f"  c{r.index} [shape=diamond, color=red, fontcolor=red, label={_q(label)}];")
             if r.tensor in used:
