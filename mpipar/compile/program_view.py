@@ -80,8 +80,7 @@ def display_names(plan: Plan) -> dict[int, str]:
 
 def _on_rank(plan: Plan, op: PlanOp, rank: int) -> bool:
     """Does ``rank`` run ``op``? (It does unless every tensor of it lives on meshes without it.)"""
-    meshes = {t.mesh for t in plan.tensors if t.id in op.inputs or t.id in op.outputs}
-    meshes.discard(None)
+    meshes = {t.mesh for t in plan.tensors if t.mesh is not None and (t.id in op.inputs or t.id in op.outputs)}
     return not meshes or any(rank in plan.meshes[m].process_ids for m in meshes if m < len(plan.meshes))
 
 
@@ -242,12 +241,12 @@ def to_dot(
     for k, u in enumerate(plan.meta.get("updates", []) if isinstance(plan.meta.get("updates"), list) else []):
         label = f"{u.get('optimizer')}\noptimizer"
         out.append(f'  upd{k} [shape=box, style=filled, fillcolor="{PHASE_COLOURS["optimizer"]}", label={_q(label)}];')
-        names = set(map(str, u.get("parameters", [])))
+        updated = set(map(str, u.get("parameters", [])))
         for t in plan.tensors:
             if (
                 t.id in used
                 and t.kind in ("parameter", "gradient")
-                and (t.name in names or t.name.removesuffix("@GRAD") in names)
+                and (t.name in updated or t.name.removesuffix("@GRAD") in updated)
             ):
                 out.append(f"  t{t.id} -> upd{k} [style=dashed];")
     out.append("}")
