@@ -40,14 +40,24 @@ class HasMode(Protocol):
     def is_abstract(self) -> bool: ...
 
 
-static_graph: list[bool] = [False]
-"""Paddle's static-graph mode (``mpipar.enable_static()``): ``static.data`` makes placeholders
-and the ops on them are recorded into a program (``mpipar.compile.program``), not computed.
-Read here, low in the stack, by the optimizer (``parameters=None`` is legal in static mode)."""
+_static_programs: set[int | None] = set()
+"""The programs in Paddle's static-graph mode (``mpipar.enable_static()``): ``static.data``
+makes placeholders and the ops on them are recorded into a program
+(``mpipar.compile.program``). Kept per program rank (``Backend.program_rank``: one entry,
+None, unless the simulator runs one program per rank in threads), and read here, low in the
+stack, by the optimizer (``parameters=None`` is legal in static mode)."""
 
 
 def in_static_mode() -> bool:
-    return static_graph[0]
+    return current_backend().program_rank in _static_programs
+
+
+def set_static_mode(on: bool) -> None:
+    rank = current_backend().program_rank
+    if on:
+        _static_programs.add(rank)
+    else:
+        _static_programs.discard(rank)
 
 
 def execution_mode(tensors: Iterable[HasMode] = (), backend: Backend | None = None) -> Mode:

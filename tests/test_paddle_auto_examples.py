@@ -33,11 +33,14 @@ def test_seed_example_runs_as_one_device(script: str) -> None:
 
 
 @pytest.mark.parametrize("script", ["static_single.py", "engine_pp.py"])
-def test_seed_example_under_mpiexec(script: str) -> None:
+def test_seed_example_per_rank_and_under_mpiexec(script: str) -> None:
+    """One program per rank: in threads of the simulator (each rank its own static program) and
+    in processes under MPI."""
     path = os.path.join("examples", "paddle_auto", script)
     ref = _losses([sys.executable, "-m", "simulator", "--reference", path, *FLAGS])
+    per_rank = _losses([sys.executable, "-m", "simulator", "-n", "2", "--per-rank", path, *FLAGS])
     mpi = _losses([os.path.join(VENV_BIN, "mpiexec"), "-n", "2", sys.executable, path, *FLAGS])
-    assert len(ref) == 3
+    assert len(ref) == 3 and per_rank == ref
     for a, b in zip(ref, mpi, strict=True):
         assert abs(a - b) <= 1e-9 * abs(a)
 

@@ -43,12 +43,13 @@ import numpy as np
 
 from mpipar import autograd, hooks
 from mpipar import random as mrandom
+from mpipar.backend import current_backend
 from mpipar.compile.plan import Plan
 from mpipar.compile.replay import CompiledStep
 from mpipar.compile.trace import PlanRecorder
 from mpipar.distribute import reshard, shard_tensor
 from mpipar.mesh import ProcessMesh
-from mpipar.modes import static_graph
+from mpipar.modes import in_static_mode, set_static_mode
 from mpipar.ops import dispatch
 from mpipar.ops.math import ones_like_global
 from mpipar.spec import DistSpec
@@ -239,6 +240,8 @@ class Program:
         self._step: CompiledStep[dict[int, Tensor]] = CompiledStep(self._execute)
         self._for_test = False
         self._active = 0
+        self._owner: int | None = None
+        self._running = False
 
     # ------------------------------------------------------------------ Paddle's surface
     @property
@@ -367,7 +370,7 @@ class Program:
         return indices
 
     def on_apply(self, name: str, inputs: Sequence[Any], attrs: dict[str, Any], result: Any) -> None:
-        if hooks.current_phase() != "forward" or not self._involves(inputs):
+        if self._ignores() or hooks.current_phase() != "forward" or not self._involves(inputs):
             return
         refs = [self._ref(x, name, i) for i, x in enumerate(inputs)]
         outs = list(result) if isinstance(result, tuple) else [result]
@@ -400,13 +403,11 @@ class Program:
         )
         self._plan = None
 
-    def on_minimize(self, optimizer: Any, loss: Tensor, parameters: Any, no_grad_set: Any) -> None:
+    def on_minimize(self, optimizer: Any, loss: Tensor, parameters: Any, no_grad_set: Any) -> bool:
+        """Add the update if ``loss`` is this program's; return whether it was."""
         index = self._var(loss)
-        if index is None:
-            raise ValueError(
-                f"minimize: {loss._label()} is not a variable of the program being built ({self.title!r}); "
-                "call minimize inside the program_guard that computed the loss"
-            )
+        if index is None or self._ignores():
+            return False
         if loss.stop_gradient:
             raise ValueError(f"minimize: {loss._label()} depends on no trainable parameter")
         params = list(parameters) if parameters is not None else list(self._params.values())
@@ -420,6 +421,7 @@ class Program:
         self._minimize.append(_Minimize(optimizer, index, params))
         self._trace_update(loss, optimizer, params)
         self._plan = None
+        return True
 
     def _trace_update(self, loss: Tensor, optimizer: Any, params: list[Tensor]) -> None:
         """Add the backward (shape-only, on the recorded graph) and the update to the plan.
@@ -439,8 +441,13 @@ class Program:
             p.grad = g
 
     # ------------------------------------------------------------------ activation
+    def _ignores(self) -> bool:
+        """Is this call another program rank's (per-rank simulation), or inside this program's own run?"""
+        return self._running or current_backend().program_rank != self._owner
+
     def activate(self) -> None:
         if self._active == 0:
+            self._owner = current_backend().program_rank
             hooks.program_hooks.append(self)
             self._recorder.__enter__()
         self._active += 1
@@ -461,8 +468,11 @@ class Program:
             raise ValueError(f"Executor.run: {self.title!r} is empty; build it under paddle.static.program_guard first")
         fetch = [self._fetch_index(f) for f in (fetch_list or [])]
         feeds = self._feed_tensors(feed or {})
-        with _not_recording():  # a run computes values: nothing in it belongs to a program being built
+        self._running = True  # a run computes values: nothing in it belongs to the program
+        try:
             env = self._step(feeds)
+        finally:
+            self._running = False
         out = []
         for kind, value in fetch:
             t = env[value] if kind == "var" else value
@@ -554,16 +564,6 @@ class Program:
         return env
 
 
-@contextlib.contextmanager
-def _not_recording() -> Iterator[None]:
-    saved = list(hooks.program_hooks)
-    hooks.program_hooks.clear()
-    try:
-        yield
-    finally:
-        hooks.program_hooks[:] = saved
-
-
 def _collect(inputs: Sequence[Any], into: set[int]) -> None:
     for x in inputs:
         if isinstance(x, _Var):
@@ -632,41 +632,59 @@ class Block:
 
 
 # --------------------------------------------------------------------------- module state
-_main: list[Program] = [Program(title="main program")]
-_startup: list[Program] = [Program(startup=True)]
-_guards: list[tuple[Program, Program]] = []
+@dataclass
+class _ProgramState:
+    """One program's default programs and guards (per program rank: the simulator may run one
+    program per rank in threads of one process, each with its own, as processes under MPI)."""
+
+    main: Program
+    startup: Program
+    guards: list[tuple[Program, Program]]
+
+
+_states: dict[int | None, _ProgramState] = {}
+
+
+def _state() -> _ProgramState:
+    rank = current_backend().program_rank
+    st = _states.get(rank)
+    if st is None:
+        st = _states[rank] = _ProgramState(Program(title="main program"), Program(startup=True), [])
+    return st
 
 
 def default_main_program() -> Program:
-    return _guards[-1][0] if _guards else _main[0]
+    st = _state()
+    return st.guards[-1][0] if st.guards else st.main
 
 
 def default_startup_program() -> Program:
-    return _guards[-1][1] if _guards else _startup[0]
+    st = _state()
+    return st.guards[-1][1] if st.guards else st.startup
 
 
 def _recording() -> Program | None:
-    return default_main_program() if static_graph[0] else None
+    return default_main_program() if in_static_mode() else None
 
 
 def enable_static() -> None:
     """Paddle's ``paddle.enable_static()``: ops on ``static.data`` build the current program."""
-    if static_graph[0]:
+    if in_static_mode():
         return
-    static_graph[0] = True
+    set_static_mode(True)
     default_main_program().activate()
 
 
 def disable_static(place: Any = None) -> None:
     """Back to eager (dynamic) mode, Paddle's default."""
-    if not static_graph[0]:
+    if not in_static_mode():
         return
     default_main_program().deactivate()
-    static_graph[0] = False
+    set_static_mode(False)
 
 
 def in_dynamic_mode() -> bool:
-    return not static_graph[0]
+    return not in_static_mode()
 
 
 @contextlib.contextmanager
@@ -679,8 +697,9 @@ def program_guard(main_program: Program, startup_program: Program | None = None)
             f"program_guard: startup_program must be a static.Program, got {type(startup_program).__name__}"
         )
     before = _recording()
-    _guards.append((main_program, startup_program or default_startup_program()))
-    if static_graph[0]:
+    guards = _state().guards
+    guards.append((main_program, startup_program or default_startup_program()))
+    if in_static_mode():
         if before is not None:
             before.deactivate()
         main_program.activate()
@@ -688,8 +707,8 @@ def program_guard(main_program: Program, startup_program: Program | None = None)
         yield
     finally:
         now = _recording()
-        _guards.pop()
-        if static_graph[0] and now is not None:
+        guards.pop()
+        if in_static_mode() and now is not None:
             now.deactivate()
             after = _recording()
             if after is not None:

@@ -135,9 +135,13 @@ class Optimizer:
     ) -> None:
         """Eager: backward and one update. In static mode on a program's variable: the update is
         added to that program, and runs with it (``Executor.run``)."""
-        if loss.is_abstract and hooks.program_hooks:
-            hooks.program_hooks[-1].on_minimize(self, loss, parameters, no_grad_set)
-            return
+        if loss.is_abstract:
+            if any(p.on_minimize(self, loss, parameters, no_grad_set) for p in list(hooks.program_hooks)):
+                return
+            raise ValueError(
+                f"minimize: {loss._label()} has no values and is no variable of a static program being built; "
+                "call minimize inside the program_guard (in static mode) that computed the loss"
+            )
         if not self._parameter_list:
             raise ValueError(
                 f"{type(self).__name__}.minimize: the optimizer has no parameters (built with parameters=None "
