@@ -287,3 +287,37 @@ def test_static_program_with_placements_runs_data_parallel(float64: None) -> Non
     np.testing.assert_allclose(got, want, rtol=1e-12)
     assert comm.counts() == {"all_reduce": 15}
     assert "all_reduce     over dp     P(sum) -> R" in str(main)
+
+
+def test_engine_save_and_load_resume_the_same_losses(float64: None, tmp_path: str) -> None:
+    def engine() -> dist.Engine:
+        paddle.seed(7)
+        model = Net(6, 8, 4)
+        return dist.Engine(model, paddle.nn.CrossEntropyLoss(), _momentum(model.parameters()))
+
+    data = _Data(32, 6, 4)
+    with paddle.use_backend(SimBackend(2)):
+        first = engine()
+        batches = list(first.dataloader(data, batch_size=8)())
+        for b in batches[:2]:
+            first.run(b)
+        first.save(str(tmp_path / "ckpt"))
+        want = [first.run(b)["loss"] for b in batches[2:]]
+        second = engine()
+        with pytest.raises(ValueError, match="no states to fill before its first step"):
+            second.load(str(tmp_path / "ckpt"))
+        second.run(batches[0])  # states exist from here on; load overwrites them and the weights
+        second.load(str(tmp_path / "ckpt"))
+        assert [second.run(b)["loss"] for b in batches[2:]] == want
+
+
+def test_clone_for_test_runs_forward_only(static_mode: None) -> None:
+    main, loss, _ = _build(3, 4, 2)
+    test_program = main.clone(for_test=True)
+    exe = paddle.static.Executor()
+    x, y = np.ones((2, 3)), np.zeros((2, 1), dtype="int64")
+    a = exe.run(test_program, feed={"img": x, "label": y}, fetch_list=[loss])[0]
+    b = exe.run(test_program, feed={"img": x, "label": y}, fetch_list=[loss])[0]
+    c = exe.run(main, feed={"img": x, "label": y}, fetch_list=[loss])[0]
+    d = exe.run(test_program, feed={"img": x, "label": y}, fetch_list=[loss])[0]
+    assert a == b == c != d  # the test program updates nothing; the main program does

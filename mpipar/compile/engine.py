@@ -106,13 +106,13 @@ class _EngineLoader:
     def __init__(self, loader: DataLoader, steps_per_epoch: int | None, epochs: int) -> None:
         self.loader, self.steps_per_epoch, self.epochs = loader, steps_per_epoch, epochs
 
-    def __iter__(self) -> Iterator[list[Tensor]]:
+    def __iter__(self) -> Iterator[Any]:
         for i, batch in enumerate(self.loader()):
             if self.steps_per_epoch is not None and i >= self.steps_per_epoch:
                 return
             yield batch
 
-    def __call__(self) -> Iterator[list[Tensor]]:
+    def __call__(self) -> Iterator[Any]:
         return iter(self)
 
     def __len__(self) -> int:
@@ -517,20 +517,36 @@ class Engine:
 
     # ------------------------------------------------------------------ state
     def save(self, path: str, training: bool = True) -> None:
+        """Save the model's state (and, ``training``, the optimizer's) as a checkpoint directory
+        (``dist.save_state_dict``: a collective, every process calls it)."""
         from mpipar.checkpoint import save_state_dict
 
-        assert self.model is not None
-        state: dict[str, Any] = dict(self.model.state_dict())
+        if self.model is None:
+            raise ValueError("Engine.save: no model")
+        state: dict[str, Any] = {"model": self.model.state_dict()}
         if training and self.optimizer is not None:
-            state.update({f"opt.{k}": v for k, v in self.optimizer.state_dict().items() if isinstance(v, Tensor)})
+            state["optimizer"] = self.optimizer.state_dict()
         save_state_dict(state, path)
 
     def load(self, path: str, strict: bool = True, load_optimizer: bool = True) -> None:
+        """Load what ``save`` wrote: the model's state, and the optimizer's when it has states to
+        fill (after its first step; before, load with ``load_optimizer=False``)."""
         from mpipar.checkpoint import load_state_dict
 
-        assert self.model is not None
-        state: dict[str, Any] = dict(self.model.state_dict())
+        if self.model is None:
+            raise ValueError("Engine.load: no model")
+        state: dict[str, Any] = {"model": self.model.state_dict()}
+        opt = self.optimizer if load_optimizer else None
+        if opt is not None:
+            if not opt.state_tensors():
+                raise ValueError(
+                    "Engine.load: the optimizer has no states to fill before its first step; "
+                    "load with load_optimizer=False, or after one step"
+                )
+            state["optimizer"] = opt.state_dict()
         load_state_dict(state, path)
+        if opt is not None:
+            opt.set_state_dict(state["optimizer"])
 
     # ------------------------------------------------------------------ programs
     def _plan(self) -> Plan:
