@@ -28,7 +28,7 @@ from mpipar.compat.collective import (
     send,
 )
 from mpipar.compile.engine import Engine
-from mpipar.distributed import auto_parallel, fleet
+from mpipar.distributed import auto_parallel, fleet, launch
 
 __all__ = [
     "Engine",
@@ -46,6 +46,7 @@ __all__ = [
     "get_world_size",
     "irecv",
     "isend",
+    "launch",
     "new_group",
     "recv",
     "reduce",
