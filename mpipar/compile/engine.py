@@ -43,6 +43,7 @@ import numpy as np
 
 from mpipar import autograd
 from mpipar.backend import current_backend
+from mpipar.checkpoint import load_state_dict, save_state_dict
 from mpipar.compile.plan import Plan
 from mpipar.compile.program import InputSpec, PlanProgram
 from mpipar.compile.to_static import DistModel, Strategy
@@ -519,8 +520,6 @@ class Engine:
     def save(self, path: str, training: bool = True) -> None:
         """Save the model's state (and, ``training``, the optimizer's) as a checkpoint directory
         (``dist.save_state_dict``: a collective, every process calls it)."""
-        from mpipar.checkpoint import save_state_dict
-
         if self.model is None:
             raise ValueError("Engine.save: no model")
         state: dict[str, Any] = {"model": self.model.state_dict()}
@@ -531,8 +530,6 @@ class Engine:
     def load(self, path: str, strict: bool = True, load_optimizer: bool = True) -> None:
         """Load what ``save`` wrote: the model's state, and the optimizer's when it has states to
         fill (after its first step; before, load with ``load_optimizer=False``)."""
-        from mpipar.checkpoint import load_state_dict
-
         if self.model is None:
             raise ValueError("Engine.load: no model")
         state: dict[str, Any] = {"model": self.model.state_dict()}

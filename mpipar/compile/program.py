@@ -45,11 +45,13 @@ from mpipar import autograd, hooks
 from mpipar import random as mrandom
 from mpipar.backend import current_backend
 from mpipar.compile.plan import Plan
+from mpipar.compile.program_view import listing
 from mpipar.compile.replay import CompiledStep
 from mpipar.compile.trace import PlanRecorder
 from mpipar.distribute import reshard, shard_tensor
 from mpipar.mesh import ProcessMesh
 from mpipar.modes import in_static_mode, set_static_mode
+from mpipar.nn.layer import get_default_dtype
 from mpipar.ops import dispatch
 from mpipar.ops.math import ones_like_global
 from mpipar.spec import DistSpec
@@ -192,8 +194,6 @@ class ProgramDesc:
         return self._plan()
 
     def listing(self) -> str:
-        from mpipar.compile.program_view import listing
-
         return listing(self.plan(), title=self.title, serial=self.serial, rank=self.rank, dynamic=self.dynamic)
 
 
@@ -722,8 +722,6 @@ def data(name: str, shape: Sequence[Any], dtype: Any = None, lod_level: int = 0)
         raise ValueError("static.data needs static mode: call mpipar.enable_static() first (Paddle's habit)")
     if lod_level:
         raise ValueError(f"static.data {name!r}: lod_level={lod_level} (LoD tensors) is not supported")
-    from mpipar.nn.layer import get_default_dtype
-
     return program.add_data(name, shape, dtype if dtype is not None else get_default_dtype())
 
 
