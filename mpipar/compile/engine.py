@@ -45,7 +45,7 @@ from mpipar import autograd
 from mpipar.backend import current_backend
 from mpipar.checkpoint import load_state_dict, save_state_dict
 from mpipar.compile.plan import Plan
-from mpipar.compile.program import InputSpec, PlanProgram
+from mpipar.compile.program import InputSpec, PlanProgram, StepPrograms
 from mpipar.compile.to_static import DistModel, Strategy
 from mpipar.compile.trace import PlanRecorder
 from mpipar.distribute import shard_tensor
@@ -567,31 +567,18 @@ class Engine:
             return list(fields)
         return [shard_tensor(f, self._dp_mesh, [Shard(0)]) for f in fields]
 
-    def _serial(self) -> Plan:
-        return self._plan()
-
     @property
     def main_program(self) -> PlanProgram:
-        rank = current_backend().rank if current_backend().name in ("mpi", "nccl") else 0
-        return PlanProgram(self._plan, "main program", serial=False, rank=rank)
+        return StepPrograms(self._plan).main_program
 
     @property
     def serial_main_program(self) -> PlanProgram:
-        return PlanProgram(self._serial, "serial main program", serial=True)
+        return StepPrograms(self._plan).serial_main_program
 
     @property
     def startup_program(self) -> PlanProgram:
-        return PlanProgram(self._startup_plan, "startup program", serial=False)
+        return StepPrograms(self._plan).startup_program
 
     @property
     def serial_startup_program(self) -> PlanProgram:
-        return PlanProgram(self._startup_plan, "serial startup program", serial=True)
-
-    def _startup_plan(self) -> Plan:
-        """The parameters as initialised (no ops: they hold their values from construction)."""
-        full = self._plan()
-        return Plan(
-            meshes=list(full.meshes),
-            tensors=[t for t in full.tensors if t.kind == "parameter"],
-            meta={"kind": "startup"},
-        )
+        return StepPrograms(self._plan).serial_startup_program

@@ -214,6 +214,50 @@ class PlanProgram:
         return f"<program {self.desc.title!r}>"
 
 
+def viewing_rank() -> int:
+    """Whose local view a printed program shows: this program's rank (a process under MPI, a
+    thread in per-rank simulation), else rank 0."""
+    backend = current_backend()
+    if backend.program_rank is not None:
+        return int(backend.program_rank)
+    return int(getattr(backend, "rank", 0)) if backend.name in ("mpi", "nccl") else 0
+
+
+class StepPrograms:
+    """A compiled step's programs as Paddle's auto-parallel ``Engine`` shows them:
+    ``serial_main_program`` (the step on one device, placements as annotations), ``main_program``
+    (this rank's ops, local shapes and inserted communication) and the two startup programs (the
+    parameters as initialised). Each prints, and draws through ``mpipar.base``."""
+
+    def __init__(self, plan: Callable[[], Plan]) -> None:
+        self._step_plan = plan
+
+    @property
+    def main_program(self) -> PlanProgram:
+        return PlanProgram(self._step_plan, "main program", serial=False, rank=viewing_rank())
+
+    @property
+    def serial_main_program(self) -> PlanProgram:
+        return PlanProgram(self._step_plan, "serial main program", serial=True)
+
+    @property
+    def startup_program(self) -> PlanProgram:
+        return PlanProgram(self._startup_plan, "startup program", serial=False, rank=viewing_rank())
+
+    @property
+    def serial_startup_program(self) -> PlanProgram:
+        return PlanProgram(self._startup_plan, "serial startup program", serial=True)
+
+    def _startup_plan(self) -> Plan:
+        """The parameters as initialised (no ops: they hold their values from construction)."""
+        full = self._step_plan()
+        return Plan(
+            meshes=list(full.meshes),
+            tensors=[t for t in full.tensors if t.kind == "parameter"],
+            meta={"kind": "startup"},
+        )
+
+
 class Program:
     """Paddle's ``paddle.static.Program`` (see the module docstring)."""
 

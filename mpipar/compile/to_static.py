@@ -42,6 +42,7 @@ from mpipar import autograd, hooks
 from mpipar import random as _random
 from mpipar.backend import current_backend
 from mpipar.compile.plan import Plan
+from mpipar.compile.program import StepPrograms
 from mpipar.compile.replay import CompiledStep
 from mpipar.compile.trace import PlanRecorder
 from mpipar.distribute import shard_tensor
@@ -329,6 +330,29 @@ class DistModel:
     @property
     def schedule(self) -> Schedule | None:
         return self._schedule
+
+    @property
+    def _engine(self) -> StepPrograms:
+        """The step's programs, as Paddle's ``dist_model._engine`` shows them (seed 003 prints and
+        draws ``dist_model._engine.main_program``). Before the first step, the step is traced on
+        the loader's first batch, read with every random generator put back afterwards, so the
+        training loop still draws the same batches."""
+        return StepPrograms(self._plan_for_view)
+
+    def _plan_for_view(self) -> Plan:
+        if self._plan is None:
+            if self.loader is None:
+                raise ValueError("DistModel: no program yet; run a step, or pass to_static the loader")
+            np_state, own_state = np.random.get_state(), _random.get_rng_state()
+            try:
+                first = next(iter(self.loader() if callable(self.loader) else self.loader))
+            finally:
+                np.random.set_state(np_state)
+                _random.set_rng_state(own_state)
+            fields = tuple(first) if isinstance(first, (list, tuple)) else (first,)
+            self._prepare(fields)
+        assert self._plan is not None
+        return self._plan
 
     def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.layer.state_dict()}

@@ -321,3 +321,41 @@ def test_clone_for_test_runs_forward_only(static_mode: None) -> None:
     c = exe.run(main, feed={"img": x, "label": y}, fetch_list=[loss])[0]
     d = exe.run(test_program, feed={"img": x, "label": y}, fetch_list=[loss])[0]
     assert a == b == c != d  # the test program updates nothing; the main program does
+
+
+class _NumpyRandomData(paddle.io.Dataset):
+    """Seed 003's dataset: each sample drawn from NumPy's global generator when read."""
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.random.random([6]), np.random.randint(0, 3, (1,)).astype("int64")
+
+    def __len__(self) -> int:
+        return 24
+
+
+def _to_static_losses(show: bool, tmp_path: str) -> list[float]:
+    """Seed 003 §2.2.4.2.5's shape: to_static with the batch marked Shard(0) in forward; with
+    ``show``, its programs printed and drawn before training, as the seed's commented lines do."""
+    with paddle.use_backend(SimBackend(2)):
+        mesh = paddle.ProcessMesh([0, 1], dim_names=["dp"])
+
+        class DPNet(Net):
+            def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+                return super().forward(paddle.shard_tensor(x, mesh, [paddle.Shard(0)]))
+
+        np.random.seed(5)
+        paddle.seed(7)
+        model = DPNet(6, 8, 3)
+        loader = paddle.io.DataLoader(_NumpyRandomData(), batch_size=8)
+        dist_model = paddle.to_static(model, loader, paddle.nn.CrossEntropyLoss(), _momentum(model.parameters()))
+        if show:
+            serial, main = str(dist_model._engine.serial_main_program), str(dist_model._engine.main_program)
+            assert "matmul" in serial and "all_reduce" not in serial and "all_reduce" in main
+            path = IrGraph(core.Graph(dist_model._engine.main_program.desc), for_test=True).draw(tmp_path, "d2s", [])[0]
+            with open(path, encoding="utf-8") as f:
+                assert "all_reduce(dp)" in f.read()
+        return [float(dist_model(img, label)) for img, label in loader()]
+
+
+def test_to_static_programs_print_before_training_without_changing_it(float64: None, tmp_path: str) -> None:
+    assert _to_static_losses(True, str(tmp_path)) == _to_static_losses(False, str(tmp_path))
