@@ -586,10 +586,7 @@ def hardware_flops_per_token(shape: ModelShape, st: FamilyStrategy) -> float:
     h, s = shape.hidden, shape.seq
     mats = 2 * shape.layer_matrix_weights
     core = 4.0 * s * h
-    if shape.attention == "fused":
-        core_total = core / 2 * (1 + 2.5)
-    else:
-        core_total = 3 * core
+    core_total = core / 2 * (1 + 2.5) if shape.attention == "fused" else 3 * core
     per_layer = 3 * mats + core_total
     if st.recompute == "full":
         per_layer += mats + (core / 2 if shape.attention == "fused" else core)

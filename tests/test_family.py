@@ -62,10 +62,10 @@ def test_llama3_model_flops_per_token_by_hand(name: str) -> None:
 
 def test_gpt_model_flops_are_narayanan_eq3() -> None:
     """Narayanan et al. 2021 Eq. 3 per token with 72 (no recompute): 72 l h^2 (1 + s/6h + V/12lh)."""
-    l, h, s, v = 96, 12288, 2048, 51200
-    shape = ModelShape(l, h, 96, s, v)
+    n, h, s, v = 96, 12288, 2048, 51200
+    shape = ModelShape(n, h, 96, s, v)
     assert shape.model_flops_per_token == pytest.approx(
-        72 * l * h * h * (1 + s / (6 * h) + v / (12 * l * h)), rel=1e-12
+        72 * n * h * h * (1 + s / (6 * h) + v / (12 * n * h)), rel=1e-12
     )
 
 
