@@ -46,9 +46,10 @@ optimizer step. What each term is and where it comes from:
   parallelism) sent between stages over the link between their ranks.
 * **data parallel** over ``dp * cp`` ranks (cp ranks hold the same weights): ZeRO 0 all-reduces
   the 16-bit gradients once per step, ZeRO 1/2 reduce-scatter them and all-gather the updated
-  parameters (the same bytes on the wire); ZeRO 3 (FSDP) all-gathers every layer's
-  parameters for its forward and again for its backward and reduce-scatters its gradients,
-  every micro-batch. ``overlap``: the step's reduction runs while the pipeline rank's last
+  parameters (the same bytes on the wire); ZeRO 2 reduce-scatters every micro-batch's
+  gradients (a sharded gradient cannot accumulate whole ones) and all-gathers the parameters
+  once; ZeRO 3 (FSDP) also all-gathers every layer's parameters for its forward and again for
+  its backward, every micro-batch. ``overlap``: the step's reduction runs while the pipeline rank's last
   backward runs (only what outlasts it is paid, and never less than one layer's share), and
   ZeRO 3 prefetches the next layer's parameters while the current one computes (only what
   outlasts that compute is paid; the prefetched layer's parameters are one more buffer).
@@ -334,9 +335,8 @@ def layer_parameters_local(shape: ModelShape, tp: int) -> int:
     return n
 
 
-def _ends_work(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> tuple[Work, Work, int, int]:
-    """The embedding (first stage) and the final norm, output layer and loss (last stage): work,
-    then the activation bytes each keeps for one micro-batch."""
+def _ends_work(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> tuple[Work, Work]:
+    """The embedding (first stage) and the final norm, output layer and loss (last stage)."""
     h, v, tp = shape.hidden, shape.vocab, st.tp
     t = shape.micro_batch_size * shape.seq // st.cp
     sp = st.sequence_parallel and tp > 1
@@ -358,9 +358,7 @@ def _ends_work(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> tu
         gemm_flops_forward=out_flops,
         gemm_flops_backward=2 * out_flops,
     )
-    first_act = (t_sp if shape.dropout > 0 else 0) * h
-    last_act = BYTES * h * t_sp + BYTES * h * t + 4 * t * (v // tp)
-    return first, last, first_act, last_act
+    return first, last
 
 
 # ---------------------------------------------------------------------- the pipeline
@@ -405,16 +403,10 @@ def schedule_times(
     for k in range(p):
         ends.append(makespan - drained)
         drained += bwd[k] + (sends[k] if k < len(sends) else 0.0)
-    flight = []
-    for k in range(p):
-        mine = [act[s] for s in range(k, n, p)]
-        if v == 1:
-            flight.append(min(m, p - k) * mine[0])
-        else:
-            flight.append(min(m * v, 2 * (p - k - 1) + (v - 1) * p + 1) * max(mine))
+    flight = in_flight(st, act)
     busy = m * sum(work)
     bubble = 1.0 - busy / (p * makespan) if makespan > 0 else 0.0
-    return ScheduleTimes(makespan, tuple(ends), tuple(flight), bubble)
+    return ScheduleTimes(makespan, tuple(ends), flight, bubble)
 
 
 # ---------------------------------------------------------------------- the step
@@ -595,86 +587,162 @@ def hardware_flops_per_token(shape: ModelShape, st: FamilyStrategy) -> float:
     return shape.layers * per_layer + 6.0 * shape.vocab * h
 
 
-def price(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> FamilyEstimate:
-    """The step of ``shape`` (its micro-batch size) under ``st`` on ``hw`` (module docstring)."""
+@dataclass(frozen=True)
+class Memory:
+    """Per pipeline rank: model state and the activations its schedule holds at once (bytes)."""
+
+    state: tuple[int, ...]
+    activations: tuple[int, ...]
+    activation_per_layer: int
+    stage_activations: tuple[int, ...]
+
+    @property
+    def peak(self) -> int:
+        return max(s + a for s, a in zip(self.state, self.activations, strict=True))
+
+
+def _lane_parameters(shape: ModelShape, st: FamilyStrategy, counts: list[int]) -> list[int]:
+    """Parameters each pipeline rank holds on one tensor-parallel rank (before ZeRO's split)."""
+    p_layer = layer_parameters_local(shape, st.tp)
+    n = st.num_stages
+    emb = shape.vocab * shape.hidden // st.tp + (shape.seq * shape.hidden if shape.gpt_style else 0)
+    out = (2 if shape.norm == "layernorm" else 1) * shape.hidden
+    if shape.untied or n > 1:  # a tied output layer on another stage keeps a copy of the embedding
+        out += shape.vocab * shape.hidden // st.tp
+    lanes = [sum(counts[k :: st.pp]) * p_layer for k in range(st.pp)]
+    lanes[0] += emb
+    lanes[(n - 1) % st.pp] += out
+    return lanes
+
+
+def memory(shape: ModelShape, st: FamilyStrategy) -> Memory:
+    """Model state and activations per pipeline rank (module docstring); no hardware needed."""
     check_layout(shape, st)
     counts = stage_layer_counts(shape.layers, st.pp, st.chunks)
-    layer = layer_costs(shape, st, hw)
-    first, last, first_act, last_act = _ends_work(shape, st, hw)
-    d = st.dp * st.cp  # ranks that hold the same weights
-    block = st.dp * st.cp * st.tp  # ranks per pipeline stage
-    p_layer = layer_parameters_local(shape, st.tp)
-    emb_params = shape.vocab * shape.hidden // st.tp + (shape.seq * shape.hidden if shape.gpt_style else 0)
-    out_params = (2 if shape.norm == "layernorm" else 1) * shape.hidden
-    if shape.untied or st.num_stages > 1:  # a tied head on another stage keeps a copy of the embedding
-        out_params += shape.vocab * shape.hidden // st.tp
-
-    # ZeRO 3: every layer's parameters gathered forward and backward, gradients reduce-scattered.
-    z3_f = z3_b = 0.0
-    if st.zero == 3 and d > 1:
-        gather = _coll(hw, "all_gather", BYTES * p_layer, d, block)
-        scatter = _coll(hw, "reduce_scatter", BYTES * p_layer, d, block)
-        if st.overlap:
-            z3_f = max(0.0, gather - layer.forward)
-            z3_b = max(0.0, gather + scatter - layer.backward - layer.weight)
-        else:
-            z3_f, z3_b = gather, gather + scatter
-
-    n = st.num_stages
-    fwd, b_in, b_w = [], [], []
-    for s in range(n):
-        parts = [(layer, counts[s])]
-        if s == 0:
-            parts.append((first, 1))
-        if s == n - 1:
-            parts.append((last, 1))
-        f = sum(w.forward * k for w, k in parts) + counts[s] * z3_f
-        w = sum(w.weight * k for w, k in parts)
-        b = sum(w.backward * k for w, k in parts) + counts[s] * z3_b
-        b += max(0.0, sum(w.overlap * k for w, k in parts) - w)
-        fwd.append(f)
-        b_w.append(w)
-        b_in.append(b)
-    # Each tensor-parallel rank sends its 1/tp of the activation (split by sequence parallelism,
-    # or Narayanan et al. 2021's scatter/gather: every rank of the group holds it whole, sends a
-    # slice over its own NIC and the receivers all-gather the slices over NVLink).
-    whole = BYTES * shape.micro_batch_size * (shape.seq // st.cp) * shape.hidden
-    regather = 0.0 if st.sequence_parallel else _coll(hw, "all_gather", whole, st.tp, st.tp)
-    sends = []
-    for s in range(1, n):
-        a, b = (s - 1) % st.pp, s % st.pp
-        link = hw.link([a * block, b * block])
-        sends.append(collective_time("send", whole / st.tp, 2, link) + regather if a != b else 0.0)
-    act_layer = activation_bytes(shape, st)
-    act = tuple(
-        counts[s] * act_layer + (first_act if s == 0 else 0) + (last_act if s == n - 1 else 0) for s in range(n)
-    )
-    pipe = schedule_times(st, fwd, [b_in[s] + b_w[s] for s in range(n)], sends, act)
-    bubble = pipe.bubble
-    # Per pipeline rank: model state, gradient reduction, optimizer.
-    bytes_per_param = (
+    d = st.dp * st.cp
+    per_param = (
         STATE_BYTES["parameters"] / (d if st.zero >= 3 else 1)
         + STATE_BYTES["gradients"] / (d if st.zero >= 2 else 1)
         + STATE_BYTES["optimizer_state"] / (d if st.zero >= 1 else 1)
     )
-    states, tails = [], []
+    gathered = 0
+    if st.zero == 3 and d > 1:  # the gathered layer (and the prefetched next one) and its gradient
+        gathered = (2 if st.overlap else 1) * (STATE_BYTES["parameters"] + STATE_BYTES["gradients"])
+        gathered *= layer_parameters_local(shape, st.tp)
+    state = tuple(round(n * per_param) + gathered for n in _lane_parameters(shape, st, counts))
+    per_layer = activation_bytes(shape, st)
+    first_act, last_act = _ends_activations(shape, st)
+    act = [c * per_layer for c in counts]
+    act[0] += first_act
+    act[-1] += last_act
+    return Memory(state, in_flight(st, act), per_layer, tuple(act))
+
+
+def in_flight(st: FamilyStrategy, act: list[int] | tuple[int, ...]) -> tuple[int, ...]:
+    """Activation bytes each pipeline rank holds at once (``schedule_times``)."""
+    p, v, m = st.pp, st.chunks, st.micro_batches
+    out = []
+    for k in range(p):
+        mine = act[k::p]
+        if v == 1:
+            out.append(min(m, p - k) * mine[0])
+        else:
+            out.append(min(m * v, 2 * (p - k - 1) + (v - 1) * p + 1) * max(mine))
+    return tuple(out)
+
+
+def _ends_activations(shape: ModelShape, st: FamilyStrategy) -> tuple[int, int]:
+    """Bytes the embedding (first stage) and the final norm, output layer and loss (last stage)
+    keep for one micro-batch."""
+    h, v, tp = shape.hidden, shape.vocab, st.tp
+    t = shape.micro_batch_size * shape.seq // st.cp
+    t_sp = t // tp if st.sequence_parallel and tp > 1 else t
+    first = (t_sp if shape.dropout > 0 else 0) * h  # the embedding's dropout mask
+    last = BYTES * h * t_sp + BYTES * h * t + 4 * t * (v // tp)  # norm input, head input, float32 logits
+    return first, last
+
+
+def busiest_lane_layers(shape: ModelShape, st: FamilyStrategy) -> int:
+    counts = stage_layer_counts(shape.layers, st.pp, st.chunks)
+    return max(sum(counts[k :: st.pp]) for k in range(st.pp))
+
+
+def step_time_lower_bound(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> float:
+    """``price(...).step_time_s`` is never below this: the busiest pipeline rank computes each of
+    its layers for every micro-batch, one at a time (ends, bubble, sends and tails only add)."""
+    layer = layer_costs(shape, st, hw)
+    return st.micro_batches * busiest_lane_layers(shape, st) * (layer.forward + layer.backward + layer.weight)
+
+
+def price(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> FamilyEstimate:
+    """The step of ``shape`` (its micro-batch size) under ``st`` on ``hw`` (module docstring)."""
+    mem = memory(shape, st)
+    counts = stage_layer_counts(shape.layers, st.pp, st.chunks)
+    layer = layer_costs(shape, st, hw)
+    first, last = _ends_work(shape, st, hw)
+    d = st.dp * st.cp  # ranks that hold the same weights
+    block = st.dp * st.cp * st.tp  # ranks per pipeline stage
+    p_layer = layer_parameters_local(shape, st.tp)
+
+    # ZeRO 3: every layer's parameters gathered forward and backward, gradients reduce-scattered,
+    # every micro-batch; ZeRO 2: the gradients reduce-scattered every micro-batch (a sharded
+    # gradient cannot accumulate a full one).
+    z_f = z_b = 0.0
+    if st.zero >= 2 and d > 1:
+        gather = _coll(hw, "all_gather", BYTES * p_layer, d, block) if st.zero == 3 else 0.0
+        scatter = _coll(hw, "reduce_scatter", BYTES * p_layer, d, block)
+        if st.overlap:
+            z_f = max(0.0, gather - layer.forward)
+            z_b = max(0.0, gather + scatter - layer.backward - layer.weight)
+        else:
+            z_f, z_b = gather, gather + scatter
+
+    n = st.num_stages
+    lf, lw = layer.forward + z_f, layer.weight
+    lb = layer.backward + z_b
+    fwd = [c * lf for c in counts]
+    b_w = [c * lw for c in counts]
+    b_in = [c * lb for c in counts]
+    overlap = [c * layer.overlap for c in counts]
+    for s, w in ((0, first), (n - 1, last)):
+        fwd[s] += w.forward
+        b_w[s] += w.weight
+        b_in[s] += w.backward
+        overlap[s] += w.overlap
+    # Backward collectives hidden behind the weight-gradient GEMMs up to their time.
+    b_in = [b + max(0.0, o - w) for b, o, w in zip(b_in, overlap, b_w, strict=True)]
+    # Each tensor-parallel rank sends its 1/tp of the activation (split by sequence parallelism,
+    # or Narayanan et al. 2021's scatter/gather: every rank of the group holds it whole, sends a
+    # slice over its own NIC and the receivers all-gather the slices over NVLink).
+    whole = BYTES * shape.micro_batch_size * (shape.seq // st.cp) * shape.hidden
+    regather = 0.0 if st.sequence_parallel and st.tp > 1 else _coll(hw, "all_gather", whole, st.tp, st.tp)
+    per_node = hw.devices_per_node
+    sends = []
+    for s in range(1, n):
+        a, b = ((s - 1) % st.pp) * block, (s % st.pp) * block
+        if a == b:
+            sends.append(0.0)
+            continue
+        link = hw.intra_node if per_node is None or a // per_node == b // per_node else hw.inter_node
+        sends.append(collective_time("send", whole / st.tp, 2, link) + regather)
+    bwd = [b + w for b, w in zip(b_in, b_w, strict=True)]
+    pipe = schedule_times(st, fwd, bwd, sends, mem.stage_activations)
+
+    # Per pipeline rank: gradient reduction and optimizer.
+    tails = []
+    lane_params = _lane_parameters(shape, st, counts)
     for k in range(st.pp):
-        mine = [s for s in range(n) if s % st.pp == k]
-        params = sum(counts[s] for s in mine) * p_layer
-        params += emb_params if 0 in mine else 0
-        params += out_params if n - 1 in mine else 0
-        state = params * bytes_per_param
-        if st.zero == 3 and d > 1:
-            state += (2 if st.overlap else 1) * (STATE_BYTES["parameters"] + STATE_BYTES["gradients"]) * p_layer
-        states.append(round(state))
+        params = lane_params[k]
         sync = 0.0
-        if st.zero < 3:
+        if st.zero < 2:  # ZeRO 0: all-reduce; ZeRO 1: reduce-scatter + all-gather, the same bytes
             sync = _coll(hw, "all_reduce", BYTES * params, d, block)
-            if st.overlap and sync > 0:
-                last_backward = sum(b_in[s] + b_w[s] for s in mine)
-                layers_here = max(1, sum(counts[s] for s in mine))
-                sync = max(sync / layers_here, sync - last_backward)
-        if shape.untied is False and n > 1 and (0 in mine or n - 1 in mine):
+        elif st.zero == 2:  # the updated parameters gathered
+            sync = _coll(hw, "all_gather", BYTES * params, d, block)
+        if st.overlap and sync > 0 and st.zero < 2:
+            last_backward = sum(bwd[k :: st.pp])
+            layers_here = max(1, sum(counts[k :: st.pp]))
+            sync = max(sync / layers_here, sync - last_backward)
+        if not shape.untied and n > 1 and k in (0, (n - 1) % st.pp):
             sync += _coll(hw, "all_reduce", BYTES * shape.vocab * shape.hidden // st.tp, 2, 2 * block)
         held = params / (d if st.zero >= 1 else 1)
         tails.append(sync + _stream(hw, OPTIMIZER_STREAM_BYTES * held, 1))
@@ -684,7 +752,7 @@ def price(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> FamilyE
         "layer_forward": layer.forward,
         "layer_backward": layer.backward + layer.weight,
         "layer_tp_overlapped": layer.overlap,
-        "zero3_exposed_per_layer": z3_f + z3_b,
+        "zero_exposed_per_layer": z_f + z_b,
     }
     return FamilyEstimate(
         shape,
@@ -692,13 +760,13 @@ def price(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> FamilyE
         hw.name,
         step,
         pipe.makespan,
-        bubble,
-        list(tails),
+        pipe.bubble,
+        tails,
         counts,
         [{"forward": fwd[s], "backward_input": b_in[s], "backward_weight": b_w[s]} for s in range(n)],
-        states,
-        list(pipe.in_flight),
-        act_layer,
+        list(mem.state),
+        list(mem.activations),
+        mem.activation_per_layer,
         shape.model_flops_per_token * tokens,
         hardware_flops_per_token(shape, st) * tokens,
         _peak(hw),
