@@ -51,8 +51,8 @@ optimizer step. What each term is and where it comes from:
   once; ZeRO 3 (FSDP) also all-gathers every layer's parameters for its forward and again for
   its backward, every micro-batch. ``overlap``: the step's reduction runs while the pipeline rank's last
   backward runs (only what outlasts it is paid, and never less than one layer's share), and
-  ZeRO 3 prefetches the next layer's parameters while the current one computes (only what
-  outlasts that compute is paid; the prefetched layer's parameters are one more buffer).
+  ZeRO 2/3's per-layer collectives run while the layer's kernels run (only what outlasts that
+  computation is paid; the prefetched layer's parameters are one more buffer).
 * **optimizer**: AdamW on float32 masters and moments, streamed at ``memory_Bps`` (28 bytes
   read and written per element held).
 * **memory**: 2 + 2 + 12 bytes per parameter (16-bit weights and gradients; float32 master,
@@ -157,6 +157,10 @@ class Work:
     """Backward collectives that run alongside the weight-gradient GEMMs."""
     gemm_flops_forward: float = 0.0
     gemm_flops_backward: float = 0.0
+    compute_forward: float = 0.0
+    """Forward kernels alone (no communication): what ZeRO's prefetched gathers can hide behind."""
+    compute_backward: float = 0.0
+    """Backward kernels alone, weight gradients and recompute included."""
 
 
 def _gemm(hw: HardwareProfile, flops: float) -> float:
@@ -187,9 +191,10 @@ def _stream(hw: HardwareProfile, nbytes: float, kernels: float) -> float:
 
 
 def _link(hw: HardwareProfile, span: int) -> Any:
-    """The link a group of consecutive-stride ranks spanning ``span`` device ids runs on."""
+    """The link of a group whose ranks lie in aligned blocks of ``span`` consecutive device ids:
+    inside a node only when every block fits in one (``span`` divides the node's devices)."""
     per_node = hw.devices_per_node
-    return hw.intra_node if per_node is None or span <= per_node else hw.inter_node
+    return hw.intra_node if per_node is None or (span <= per_node and per_node % span == 0) else hw.inter_node
 
 
 def _coll(hw: HardwareProfile, op: str, nbytes: float, size: int, span: int) -> float:
@@ -311,16 +316,20 @@ def _layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> 
     cp_f = _coll(hw, "all_gather", kv, cp, tp * cp)
     cp_b = cp_f + _coll(hw, "reduce_scatter", kv, cp, tp * cp)
 
-    forward = gemm_f + core_f + elem_f + core_elem_f + launches + tp_f + cp_f
+    compute_f = gemm_f + core_f + elem_f + core_elem_f + launches
+    forward = compute_f + tp_f + cp_f
     weight = gemm_f
-    backward = gemm_f + core_b + BACKWARD_ELEMENTWISE * (elem_f + core_elem_f) + launches + tp_b + cp_b
+    compute_b = gemm_f + core_b + BACKWARD_ELEMENTWISE * (elem_f + core_elem_f) + launches
+    backward = compute_b + tp_b + cp_b
     if st.recompute == "full":
         backward += forward
+        compute_b += compute_f
     elif st.recompute == "selective" and shape.attention == "plain":
         backward += core_f + core_elem_f
+        compute_b += core_f + core_elem_f
     gflops_f = sum(gemms) + (core_flops / 2 if shape.attention == "fused" else core_flops)
     gflops_b = sum(gemms) + (2.5 * core_flops / 2 if shape.attention == "fused" else 2 * core_flops)
-    return Work(forward, backward, weight, tp_b_overlap, gflops_f, gflops_b)
+    return Work(forward, backward, weight, tp_b_overlap, gflops_f, gflops_b, compute_f, compute_b + weight)
 
 
 def layer_parameters_local(shape: ModelShape, tp: int) -> int:
@@ -692,8 +701,8 @@ def price(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> FamilyE
         gather = _coll(hw, "all_gather", BYTES * p_layer, d, block) if st.zero == 3 else 0.0
         scatter = _coll(hw, "reduce_scatter", BYTES * p_layer, d, block)
         if st.overlap:
-            z_f = max(0.0, gather - layer.forward)
-            z_b = max(0.0, gather + scatter - layer.backward - layer.weight)
+            z_f = max(0.0, gather - layer.compute_forward)
+            z_b = max(0.0, gather + scatter - layer.compute_backward)
         else:
             z_f, z_b = gather, gather + scatter
 

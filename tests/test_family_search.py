@@ -1,0 +1,94 @@
+"""The family search: bounds never change the top k; every dominance rule holds on priced pairs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from simulator.cost import load_profile
+from simulator.family import ModelShape, preset
+from simulator.family_cost import FamilyStrategy, memory, price, step_time_lower_bound
+from simulator.family_search import enumerate_family, search_family
+
+A100 = load_profile("a100-nvlink-ib")
+H100 = load_profile("h100-nvlink-ib")
+GPT = ModelShape(12, 1536, 16, 2048, 51200)
+LLAMA = ModelShape(
+    10, 1024, 16, 4096, 32000, kv_heads=4, ffn_hidden=2816, mlp="swiglu", norm="rmsnorm", untied=True, attention="fused"
+)
+
+
+def _key(result: object) -> list[tuple[object, ...]]:
+    return [(c.strategy, c.micro_batch_size, c.step_time_s) for c in result.ranked]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("shape", "devices", "batch", "hw", "limit"),
+    [(GPT, 32, 64, A100, 8 * 2**30), (LLAMA, 64, 32, H100, 3 * 2**30)],
+)
+def test_bounds_do_not_change_the_top_k(shape: ModelShape, devices: int, batch: int, hw: object, limit: int) -> None:
+    fast = search_family(shape, devices, batch, hw, memory_limit=limit, top_k=5)  # type: ignore[arg-type]
+    full = search_family(shape, devices, batch, hw, memory_limit=limit, top_k=5, exhaustive=True)  # type: ignore[arg-type]
+    assert len(full.ranked) == 5
+    assert _key(fast) == _key(full)
+    assert fast.priced < full.priced  # the bound did prune
+    assert full.enumerated == fast.enumerated
+
+
+def test_lower_bounds_hold() -> None:
+    pruned: dict[str, int] = {}
+    cands = list(enumerate_family(LLAMA, 32, 16, pruned, dominance=False))
+    assert any(st.cp > 1 for st, _ in cands) and any(st.zero == 3 and st.overlap for st, _ in cands)
+    for st, mbs in cands[::7]:
+        shape = LLAMA.sized(mbs)
+        est = price(shape, st, H100)
+        assert step_time_lower_bound(shape, st, H100) <= est.step_time_s
+        assert memory(shape, st).peak == est.peak_bytes
+
+
+@pytest.mark.parametrize("shape", [GPT, LLAMA])
+def test_dominated_settings_are_never_better(shape: ModelShape) -> None:
+    """What ``dominance=True`` leaves out is, priced, never faster nor smaller than its twin."""
+    hw = H100
+    pruned: dict[str, int] = {}
+    kept = set(enumerate_family(shape, 32, 32, pruned, dominance=True))
+    every = list(enumerate_family(shape, 32, 32, pruned, dominance=False))
+    left_out = [c for c in every if c not in kept]
+    assert left_out
+    for st, mbs in left_out[::3]:
+        twin = st
+        if st.zero == 0 and st.dp * st.cp > 1:
+            twin = dataclasses.replace(twin, zero=1)
+        if twin.zero < 3 and not twin.overlap and st.dp * st.cp > 1:
+            twin = dataclasses.replace(twin, overlap=True)
+        if shape.attention == "fused" and twin.recompute == "selective":
+            twin = dataclasses.replace(twin, recompute="none")
+        assert (twin, mbs) in kept
+        sized = shape.sized(mbs)
+        a, b = price(sized, st, hw), price(sized, twin, hw)
+        assert b.step_time_s <= a.step_time_s * (1 + 1e-12)
+        assert b.peak_bytes <= a.peak_bytes
+
+
+def test_llama3_405b_on_16384_devices_finds_a_fitting_layout() -> None:
+    result = search_family(preset("llama3-405b"), 16384, 2048, H100, top_k=2, context_parallel=(1, 2))
+    best = result.ranked[0]
+    assert best.fits and best.strategy.world_size == 16384
+    assert best.strategy.tp * best.strategy.cp * best.strategy.pp * best.strategy.dp == 16384
+    assert result.ranked[0].step_time_s <= result.ranked[1].step_time_s
+
+
+def test_nothing_fits_gives_advice() -> None:
+    result = search_family(GPT, 2, 4, A100, memory_limit=2**20)
+    assert not result.ranked and "nothing fits" in result.advice()
+    with pytest.raises(ValueError, match="devices must be a positive int"):
+        search_family(GPT, 0, 4, A100)
+
+
+def test_interleaved_needs_micro_batches_multiple_of_pp() -> None:
+    pruned: dict[str, int] = {}
+    for st, _ in enumerate_family(GPT, 8, 8, pruned):
+        assert st.chunks == 1 or st.micro_batches % st.pp == 0
+    with pytest.raises(ValueError, match="multiple of pp"):
+        price(GPT, FamilyStrategy(pp=4, micro_batches=6, schedule="Interleaved1F1B", chunks=2), A100)
