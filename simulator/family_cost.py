@@ -64,6 +64,7 @@ optimizer step. What each term is and where it comes from:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,10 +106,7 @@ class FamilyStrategy:
             raise ValueError(f"FamilyStrategy recompute must be none, selective or full, got {self.recompute!r}")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"FamilyStrategy zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        # The schedule's own checks (kind, chunks only with an interleaved schedule).
-        object.__setattr__(self, "schedule", self.pipeline_strategy().schedule)
-        if self.schedule not in ("1F1B", "Interleaved1F1B"):
-            raise ValueError(f"FamilyStrategy schedule must be 1F1B or Interleaved1F1B, got {self.schedule!r}")
+        object.__setattr__(self, "schedule", _schedule_name(self.schedule, self.chunks))
 
     @property
     def world_size(self) -> int:
@@ -124,6 +122,15 @@ class FamilyStrategy:
 
     def mesh_text(self) -> str:
         return f"dp={self.dp},tp={self.tp},pp={self.pp},cp={self.cp}"
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule_name(schedule: str, chunks: int) -> str:
+    """The schedule's canonical name, by its own checks (kind; chunks only with an interleaved one)."""
+    name = GPTStrategy(chunks=chunks, schedule=schedule).schedule
+    if name not in ("1F1B", "Interleaved1F1B"):
+        raise ValueError(f"FamilyStrategy schedule must be 1F1B or Interleaved1F1B, got {schedule!r}")
+    return name
 
 
 def check_layout(shape: ModelShape, st: FamilyStrategy) -> None:
@@ -332,6 +339,7 @@ def _layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> 
     return Work(forward, backward, weight, tp_b_overlap, gflops_f, gflops_b, compute_f, compute_b + weight)
 
 
+@functools.lru_cache(maxsize=65536)
 def layer_parameters_local(shape: ModelShape, tp: int) -> int:
     """One layer's parameters on one tensor-parallel rank (norms replicated, key/value heads
     replicated when ``tp`` exceeds them)."""
@@ -610,41 +618,68 @@ class Memory:
         return max(s + a for s, a in zip(self.state, self.activations, strict=True))
 
 
-def _lane_parameters(shape: ModelShape, st: FamilyStrategy, counts: list[int]) -> list[int]:
+@functools.lru_cache(maxsize=65536)
+def _lane_parameters(shape: ModelShape, tp: int, pp: int, chunks: int) -> tuple[int, ...]:
     """Parameters each pipeline rank holds on one tensor-parallel rank (before ZeRO's split)."""
-    p_layer = layer_parameters_local(shape, st.tp)
-    n = st.num_stages
-    emb = shape.vocab * shape.hidden // st.tp + (shape.seq * shape.hidden if shape.gpt_style else 0)
+    counts = _counts(shape.layers, pp, chunks)
+    p_layer = layer_parameters_local(shape, tp)
+    n = pp * chunks
+    emb = shape.vocab * shape.hidden // tp + (shape.seq * shape.hidden if shape.gpt_style else 0)
     out = (2 if shape.norm == "layernorm" else 1) * shape.hidden
     if shape.untied or n > 1:  # a tied output layer on another stage keeps a copy of the embedding
-        out += shape.vocab * shape.hidden // st.tp
-    lanes = [sum(counts[k :: st.pp]) * p_layer for k in range(st.pp)]
+        out += shape.vocab * shape.hidden // tp
+    lanes = [sum(counts[k::pp]) * p_layer for k in range(pp)]
     lanes[0] += emb
-    lanes[(n - 1) % st.pp] += out
-    return lanes
+    lanes[(n - 1) % pp] += out
+    return tuple(lanes)
 
 
-def memory(shape: ModelShape, st: FamilyStrategy) -> Memory:
-    """Model state and activations per pipeline rank (module docstring); no hardware needed."""
-    check_layout(shape, st)
-    counts = stage_layer_counts(shape.layers, st.pp, st.chunks)
-    d = st.dp * st.cp
+def memory(shape: ModelShape, st: FamilyStrategy, *, checked: bool = False) -> Memory:
+    """Model state and activations per pipeline rank (module docstring); no hardware needed.
+    ``checked``: the layout is known to divide (the search enumerates only such)."""
+    if not checked:
+        check_layout(shape, st)
+    state = state_bytes(shape, st.tp, st.pp, st.chunks, st.dp * st.cp, st.zero, st.overlap)
+    per_layer, act = _stage_activations(shape, st.tp, st.cp, st.sequence_parallel, st.recompute, st.pp, st.chunks)
+    return Memory(state, in_flight(st, act), per_layer, act)
+
+
+@functools.lru_cache(maxsize=65536)
+def state_bytes(
+    shape: ModelShape, tp: int, pp: int, chunks: int, replicas: int, zero: int, overlap: bool
+) -> tuple[int, ...]:
+    """Model state per pipeline rank: 2 + 2 + 12 bytes per parameter held, split over the
+    ``replicas = dp * cp`` ranks that share the weights by ZeRO's stage, plus ZeRO 3's gathered
+    layer (and the prefetched next one, with ``overlap``) and its gradient."""
+    d = replicas
     per_param = (
-        STATE_BYTES["parameters"] / (d if st.zero >= 3 else 1)
-        + STATE_BYTES["gradients"] / (d if st.zero >= 2 else 1)
-        + STATE_BYTES["optimizer_state"] / (d if st.zero >= 1 else 1)
+        STATE_BYTES["parameters"] / (d if zero >= 3 else 1)
+        + STATE_BYTES["gradients"] / (d if zero >= 2 else 1)
+        + STATE_BYTES["optimizer_state"] / (d if zero >= 1 else 1)
     )
     gathered = 0
-    if st.zero == 3 and d > 1:  # the gathered layer (and the prefetched next one) and its gradient
-        gathered = (2 if st.overlap else 1) * (STATE_BYTES["parameters"] + STATE_BYTES["gradients"])
-        gathered *= layer_parameters_local(shape, st.tp)
-    state = tuple(round(n * per_param) + gathered for n in _lane_parameters(shape, st, counts))
+    if zero == 3 and d > 1:
+        gathered = (2 if overlap else 1) * (STATE_BYTES["parameters"] + STATE_BYTES["gradients"])
+        gathered *= layer_parameters_local(shape, tp)
+    return tuple(round(n * per_param) + gathered for n in _lane_parameters(shape, tp, pp, chunks))
+
+
+@functools.lru_cache(maxsize=4096)
+def _counts(layers: int, pp: int, chunks: int) -> tuple[int, ...]:
+    return tuple(stage_layer_counts(layers, pp, chunks))
+
+
+@functools.lru_cache(maxsize=65536)
+def _stage_activations(
+    shape: ModelShape, tp: int, cp: int, sp: bool, recompute: str, pp: int, chunks: int
+) -> tuple[int, tuple[int, ...]]:
+    st = FamilyStrategy(tp=tp, cp=cp, sequence_parallel=sp, recompute=recompute)
     per_layer = activation_bytes(shape, st)
     first_act, last_act = _ends_activations(shape, st)
-    act = [c * per_layer for c in counts]
+    act = [c * per_layer for c in _counts(shape.layers, pp, chunks)]
     act[0] += first_act
     act[-1] += last_act
-    return Memory(state, in_flight(st, act), per_layer, tuple(act))
+    return per_layer, tuple(act)
 
 
 def in_flight(st: FamilyStrategy, act: list[int] | tuple[int, ...]) -> tuple[int, ...]:
@@ -671,9 +706,14 @@ def _ends_activations(shape: ModelShape, st: FamilyStrategy) -> tuple[int, int]:
     return first, last
 
 
+@functools.lru_cache(maxsize=4096)
+def _busiest(layers: int, pp: int, chunks: int) -> int:
+    counts = _counts(layers, pp, chunks)
+    return max(sum(counts[k::pp]) for k in range(pp))
+
+
 def busiest_lane_layers(shape: ModelShape, st: FamilyStrategy) -> int:
-    counts = stage_layer_counts(shape.layers, st.pp, st.chunks)
-    return max(sum(counts[k :: st.pp]) for k in range(st.pp))
+    return _busiest(shape.layers, st.pp, st.chunks)
 
 
 def step_time_lower_bound(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> float:
@@ -686,7 +726,7 @@ def step_time_lower_bound(shape: ModelShape, st: FamilyStrategy, hw: HardwarePro
 def price(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> FamilyEstimate:
     """The step of ``shape`` (its micro-batch size) under ``st`` on ``hw`` (module docstring)."""
     mem = memory(shape, st)
-    counts = stage_layer_counts(shape.layers, st.pp, st.chunks)
+    counts = list(_counts(shape.layers, st.pp, st.chunks))
     layer = layer_costs(shape, st, hw)
     first, last = _ends_work(shape, st, hw)
     d = st.dp * st.cp  # ranks that hold the same weights
@@ -739,7 +779,7 @@ def price(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> FamilyE
 
     # Per pipeline rank: gradient reduction and optimizer.
     tails = []
-    lane_params = _lane_parameters(shape, st, counts)
+    lane_params = _lane_parameters(shape, st.tp, st.pp, st.chunks)
     for k in range(st.pp):
         params = lane_params[k]
         sync = 0.0

@@ -17,7 +17,8 @@ proof keep the space small:
   choice, so both are kept); ``selective`` recompute with fused attention (nothing to recompute:
   identical to ``none``). ``tests/test_family_search.py`` checks each on priced pairs.
 * **bounds**: memory per rank is computed exactly before any timing (``family_cost.memory``) and
-  what exceeds the limit is dropped; the rest are priced best-first by
+  what exceeds the limit is dropped, with every larger micro-batch of the same candidate
+  (memory never shrinks as the micro-batch grows); the rest are priced best-first by
   ``step_time_lower_bound`` (the busiest pipeline rank's layers for every micro-batch) and the
   search stops once that bound reaches the ``top_k``-th best step found. ``exhaustive=True``
   prices every candidate that fits: the test checks both give the same top ``k``.
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 
 from simulator.cost import HardwareProfile, load_profile
 from simulator.family import ModelShape, divisors
-from simulator.family_cost import FamilyStrategy, memory, price, step_time_lower_bound
+from simulator.family_cost import FamilyStrategy, memory, price, state_bytes, step_time_lower_bound
 
 INTERLEAVED_CHUNKS = (2, 4)
 
@@ -143,9 +144,11 @@ def enumerate_family(
     schedules: tuple[str, ...] = ("1F1B", "Interleaved1F1B"),
     micro_batch_sizes: tuple[int, ...] | None = None,
     context_parallel: tuple[int, ...] | None = None,
+    state_limit: float | None = None,
 ) -> Iterator[tuple[FamilyStrategy, int]]:
     """Every (strategy, micro-batch size) that divides (module docstring); ``pruned`` counts what
-    it drops and why. ``context_parallel``: only these cp degrees (default: every one that divides)."""
+    it drops and why. ``context_parallel``: only these cp degrees (default: every one that
+    divides). ``state_limit``: drop (and count) what holds more model state than this alone."""
 
     def drop(reason: str, n: int = 1) -> None:
         pruned[reason] = pruned.get(reason, 0) + n
@@ -181,6 +184,7 @@ def enumerate_family(
                     schedules,
                     micro_batch_sizes,
                     drop,
+                    state_limit,
                 )
 
 
@@ -197,6 +201,7 @@ def _knobs(
     schedules: tuple[str, ...],
     micro_batch_sizes: tuple[int, ...] | None,
     drop: Callable[..., None],
+    state_limit: float | None,
 ) -> Iterator[tuple[FamilyStrategy, int]]:
     replicas = dp * cp
     sps = (False, True) if tp > 1 else (False,)
@@ -220,6 +225,12 @@ def _knobs(
                         else:
                             overlaps = (True,) if dominance and zero < 3 else (False, True)
                         for overlap in overlaps:
+                            if (
+                                state_limit is not None
+                                and max(state_bytes(shape, tp, pp, chunks, replicas, zero, overlap)) > state_limit
+                            ):
+                                drop("model state alone over the memory limit", len(rcs))
+                                continue
                             for rc in rcs:
                                 yield (
                                     FamilyStrategy(dp, tp, pp, cp, sp, rc, zero, m, schedule, chunks, overlap),
@@ -251,17 +262,50 @@ def search_family(
         raise ValueError(f"hardware profile {hw.name!r} has no memory_bytes; pass memory_limit (bytes)")
     started = time.perf_counter()
     pruned: dict[str, int] = {}
-    todo = list(enumerate_family(shape, devices, global_batch, pruned, dominance=dominance, **space))  # type: ignore[arg-type]
+    todo = list(
+        enumerate_family(
+            shape,
+            devices,
+            global_batch,
+            pruned,
+            dominance=dominance,
+            state_limit=None if exhaustive else limit,
+            **space,  # type: ignore[arg-type]
+        )
+    )
     enumerated = len(todo) + sum(pruned.values())
     sized = {mbs: shape.sized(mbs) for mbs in {mbs for _, mbs in todo}}
     heap: list[tuple[float, int]] = []
     smallest: tuple[int, int] | None = None
+    # Memory never shrinks as the micro-batch grows with everything else kept (activations grow
+    # with it; the micro-batches in flight, min(m, ...), times the size of one, never fall): once
+    # a micro-batch size is over the limit, the larger ones of the same candidate are too. The
+    # enumeration yields micro-batch sizes in increasing order.
+    over: set[tuple[object, ...]] = set()
     for i, (st, mbs) in enumerate(todo):
-        peak = memory(sized[mbs], st).peak
+        key = (
+            st.dp,
+            st.tp,
+            st.pp,
+            st.cp,
+            st.sequence_parallel,
+            st.recompute,
+            st.zero,
+            st.schedule,
+            st.chunks,
+            st.overlap,
+        )
+        if not exhaustive and key in over:
+            pruned["over the memory limit (a smaller micro-batch already is)"] = (
+                pruned.get("over the memory limit (a smaller micro-batch already is)", 0) + 1
+            )
+            continue
+        peak = memory(sized[mbs], st, checked=True).peak
         if smallest is None or peak < smallest[0]:
             smallest = (peak, i)
         if peak > limit:
             pruned["over the memory limit"] = pruned.get("over the memory limit", 0) + 1
+            over.add(key)
             continue
         heap.append((0.0 if exhaustive else step_time_lower_bound(sized[mbs], st, hw), i))
     heapq.heapify(heap)
@@ -302,6 +346,13 @@ def search_family(
             heapq.heapreplace(best, item)
     ranked = [c for _, _, c in sorted(best, key=lambda x: (-x[0], -x[1]))]
     result = FamilySearchResult(shape, devices, global_batch, hw.name, limit, ranked, enumerated, priced, pruned)
+    if not ranked and smallest is None and not exhaustive:
+        # Every candidate's model state alone was over the limit: find the smallest for the advice.
+        todo = list(enumerate_family(shape, devices, global_batch, {}, dominance=dominance, **space))  # type: ignore[arg-type]
+        sized = {mbs: shape.sized(mbs) for mbs in {mbs for _, mbs in todo}}
+        peaks = [memory(sized[mbs], st, checked=True).peak for st, mbs in todo]
+        if peaks:
+            smallest = (min(peaks), peaks.index(min(peaks)))
     if not ranked and smallest is not None:
         result.smallest = candidate(smallest[1])
     result.seconds = time.perf_counter() - started
