@@ -36,7 +36,7 @@ def rows() -> list[tuple[str, ModelShape, int, int, str]]:
         (f"GPT {r.billions}B", ModelShape(r.layers, r.hidden, r.heads, 2048, 51200), r.gpus, r.batch, "a100-nvlink-ib")
         for r in NARAYANAN_2021_TABLE_1
     ]
-    out.append(("Llama 3 405B", preset("llama3-405b"), 16384, 2048, "h100-nvlink-ib"))
+    out.append(("Llama 3 405B", preset("llama3-405b"), 16384, 2048, "h100-sxm"))
     return out
 
 

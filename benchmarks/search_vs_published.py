@@ -118,7 +118,7 @@ def rows() -> list[Published]:
             Published(
                 f"Llama 3 405B, {8 * 16 * cp * gpus_dp} GPUs, seq {seq}",
                 dataclasses.replace(llama, seq=seq),
-                "h100-nvlink-ib",
+                "h100-sxm",
                 gpus_dp,
                 8,
                 16,

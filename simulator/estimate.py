@@ -780,8 +780,9 @@ def build_parser() -> argparse.ArgumentParser:
     h = p.add_argument_group("hardware")
     h.add_argument(
         "--hardware",
-        default="h100-nvlink-ib",
-        help="a preset (h100-nvlink-ib, a100-nvlink-ib, cpu-local) or a profile JSON",
+        default=None,
+        help="a preset (h100-nvlink-ib, h100-sxm, a100-nvlink-ib, cpu-local) or a profile JSON (default "
+        "h100-nvlink-ib; h100-sxm, its GPU model, for the family model)",
     )
     h.add_argument(
         "--memory-bandwidth",

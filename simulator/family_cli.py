@@ -28,8 +28,10 @@ from simulator.family_cost import FamilyStrategy, price
 from simulator.step_trace import GPTShape
 
 FAMILY_FLAGS = ("model", "kv_heads", "ffn_hidden", "mlp", "norm", "untied", "attention")
-GPT_DEFAULTS = {"seq": 2048, "vocab": 50257, "dropout": 0.1}
+GPT_DEFAULTS = {"seq": 2048, "vocab": 50257, "dropout": 0.1, "hardware": "h100-nvlink-ib"}
 """The trace path's defaults for flags the family path leaves to the preset."""
+FAMILY_HARDWARE = "h100-sxm"
+"""The family path's default profile: the H100 with the GPU model's constants."""
 
 
 def add_family_arguments(group: Any) -> None:
@@ -62,6 +64,11 @@ def resolve_gpt_defaults(ns: argparse.Namespace) -> None:
     for key, value in GPT_DEFAULTS.items():
         if getattr(ns, key, None) is None:
             setattr(ns, key, value)
+
+
+def resolve_family_defaults(ns: argparse.Namespace) -> None:
+    if getattr(ns, "hardware", None) is None:
+        ns.hardware = FAMILY_HARDWARE
 
 
 def family_shape(ns: argparse.Namespace, micro_batch_size: int = 1) -> ModelShape:
@@ -149,6 +156,7 @@ def family_strategy(ns: argparse.Namespace, degrees: dict[str, int]) -> FamilySt
 
 def run_estimate(ns: argparse.Namespace, degrees: dict[str, int]) -> int:
     """``estimate``'s family path: print the summary (or JSON). Raises ``ValueError`` on bad input."""
+    resolve_family_defaults(ns)
     shape = family_shape(ns, ns.micro_batch_size)
     strategy = family_strategy(ns, degrees)
     est = price(shape, strategy, load_profile(ns.hardware))

@@ -2,7 +2,7 @@
 
     shape = preset("llama3-405b").sized(1)
     strategy = FamilyStrategy(dp=64, tp=8, pp=16, cp=1, micro_batches=32, schedule="Interleaved1F1B", chunks=4)
-    est = price(shape, strategy, load_profile("h100-nvlink-ib"))
+    est = price(shape, strategy, load_profile("h100-sxm"))
     est.step_time_s, est.mfu, est.peak_bytes
 
 ``simulator.estimate`` traces mpipar's own GPT; this module prices any ``ModelShape``

@@ -1,7 +1,7 @@
 """Strategy search over the GPT/Llama family's layouts: dp x cp x tp x pp, micro-batch size,
 schedule, sequence parallelism, recompute, ZeRO 1-3 and overlap, priced by ``simulator.family_cost``.
 
-    result = search_family(preset("llama3-405b"), devices=16384, global_batch=2048, hardware="h100-nvlink-ib")
+    result = search_family(preset("llama3-405b"), devices=16384, global_batch=2048, hardware="h100-sxm")
     result.ranked[0].strategy          # FamilyStrategy(dp=..., tp=..., pp=..., cp=..., ...)
 
 Every candidate that divides is enumerated (``enumerate_family``): heads and key/value heads by
@@ -242,7 +242,7 @@ def search_family(
     shape: ModelShape,
     devices: int,
     global_batch: int,
-    hardware: HardwareProfile | str = "h100-nvlink-ib",
+    hardware: HardwareProfile | str = "h100-sxm",
     *,
     memory_limit: int | None = None,
     top_k: int = 5,

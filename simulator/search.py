@@ -22,7 +22,13 @@ from mpipar.pipeline import resolve_kind
 from simulator.cost import HardwareProfile, load_profile
 from simulator.estimate import Estimate, estimate, parse_count
 from simulator.estimate import build_parser as estimate_parser
-from simulator.family_cli import add_family_arguments, family_shape, resolve_gpt_defaults, wants_family
+from simulator.family_cli import (
+    add_family_arguments,
+    family_shape,
+    resolve_family_defaults,
+    resolve_gpt_defaults,
+    wants_family,
+)
 from simulator.family_search import model_flags, search_family
 from simulator.fast_estimate import (
     TraceCache,
@@ -545,6 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_family_search(ns: argparse.Namespace) -> int:
     """``search``'s family path (``simulator.family_search``): the table, or JSON with ``cp`` per row."""
+    resolve_family_defaults(ns)
     shape = family_shape(ns)
     result = search_family(
         shape,

@@ -123,7 +123,7 @@ def test_gqa_replicates_key_value_heads_beyond_their_count() -> None:
         mats = 2 * h * (h // tp) + 2 * h * (kv_heads * 128) + 3 * h * (f // tp)
         assert layer_parameters_local(shape, tp) == mats + 2 * h
     with pytest.raises(ValueError, match="key/value heads must divide"):
-        price(ModelShape(2, 768, 12, kv_heads=4), FamilyStrategy(tp=6), load_profile("h100-nvlink-ib"))
+        price(ModelShape(2, 768, 12, kv_heads=4), FamilyStrategy(tp=6), load_profile("h100-sxm"))
 
 
 def test_stage_layer_counts_lighter_ends() -> None:
@@ -154,7 +154,7 @@ def test_schedule_closed_form_equals_the_simulator_on_even_stages(pp: int, chunk
 
 
 def test_price_llama3_8b_is_consistent() -> None:
-    hw = load_profile("h100-nvlink-ib")
+    hw = load_profile("h100-sxm")
     shape = preset("llama3-8b")
     st = FamilyStrategy(dp=8, tp=4, pp=2, cp=2, sequence_parallel=True, micro_batches=8, zero=1, overlap=True)
     est = price(shape, st, hw)

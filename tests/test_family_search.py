@@ -12,7 +12,7 @@ from simulator.family_cost import FamilyStrategy, memory, price, step_time_lower
 from simulator.family_search import enumerate_family, search_family
 
 A100 = load_profile("a100-nvlink-ib")
-H100 = load_profile("h100-nvlink-ib")
+H100 = load_profile("h100-sxm")
 GPT = ModelShape(12, 1536, 16, 2048, 51200)
 LLAMA = ModelShape(
     10, 1024, 16, 4096, 32000, kv_heads=4, ffn_hidden=2816, mlp="swiglu", norm="rmsnorm", untied=True, attention="fused"
