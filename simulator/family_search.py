@@ -33,9 +33,18 @@ from dataclasses import dataclass, field
 
 from simulator.cost import HardwareProfile, load_profile
 from simulator.family import ModelShape, divisors
-from simulator.family_cost import FamilyStrategy, memory, price, state_bytes, step_time_lower_bound
+from simulator.family_cost import (
+    FamilyStrategy,
+    busiest_lane_layers,
+    layer_costs,
+    memory,
+    price,
+    state_bytes,
+)
 
 INTERLEAVED_CHUNKS = (2, 4)
+Raw = tuple[int, int, int, int, bool, str, int, int, str, int, bool, int]
+"""A candidate before it is built: ``FamilyStrategy``'s fields in order, then the micro-batch size."""
 
 
 @dataclass(frozen=True)
@@ -139,20 +148,36 @@ def enumerate_family(
     pruned: dict[str, int],
     *,
     dominance: bool = True,
+    state_limit: float | None = None,
+    **space: object,
+) -> Iterator[tuple[FamilyStrategy, int]]:
+    """Every (strategy, micro-batch size) that divides (module docstring); ``pruned`` counts what
+    it drops and why. ``space``: ``recomputes``, ``zero_stages``, ``schedules``,
+    ``micro_batch_sizes`` (only these), ``context_parallel`` (only these cp degrees).
+    ``state_limit``: drop (and count) what holds more model state than this alone."""
+
+    def drop(reason: str, n: int = 1) -> None:
+        pruned[reason] = pruned.get(reason, 0) + n
+
+    for c in _candidates(shape, devices, global_batch, drop, dominance, state_limit, **space):  # type: ignore[arg-type]
+        yield FamilyStrategy(*c[:11]), c[11]
+
+
+def _candidates(
+    shape: ModelShape,
+    devices: int,
+    global_batch: int,
+    drop: Callable[..., None],
+    dominance: bool,
+    state_limit: float | None,
+    *,
     recomputes: tuple[str, ...] = ("none", "selective", "full"),
     zero_stages: tuple[int, ...] = (0, 1, 2, 3),
     schedules: tuple[str, ...] = ("1F1B", "Interleaved1F1B"),
     micro_batch_sizes: tuple[int, ...] | None = None,
     context_parallel: tuple[int, ...] | None = None,
-    state_limit: float | None = None,
-) -> Iterator[tuple[FamilyStrategy, int]]:
-    """Every (strategy, micro-batch size) that divides (module docstring); ``pruned`` counts what
-    it drops and why. ``context_parallel``: only these cp degrees (default: every one that
-    divides). ``state_limit``: drop (and count) what holds more model state than this alone."""
-
-    def drop(reason: str, n: int = 1) -> None:
-        pruned[reason] = pruned.get(reason, 0) + n
-
+) -> Iterator[Raw]:
+    """``enumerate_family``'s candidates as ``Raw`` tuples (a strategy's fields, then the micro-batch size)."""
     for tp in divisors(devices):
         if shape.heads % tp or (shape.kv % tp and tp % shape.kv):
             drop("heads or key/value heads not divisible by tp")
@@ -202,7 +227,7 @@ def _knobs(
     micro_batch_sizes: tuple[int, ...] | None,
     drop: Callable[..., None],
     state_limit: float | None,
-) -> Iterator[tuple[FamilyStrategy, int]]:
+) -> Iterator[Raw]:
     replicas = dp * cp
     sps = (False, True) if tp > 1 else (False,)
     zeros = [z for z in zero_stages if replicas > 1 or z == 0]
@@ -232,10 +257,7 @@ def _knobs(
                                 drop("model state alone over the memory limit", len(rcs))
                                 continue
                             for rc in rcs:
-                                yield (
-                                    FamilyStrategy(dp, tp, pp, cp, sp, rc, zero, m, schedule, chunks, overlap),
-                                    mbs,
-                                )
+                                yield (dp, tp, pp, cp, sp, rc, zero, m, schedule, chunks, overlap, mbs)
 
 
 def search_family(
@@ -252,7 +274,13 @@ def search_family(
     **space: object,
 ) -> FamilySearchResult:
     """The ``top_k`` fastest candidates within ``memory_limit`` (default: the profile's device
-    memory), fastest first (module docstring). ``global_batch``: sequences per step."""
+    memory), fastest first (module docstring). ``global_batch``: sequences per step.
+
+    Best-first: every candidate gets its step-time lower bound (cheap: one layer's costs, shared
+    by all candidates of a micro-batch size, tp, cp, sequence parallelism and recompute); they
+    are taken in order of it, each checked for memory (exactly) and priced, until the bound
+    reaches the ``top_k``-th best step found: no candidate left can be faster, whether it fits
+    or not, so the rest are never built."""
     for name, value in (("devices", devices), ("global_batch", global_batch), ("top_k", top_k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"search {name} must be a positive int, got {value!r}")
@@ -262,59 +290,37 @@ def search_family(
         raise ValueError(f"hardware profile {hw.name!r} has no memory_bytes; pass memory_limit (bytes)")
     started = time.perf_counter()
     pruned: dict[str, int] = {}
-    todo = list(
-        enumerate_family(
-            shape,
-            devices,
-            global_batch,
-            pruned,
-            dominance=dominance,
-            state_limit=None if exhaustive else limit,
-            **space,  # type: ignore[arg-type]
-        )
+
+    def drop(reason: str, n: int = 1) -> None:
+        pruned[reason] = pruned.get(reason, 0) + n
+
+    raw = list(
+        _candidates(shape, devices, global_batch, drop, dominance, None if exhaustive else limit, **space)  # type: ignore[arg-type]
     )
-    enumerated = len(todo) + sum(pruned.values())
-    sized = {mbs: shape.sized(mbs) for mbs in {mbs for _, mbs in todo}}
-    heap: list[tuple[float, int]] = []
-    smallest: tuple[int, int] | None = None
-    # Memory never shrinks as the micro-batch grows with everything else kept (activations grow
-    # with it; the micro-batches in flight, min(m, ...), times the size of one, never fall): once
-    # a micro-batch size is over the limit, the larger ones of the same candidate are too. The
-    # enumeration yields micro-batch sizes in increasing order.
-    over: set[tuple[object, ...]] = set()
-    for i, (st, mbs) in enumerate(todo):
-        key = (
-            st.dp,
-            st.tp,
-            st.pp,
-            st.cp,
-            st.sequence_parallel,
-            st.recompute,
-            st.zero,
-            st.schedule,
-            st.chunks,
-            st.overlap,
-        )
-        if not exhaustive and key in over:
-            pruned["over the memory limit (a smaller micro-batch already is)"] = (
-                pruned.get("over the memory limit (a smaller micro-batch already is)", 0) + 1
-            )
-            continue
-        peak = memory(sized[mbs], st, checked=True).peak
-        if smallest is None or peak < smallest[0]:
-            smallest = (peak, i)
-        if peak > limit:
-            pruned["over the memory limit"] = pruned.get("over the memory limit", 0) + 1
-            over.add(key)
-            continue
-        heap.append((0.0 if exhaustive else step_time_lower_bound(sized[mbs], st, hw), i))
+    enumerated = len(raw) + sum(pruned.values())
+    sized = {mbs: shape.sized(mbs) for mbs in {c[-1] for c in raw}}
+    per_layer: dict[tuple[object, ...], float] = {}
+    busiest: dict[tuple[int, int], int] = {}
+
+    def lower_bound(c: Raw) -> float:
+        """``step_time_lower_bound`` from the raw tuple (module docstring)."""
+        tp, pp, cp, sp, rc, m, schedule, chunks, mbs = c[1], c[2], c[3], c[4], c[5], c[7], c[8], c[9], c[11]
+        key = (mbs, tp, cp, sp, rc)
+        if key not in per_layer:
+            work = layer_costs(sized[mbs], FamilyStrategy(tp=tp, cp=cp, sequence_parallel=sp, recompute=rc), hw)
+            per_layer[key] = work.forward + work.backward + work.weight
+        if (pp, chunks) not in busiest:
+            busiest[(pp, chunks)] = busiest_lane_layers(shape, FamilyStrategy(pp=pp, chunks=chunks, schedule=schedule))
+        return m * busiest[(pp, chunks)] * per_layer[key]
+
+    heap = [(0.0 if exhaustive else lower_bound(c), i) for i, c in enumerate(raw)]
     heapq.heapify(heap)
     total = len(heap)
     tokens = global_batch * shape.seq
     flops = shape.model_flops_per_token * tokens
 
-    def candidate(i: int) -> FamilyCandidate:
-        st, mbs = todo[i]
+    def candidate(c: Raw) -> FamilyCandidate:
+        st, mbs = FamilyStrategy(*c[:11]), c[11]
         est = price(sized[mbs], st, hw)
         t = est.step_time_s
         return FamilyCandidate(
@@ -328,14 +334,31 @@ def search_family(
             est.peak_bytes <= limit,
         )
 
+    # Memory never shrinks as the micro-batch grows with everything else kept (activations grow
+    # with it; the micro-batches in flight, min(m, ...), times the size of one, never fall): once
+    # a micro-batch size is over the limit, every larger one of the same candidate is too.
+    over: dict[tuple[object, ...], int] = {}
     best: list[tuple[float, int, FamilyCandidate]] = []  # max-heap on step time (negated)
     priced = 0
+    smallest: tuple[int, int] | None = None
     while heap:
         lb, i = heapq.heappop(heap)
         if len(best) >= top_k and lb >= -best[0][0]:
-            pruned["slower than the top candidates (bound)"] = len(heap) + 1
+            drop("slower than the top candidates (bound)", len(heap) + 1)
             break
-        cand = candidate(i)
+        c = raw[i]
+        key, mbs = c[:11], c[11]
+        if key in over and mbs >= over[key]:
+            drop("over the memory limit (a smaller micro-batch already is)")
+            continue
+        peak = memory(sized[mbs], FamilyStrategy(*key), checked=True).peak
+        if smallest is None or peak < smallest[0]:
+            smallest = (peak, i)
+        if peak > limit:
+            drop("over the memory limit")
+            over[key] = min(mbs, over.get(key, mbs))
+            continue
+        cand = candidate(c)
         priced += 1
         if progress is not None:
             progress(priced, total)
@@ -346,15 +369,13 @@ def search_family(
             heapq.heapreplace(best, item)
     ranked = [c for _, _, c in sorted(best, key=lambda x: (-x[0], -x[1]))]
     result = FamilySearchResult(shape, devices, global_batch, hw.name, limit, ranked, enumerated, priced, pruned)
-    if not ranked and smallest is None and not exhaustive:
-        # Every candidate's model state alone was over the limit: find the smallest for the advice.
-        todo = list(enumerate_family(shape, devices, global_batch, {}, dominance=dominance, **space))  # type: ignore[arg-type]
-        sized = {mbs: shape.sized(mbs) for mbs in {mbs for _, mbs in todo}}
-        peaks = [memory(sized[mbs], st, checked=True).peak for st, mbs in todo]
+    if not ranked:
+        # Nothing fits: the candidate with the least memory, priced, for the advice.
+        raw = list(_candidates(shape, devices, global_batch, lambda *a: None, dominance, None, **space))  # type: ignore[arg-type]
+        sized = {mbs: shape.sized(mbs) for mbs in {c[-1] for c in raw}}
+        peaks = [memory(sized[c[11]], FamilyStrategy(*c[:11]), checked=True).peak for c in raw]
         if peaks:
-            smallest = (min(peaks), peaks.index(min(peaks)))
-    if not ranked and smallest is not None:
-        result.smallest = candidate(smallest[1])
+            result.smallest = candidate(raw[peaks.index(min(peaks))])
     result.seconds = time.perf_counter() - started
     return result
 
