@@ -33,7 +33,7 @@ from simulator.step_trace import GPTShape
 
 def rows() -> list[tuple[str, ModelShape, int, int, str]]:
     out = [
-        (f"GPT {r.billions}B", ModelShape(r.layers, r.hidden, r.heads, 2048, 51200), r.gpus, r.batch, "a100-nvlink-ib")
+        (f"GPT {r.billions}B", ModelShape(r.layers, r.hidden, r.heads, 2048, 51200), r.gpus, r.batch, "a100-sxm")
         for r in NARAYANAN_2021_TABLE_1
     ]
     out.append(("Llama 3 405B", preset("llama3-405b"), 16384, 2048, "h100-sxm"))

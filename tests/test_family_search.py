@@ -92,3 +92,17 @@ def test_interleaved_needs_micro_batches_multiple_of_pp() -> None:
         assert st.chunks == 1 or st.micro_batches % st.pp == 0
     with pytest.raises(ValueError, match="multiple of pp"):
         price(GPT, FamilyStrategy(pp=4, micro_batches=6, schedule="Interleaved1F1B", chunks=2), A100)
+
+
+def test_a100_sxm_is_the_family_models_fit_of_the_calibration_rows() -> None:
+    """The one fitted constant: the 22B rows through the family model give the preset's value
+    (a model change that moves it must come with a refit: search_vs_published.py --fit)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import search_vs_published
+
+    a100 = load_profile("a100-sxm")
+    assert search_vs_published.fit_gemm_efficiency(a100) == pytest.approx(a100.gemm_efficiency_max, abs=0.0015)
+    assert load_profile("h100-sxm").gemm_efficiency_max == a100.gemm_efficiency_max
