@@ -96,6 +96,11 @@ class ModelShape:
 
     # ------------------------------------------------------------------ derived sizes
     @property
+    def dropout_rate(self) -> float:
+        """``dropout`` resolved (``__post_init__`` sets it; never ``None`` after)."""
+        return float(self.dropout or 0.0)
+
+    @property
     def kv(self) -> int:
         return self.heads if self.kv_heads is None else self.kv_heads
 

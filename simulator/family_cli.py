@@ -73,12 +73,12 @@ def resolve_family_defaults(ns: argparse.Namespace) -> None:
 
 def family_shape(ns: argparse.Namespace, micro_batch_size: int = 1) -> ModelShape:
     """The ``ModelShape`` the command line names (``ValueError`` naming the flag at fault)."""
-    sizes = {k: getattr(ns, k, None) for k in ("layers", "hidden", "heads")}
+    sizes: dict[str, Any] = {k: getattr(ns, k, None) for k in ("layers", "hidden", "heads")}
     if ns.model is not None:
         if getattr(ns, "params", None) is not None:
             raise ValueError("--model and --params both pick a shape; give one")
         shape = preset(ns.model)
-        changes = {k: v for k, v in sizes.items() if v is not None}
+        changes: dict[str, Any] = {k: v for k, v in sizes.items() if v is not None}
     elif getattr(ns, "params", None) is not None:
         given = [f"--{k}" for k, v in sizes.items() if v is not None]
         if given:

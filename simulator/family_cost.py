@@ -223,7 +223,7 @@ def activation_bytes(shape: ModelShape, st: FamilyStrategy) -> int:
     t_sp = t // tp if st.sequence_parallel else t
     if st.recompute == "full":
         return BYTES * h * t_sp  # the layer's input, the only tensor kept
-    drop = shape.dropout > 0
+    drop = shape.dropout_rate > 0
     # Sequence-split region: both norms' inputs, the q/k/v and MLP GEMMs' inputs, dropout masks.
     seq_region = 2 * BYTES * h + 2 * BYTES * h + (2 * h if drop else 0)
     heads = shape.heads // tp
@@ -293,8 +293,8 @@ def _layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> 
         core_f = 2 * _roofline(hw, core_flops / 2, scores + qkv_bytes)
         core_b = 2 * core_f
     # Elementwise bytes, forward: sequence-split region and tensor-split region.
-    seq_bytes = 2 * 4 * h + 2 * 6 * h + (2 * 5 * h if shape.dropout > 0 else 0)  # norms, residual adds, dropouts
-    seq_kernels = 2 + 2 + (2 if shape.dropout > 0 else 0)
+    seq_bytes = 2 * 4 * h + 2 * 6 * h + (2 * 5 * h if shape.dropout_rate > 0 else 0)  # norms, residual adds, dropouts
+    seq_kernels = 2 + 2 + (2 if shape.dropout_rate > 0 else 0)
     tp_bytes = (3 * f if shape.mlp == "swiglu" else 2 * f) * BYTES  # the activation: read up (gate, up), write
     tp_kernels = 1
     if shape.norm == "rmsnorm":  # rotary on q and k
@@ -305,7 +305,7 @@ def _layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> 
     if shape.attention == "plain":
         core_bytes = 2 * BYTES * heads * s  # scale + mask + softmax
         core_kernels = 1
-        if shape.dropout > 0:
+        if shape.dropout_rate > 0:
             core_bytes += 2 * BYTES * heads * s + heads * s
             core_kernels += 1
     elem_f = _stream(hw, seq_bytes * t_sp + tp_bytes * t, seq_kernels + tp_kernels)
@@ -702,7 +702,7 @@ def _ends_activations(shape: ModelShape, st: FamilyStrategy) -> tuple[int, int]:
     h, v, tp = shape.hidden, shape.vocab, st.tp
     t = shape.micro_batch_size * shape.seq // st.cp
     t_sp = t // tp if st.sequence_parallel and tp > 1 else t
-    first = (t_sp if shape.dropout > 0 else 0) * h  # the embedding's dropout mask
+    first = (t_sp if shape.dropout_rate > 0 else 0) * h  # the embedding's dropout mask
     last = BYTES * h * t_sp + BYTES * h * t + 4 * t * (v // tp)  # norm input, head input, float32 logits
     return first, last
 
