@@ -106,3 +106,43 @@ def test_a100_sxm_is_the_family_models_fit_of_the_calibration_rows() -> None:
     a100 = load_profile("a100-sxm")
     assert search_vs_published.fit_gemm_efficiency(a100) == pytest.approx(a100.gemm_efficiency_max, abs=0.0015)
     assert load_profile("h100-sxm").gemm_efficiency_max == a100.gemm_efficiency_max
+
+
+def test_cli_estimate_and_search_take_the_family_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from simulator.estimate import main as estimate_main
+    from simulator.search import main as search_main
+
+    assert estimate_main(["--model", "llama3-8b", "--mesh", "dp=2,tp=2,cp=2", "--sequence-parallel", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["strategy"]["cp"] == 2 and out["hardware"] == "h100-sxm"
+    assert len(out["peak_bytes_per_rank"]) == 8 and out["step_time_s"] > 0 and 0 < out["mfu"] < 1
+    assert out["model"]["parameters"] == 8_030_261_248 and out["model"]["attention"] == "fused"
+    # A shape by its sizes with Llama's knobs: fused attention by default with RMSNorm.
+    argv = ["--layers", "4", "--hidden", "256", "--heads", "8", "--kv-heads", "2", "--mlp", "swiglu"]
+    assert estimate_main([*argv, "--norm", "rmsnorm", "--ffn-hidden", "688", "--untied", "--json"]) == 0
+    small = json.loads(capsys.readouterr().out)["model"]
+    assert (small["kv_heads"], small["attention"], small["untied"], small["dropout"]) == (2, "fused", True, 0.0)
+    assert search_main(["--model", "llama3-8b", "--devices", "64", "--global-batch", "64", "--top", "2", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert len(found["top"]) == 2 and all("cp" in row for row in found["top"])
+    assert "--mesh dp=" in found["top"][0]["estimate_flags"] and ",cp=" in found["top"][0]["estimate_flags"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "llama3-8b", "--offload"], "--offload: not priced by the family model"),
+        (["--model", "llama9"], "invalid choice"),
+        (["--layers", "4", "--hidden", "64", "--heads", "4", "--mesh", "cp=2,dp=2", "--seq", "6"], "2 x cp"),
+        (["--model", "gpt3-175b", "--params", "1e9"], "--model and --params"),
+    ],
+)
+def test_cli_refuses_naming_the_flag(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from simulator.estimate import main as estimate_main
+
+    with pytest.raises(SystemExit) as exit_:
+        estimate_main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
