@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from simulator.candidate import Priced
 from simulator.cost import HardwareProfile, load_profile
 from simulator.family import ModelShape, divisors
 from simulator.family_cost import (
@@ -48,16 +49,7 @@ Raw = tuple[int, int, int, int, bool, str, int, int, str, int, bool, int]
 
 
 @dataclass(frozen=True)
-class FamilyCandidate:
-    strategy: FamilyStrategy
-    micro_batch_size: int
-    step_time_s: float
-    peak_bytes: int
-    bubble_fraction: float
-    tokens_per_s: float
-    mfu: float
-    fits: bool
-
+class FamilyCandidate(Priced[FamilyStrategy]):
     def estimate_flags(self, model_flags: str, hardware: str) -> str:
         """``python -m simulator estimate`` flags that price this candidate again."""
         st = self.strategy

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from mpipar import cliargs
 from mpipar.pipeline import resolve_kind
+from simulator.candidate import Priced, ranking_lines
 from simulator.cost import HardwareProfile, load_profile
 from simulator.estimate import Estimate, estimate, parse_count
 from simulator.estimate import build_parser as estimate_parser
@@ -57,17 +58,8 @@ def divisors(n: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(Priced[GPTStrategy]):
     """A priced strategy: the estimate's headline numbers and the flags that reproduce it."""
-
-    strategy: GPTStrategy
-    micro_batch_size: int
-    step_time_s: float
-    peak_bytes: int
-    bubble_fraction: float
-    tokens_per_s: float
-    mfu: float
-    fits: bool
 
     def estimate_flags(self, shape: GPTShape, hardware: str) -> str:
         st = self.strategy
@@ -584,21 +576,15 @@ def run_family_search(ns: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0 if result.ranked else 1
     print(shape.describe())
-    print(
+    head = (
         f"{result.enumerated} candidates on {result.devices} x {result.hardware}, {result.global_batch} sequences "
-        f"per step: {result.priced} priced in {result.seconds:.1f} s; pruned: "
-        + (", ".join(f"{v} {k}" for k, v in result.pruned.items()) or "none")
+        f"per step: {result.priced} priced in {result.seconds:.1f} s"
     )
+    details = [[c.describe(), f"estimate: {c.estimate_flags(flags, ns.hardware)}"] for c in result.ranked]
+    print("\n".join(ranking_lines(head, result.pruned, result.ranked, "s", details)))
     if not result.ranked:
         print(result.advice())
         return 1
-    for rank, c in enumerate(result.ranked, 1):
-        print(
-            f"#{rank} step {c.step_time_s:.3f} s  {c.tokens_per_s:,.0f} tokens/s  MFU {c.mfu:.1%}  "
-            f"peak {c.peak_bytes / 2**30:.2f} GiB  bubble {c.bubble_fraction:.1%}"
-        )
-        print(f"   {c.describe()}")
-        print(f"   estimate: {c.estimate_flags(flags, ns.hardware)}")
     return 0
 
 
@@ -661,20 +647,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         sys.stdout.write("\n")
         return 0
-    print(
-        f"{result.enumerated} candidates: {result.priced} priced in {result.seconds:.1f} s; pruned: "
-        + (", ".join(f"{v} {k}" for k, v in result.pruned.items()) or "none")
-    )
+    details = [
+        [f"estimate: {c.estimate_flags(shape, ns.hardware)}", f"gpt.py:   {c.gpt_flags()}"] for c in result.ranked
+    ]
+    head = f"{result.enumerated} candidates: {result.priced} priced in {result.seconds:.1f} s"
+    print("\n".join(ranking_lines(head, result.pruned, result.ranked, "ms", details)))
     if not result.ranked:
         print(result.advice())
         return 1
-    for rank, c in enumerate(result.ranked, 1):
-        print(
-            f"#{rank} step {c.step_time_s * 1e3:.2f} ms  {c.tokens_per_s:,.0f} tokens/s  MFU {c.mfu:.1%}  "
-            f"peak {c.peak_bytes / 2**30:.2f} GiB  bubble {c.bubble_fraction:.1%}"
-        )
-        print(f"   estimate: {c.estimate_flags(shape, ns.hardware)}")
-        print(f"   gpt.py:   {c.gpt_flags()}")
     return 0
 
 
