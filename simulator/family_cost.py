@@ -265,6 +265,21 @@ def layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> W
     return work
 
 
+def layer_messages(shape: ModelShape, st: FamilyStrategy) -> dict[str, int]:
+    """Bytes of each collective one layer issues per micro-batch (``collective_time``'s sizes):
+    ``tp``: the ``t x h`` activation each tensor-parallel collective moves (whole, 16-bit);
+    ``cp``: the keys and values of the whole sequence each context-parallel all-gather (and the
+    gradients' reduce-scatter) moves; ``zero``: one layer's parameters on a tensor-parallel rank
+    (ZeRO 2/3's per-layer gathers and reduce-scatters)."""
+    t = shape.micro_batch_size * shape.seq // st.cp
+    kv_width = local_kv_heads(shape, st.tp) * shape.head_dim
+    return {
+        "tp": BYTES * t * shape.hidden,
+        "cp": 2 * BYTES * shape.micro_batch_size * shape.seq * kv_width,
+        "zero": BYTES * layer_parameters_local(shape, st.tp),
+    }
+
+
 def _layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> Work:
     h, s, tp, cp = shape.hidden, shape.seq, st.tp, st.cp
     t = shape.micro_batch_size * s // cp
@@ -312,7 +327,8 @@ def _layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> 
     core_elem_f = _stream(hw, core_bytes * t, core_kernels)
     launches = 6 * hw.kernel_launch_s  # four GEMMs and the attention core's two
     # Tensor-parallel collectives of the t x h activation.
-    act = BYTES * t * h
+    messages = layer_messages(shape, st)
+    act = messages["tp"]
     if tp > 1 and sp:
         tp_f = 2 * (_coll(hw, "all_gather", act, tp, tp) + _coll(hw, "reduce_scatter", act, tp, tp))
         tp_b = tp_f + 2 * _coll(hw, "all_gather", act, tp, tp)  # and the re-gather of the GEMM inputs
@@ -320,7 +336,7 @@ def _layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> 
         tp_f = 2 * _coll(hw, "all_reduce", act, tp, tp)
         tp_b = tp_f
     # Context-parallel gathers of k and v (all tokens of the local sequences) and their gradients.
-    kv = 2 * BYTES * shape.micro_batch_size * s * kv_width
+    kv = messages["cp"]
     cp_f = _coll(hw, "all_gather", kv, cp, tp * cp)
     cp_b = cp_f + _coll(hw, "reduce_scatter", kv, cp, tp * cp)
 

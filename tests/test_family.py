@@ -13,6 +13,7 @@ from simulator.family_cost import (
     FamilyStrategy,
     activation_bytes,
     hardware_flops_per_token,
+    layer_messages,
     layer_parameters_local,
     price,
     schedule_times,
@@ -114,6 +115,31 @@ def test_activation_bytes_llama3_405b_by_hand() -> None:
     # Context parallelism splits every token-proportional term.
     cp = dataclasses.replace(st, cp=4)
     assert activation_bytes(shape, cp) == 533_200_896 // 4
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA3))
+def test_llama3_activation_bytes_per_layer_by_hand(name: str) -> None:
+    """Any preset at tp 8 with sequence parallelism, cp 2, two sequences per micro-batch."""
+    _layers, h, heads, kv, f = LLAMA3[name]
+    shape = preset(name).sized(2)
+    st = FamilyStrategy(tp=8, cp=2, sequence_parallel=True)
+    tokens = 2 * 8192 // 2
+    q, kv_width, ff = h // 8, 128 * max(kv // 8, 1), f // 8
+    per_token = 2 * (q + 2 * kv_width) + 2 * q + 2 * 3 * ff + 4 * (heads // 8)
+    assert activation_bytes(shape, st) == per_token * tokens + 8 * h * tokens // 8
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA3))
+def test_llama3_collective_bytes_by_hand(name: str) -> None:
+    """What one layer's collectives move per micro-batch at tp 4, cp 4: the 16-bit activation of
+    the rank's tokens (tensor parallel), the keys and values of the whole sequence (context
+    parallel: 2 of 8 key/value heads per rank), one layer's parameter shard (ZeRO)."""
+    _layers, h, _heads, kv, f = LLAMA3[name]
+    shape = preset(name)
+    messages = layer_messages(shape, FamilyStrategy(tp=4, cp=4))
+    assert messages["tp"] == 2 * (8192 // 4) * h
+    assert messages["cp"] == 2 * 2 * 8192 * (kv // 4) * 128
+    assert messages["zero"] == 2 * (2 * h * h // 4 + 2 * h * (kv // 4) * 128 + 3 * h * f // 4 + 2 * h)
 
 
 def test_gqa_replicates_key_value_heads_beyond_their_count() -> None:
