@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from simulator.candidate import Priced
 from simulator.cost import HardwareProfile, load_profile
-from simulator.family import ModelShape, divisors
+from simulator.family import PRESETS, ModelShape, divisors
 from simulator.family_cost import (
     FamilyStrategy,
     busiest_lane_layers,
@@ -374,8 +374,6 @@ def search_family(
 
 def model_flags(shape: ModelShape, preset_name: str | None = None) -> str:
     """``estimate``/``search`` flags that name ``shape`` (its preset, plus what differs from it)."""
-    from simulator.family import PRESETS
-
     base = PRESETS.get(preset_name) if preset_name else None
     flags = []
     if base is not None:

@@ -100,7 +100,9 @@ def test_a100_sxm_is_the_family_models_fit_of_the_calibration_rows() -> None:
     import os
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks")
+    )
     import search_vs_published
 
     a100 = load_profile("a100-sxm")
