@@ -8,6 +8,9 @@
 * ``mpipar.runtime.faults``: timeouts, the arrival side channel, the collective check mode,
   the abort-on-exception hook.
 * ``mpipar.runtime.log``: ``print_once`` and the ``[rank N] `` line prefix.
+* ``mpipar.runtime.hosts``: host lists, the rank-to-host map ``mpipar launch`` hands every rank
+  (``MPIPAR_HOST_MAP``), the tp-inside-a-host check.
+* ``mpipar.runtime.heartbeat``: the rank side of the launcher's heartbeat (``mark_step``).
 
 * ``mpipar.runtime.waits``: how ranks wait inside MPI on a host with fewer cores than ranks
   (``MPIR_CVAR_ENABLE_HEAVY_YIELD``), set here, at package import, so that it is in place
