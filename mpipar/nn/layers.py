@@ -88,6 +88,37 @@ class LayerNorm(Layer):
         return f"normalized_shape={self.normalized_shape}, epsilon={self.epsilon}"
 
 
+class RMSNorm(Layer):
+    """``x / sqrt(mean(x^2) + epsilon) * weight`` over the trailing dims (Llama's norm: no
+    centring, no bias)."""
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        epsilon: float = 1e-6,
+        weight_attr: Any = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.normalized_shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+        self.epsilon = epsilon
+        w_attr = weight_attr if isinstance(weight_attr, ParamAttr) else ParamAttr(initializer=Constant(1.0))
+        if w_attr.initializer is None:
+            w_attr.initializer = Constant(1.0)
+        self.weight = self.create_parameter(self.normalized_shape, attr=w_attr)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.epsilon)
+
+    def extra_repr(self) -> str:
+        return f"normalized_shape={self.normalized_shape}, epsilon={self.epsilon}"
+
+
+class SiLU(Layer):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.silu(x)
+
+
 class Dropout(Layer):
     def __init__(
         self, p: float = 0.5, axis: Any = None, mode: str = "upscale_in_train", name: str | None = None
