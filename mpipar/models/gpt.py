@@ -326,6 +326,11 @@ class Block(Layer):
 def gpt_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross entropy of logits (B, T, V) against targets (B, T)."""
     b, t, v = logits.shape
+    if logits.is_dist and any(p.is_shard(1) for p in logits.spec.placements):
+        # The sequence split (context parallel): (B, T) rows cannot be flattened without gathering
+        # them, so the loss runs on (B, T, V) (the vocabulary gathered first: classes stay whole).
+        pls = [Replicate() if p.is_shard(2) else p for p in logits.spec.placements]
+        return F.cross_entropy(dist.reshard(logits, logits.spec.mesh, pls), dist.unsqueeze(targets, -1))
     flat = dist.reshape(logits, [b * t, v])
     if flat.is_dist and any(p.is_shard(1) for p in flat.spec.placements):
         # Vocabulary-parallel logits: the loss keeps the class axis whole, so hand each rank whole
