@@ -68,7 +68,9 @@ def test_fused_attention_equals_separate_ops(
     def run(fused: bool) -> tuple[np.ndarray, list[np.ndarray]]:
         ts = [dist.Tensor(a, stop_gradient=False) for a in arrays]
         if fused:
-            out = F.scaled_dot_product_attention(*ts, is_causal=True, positions=pos if permuted else None, block_size=block)
+            out = F.scaled_dot_product_attention(
+                *ts, is_causal=True, positions=pos if permuted else None, block_size=block
+            )
         else:
             out = _plain_attention(*ts, pos, pos)
         dist.sum(dist.multiply(out, dist.Tensor(cot))).backward()

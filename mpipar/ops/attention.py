@@ -27,9 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from mpipar.comm import comm_context
+from mpipar.distribute import reshard_to
 from mpipar.mesh import ProcessMesh
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
-from mpipar.placement import Replicate
+from mpipar.placement import Partial, Replicate, Shard
 from mpipar.spec import DistSpec, full_box
 from mpipar.tape import GradContext
 
@@ -183,11 +185,31 @@ def _sdpa_attrs(ctx: GradContext) -> dict[str, Any]:
     }
 
 
+def _back_to_sequence_split(grad: Any, q_spec: DistSpec | None) -> Any:
+    """A key/value gradient Partial over the axes that split the query sequence goes back to the
+    sequence split at once (one reduce_scatter: the transpose of the forward's all_gather), as
+    context-parallel training does, rather than leaving the reduction to its consumer (which
+    may all-reduce it whole)."""
+    if q_spec is None or not getattr(grad, "is_dist", False):
+        return grad
+    placements = list(grad.spec.placements)
+    changed = False
+    for axis, (pq, pg) in enumerate(zip(q_spec.placements, placements, strict=True)):
+        if isinstance(pq, Shard) and pq.dim == 1 and isinstance(pg, Partial):
+            placements[axis] = Shard(1)
+            changed = True
+    if not changed:
+        return grad
+    with comm_context("scaled_dot_product_attention backward: key/value gradients back to the sequence split"):
+        return reshard_to(grad, grad.spec.with_placements(placements))
+
+
 def _sdpa_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     q, k, v, *positions = ctx.inputs
     out, lse = ctx.outputs
     dq, dk, dv = apply("scaled_dot_product_attention_grad", [q, k, v, out, lse, g[0], *positions], _sdpa_attrs(ctx))
-    return [dq, dk, dv] + [None] * len(positions)
+    q_spec = ctx.input_specs[0] if ctx.input_specs else None
+    return [dq, _back_to_sequence_split(dk, q_spec), _back_to_sequence_split(dv, q_spec)] + [None] * len(positions)
 
 
 def _samples(r: np.random.Generator) -> list[tuple[list[Any], dict[str, Any]]]:
