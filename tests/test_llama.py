@@ -221,7 +221,7 @@ def test_hostile_hf_checkpoints_are_refused_by_name(tmp_path: Path) -> None:
     garbage.write_bytes(b"\xff" * 64)
     with pytest.raises(ValueError, match="not a readable safetensors file"):
         load_hf_llama(model, str(garbage))
-    with pytest.raises(ValueError, match="neither a .safetensors file nor a directory"):
+    with pytest.raises(ValueError, match=r"neither a \.safetensors file nor a directory"):
         load_hf_llama(model, str(tmp_path / "nowhere"))
 
 

@@ -31,7 +31,7 @@ from mpipar.spmd import infer_forward
 
 def _plain_attention(q: dist.Tensor, k: dist.Tensor, v: dist.Tensor, qpos: np.ndarray, kpos: np.ndarray) -> dist.Tensor:
     """Attention from separate ops, (B, S, H, D) in and out, key/value heads repeated."""
-    b, s, h, d = q.shape
+    b, _, h, d = q.shape
     hk = k.shape[2]
     qt = dist.transpose(q, [0, 2, 1, 3])
     kt = dist.transpose(k, [0, 2, 1, 3])

@@ -20,11 +20,11 @@ import tempfile
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import mpipar as dist  # noqa: E402
-from mpipar.models.gpt import GPT, GPTConfig, GPTParallel  # noqa: E402
-from mpipar.models.llama import Llama, LlamaParallel, hf_state_dict, llama_config, load_hf_llama  # noqa: E402
+import mpipar as dist
+from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
+from mpipar.models.llama import Llama, LlamaParallel, hf_state_dict, llama_config, load_hf_llama
 
 CASES: list[tuple[str, str, dict[str, object]]] = [
     ("single", "fused", {}),
