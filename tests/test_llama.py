@@ -307,3 +307,14 @@ def test_llama_and_cp_losses_equal_one_device_in_every_launch_mode(tmp_path: Pat
         _check_against_single(losses, where)
     assert modes["mpiexec"] == modes["simulator"]  # every backend reduces in group order: bit for bit
     assert modes["reference"].keys() == modes["simulator"].keys()
+
+
+def test_llama_example_saves_and_resumes_on_another_mesh(tmp_path: Path) -> None:
+    """``llama.py --save-every``: a run resumed on a cp x tp mesh prints the uninterrupted run's losses."""
+    common = ["examples/llama.py", "--tiny", "--steps", "4", "--dtype", "float64", "--sample", "0"]
+    whole = _cli(*common, "--save-every", "2", "--save-dir", str(tmp_path / "ck"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    resumed = _cli("-m", "simulator", "-n", "4", *common, "--mesh", "cp=2,tp=2", "--resume", str(tmp_path / "ck"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    want = re.findall(r"^step [23] loss \S+$", whole.stdout, re.M)
+    assert len(want) == 2 and re.findall(r"^step \d+ loss \S+$", resumed.stdout, re.M) == want
