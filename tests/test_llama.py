@@ -314,7 +314,9 @@ def test_llama_example_saves_and_resumes_on_another_mesh(tmp_path: Path) -> None
     common = ["examples/llama.py", "--tiny", "--steps", "4", "--dtype", "float64", "--sample", "0"]
     whole = _cli(*common, "--save-every", "2", "--save-dir", str(tmp_path / "ck"))
     assert whole.returncode == 0, whole.stderr[-3000:]
-    resumed = _cli("-m", "simulator", "-n", "4", *common, "--mesh", "cp=2,tp=2", "--resume", str(tmp_path / "ck"))
+    resumed = _cli(
+        "-m", "simulator", "-n", "4", *common, "--mesh", "cp=2,tp=2", "--resume", str(tmp_path / "ck" / "step-2")
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     want = re.findall(r"^step [23] loss \S+$", whole.stdout, re.M)
     assert len(want) == 2 and re.findall(r"^step \d+ loss \S+$", resumed.stdout, re.M) == want
