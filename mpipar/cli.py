@@ -16,9 +16,9 @@ import numpy as np
 
 from mpipar import cliargs
 from mpipar.backend import create_backend, current_backend
+from mpipar.compile.plan_script import trace_script
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import parse_placements
-from mpipar.plan_script import trace_script
 from mpipar.reshard import plan_reshard
 from mpipar.spec import DistSpec
 from mpipar.version import __version__

@@ -39,9 +39,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from mpipar.compile.plan import PlanMesh, PlanReshard, PlanStep, process_mesh
 from mpipar.parallel import ShardingStage1
 from mpipar.placement import Replicate, parse_placements
-from mpipar.plan import PlanMesh, PlanReshard, PlanStep, process_mesh
 from mpipar.spec import DistSpec
 from simulator.cost import HardwareProfile, Link, PipelineCost, collective_time
 from simulator.estimate import (

@@ -17,11 +17,11 @@ from threadpoolctl import threadpool_limits
 
 import mpipar as dist
 from mpipar.autoshard import AutoShard
+from mpipar.compile.plan import Plan
+from mpipar.compile.trace import trace
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel, gpt_loss
 from mpipar.nn import Embedding, Layer, Linear, ReLU, Sequential
-from mpipar.plan import Plan
 from mpipar.tensor import Tensor
-from mpipar.trace import trace
 from simulator import ReferenceBackend, ShapeOnlyBackend
 from simulator.auto_price import price_plan
 

@@ -20,7 +20,8 @@ from mpi_scripts.launch import mpirun  # the MPI test launches mpiexec, as tests
 from tp_mlp_layer import MLP, mse, sharded_mlp  # tests/: the MLP both compiled-step test files train
 
 import mpipar as dist
-from mpipar import capture, capture_hooks
+from mpipar import capture_hooks
+from mpipar.compile import capture
 from simulator import SimBackend
 
 F = dist.nn.functional

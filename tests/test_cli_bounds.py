@@ -112,7 +112,7 @@ def test_a_write_failure_after_parsing_is_exit_1(
     tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The flag named a writable place, and the write fails anyway (disk full): status 1, one line."""
-    from mpipar.timeline import Timeline
+    from mpipar.debug.timeline import Timeline
     from simulator.schedule_sim import main as schedule_main
 
     def full_disk(self: Timeline, path: str) -> None:

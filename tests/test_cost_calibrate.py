@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mpipar.timeline import Timeline
+from mpipar.debug.timeline import Timeline
 from simulator.__main__ import main as simulator_main
 from simulator.cost import HardwareProfile
 

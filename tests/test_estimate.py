@@ -313,7 +313,7 @@ def test_gradient_clipping_is_traced_and_priced_per_parameter() -> None:
 
 
 def test_cli_writes_the_traced_plan(tmp_path: object) -> None:
-    from mpipar.plan import Plan
+    from mpipar.compile.plan import Plan
 
     path = f"{tmp_path}/plan.json"
     out = io.StringIO()

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import mpipar as dist
-from mpipar.plan import Plan
-from mpipar.trace import trace
+from mpipar.compile.plan import Plan
+from mpipar.compile.trace import trace
 from simulator import ShapeOnlyBackend
 from simulator.cost import HardwareProfile, Link
 from simulator.op_cost import PlanCosts, _contracted

@@ -1,4 +1,4 @@
-"""What ``dist.memory_report`` counts as kept for backward (``mpipar.memory.kept_tensors``), which the
+"""What ``dist.memory_report`` counts as kept for backward (``mpipar.debug.memory.kept_tensors``), which the
 estimator shares: a re-gather note holds its shard, a step-less reshard is its source's storage."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 
 import mpipar as dist
 from mpipar.autograd import Packed, _topo_order
-from mpipar.memory import kept_tensors
+from mpipar.debug.memory import kept_tensors
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
 
 CFG = GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16, dropout=0.1, dtype="float64")

@@ -26,8 +26,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mpipar as dist
+from mpipar.compat.fleet import base
+from mpipar.compat.fleet.meta_parallel.pp_layers import segment_uniform
+from mpipar.compat.fleet.optimizer import partition_parameters
 from mpipar.distributed import fleet
-from mpipar.distributed.fleet import base
 from mpipar.distributed.fleet.meta_parallel import (
     ColumnParallelLinear,
     LayerDesc,
@@ -36,8 +38,6 @@ from mpipar.distributed.fleet.meta_parallel import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
-from mpipar.distributed.fleet.meta_parallel.pp_layers import segment_uniform
-from mpipar.distributed.fleet.optimizer import partition_parameters
 from simulator.launch import uses_manual_api
 from simulator.per_rank import PerRankBackend, run_per_rank
 
@@ -378,7 +378,7 @@ def test_vocab_parallel_embedding_and_parallel_cross_entropy_match_dense(mp: int
 def test_split_and_concat_are_each_others_backward() -> None:
     """c_concat gathers the members' slices (group None: the world); its gradient is this
     member's slice; c_split slices and its gradient is gathered whole."""
-    from mpipar.distributed.fleet.meta_parallel.mp_ops import c_concat, c_split
+    from mpipar.compat.fleet.meta_parallel.mp_ops import c_concat, c_split
 
     whole = np.arange(12.0).reshape(2, 6)
     weights = np.arange(12.0).reshape(2, 6) + 1  # a loss sum(w * y) with the same w on every member

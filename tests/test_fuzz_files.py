@@ -36,8 +36,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mpipar.plan import Plan
-from mpipar.timeline import SpanRecorder, Timeline
+from mpipar.compile.plan import Plan
+from mpipar.debug.timeline import SpanRecorder, Timeline
 from mpipar.untrusted import FileFormatError
 from viz import comm, layout, timeline_view
 from viz.files import VizFileError, load_document

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from mpipar.plan import Plan, PlanFormatError
-from mpipar.timeline import Timeline, TimelineFormatError
+from mpipar.compile.plan import Plan, PlanFormatError
+from mpipar.debug.timeline import Timeline, TimelineFormatError
 from mpipar.untrusted import FileFormatError
 from viz.files import VizFileError, load_document, load_path
 from viz.sample import build_sample

@@ -8,9 +8,9 @@ import pytest
 
 import mpipar as dist
 from mpipar import tape
+from mpipar.compile.plan import Plan, PlanFormatError, PlanMesh, itemsize, process_mesh
+from mpipar.debug.timeline import TimelineFormatError
 from mpipar.distribute import reshard_to
-from mpipar.plan import Plan, PlanFormatError, PlanMesh, itemsize, process_mesh
-from mpipar.timeline import TimelineFormatError
 from mpipar.untrusted import FileFormatError
 from simulator import SimBackend
 

@@ -155,3 +155,40 @@ def test_functions_import_only_third_party_modules(package: str) -> None:
         if in_function and ours(name)
     ]
     assert not bad, "\n".join(bad)
+
+
+def unit(module: str) -> str | None:
+    """The folder a module of ``mpipar`` lives in (``mpipar.compile/``), or the module itself when it
+    sits at the package's root (``mpipar.tensor``); None for the package's front door, ``mpipar``."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    if os.path.isdir(os.path.join(REPO, *parts[:2])):
+        return f"{parts[0]}.{parts[1]}/"
+    return module
+
+
+def folder_graph(package: str) -> dict[str, set[str]]:
+    """Edges among ``package``'s folders and root modules: the layers as a newcomer sees them."""
+    edges: dict[str, set[str]] = {}
+    for module, targets in graph(package).items():
+        source = unit(module)
+        if source is None:
+            continue
+        edges.setdefault(source, set())
+        for target in targets:
+            dest = unit(target)
+            if dest is not None and dest != source:
+                edges[source].add(dest)
+                edges.setdefault(dest, set())
+    return edges
+
+
+def test_folders_form_layers_too() -> None:
+    # No folder sits above a folder (or root module) that imports it: ``runtime/`` below ``compile/``,
+    # ``debug/`` below ``compile/``, the core modules below every folder that uses them.
+    assert find_cycle({"a/": {"b"}, "b": {"a/"}}) == ["a/", "b", "a/"]
+    cycle = find_cycle(folder_graph("mpipar"))
+    assert cycle is None, "folder cycle: " + " -> ".join(cycle or [])
+    runtime = folder_graph("mpipar")["mpipar.runtime/"]
+    assert runtime <= {"mpipar._threads", "mpipar.backend", "mpipar.comm", "mpipar.mesh", "mpipar.spec"}, runtime

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from mpi_scripts.manual_cases import run_cases
 
 import mpipar as dist
-from mpipar.collective import ManualCallError, c_identity, mp_allreduce
+from mpipar.compat.collective import ManualCallError, c_identity, mp_allreduce
 from simulator.launch import uses_manual_api
 from simulator.per_rank import ManualModeError, PerRankBackend
 
@@ -350,8 +350,8 @@ def test_manual_examples_print_one_devices_losses(kind: str, n: int) -> None:
 
 
 def test_traced_plans_count_manual_collectives_like_reshards(tmp_path: object) -> None:
-    from mpipar.plan import Plan
-    from mpipar.trace import trace
+    from mpipar.compile.plan import Plan
+    from mpipar.compile.trace import trace
     from viz.comm import comm_table
 
     def program(me: int) -> Plan:

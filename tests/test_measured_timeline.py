@@ -1,6 +1,6 @@
 """Measured timelines (``MPIPAR_TRACE``): spans per rank from the simulator and from ``mpiexec``.
 
-In-process tests drive ``mpipar.runtime.measured.MeasuredTrace`` on simulator backends; the
+In-process tests drive ``mpipar.debug.measured.MeasuredTrace`` on simulator backends; the
 ``mpi`` tests run an example under ``mpiexec -n 4`` and under ``python -m simulator -n 4``
 with ``MPIPAR_TRACE`` and check the file: a lane per rank, compute and comm spans in order,
 plausible groups, the same per-rank sequence of spans as the simulator's, a valid Chrome trace.
@@ -26,9 +26,9 @@ from mpi_scripts.launch import REPO, mpirun
 import mpipar as dist
 from mpipar import comm as comm_module
 from mpipar import hooks
-from mpipar.runtime import measured
-from mpipar.runtime.measured import MeasuredTrace, decode_spans, encode_spans, start_from_env
-from mpipar.timeline import SPAN_KINDS, TRACKS, Span, Timeline
+from mpipar.debug import measured
+from mpipar.debug.measured import MeasuredTrace, decode_spans, encode_spans, start_from_env
+from mpipar.debug.timeline import SPAN_KINDS, TRACKS, Span, Timeline
 from simulator import SimBackend
 from simulator.backend import ReferenceBackend
 
@@ -232,7 +232,7 @@ def test_mpiexec_trace_has_the_simulators_spans_on_every_rank(tmp_path: Path) ->
     assert threads == {(r, t) for r in range(4) for t in TRACKS}
 
     out = subprocess.run(
-        [sys.executable, "-m", "mpipar.runtime.measured", str(mpi_path), "--chrome", str(tmp_path / "trace.json")],
+        [sys.executable, "-m", "mpipar.debug.measured", str(mpi_path), "--chrome", str(tmp_path / "trace.json")],
         cwd=REPO,
         stdin=subprocess.DEVNULL,
         capture_output=True,

@@ -39,7 +39,7 @@ GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden", "pipeline")
 GRID = [(p, m) for p in (2, 4, 8) for m in (p, 2 * p, 4 * p)]
 
 
-def _fraction(timeline: mpipar.timeline.Timeline, rank: int) -> Fraction:
+def _fraction(timeline: mpipar.debug.timeline.Timeline, rank: int) -> Fraction:
     # Unit-cost times are small integers in floats, so these Fractions are exact.
     return Fraction(timeline.bubble(rank)) / Fraction(timeline.makespan)
 

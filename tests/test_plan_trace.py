@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import mpipar as dist
-from mpipar.plan import Plan, PlanFormatError
-from mpipar.trace import trace
+from mpipar.compile.plan import Plan, PlanFormatError
+from mpipar.compile.trace import trace
 from simulator import ShapeOnlyBackend
 
 F = dist.nn.functional

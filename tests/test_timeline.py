@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from mpipar.debug.timeline import MemoryCurve, Span, SpanRecorder, Timeline, TimelineFormatError
 from mpipar.pipeline import build_schedule, parse_action
-from mpipar.timeline import MemoryCurve, Span, SpanRecorder, Timeline, TimelineFormatError
 from simulator import simulate_schedule
 from simulator.cost import PipelineCost, StageMemory
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from mpipar.plan import Plan
-from mpipar.timeline import Timeline
+from mpipar.compile.plan import Plan
+from mpipar.debug.timeline import Timeline
 from viz.files import VizFileError, load_document, load_path, load_plan_bytes, load_timeline_bytes
 from viz.sample import build_sample
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from mpipar.plan import KEPT_KEY, Plan, PlanFormatError
+from mpipar.compile.plan import KEPT_KEY, Plan, PlanFormatError
 from simulator.cost import load_profile
 from viz import memory
 from viz.plan_memory import memory_section, with_memory

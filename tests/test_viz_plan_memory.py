@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from mpipar.plan import Plan
+from mpipar.compile.plan import Plan
 from viz import memory
 from viz.plan_memory import memory_section, with_memory
 from viz.sample import build_sample

@@ -19,9 +19,9 @@ import pytest
 pytest.importorskip("matplotlib")
 
 import mpipar as dist
+from mpipar.debug.timeline import Span, Timeline
 from mpipar.mesh import ProcessMesh
 from mpipar.spec import box_numel
-from mpipar.timeline import Span, Timeline
 from viz import comm, layout, memory, propagation, stepper, timeline_view, whatif
 from viz.figures import artist_count, to_png, to_svg
 from viz.planinfo import tensor_spec

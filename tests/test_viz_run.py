@@ -19,8 +19,8 @@ from conftest import REPO
 from streamlit.testing.v1 import AppTest
 
 from mpipar import cli
-from mpipar.plan import Plan
-from mpipar.timeline import Timeline
+from mpipar.compile.plan import Plan
+from mpipar.debug.timeline import Timeline
 from viz import __main__ as viz_main
 
 

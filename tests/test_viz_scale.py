@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 import viz.memory
-from mpipar.plan import Plan
+from mpipar.compile.plan import Plan
 from viz import comm, layout, memory, propagation, stepper, timeline_view, whatif
 from viz.figures import artist_count
 from viz.files import load_document

@@ -22,9 +22,9 @@ pytest.importorskip("streamlit")
 
 from streamlit.testing.v1 import AppTest
 
+from mpipar.compile.plan import Plan
+from mpipar.debug.timeline import Span, Timeline
 from mpipar.pipeline import Schedule
-from mpipar.plan import Plan
-from mpipar.timeline import Span, Timeline
 from simulator import simulate_schedule
 from simulator.cost import PipelineCost, load_profile
 from simulator.op_cost import PlanCosts

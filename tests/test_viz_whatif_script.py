@@ -21,7 +21,7 @@ pytest.importorskip("streamlit")
 from conftest import REPO
 from streamlit.testing.v1 import AppTest
 
-from mpipar.plan import Plan
+from mpipar.compile.plan import Plan
 from simulator.search import Candidate
 from simulator.step_trace import GPTStrategy
 from viz import script_whatif, search_view, whatif

@@ -9,7 +9,7 @@ The collectives are the same objects as ``mpipar.all_reduce`` and friends (manua
 """
 
 from mpipar.backend import get_rank, get_world_size
-from mpipar.collective import (
+from mpipar.compat.collective import (
     Group,
     ReduceOp,
     all_gather,

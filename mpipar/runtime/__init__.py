@@ -8,8 +8,6 @@
 * ``mpipar.runtime.faults``: timeouts, the arrival side channel, the collective check mode,
   the abort-on-exception hook.
 * ``mpipar.runtime.log``: ``print_once`` and the ``[rank N] `` line prefix.
-* ``mpipar.runtime.measured``: measured timelines (``MPIPAR_TRACE=file``), in the simulator
-  too; ``python -m mpipar.runtime.measured file --chrome trace.json``.
 
 Nothing here imports mpi4py or cupy at package import: the backends are loaded by name
 (``mpipar/backend.py``) only when an MPI launcher or ``MPIPAR_BACKEND`` selects them.

@@ -65,7 +65,7 @@ Design choices
   arrival notices), an uncaught exception aborts the job, ``MPIPAR_CHECK_COLLECTIVES=1``
   compares signatures on a duplicate of each group's communicator.
 * **Output**: rank N > 0 prefixes its lines with ``[rank N] `` (``mpipar.runtime.log``).
-* **Measured timelines** (``MPIPAR_TRACE``, ``mpipar.runtime.measured``): ``trace_origin``
+* **Measured timelines** (``MPIPAR_TRACE``, ``mpipar.debug.measured``): ``trace_origin``
   aligns the ranks' clocks with a barrier, ``gather_at_root`` brings every rank's span
   records to rank 0 at exit (``Gatherv`` of plain arrays), both on a private duplicate of
   ``COMM_WORLD``.

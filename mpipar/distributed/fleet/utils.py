@@ -1,5 +1,5 @@
-"""``fleet.utils``: Paddle's helpers that fleet scripts import from here."""
+"""``fleet.utils``; the implementation is ``mpipar.compat.fleet.utils``."""
 
-from mpipar.recompute import recompute
+from mpipar.compat.fleet.utils import recompute
 
 __all__ = ["recompute"]

@@ -1,13 +1,15 @@
-"""``fleet.meta_parallel``: tensor-parallel layers (manual collectives) and pipeline layers."""
+"""``fleet.meta_parallel``; the implementation is ``mpipar.compat.fleet.meta_parallel``."""
 
-from mpipar.distributed.fleet.meta_parallel.mp_layers import (
+from mpipar.compat.fleet.meta_parallel import (
     ColumnParallelLinear,
+    LayerDesc,
     ParallelCrossEntropy,
+    PipelineLayer,
+    PipelineParallel,
     RowParallelLinear,
+    SharedLayerDesc,
     VocabParallelEmbedding,
 )
-from mpipar.distributed.fleet.meta_parallel.pipeline_parallel import PipelineParallel
-from mpipar.distributed.fleet.meta_parallel.pp_layers import LayerDesc, PipelineLayer, SharedLayerDesc
 
 __all__ = [
     "ColumnParallelLinear",

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from mpipar import autograd
-from mpipar.collective import broadcast, recv, send
-from mpipar.distributed.fleet.meta_parallel.pp_layers import PipelineLayer
-from mpipar.distributed.fleet.strategy import Resolved
-from mpipar.distributed.fleet.topology import HybridCommunicateGroup
+from mpipar.compat.collective import broadcast, recv, send
+from mpipar.compat.fleet.meta_parallel.pp_layers import PipelineLayer
+from mpipar.compat.fleet.strategy import Resolved
+from mpipar.compat.fleet.topology import HybridCommunicateGroup
 from mpipar.nn.layer import Layer
 from mpipar.ops.math import as_tensor, scale
 from mpipar.pipeline import build_schedule

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from mpipar.backend import set_backend
+from mpipar.compile.plan import HOST_TENSORS_KEY, KEPT_KEY, Plan
+from mpipar.compile.to_static import DistModel
+from mpipar.compile.trace import PlanRecorder
 from mpipar.optimizer.optimizer import Optimizer
-from mpipar.plan import HOST_TENSORS_KEY, KEPT_KEY, Plan
-from mpipar.static import DistModel
-from mpipar.trace import PlanRecorder
 
 
 class _FirstStepDone(Exception):

@@ -2,7 +2,7 @@
 
     with dist.trace() as rec:
         loss = model(x); loss.backward(); opt.step()
-    plan = rec.plan()               # mpipar.plan.Plan, saveable as JSON
+    plan = rec.plan()               # mpipar.compile.plan.Plan, saveable as JSON
 
 Recording is observation only: it never changes what runs. Under the shape-only backend the
 same program records a plan without computing anything.
@@ -11,7 +11,7 @@ When the first backward pass starts (and each one following it before any forwar
 pipeline's stages), the recorder writes what its tape keeps for backward
 into ``meta["kept_for_backward"]``: ``[tensor id, op index]`` pairs, each storage once, the op
 being the forward op whose tape node keeps it (null for a node no op made: a recompute region's,
-which keeps the region's inputs). The tensors are ``mpipar.memory.tape_storages``' -- the rule
+which keeps the region's inputs). The tensors are ``mpipar.debug.memory.tape_storages``' -- the rule
 ``memory_report`` sums -- so a plan's memory view and the runtime's report count the same bytes.
 """
 
@@ -25,9 +25,9 @@ from typing import Any
 from mpipar import hooks
 from mpipar.autograd import Node
 from mpipar.backend import current_backend
-from mpipar.memory import tape_storages
+from mpipar.compile.plan import HOST_TENSORS_KEY, KEPT_KEY, Plan, PlanMesh, PlanOp, PlanReshard, PlanStep, PlanTensor
+from mpipar.debug.memory import tape_storages
 from mpipar.mesh import ProcessMesh
-from mpipar.plan import HOST_TENSORS_KEY, KEPT_KEY, Plan, PlanMesh, PlanOp, PlanReshard, PlanStep, PlanTensor
 from mpipar.reshard.planner import ReshardPlan
 from mpipar.tensor import Parameter, Tensor
 

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from mpipar import random as mrandom
-from mpipar.collective import Group, ReduceOp, all_reduce
-from mpipar.distributed.fleet.base import hcg_or_none
-from mpipar.distributed.fleet.meta_parallel.mp_ops import c_concat, c_identity, c_split, mp_allreduce
+from mpipar.compat.collective import Group, ReduceOp, all_reduce
+from mpipar.compat.fleet.base import hcg_or_none
+from mpipar.compat.fleet.meta_parallel.mp_ops import c_concat, c_identity, c_split, mp_allreduce
 from mpipar.nn import functional as F
 from mpipar.nn.layer import Layer, ParamAttr, lazy_parameter, parameter_initializer
 from mpipar.ops.manipulation import unsqueeze

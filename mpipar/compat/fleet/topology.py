@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mpipar.collective import Group, new_group
+from mpipar.compat.collective import Group, new_group
 from mpipar.mesh import ProcessMesh
 
 AXES = ("data", "pipe", "sharding", "model")

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from mpipar import autograd
-from mpipar.collective import ReduceOp, all_reduce, broadcast, reduce
-from mpipar.distributed.fleet.strategy import Resolved
-from mpipar.distributed.fleet.topology import HybridCommunicateGroup
+from mpipar.compat.collective import ReduceOp, all_reduce, broadcast, reduce
+from mpipar.compat.fleet.strategy import Resolved
+from mpipar.compat.fleet.topology import HybridCommunicateGroup
 from mpipar.optimizer.offload import offload_optimizer
 from mpipar.optimizer.optimizer import ClipGradByGlobalNorm, Optimizer
 from mpipar.tensor import Tensor

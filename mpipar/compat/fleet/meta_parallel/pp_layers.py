@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from mpipar import random as mrandom
-from mpipar.collective import all_reduce, new_group
-from mpipar.distributed.fleet.base import hcg_or_none, resolved_strategy
+from mpipar.compat.collective import all_reduce, new_group
+from mpipar.compat.fleet.base import hcg_or_none, resolved_strategy
 from mpipar.nn.layer import Layer
 from mpipar.recompute import recompute
 from mpipar.tensor import Tensor

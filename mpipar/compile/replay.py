@@ -39,8 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
-from mpipar import capture, capture_hooks, comm, tape
+from mpipar import capture_hooks, comm, tape
 from mpipar.backend import current_backend
+from mpipar.compile import capture
 from mpipar.ops import dispatch
 from mpipar.tensor import Parameter, Tensor, reuse_enabled
 

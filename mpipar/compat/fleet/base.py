@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipar.backend import current_backend
-from mpipar.collective import barrier
-from mpipar.distributed.fleet.strategy import DistributedStrategy, Resolved
-from mpipar.distributed.fleet.topology import AXES, CommunicateTopology, HybridCommunicateGroup
+from mpipar.compat.collective import barrier
+from mpipar.compat.fleet.strategy import DistributedStrategy, Resolved
+from mpipar.compat.fleet.topology import AXES, CommunicateTopology, HybridCommunicateGroup
 
 
 @dataclass

@@ -2,10 +2,10 @@
 
     MPIPAR_TRACE=run.json mpiexec -n 8 python examples/gpt.py --mesh dp=2,tp=2,pp=2 --tiny
     MPIPAR_TRACE=sim.json python -m simulator -n 8 examples/gpt.py --mesh dp=2,tp=2,pp=2 --tiny
-    python -m mpipar.runtime.measured run.json --chrome run.trace.json   # summary; Perfetto file
+    python -m mpipar.debug.measured run.json --chrome run.trace.json   # summary; Perfetto file
 
 With ``MPIPAR_TRACE=path`` set, tracing starts with the backend and ``path`` is written when
-the script exits normally: one ``mpipar.timeline`` file (``mpipar.timeline.Timeline``) with a
+the script exits normally: one ``mpipar.timeline`` file (``mpipar.debug.timeline.Timeline``) with a
 lane per rank of the world.
 
 * **compute** track: one span per op (``dispatch.apply``), named by the op (``matmul``), of
@@ -55,8 +55,8 @@ import numpy as np
 from mpipar import comm as _comm
 from mpipar import hooks
 from mpipar.backend import Backend, start_hooks
+from mpipar.debug.timeline import SPAN_KINDS, TRACKS, Span, SpanRecorder, Timeline
 from mpipar.modes import Mode, execution_mode
-from mpipar.timeline import SPAN_KINDS, TRACKS, Span, SpanRecorder, Timeline
 
 ENV = "MPIPAR_TRACE"
 MAX_SPANS = 2_000_000
@@ -354,7 +354,7 @@ def summary(timeline: Timeline, top: int = 8) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mpipar.runtime.measured",
+        prog="python -m mpipar.debug.measured",
         description="Summarize a measured timeline; export it as a Chrome trace.",
     )
     parser.add_argument("timeline", help="an mpipar.timeline file (MPIPAR_TRACE=path wrote it)")
