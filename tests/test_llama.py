@@ -258,6 +258,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_plan_and_dashboard_show_the_cp_collectives(tmp_path: Path) -> None:
     from mpipar.plan import Plan
+
     from viz import comm
 
     out = tmp_path / "plan.json"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from mpipar.nn import functional as F
 from mpipar.nn.initializer import Constant, Normal
 from mpipar.nn.layer import Layer, ParamAttr, default_dtype
 from mpipar.nn.layers import Dropout, Embedding, LayerList, LayerNorm, Linear, reshard_axis
+from mpipar.ops.manipulation import getitem
 from mpipar.placement import Placement, Replicate, Shard
 from mpipar.tensor import Tensor
 
@@ -200,7 +202,7 @@ def plain_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: Laye
     softmax, dropout, the weighted sum; the (B, H, T, T) scores are activations."""
     t, d = q.shape[2], q.shape[3]
     att = dist.scale(dist.matmul(q, k, transpose_y=True), 1.0 / math.sqrt(d))  # (B, H, T, T)
-    att = F.softmax(dist.add(att, mask if t == mask.shape[0] else mask[:t, :t]), axis=-1)
+    att = F.softmax(dist.add(att, mask if t == mask.shape[0] else getitem(mask, (slice(0, t), slice(0, t)))), axis=-1)
     if dropout is not None:
         att = dropout(att)
     return dist.matmul(att, v)  # (B, H, T, D)
@@ -253,6 +255,9 @@ def bind_layers(par: GPTParallel, mesh: ProcessMesh, *layers: Layer) -> None:
 
 
 class CausalSelfAttention(Layer):
+    causal_mask: Tensor
+    """The additive mask (plain attention only), a buffer."""
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__(dtype=cfg.dtype)
         h = cfg.n_embd
@@ -369,7 +374,7 @@ class GPT(Layer):
         mark(self.wte.weight, first, par.weight(first, Shard(0)))  # vocabulary parallel
         mark(self.wpe.weight, first, par.weight(first, None))
         order = par.sequence_order(self.cfg.block_size)
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self.block_list()):
             mesh = par.mesh_of_layer(i, n)
             bind_layers(par, mesh, block, block.attn, block.mlp)
             for lin in (block.attn.q, block.attn.k, block.attn.v, block.mlp.fc):  # column parallel
@@ -402,7 +407,7 @@ class GPT(Layer):
                 f"GPT: under context parallel the sequence must be block_size {self.cfg.block_size} long, got {t}"
             )
         positions = positions_of(par, t)
-        for block in self.blocks:
+        for block in self.block_list():
             block.attn.positions = positions
         x = dist.add(self.wte(idx), self.wpe(Tensor(order.astype(np.int64))))  # (B, T, C); Partial over tp
         if par.distributed:
@@ -416,6 +421,10 @@ class GPT(Layer):
 
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
         return gpt_loss(self.forward(idx), targets)
+
+    def block_list(self) -> list[Block]:
+        """The transformer blocks, typed."""
+        return [cast(Block, b) for b in self.blocks]
 
     def num_parameters(self) -> int:
         return sum(int(np.prod(p.shape)) for p in self.parameters())

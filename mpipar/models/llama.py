@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 
@@ -139,6 +140,9 @@ def _normal(std: float) -> ParamAttr:
 
 
 class LlamaAttention(Layer):
+    causal_mask: Tensor
+    """The additive mask (plain attention only), a buffer."""
+
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__(dtype=cfg.dtype)
         h, d = cfg.hidden_size, cfg.head_dim
@@ -182,7 +186,8 @@ class LlamaAttention(Layer):
         q = dist.reshape(self.q_proj(x), [b, s, self.n_head, self.head_dim])  # (B, T, H, D)
         k = dist.reshape(self.k_proj(x), [b, s, self.n_kv, self.head_dim])  # (B, T, Hkv, D)
         v = dist.reshape(self.v_proj(x), [b, s, self.n_kv, self.head_dim])
-        q, k, _ = F.fused_rotary_position_embedding(q, k, position_ids=self.rope_positions, rotary_emb_base=self.theta)
+        q = F.rotary_embedding(q, self.rope_positions, self.theta)
+        k = F.rotary_embedding(k, self.rope_positions, self.theta)
         if self.par is not None and self.par.recompute == "selective":
             y = dist.recompute(self._core, q, k, v)
         else:
@@ -246,7 +251,7 @@ class Llama(Layer):
         mark = dist.shard_tensor
         mark(self.embed_tokens.weight, first, par.weight(first, Shard(0)))  # vocabulary parallel
         order = par.sequence_order(cfg.max_position_embeddings)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layer_list()):
             mesh = par.mesh_of_layer(i, n)
             attn = layer.self_attn
             bind_layers(par, mesh, layer, attn, layer.mlp)
@@ -281,7 +286,7 @@ class Llama(Layer):
             )
         positions = positions_of(par, t)
         rope_positions = positions if positions is not None else Tensor(np.arange(t, dtype=np.int64))
-        for layer in self.layers:
+        for layer in self.layer_list():
             layer.self_attn.positions = positions
             layer.self_attn.rope_positions = rope_positions
         x = self.embed_tokens(idx)  # (B, T, C); Partial over tp (vocabulary parallel)
@@ -295,6 +300,10 @@ class Llama(Layer):
 
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
         return gpt_loss(self.forward(idx), targets)
+
+    def layer_list(self) -> list[LlamaDecoderLayer]:
+        """The decoder layers, typed."""
+        return [cast(LlamaDecoderLayer, layer) for layer in self.layers]
 
     def num_parameters(self) -> int:
         return sum(int(np.prod(p.shape)) for p in self.parameters())

@@ -226,17 +226,17 @@ def fused_rotary_position_embedding(
             "fused_rotary_position_embedding: only computed angles (sin=cos=None), use_neox_rotary_style=True "
             "and time_major=False are supported"
         )
-    out: list[Tensor | None] = []
-    for x in (q, k, v):
-        if x is None:
-            out.append(None)
-            continue
-        t = as_tensor(x)
-        if t.ndim != 4:
-            raise ValueError(f"fused_rotary_position_embedding: {t._label()} must be (batch, seq, heads, head_dim)")
-        pos = _positions(position_ids, t.shape[1], "fused_rotary_position_embedding")
-        out.append(apply("fused_rotary_position_embedding", [t, pos], {"theta": float(rotary_emb_base)}))
+    out = [None if x is None else rotary_embedding(x, position_ids, rotary_emb_base) for x in (q, k, v)]
     return out[0], out[1], out[2]
+
+
+def rotary_embedding(x: Any, position_ids: Any = None, theta: float = 10000.0) -> Tensor:
+    """Rotary embedding of one (B, S, H, D) tensor at ``position_ids`` (S,) (default 0..S-1)."""
+    t = as_tensor(x)
+    if t.ndim != 4:
+        raise ValueError(f"fused_rotary_position_embedding: {t._label()} must be (batch, seq, heads, head_dim)")
+    pos = _positions(position_ids, t.shape[1], "fused_rotary_position_embedding")
+    return apply("fused_rotary_position_embedding", [t, pos], {"theta": float(theta)})
 
 
 def scaled_dot_product_attention(

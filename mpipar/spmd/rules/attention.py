@@ -100,6 +100,7 @@ class _AttentionRule(Rule):
         lse = DistSpec(q.shape[:3], mesh, lse_pl)
         npos = 2 if len(specs) in (5, 8) else 0
         pos = [DistSpec(specs[-2].shape, mesh, qpos_pl), DistSpec(specs[-1].shape, mesh, rep)] if npos else []
+        outs: tuple[DistSpec, ...]
         if self.grad:
             ins = [qs, ks, vs, qs, lse, qs, *pos]  # q, k, v, out, lse, dout, positions
             outs = (qs, DistSpec(k.shape, mesh, dkv_pl), DistSpec(specs[2].shape, mesh, dkv_pl))
