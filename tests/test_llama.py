@@ -29,6 +29,7 @@ from conftest import REPO
 
 import mpipar as dist
 from mpipar.comm import CommEvent
+from mpipar.compile.plan import Plan
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
 from mpipar.models.llama import (
     LLAMA3_CONFIGS,
@@ -39,6 +40,7 @@ from mpipar.models.llama import (
     llama_config,
     load_hf_llama,
 )
+from viz import comm
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -257,10 +259,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_plan_and_dashboard_show_the_cp_collectives(tmp_path: Path) -> None:
-    from mpipar.plan import Plan
-
-    from viz import comm
-
     out = tmp_path / "plan.json"
     run = _cli(
         "-m", "mpipar.cli", "plan", "-o", str(out), "-n", "4", "examples/llama.py", "--tiny", "--mesh", "cp=2,tp=2"

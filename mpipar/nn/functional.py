@@ -10,7 +10,7 @@ import numpy as np
 from mpipar import random as mrandom
 from mpipar.ops.dispatch import apply
 from mpipar.ops.linalg import matmul
-from mpipar.ops.manipulation import unsqueeze
+from mpipar.ops.manipulation import split, unsqueeze
 from mpipar.ops.math import add, as_tensor, cast, divide, mean, multiply, not_equal, sum_
 from mpipar.tensor import Tensor
 
@@ -176,8 +176,6 @@ def swiglu(x: Any, y: Any = None, name: str | None = None) -> Tensor:
         n = t.shape[-1]
         if n % 2:
             raise ValueError(f"swiglu: without y the last dim of {t._label()} ({n}) must split in two equal halves")
-        from mpipar.ops.manipulation import split
-
         t, u = split(t, 2, axis=-1)
         return apply("swiglu", [t, u])
     return apply("swiglu", [t, as_tensor(y, t)])
