@@ -243,6 +243,44 @@ def check_layout(args: argparse.Namespace, degrees: dict[str, int], layers: int,
         raise SystemExit("--accumulate-steps and --schedule both cut the batch; with a schedule use --micro-batches")
 
 
+def make_optimizer(args: argparse.Namespace, model: Any, lr: float) -> Any:
+    """AdamW with weight decay and global-norm clipping, under ``--zero`` over dp and ``--offload``."""
+    opt = dist.optimizer.AdamW(
+        learning_rate=lr,
+        parameters=model.parameters(),
+        weight_decay=0.01,
+        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
+    )
+    if args.zero:
+        opt = dist.shard_optimizer(
+            opt, [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][args.zero - 1]("dp")
+        )
+    if args.offload:
+        opt = dist.offload_optimizer(opt)
+    return opt
+
+
+def add_attention_arg(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument(
+        "--attention",
+        default=default,
+        choices=["plain", "fused"],
+        help=f"attention as separate ops (plain) or blockwise fused (scaled_dot_product_attention); default {default}",
+    )
+
+
+def run_size(args: argparse.Namespace, degrees: dict[str, int], chunks: int) -> tuple[int, int, int, float]:
+    """(layers, batch, corpus characters, learning rate) of --tiny or the default model: the
+    batch leaves room for a micro-batch per stage and dp shard under a schedule."""
+    if args.tiny:
+        layers = args.layers or max(2, degrees["pp"] * chunks)
+        batch, chars, lr = args.batch_size or 8, 50_000, args.lr or 3e-3
+        if args.schedule is not None and args.batch_size is None:
+            batch = max(batch, degrees["dp"] * (args.micro_batches or degrees["pp"] * chunks))
+        return layers, batch, chars, lr
+    return args.layers or 4, args.batch_size or 16, 2_000_000, args.lr or 3e-3
+
+
 def train_language_model(
     args: argparse.Namespace,
     model: Any,
@@ -260,19 +298,7 @@ def train_language_model(
     gradient accumulation, one ``step <n> loss <v>`` line per step, a greedy sample at the end.
     ``describe(chars)`` is the header printed before step 0."""
     micro = batch // args.accumulate_steps
-    opt = dist.optimizer.AdamW(
-        learning_rate=lr,
-        parameters=model.parameters(),
-        weight_decay=0.01,
-        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
-    )
-    if args.zero:
-        opt = dist.shard_optimizer(
-            opt, [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][args.zero - 1]("dp")
-        )
-    if args.offload:
-        opt = dist.offload_optimizer(opt)
-
+    opt = make_optimizer(args, model, lr)
     codes = load_corpus(chars)
     order = par.sequence_order(block)
     data = Windows(codes, block, order)

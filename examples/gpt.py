@@ -25,6 +25,7 @@ import argparse
 import sys
 
 from common import (
+    add_attention_arg,
     add_training_args,
     check_layout,
     check_training_args,
@@ -33,6 +34,7 @@ from common import (
     header,
     parse_mesh,
     parser,
+    run_size,
     setup,
     train_language_model,
 )
@@ -48,12 +50,7 @@ from simulator.step_trace import GPTShape
 def main() -> None:
     p = parser(__doc__.splitlines()[0], steps=200)
     add_training_args(p, "GPT")
-    p.add_argument(
-        "--attention",
-        default="plain",
-        choices=["plain", "fused"],
-        help="attention as separate ops (plain) or blockwise fused (scaled_dot_product_attention)",
-    )
+    add_attention_arg(p, "plain")
     p.add_argument(
         "--auto",
         action="store_true",
@@ -85,33 +82,18 @@ def main() -> None:
     args.mesh = args.mesh or default_mesh()
     degrees = parse_mesh(args.mesh)
     chunks = args.chunks if args.schedule == "Interleaved1F1B" else 1
-    if args.tiny:
-        layers = args.layers or max(2, degrees["pp"] * chunks)
-        cfg = GPTConfig(
-            vocab_size=128,
-            block_size=16,
-            n_layer=layers,
-            n_head=2,
-            n_embd=16,
-            dropout=0.1,
-            dtype=args.dtype,
-            attention=args.attention,
-        )
-        batch, chars, lr = args.batch_size or 8, 50_000, args.lr or 3e-3
-        if args.schedule is not None and args.batch_size is None:  # room for a micro-batch per stage and dp shard
-            batch = max(batch, degrees["dp"] * (args.micro_batches or degrees["pp"] * chunks))
-    else:
-        cfg = GPTConfig(
-            vocab_size=128,
-            block_size=64,
-            n_layer=args.layers or 4,
-            n_head=4,
-            n_embd=128,
-            dropout=0.0,
-            dtype=args.dtype,
-            attention=args.attention,
-        )
-        batch, chars, lr = args.batch_size or 16, 2_000_000, args.lr or 3e-3
+    layers, batch, chars, lr = run_size(args, degrees, chunks)
+    block, heads, width, dropout = (16, 2, 16, 0.1) if args.tiny else (64, 4, 128, 0.0)
+    cfg = GPTConfig(
+        vocab_size=128,
+        block_size=block,
+        n_layer=layers,
+        n_head=heads,
+        n_embd=width,
+        dropout=dropout,
+        dtype=args.dtype,
+        attention=args.attention,
+    )
     dp, tp, pp, cp = degrees["dp"], degrees["tp"], degrees["pp"], degrees["cp"]
     check_layout(args, degrees, cfg.n_layer, batch, chunks)
     par = GPTParallel.from_degrees(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 
-from common import Windows, add_pipeline_args, load_corpus, parse_mesh, parser, setup
+from common import Windows, add_pipeline_args, load_corpus, make_optimizer, parse_mesh, parser, setup
 
 import mpipar as dist
 from mpipar.io import DataLoader, RandomBatchSampler
@@ -83,18 +83,7 @@ def main() -> None:
         chunks=chunks,
     )
     model = GPT(cfg, par)
-    opt = dist.optimizer.AdamW(
-        learning_rate=3e-3,
-        parameters=model.parameters(),
-        weight_decay=0.01,
-        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
-    )
-    if args.zero:
-        opt = dist.shard_optimizer(
-            opt, [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][args.zero - 1]("dp")
-        )
-    if args.offload:
-        opt = dist.offload_optimizer(opt)
+    opt = make_optimizer(args, model, 3e-3)
     data = Windows(load_corpus(50_000), cfg.block_size, par.sequence_order(cfg.block_size))
     sampler = RandomBatchSampler(len(data), batch, seed=args.seed, num_batches=2)
     loader = dist.shard_dataloader(

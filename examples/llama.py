@@ -17,6 +17,7 @@ checkpoints (``--save-every/--save-dir/--resume``) and output are ``gpt.py``'s.
 from __future__ import annotations
 
 from common import (
+    add_attention_arg,
     add_training_args,
     check_layout,
     check_training_args,
@@ -24,6 +25,7 @@ from common import (
     header,
     parse_mesh,
     parser,
+    run_size,
     setup,
     train_language_model,
 )
@@ -34,12 +36,7 @@ from mpipar.models.llama import Llama, LlamaParallel, llama_config, llama_loss, 
 def main() -> None:
     p = parser(__doc__.splitlines()[0], steps=200)
     add_training_args(p, "Llama")
-    p.add_argument(
-        "--attention",
-        default="fused",
-        choices=["plain", "fused"],
-        help="blockwise fused attention (scaled_dot_product_attention, default) or separate ops",
-    )
+    add_attention_arg(p, "fused")
     p.add_argument(
         "--load-hf",
         default=None,
@@ -52,15 +49,9 @@ def main() -> None:
     args.mesh = args.mesh or default_mesh()
     degrees = parse_mesh(args.mesh)
     chunks = args.chunks if args.schedule == "Interleaved1F1B" else 1
-    if args.tiny:
-        layers = args.layers or max(2, degrees["pp"] * chunks)
-        cfg = llama_config("tiny", num_hidden_layers=layers, dtype=args.dtype, attention=args.attention)
-        batch, chars, lr = args.batch_size or 8, 50_000, args.lr or 3e-3
-        if args.schedule is not None and args.batch_size is None:  # room for a micro-batch per stage and dp shard
-            batch = max(batch, degrees["dp"] * (args.micro_batches or degrees["pp"] * chunks))
-    else:
-        cfg = llama_config("small", num_hidden_layers=args.layers or 4, dtype=args.dtype, attention=args.attention)
-        batch, chars, lr = args.batch_size or 16, 2_000_000, args.lr or 3e-3
+    layers, batch, chars, lr = run_size(args, degrees, chunks)
+    size = "tiny" if args.tiny else "small"
+    cfg = llama_config(size, num_hidden_layers=layers, dtype=args.dtype, attention=args.attention)
     dp, tp, pp, cp = degrees["dp"], degrees["tp"], degrees["pp"], degrees["cp"]
     check_layout(args, degrees, cfg.num_hidden_layers, batch, chunks)
     block = cfg.max_position_embeddings

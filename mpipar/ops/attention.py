@@ -23,6 +23,7 @@ values gathered: context parallelism).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,40 @@ def _visible(qpos: np.ndarray, kpos: np.ndarray, causal: bool) -> np.ndarray | N
     return (kpos[None, :] <= qpos[:, None]) if causal else None
 
 
+@dataclass
+class _Heads:
+    """What both kernels start from: queries and each query head's keys and values as
+    (B, H, S, D), the positions, the score scale, and the key tiles some query may see."""
+
+    qt: Array
+    kt: Array
+    vt: Array
+    kv: np.ndarray
+    qpos: np.ndarray
+    kpos: np.ndarray
+    scale: Any
+    tiles: list[tuple[int, int]]
+
+
+def _heads(
+    c: KernelContext,
+    q: Array,
+    k: Array,
+    v: Array,
+    positions: tuple[Array, ...],
+    causal: bool,
+    scale: float | None,
+    block: int,
+) -> _Heads:
+    kv = _kv_of_query_heads(c)
+    qpos, kpos = _positions(c, list(positions))
+    kt, vt = _expand_kv(c, k, kv), _expand_kv(c, v, kv)  # (B, H, Sk, D)
+    qmax = qpos.max() if qpos.size else -1
+    # A tile wholly in every query's future contributes nothing: skipped (the causal saving).
+    tiles = [(j0, j1) for j0, j1 in _tiles(kt.shape[2], block) if not (causal and kpos[j0:j1].min() > qmax)]
+    return _Heads(q.transpose(0, 2, 1, 3), kt, vt, kv, qpos, kpos, q.dtype.type(_scale(c, scale)), tiles)
+
+
 def _sdpa(
     c: KernelContext,
     q: Array,
@@ -95,22 +130,15 @@ def _sdpa(
     **_: Any,
 ) -> tuple[Array, Array]:
     xp, dt = c.xp, q.dtype
-    kv = _kv_of_query_heads(c)
-    qpos, kpos = _positions(c, list(positions))
-    qt = q.transpose(0, 2, 1, 3)  # (B, H, S, D)
-    kt, vt = _expand_kv(c, k, kv), _expand_kv(c, v, kv)  # (B, H, Sk, D)
+    hd = _heads(c, q, k, v, positions, is_causal, scale, block_size)
+    qt, kt, vt = hd.qt, hd.kt, hd.vt  # (B, H, S, D), (B, H, Sk, D)
     b, h, s, _ = qt.shape
-    sc = dt.type(_scale(c, scale))
     m = xp.full((b, h, s, 1), -np.inf, dtype=dt)  # running row max
     row_sum = xp.zeros((b, h, s, 1), dtype=dt)  # running row sum of exp
     acc = xp.zeros((b, h, s, vt.shape[-1]), dtype=dt)
-    qmax = qpos.max() if qpos.size else -1
-    for j0, j1 in _tiles(kt.shape[2], block_size):
-        kp = kpos[j0:j1]
-        if is_causal and kp.min() > qmax:  # every key of the tile is in every query's future
-            continue
-        scores = (qt @ kt[:, :, j0:j1, :].transpose(0, 1, 3, 2)) * sc  # (B, H, S, blk): one tile only
-        vis = _visible(qpos, kp, is_causal)
+    for j0, j1 in hd.tiles:
+        scores = (qt @ kt[:, :, j0:j1, :].transpose(0, 1, 3, 2)) * hd.scale  # (B, H, S, blk): one tile only
+        vis = _visible(hd.qpos, hd.kpos[j0:j1], is_causal)
         if vis is not None:
             scores = xp.where(xp.asarray(vis), scores, dt.type(-np.inf))
         m_new = xp.maximum(m, scores.max(axis=-1, keepdims=True))
@@ -142,25 +170,19 @@ def _sdpa_grad_kernel(
     **_: Any,
 ) -> tuple[Array, Array, Array]:
     xp, dt = c.xp, q.dtype
-    kv = _kv_of_query_heads(c)
-    qpos, kpos = _positions(c, list(positions))
-    qt, dot = q.transpose(0, 2, 1, 3), dout.transpose(0, 2, 1, 3)  # (B, H, S, D)
-    kt, vt = _expand_kv(c, k, kv), _expand_kv(c, v, kv)  # (B, H, Sk, D)
-    sc = dt.type(_scale(c, scale))
+    hd = _heads(c, q, k, v, positions, is_causal, scale, block_size)
+    qt, kt, vt, kv, sc = hd.qt, hd.kt, hd.vt, hd.kv, hd.scale  # (B, H, S, D), (B, H, Sk, D)
+    dot = dout.transpose(0, 2, 1, 3)  # (B, H, S, D)
     lse_t = lse.transpose(0, 2, 1)[..., None]  # (B, H, S, 1)
     lse_t = xp.where(xp.isfinite(lse_t), lse_t, dt.type(np.inf))  # a row that saw nothing: p = 0
     delta = (dout * out).sum(axis=-1).transpose(0, 2, 1)[..., None]  # (B, H, S, 1): rowsum(dO * O)
     dq = xp.zeros_like(qt)
     dk_h = xp.zeros_like(kt)  # per query head; summed into key/value heads below
     dv_h = xp.zeros_like(vt)
-    qmax = qpos.max() if qpos.size else -1
-    for j0, j1 in _tiles(kt.shape[2], block_size):
-        kp = kpos[j0:j1]
-        if is_causal and kp.min() > qmax:
-            continue
+    for j0, j1 in hd.tiles:
         kb, vb = kt[:, :, j0:j1, :], vt[:, :, j0:j1, :]
         p = xp.exp((qt @ kb.transpose(0, 1, 3, 2)) * sc - lse_t)  # (B, H, S, blk), recomputed
-        vis = _visible(qpos, kp, is_causal)
+        vis = _visible(hd.qpos, hd.kpos[j0:j1], is_causal)
         if vis is not None:
             p = xp.where(xp.asarray(vis), p, dt.type(0))
         dv_h[:, :, j0:j1, :] = p.transpose(0, 1, 3, 2) @ dot

@@ -23,22 +23,17 @@ from typing import Any
 import numpy as np
 
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
-from mpipar.spmd.rules.common import norm_axis
+from mpipar.ops.nn_ops import norm_axes
 from mpipar.tape import GradContext
 
 Array = Any
 
 
 # ----------------------------------------------------------------------------- rms_norm
-def _norm_axes(x: Array, begin_norm_axis: int) -> tuple[int, ...]:
-    b = norm_axis(begin_norm_axis, x.ndim, "rms_norm", "begin_norm_axis")
-    return tuple(range(b, x.ndim))
-
-
 def _rms_norm(
     c: KernelContext, x: Array, w: Array, begin_norm_axis: int = -1, epsilon: float = 1e-6, **_: Any
 ) -> tuple[Array, Array]:
-    axes = _norm_axes(x, begin_norm_axis)
+    axes = norm_axes(x, begin_norm_axis, "rms_norm")
     t = x.dtype.type
     rstd = t(1) / c.xp.sqrt(c.xp.mean(x * x, axis=axes, keepdims=True) + t(epsilon))
     return x * rstd * w, rstd.reshape(x.shape[: x.ndim - len(axes)])
@@ -47,7 +42,7 @@ def _rms_norm(
 def _rms_norm_grad_kernel(
     c: KernelContext, x: Array, w: Array, rstd: Array, dy: Array, begin_norm_axis: int = -1, **_: Any
 ) -> tuple[Array, Array]:
-    axes = _norm_axes(x, begin_norm_axis)
+    axes = norm_axes(x, begin_norm_axis, "rms_norm")
     keep = rstd.shape + (1,) * len(axes)
     r = rstd.reshape(keep)
     xhat = x * r

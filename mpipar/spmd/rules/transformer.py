@@ -15,26 +15,20 @@ from __future__ import annotations
 from mpipar.spec import DistSpec
 from mpipar.spmd.einsum import EinsumSpec
 from mpipar.spmd.registry import register_rule
-from mpipar.spmd.rules.common import LOWER, norm_axis
 from mpipar.spmd.rules.elementwise import elementwise
-
-
-def _norm_letters(x: DistSpec, begin_norm_axis: int) -> tuple[str, str, str]:
-    b = norm_axis(begin_norm_axis, x.ndim, "rms_norm", "begin_norm_axis")
-    letters = LOWER[: x.ndim]
-    return letters, letters[:b], letters[b:]
+from mpipar.spmd.rules.nn import norm_letters
 
 
 @register_rule("rms_norm")
 def rms_norm_rule(specs: list[DistSpec], begin_norm_axis: int = -1, **_: object) -> EinsumSpec:
-    letters, batch, normed = _norm_letters(specs[0], begin_norm_axis)
+    letters, batch, normed = norm_letters(specs[0], begin_norm_axis, "rms_norm")
     return EinsumSpec((letters, normed), (letters, batch), no_shard=frozenset(normed), op="rms_norm")
 
 
 @register_rule("rms_norm_grad")
 def rms_norm_grad_rule(specs: list[DistSpec], begin_norm_axis: int = -1, **_: object) -> EinsumSpec:
     # inputs: x, weight, rstd, dy  ->  dx, dweight (summed over the batch dims)
-    letters, batch, normed = _norm_letters(specs[0], begin_norm_axis)
+    letters, batch, normed = norm_letters(specs[0], begin_norm_axis, "rms_norm")
     return EinsumSpec(
         (letters, normed, batch, letters),
         (letters, normed),
