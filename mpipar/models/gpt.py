@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -190,6 +190,25 @@ def causal_mask_buffer(size: int, dtype: str, order: np.ndarray | None = None) -
     return Tensor(_causal_mask(size, dtype, None if natural else tuple(int(i) for i in order)))  # type: ignore[union-attr]
 
 
+class MaskedAttention(Protocol):
+    """A plain-attention layer's masks (the GPT's and the Llama's attention)."""
+
+    causal_mask: Tensor
+    ordered_mask: Tensor | None
+
+
+def place_mask(
+    layer: MaskedAttention, size: int, dtype: str, order: np.ndarray, mesh: ProcessMesh, pls: list[Placement]
+) -> None:
+    """Lay out a plain-attention layer's mask on its stage mesh. The ``causal_mask`` buffer stays
+    in natural order (checkpoints hold it so, whatever the mesh); a sequence held in another
+    order (zigzag under cp) gets its own mask, ``ordered_mask``, a derived tensor never saved."""
+    dist.shard_tensor(layer.causal_mask, mesh, pls)
+    if not (order == np.arange(size)).all():
+        layer.ordered_mask = causal_mask_buffer(size, dtype, order)
+        dist.shard_tensor(layer.ordered_mask, mesh, pls)
+
+
 def positions_of(par: GPTParallel, length: int) -> Tensor | None:
     """The global positions (length,) of the held sequence, or None in natural order (the fused
     kernels then read positions off the shards' boxes)."""
@@ -271,6 +290,7 @@ class CausalSelfAttention(Layer):
         self.fused = cfg.attention == "fused"
         if not self.fused:
             self.register_buffer("causal_mask", causal_mask_buffer(cfg.block_size, str(np.dtype(cfg.dtype))))
+        self.ordered_mask: Tensor | None = None
         self.positions: Tensor | None = None
         self.par: GPTParallel | None = None
         self.mesh: ProcessMesh | None = None
@@ -283,7 +303,8 @@ class CausalSelfAttention(Layer):
     def _core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.fused:  # no attention-probability dropout in the fused kernel (residual dropout stays)
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, positions=self.positions)
-        return plain_attention(q, k, v, self.causal_mask, self.attn_drop)
+        mask = self.causal_mask if self.ordered_mask is None else self.ordered_mask
+        return plain_attention(q, k, v, mask, self.attn_drop)
 
     def forward(self, x: Tensor) -> Tensor:
         b, s, h = x.shape
@@ -387,8 +408,9 @@ class GPT(Layer):
                 mark(ln.weight, mesh, par.weight(mesh, None))
                 mark(ln.bias, mesh, par.weight(mesh, None))
             if not block.attn.fused:
-                block.attn.causal_mask = causal_mask_buffer(self.cfg.block_size, str(np.dtype(self.cfg.dtype)), order)
-                mark(block.attn.causal_mask, mesh, par.weight(mesh, None))
+                place_mask(
+                    block.attn, self.cfg.block_size, str(np.dtype(self.cfg.dtype)), order, mesh, par.weight(mesh, None)
+                )
         mark(self.ln_f.weight, last, par.weight(last, None))
         mark(self.ln_f.bias, last, par.weight(last, None))
         mark(self.lm_head.weight, last, par.weight(last, Shard(1)))

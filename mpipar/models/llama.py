@@ -36,6 +36,7 @@ from mpipar.models.gpt import (
     check_attention,
     gather_sequence,
     gpt_loss,
+    place_mask,
     plain_attention,
     positions_of,
     row_parallel_out,
@@ -164,6 +165,7 @@ class LlamaAttention(Layer):
             self.register_buffer(
                 "causal_mask", causal_mask_buffer(cfg.max_position_embeddings, str(np.dtype(cfg.dtype)))
             )
+        self.ordered_mask: Tensor | None = None
         self.positions: Tensor | None = None
         self.rope_positions: Tensor | None = None
         self.par: GPTParallel | None = None
@@ -179,7 +181,8 @@ class LlamaAttention(Layer):
         if hk != h:  # each key/value head serves h/hk query heads: (B, Hkv, g, T, D) -> (B, H, T, D)
             kt = dist.reshape(dist.expand(dist.unsqueeze(kt, 2), [b, hk, h // hk, t, d]), [b, h, t, d])
             vt = dist.reshape(dist.expand(dist.unsqueeze(vt, 2), [b, hk, h // hk, t, d]), [b, h, t, d])
-        return dist.transpose(plain_attention(qt, kt, vt, self.causal_mask), [0, 2, 1, 3])
+        mask = self.causal_mask if self.ordered_mask is None else self.ordered_mask
+        return dist.transpose(plain_attention(qt, kt, vt, mask), [0, 2, 1, 3])
 
     def forward(self, x: Tensor) -> Tensor:
         b, s, _ = x.shape
@@ -265,8 +268,9 @@ class Llama(Layer):
             for norm in (layer.input_layernorm, layer.post_attention_layernorm):
                 mark(norm.weight, mesh, par.weight(mesh, None))
             if not attn.fused:
-                attn.causal_mask = causal_mask_buffer(cfg.max_position_embeddings, str(np.dtype(cfg.dtype)), order)
-                mark(attn.causal_mask, mesh, par.weight(mesh, None))
+                place_mask(
+                    attn, cfg.max_position_embeddings, str(np.dtype(cfg.dtype)), order, mesh, par.weight(mesh, None)
+                )
         mark(self.norm.weight, last, par.weight(last, None))
         mark(self.lm_head.weight, last, par.weight(last, Shard(1)))  # column parallel over the vocabulary
 
