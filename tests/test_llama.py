@@ -319,3 +319,17 @@ def test_llama_example_saves_and_resumes_on_another_mesh(tmp_path: Path) -> None
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     want = re.findall(r"^step [23] loss \S+$", whole.stdout, re.M)
     assert len(want) == 2 and re.findall(r"^step \d+ loss \S+$", resumed.stdout, re.M) == want
+
+
+def test_the_saved_mask_is_in_natural_order_on_a_cp_mesh() -> None:
+    """Plain attention under cp masks by the zigzag order, but the buffer a checkpoint holds is the
+    natural-order mask, so it loads on any mesh."""
+    cfg = llama_config("tiny", dtype="float64", attention="plain")
+    model = Llama(cfg, LlamaParallel.from_degrees(cp=2))
+    state = model.state_dict()
+    mask = state["layers.0.self_attn.causal_mask"].full_tensor()
+    np.testing.assert_array_equal(mask, np.triu(np.full((16, 16), -1e9), k=1))
+    ordered = model.layer_list()[0].self_attn.ordered_mask
+    assert ordered is not None and "ordered_mask" not in " ".join(state)
+    order = LlamaParallel.from_degrees(cp=2).sequence_order(16)
+    np.testing.assert_array_equal(ordered.full_tensor(), mask[np.ix_(order, order)])
