@@ -8,7 +8,7 @@ forever. This module turns every such case into a prompt, explained end of the j
   hydra launcher then exits non-zero within about a second.
 * **A rank killed by a signal** (SIGKILL, OOM killer): hydra itself notices the dead process
   and kills the rest ("BAD TERMINATION ... EXIT CODE: 9", about a second here), so no
-  watchdog of ours is needed for it (``tests/test_mpi_faults.py`` pins that).
+  watchdog of ours is needed for it (``tests/mpi/test_mpi_faults.py`` pins that).
 * **A collective that never completes** (``Watchdog``): every blocking wait of the MPI and
   NCCL communicators runs inside ``Watchdog.watch(op, group, seq)``. A daemon thread looks at
   the current wait a few times a second. After ``grace`` seconds it posts an *arrival notice*
