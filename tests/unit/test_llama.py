@@ -4,8 +4,7 @@ pinned cp collectives, Hugging Face weights into any mesh, published shapes' par
 * in-process (simulator): the tiny Llama's loss and every gradient on dp, tp (key/value heads
   split and replicated), sequence, pipeline and context parallel meshes, fused and plain
   attention == the single device's, float64;
-* one launch of ``tests/mpi_scripts/llama_meshes.py`` per mode (``python -m simulator -n 8``,
-  ``--reference``, ``mpiexec -n 8``): every mesh prints the single device's losses;
+* (``tests/mpi/test_llama_modes.py``: the same meshes in the three launch modes);
 * the cp collectives: forward one all_gather of keys and one of values per layer on the cp
   axis, backward one reduce_scatter of each gradient; ``mpipar plan`` of ``llama.py`` records
   them and the dashboard's communication table lists them on the cp axis;
@@ -272,40 +271,6 @@ def test_plan_and_dashboard_show_the_cp_collectives(tmp_path: Path) -> None:
     assert {"phase": "forward", "collective": "all_gather", "axes": "cp", "count": 4, "bytes/rank": 4096.0} in rows
     assert any(r["collective"] == "reduce_scatter" and r["axes"] == "cp" for r in comm.comm_table(plan, "backward"))
     assert json.loads(out.read_text())["meshes"][0]["dim_names"] == ["dp", "cp", "tp"]
-
-
-LOSS = re.compile(r"(\S+) step (\d+) loss (\S+)")
-
-
-def _mesh_losses(text: str) -> dict[tuple[str, int], float]:
-    return {(m.group(1), int(m.group(2))): float(m.group(3)) for m in map(LOSS.fullmatch, text.splitlines()) if m}
-
-
-def _check_against_single(losses: dict[tuple[str, int], float], where: str) -> None:
-    cases = {case for case, _ in losses}
-    assert len(cases) >= 10, (where, cases)
-    for (case, step), value in losses.items():
-        base = "gpt-single" if case.startswith("gpt") else "single"
-        assert value == pytest.approx(losses[(base, step)], rel=1e-12), (where, case, step)
-
-
-@pytest.mark.mpi
-def test_llama_and_cp_losses_equal_one_device_in_every_launch_mode(tmp_path: Path) -> None:
-    from mpi_scripts.launch import mpirun
-
-    script = "tests/mpi_scripts/llama_meshes.py"
-    sim = _cli("-m", "simulator", "-n", "8", script, str(tmp_path))
-    assert sim.returncode == 0, sim.stderr[-3000:]
-    ref = _cli("-m", "simulator", "--reference", script, str(tmp_path))
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    run = mpirun(8, script, str(tmp_path), timeout=300)
-    assert run.returncode == 0, run.output[-4000:]
-    modes = {"simulator": _mesh_losses(sim.stdout), "reference": _mesh_losses(ref.stdout)}
-    modes["mpiexec"] = _mesh_losses("\n".join(run.lines_of(0)))
-    for where, losses in modes.items():
-        _check_against_single(losses, where)
-    assert modes["mpiexec"] == modes["simulator"]  # every backend reduces in group order: bit for bit
-    assert modes["reference"].keys() == modes["simulator"].keys()
 
 
 def test_llama_example_saves_and_resumes_on_another_mesh(tmp_path: Path) -> None:
