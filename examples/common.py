@@ -17,8 +17,9 @@ import numpy as np
 
 import mpipar as dist
 from mpipar import cliargs
-from mpipar.checkpoint import load_training_state, prune_series, resolve_checkpoint, save_training_state, step_path
+from mpipar.checkpoint import load_training_state, prune_series, resume_target, save_training_state, step_path
 from mpipar.io import DataLoader, Dataset, RandomBatchSampler
+from mpipar.runtime.hosts import format_map
 
 
 def parser(description: str, steps: int = 5) -> argparse.ArgumentParser:
@@ -317,8 +318,10 @@ def train_language_model(
         "zero": args.zero,
     }
     done = 0  # steps completed
-    if args.resume:
-        resumed = load_training_state(resolve_checkpoint(args.resume), model=model, optimizer=opt, loader=loader)
+    # --resume, or under `mpipar launch --max-restarts` the latest checkpoint of a restart
+    resume = resume_target(args.resume, args.save_dir)
+    if resume:
+        resumed = load_training_state(resume, model=model, optimizer=opt, loader=loader)
         done = resumed.step
         note_resume(resumed.path, done, resumed.extra if isinstance(resumed.extra, dict) else {}, config)
         if done >= args.steps:
@@ -372,6 +375,7 @@ def train_language_model(
                     flush=True,
                 )
         progress.update(step + 1, total, seconds)
+        dist.mark_step(step)  # the launcher's heartbeat: this rank is alive and past this step
         done = step + 1
         if args.save_every and done % args.save_every == 0:
             save(step_path(args.save_dir, done))
@@ -404,9 +408,11 @@ def corpus_line(chars: int) -> str:
 def header(name: str, params: int, mesh: str, ranks: int, batch: int, accumulate: int, block: int, chars: int) -> str:
     """One block saying what this run trains, where, and on what (printed before step 0)."""
     micro = f" in {accumulate} micro-batches" if accumulate > 1 else ""
+    hosts = dist.rank_hosts()  # as `mpipar launch --hosts` placed the ranks
+    where = f"\nhosts: {'; '.join(format_map(hosts))}" if hosts is not None and len(set(hosts)) > 1 else ""
     return (
         f"{name}: {params:,} parameters | mesh {mesh} ({ranks} rank{'s' * (ranks != 1)}) | "
-        f"batch {batch} x {block} tokens{micro} = {batch * block:,} tokens/step\n{corpus_line(chars)}"
+        f"batch {batch} x {block} tokens{micro} = {batch * block:,} tokens/step\n{corpus_line(chars)}{where}"
     )
 
 

@@ -97,15 +97,18 @@ from mpipar.recompute import recompute
 from mpipar.compile.replay import CompiledStep, compile_step
 from mpipar.reshard import ReshardPlan, ReshardStep, plan_reshard
 from mpipar.debug import measured as _measured  # noqa: F401  (registers the MPIPAR_TRACE start with the backend)
+from mpipar.runtime.heartbeat import mark_step
+from mpipar.runtime.hosts import host_mesh, rank_hosts
 from mpipar.runtime.log import print_once
 from mpipar.spec import DistSpec, chunk_range
 from mpipar.compile.to_static import DistModel, Strategy, to_static
+from mpipar.compile.program import CPUPlace, CUDAPlace, disable_static, enable_static, in_dynamic_mode
 from mpipar.tensor import DistTensor, Parameter, Shape, Tensor, to_tensor
 from mpipar.version import __version__  # noqa: F401  (mpipar.__version__)
 
 
 def __getattr__(name: str) -> object:
-    """``mpipar.distributed`` and ``mpipar.fleet`` load on first use, so ``import mpipar as paddle``
+    """``mpipar.distributed``, ``mpipar.fleet``, ``mpipar.static`` and ``mpipar.base`` load on first use, so ``import mpipar as paddle``
     then ``paddle.distributed.fleet`` works as in Paddle without importing fleet for every script."""
     import importlib
 
@@ -113,11 +116,15 @@ def __getattr__(name: str) -> object:
         return importlib.import_module("mpipar.distributed")
     if name == "fleet":
         return importlib.import_module("mpipar.distributed.fleet")
+    if name in ("static", "base", "metric", "regularizer"):
+        return importlib.import_module(f"mpipar.{name}")
     raise AttributeError(f"module 'mpipar' has no attribute {name!r}")
 
 
 # Paddle's names shadow a few builtins on purpose (dist.sum, dist.max, dist.slice, ...).
 __all__ = [
+    "CPUPlace",
+    "CUDAPlace",
     "CommDebugMode",
     "CommEvent",
     "CompiledStep",
@@ -162,9 +169,11 @@ __all__ = [
     "compile_step",
     "concat",
     "current_backend",
+    "disable_static",
     "divide",
     "dtensor_from_local",
     "enable_grad",
+    "enable_static",
     "equal",
     "exp",
     "expand",
@@ -175,6 +184,8 @@ __all__ = [
     "get_world_size",
     "greater_equal",
     "greater_than",
+    "host_mesh",
+    "in_dynamic_mode",
     "io",
     "irecv",
     "is_grad_enabled",
@@ -183,6 +194,7 @@ __all__ = [
     "less_than",
     "load_state_dict",
     "log",
+    "mark_step",
     "matmul",
     "max",
     "maximum",
@@ -205,6 +217,7 @@ __all__ = [
     "plan_reshard",
     "pow",
     "print_once",
+    "rank_hosts",
     "recompute",
     "recv",
     "reduce",

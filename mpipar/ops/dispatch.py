@@ -264,7 +264,10 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
         hook.on_op(op, original, used, outs, result)
     for g in gathered:  # ZeRO-3: the gathered copy is freed after use; backward gathers again
         g._shards = {}
-    return tuple(outs) if op.multi_output else outs[0]
+    result_value = tuple(outs) if op.multi_output else outs[0]
+    for program in hooks.program_hooks:
+        program.on_apply(name, inputs, attrs, result_value)
+    return result_value
 
 
 def _run_abstract(
