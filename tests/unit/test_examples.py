@@ -45,6 +45,9 @@ CASES = [
     ("gpt.py", ["--mesh", "dp=2,tp=2,pp=2"], 8),
     ("gpt.py", ["--mesh", "dp=2,tp=2,pp=2", "--sequence-parallel", "--recompute", "full", "--zero", "2"], 8),
     ("gpt.py", ["--mesh", "dp=2,tp=2", "--recompute", "selective", "--accumulate-steps", "2"], 4),
+    ("gpt.py", ["--mesh", "dp=2,cp=2,tp=2", "--attention", "fused"], 8),
+    ("llama.py", ["--mesh", "dp=2,cp=2,tp=2", "--sequence-parallel"], 8),
+    ("llama.py", ["--mesh", "tp=2,pp=2", "--schedule", "1F1B", "--attention", "plain"], 4),
 ]
 
 
@@ -80,7 +83,7 @@ def test_reference_and_virtual_ranks_print_the_same_losses(script: str, extra: l
 def test_gpt_degrees_must_multiply_to_the_world() -> None:
     out = run("-m", "simulator", "-n", "8", "examples/gpt.py", "--tiny", "--steps", "1", "--mesh", "dp=2,tp=2")
     assert out.returncode != 0
-    assert "dp(2) * tp(2) * pp(1) = 4 != world size 8" in out.stderr
+    assert "dp(2) * tp(2) * pp(1) * cp(1) = 4 != world size 8" in out.stderr
 
 
 def test_a_world_too_small_for_the_meshes_is_refused() -> None:
