@@ -133,6 +133,17 @@ def test_gpt_first_run_uses_the_whole_world_and_explains_itself() -> None:
     )  # the trained model writes what one device's writes
     # Per-step speed goes to stderr when stdout is not a terminal (stdout stays the parseable loss log).
     assert re.findall(r"^step (\d+): [\d.]+ ms/step, [\d,]+ tokens/s$", sim.stderr, re.M) == ["0", "1", "2"]
+    # The closing spread of step times, on stderr (stdout keeps the loss log): the one step after
+    # two warm-up steps is too few for percentiles, so none is printed here; five steps give one.
+    assert "p90/p50" not in sim.stdout + sim.stderr
+    five = run("examples/gpt.py", "--tiny", "--steps", "5", "--sample", "0")
+    assert five.returncode == 0, five.stderr[-2000:]
+    assert "p90/p50" not in five.stdout
+    assert re.search(
+        r"^step time over 3 steps after 2 warm-up: p10 [\d.]+ ms, p50 [\d.]+ ms, p90 [\d.]+ ms, p90/p50 [\d.]+ ",
+        five.stderr,
+        re.M,
+    ), five.stderr[-2000:]
 
 
 def test_gpt_sample_count_must_not_be_negative() -> None:
