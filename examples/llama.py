@@ -43,6 +43,12 @@ def main() -> None:
         metavar="PATH",
         help="initial weights in the Hugging Face Llama safetensors layout (a file or a directory of shards)",
     )
+    shape = p.add_argument_group("model shape (override --tiny's or the default model's; e.g. to fill a GPU)")
+    shape.add_argument("--hidden", type=int, default=None, help="hidden size")
+    shape.add_argument("--ffn-hidden", type=int, default=None, help="SwiGLU's inner width")
+    shape.add_argument("--heads", type=int, default=None, help="attention heads")
+    shape.add_argument("--kv-heads", type=int, default=None, help="key/value heads (grouped-query attention)")
+    shape.add_argument("--seq-len", type=int, default=None, help="tokens per sequence")
     args = p.parse_args()
     check_training_args(args, "Llama")
     setup(args, seed=args.seed)
@@ -51,7 +57,23 @@ def main() -> None:
     chunks = args.chunks if args.schedule == "Interleaved1F1B" else 1
     layers, batch, chars, lr = run_size(args, degrees, chunks)
     size = "tiny" if args.tiny else "small"
-    cfg = llama_config(size, num_hidden_layers=layers, dtype=args.dtype, attention=args.attention)
+    overrides = {
+        "hidden_size": args.hidden,
+        "intermediate_size": args.ffn_hidden,
+        "num_attention_heads": args.heads,
+        "num_key_value_heads": args.kv_heads,
+        "max_position_embeddings": args.seq_len,
+    }
+    try:
+        cfg = llama_config(
+            size,
+            num_hidden_layers=layers,
+            dtype=args.dtype,
+            attention=args.attention,
+            **{k: v for k, v in overrides.items() if v is not None},
+        )
+    except ValueError as exc:
+        raise SystemExit(f"llama.py: {exc}") from None
     dp, tp, pp, cp = degrees["dp"], degrees["tp"], degrees["pp"], degrees["cp"]
     check_layout(args, degrees, cfg.num_hidden_layers, batch, chunks)
     block = cfg.max_position_embeddings

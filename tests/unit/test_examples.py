@@ -149,3 +149,23 @@ def test_gpt_first_run_uses_the_whole_world_and_explains_itself() -> None:
 def test_gpt_sample_count_must_not_be_negative() -> None:
     out = run("examples/gpt.py", "--tiny", "--steps", "1", "--sample", "-1")
     assert out.returncode != 0 and "--sample -1" in out.stderr
+
+
+def test_llama_shape_flags_set_the_model_and_bad_shapes_are_named() -> None:
+    from mpipar.models.llama import llama_config
+
+    shape = ["--hidden", "32", "--heads", "4", "--kv-heads", "2", "--ffn-hidden", "64", "--seq-len", "32"]
+    out = run("examples/llama.py", "--tiny", "--steps", "1", "--sample", "0", *shape)
+    assert out.returncode == 0, out.stderr[-2000:]
+    want = llama_config(
+        "tiny",
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        num_hidden_layers=2,
+    ).num_parameters()
+    assert re.match(rf"Llama: {want:,} parameters \| .* x 32 tokens", out.stdout), out.stdout[:300]
+    bad = run("examples/llama.py", "--tiny", "--steps", "1", "--hidden", "30")
+    assert bad.returncode != 0 and "hidden_size 30, 4 attention heads" in bad.stderr
