@@ -9,7 +9,8 @@ This module is the single door they come through:
   neither ``..`` nor an absolute name nor a symlink can lead outside it);
 * ``read_bounded`` reads at most a size cap;
 * ``parse_json`` decodes UTF-8 JSON with a depth cap and bounded numbers: integers of at most
-  ``MAX_INT_DIGITS`` digits, finite floats only, no ``NaN``/``Infinity``;
+  ``MAX_INT_DIGITS`` digits, finite floats only, no ``NaN``/``Infinity``, no key repeated
+  within one object;
 * every refusal is a ``FileFormatError`` (a ``ValueError``) naming the kind of file, the file, the
   field and the value, never a ``RecursionError``, ``UnicodeDecodeError`` or an ``int`` conversion
   error from deep inside the standard library.
@@ -153,6 +154,19 @@ def _parse_float(text: str) -> float:
     return value
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's pairs as a dict, refusing a repeated key (JSON leaves it undefined which wins;
+    Python keeps the last, another reader the first: the same file would mean two things)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _NumberRefused(key, "is a key repeated in one JSON object")
+            seen.add(key)
+    return out
+
+
 def _parse_constant(text: str) -> float:
     raise _NumberRefused(text, "is not a finite number (NaN and Infinity are refused)")
 
@@ -214,10 +228,15 @@ def parse_json(
         text = text[1:]
     try:
         value = json.loads(
-            text, parse_int=_int_parser(max_int_digits), parse_float=_parse_float, parse_constant=_parse_constant
+            text,
+            parse_int=_int_parser(max_int_digits),
+            parse_float=_parse_float,
+            parse_constant=_parse_constant,
+            object_pairs_hook=_unique_keys,
         )
     except _NumberRefused as exc:
-        raise FileFormatError(kind, "<number>", exc.text, exc.problem, source) from None
+        where = "<key>" if exc.problem.startswith("is a key") else "<number>"
+        raise FileFormatError(kind, where, exc.text, exc.problem, source) from None
     except json.JSONDecodeError as exc:
         raise FileFormatError(
             kind,

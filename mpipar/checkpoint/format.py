@@ -48,6 +48,15 @@ PARTIAL_TAG = ".partial-"
 """A save writes into the sibling ``P.partial-<token>`` and renames it to ``P`` when complete."""
 REPLACED_TAG = ".replaced-"
 """When ``P`` already holds a checkpoint it is moved to ``P.replaced-<token>`` for the swap."""
+MARKER = ".mpipar-checkpoint"
+"""The first file a save writes into its temporary directory (it stays in the checkpoint):
+cleanup and pruning remove only directories that carry it (or, for checkpoints written before
+it existed, a complete mpipar ``metadata.json``), never a folder someone else made."""
+MARKER_TEXT = b"mpipar.checkpoint: written by mpipar's save_state_dict; cleanup may remove this folder\n"
+LOCK_SUFFIX = ".mpipar-lock"
+"""A save to ``P`` holds an exclusive ``flock`` on the file ``.<name of P>.mpipar-lock`` beside it
+from its temporary directory's creation to its final rename (then removes it): a second save to
+the same path is refused by name, and a lock whose holder died is released by the kernel with it."""
 
 _HEADER_ALIGN = 8
 
@@ -158,8 +167,13 @@ def st_dtype(dtype: np.dtype, what: str) -> str:
 def numpy_dtype(name: str) -> np.dtype:
     """The NumPy dtype recorded by name in the metadata (``bfloat16`` needs ml_dtypes)."""
     if name == "bfloat16":
-        import ml_dtypes
-
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise CheckpointError(
+                "this checkpoint stores bfloat16 tensors, and NumPy has no bfloat16 of its own: "
+                "install ml_dtypes (pip install ml_dtypes) to load it"
+            ) from None
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 
