@@ -11,6 +11,10 @@ This module is the single door they come through:
 * ``parse_json`` decodes UTF-8 JSON with a depth cap and bounded numbers: integers of at most
   ``MAX_INT_DIGITS`` digits, finite floats only, no ``NaN``/``Infinity``, no key repeated
   within one object;
+* ``printable`` makes a file's text safe for a terminal: control characters (escape
+  sequences, carriage returns, newlines that would forge a line), format characters (bidi
+  overrides) and lone surrogates are written as ``\\x1b``, ``\\u202e``, ``\\ud800``; every CLI that
+  prints a name read from a file passes it through here;
 * every refusal is a ``FileFormatError`` (a ``ValueError``) naming the kind of file, the file, the
   field and the value, never a ``RecursionError``, ``UnicodeDecodeError`` or an ``int`` conversion
   error from deep inside the standard library.
@@ -33,6 +37,30 @@ MAX_JSON_DEPTH = 64
 """Deeper nesting is refused: no format of ours nests past a dozen levels."""
 MAX_INT_DIGITS = 30
 """Integers with more digits are refused (2^64 has 20; a 5000-digit number is an attack)."""
+
+
+def _escape_char(ch: str) -> str:
+    cp = ord(ch)
+    if cp < 0x100:
+        return f"\\x{cp:02x}"
+    if cp < 0x10000:
+        return f"\\u{cp:04x}"
+    return f"\\U{cp:08x}"
+
+
+def printable(text: Any, *, keep_newlines: bool = False) -> str:
+    """``text`` (``str()`` of it) with every character a terminal would act on escaped.
+
+    Escaped: what ``str.isprintable`` rejects (C0/C1 controls and DEL, format characters such
+    as bidi overrides, lone surrogates, unassigned and private-use code points, line and
+    paragraph separators), except plain spaces, and newlines when ``keep_newlines`` (the
+    caller's own line structure). Linear in the text; the common all-printable case is one
+    C-level scan.
+    """
+    s = text if isinstance(text, str) else str(text)
+    if s.isprintable():
+        return s
+    return "".join(ch if ch.isprintable() or (keep_newlines and ch == "\n") else _escape_char(ch) for ch in s)
 
 
 def _show(value: Any) -> str:

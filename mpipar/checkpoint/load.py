@@ -48,6 +48,7 @@ from mpipar.reshard.executor import execute_plan
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import Box, box_intersect, box_numel, box_relative, box_shape, full_box
 from mpipar.tensor import Tensor
+from mpipar.untrusted import printable
 
 _KEEP = object()
 """``_Loader.walk`` result: the given object was filled in place (nothing to replace)."""
@@ -99,17 +100,36 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def describe_checkpoint(path: str | os.PathLike[str]) -> str:
-    """A text table of a checkpoint's tensors, layouts and chunks."""
+    """A text table of a checkpoint's tensors, layouts and chunks.
+
+    Every name from the file (tensor names, chunk keys, file names, the path) goes through
+    ``printable``: a name cannot clear the terminal, retitle it, or forge a line of the table.
+    """
     root = os.fspath(path)
     meta = load_metadata(root)
-    lines = [f"checkpoint {root}: {len(meta['files'])} data file(s), saved by a world of {meta['world_size']}"]
+    p = printable
+    lines = [f"checkpoint {p(root)}: {len(meta['files'])} data file(s), saved by a world of {meta['world_size']}"]
     for name, t in meta["tensors"].items():
-        where = f" on {t['mesh']['shape']} mesh {t['mesh']['process_ids']} {t['placements']}" if t["mesh"] else ""
-        lines.append(f"  {name} {t['dtype']}{t['shape']} ({t['kind']}){where}")
+        where = (
+            f" on {t['mesh']['shape']} mesh {_ids_text(t['mesh']['process_ids'])} {p(t['placements'])}"
+            if t["mesh"]
+            else ""
+        )
+        lines.append(f"  {p(name)} {t['dtype']}{t['shape']} ({t['kind']}){where}")
         for c in t["chunks"]:
             box = "x".join(f"[{s},{e})" for s, e in c["box"]) or "()"
-            lines.append(f"    {c['key']:<24} {box:<24} {c['file']} {c['nbytes']} B")
+            lines.append(f"    {p(c['key']):<24} {box:<24} {p(c['file'])} {c['nbytes']} B")
     return "\n".join(lines)
+
+
+_IDS_SHOWN = 64
+
+
+def _ids_text(ids: list[int]) -> str:
+    """A mesh's process ids, cut after ``_IDS_SHOWN`` (a 2^24-rank mesh is 16M ids per line)."""
+    if len(ids) <= _IDS_SHOWN:
+        return str(ids)
+    return f"{str(ids[:_IDS_SHOWN])[:-1]}, ... ({len(ids)} ranks)]"
 
 
 class _Loader:

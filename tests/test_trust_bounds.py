@@ -1,0 +1,93 @@
+"""Validation work is bounded by the file: the chunk-cover check sorts and sweeps.
+
+A metadata file of 4200 chunks (480 KB) laid out as row slabs beside column slabs made the
+old overlap sweep compare every pair (about 30 s for ``describe``); the plane sweep checks
+each entering box against its two neighbours only. The sweep is compared with brute force
+on generated layouts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpipar.checkpoint import CheckpointError, describe_checkpoint
+from mpipar.checkpoint import validate as v
+from mpipar.checkpoint.format import METADATA
+
+
+def _metadata(boxes: list[list[list[int]]], shape: list[int]) -> dict[str, Any]:
+    chunks = [
+        {
+            "file": "rank00000.safetensors",
+            "key": f"w#{i}",
+            "box": b,
+            "nbytes": v.math.prod(e - s for s, e in b),
+            "crc32c": 0,
+        }
+        for i, b in enumerate(boxes)
+    ]
+    tensor = {"kind": "array", "shape": shape, "dtype": "uint8", "mesh": None, "placements": None}
+    return {
+        "format": "mpipar.checkpoint",
+        "version": 1,
+        "checksum": "crc32c",
+        "world_size": 1,
+        "files": ["rank00000.safetensors"],
+        "tensors": {"w": {**tensor, "stored_placements": None, "chunks": chunks}},
+        "state": {"dict": [["w", {"array": "w"}]]},
+    }
+
+
+def _rows_beside_columns(n: int) -> list[list[list[int]]]:
+    return [[[i, i + 1], [0, n]] for i in range(n)] + [[[0, n], [n + j, n + j + 1]] for j in range(n)]
+
+
+def test_an_irregular_layout_of_thousands_of_chunks_validates_in_a_sweep(tmp_path: Path) -> None:
+    n = 2100  # 2100 x 2102 cut cells: over the painted grid's limit, so the sweep runs
+    (tmp_path / METADATA).write_text(json.dumps(_metadata(_rows_beside_columns(n), [n, 2 * n])))
+    text = describe_checkpoint(tmp_path)
+    assert text.count("\n") == 1 + 2 * n
+    boxes = _rows_beside_columns(n)
+    boxes[-1] = [[0, n], [n - 1, n]]  # the last column slab moved onto the row slabs' columns
+    (tmp_path / METADATA).write_text(json.dumps(_metadata(boxes, [n, 2 * n])))
+    with pytest.raises(CheckpointError, match=r"chunks\[4199\]\.box.*overlaps chunks\[0\]\.box"):
+        describe_checkpoint(tmp_path)
+
+
+def _brute(boxes: list[tuple[tuple[int, int], ...]]) -> bool:
+    return any(
+        all(max(sa, sb) < min(ea, eb) for (sa, ea), (sb, eb) in zip(a, b, strict=True))
+        for a, b in itertools.combinations(boxes, 2)
+    )
+
+
+@st.composite
+def _layouts(draw: Any) -> list[tuple[tuple[int, int], ...]]:
+    ndim = draw(st.integers(2, 3))
+    count = draw(st.integers(2, 12))
+    boxes = []
+    for _ in range(count):
+        box = []
+        for _ in range(ndim):
+            s = draw(st.integers(0, 6))
+            box.append((s, s + draw(st.integers(1, 3))))
+        boxes.append(tuple(box))
+    return boxes
+
+
+@settings(max_examples=60, deadline=None)
+@given(_layouts())
+def test_the_sweep_finds_an_overlap_exactly_when_brute_force_does(boxes: list[tuple[tuple[int, int], ...]]) -> None:
+    budget = [1 << 20]
+    pair = v._find_overlap(list(enumerate(boxes)), 0, len(boxes[0]), budget)
+    assert (pair is not None) == _brute(boxes)
+    if pair is not None:
+        a, b = boxes[pair[0]], boxes[pair[1]]
+        assert pair[0] != pair[1] and _brute([a, b])
