@@ -80,6 +80,7 @@ def _cmd_viz(ns: argparse.Namespace) -> int:
     import subprocess
 
     # The dashboard is another package (viz -> simulator -> mpipar): run it, never import it.
+    # (viz.__main__ prints the warning for an address other machines can reach.)
     args = [*ns.files, "--address", ns.address] + (["--port", str(ns.port)] if ns.port is not None else [])
     if ns.run is not None:  # viz.__main__ checks these; --run and the script's own arguments go last
         args += ["--run-dir", ns.run_dir, "--steps", str(ns.steps), "--launcher", ns.launcher]

@@ -55,6 +55,7 @@ import numpy as np
 from mpipar import comm as _comm
 from mpipar import hooks
 from mpipar.backend import Backend, start_hooks
+from mpipar.env import env_text
 from mpipar.modes import Mode, execution_mode
 from mpipar.timeline import SPAN_KINDS, TRACKS, Span, SpanRecorder, Timeline
 
@@ -307,8 +308,7 @@ def start_from_env(backend: Backend, environ: Any = None) -> MeasuredTrace | Non
     rank starts its backend, so every rank calls it. The file is written at exit.
     """
     global _active
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV, "").strip()
+    raw = env_text(ENV, environ) or ""
     if not raw or _active is not None or execution_mode((), backend) is Mode.ABSTRACT:
         return _active
     path = os.path.abspath(raw)
