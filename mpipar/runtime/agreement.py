@@ -126,28 +126,34 @@ def ring_problem(
     mine: np.ndarray,
     peer: int,
     theirs: np.ndarray,
-    own_desc: str,
+    facts: tuple[Any, ...],
     expect: int | None = None,
 ) -> str | None:
     """The mismatch between this member's words and its ring predecessor's, or None.
 
     ``expect`` (all_to_all) replaces the element count compared: what this member expects
-    from the predecessor rather than what it sends itself."""
-    want = mine.copy()
-    if expect is not None:
+    from the predecessor rather than what it sends itself. ``facts`` are ``own_description``'s
+    arguments (the text is built only for a mismatch)."""
+    if expect is None:
+        if (mine == theirs).all():
+            return None
+    else:
+        want = mine.copy()
         want[1] = np.uint64(expect)
-    if np.array_equal(want, theirs):
-        return None
-    return mismatch_message(group, me, own_desc, peer, theirs)
+        if (want == theirs).all():
+            return None
+    return mismatch_message(group, me, own_description(*facts), peer, theirs)
 
 
-def rows_problem(group: tuple[int, ...], me: int, mine: np.ndarray, rows: np.ndarray, own_desc: str) -> str | None:
+def rows_problem(
+    group: tuple[int, ...], me: int, mine: np.ndarray, rows: np.ndarray, facts: tuple[Any, ...]
+) -> str | None:
     """The first member whose trailer (a row of ``rows``, 4 words each) differs from ours, or None."""
     same = (rows == mine).all(axis=1)
     if same.all():
         return None
     j = int(np.flatnonzero(~same)[0])
-    return mismatch_message(group, me, own_desc, group[j], rows[j])
+    return mismatch_message(group, me, own_description(*facts), group[j], rows[j])
 
 
 def mismatch_message(group: tuple[int, ...], me: int, own_desc: str, peer: int, theirs: np.ndarray) -> str:

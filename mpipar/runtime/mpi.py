@@ -100,7 +100,7 @@ from mpipar.comm import (
     reduce_rows,
 )
 from mpipar.mesh import ProcessMesh
-from mpipar.runtime.agreement import TRAILER_BYTES, own_description, ring_problem, signature_words, trailer_elements
+from mpipar.runtime.agreement import TRAILER_BYTES, ring_problem, signature_words, trailer_elements
 from mpipar.runtime.faults import (
     CollectiveMismatchError,
     Watchdog,
@@ -894,7 +894,7 @@ class _StartedAllReduce(Pending):
             me = self.owner.rank
             peer = self.group[(self.group.index(me) - 1) % n]
             assert self.words is not None
-            problem = ring_problem(self.group, me, self.words, peer, ring[1], own_description(*self.facts))
+            problem = ring_problem(self.group, me, self.words, peer, ring[1], self.facts)
             if problem:
                 raise CollectiveMismatchError(problem)
         if self.phase == "native":

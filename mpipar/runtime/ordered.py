@@ -59,7 +59,6 @@ from mpipar.env import env_choice, env_number
 from mpipar.runtime.agreement import (
     TRAILER_BYTES,
     expected_from_predecessor,
-    own_description,
     ring_problem,
     rows_problem,
     signature_words,
@@ -322,7 +321,7 @@ class OrderedCommunicator(Communicator):
     def _check_rows(self, group: Group, rows: Array, size: int, words: np.ndarray, facts: tuple[Any, ...]) -> None:
         """Compare every member's trailer (the columns after ``size``) with this member's words."""
         tail = np.ascontiguousarray(rows[:, size:]).view(np.uint64).reshape(len(group), TRAILER_BYTES // 8)
-        problem = rows_problem(group, self.rank, words, tail, own_description(*facts))
+        problem = rows_problem(group, self.rank, words, tail, facts)
         if problem:
             report_mismatch_once(group, self.rank, problem)
 
@@ -599,7 +598,7 @@ class _Agreed:
         group = self.group
         me = self.comm.rank
         peer = group[(group.index(me) - 1) % len(group)]
-        return ring_problem(group, me, self.words, peer, theirs, own_description(*self.facts), self.expect)
+        return ring_problem(group, me, self.words, peer, theirs, self.facts, self.expect)
 
     def _poll(self) -> str | None:
         """Called by the watchdog thread while the call blocks."""
