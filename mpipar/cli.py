@@ -21,6 +21,7 @@ from mpipar.placement import parse_placements
 from mpipar.plan_script import trace_script
 from mpipar.reshard import plan_reshard
 from mpipar.spec import DistSpec
+from mpipar.untrusted import printable
 from mpipar.version import __version__
 
 
@@ -71,8 +72,8 @@ def _cmd_plan(ns: argparse.Namespace) -> int:
         plan.save(ns.output)
     except OSError as exc:
         return cliargs.write_failure("mpipar plan", ns.output, exc)
-    print(plan.summary())
-    print(f"wrote {ns.output}")
+    print(printable(plan.summary(), keep_newlines=True))
+    print(f"wrote {printable(ns.output)}")
     return 0
 
 
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(ns.func(ns))
     except (ValueError, TypeError) as exc:
-        print(f"mpipar {ns.cmd}: {exc}", file=sys.stderr)
+        print(f"mpipar {ns.cmd}: {printable(exc)}", file=sys.stderr)
         return 2
 
 

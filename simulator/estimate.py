@@ -62,6 +62,7 @@ from mpipar import cliargs
 from mpipar.models.gpt import GPTParallel
 from mpipar.pipeline import Schedule, build_schedule
 from mpipar.pipeline.actions import final_backward_kind
+from mpipar.untrusted import printable
 from simulator.cost import HardwareProfile, PipelineCost, load_profile
 from simulator.op_cost import PlanCosts, op_family
 from simulator.schedule_sim import simulate_schedule
@@ -895,7 +896,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--host-link-bandwidth prices --offload's copies; add --offload or drop it")
         offload = offload_estimate(result, ns.host_link_bandwidth or profile.host_link_Bps) if ns.offload else None
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(printable(exc))  # a profile's or plan's text reaches no terminal raw
     if ns.plan:
         try:
             step.plan.save(ns.plan)
@@ -909,10 +910,10 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(result.summary())
+        print(printable(result.summary(), keep_newlines=True))
         if ns.breakdown:
             print()
-            print(result.breakdown())
+            print(printable(result.breakdown(), keep_newlines=True))
         if offload is not None:
             print(offload.summary())
         if ns.plan:
