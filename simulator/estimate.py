@@ -855,6 +855,13 @@ def from_args(ns: argparse.Namespace) -> tuple[GPTShape, GPTStrategy]:
     deg = parse_mesh(ns.mesh)
     interleaved = ns.schedule.strip().lower() in ("interleaved1f1b", "interleaved", "vpp")
     chunks = ns.chunks if ns.chunks is not None else (2 if interleaved else 1)
+    # Each count is bounded by its parser; what the estimate's loops run over are their products.
+    cliargs.check_product({"--layers": shape.layers}, cliargs.MAX_LAYERS, "layers")
+    cliargs.check_product(
+        {"--micro-batches": ns.micro_batches, "pp": deg["pp"], "--chunks": chunks},
+        cliargs.MAX_SCHEDULE_SLOTS,
+        "pipeline slots",
+    )
     strategy = GPTStrategy(
         deg["dp"],
         deg["tp"],

@@ -9,6 +9,7 @@ on generated layouts.
 from __future__ import annotations
 
 import itertools
+import re
 import json
 from pathlib import Path
 from typing import Any
@@ -91,3 +92,29 @@ def test_the_sweep_finds_an_overlap_exactly_when_brute_force_does(boxes: list[tu
     if pair is not None:
         a, b = boxes[pair[0]], boxes[pair[1]]
         assert pair[0] != pair[1] and _brute([a, b])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--mesh", "pp=8", "--micro-batches", "100000000"],
+            r"--micro-batches 100000000 x pp 8 x --chunks 1 = 800000000",
+        ),
+        (["--layers", "100000000"], r"--layers 100000000 = 100000000 layers, over the limit of 65536"),
+    ],
+)
+def test_estimate_bounds_the_products_of_its_counts(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each count alone was in range; their products kept ``simulator estimate`` busy for ever."""
+    from simulator.estimate import main
+
+    base = {"--layers": "8", "--hidden": "64", "--heads": "4"}
+    for flag, value in zip(argv[::2], argv[1::2], strict=True):
+        base[flag] = value
+    args = [x for kv in base.items() for x in kv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
