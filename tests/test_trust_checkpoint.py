@@ -192,3 +192,19 @@ def test_bfloat16_without_ml_dtypes_is_a_clear_error(monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # as if it were not installed
     with pytest.raises(CheckpointError, match=r"bfloat16.*install ml_dtypes"):
         numpy_dtype("bfloat16")
+
+
+def test_a_forged_shape_is_refused_before_anything_is_allocated(tmp_path: Path) -> None:
+    """metadata.json claims a 2^40-byte tensor whose data is not there: a named refusal, no MemoryError."""
+    path = tmp_path / "ck"
+    save_state_dict({"w": np.arange(4.0)}, str(path))
+    meta = json.loads((path / METADATA).read_text())
+    big = 1 << 37
+    meta["tensors"]["w"]["shape"] = [big]
+    meta["tensors"]["w"]["chunks"][0]["box"] = [[0, big]]
+    meta["tensors"]["w"]["chunks"][0]["nbytes"] = 8 * big
+    (path / METADATA).write_text(json.dumps(meta))
+    with pytest.raises(
+        CheckpointError, match=r"tensor 'w': data file .* has \d+ bytes, but the chunks metadata.json puts in it take 1099511627776"
+    ):
+        read_state_dict(str(path))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from concurrent.futures import Future
 from typing import Any
 
@@ -295,6 +296,7 @@ class _Loader:
 
     def _read_full(self, name: str, entry: dict[str, Any]) -> np.ndarray:
         box = full_box(entry["shape"])
+        _check_data_present(self.root, name, entry)
         out = np.empty(box_shape(box), numpy_dtype(entry["dtype"]))
         backend = self.backend
         self._fill(name, entry, {box: out}, {box: [r for r in backend.world_group() if backend.hosts(r)]})
@@ -465,6 +467,34 @@ class _Loader:
         note_open(fname, data_start)
         self._files[fname] = (f, data_start, entries)
         return self._files[fname]
+
+
+def _check_data_present(root: str, name: str, entry: dict[str, Any]) -> None:
+    """Before a whole tensor's buffer (sized from the metadata) is allocated: each data file
+    holds at least the bytes the tensor's chunks claim there, so a forged shape cannot make the
+    loader allocate terabytes for data that is not there (refused with the file and both sizes)."""
+    claimed: dict[str, int] = {}
+    for c in entry["chunks"]:
+        claimed[c["file"]] = claimed.get(c["file"], 0) + c["nbytes"]
+    for fname, nbytes in claimed.items():
+        path = os.path.join(root, fname)
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            raise CheckpointError(f"tensor {name!r}: data file {path}, listed in {METADATA}, is missing") from None
+        except OSError as exc:
+            raise CheckpointError(
+                field_path="files", value=fname, problem=f"cannot be read ({exc.strerror})", source=path
+            ) from None
+        if not stat.S_ISREG(info.st_mode):
+            continue  # the reader refuses it by kind (a FIFO, a directory)
+        size = info.st_size
+        if size < nbytes:
+            raise CheckpointError(
+                f"tensor {name!r}: data file {path} has {size} bytes, but the chunks metadata.json puts in it "
+                f"take {nbytes}: "
+                "the file is truncated or the metadata claims data that is not there"
+            )
 
 
 def _box(raw: list[list[int]]) -> Box:
