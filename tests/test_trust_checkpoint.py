@@ -205,6 +205,7 @@ def test_a_forged_shape_is_refused_before_anything_is_allocated(tmp_path: Path) 
     meta["tensors"]["w"]["chunks"][0]["nbytes"] = 8 * big
     (path / METADATA).write_text(json.dumps(meta))
     with pytest.raises(
-        CheckpointError, match=r"tensor 'w': data file .* has \d+ bytes, but the chunks metadata.json puts in it take 1099511627776"
+        CheckpointError,
+        match=r"tensor 'w': data file .* has \d+ bytes, but the chunks metadata.json puts in it take 1099511627776",
     ):
         read_state_dict(str(path))
