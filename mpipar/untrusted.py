@@ -31,8 +31,18 @@ import os
 import stat
 from typing import IO, Any
 
-MAX_JSON_BYTES = 1 << 30
-"""Larger JSON files are refused before parsing (a 1024-rank plan is a few MiB)."""
+MAX_JSON_BYTES = 256 << 20
+"""Larger JSON files (plans, timelines, profiles) are refused before parsing (a 64-rank GPT plan
+is 0.9 MB, a 1024-rank one some 15 MB). With ``MEMORY_FACTOR`` this bounds the memory a file
+can make parsing take at 48 x 256 MiB = 12 GiB; files mpipar writes take 4-7x their size."""
+MEMORY_FACTOR = 48
+"""Parsing a plan, timeline, profile or safetensors header takes at most this many times the
+file's size in memory, or the file is refused before parsing (``memory_bound``). Measured here
+(Python 3.12, tracemalloc peak / file size): plans mpipar writes 4.4-4.8x, a checkpoint's
+metadata 7.4x, a safetensors header of 100k entries 12x; the worst hostile layouts (``[[],[],...]``,
+``[{},{},...]``) 44-47x, which is what the bound admits."""
+_CONTAINER_BYTES = 200
+_SCALAR_BYTES_PER_BYTE = 24
 MAX_JSON_DEPTH = 64
 """Deeper nesting is refused: no format of ours nests past a dozen levels."""
 MAX_INT_DIGITS = 30
@@ -206,6 +216,18 @@ class _NumberRefused(ValueError):
         self.problem = problem
 
 
+def memory_bound(data: bytes | bytearray | str) -> int:
+    """An upper bound on the memory ``json.loads`` takes for ``data``, in linear time.
+
+    Every ``[`` or ``{`` may open a container (at most ~200 bytes each in CPython, a one-key dict
+    with its pair list being the largest), and every other byte makes at most ~24 bytes of
+    scalars (a two-character string is 59 bytes for 5 bytes of JSON). Counting brackets inside
+    strings too only overestimates."""
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    containers = raw.count(b"[") + raw.count(b"{")
+    return _CONTAINER_BYTES * containers + _SCALAR_BYTES_PER_BYTE * len(raw)
+
+
 def depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
     """Nesting depth of a JSON value (lists and objects), computed without recursion.
 
@@ -236,13 +258,28 @@ def parse_json(
     max_bytes: int = MAX_JSON_BYTES,
     max_depth: int = MAX_JSON_DEPTH,
     max_int_digits: int = MAX_INT_DIGITS,
+    memory_factor: int | None = None,
 ) -> Any:
     """Decode untrusted JSON: UTF-8, at most ``max_bytes``, ``max_depth`` levels, bounded finite numbers.
+
+    With ``memory_factor`` (plans, timelines, profiles, safetensors headers: ``MEMORY_FACTOR``)
+    a file whose ``memory_bound`` exceeds that many times its size is refused before parsing.
 
     ``max_int_digits`` is raised by formats that store wider integers (a checkpoint's RNG state
     holds 128-bit ones, 39 digits)."""
     if len(data) > max_bytes:
         raise FileFormatError(kind, "<file>", source, f"is {len(data)} bytes, over the limit of {max_bytes}", source)
+    if memory_factor is not None and len(data):
+        bound = memory_bound(data)
+        if bound > memory_factor * len(data):
+            raise FileFormatError(
+                kind,
+                "<file>",
+                source,
+                f"is {len(data)} bytes with {bound // len(data)}x its size in brackets and values: parsing it "
+                f"could take more than {memory_factor}x its size in memory, which no file of this kind needs",
+                source,
+            )
     if isinstance(data, bytes | bytearray):
         try:
             text = bytes(data).decode("utf-8")
@@ -285,7 +322,8 @@ def parse_json(
 def load_json(
     path: str | os.PathLike[str], *, kind: str, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH
 ) -> Any:
-    """``read_bounded`` then ``parse_json``: the one call for a JSON file from elsewhere."""
+    """``read_bounded`` then ``parse_json`` (memory bounded by ``MEMORY_FACTOR``): the one call for a
+    plan, timeline or profile file from elsewhere."""
     name = os.fspath(path)
     return parse_json(
         read_bounded(name, kind=kind, max_bytes=max_bytes),
@@ -293,4 +331,5 @@ def load_json(
         source=name,
         max_bytes=max_bytes,
         max_depth=max_depth,
+        memory_factor=MEMORY_FACTOR,
     )

@@ -118,3 +118,61 @@ def test_estimate_bounds_the_products_of_its_counts(
         main(args)
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------ memory while parsing
+_PATTERNS = [
+    b"[],",
+    b"{},",
+    b"[0],",
+    b'{"a":1},',
+    b'{"":{}},',
+    b"[[[]]],",
+    b'"ab",',
+    b"300,",
+    b"1e5,",
+    b'"\xf0\x9f\x98\x80",',
+]
+
+
+@pytest.mark.parametrize("unit", _PATTERNS)
+def test_memory_bound_is_an_upper_bound_of_parsing(unit: bytes) -> None:
+    """``memory_bound`` never under-counts what ``json.loads`` keeps (tracemalloc's peak)."""
+    import tracemalloc
+
+    from mpipar.untrusted import memory_bound, parse_json
+
+    data = b"[" + unit * 20000 + b"0]"
+    tracemalloc.start()
+    try:
+        parse_json(data, kind="plan")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= memory_bound(data), (unit, peak / len(data), memory_bound(data) / len(data))
+
+
+def test_a_plan_made_of_empty_containers_is_refused_before_parsing(tmp_path: Path) -> None:
+    """44x its size in memory when parsed; refused by its bracket count, in one linear scan."""
+    from mpipar.plan import Plan
+    from mpipar.untrusted import MEMORY_FACTOR
+    from viz.files import VizFileError, load_document
+
+    data = b'{"format": "mpipar.plan", "tensors": [' + b"[]," * 100000 + b"[]]}"
+    with pytest.raises(VizFileError, match=rf"could take more than {MEMORY_FACTOR}x its size in memory"):
+        load_document(data, "dense.json")
+    (tmp_path / "dense.json").write_bytes(data)
+    with pytest.raises(ValueError, match=rf"plan .*dense.json.*more than {MEMORY_FACTOR}x its size"):
+        Plan.load(tmp_path / "dense.json")
+
+
+def test_a_safetensors_header_of_empty_objects_is_refused(tmp_path: Path) -> None:
+    import struct
+
+    from mpipar.checkpoint.format import read_header
+
+    body = b'{"k": [' + b"{}," * 50000 + b"{}]}"  # 47x its size when parsed
+    path = tmp_path / "rank00000.safetensors"
+    path.write_bytes(struct.pack("<Q", len(body)) + body)
+    with open(path, "rb") as f, pytest.raises(CheckpointError, match="more than 48x its size in memory"):
+        read_header(f, str(path))

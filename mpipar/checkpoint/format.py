@@ -38,7 +38,7 @@ from typing import Any
 import crc32c as _crc32c
 import numpy as np
 
-from mpipar.untrusted import FileFormatError, open_regular, parse_json
+from mpipar.untrusted import MEMORY_FACTOR, FileFormatError, open_regular, parse_json
 
 FORMAT = "mpipar.checkpoint"
 VERSION = 1
@@ -214,7 +214,9 @@ BOXES_KEY = "mpipar.boxes"
 """Key in a data file's ``__metadata__``: JSON of each chunk key's global box."""
 
 MAX_HEADER_BYTES = 100 << 20
-"""A safetensors header longer than this is refused (safetensors itself caps it at 100 MB)."""
+"""A safetensors header longer than this is refused (safetensors itself caps it at 100 MB).
+Parsing one takes at most ``MEMORY_FACTOR`` (48) times its size, or it is refused first: at most
+4.7 GiB at this cap; a header of 100k chunk entries (6.8 MB) took 12x here."""
 MAX_DIM = 1 << 48
 """Largest extent of one dimension read from a checkpoint (bounds every size computed from it)."""
 
@@ -262,7 +264,9 @@ def read_header(fileobj: Any, path: str) -> tuple[int, dict[str, FileEntry]]:
         )
     body = fileobj.read(length)
     try:
-        header = parse_json(body, kind="checkpoint", source=path, max_bytes=MAX_HEADER_BYTES, max_depth=8)
+        header = parse_json(
+            body, kind="checkpoint", source=path, max_bytes=MAX_HEADER_BYTES, max_depth=8, memory_factor=MEMORY_FACTOR
+        )
     except FileFormatError as exc:
         raise CheckpointError.of(exc) from None
     if not isinstance(header, dict):
