@@ -15,8 +15,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from mpipar.plan import Plan
-from mpipar.timeline import Timeline
+from mpipar.compile.plan import Plan
+from mpipar.debug.timeline import Timeline
 from viz import comm, layout, memory, propagation, stepper, timeline_view, whatif
 from viz.figures import to_png
 from viz.files import load_document

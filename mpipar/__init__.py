@@ -12,13 +12,14 @@ Run the same script with ``python script.py`` (simulator, every rank in-process)
 """
 
 from mpipar import _threads  # noqa: F401, I001  (first: caps BLAS threads under MPI before NumPy loads)
-from mpipar import collective, io, nn, ops, optimizer, pipeline, spmd
-from mpipar import oneflow  # noqa: F401  (installs Tensor.placement, to_global, to_local)
+from mpipar import io, nn, ops, optimizer, pipeline, spmd
+from mpipar.compat import collective
+from mpipar.compat import oneflow  # noqa: F401  (installs Tensor.placement, to_global, to_local)
 from mpipar.autoshard import auto_shard
 from mpipar.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from mpipar.backend import current_backend, get_rank, get_world_size, set_backend, use_backend
 from mpipar.checkpoint import load_state_dict, save_state_dict
-from mpipar.collective import (
+from mpipar.compat.collective import (
     Group,
     ReduceOp,
     Task,
@@ -40,7 +41,7 @@ from mpipar.collective import (
 from mpipar.comm import CommEvent, comm_context
 from mpipar.debug import CommDebugMode
 from mpipar.distribute import dtensor_from_local, reshard, shard_tensor
-from mpipar.memory import MemoryReport, memory_report
+from mpipar.debug.memory import MemoryReport, memory_report
 from mpipar.optimizer.offload import offload_optimizer
 from mpipar.overlap import GradReduceOverlap, overlap_grad_reduction
 from mpipar.mesh import ProcessMesh
@@ -93,12 +94,14 @@ from mpipar.parallel import (
 from mpipar.placement import Partial, Placement, ReduceType, Replicate, Shard, parse_placements
 from mpipar.random import get_rng_state, seed, set_rng_state
 from mpipar.recompute import recompute
-from mpipar.replay import CompiledStep, compile_step
+from mpipar.compile.replay import CompiledStep, compile_step
 from mpipar.reshard import ReshardPlan, ReshardStep, plan_reshard
-from mpipar.runtime import measured as _measured  # noqa: F401  (registers the MPIPAR_TRACE start with the backend)
+from mpipar.debug import measured as _measured  # noqa: F401  (registers the MPIPAR_TRACE start with the backend)
+from mpipar.runtime.heartbeat import mark_step
+from mpipar.runtime.hosts import host_mesh, rank_hosts
 from mpipar.runtime.log import print_once
 from mpipar.spec import DistSpec, chunk_range
-from mpipar.static import DistModel, Strategy, to_static
+from mpipar.compile.to_static import DistModel, Strategy, to_static
 from mpipar.tensor import DistTensor, Parameter, Shape, Tensor, to_tensor
 from mpipar.version import __version__  # noqa: F401  (mpipar.__version__)
 
@@ -174,6 +177,7 @@ __all__ = [
     "get_world_size",
     "greater_equal",
     "greater_than",
+    "host_mesh",
     "io",
     "irecv",
     "is_grad_enabled",
@@ -182,6 +186,7 @@ __all__ = [
     "less_than",
     "load_state_dict",
     "log",
+    "mark_step",
     "matmul",
     "max",
     "maximum",
@@ -204,6 +209,7 @@ __all__ = [
     "plan_reshard",
     "pow",
     "print_once",
+    "rank_hosts",
     "recompute",
     "recv",
     "reduce",

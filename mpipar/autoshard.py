@@ -60,15 +60,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpipar.backend import create_backend, use_backend
+from mpipar.compile.plan import Plan
+from mpipar.compile.trace import trace
 from mpipar.distribute import shard_tensor
 from mpipar.mesh import ProcessMesh
 from mpipar.nn.layer import Layer
 from mpipar.nn.layers import Embedding, Linear
 from mpipar.ops.math import mean
 from mpipar.placement import Placement, Replicate, Shard
-from mpipar.plan import Plan
 from mpipar.tensor import Parameter, Tensor
-from mpipar.trace import trace
 
 Pricer = Callable[[Plan], tuple[float, float]]
 """A traced step -> (seconds of the step, bytes communicated per rank)."""

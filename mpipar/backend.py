@@ -9,7 +9,7 @@
 ``MPIPAR_BACKEND=sim|mpi|nccl|reference`` overrides the choice. Backends outside mpipar
 register through the ``mpipar.backends`` entry-point group, so mpipar never imports them by name.
 With ``MPIPAR_TRACE=path`` the first backend installed starts a measured timeline
-(``mpipar.runtime.measured``).
+(``mpipar.debug.measured``).
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def set_backend(backend: Backend | str) -> Backend:
 
 
 start_hooks: list[Callable[[Backend], None]] = []
-"""Called with each backend installed when ``MPIPAR_TRACE`` is set: ``mpipar.runtime.measured``
+"""Called with each backend installed when ``MPIPAR_TRACE`` is set: ``mpipar.debug.measured``
 registers its start here (it builds on this module, so this module does not import it)."""
 
 

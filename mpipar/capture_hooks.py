@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 
 class CaptureTracer(Protocol):
-    """A compiled step being traced into a program of local array work (``mpipar.capture.Tracer``,
+    """A compiled step being traced into a program of local array work (``mpipar.compile.capture.Tracer``,
     above the ops and the optimizer): the places that run such work report each call to it."""
 
     thread: int

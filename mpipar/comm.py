@@ -89,7 +89,7 @@ class CommRecorder(Protocol):
 
 
 class CommSpanRecorder(Protocol):
-    """Hears each public call's interval (``runtime.measured``): ``ranks`` the members taking
+    """Hears each public call's interval (``debug.measured``): ``ranks`` the members taking
     part (recorders keep those this process hosts), times from ``span_clock``."""
 
     def record_comm(

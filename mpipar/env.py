@@ -74,6 +74,42 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable("MPIPAR_STACK_GEMMS", "flag", "1", "run same-shaped GEMMs of a step as one stacked GEMM"),
     Variable(
+        "MPIPAR_LAUNCH_DIR",
+        "path (set by mpipar launch)",
+        "unset",
+        "the launch attempt's folder: each rank writes its heartbeat and logs there",
+    ),
+    Variable(
+        "MPIPAR_HEARTBEAT_S",
+        "number of seconds > 0 (clamped to 0.05..60)",
+        "1",
+        "how often each rank's heartbeat is written under mpipar launch",
+    ),
+    Variable(
+        "MPIPAR_HOST_MAP",
+        "host*count,... (set by mpipar launch)",
+        "unset",
+        "each rank's host as the launcher placed it (reported, and used by host_mesh)",
+    ),
+    Variable(
+        "MPIPAR_RESTART_ATTEMPT",
+        "integer >= 0 (set by mpipar launch)",
+        "0",
+        "which restart of the job this attempt is (0: the first attempt)",
+    ),
+    Variable(
+        "MPIPAR_MAX_RESTARTS",
+        "integer >= 0 (set by mpipar launch)",
+        "0",
+        "how many restarts the launcher allows",
+    ),
+    Variable(
+        "MPIPAR_RESUME_FROM",
+        "path (set by mpipar launch)",
+        "unset",
+        "on a restart: the latest complete checkpoint the launcher found, to resume from",
+    ),
+    Variable(
         "MPIPAR_TRACE",
         "path",
         "unset",
@@ -151,6 +187,16 @@ def env_number(
         bound = f"{'>' if strict else '>='} {minimum:g}"
         raise ValueError(f"{name}={raw!r} is not a number of {unit} {bound} (unset it for the default, {default:g})")
     return value
+
+
+def env_int(name: str, default: int, *, maximum: int, env: Mapping[str, str] | None = None) -> int:
+    """A decimal integer in ``[0, maximum]``, or ``default`` when unset."""
+    raw = _raw(name, env)
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) > maximum:
+        raise ValueError(f"{name}={raw!r} is not an integer in [0, {maximum}] (unset it for the default, {default})")
+    return int(raw)
 
 
 def env_text(name: str, env: Mapping[str, str] | None = None) -> str | None:

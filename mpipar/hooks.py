@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 # What each registry's entries provide. Protocols, not base classes: the recorders live above
-# this module (``trace``, ``runtime.measured``, ``overlap``) and need not inherit from it. ``op``
+# this module (``trace``, ``debug.measured``, ``overlap``) and need not inherit from it. ``op``
 # is an ``ops.dispatch.OpDef`` and ``result`` its ``spmd.SpmdResult`` (None when dense); both
 # live above this module, which the ops import.
 class OpStartHook(Protocol):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 
-from mpipar.plan import Plan
+from mpipar.compile.plan import Plan
 from simulator.cost import HardwareProfile, load_profile
 from simulator.op_cost import PlanCosts, itemsize
 

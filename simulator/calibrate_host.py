@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 import mpipar as dist
+from mpipar.compile.trace import trace
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
-from mpipar.trace import trace
 
 VECTOR_ELEMENTS = (1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20)
 VECTOR_PASS_ARRAYS = 2.25

@@ -44,10 +44,18 @@ def uses_manual_api(script: str) -> bool:
         if isinstance(node, ast.Import):
             if any(a.name.startswith("mpipar.distributed") for a in node.names):
                 return True
-            aliases |= {a.asname or a.name for a in node.names if a.name in ("mpipar", "mpipar.collective")}
+            aliases |= {
+                a.asname or a.name
+                for a in node.names
+                if a.name in ("mpipar", "mpipar.collective", "mpipar.compat.collective")
+            }
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mpipar.distributed"):
             return True
-        elif isinstance(node, ast.ImportFrom) and node.module in ("mpipar", "mpipar.collective"):
+        elif isinstance(node, ast.ImportFrom) and node.module in (
+            "mpipar",
+            "mpipar.collective",
+            "mpipar.compat.collective",
+        ):
             if any(a.name in MANUAL_NAMES | FLEET_NAMES for a in node.names):
                 return True
             aliases |= {a.asname or a.name for a in node.names if a.name == "collective"}

@@ -44,9 +44,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from mpipar.compile.plan import Plan, PlanMesh, PlanOp, PlanReshard, PlanStep
+from mpipar.compile.plan import process_mesh as plan_mesh
 from mpipar.placement import parse_placements
-from mpipar.plan import Plan, PlanMesh, PlanOp, PlanReshard, PlanStep
-from mpipar.plan import process_mesh as plan_mesh
 from mpipar.spec import DistSpec
 from simulator.cost import HardwareProfile
 

@@ -25,10 +25,10 @@ import sys
 from typing import Any
 
 from mpipar import cliargs
+from mpipar.debug.timeline import MemoryCurve, Span, Timeline
 from mpipar.pipeline import Action, Schedule, build_schedule, matching
 from mpipar.pipeline.actions import final_backward_kind
 from mpipar.pipeline.validate import local_inputs
-from mpipar.timeline import MemoryCurve, Span, Timeline
 from simulator.cost import PipelineCost
 
 

@@ -3,7 +3,7 @@
     shape = GPTShape(layers=96, hidden=12288, heads=96, seq=2048, vocab=50257)
     strategy = GPTStrategy(dp=8, tp=8, pp=16, sequence_parallel=True, mixed_precision=True)
     step = trace_gpt_step(shape, strategy)
-    step.plan                         # mpipar.plan.Plan: one micro-batch forward, backward, one optimizer step
+    step.plan                         # mpipar.compile.plan.Plan: one micro-batch forward, backward, one optimizer step
     step.op_parts[i]                  # the Part plan.ops[i] belongs to (Part("layer", 3), Part("first"), ...)
     step.activations[Part("layer", 0)]   # {rank: bytes kept for backward by that layer, one micro-batch}
 
@@ -15,7 +15,7 @@ really holds. Two, not one, because a layer's backward leaves its input gradient
 ``tp`` for the consumer to reduce: inside a stage the layer before pays that reduction, at a
 stage's first layer the pipeline hand-off does. The first traced layer of a stage is the
 interior layer (it pays its successor's reduction) and stands for all but the stage's last
-layer; the second is that last one. ``tests/test_estimate.py`` checks the scaled estimate
+layer; the second is that last one. ``tests/unit/test_estimate.py`` checks the scaled estimate
 against a trace of every layer.
 
 Parts: ``layer i`` (everything block ``i`` does: its forward ops, the backward of its tape
@@ -28,7 +28,7 @@ whose gradient function (or saved-tensor note) is running.
 
 Memory read off the trace, per rank:
 
-* activations: what the tape nodes keep for backward (``mpipar.memory.kept_tensors``: each
+* activations: what the tape nodes keep for backward (``mpipar.debug.memory.kept_tensors``: each
   storage once, parameters excluded, a re-gather note as the shard it gathers from), by part;
 * parameters, gradients (after backward) and optimizer states (after ``step()``, which
   creates them in the optimizer's layout: ZeRO split, float32 masters under mixed
@@ -54,15 +54,15 @@ import numpy as np
 import mpipar as dist
 from mpipar import hooks
 from mpipar.autograd import Node, Packed, _topo_order
-from mpipar.memory import kept_items
+from mpipar.compile.plan import Plan
+from mpipar.compile.trace import PlanRecorder
+from mpipar.debug.memory import kept_items
 from mpipar.mesh import ProcessMesh
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
 from mpipar.pipeline import resolve_kind
-from mpipar.plan import Plan
 from mpipar.reshard.planner import ReshardPlan
 from mpipar.spec import DistSpec
 from mpipar.tensor import Parameter, Tensor
-from mpipar.trace import PlanRecorder
 from simulator.backend import ShapeOnlyBackend
 
 RECOMPUTE = ("none", "selective", "full")

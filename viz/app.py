@@ -32,8 +32,8 @@ if _REPO not in sys.path:
 
 from matplotlib.figure import Figure  # noqa: E402
 
-from mpipar.plan import Plan  # noqa: E402
-from mpipar.timeline import Timeline  # noqa: E402
+from mpipar.compile.plan import Plan  # noqa: E402
+from mpipar.debug.timeline import Timeline  # noqa: E402
 from simulator.cost import HardwareProfile, list_presets, load_profile  # noqa: E402
 from viz import comm, layout, memory, propagation, script_whatif, search_view, stepper, timeline_view, whatif  # noqa: E402
 from viz.default_plan import GPT_ARGS, DefaultPlanError, script_stamp, trace_gpt_plan  # noqa: E402

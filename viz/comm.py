@@ -21,7 +21,7 @@ import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from mpipar.plan import PHASES, Plan
+from mpipar.compile.plan import PHASES, Plan
 from viz.figures import COLLECTIVE_COLORS, empty_notice, new_figure
 from viz.planinfo import all_ranks, fmt_bytes, plan_mesh
 from viz.propagation import COMM_KINDS

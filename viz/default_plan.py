@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from mpipar.plan import Plan
+from mpipar.compile.plan import Plan
 from viz.files import load_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mpipar.plan import FORMAT as PLAN_FORMAT
-from mpipar.plan import Plan
-from mpipar.timeline import FORMAT as TIMELINE_FORMAT
-from mpipar.timeline import Timeline
+from mpipar.compile.plan import FORMAT as PLAN_FORMAT
+from mpipar.compile.plan import Plan
+from mpipar.debug.timeline import FORMAT as TIMELINE_FORMAT
+from mpipar.debug.timeline import Timeline
 from mpipar.untrusted import MAX_JSON_BYTES, MEMORY_FACTOR, FileFormatError, parse_json, read_bounded
 
 MAX_FILE_BYTES = MAX_JSON_BYTES

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from mpipar.plan import Plan
-from mpipar.timeline import MEMORY_CATEGORIES, MemoryCurve
+from mpipar.compile.plan import Plan
+from mpipar.debug.timeline import MEMORY_CATEGORIES, MemoryCurve
 from viz.figures import MEMORY_COLORS, empty_notice, new_figure
 from viz.planinfo import fmt_bytes
 from viz.simulate import lane_of_rank, rank_memory, simulate_plan

@@ -10,7 +10,7 @@ module derives that section from the plan itself, the way the sample does:
   that category is what the plan holds, never a guess);
 * activations: what the autograd tape keeps for backward, per stage, on each rank of its mesh.
   A plan traced by this mpipar records it (``meta.kept_for_backward``: each storage once, by the
-  op keeping it, from ``mpipar.memory.tape_storages`` -- the tensors ``dist.memory_report``
+  op keeping it, from ``mpipar.debug.memory.tape_storages`` -- the tensors ``dist.memory_report``
   sums, so the view's activations are the report's). An older plan without that record keeps
   the earlier estimate: forward outputs of kind activation, all but the inner ops of a
   recompute region;
@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mpipar.plan import HOST_TENSORS_KEY, KEPT_KEY, Plan
+from mpipar.compile.plan import HOST_TENSORS_KEY, KEPT_KEY, Plan
 from viz.planinfo import local_bytes, rank_positions, stage_of
 
 RECOMPUTE_SCOPE = "recompute"

@@ -44,9 +44,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mpipar.compile.plan import Plan, PlanOp, PlanReshard
+from mpipar.debug.timeline import Timeline
 from mpipar.pipeline import build_schedule
-from mpipar.plan import Plan, PlanOp, PlanReshard
-from mpipar.timeline import Timeline
 from mpipar.untrusted import MEMORY_FACTOR, FileFormatError, parse_json, read_bounded
 from simulator.cost import HardwareProfile
 from simulator.op_cost import PlanCosts

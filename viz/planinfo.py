@@ -2,9 +2,9 @@
 
 A plan stores meshes as ids and placements as compact strings (``S(0)R``); the views need
 ``ProcessMesh``/``DistSpec`` values to ask for boxes, groups and reshard steps. Meshes are
-rebuilt with ``mpipar.plan.process_mesh`` (not checked against a backend's world) so a plan of
+rebuilt with ``mpipar.compile.plan.process_mesh`` (not checked against a backend's world) so a plan of
 a 1024-rank world opens in a process that hosts none of it; dtype sizes come from
-``mpipar.plan.itemsize``, the plan's own table. All functions are pure and cheap to call again
+``mpipar.compile.plan.itemsize``, the plan's own table. All functions are pure and cheap to call again
 (specs are cached).
 
     mesh = plan_mesh(plan, 0); spec = tensor_spec(plan, plan.tensors[3])
@@ -17,9 +17,9 @@ import functools
 import re
 from collections.abc import Sequence
 
+from mpipar.compile.plan import Plan, PlanMesh, PlanOp, PlanTensor, itemsize, process_mesh
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import parse_placements
-from mpipar.plan import Plan, PlanMesh, PlanOp, PlanTensor, itemsize, process_mesh
 from mpipar.spec import DistSpec
 
 _STAGE_SCOPE = re.compile(r"^stage(\d+)(?:\.|$)")

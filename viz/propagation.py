@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from mpipar.plan import Plan, PlanReshard, PlanStep
+from mpipar.compile.plan import Plan, PlanReshard, PlanStep
 from viz.planinfo import fmt_bytes, layer_of
 
 COMM_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "transfer")

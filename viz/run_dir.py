@@ -23,8 +23,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from mpipar.plan import Plan
-from mpipar.timeline import Timeline
+from mpipar.compile.plan import Plan
+from mpipar.debug.timeline import Timeline
 from viz.files import VizFileError, load_path
 from viz.planinfo import all_ranks
 from viz.script_whatif import command_text, flag_value, set_flag

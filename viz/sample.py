@@ -48,11 +48,11 @@ import numpy as np
 
 import mpipar as dist
 from mpipar import hooks
+from mpipar.compile.plan import Plan, PlanReshard
+from mpipar.compile.trace import trace
+from mpipar.debug.timeline import Timeline
 from mpipar.pipeline import resolve_kind
 from mpipar.pipeline.schedule import build_schedule
-from mpipar.plan import Plan, PlanReshard
-from mpipar.timeline import Timeline
-from mpipar.trace import trace
 from simulator import ShapeOnlyBackend, SimBackend
 from simulator.cost import HardwareProfile, load_profile
 from viz.plan_memory import RECOMPUTE_SCOPE, memory_section

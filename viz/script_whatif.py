@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpipar import cliargs
-from mpipar.plan import Plan
+from mpipar.compile.plan import Plan
 from viz.files import VizFileError, load_path
 
 MAX_ARGS = 200

@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mpipar.compile.plan import Plan
+from mpipar.debug.timeline import MemoryCurve, Span, Timeline
 from mpipar.pipeline import KINDS, Schedule, build_schedule, resolve_kind
-from mpipar.plan import Plan
-from mpipar.timeline import MemoryCurve, Span, Timeline
 from simulator import simulate_schedule
 from simulator.cost import PipelineCost, StageMemory
 from viz.planinfo import stage_meshes

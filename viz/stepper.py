@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 
-from mpipar.plan import Plan, PlanReshard, PlanStep
+from mpipar.compile.plan import Plan, PlanReshard, PlanStep
 from mpipar.spec import Box, DistSpec, box_intersect
 from viz.figures import block_color, new_figure
 from viz.layout import draw_mesh_grid, layout_blocks

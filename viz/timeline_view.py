@@ -23,8 +23,8 @@ from matplotlib.collections import LineCollection, PatchCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from mpipar.debug.timeline import Span, Timeline
 from mpipar.pipeline import matching, parse_action
-from mpipar.timeline import Span, Timeline
 from viz.figures import KIND_COLORS, new_figure
 from viz.planinfo import fmt_ranks
 

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from mpipar.plan import PHASES, Plan
-from mpipar.timeline import Timeline
+from mpipar.compile.plan import PHASES, Plan
+from mpipar.debug.timeline import Timeline
 from viz.figures import empty_notice, new_figure
 from viz.memory import rank_peaks
 from viz.planinfo import all_ranks, fmt_bytes

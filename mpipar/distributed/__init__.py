@@ -9,7 +9,7 @@ The collectives are the same objects as ``mpipar.all_reduce`` and friends (manua
 """
 
 from mpipar.backend import get_rank, get_world_size
-from mpipar.collective import (
+from mpipar.compat.collective import (
     Group,
     ReduceOp,
     all_gather,
@@ -27,7 +27,7 @@ from mpipar.collective import (
     scatter,
     send,
 )
-from mpipar.distributed import fleet
+from mpipar.distributed import fleet, launch
 
 __all__ = [
     "Group",
@@ -43,6 +43,7 @@ __all__ = [
     "get_world_size",
     "irecv",
     "isend",
+    "launch",
     "new_group",
     "recv",
     "reduce",

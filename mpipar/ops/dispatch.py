@@ -374,7 +374,7 @@ _DECISIONS: dict[tuple[Any, ...], Decision] = {}
 
 
 class StepPlayer(Protocol):
-    """A compiled step being recorded or replayed (``mpipar.replay.StepPlayer``, above the ops):
+    """A compiled step being recorded or replayed (``mpipar.compile.replay.StepPlayer``, above the ops):
     it hands dispatch each call's recorded ``Decision`` by position, or records a new one."""
 
     def next(

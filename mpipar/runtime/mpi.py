@@ -65,7 +65,7 @@ Design choices
   arrival notices), an uncaught exception aborts the job, ``MPIPAR_CHECK_COLLECTIVES=1``
   compares signatures on a duplicate of each group's communicator.
 * **Output**: rank N > 0 prefixes its lines with ``[rank N] `` (``mpipar.runtime.log``).
-* **Measured timelines** (``MPIPAR_TRACE``, ``mpipar.runtime.measured``): ``trace_origin``
+* **Measured timelines** (``MPIPAR_TRACE``, ``mpipar.debug.measured``): ``trace_origin``
   aligns the ranks' clocks with a barrier, ``gather_at_root`` brings every rank's span
   records to rank 0 at exit (``Gatherv`` of plain arrays), both on a private duplicate of
   ``COMM_WORLD``.
@@ -77,6 +77,7 @@ import atexit
 import contextlib
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -100,6 +101,7 @@ from mpipar.comm import (
     reduce_rows,
 )
 from mpipar.mesh import ProcessMesh
+from mpipar.runtime import heartbeat
 from mpipar.runtime.agreement import TRAILER_BYTES, ring_problem, signature_words, trailer_elements
 from mpipar.runtime.faults import (
     CollectiveMismatchError,
@@ -111,6 +113,7 @@ from mpipar.runtime.faults import (
     report_mismatch_once,
     timeout_from_env,
 )
+from mpipar.runtime.hosts import format_map, rank_hosts, warn_if_spans_hosts
 from mpipar.runtime.log import flush_std_streams, install_rank_prefix
 from mpipar.runtime.ordered import OrderedCommunicator, _layout, _starts, reduce_mode_from_env
 from mpipar.runtime.sentinel import StderrSentinel
@@ -221,6 +224,12 @@ class MPIRuntime:
         self._compare_settings()
         self.communicator = MPICommunicator(self)
         atexit.register(self._at_exit)
+        self.hosts = rank_hosts(self.size)
+        # After the excepthook and the exit handler: the heartbeat records an error before the
+        # abort and its "exited" before the exit handler waits for the other ranks.
+        heartbeat.start_from_env(self.rank, self.size, self.watchdog.progress)
+        if self.rank == 0 and self.hosts is not None:  # the job header: where the launcher put each rank
+            print(f"mpipar: {self.size} ranks on {'; '.join(format_map(self.hosts))}", file=sys.stderr, flush=True)
 
     def _compare_settings(self) -> None:
         """Settings every rank must share, compared once at start-up (one small all-gather of
@@ -977,6 +986,16 @@ class MPIBackend(Backend):
 
     def describe(self) -> str:
         return f"mpi: rank {self._rt.rank} of {self._rt.size} ({MPI.Get_library_version().splitlines()[0].strip()})"
+
+    @property
+    def rank_hosts(self) -> list[str] | None:
+        """Each rank's host as the launcher assigned it (``MPIPAR_HOST_MAP``), or None."""
+        return self._rt.hosts
+
+    def validate_mesh(self, mesh: ProcessMesh) -> None:
+        super().validate_mesh(mesh)
+        if self._rt.rank == 0:  # every rank sees the same mesh; one warning is enough
+            warn_if_spans_hosts(mesh, self._rt.hosts)
 
     def trace_origin(self) -> float:
         """The shared time origin of measured timelines (a collective; see ``MPIRuntime``)."""

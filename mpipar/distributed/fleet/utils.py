@@ -1,5 +1,6 @@
-"""``fleet.utils``: Paddle's helpers that fleet scripts import from here."""
+"""``fleet.utils``; the implementation is ``mpipar.compat.fleet.utils``.
 
-from mpipar.recompute import recompute
+A thin public path: every name of the implementation's ``__all__``, nothing of its own."""
 
-__all__ = ["recompute"]
+from mpipar.compat.fleet.utils import *  # noqa: F403
+from mpipar.compat.fleet.utils import __all__  # noqa: F401

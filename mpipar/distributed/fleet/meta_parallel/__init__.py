@@ -1,21 +1,6 @@
-"""``fleet.meta_parallel``: tensor-parallel layers (manual collectives) and pipeline layers."""
+"""``fleet.meta_parallel``; the implementation is ``mpipar.compat.fleet.meta_parallel``.
 
-from mpipar.distributed.fleet.meta_parallel.mp_layers import (
-    ColumnParallelLinear,
-    ParallelCrossEntropy,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-)
-from mpipar.distributed.fleet.meta_parallel.pipeline_parallel import PipelineParallel
-from mpipar.distributed.fleet.meta_parallel.pp_layers import LayerDesc, PipelineLayer, SharedLayerDesc
+A thin public path: every name of the implementation's ``__all__``, nothing of its own."""
 
-__all__ = [
-    "ColumnParallelLinear",
-    "LayerDesc",
-    "ParallelCrossEntropy",
-    "PipelineLayer",
-    "PipelineParallel",
-    "RowParallelLinear",
-    "SharedLayerDesc",
-    "VocabParallelEmbedding",
-]
+from mpipar.compat.fleet.meta_parallel import *  # noqa: F403
+from mpipar.compat.fleet.meta_parallel import __all__  # noqa: F401

@@ -1,0 +1,5 @@
+"""``fleet.utils``: Paddle's helpers that fleet scripts import from here."""
+
+from mpipar.recompute import recompute
+
+__all__ = ["recompute"]
