@@ -129,7 +129,7 @@ def is_partial_ours(base: str, parent: str, entry: str) -> bool:
 def remove_stale_partials(target: str) -> list[str]:
     """Delete the temporary directories earlier interrupted saves to ``target`` left (ours only)."""
     parent, base = os.path.split(target)
-    removed = []
+    removed: list[str] = []
     try:
         entries = sorted(os.listdir(parent or "."))
     except OSError:

@@ -485,7 +485,8 @@ class MPICommunicator(OrderedCommunicator):
         gets_result = root is None or self.rank == root
         out = self._result(flat.size, a.dtype) if gets_result else None
         name, facts = ("all_reduce", {}) if root is None else ("reduce", {"root": root})
-        with self._collective(group, name, dtype=a.dtype, reduce_type=op, shape=shape, **facts):
+        # (``trailer`` stays False: a native sum cannot carry bits, its signature takes the ring)
+        with self._collective(group, name, dtype=a.dtype, reduce_type=op, trailer=False, shape=shape, **facts):
             self._reap()
             comm = self._rt.comm_for(group)
             if root is None:
@@ -869,11 +870,12 @@ class _StartedAllReduce(Pending):
             self.phase = "native"
             self.reqs = [first.Iallreduce([flat, native], [self.out, native], op=MPI.SUM)]
         elif owner.gathers_whole(size, n, flat.itemsize):
-            extra = trailer_elements(flat.dtype) if self.words is not None else None
-            if extra:
+            words = self.words
+            extra = trailer_elements(flat.dtype) if words is not None else None
+            if extra and words is not None:
                 send = np.empty(size + extra, dtype=flat.dtype)
                 send[:size] = flat
-                send[size:].view(np.uint64)[:] = self.words
+                send[size:].view(np.uint64)[:] = words
                 self.send = flat = send
             self.rows = np.empty(n * flat.size, dtype=flat.dtype)
             self.phase = "gather" if extra or self.words is None else "gather-ring"
