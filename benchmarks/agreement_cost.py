@@ -78,7 +78,7 @@ def gpt_worker(iters: int, rounds: int) -> None:
     from tp_mlp_vs_mpi4py import steps_in_turns
 
     import mpipar as dist
-    from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
+    from mpipar.models.gpt import GPTParallel
 
     world = MPI.COMM_WORLD
     if world.Get_size() != 4:
@@ -89,16 +89,7 @@ def gpt_worker(iters: int, rounds: int) -> None:
     for label, agree in (("on", True), ("off", False)):
         dist.seed(0)
         par = GPTParallel.from_degrees(2, 2, 1)
-        mesh = par.stage_meshes[0]
-        model = GPT(GPTConfig(**pvm.GPT_CONFIG), par)
-        opt = dist.optimizer.AdamW(
-            learning_rate=3e-3,
-            parameters=model.parameters(),
-            weight_decay=0.01,
-            grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
-        )
-        rows = np.arange(pvm.GLOBAL_BATCH * pvm.SEQ, dtype=np.int64).reshape(pvm.GLOBAL_BATCH, pvm.SEQ) % pvm.VOCAB
-        idx = dist.shard_tensor(rows, mesh, par.activation(mesh, seq_split=False))
+        model, opt, idx = pvm.gpt_training_parts(par, par.stage_meshes[0], pvm.GLOBAL_BATCH)
 
         def step(model=model, opt=opt, idx=idx, agree=agree) -> float:  # type: ignore[no-untyped-def]
             comm.agree = agree

@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from mpipar.runtime.faults import call_text
+
 TRAILER_BYTES = 32
 _TAG = 0x5349
 _M64 = (1 << 64) - 1
@@ -169,19 +171,7 @@ def mismatch_message(group: tuple[int, ...], me: int, own_desc: str, peer: int, 
 
 def own_description(op: str, dtype: Any, reduce_type: str | None, parts: Mapping[str, Any], seq: int) -> str:
     """This member's signature with its full shape (the words carry only a count and a hash)."""
-    label = f"{op}({reduce_type})" if reduce_type else op
-    dt = np.dtype(dtype).name if dtype != "" else ""
-    if "shape" in parts:
-        text = f"{label} of {dt}{list(parts['shape'])}"
-    elif "shapes" in parts:
-        text = f"{label} of {dt} pieces {[list(s) for s in parts['shapes']]}"
-    elif "sends" in parts:
-        text = f"{label} of {dt} sending {[list(s) for s in parts['sends']]}"
-    else:
-        text = label
-    if parts.get("root") is not None:
-        text += f" (root {parts['root']})"
-    return f"{text} (call #{seq} on its group)"
+    return f"{call_text(op, np.dtype(dtype) if dtype != '' else '', reduce_type, parts)} (call #{seq} on its group)"
 
 
 def trailer_elements(dtype: np.dtype) -> int | None:

@@ -141,9 +141,19 @@ def signature(op: str, *, dtype: Any, reduce_type: str | None = None, **parts: A
     Everything but ``sends``/``recvs`` must be equal on every member.
     """
     label = f"{op}({reduce_type})" if reduce_type else op
-    dt = str(dtype)
-    common = {"op": op, "reduce_type": reduce_type, "dtype": dt}
+    common = {"op": op, "reduce_type": reduce_type, "dtype": str(dtype)}
     common.update({k: _jsonable(v) for k, v in parts.items() if k not in ("sends", "recvs")})
+    sig: dict[str, Any] = {"common": common, "desc": call_text(op, dtype, reduce_type, parts), "label": label}
+    for k in ("sends", "recvs"):
+        if k in parts:
+            sig[k] = _jsonable(parts[k])
+    return sig
+
+
+def call_text(op: str, dtype: Any, reduce_type: str | None, parts: Mapping[str, Any]) -> str:
+    """A collective in words: ``all_reduce(sum) of float64[4, 3]``, ``all_gather of float32 pieces [...]``."""
+    label = f"{op}({reduce_type})" if reduce_type else op
+    dt = str(dtype)
     if "shape" in parts:
         desc = f"{label} of {_shape_text(dt, parts['shape'])}"
     elif "shapes" in parts:
@@ -152,13 +162,9 @@ def signature(op: str, *, dtype: Any, reduce_type: str | None = None, **parts: A
         desc = f"{label} of {dt} sending {[list(s) for s in parts['sends']]}"
     else:
         desc = label
-    if "root" in parts:
+    if parts.get("root") is not None:
         desc += f" (root {parts['root']})"
-    sig: dict[str, Any] = {"common": common, "desc": desc, "label": label}
-    for k in ("sends", "recvs"):
-        if k in parts:
-            sig[k] = _jsonable(parts[k])
-    return sig
+    return desc
 
 
 def _jsonable(value: Any) -> Any:
