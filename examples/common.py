@@ -53,6 +53,27 @@ def log_step(step: int, loss: float, **metrics: float) -> None:
     dist.print_once(f"step {step} loss {loss:.15g}{extra}", flush=True)
 
 
+def step_time_spread(seconds: list[float], warmup: int = 2, window: int = 9) -> str | None:
+    """``step time p10 / p50 / p90`` and ``p90 / p50`` of the steps after the first ``warmup``
+    (they fill caches), or None with fewer than two such steps.
+
+    Also p90 / p50 of each step's time over the median of the ``window`` steps around it: on
+    a shared machine the load drifts over a run (tens of steps slow, then tens fast), which
+    widens the plain p90 / p50 without any step being slower than its neighbours; this one
+    shows the step-to-step jitter alone."""
+    timed = np.asarray(seconds[warmup:], dtype=np.float64) * 1e3
+    if timed.size < 2:
+        return None
+    p10, p50, p90 = np.percentile(timed, [10, 50, 90])
+    half = window // 2
+    local = [timed[i] / np.median(timed[max(0, i - half) : i + half + 1]) for i in range(timed.size)]
+    l50, l90 = np.percentile(local, [50, 90])
+    return (
+        f"step time over {timed.size} steps after {warmup} warm-up: p10 {p10:.1f} ms, p50 {p50:.1f} ms, "
+        f"p90 {p90:.1f} ms, p90/p50 {p90 / p50:.2f} ({l90 / l50:.2f} against the running median of {window} steps)"
+    )
+
+
 def require_world(needed: int, what: str) -> None:
     """Refuse a world too small for the meshes (larger is fine: the extra ranks idle)."""
     backend = dist.current_backend()

@@ -27,7 +27,7 @@ import sysconfig
 import time
 
 import numpy as np
-from common import Progress, add_pipeline_args, log_step, parser, pipeline_strategy, setup
+from common import Progress, add_pipeline_args, log_step, parser, pipeline_strategy, setup, step_time_spread
 
 import mpipar as dist
 from mpipar import cliargs
@@ -258,6 +258,7 @@ def main() -> None:
         else dist.to_static(model, loader, gpt_loss, opt, pipeline_strategy(args, par.num_stages))
     )
     overlap = None if args.overlap is None else dist.overlap_grad_reduction(bucket_mib=args.overlap)
+    step_seconds: list[float] = []
     for step in range(done, args.steps):
         step_start = time.perf_counter()
         total = 0.0
@@ -281,6 +282,7 @@ def main() -> None:
             opt.step()
             opt.clear_grad()
         seconds = time.perf_counter() - step_start
+        step_seconds.append(seconds)
         if step % args.log_every == 0 or step == args.steps - 1:
             progress.clear()
             log_step(step, total)
@@ -306,6 +308,9 @@ def main() -> None:
             f"{tokens * ran / max(elapsed, 1e-9):,.0f} tokens/s",
             flush=True,
         )
+    spread = step_time_spread(step_seconds)
+    if spread is not None:  # stderr: stdout keeps the loss log as it was
+        dist.print_once(spread, file=sys.stderr, flush=True)
     if args.save_final:
         save(args.save_final)
     if args.sample:

@@ -160,5 +160,8 @@ def accuracy(
 ) -> Tensor:
     """Top-k accuracy (``paddle.metric.accuracy``): the fraction of rows whose label is in the top k."""
     pred = as_tensor(input)
+    classes = pred.shape[-1] if pred.ndim else 0
+    if not 1 <= int(k) <= classes:
+        raise ValueError(f"accuracy: k = {k} is outside 1..{classes} (the number of classes of input {pred._label()})")
     lb = _label_like(as_tensor(label), pred, -1)
     return apply("accuracy", [pred, lb], {"k": int(k)})
