@@ -74,6 +74,12 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable("MPIPAR_STACK_GEMMS", "flag", "1", "run same-shaped GEMMs of a step as one stacked GEMM"),
     Variable(
+        "MPIPAR_GC",
+        "choice: freeze, off",
+        "freeze",
+        "freeze: one garbage collection and gc.freeze() after the warm-up steps; off: Python's collector as is",
+    ),
+    Variable(
         "MPIPAR_LAUNCH_DIR",
         "path (set by mpipar launch)",
         "unset",
