@@ -40,11 +40,10 @@ MODES = ("free", "barrier", "dp8")
 def worker(mode: str, steps: int) -> None:
     """Each rank: ``steps`` training steps of gpt.py's default model on 2 sequences (dp=8's per-rank
     batch) in ``mode``; rank 0 prints the median seconds per step (its own, and every rank's median)."""
-    import numpy as np
     from mpi4py import MPI
 
     import mpipar as dist
-    from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
+    from mpipar.models.gpt import GPTParallel
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -59,15 +58,7 @@ def worker(mode: str, steps: int) -> None:
         mesh = dist.ProcessMesh([[rank]], dim_names=["dp", "tp"])
         par = GPTParallel([mesh])
         batch = pvm.GLOBAL_BATCH // 8
-    model = GPT(GPTConfig(**pvm.GPT_CONFIG), par)
-    opt = dist.optimizer.AdamW(
-        learning_rate=3e-3,
-        parameters=model.parameters(),
-        weight_decay=0.01,
-        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
-    )
-    rows = np.arange(batch * pvm.SEQ, dtype=np.int64).reshape(batch, pvm.SEQ) % pvm.VOCAB
-    idx = dist.shard_tensor(rows, mesh, par.activation(mesh, seq_split=False))
+    model, opt, idx = pvm.gpt_training_parts(par, mesh, batch)
 
     def step() -> None:
         loss = model.loss(idx, idx)
