@@ -29,6 +29,8 @@ class ProcessMesh:
     """
 
     __slots__ = ("__dict__", "_dim_names", "_ids")
+    _ids: np.ndarray
+    _dim_names: tuple[str, ...]
 
     def __init__(self, mesh: Any, dim_names: Sequence[str] | None = None) -> None:
         if isinstance(mesh, ProcessMesh):

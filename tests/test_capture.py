@@ -692,7 +692,7 @@ def _program_of(fn: Any) -> Any:
 
 def _name(f: Any) -> str:
     while hasattr(f, "func"):  # a partial; an update allowed to write in place wraps the update
-        f = f.args[0] if f.func is capture._write_in_place else f.func
+        f = f.args[0] if f.func is capture.write_in_place else f.func
     return getattr(f, "__name__", repr(f))
 
 
@@ -732,8 +732,8 @@ def test_only_mpipars_own_kernels_are_folded() -> None:
     from mpipar.ops.dispatch import OpDef, get_op, register_op
 
     register_op(OpDef("test_capture_user_kernel", lambda c, x, **_: x, None, rule="relu"))
-    assert not capture._builtin(get_op("test_capture_user_kernel"))
-    assert capture._builtin(get_op("add")) and capture._builtin(get_op("expand"))
+    assert not capture.builtin_kernel(get_op("test_capture_user_kernel"))
+    assert capture.builtin_kernel(get_op("add")) and capture.builtin_kernel(get_op("expand"))
 
 
 def test_an_update_in_place_stays_after_every_read_of_its_weight() -> None:

@@ -253,7 +253,7 @@ class CompiledStep(Generic[R]):
         if st is not None and st.program is not None and busy is None:
             try:
                 out = st.program.run(flat)
-            except capture._Stale:  # checked before any work: trace this layout afresh
+            except capture.Stale:  # checked before any work: trace this layout afresh
                 st = self._captures[ckey] = _Capture(keep=keep)
             else:
                 self.captured, self.capture_refused = True, None
@@ -278,8 +278,8 @@ class CompiledStep(Generic[R]):
                 f"the capture could not copy the step's state ({type(exc).__name__}: {exc})"
             )
             return self._decided(key, backend, args, kwargs)
-        tr = capture.Tracer(flat, backend, prev if snap is not None else None)
-        tripwire = capture._Tripwire(tr)
+        tr = capture.StepTracer(flat, backend, prev if snap is not None else None)
+        tripwire = capture.Tripwire(tr)
         comm._recorders.append(tripwire)
         capture_hooks.capture_tracers.append(tr)
         try:

@@ -364,6 +364,7 @@ def _mean_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
 def _extreme_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     x = ctx.inputs[0]
     out = ctx.outputs[0]
+    assert x is not None and out is not None, "max/min keep their input and output for backward"
     keep = _keep_shape(ctx.input_shapes[0], ctx.attrs.get("axis"))
     hit = cast(equal(x, reshape(out, keep)), x.dtype)
     # Ties share the gradient equally.

@@ -239,12 +239,7 @@ def _legal(
     """
     gset = set(group) | set(trivial)
     for d in range(len(shape)):
-        touching = [
-            a
-            for a in group
-            if (isinstance(before[a], Shard) and before[a].dim == d)
-            or (isinstance(after[a], Shard) and after[a].dim == d)
-        ]
+        touching = [a for a in group if any(isinstance(p, Shard) and p.dim == d for p in (before[a], after[a]))]
         if not touching:
             continue
         first = min(touching)
@@ -289,7 +284,7 @@ def _moves(
     for group in _subsets(active):
         ps = [state[a] for a in group]
         if all(isinstance(p, Partial) for p in ps):
-            ops = {p.reduce_type for p in ps}  # type: ignore[union-attr]
+            ops = {p.reduce_type for p in ps if isinstance(p, Partial)}
             if len(ops) == 1:
                 op = ops.pop()
                 nxt = list(state)
@@ -317,10 +312,11 @@ def _moves(
                 nxt[a] = dst[a]
             yield "slice", group, tuple(nxt), None
     for a in active:
-        if isinstance(dst[a], Partial) and isinstance(state[a], (Replicate, Shard)):
+        target = dst[a]
+        if isinstance(target, Partial) and isinstance(state[a], (Replicate, Shard)):
             nxt = list(state)
-            nxt[a] = dst[a]
-            yield "partial", (a,), tuple(nxt), dst[a].reduce_type  # type: ignore[union-attr]
+            nxt[a] = target
+            yield "partial", (a,), tuple(nxt), target.reduce_type
 
 
 def _recv_elems(kind: str, before: DistSpec, after: DistSpec, group: Sequence[int]) -> float:
@@ -411,8 +407,9 @@ def _spread(spec: DistSpec, prefer: Sequence[Placement] | None) -> DistSpec:
         cur = DistSpec(spec.shape, mesh, [q if not isinstance(q, Partial) else Replicate() for q in pls])
         extents = [e - s for s, e in cur.box_at([0] * mesh.ndim)]
         candidates: list[int] = []
-        if prefer is not None and a < len(prefer) and isinstance(prefer[a], Shard):
-            candidates.append(prefer[a].dim)  # type: ignore[union-attr]
+        preferred = prefer[a] if prefer is not None and a < len(prefer) else None
+        if isinstance(preferred, Shard):
+            candidates.append(preferred.dim)
         candidates += sorted(range(len(spec.shape)), key=lambda d: (-extents[d], d))
         chosen: Placement = Replicate()
         for d in candidates:

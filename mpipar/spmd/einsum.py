@@ -186,7 +186,7 @@ def _describe(es: EinsumSpec, mesh_names: Sequence[str], combo: Sequence[Decisio
     return f"{eq}; " + "; ".join(parts)
 
 
-def _reduce_elems(spec: DistSpec, axis: int) -> int:
+def _reduce_elems(spec: DistSpec, axis: int) -> float:
     """Elements a rank receives to reduce ``spec``'s Partial on ``axis`` (an all-reduce there)."""
     pls = list(spec.placements)
     pls[axis] = Replicate()
@@ -260,8 +260,8 @@ def solve_forward(
         if best is None or key < best[0]:
             best = (key, ins, outs, combo)
     assert best is not None, "replicating everything is always a candidate"
-    _, ins, outs, combo = best
-    return ins, outs, _describe(es, mesh.dim_names, combo)
+    _, ins, outs, chosen = best
+    return ins, outs, _describe(es, mesh.dim_names, chosen)
 
 
 def solve_backward(
