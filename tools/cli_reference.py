@@ -20,6 +20,8 @@ import runpy
 import sys
 from collections.abc import Callable, Iterator
 
+from generated import write_or_check
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(REPO, "docs", "cli.md")
 
@@ -155,19 +157,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Write docs/cli.md from the commands' parsers.")
-    ap.add_argument("--check", action="store_true", help="exit 1 if docs/cli.md differs from what would be written")
-    ns = ap.parse_args(argv)
-    text = render()
-    if ns.check:
-        with open(PAGE, encoding="utf-8") as f:
-            if f.read() != text:
-                print(f"{PAGE} is stale: run python tools/cli_reference.py", file=sys.stderr)
-                return 1
-        return 0
-    with open(PAGE, "w", encoding="utf-8") as f:
-        f.write(text)
-    return 0
+    return write_or_check(PAGE, render, "Write docs/cli.md from the commands' parsers.", argv)
 
 
 if __name__ == "__main__":
