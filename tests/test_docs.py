@@ -156,3 +156,38 @@ def test_dashboard_page_shows_every_view() -> None:
         slug = view.lower().replace(" ", "-")
         assert f"(images/dashboard/{slug}.png)" in page, view
         assert os.path.getsize(os.path.join(DOCS_IMAGES, f"{slug}.png")) > 10_000, view
+
+
+def test_a_benchmark_writes_its_json_record(tmp_path: Path) -> None:
+    """``--json PATH``: the run's printed output, the command without the flag, machine and date."""
+    path = tmp_path / "reshard.json"
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "benchmarks", "reshard.py"),
+            "--mib",
+            "1",
+            "--repeat",
+            "1",
+            "--json",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from results import load_record
+
+    record = load_record(str(path))
+    assert record["benchmark"] == "reshard"
+    assert record["command"] == "OPENBLAS_NUM_THREADS=1 python benchmarks/reshard.py --mib 1 --repeat 1"
+    assert record["output"] == out.stdout and record["output"].strip()
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", record["date"])
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "mpipar.benchmark-result", "benchmark": 3}')
+    with pytest.raises(ValueError, match="field 'benchmark' must be a string"):
+        load_record(str(bad))
