@@ -31,9 +31,10 @@ from common import Progress, add_pipeline_args, log_step, parser, pipeline_strat
 
 import mpipar as dist
 from mpipar import cliargs
-from mpipar.checkpoint import load_training_state, prune_series, resolve_checkpoint, save_training_state, step_path
+from mpipar.checkpoint import load_training_state, prune_series, resume_target, save_training_state, step_path
 from mpipar.io import DataLoader, Dataset, RandomBatchSampler
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel, gpt_loss
+from mpipar.runtime.hosts import format_map
 from simulator.auto import choose, resolve_profile
 from simulator.search import Candidate
 from simulator.step_trace import GPTShape
@@ -231,8 +232,10 @@ def main() -> None:
         "zero": args.zero,
     }
     done = 0  # steps completed
-    if args.resume:
-        resumed = load_training_state(resolve_checkpoint(args.resume), model=model, optimizer=opt, loader=loader)
+    # --resume, or under `mpipar launch --max-restarts` the latest checkpoint of a restart
+    resume = resume_target(args.resume, args.save_dir)
+    if resume:
+        resumed = load_training_state(resume, model=model, optimizer=opt, loader=loader)
         done = resumed.step
         note_resume(resumed.path, done, resumed.extra if isinstance(resumed.extra, dict) else {}, config)
         if done >= args.steps:
@@ -288,6 +291,7 @@ def main() -> None:
                     flush=True,
                 )
         progress.update(step + 1, total, seconds)
+        dist.mark_step(step)  # the launcher's heartbeat: this rank is alive and past this step
         done = step + 1
         if args.save_every and done % args.save_every == 0:
             save(step_path(args.save_dir, done))
@@ -441,10 +445,13 @@ def flag_text(flags: dict[str, object]) -> str:
 def header(model: GPT, mesh: str, ranks: int, batch: int, accumulate: int, block: int, chars: int) -> str:
     """One block saying what this run trains, where, and on what (printed before step 0)."""
     micro = f" in {accumulate} micro-batches" if accumulate > 1 else ""
+    hosts = dist.rank_hosts()  # as `mpipar launch --hosts` placed the ranks
+    where = f"\nhosts: {'; '.join(format_map(hosts))}" if hosts is not None and len(set(hosts)) > 1 else ""
     return (
         f"GPT: {model.num_parameters():,} parameters | mesh {mesh} ({ranks} rank{'s' * (ranks != 1)}) | "
         f"batch {batch} x {block} tokens{micro} = {batch * block:,} tokens/step\n"
         f"data: {chars:,} characters of the Python standard library's .py files ({sysconfig.get_paths()['stdlib']})"
+        f"{where}"
     )
 
 

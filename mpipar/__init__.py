@@ -97,6 +97,8 @@ from mpipar.recompute import recompute
 from mpipar.compile.replay import CompiledStep, compile_step
 from mpipar.reshard import ReshardPlan, ReshardStep, plan_reshard
 from mpipar.debug import measured as _measured  # noqa: F401  (registers the MPIPAR_TRACE start with the backend)
+from mpipar.runtime.heartbeat import mark_step
+from mpipar.runtime.hosts import host_mesh, rank_hosts
 from mpipar.runtime.log import print_once
 from mpipar.spec import DistSpec, chunk_range
 from mpipar.compile.to_static import DistModel, Strategy, to_static
@@ -175,6 +177,7 @@ __all__ = [
     "get_world_size",
     "greater_equal",
     "greater_than",
+    "host_mesh",
     "io",
     "irecv",
     "is_grad_enabled",
@@ -183,6 +186,7 @@ __all__ = [
     "less_than",
     "load_state_dict",
     "log",
+    "mark_step",
     "matmul",
     "max",
     "maximum",
@@ -205,6 +209,7 @@ __all__ = [
     "plan_reshard",
     "pow",
     "print_once",
+    "rank_hosts",
     "recompute",
     "recv",
     "reduce",

@@ -5,6 +5,7 @@ mpipar info
 mpipar plan SCRIPT [args] -o plan.json [-n 8 | --shape-only]
 mpipar viz plan.json [timeline.json] [--address 127.0.0.1] [--port 8501]
 mpipar viz [--launcher mpiexec] [--prepare-only] --run examples/gpt.py --mesh dp=2,tp=2 --tiny
+mpipar launch -n 4 [--simulate] [--hosts h1:2,h2:2] [--log-dir logs] [--max-restarts K] -- train.py args
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 
 import numpy as np
 
-from mpipar import cliargs
+from mpipar import cliargs, launch
 from mpipar.backend import create_backend, current_backend
 from mpipar.compile.plan_script import trace_script
 from mpipar.mesh import ProcessMesh
@@ -92,8 +93,16 @@ def _cmd_viz(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["launch"]:  # its own parser: everything after the script is the script's
+        return launch.main(argv[1:])
     parser = cliargs.Parser(prog="mpipar", description="mpipar tools")
     sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser(
+        "launch",
+        help="run a script on N ranks (mpiexec or --simulate) with per-rank logs, heartbeats and restarts "
+        "(mpipar launch -h)",
+    )
     p = sub.add_parser("reshard", help="print the plan that reshards a tensor between two layouts")
     p.add_argument(
         "--shape",

@@ -1,52 +1,7 @@
 """Paddle's manual collectives (``from mpipar.collective import ...``); the implementation is
-``mpipar.compat.collective``."""
+``mpipar.compat.collective``.
 
-from mpipar.compat.collective import (
-    CommTransport,
-    Group,
-    ManualCallError,
-    ManualTransport,
-    ReduceOp,
-    Task,
-    all_gather,
-    all_reduce,
-    alltoall,
-    barrier,
-    broadcast,
-    c_identity,
-    gather,
-    irecv,
-    isend,
-    mp_allreduce,
-    new_group,
-    recv,
-    reduce,
-    reduce_scatter,
-    scatter,
-    send,
-)
+A thin public path: every name of the implementation's ``__all__``, nothing of its own."""
 
-__all__ = [
-    "CommTransport",
-    "Group",
-    "ManualCallError",
-    "ManualTransport",
-    "ReduceOp",
-    "Task",
-    "all_gather",
-    "all_reduce",
-    "alltoall",
-    "barrier",
-    "broadcast",
-    "c_identity",
-    "gather",
-    "irecv",
-    "isend",
-    "mp_allreduce",
-    "new_group",
-    "recv",
-    "reduce",
-    "reduce_scatter",
-    "scatter",
-    "send",
-]
+from mpipar.compat.collective import *  # noqa: F403
+from mpipar.compat.collective import __all__  # noqa: F401

@@ -174,6 +174,50 @@ class ProcessMesh:
         moved = ProcessMesh(np.transpose(self._ids, order), dim_names=names)
         return moved if index is None else moved[index]
 
+    @classmethod
+    def by_hosts(
+        cls, shape: Sequence[int], dim_names: Sequence[str], hosts: Sequence[str], inner: Sequence[str] = ("tp",)
+    ) -> ProcessMesh:
+        """A mesh of ``shape`` whose groups along the ``inner`` axes hold ranks of one host.
+
+        ``hosts`` is each rank's host (``mpipar.rank_hosts()`` under ``mpipar launch --hosts``).
+        The ranks are taken host by host (hosts in order of their first rank, each host's ranks
+        ascending) and filled into the mesh with the ``inner`` axes varying fastest, so each
+        inner group is a run of one host's ranks; each host must hold a multiple of the inner
+        group size::
+
+            >>> ProcessMesh.by_hosts([2, 2], ["dp", "tp"], ["a", "b", "a", "b"])   # hydra placed ranks cyclically
+            ProcessMesh([[0, 2], [1, 3]], dim_names=['dp', 'tp'])
+        """
+        names = [str(n) for n in dim_names]
+        dims = [int(d) for d in shape]
+        if len(names) != len(dims):
+            raise ValueError(f"by_hosts: shape {dims} has {len(dims)} axes but dim_names {names} has {len(names)}")
+        missing = [a for a in inner if a not in names]
+        if missing:
+            raise ValueError(f"by_hosts: inner axes {missing} are not among the mesh's dim_names {names}")
+        size = _prod(dims)
+        if len(hosts) != size:
+            raise ValueError(
+                f"by_hosts: the mesh {'x'.join(map(str, dims))} has {size} ranks but {len(hosts)} hosts were given"
+            )
+        group = _prod(dims[names.index(a)] for a in inner)
+        by_host: dict[str, list[int]] = {}
+        for r, h in enumerate(hosts):
+            by_host.setdefault(str(h), []).append(r)
+        for h, rs in by_host.items():
+            if len(rs) % group:
+                inner_text = " * ".join(f"{a}({dims[names.index(a)]})" for a in inner)
+                raise ValueError(
+                    f"by_hosts: host {h!r} holds {len(rs)} ranks, not a multiple of {inner_text} = {group}; "
+                    f"a group along {list(inner)} cannot stay inside it"
+                )
+        order = [r for rs in by_host.values() for r in rs]
+        outer_axes = [i for i, n in enumerate(names) if n not in inner]
+        inner_axes = [names.index(a) for a in inner]
+        permuted = np.array(order).reshape([dims[i] for i in outer_axes + inner_axes])
+        return cls(np.transpose(permuted, np.argsort(outer_axes + inner_axes)), dim_names=names)
+
     # --------------------------------------------------------------------- value object
     def _key(self) -> tuple[Any, ...]:
         return (tuple(self._ids.shape), self._id_tuple, self._dim_names)

@@ -1,33 +1,6 @@
-"""OneFlow's spelling, ``from mpipar import oneflow as flow``; the implementation is ``mpipar.compat.oneflow``."""
+"""OneFlow's spelling, ``from mpipar import oneflow as flow``; the implementation is ``mpipar.compat.oneflow``.
 
-from mpipar.compat.oneflow import (
-    gelu,
-    manual_seed,
-    matmul,
-    ones,
-    optim,
-    placement,
-    randn,
-    relu,
-    sbp,
-    tensor,
-    to_global,
-    to_local,
-    zeros,
-)
+A thin public path: every name of the implementation's ``__all__``, nothing of its own."""
 
-__all__ = [
-    "gelu",
-    "manual_seed",
-    "matmul",
-    "ones",
-    "optim",
-    "placement",
-    "randn",
-    "relu",
-    "sbp",
-    "tensor",
-    "to_global",
-    "to_local",
-    "zeros",
-]
+from mpipar.compat.oneflow import *  # noqa: F403
+from mpipar.compat.oneflow import __all__  # noqa: F401

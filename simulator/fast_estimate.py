@@ -24,7 +24,7 @@ splits ``estimate`` along what each number depends on:
   extrapolated), gradient reduction and optimizer as each lane's tail, peaks per lane.
 
 The result equals ``estimate``'s step time and peak memory where every rank of a group does the
-same work (even shards; ``tests/test_search_fast.py`` checks several strategies), which holds
+same work (even shards; ``tests/unit/test_search_fast.py`` checks several strategies), which holds
 for the search's candidates; ``applicable`` says when the layout breaks the reuse (node
 boundaries that cut tensor- or data-parallel groups unevenly, fewer than four layers, a ZeRO
 split dim that differs at the real ``dp``) and the search then calls ``estimate`` itself.

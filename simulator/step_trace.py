@@ -15,7 +15,7 @@ really holds. Two, not one, because a layer's backward leaves its input gradient
 ``tp`` for the consumer to reduce: inside a stage the layer before pays that reduction, at a
 stage's first layer the pipeline hand-off does. The first traced layer of a stage is the
 interior layer (it pays its successor's reduction) and stands for all but the stage's last
-layer; the second is that last one. ``tests/test_estimate.py`` checks the scaled estimate
+layer; the second is that last one. ``tests/unit/test_estimate.py`` checks the scaled estimate
 against a trace of every layer.
 
 Parts: ``layer i`` (everything block ``i`` does: its forward ops, the backward of its tape

@@ -19,6 +19,13 @@ settings.register_profile(
 settings.register_profile(
     "ci", deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
+settings.register_profile(
+    "quick",
+    max_examples=10,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,8 +71,46 @@ def gpt_plan_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return out
 
 
+QUICK = frozenset(
+    f"test_{name}.py"
+    for name in (
+        "placement",
+        "spec",
+        "mesh",
+        "modes",
+        "reshard_plans",
+        "reshard_property",
+        "reshard_once",
+        "spmd_rules",
+        "spmd_nearest",
+        "split_with_num",
+        "ops_equivalence",
+        "autograd",
+        "training",
+        "errors",
+        "import_graph",
+        "lint",
+    )
+)
+"""The quick loop's files (``pytest tests/unit -m quick --hypothesis-profile=quick``): the core -- placements,
+specs, meshes, reshard plans, SPMD rules, ops against the dense result, autograd, a training step,
+the error messages -- and the house rules (import layers, lint)."""
+
+TIERS = ("unit", "mpi", "viz", "fuzz")
+"""The test folders, each also a marker (``pytest -m unit``): in-process tests of the library and
+the simulator; tests that launch ``mpiexec``; the dashboard's renderers, app and browser test;
+long generated fuzzing of the file readers."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``slow`` cases run on demand (``pytest -m slow`` or ``MPIPAR_SLOW=1``), not in the default suite."""
+    """Each test carries its folder's tier marker. ``slow`` cases run on demand (``pytest -m slow``
+    or ``MPIPAR_SLOW=1``), not in the default suite."""
+    for item in items:
+        parts = item.path.relative_to(os.path.join(REPO, "tests")).parts
+        if len(parts) > 1 and parts[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
+        if parts[-1] in QUICK and "mpi" not in item.keywords:
+            item.add_marker(pytest.mark.quick)
     if "slow" in (config.getoption("-m") or "") or os.environ.get("MPIPAR_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow: run on demand with `pytest -m slow` or MPIPAR_SLOW=1")

@@ -1,5 +1,5 @@
 """The small Megatron-style MLP (column- then row-parallel Linear) that the compiled-step tests
-(tests/test_replay.py, tests/test_capture.py) train through ``dist.to_static``."""
+(tests/unit/test_replay.py, tests/unit/test_capture.py) train through ``dist.to_static``."""
 
 from __future__ import annotations
 

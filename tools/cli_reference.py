@@ -2,7 +2,7 @@
 
 Each command's ``main`` is called with ``ArgumentParser.parse_args`` replaced by a function
 that hands the finished parser back instead of parsing, so the page lists exactly the flags,
-defaults and help texts the commands accept, and nothing runs. ``tests/test_docs.py`` checks
+defaults and help texts the commands accept, and nothing runs. ``tests/unit/test_docs.py`` checks
 that the committed page equals what this script writes.
 
     .venv/bin/python tools/cli_reference.py            # rewrite docs/cli.md

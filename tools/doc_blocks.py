@@ -3,7 +3,7 @@
 A fenced block tagged ``python``, ``bash``, ``sh`` or ``shell`` is code; any other fence
 (``text``, none) is output shown to the reader and is not run. A block is skipped when the last
 non-blank line before its fence is ``<!-- skip: reason -->`` (the reason is required: a long
-multi-host launch, a command that starts a server, ...). ``tests/test_docs.py`` runs each
+multi-host launch, a command that starts a server, ...). ``tests/unit/test_docs.py`` runs each
 page's Python blocks in order as one script (later blocks use what earlier ones defined) and
 each shell block as its own ``bash -e`` script.
 """

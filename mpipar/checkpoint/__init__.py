@@ -20,10 +20,13 @@ from mpipar.checkpoint.load import describe_checkpoint, load_state_dict, read_st
 from mpipar.checkpoint.save import save_state_dict
 from mpipar.checkpoint.stats import ChunkRead, IOStats, record_io
 from mpipar.checkpoint.training import (
+    RestartInfo,
     ResumedState,
     load_training_state,
     prune_series,
     resolve_checkpoint,
+    restart_info,
+    resume_target,
     save_training_state,
     series_steps,
     step_path,
@@ -34,6 +37,7 @@ __all__ = [
     "CheckpointError",
     "ChunkRead",
     "IOStats",
+    "RestartInfo",
     "ResumedState",
     "describe_checkpoint",
     "load_state_dict",
@@ -42,6 +46,8 @@ __all__ = [
     "read_state_dict",
     "record_io",
     "resolve_checkpoint",
+    "restart_info",
+    "resume_target",
     "save_state_dict",
     "save_training_state",
     "series_steps",

@@ -20,6 +20,19 @@ Loading fills the model's parameters in place and the optimizer's states in the 
 run keeps them in (another mesh, world size or ZeRO stage), before the optimizer has taken a
 step; each rank reads only the chunks overlapping its own shards. A series of checkpoints is a
 directory of ``step-<k>`` checkpoints; ``resolve_checkpoint`` picks its latest complete one.
+
+Restarts: ``mpipar launch --max-restarts K`` relaunches a failed run and tells the script so
+through the environment (``restart_info`` reads it; ``resume_target`` turns it into the
+checkpoint to load)::
+
+    MPIPAR_RESTART_ATTEMPT   0 on the first attempt, k on the k-th restart
+    MPIPAR_MAX_RESTARTS      K
+    MPIPAR_RESUME_FROM       on a restart: the latest complete checkpoint the launcher found
+                             (unset when there was none yet: the restart starts from scratch)
+
+    resume = resume_target(args.resume, args.save_dir)   # None: start from step 0
+    if resume:
+        resumed = load_training_state(resume, model=model, optimizer=opt, loader=loader)
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +57,7 @@ from mpipar.modes import Mode, execution_mode
 from mpipar.optimizer.lr import LRScheduler
 from mpipar.optimizer.optimizer import MASTER
 from mpipar.random import get_rng_state, set_rng_state
+from mpipar.runtime.heartbeat import note_resume
 from mpipar.spec import DistSpec
 from mpipar.tensor import Tensor
 
@@ -50,6 +65,57 @@ STEP_DIR = re.compile(r"step-(\d+)")
 """Checkpoints of a series are ``<directory>/step-<k>``, k the number of steps completed."""
 
 _ARRAY_KINDS = ("dist", "dense", "array", "scalar")
+
+RESTART_ATTEMPT_ENV = "MPIPAR_RESTART_ATTEMPT"
+MAX_RESTARTS_ENV = "MPIPAR_MAX_RESTARTS"
+RESUME_FROM_ENV = "MPIPAR_RESUME_FROM"
+
+
+@dataclass(frozen=True)
+class RestartInfo:
+    """What the launcher says about this attempt (``restart_info``)."""
+
+    attempt: int
+    """0 on the first attempt (or without a launcher), k on the k-th restart."""
+    max_restarts: int
+    resume_from: str | None
+    """The checkpoint the launcher chose for this restart, or None."""
+
+    @property
+    def is_restart(self) -> bool:
+        return self.attempt > 0
+
+
+def restart_info(env: Mapping[str, str] | None = None) -> RestartInfo:
+    """``MPIPAR_RESTART_ATTEMPT``, ``MPIPAR_MAX_RESTARTS`` and ``MPIPAR_RESUME_FROM`` (module doc)."""
+    env = os.environ if env is None else env
+    numbers = []
+    for name in (RESTART_ATTEMPT_ENV, MAX_RESTARTS_ENV):
+        raw = env.get(name, "").strip() or "0"
+        if not raw.isdigit() or len(raw) > 9:
+            raise ValueError(f"{name} must be a non-negative integer (set by mpipar launch), got {raw!r}")
+        numbers.append(int(raw))
+    resume = env.get(RESUME_FROM_ENV, "").strip() or None
+    return RestartInfo(numbers[0], numbers[1], resume)
+
+
+def resume_target(
+    resume: str | os.PathLike[str] | None, save_dir: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None
+) -> str | None:
+    """The checkpoint a script should start from, or None to start from step 0.
+
+    On a launcher's restart: ``MPIPAR_RESUME_FROM``, else the latest complete checkpoint in
+    ``save_dir`` (the script's ``--save-dir``), else ``resume``; otherwise ``resume`` (the
+    script's ``--resume``, a checkpoint or a series), resolved. A restart before any
+    checkpoint was saved starts from scratch, as the first attempt did (with ``resume``).
+    """
+    info = restart_info(env)
+    if info.is_restart:
+        if info.resume_from is not None:
+            return resolve_checkpoint(info.resume_from)
+        if save_dir is not None and series_steps(save_dir):
+            return resolve_checkpoint(save_dir)
+    return resolve_checkpoint(resume) if resume is not None else None
 
 
 @dataclass(frozen=True)
@@ -158,6 +224,7 @@ def load_training_state(
     set_rng_state(target["rng"])
     if loader is not None:
         loader.set_state_dict(target["loader"])
+    note_resume(int(target["step"]))  # the launcher's summary names the step each attempt resumed from
     return ResumedState(root, int(target["step"]), target["extra"])
 
 

@@ -187,6 +187,9 @@ class MeasuredTrace:
             else "the start of tracing",
             "clock": "time.perf_counter, seconds",
         }
+        hosts = getattr(self.backend, "rank_hosts", None)
+        if hosts is not None:  # the hosts the launcher assigned (mpipar launch --hosts)
+            info["hosts"] = {str(r): h for r, h in enumerate(hosts)}
         info.update(meta or {})
         spans = self.local_spans()
         if not isinstance(self.backend, GathersTimelines):

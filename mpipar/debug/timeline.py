@@ -432,8 +432,12 @@ class Timeline:
         """Trace-event JSON: a process per rank, threads ``compute``/``comm``, send->recv flows, memory counters."""
         scale = _CHROME_US_PER[self.time_unit]
         events: list[dict[str, Any]] = []
+        hosts = self.meta.get("hosts")  # the launcher's rank -> host map, when the run had one
+        hosts = hosts if isinstance(hosts, dict) else {}
         for rank in self.ranks:
-            events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
+            host = hosts.get(str(rank))
+            where = f" @ {host[:200]}" if isinstance(host, str) else ""
+            events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}{where}"}})
             events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}})
             for tid, track in enumerate(TRACKS):
                 events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": track}})

@@ -27,7 +27,7 @@ from mpipar.compat.collective import (
     scatter,
     send,
 )
-from mpipar.distributed import fleet
+from mpipar.distributed import fleet, launch
 
 __all__ = [
     "Group",
@@ -43,6 +43,7 @@ __all__ = [
     "get_world_size",
     "irecv",
     "isend",
+    "launch",
     "new_group",
     "recv",
     "reduce",

@@ -21,7 +21,7 @@ A round with no progress is a deadlock: ``ScheduleDeadlock`` names the rank and 
 can never run, and why, for every stuck rank. The rounds of a non-blocking run are the steps
 of the ``step x rank`` grid (one step per compute action, communication takes none).
 
-Run the tests: ``.venv/bin/python -m pytest tests/test_pipeline_validate.py -q``.
+Run the tests: ``.venv/bin/python -m pytest tests/unit/test_pipeline_validate.py -q``.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@
 * ``mpipar.runtime.faults``: timeouts, the arrival side channel, the collective check mode,
   the abort-on-exception hook.
 * ``mpipar.runtime.log``: ``print_once`` and the ``[rank N] `` line prefix.
+* ``mpipar.runtime.hosts``: host lists, the rank-to-host map ``mpipar launch`` hands every rank
+  (``MPIPAR_HOST_MAP``), the tp-inside-a-host check.
+* ``mpipar.runtime.heartbeat``: the rank side of the launcher's heartbeat (``mark_step``).
 
 Nothing here imports mpi4py or cupy at package import: the backends are loaded by name
 (``mpipar/backend.py``) only when an MPI launcher or ``MPIPAR_BACKEND`` selects them.

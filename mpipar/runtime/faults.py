@@ -8,7 +8,7 @@ forever. This module turns every such case into a prompt, explained end of the j
   hydra launcher then exits non-zero within about a second.
 * **A rank killed by a signal** (SIGKILL, OOM killer): hydra itself notices the dead process
   and kills the rest ("BAD TERMINATION ... EXIT CODE: 9", about a second here), so no
-  watchdog of ours is needed for it (``tests/test_mpi_faults.py`` pins that).
+  watchdog of ours is needed for it (``tests/mpi/test_mpi_faults.py`` pins that).
 * **A collective that never completes** (``Watchdog``): every blocking wait of the MPI and
   NCCL communicators runs inside ``Watchdog.watch(op, group, seq)``. A daemon thread looks at
   the current wait a few times a second. After ``grace`` seconds it posts an *arrival notice*
@@ -265,6 +265,7 @@ class _Watch:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         self._dog._current = self._previous
+        self._dog.completed += 1
         if exc is not None and isinstance(exc, self._dog._mpi.Exception):
             raise CollectiveDesyncError(self.waiting, exc, self._dog.rank) from exc
 
@@ -289,6 +290,8 @@ class Watchdog:
         self.comm: Any = None
         self.on_expire: list[Callable[[], None]] = []
         self._current: Waiting | None = None
+        self.completed = 0
+        """Waits finished so far: the launcher's heartbeat reads it as progress."""
         self._latest: dict[int, Notice] = {}
         self._sends: list[tuple[Any, bytes]] = []
         self._lock = threading.Lock()
@@ -297,6 +300,12 @@ class Watchdog:
         self._thread.start()
 
     # -------------------------------------------------------------- main-thread side
+    def progress(self) -> tuple[str | None, int]:
+        """(the wait in progress, as text, or None; waits completed): the heartbeat's probe."""
+        waiting = self._current
+        where = None if waiting is None else f"{waiting.op} on group {list(waiting.group)}"
+        return where, self.completed
+
     def watch(self, op: str, group: Sequence[int], seq: int, p2p: bool = False) -> _Watch:
         """Run a blocking wait under the deadline (``with watchdog.watch(...) as waiting:``)."""
         return _Watch(self, Waiting(op, tuple(group), seq, p2p))

@@ -75,6 +75,7 @@ import atexit
 import contextlib
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -98,6 +99,7 @@ from mpipar.comm import (
     reduce_rows,
 )
 from mpipar.mesh import ProcessMesh
+from mpipar.runtime import heartbeat
 from mpipar.runtime.faults import (
     Watchdog,
     check_from_env,
@@ -106,6 +108,7 @@ from mpipar.runtime.faults import (
     report_mismatch_once,
     timeout_from_env,
 )
+from mpipar.runtime.hosts import format_map, rank_hosts, warn_if_spans_hosts
 from mpipar.runtime.log import flush_std_streams, install_rank_prefix
 from mpipar.runtime.ordered import OrderedCommunicator, _layout, _starts, reduce_mode_from_env
 from mpipar.runtime.sentinel import StderrSentinel
@@ -208,6 +211,12 @@ class MPIRuntime:
         self._trace_comm: Any = None
         self.communicator = MPICommunicator(self)
         atexit.register(self._at_exit)
+        self.hosts = rank_hosts(self.size)
+        # After the excepthook and the exit handler: the heartbeat records an error before the
+        # abort and its "exited" before the exit handler waits for the other ranks.
+        heartbeat.start_from_env(self.rank, self.size, self.watchdog.progress)
+        if self.rank == 0 and self.hosts is not None:  # the job header: where the launcher put each rank
+            print(f"mpipar: {self.size} ranks on {'; '.join(format_map(self.hosts))}", file=sys.stderr, flush=True)
 
     def abort(self) -> None:
         flush_std_streams()
@@ -838,6 +847,16 @@ class MPIBackend(Backend):
 
     def describe(self) -> str:
         return f"mpi: rank {self._rt.rank} of {self._rt.size} ({MPI.Get_library_version().splitlines()[0].strip()})"
+
+    @property
+    def rank_hosts(self) -> list[str] | None:
+        """Each rank's host as the launcher assigned it (``MPIPAR_HOST_MAP``), or None."""
+        return self._rt.hosts
+
+    def validate_mesh(self, mesh: ProcessMesh) -> None:
+        super().validate_mesh(mesh)
+        if self._rt.rank == 0:  # every rank sees the same mesh; one warning is enough
+            warn_if_spans_hosts(mesh, self._rt.hosts)
 
     def trace_origin(self) -> float:
         """The shared time origin of measured timelines (a collective; see ``MPIRuntime``)."""

@@ -6,9 +6,9 @@
 
 NOT RUN ON A GPU HERE: the machines this project is developed and tested on have no CUDA
 device. CI runs this module's code through a stand-in for CuPy and NCCL
-(``tests/nccl_standin``, used only by ``tests/test_nccl_standin.py``: NumPy arrays, recorded
+(``tests/nccl_standin``, used only by ``tests/mpi/test_nccl_standin.py``: NumPy arrays, recorded
 streams, NCCL's calls carried over MPI, the backend's discipline checked);
-``tests/test_gpu_nccl.py`` runs it on real GPUs where they exist.
+``tests/mpi/test_gpu_nccl.py`` runs it on real GPUs where they exist.
 
 Same interface and algorithms as the MPI backend (``mpipar.runtime.ordered``: every
 reduction runs locally in group order, so results stay bit-identical to the simulator's),

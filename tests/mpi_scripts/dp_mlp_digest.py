@@ -5,7 +5,7 @@
 Shapes large enough for the simulator to stack the ranks' GEMMs and to sum the weight
 gradients a tile at a time (``mpipar.ops.stacked_gemm``): 512 tokens over the ranks, hidden
 256, float32 and float64. Under MPI each rank computes its own rows; rank 0 prints one line
-per dtype, ``digest <dtype> <hex>``. ``digests`` is imported by ``tests/test_stacked_gemm.py``
+per dtype, ``digest <dtype> <hex>``. ``digests`` is imported by ``tests/unit/test_stacked_gemm.py``
 to compute the same in the simulator.
 """
 

@@ -8,7 +8,7 @@ leaves get several gradient contributions) trains a few SGD steps twice from the
 once as usual, once under ``overlap_grad_reduction`` with small buckets. Rank 0 prints one
 line per fact the tests check: the losses and parameters agree bit for bit, all-reduce bytes
 are equal and counts are as bucketed, and the first bucket started before backward's last op.
-``run`` is also imported by ``tests/test_overlap.py`` to do the same in the simulator.
+``run`` is also imported by ``tests/mpi/test_overlap.py`` to do the same in the simulator.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A manual program with a bug, for the simulator's reports (tests/test_manual.py).
+"""A manual program with a bug, for the simulator's reports (tests/unit/test_manual.py).
 
 Default: rank 1 calls all_gather where the others call all_reduce. ``--deadlock``: rank 0
 waits for a message rank 2 never sends, while the others wait in a barrier.

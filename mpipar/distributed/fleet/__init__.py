@@ -1,39 +1,6 @@
-"""``paddle.distributed.fleet`` spelled ``mpipar.distributed.fleet``; the implementation is ``mpipar.compat.fleet``."""
+"""``paddle.distributed.fleet`` spelled ``mpipar.distributed.fleet``; the implementation is ``mpipar.compat.fleet``.
 
-from mpipar.compat.fleet import (
-    CommunicateTopology,
-    DistributedStrategy,
-    HybridCommunicateGroup,
-    HybridParallelModel,
-    HybridParallelOptimizer,
-    ParallelMode,
-    barrier_worker,
-    distributed_model,
-    distributed_optimizer,
-    get_hybrid_communicate_group,
-    init,
-    is_first_worker,
-    meta_parallel,
-    utils,
-    worker_index,
-    worker_num,
-)
+A thin public path: every name of the implementation's ``__all__``, nothing of its own."""
 
-__all__ = [
-    "CommunicateTopology",
-    "DistributedStrategy",
-    "HybridCommunicateGroup",
-    "HybridParallelModel",
-    "HybridParallelOptimizer",
-    "ParallelMode",
-    "barrier_worker",
-    "distributed_model",
-    "distributed_optimizer",
-    "get_hybrid_communicate_group",
-    "init",
-    "is_first_worker",
-    "meta_parallel",
-    "utils",
-    "worker_index",
-    "worker_num",
-]
+from mpipar.compat.fleet import *  # noqa: F403
+from mpipar.compat.fleet import __all__  # noqa: F401

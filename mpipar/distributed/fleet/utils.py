@@ -1,5 +1,6 @@
-"""``fleet.utils``; the implementation is ``mpipar.compat.fleet.utils``."""
+"""``fleet.utils``; the implementation is ``mpipar.compat.fleet.utils``.
 
-from mpipar.compat.fleet.utils import recompute
+A thin public path: every name of the implementation's ``__all__``, nothing of its own."""
 
-__all__ = ["recompute"]
+from mpipar.compat.fleet.utils import *  # noqa: F403
+from mpipar.compat.fleet.utils import __all__  # noqa: F401

@@ -1,23 +1,6 @@
-"""``fleet.meta_parallel``; the implementation is ``mpipar.compat.fleet.meta_parallel``."""
+"""``fleet.meta_parallel``; the implementation is ``mpipar.compat.fleet.meta_parallel``.
 
-from mpipar.compat.fleet.meta_parallel import (
-    ColumnParallelLinear,
-    LayerDesc,
-    ParallelCrossEntropy,
-    PipelineLayer,
-    PipelineParallel,
-    RowParallelLinear,
-    SharedLayerDesc,
-    VocabParallelEmbedding,
-)
+A thin public path: every name of the implementation's ``__all__``, nothing of its own."""
 
-__all__ = [
-    "ColumnParallelLinear",
-    "LayerDesc",
-    "ParallelCrossEntropy",
-    "PipelineLayer",
-    "PipelineParallel",
-    "RowParallelLinear",
-    "SharedLayerDesc",
-    "VocabParallelEmbedding",
-]
+from mpipar.compat.fleet.meta_parallel import *  # noqa: F403
+from mpipar.compat.fleet.meta_parallel import __all__  # noqa: F401

@@ -1,5 +1,6 @@
-"""``fleet.meta_parallel.mp_ops``; the implementation is ``mpipar.compat.fleet.meta_parallel.mp_ops``."""
+"""``fleet.meta_parallel.mp_ops``; the implementation is ``mpipar.compat.fleet.meta_parallel.mp_ops``.
 
-from mpipar.compat.fleet.meta_parallel.mp_ops import c_concat, c_identity, c_split, mp_allreduce
+A thin public path: every name of the implementation's ``__all__``, nothing of its own."""
 
-__all__ = ["c_concat", "c_identity", "c_split", "mp_allreduce"]
+from mpipar.compat.fleet.meta_parallel.mp_ops import *  # noqa: F403
+from mpipar.compat.fleet.meta_parallel.mp_ops import __all__  # noqa: F401

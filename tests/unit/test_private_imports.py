@@ -1,0 +1,88 @@
+"""Private names imported across modules: the list in ``tests/golden/private_imports.txt`` may only
+shrink.
+
+A leading underscore says "this module's own"; another module importing it couples the two
+through a detail neither promises. Each such import is listed (importing module, source module,
+name); a new one fails until it is made public (renamed, documented) or the need for it goes, and
+a line whose import is gone fails until it is removed from the list. Private *modules* (``_threads``)
+are not counted: the underscore there marks a module users never import, not a name another
+module reaches into.
+
+    .venv/bin/python tests/unit/test_private_imports.py --update
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GOLDEN = os.path.join(REPO, "tests", "golden", "private_imports.txt")
+PACKAGES = ("mpipar", "simulator", "viz")
+
+
+def private_imports(root: str = REPO) -> list[str]:
+    """``importer: module.name`` for every ``from module import _name`` between our modules."""
+    rows: list[str] = []
+    modules = {
+        os.path.relpath(os.path.join(folder, f), root)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+        for package in PACKAGES
+        for folder, _, files in os.walk(os.path.join(root, package))
+        for f in files
+        if f.endswith(".py")
+    }
+    for package in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(root, package)):
+            for f in sorted(files):
+                if not f.endswith(".py"):
+                    continue
+                path = os.path.join(folder, f)
+                with open(path, encoding="utf-8") as fh:
+                    tree = ast.parse(fh.read(), filename=path)
+                for node in ast.walk(tree):
+                    if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+                        continue
+                    if node.module.split(".")[0] not in PACKAGES:
+                        continue
+                    for alias in node.names:
+                        name = alias.name
+                        if (
+                            name.startswith("_")
+                            and not name.startswith("__")
+                            and f"{node.module}.{name}" not in modules
+                        ):
+                            rows.append(f"{os.path.relpath(path, root)}: {node.module}.{name}")
+    return sorted(rows)
+
+
+def read_golden() -> list[str]:
+    with open(GOLDEN, encoding="utf-8") as f:
+        return sorted(line.strip() for line in f if line.strip() and not line.startswith("#"))
+
+
+def test_the_reader_sees_a_private_import(tmp_path: Path) -> None:
+    package = tmp_path / "mpipar"
+    package.mkdir()
+    (package / "_threads.py").write_text("")
+    (package / "b.py").write_text("_x = 1\nY = 2\n")
+    (package / "a.py").write_text("from mpipar.b import _x, Y\nfrom mpipar import _threads\nfrom numpy import _core\n")
+    assert private_imports(str(tmp_path)) == ["mpipar/a.py: mpipar.b._x"]
+
+
+def test_private_imports_only_shrink() -> None:
+    found, golden = set(private_imports()), set(read_golden())
+    new, gone = sorted(found - golden), sorted(golden - found)
+    assert not new, "private names imported across modules (make them public or drop the need):\n" + "\n".join(new)
+    assert not gone, "gone: remove these lines from tests/golden/private_imports.txt:\n" + "\n".join(gone)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update"]:
+        raise SystemExit(__doc__)
+    rows = private_imports()
+    with open(GOLDEN, "w", encoding="utf-8") as f:
+        f.write("# Private names imported across modules (tests/unit/test_private_imports.py): may only shrink.\n")
+        f.writelines(f"{r}\n" for r in rows)
+    print(f"{len(rows)} private imports listed")
