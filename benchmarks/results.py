@@ -54,7 +54,7 @@ def _rank() -> int:
 
 
 def machine() -> str:
-    """The machine in words: CPU model and count, OS, Python and NumPy versions."""
+    """The machine in words: CPU model and count, OS, Python and NumPy versions, the load."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -66,10 +66,13 @@ def machine() -> str:
         pass
     import numpy
 
-    return (
+    text = (
         f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
         f"Python {platform.python_version()}, NumPy {numpy.__version__}"
     )
+    if hasattr(os, "getloadavg"):  # other jobs' load moves every timing on a shared machine
+        text += f", load average {os.getloadavg()[0]:.1f} at the end"
+    return text
 
 
 class _Tee(io.TextIOBase):

@@ -28,6 +28,8 @@ PAGE = os.path.join(REPO, "docs", "cli.md")
 # (command as typed, "module:function" taking argv, or a script path run as __main__)
 COMMANDS: list[tuple[str, str]] = [
     ("mpipar", "mpipar.cli:main"),
+    ("mpipar launch", "mpipar.launch:main"),
+    ("python -m mpipar.distributed.launch", "mpipar.launch:paddle_main"),
     ("python -m simulator", "simulator.__main__:main"),
     ("python -m simulator estimate", "simulator.estimate:main"),
     ("python -m simulator search", "simulator.search:main"),
@@ -39,6 +41,8 @@ COMMANDS: list[tuple[str, str]] = [
     ("python -m mpipar.debug.measured", "mpipar.debug.measured:main"),
     ("examples/gpt.py", "examples/gpt.py"),
 ]
+
+_OWN_SECTION = {title for title, _ in COMMANDS}
 
 PREAMBLE = """# Command-line reference
 
@@ -69,12 +73,13 @@ def _capturing() -> Iterator[None]:
     def capture(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> argparse.Namespace:
         raise _Captured(self)
 
-    saved = argparse.ArgumentParser.parse_args
-    argparse.ArgumentParser.parse_args = capture  # type: ignore[method-assign]
+    # parse_args calls parse_known_args: replacing the latter catches both spellings
+    saved = argparse.ArgumentParser.parse_known_args
+    argparse.ArgumentParser.parse_known_args = capture  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
-        argparse.ArgumentParser.parse_args = saved  # type: ignore[method-assign]
+        argparse.ArgumentParser.parse_known_args = saved  # type: ignore[method-assign]
 
 
 def parser_of(target: str) -> argparse.ArgumentParser:
@@ -145,7 +150,8 @@ def _section(title: str, parser: argparse.ArgumentParser, level: int) -> list[st
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
-                out += _section(f"{title} {name}", sub, level + 1)
+                if f"{title} {name}" not in _OWN_SECTION:  # a command with its own parser has its own section
+                    out += _section(f"{title} {name}", sub, level + 1)
     return out
 
 
