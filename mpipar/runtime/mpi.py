@@ -19,9 +19,9 @@ Design choices
   match the simulator to rounding, not bit for bit. Integer sums, max and min stay ordered
   (their result does not depend on the order, and NumPy's NaN rules hold).
 * **Blocking calls**: mpi4py releases the GIL inside every blocking MPI call, so the fault
-  watchdog's thread runs during a blocking collective just as during a ``Wait``, and MPICH's
-  blocking ``Alltoall`` and ``Allgather`` are as fast as the non-blocking call plus ``Wait``
-  or faster (``benchmarks/mpi_transport_choices.py`` times both).
+  watchdog's thread runs during a blocking collective just as during a ``Wait``; one call
+  instead of two is the simpler path, and ``benchmarks/mpi_transport_choices.py`` times it
+  against the non-blocking call plus ``Wait`` (figures in ``benchmarks/RESULTS.md``).
 * **Reduce-scatter as the pieces arrive** (``MPICommunicator._scatter_reduce``, the first
   half of every ordered all-reduce too): from 512 KiB sent per member up, every receive and
   send of the pieces is posted at once on the group's communicator, and the pieces are
