@@ -32,6 +32,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import predict_vs_measure as pvm  # noqa: E402  (a sibling script, not a package)
+from results import add_json_argument, record  # noqa: E402  (a sibling script, not a package)
 
 MODES = ("free", "barrier", "dp8")
 """The worker's loops: one-rank meshes unsynchronised, one-rank meshes and a barrier per step, the dp=8 mesh."""
@@ -92,7 +93,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--save", help="write every round's numbers to this JSON file")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    add_json_argument(parser)
     ns = parser.parse_args()
+    record(ns.json, __file__)
     if ns.steps < 3 or ns.rounds < 1:
         parser.error(f"--steps must be >= 3 and --rounds >= 1, got {ns.steps} and {ns.rounds}")
     if ns.worker:

@@ -14,8 +14,7 @@ reads of exactly their byte range, never by loading a whole file. No pickle anyw
 and metadata are JSON, data is raw bytes.
 
 The checksum is CRC-32C (Castagnoli), computed with the ``crc32c`` package's hardware path
-(SSE4.2 / ARMv8 CRC instructions): 5-10x faster here than ``zlib.crc32`` (6-12 GB/s against
-1.2-2.2 GB/s), and it releases the GIL, so it runs on a worker thread while the next chunk is
+(SSE4.2 / ARMv8 CRC instructions): several times faster than ``zlib.crc32``, and it releases the GIL, so it runs on a worker thread while the next chunk is
 written or read (``checksum_async``); verifying every byte costs little next to the I/O. Its polynomial
 detects every burst error up to 32 bits and every error of 1 to 3 bits in a chunk of up to
 256 MiB (Hamming distance 4; chunks are at most 16 MiB by default).

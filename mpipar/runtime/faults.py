@@ -23,8 +23,8 @@ forever. This module turns every such case into a prompt, explained end of the j
   reports a difference as a ``CollectiveMismatchError`` naming each rank and what it issued.
 
 Why a watchdog thread and not a ``Test`` loop with a deadline: with 8 ranks on 2 cores a
-Python polling loop starves the ranks that have work (a 4 MiB all-gather took 9-112 ms
-polled against 2.3 ms with ``Wait``), and MPICH progresses non-blocking collectives only
+Python polling loop starves the ranks that have work (a polled collective takes many times
+as long as one that waits in ``Wait``), and MPICH progresses non-blocking collectives only
 while some call polls. So the main thread blocks in ``Waitall`` on the non-blocking
 request, at full speed, and the deadline lives in a thread that wakes every 100 ms and costs
 nothing while the job is healthy. The thread makes MPI calls while the main thread waits,

@@ -19,19 +19,17 @@ Design choices
   match the simulator to rounding, not bit for bit. Integer sums, max and min stay ordered
   (their result does not depend on the order, and NumPy's NaN rules hold).
 * **Blocking calls**: mpi4py releases the GIL inside every blocking MPI call, so the fault
-  watchdog's thread runs during a blocking collective just as during a ``Wait``. In
-  ``benchmarks/mpi_transport_choices.py`` (8 ranks, 32 KiB-4 MiB) MPICH's blocking
-  ``Alltoall`` took 0.72-1.01x the time of ``Ialltoall`` plus ``Wait``; ``Allgather`` was
-  no different from ``Iallgather`` beyond the noise (0.86-1.15x).
+  watchdog's thread runs during a blocking collective just as during a ``Wait``; one call
+  instead of two is the simpler path, and ``benchmarks/mpi_transport_choices.py`` times it
+  against the non-blocking call plus ``Wait`` (figures in ``benchmarks/RESULTS.md``).
 * **Reduce-scatter as the pieces arrive** (``MPICommunicator._scatter_reduce``, the first
   half of every ordered all-reduce too): from 512 KiB sent per member up, every receive and
   send of the pieces is posted at once on the group's communicator, and the pieces are
   waited for in group order and folded into the result one by one. The sum of the pieces
   already here overlaps the transfer of the rest, and each piece is read while still in
-  cache. ``benchmarks/mpi_transport_choices.py`` times it against an all-to-all into a
-  scratch buffer followed by one pass over it: 0.79-0.99x at 4 MiB, 0.89-0.97x at 1 MiB,
-  0.82-1.10x at 512 KiB, while below 512 KiB the single all-to-all call costs less (the
-  fold 1.18-1.51x). An all-reduce reduces its range straight into its place in the result
+  cache. Against an all-to-all into a scratch buffer followed by one pass over it, this is
+  faster from about 512 KiB up, while below it the single all-to-all call costs less
+  (``benchmarks/mpi_transport_choices.py`` times both). An all-reduce reduces its range straight into its place in the result
   and then all-gathers in place (``MPI_IN_PLACE``).
 * **All-gathers as one round of messages** (``MPICommunicator._gather_p2p``): from 256 KiB of
   result up, every piece's ``Isend``/``Irecv`` is posted at once on the group's communicator
@@ -672,9 +670,8 @@ class MPICommunicator(OrderedCommunicator):
 
         MPICH's ``Allgather`` for large buffers is a ring or recursive doubling: n - 1 (or
         log n) steps, each a rendezvous of every member. Where ranks share cores, each step
-        waits for every member to be scheduled; one round of messages waits once.
-        ``benchmarks/runtime_collectives.py`` (8 ranks, 2 shared cores): 0.3x of
-        ``Allgather`` at 4 MiB, 0.7x at 64 MiB; at 64 KiB the two are alike.
+        waits for every member to be scheduled; one round of messages waits once. Below
+        256 KiB the two cost about the same (``benchmarks/runtime_collectives.py``).
         """
         n, i = len(group), group.index(self.rank)
         starts = _starts(tuple(counts))

@@ -1,4 +1,4 @@
-"""Issue #20, items 5 and 6 (plans, timelines, dashboard): hostile files get named errors.
+"""Hostile plans and timelines (and the dashboard reading them) get named errors.
 
 Each test reproduces one reported failure: ``Plan.load``/``Timeline.load`` letting
 ``RecursionError``, a 5000-digit ``int`` conversion error or ``UnicodeDecodeError`` through;

@@ -1,4 +1,4 @@
-"""Issue #19: the packages form layers, read from the source with ``ast`` (nothing is imported).
+"""The packages form layers, read from the source with ``ast`` (nothing is imported).
 
 Every ``import`` counts, the ones inside functions too: a deferred import hides a loop, it does
 not break it. Inside a function only third-party modules may be imported (optional dependencies
