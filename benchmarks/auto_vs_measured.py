@@ -14,8 +14,9 @@
    (``benchmarks/predict_vs_measure.measure``). Rounds are interleaved (each run once per
    round, the order rotated each round: ``predict_vs_measure.interleaved``) and each run keeps its best round, so a neighbour's burst on a
    shared machine spoils one round, not one layout.
-4. Print the table (layout, flags, predicted and measured seconds, rank by each), the auto
-   choice, the fastest measured and auto / fastest: PASS when at most 1.10.
+4. Print the table (layout, flags, predicted and measured seconds, rank by each), the rank
+   correlation (Spearman) of the predicted and measured orders, the auto choice, the fastest
+   measured and auto / fastest: PASS when at most 1.10.
 
 On the project's shared 2-core machine 8 ranks time-share two cores; steps take seconds and
 the load of other jobs moves them. About 10 minutes on a quiet machine with the defaults.
@@ -118,6 +119,14 @@ def rank_of(values: list[float]) -> list[int]:
     return ranks
 
 
+def rank_correlation(a: list[int], b: list[int]) -> float:
+    """Spearman's rho of two rankings without ties: 1 - 6 sum(d^2) / (n (n^2 - 1)); 1 for n < 2."""
+    n = len(a)
+    if n < 2:
+        return 1.0
+    return 1.0 - 6.0 * sum((x - y) ** 2 for x, y in zip(a, b, strict=True)) / (n * (n * n - 1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", help="a calibrated profile JSON to reuse (default: calibrate -n 8 now)")
@@ -189,6 +198,10 @@ def main() -> None:
     )
     fastest = min(rows, key=lambda r: r.measured_s)
     ratio = auto.measured_s / fastest.measured_s
+    print(
+        f"rank correlation of predicted and measured orders (Spearman): "
+        f"{rank_correlation(pred_rank, meas_rank):.2f} over {len(rows)} layouts (aim >= 0.7)"
+    )
     print(
         f"\nauto chose {auto.layout} (predicted rank {next((p for r, p in zip(rows, pred_rank, strict=True) if r.layout == auto.layout), '?')}); "
         f"fastest measured {fastest.layout} {fastest.measured_s:.4f} s; auto measured {auto.measured_s:.4f} s"

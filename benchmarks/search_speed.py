@@ -1,64 +1,110 @@
-"""How fast ``python -m simulator search`` ranks the whole space: GPT-3 175B on 1024 A100s.
+"""How fast the search ranks the whole space, row by row: every model of Narayanan et al. 2021
+Table 1 (1.7B on 32 A100s to 1T on 3072) and Llama 3 405B on 16,384 H100s.
 
-    python benchmarks/search_speed.py            # 175B, 1024 devices, global batch 1536
-    python benchmarks/search_speed.py --check    # also price the winner with estimate itself
+    python benchmarks/search_speed.py                 # the table
+    python benchmarks/search_speed.py --json
+    python benchmarks/search_speed.py --rows 0,10     # some rows only
+    python benchmarks/search_speed.py --traced        # GPT-3 175B on 1024 A100s through the traced search
 
-Prints the machine's load average, the candidates enumerated, the wall and CPU seconds, how
-many were priced exactly and how many each bound dropped, candidates per second, and the top 3
-(CPU seconds are the figure to compare on a shared machine). ``--check``
-traces the winner whole with ``simulator.estimate`` (about 5 s at 1024 ranks) and prints both
-step times and peaks: the fast path must give the same numbers.
+Each row runs ``simulator.family_search.search_family`` (what ``python -m simulator search
+--model ...`` runs) on the row's devices and global batch with the full space (every dp x cp x
+tp x pp that divides, every micro-batch size, 1F1B and interleaved, recompute, ZeRO 1-3,
+overlap) and prints wall and CPU seconds, the candidates enumerated and priced, and the best
+layout. On a shared machine the wall clock measures the neighbours as much as the search: the
+load average is printed at the start and the end, and CPU seconds beside the wall.
+``--traced`` times the traced search (``simulator.search``) instead, as before.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 
 from simulator.cost import load_profile
-from simulator.estimate import estimate
+from simulator.family import ModelShape, preset
+from simulator.family_search import search_family
+from simulator.published_configs import NARAYANAN_2021_TABLE_1
 from simulator.search import _progress_bar, search
 from simulator.step_trace import GPTShape
 
 
+def rows() -> list[tuple[str, ModelShape, int, int, str]]:
+    out = [
+        (f"GPT {r.billions}B", ModelShape(r.layers, r.hidden, r.heads, 2048, 51200), r.gpus, r.batch, "a100-sxm")
+        for r in NARAYANAN_2021_TABLE_1
+    ]
+    out.append(("Llama 3 405B", preset("llama3-405b"), 16384, 2048, "h100-sxm"))
+    return out
+
+
+def traced(ns: argparse.Namespace) -> int:
+    shape = GPTShape(96, 12288, 96, 2048, 51200)
+    hw = load_profile("a100-nvlink-ib")
+    started, cpu = time.perf_counter(), time.process_time()
+    result = search(shape, 1024, 1536, hw, top_k=3, progress=_progress_bar)
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
+    print(
+        f"traced search, GPT-3 175B on 1024 A100s: {result.enumerated} candidates, {seconds:.1f} s wall, {cpu:.1f} s CPU"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--devices", type=int, default=1024)
-    p.add_argument("--global-batch", type=int, default=1536)
-    p.add_argument("--hardware", default="a100-nvlink-ib")
-    p.add_argument("--check", action="store_true", help="price the winner with estimate too")
+    p.add_argument("--rows", default=None, help="comma-separated row numbers (default: all 11)")
+    p.add_argument("--top", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--traced", action="store_true", help="time the traced search on GPT-3 175B instead")
     ns = p.parse_args(argv)
-    shape = GPTShape(96, 12288, 96, 2048, 51200)
-    hw = load_profile(ns.hardware)
-    started, cpu = time.perf_counter(), time.process_time()
-    result = search(shape, ns.devices, ns.global_batch, hw, top_k=3, progress=_progress_bar)
-    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-    print(f"GPT-3 175B on {ns.devices} x {ns.hardware}, global batch {ns.global_batch}")
-    # The load says how much of the wall clock went to other processes on a shared machine.
-    print("load average (1, 5, 15 min) at the end: " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
-    # CPU seconds too: on a shared machine the wall clock measures the neighbours as much as the search.
-    print(
-        f"{result.enumerated} candidates in {seconds:.1f} s wall, {cpu:.1f} s CPU "
-        f"({result.enumerated / seconds:,.0f} candidates/s wall, {result.enumerated / cpu:,.0f} per CPU second); "
-        f"{result.priced} priced exactly; dropped: " + ", ".join(f"{v} {k}" for k, v in result.pruned.items())
-    )
-    for rank, c in enumerate(result.ranked, 1):
-        st = c.strategy
-        print(
-            f"#{rank} dp={st.dp} tp={st.tp} pp={st.pp} sp={st.sequence_parallel} recompute={st.recompute} "
-            f"zero={st.zero} mbs={c.micro_batch_size} m={st.micro_batches} {st.schedule} chunks={st.chunks}: "
-            f"step {c.step_time_s:.3f} s, MFU {c.mfu:.1%}, peak {c.peak_bytes / 2**30:.1f} GiB"
+    if ns.traced:
+        return traced(ns)
+    todo = rows()
+    if ns.rows:
+        todo = [todo[int(i)] for i in ns.rows.split(",")]
+    load_start = os.getloadavg()
+    out = []
+    for name, shape, devices, batch, hardware in todo:
+        started, cpu = time.perf_counter(), time.process_time()
+        result = search_family(shape, devices, batch, hardware, top_k=ns.top)
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        best = result.ranked[0] if result.ranked else None
+        out.append(
+            {
+                "row": name,
+                "devices": devices,
+                "global_batch": batch,
+                "hardware": hardware,
+                "wall_s": seconds,
+                "cpu_s": cpu,
+                "enumerated": result.enumerated,
+                "priced": result.priced,
+                "best": best.describe() if best else None,
+                "best_step_time_s": best.step_time_s if best else None,
+                "best_mfu": best.mfu if best else None,
+            }
         )
-    if ns.check and result.ranked:
-        best = result.ranked[0]
-        sized = GPTShape(96, 12288, 96, 2048, 51200, best.micro_batch_size)
-        t = time.perf_counter()
-        est = estimate(sized, best.strategy, hw)
+        if not ns.json:
+            print(
+                f"{name:>14} {devices:>6} devices batch {batch:>5}: {seconds:6.1f} s wall {cpu:6.1f} s CPU, "
+                f"{result.enumerated:>7} candidates, {result.priced:>5} priced; best "
+                + (f"{best.describe()}, {best.step_time_s:.3f} s, MFU {best.mfu:.1%}" if best else "none fits"),
+                flush=True,
+            )
+    load_end = os.getloadavg()
+    if ns.json:
+        json.dump({"load_average_start": load_start, "load_average_end": load_end, "rows": out}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
         print(
-            f"estimate itself ({time.perf_counter() - t:.1f} s): step {est.step_time_s:.6f} s "
-            f"(search {best.step_time_s:.6f}), peak {max(est.peak_bytes_per_rank.values())} B (search {best.peak_bytes})"
+            "load average (1, 5, 15 min) at the start: "
+            + ", ".join(f"{x:.1f}" for x in load_start)
+            + "; at the end: "
+            + ", ".join(f"{x:.1f}" for x in load_end)
+            + f"; slowest row {max(r['wall_s'] for r in out):.1f} s wall"
         )
     return 0
 

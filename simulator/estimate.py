@@ -1,5 +1,9 @@
 """``python -m simulator estimate``: memory and step time of GPT training, from a shape-only trace.
 
+(``--model NAME`` and the family flags -- ``--kv-heads``, ``--ffn-hidden``, ``--mlp``, ``--norm``,
+``--untied``, ``--attention``, ``cp=`` in ``--mesh`` -- price any GPT/Llama shape with the
+closed-form family model instead: ``simulator.family_cli``.)
+
     python -m simulator estimate --params 175e9 --mesh dp=8,tp=8,pp=16 --sequence-parallel \\
         --recompute selective --zero 1 --mixed-precision --micro-batches 64 --schedule 1F1B
     python -m simulator estimate --layers 96 --hidden 12288 --heads 96 --seq 2048 --vocab 50257 \\
@@ -62,7 +66,9 @@ from mpipar import cliargs
 from mpipar.models.gpt import GPTParallel
 from mpipar.pipeline import Schedule, build_schedule
 from mpipar.pipeline.actions import final_backward_kind
+from mpipar.untrusted import printable
 from simulator.cost import HardwareProfile, PipelineCost, load_profile
+from simulator.family_cli import add_family_arguments, resolve_gpt_defaults, run_estimate, wants_family
 from simulator.op_cost import PlanCosts, op_family
 from simulator.schedule_sim import simulate_schedule
 from simulator.step_trace import SETUP, GPTShape, GPTStrategy, KeptTensor, Part, StepTrace, build_meshes, trace_gpt_step
@@ -701,7 +707,8 @@ def parse_count(text: str) -> float:
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    return cliargs.parse_degrees(text, ("dp", "tp", "pp"), "--mesh")
+    """``dp=8,tp=8,pp=16`` (and ``cp=``) -> degrees of ``dp``, ``tp``, ``pp``, ``cp`` (1 where not given)."""
+    return cliargs.parse_degrees(text, ("dp", "tp", "pp", "cp"), "--mesh")
 
 
 _rate = cliargs.finite_float(1e-300, 1e30, "a positive rate")
@@ -721,8 +728,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--params",
         help="a parameter count (175e9, 175B, 350M): picks a GPT-3-style shape (head size 128, layers = heads)",
     )
-    m.add_argument("--seq", type=cliargs.positive_int, default=2048, help="sequence length s (default 2048)")
-    m.add_argument("--vocab", type=cliargs.positive_int, default=50257, help="vocabulary size (default 50257)")
+    m.add_argument(
+        "--seq", type=cliargs.positive_int, default=None, help="sequence length s (default 2048, or the preset's)"
+    )
+    m.add_argument(
+        "--vocab", type=cliargs.positive_int, default=None, help="vocabulary size (default 50257, or the preset's)"
+    )
     m.add_argument(
         "--micro-batch-size",
         type=cliargs.positive_int,
@@ -732,11 +743,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--dropout",
         type=cliargs.finite_float(0.0, 1.0, "a probability"),
-        default=0.1,
-        help="dropout probability (default 0.1; 0 keeps no masks)",
+        default=None,
+        help="dropout probability (default 0.1 for GPT shapes, 0 for RMSNorm ones; 0 keeps no masks)",
     )
+    add_family_arguments(p.add_argument_group("model family (simulator.family_cli: the closed-form family model)"))
     s = p.add_argument_group("strategy")
-    s.add_argument("--mesh", default="dp=1", help="degrees, e.g. dp=8,tp=8,pp=16")
+    s.add_argument("--mesh", default="dp=1", help="degrees, e.g. dp=8,tp=8,pp=16 (cp=4: context parallel)")
     s.add_argument("--sequence-parallel", action="store_true")
     s.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     s.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over dp")
@@ -769,8 +781,9 @@ def build_parser() -> argparse.ArgumentParser:
     h = p.add_argument_group("hardware")
     h.add_argument(
         "--hardware",
-        default="h100-nvlink-ib",
-        help="a preset (h100-nvlink-ib, a100-nvlink-ib, cpu-local) or a profile JSON",
+        default=None,
+        help="a preset (h100-nvlink-ib, h100-sxm, a100-nvlink-ib, cpu-local) or a profile JSON (default "
+        "h100-nvlink-ib; h100-sxm, its GPU model, for the family model)",
     )
     h.add_argument(
         "--memory-bandwidth",
@@ -835,7 +848,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def from_args(ns: argparse.Namespace) -> tuple[GPTShape, GPTStrategy]:
-    """The model and strategy the command line asks for (``ValueError`` naming the flag at fault)."""
+    """The traced GPT and strategy the command line asks for (``ValueError`` naming the flag at fault)."""
+    resolve_gpt_defaults(ns)
     explicit = {k: getattr(ns, k) for k in ("layers", "hidden", "heads")}
     if ns.params is not None:
         given = [f"--{k}" for k, v in explicit.items() if v is not None]
@@ -852,8 +866,17 @@ def from_args(ns: argparse.Namespace) -> tuple[GPTShape, GPTStrategy]:
             raise ValueError(f"the model needs {', '.join(missing)} (or --params N to pick a GPT-3-style shape)")
         shape = GPTShape(ns.layers, ns.hidden, ns.heads, ns.seq, ns.vocab, ns.micro_batch_size, ns.dropout)
     deg = parse_mesh(ns.mesh)
+    if deg["cp"] > 1:
+        raise ValueError("cp > 1 is priced by the family model; give the shape with --model or the family flags")
     interleaved = ns.schedule.strip().lower() in ("interleaved1f1b", "interleaved", "vpp")
     chunks = ns.chunks if ns.chunks is not None else (2 if interleaved else 1)
+    # Each count is bounded by its parser; what the estimate's loops run over are their products.
+    cliargs.check_product({"--layers": shape.layers}, cliargs.MAX_LAYERS, "layers")
+    cliargs.check_product(
+        {"--micro-batches": ns.micro_batches, "pp": deg["pp"], "--chunks": chunks},
+        cliargs.MAX_SCHEDULE_SLOTS,
+        "pipeline slots",
+    )
     strategy = GPTStrategy(
         deg["dp"],
         deg["tp"],
@@ -875,6 +898,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:
+        degrees = parse_mesh(ns.mesh)
+        if wants_family(ns, degrees["cp"]):
+            return run_estimate(ns, degrees)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
         shape, strategy = from_args(ns)
         profile = load_profile(ns.hardware)
         started = time.perf_counter()
@@ -895,7 +924,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--host-link-bandwidth prices --offload's copies; add --offload or drop it")
         offload = offload_estimate(result, ns.host_link_bandwidth or profile.host_link_Bps) if ns.offload else None
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(printable(exc))  # a profile's or plan's text reaches no terminal raw
     if ns.plan:
         try:
             step.plan.save(ns.plan)
@@ -909,10 +938,10 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(result.summary())
+        print(printable(result.summary(), keep_newlines=True))
         if ns.breakdown:
             print()
-            print(result.breakdown())
+            print(printable(result.breakdown(), keep_newlines=True))
         if offload is not None:
             print(offload.summary())
         if ns.plan:

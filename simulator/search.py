@@ -19,9 +19,18 @@ from dataclasses import dataclass, field, replace
 
 from mpipar import cliargs
 from mpipar.pipeline import resolve_kind
+from simulator.candidate import Priced, ranking_lines
 from simulator.cost import HardwareProfile, load_profile
 from simulator.estimate import Estimate, estimate, parse_count
 from simulator.estimate import build_parser as estimate_parser
+from simulator.family_cli import (
+    add_family_arguments,
+    family_shape,
+    resolve_family_defaults,
+    resolve_gpt_defaults,
+    wants_family,
+)
+from simulator.family_search import model_flags, search_family
 from simulator.fast_estimate import (
     TraceCache,
     applicable,
@@ -49,17 +58,8 @@ def divisors(n: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(Priced[GPTStrategy]):
     """A priced strategy: the estimate's headline numbers and the flags that reproduce it."""
-
-    strategy: GPTStrategy
-    micro_batch_size: int
-    step_time_s: float
-    peak_bytes: int
-    bubble_fraction: float
-    tokens_per_s: float
-    mfu: float
-    fits: bool
 
     def estimate_flags(self, shape: GPTShape, hardware: str) -> str:
         st = self.strategy
@@ -523,12 +523,80 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--top", type=cliargs.int_range(1, 1000, "a count"), default=5)
     p.add_argument("--json", action="store_true")
+    add_family_arguments(p.add_argument_group("model family (searched with the closed-form family model)"))
+    p.add_argument(
+        "--micro-batch-size",
+        type=cliargs.positive_int,
+        action="append",
+        default=None,
+        help="family model: only this micro-batch size (repeat the flag for several; default: every divisor)",
+    )
+    p.add_argument(
+        "--cp",
+        type=cliargs.positive_int,
+        action="append",
+        default=None,
+        help="family model: only this context-parallel degree (repeat for several; default: every divisor)",
+    )
     return p
+
+
+def run_family_search(ns: argparse.Namespace) -> int:
+    """``search``'s family path (``simulator.family_search``): the table, or JSON with ``cp`` per row."""
+    resolve_family_defaults(ns)
+    shape = family_shape(ns)
+    result = search_family(
+        shape,
+        ns.devices,
+        ns.global_batch,
+        ns.hardware,
+        memory_limit=ns.memory_limit,
+        top_k=ns.top,
+        micro_batch_sizes=tuple(ns.micro_batch_size) if ns.micro_batch_size else None,
+        context_parallel=tuple(ns.cp) if ns.cp else None,
+    )
+    flags = model_flags(shape, ns.model)
+    if ns.json:
+        json.dump(
+            {
+                "model": shape.describe(),
+                "devices": result.devices,
+                "global_batch": result.global_batch,
+                "memory_limit": result.memory_limit,
+                "enumerated": result.enumerated,
+                "priced": result.priced,
+                "pruned": result.pruned,
+                "seconds": result.seconds,
+                "advice": result.advice(),
+                "top": [{**c.row(), "estimate_flags": c.estimate_flags(flags, ns.hardware)} for c in result.ranked],
+            },
+            sys.stdout,
+            indent=1,
+        )
+        sys.stdout.write("\n")
+        return 0 if result.ranked else 1
+    print(shape.describe())
+    head = (
+        f"{result.enumerated} candidates on {result.devices} x {result.hardware}, {result.global_batch} sequences "
+        f"per step: {result.priced} priced in {result.seconds:.1f} s"
+    )
+    details = [[c.describe(), f"estimate: {c.estimate_flags(flags, ns.hardware)}"] for c in result.ranked]
+    print("\n".join(ranking_lines(head, result.pruned, result.ranked, "s", details)))
+    if not result.ranked:
+        print(result.advice())
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
+    if wants_family(ns) or ns.cp or ns.micro_batch_size:
+        try:
+            return run_family_search(ns)
+        except ValueError as exc:
+            parser.error(str(exc))
+    resolve_gpt_defaults(ns)
     try:
         if ns.params is not None:
             shape = GPTShape.from_params(parse_count(ns.params), ns.seq, ns.vocab)
@@ -579,20 +647,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         sys.stdout.write("\n")
         return 0
-    print(
-        f"{result.enumerated} candidates: {result.priced} priced in {result.seconds:.1f} s; pruned: "
-        + (", ".join(f"{v} {k}" for k, v in result.pruned.items()) or "none")
-    )
+    details = [
+        [f"estimate: {c.estimate_flags(shape, ns.hardware)}", f"gpt.py:   {c.gpt_flags()}"] for c in result.ranked
+    ]
+    head = f"{result.enumerated} candidates: {result.priced} priced in {result.seconds:.1f} s"
+    print("\n".join(ranking_lines(head, result.pruned, result.ranked, "ms", details)))
     if not result.ranked:
         print(result.advice())
         return 1
-    for rank, c in enumerate(result.ranked, 1):
-        print(
-            f"#{rank} step {c.step_time_s * 1e3:.2f} ms  {c.tokens_per_s:,.0f} tokens/s  MFU {c.mfu:.1%}  "
-            f"peak {c.peak_bytes / 2**30:.2f} GiB  bubble {c.bubble_fraction:.1%}"
-        )
-        print(f"   estimate: {c.estimate_flags(shape, ns.hardware)}")
-        print(f"   gpt.py:   {c.gpt_flags()}")
     return 0
 
 

@@ -34,6 +34,7 @@ from mpipar.compat.collective import (
     scatter,
     send,
 )
+from mpipar.compile.engine import Engine
 from mpipar.compile.to_static import DistModel, Strategy, to_static
 from mpipar.distribute import dtensor_from_local, reshard, shard_tensor
 from mpipar.distributed import auto_parallel, fleet, launch, sharding
@@ -54,6 +55,7 @@ from mpipar.tensor import DistTensor
 __all__ = [
     "DistModel",
     "DistTensor",
+    "Engine",
     "Group",
     "Partial",
     "Placement",

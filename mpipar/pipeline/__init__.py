@@ -26,6 +26,7 @@ from mpipar.pipeline.actions import (
     transfer_tag,
 )
 from mpipar.pipeline.schedule import KINDS, Schedule, build_schedule, resolve_kind
+from mpipar.pipeline.stages import stage_layer_counts, stage_of_layers
 from mpipar.pipeline.validate import DryRun, stage_rank
 
 
@@ -51,6 +52,8 @@ __all__ = [
     "matching",
     "parse_action",
     "resolve_kind",
+    "stage_layer_counts",
+    "stage_of_layers",
     "stage_rank",
     "transfer_tag",
     "validate",

@@ -35,6 +35,9 @@ SINGLE_CARD = "003-00"
 # Seed 003's semi-automatic programs (dynamic and to_static) train the single-card net on the same
 # data (every rank reads the whole batch), so they print its losses exactly.
 SAME_AS_SINGLE_CARD = ["003-06", "003-07", "003-08", "003-10", "003-11", "003-12"]
+if seed_ports.static_available():  # the static single-card program and the Engine's (its pipeline,
+    # 003-17, prints on the last stage's rank only: it runs, rank 0 has no loss to compare)
+    SAME_AS_SINGLE_CARD += sorted(seed_ports.STATIC_BLOCKS - {"003-17"})
 
 
 def sections(output: str) -> dict[str, str]:
