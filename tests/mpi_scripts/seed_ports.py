@@ -113,6 +113,16 @@ def shrink(seed: str, source: str) -> str:
 PREAMBLE_PADDLE = ["import numpy as np", "import mpipar as paddle", "import mpipar.distributed as dist"]
 
 
+RUN_MLP = [
+    "model = MlpModel()",
+    "x = paddle.to_tensor(np.random.uniform(size=[4, 4, 16]).astype('float32'))",
+    "loss = paddle.mean(model(x))",
+    "loss.backward()",
+    "print('loss', float(loss))",
+]
+"""What seed 000 §4.2 and §4.3 (model classes only) assume: one step of §4.1's program."""
+
+
 @dataclass(frozen=True)
 class Fragment:
     before: list[str] = field(default_factory=list)
@@ -127,23 +137,11 @@ FRAGMENTS: dict[str, Fragment] = {
     # §4.2 / §4.3: the model classes of a program whose imports and loop are §4.1's
     "000-04": Fragment(
         before=PREAMBLE_PADDLE,
-        after=[
-            "model = MlpModel()",
-            "x = paddle.to_tensor(np.random.uniform(size=[4, 4, 16]).astype('float32'))",
-            "loss = paddle.mean(model(x))",
-            "loss.backward()",
-            "print('loss', float(loss))",
-        ],
+        after=RUN_MLP,
     ),
     "000-05": Fragment(
         before=PREAMBLE_PADDLE,
-        after=[
-            "model = MlpModel()",
-            "x = paddle.to_tensor(np.random.uniform(size=[4, 4, 16]).astype('float32'))",
-            "loss = paddle.mean(model(x))",
-            "loss.backward()",
-            "print('loss', float(loss))",
-        ],
+        after=RUN_MLP,
     ),
     # §4.5: continues §4.4's program (its model, dataloader and opt)
     "000-07": Fragment(prefix_block="000-06"),
