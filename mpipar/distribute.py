@@ -110,20 +110,20 @@ def shard_tensor(
         spec = _spec_for(f"shard_tensor of {data._label()}", data.shape, mesh, pls)
         mode = execution_mode([data], backend)
         if mode is Mode.ABSTRACT:
-            target._init = None
+            target._take_init()
             target._take_storage(Tensor.abstract(data.shape, data.dtype, spec))
         elif data._init is not None and mode is Mode.DISTRIBUTED:
             # A lazy value: each hosted rank generates its own shard, never the whole tensor.
-            init, data._init = data._init, None
+            init = data._take_init()
             target._set_dist(spec, _shards_from_global(spec, None, init), data.dtype)
         elif data._grad_fn is not None:
             # A tensor with history: the marked value is a reshard of the old one, on the tape.
             history = data.detach()
-            history._grad_fn, history._out_index = data._grad_fn, data._out_index
+            history._set_history(data._grad_fn, data._out_index)
             history.stop_gradient = data.stop_gradient
             moved = reshard(history, mesh, pls)
             target._take_storage(moved)
-            target._grad_fn, target._out_index = moved._grad_fn, moved._out_index
+            target._set_history(moved._grad_fn, moved._out_index)
         elif data.is_dist:
             target._take_storage(reshard(data, mesh, pls))
         elif mode is Mode.DENSE:
@@ -220,16 +220,16 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     if out is not None:
         out.stop_gradient = tensor.stop_gradient
         if not tensor.stop_gradient and tape.is_grad_enabled():
-            out._grad_fn = reshard_node(tensor)
+            out._set_history(reshard_node(tensor))
         return out
     out = _reshard_now(tensor, dst, backend)
     if cacheable:
-        out._reshards = {}
+        out._mark_computed()
         assert tensor._reshards is not None
         tensor._reshards[dst] = (tensor._sid, out.detach())
     out.stop_gradient = tensor.stop_gradient
     if not tensor.stop_gradient and tape.is_grad_enabled():
-        out._grad_fn = reshard_node(tensor)
+        out._set_history(reshard_node(tensor))
     return out
 
 

@@ -64,7 +64,6 @@ def recompute(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     node = autograd.Node("recompute", grad_fn, ctx, [t if not t.stop_gradient else None for t in inputs], len(outs))
     for j, o in enumerate(outs):
         if isinstance(o, Tensor) and o.dtype.kind == "f":
-            o._grad_fn = node
-            o._out_index = j
+            o._set_history(node, j)
             o.stop_gradient = False
     return result

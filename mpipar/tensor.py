@@ -251,18 +251,64 @@ class Tensor:
         return t
 
     @classmethod
-    def _op_output(cls, spec: DistSpec, dtype: np.dtype) -> Tensor:
-        """An op's output with this layout and (NumPy) dtype, a fresh storage id and no history;
-        the caller gives it its shards. It may be resharded once per layout (``_reshards``)."""
+    def _op_output(cls, spec: DistSpec, dtype: np.dtype, shards: dict[int, Array] | None = None) -> Tensor:
+        """An op's output with this layout and (NumPy) dtype, ``shards`` (taken as they are, not
+        copied; the caller owns nothing else that refers to them), a fresh storage id and no
+        history. A computed value: it may be resharded once per layout (``_reshards``)."""
         t = Tensor.__new__(Tensor)
         t._spec = spec
-        t._shards = {}
+        t._shards = {} if shards is None else shards
         t._sid = next(_storage_ids)
         t._dtype = dtype
         t._shape = Shape(spec.shape)
         t.stop_gradient = True
         t._reshards = {}  # a computed value: reshard it once (``mpipar.distribute.reshard``)
         return t
+
+    @classmethod
+    def _deferred_output(cls, spec: DistSpec, dtype: np.dtype, deferred: Any) -> Tensor:
+        """An op's output whose shards ``deferred`` computes on first read (``mpipar.deferred``):
+        no ``_shards`` until then, so ``__getattr__`` reaches the deferral."""
+        t = cls._op_output(spec, dtype)
+        del t.__dict__["_shards"]
+        t._deferred = deferred
+        return t
+
+    @classmethod
+    def _dense_output(cls, value: Array, frozen: bool = True) -> Tensor:
+        """A dense output holding ``value`` (made read-only unless ``frozen`` is False: a captured
+        program hands out its arrays as they are), a fresh storage id and no history."""
+        t = cls.__new__(cls)
+        Tensor.__init__(t, None, dtype=value.dtype)
+        t._value = freeze(value) if frozen else value
+        t._shape = Shape(value.shape)
+        t._dtype = value.dtype
+        return t
+
+    def _renew_storage(self, dense: Array | None = None) -> None:
+        """A new value in place: a new storage id (reshards of the old value are not reused) and,
+        for a dense tensor, ``dense`` as its value."""
+        self._sid = next(_storage_ids)
+        if dense is not None:
+            self._dense = dense
+
+    def _set_history(self, node: Any, index: int = 0) -> None:
+        """This tensor is output ``index`` of the tape node ``node`` (the op or reshard that made it)."""
+        self._grad_fn = node
+        self._out_index = index
+
+    def _take_init(self) -> Callable[[tuple[int, ...], Any], Array] | None:
+        """The lazy initialiser, handed over once: the tensor is no longer lazy."""
+        init, self._init = self._init, None
+        return init
+
+    def _drop_shards(self) -> None:
+        """Let go of this (gathered, ZeRO-3) copy's shards: backward gathers them again."""
+        self._shards = {}
+
+    def _mark_computed(self) -> None:
+        """A value an op computed: each reshard of it is made once and reused (``_reshards``)."""
+        self._reshards = {}
 
     def _set_dist(self, spec: DistSpec, shards: Mapping[int, Array], dtype: np.dtype) -> None:
         self._sid = next(_storage_ids)

@@ -267,10 +267,7 @@ class _Loader:
         backend = self.backend
         if not t.is_dist:
             value = self._read_full(name, entry)
-            dense = Tensor(None, dtype=dtype)
-            dense._value = _frozen(value)
-            dense._shape = t.shape
-            t._take_storage(dense)
+            t._take_storage(Tensor._dense_output(_frozen(value)))
             return
         spec = t.spec
         if execution_mode((), backend) is Mode.DENSE:

@@ -583,8 +583,7 @@ def _link(out: Tensor, x: Tensor, name: str, grad: Any) -> Tensor:
     ctx = autograd.GradContext(name, {}, [None], [None], [tuple(x.shape)], [x.dtype], [True])
     node = autograd.Node(name, lambda _ctx, grads: [grad(grads[0])], ctx, [x], 1)
     out.stop_gradient = False
-    out._grad_fn = node
-    out._out_index = 0
+    out._set_history(node)
     return out
 
 

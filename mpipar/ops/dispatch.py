@@ -277,7 +277,7 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     for hook in hooks.op_hooks:
         hook.on_op(op, original, used, outs, result)
     for g in gathered:  # ZeRO-3: the gathered copy is freed after use; backward gathers again
-        g._shards = {}
+        g._drop_shards()
     result_value = tuple(outs) if op.multi_output else outs[0]
     for program in hooks.program_hooks:
         program.on_apply(name, inputs, attrs, result_value)
@@ -317,7 +317,7 @@ def _run_abstract(
             used.append(_reshard_input(t, want))
     outs = [Tensor.abstract(s.shape, dt, s) for s, dt in zip(res.outputs, dtypes, strict=True)]
     for t in outs:
-        t._reshards = {}  # a computed value: reshard it once (``mpipar.distribute.reshard``)
+        t._mark_computed()
     return outs, used, res
 
 
@@ -350,12 +350,7 @@ def _run_dense(
             ref_mesh = dist_inputs[0].spec.mesh
             outs.append(Tensor._from_reference(DistSpec(arr.shape, ref_mesh, [Replicate()] * ref_mesh.ndim), arr))
         else:
-            t = Tensor.__new__(Tensor)
-            Tensor.__init__(t, None, dtype=dt)
-            t._value = freeze(arr)
-            t._shape = type(t._shape)(arr.shape)
-            t._dtype = arr.dtype
-            outs.append(t)
+            outs.append(Tensor._dense_output(arr))
     if tr is not None:
         tr.record_kernel(
             op, ctx, attrs, dtypes, flat, None, arrays, frozen if op.multi_output else frozen[0], dense=True
@@ -555,15 +550,8 @@ def _run_dist(
     per_rank = _kernel_outputs(op, decision, attrs, None, used)
     outs = []
     for j, (spec, dt) in enumerate(zip(decision.out_specs, decision.dtypes, strict=True)):
-        out = _output(spec, dt)
-        out._shards = {r: got[j] for r, got in per_rank.items()}
-        outs.append(out)
+        outs.append(Tensor._op_output(spec, dt, {r: got[j] for r, got in per_rank.items()}))
     return outs, used, decision.res
-
-
-def _output(spec: DistSpec, dtype: np.dtype) -> Tensor:
-    """An op's output tensor with this layout and dtype; the caller gives it its shards."""
-    return Tensor._op_output(spec, dtype)
 
 
 def _kernel_outputs(
@@ -700,10 +688,7 @@ def _deferred_output(op: OpDef, decision: Decision, used: list[Tensor], attrs: d
         r: Product(tuple(inputs[r]), attrs, shapes[0], dtype, op.product_sum, deferred, r)
         for r, shapes, _ in decision.ranks
     }
-    out = _output(decision.out_specs[0], dtype)  # type: ignore[index]
-    del out.__dict__["_shards"]
-    out._deferred = deferred
-    return out
+    return Tensor._deferred_output(decision.out_specs[0], dtype, deferred)  # type: ignore[index]
 
 
 def _replicate_only_outputs(
@@ -728,7 +713,7 @@ def _replicate_only_outputs(
             arr = np.asarray(rank_out[j]) if isinstance(rank_out[j], np.generic) else rank_out[j]
             shards[r] = arr.astype(dt) if arr.dtype != dt else arr
         out = Tensor._from_shards(spec, shards, dt)
-        out._reshards = {}
+        out._mark_computed()
         outs.append(out)
     return outs
 
@@ -805,5 +790,4 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
     parents = [u if need else None for u, need in zip(used, needs, strict=True)]
     node = tape.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]
     for j, t in enumerate(outs):
-        t._grad_fn = node
-        t._out_index = j
+        t._set_history(node, j)

@@ -112,11 +112,8 @@ class StageRun:
         if self.target < 0:  # the probe: a planned reshard, on the tape (the plan's backward crosses it)
             shadow = src if src.is_abstract else Tensor.abstract(src.shape, src.dtype, src.spec)
             if shadow is not src:
-                shadow.stop_gradient, shadow._grad_fn, shadow._out_index = (
-                    src.stop_gradient,
-                    src._grad_fn,
-                    src._out_index,
-                )
+                shadow.stop_gradient = src.stop_gradient
+                shadow._set_history(src._grad_fn, src._out_index)
             return _reshard(shadow, dst, current_backend())
         out = Tensor.abstract(src.shape, src.dtype, dst)
         out.stop_gradient = src.stop_gradient

@@ -1,5 +1,6 @@
-"""Private names imported across modules: the list in ``tests/golden/private_imports.txt`` may only
-shrink.
+"""Private names imported across modules, and private attributes written on another module's
+objects: the lists in ``tests/golden/private_imports.txt`` and ``tests/golden/private_writes.txt``
+may only shrink.
 
 A leading underscore says "this module's own"; another module importing it couples the two
 through a detail neither promises. Each such import is listed (importing module, source module,
@@ -16,10 +17,14 @@ from __future__ import annotations
 import ast
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN = os.path.join(REPO, "tests", "golden", "private_imports.txt")
+WRITES = os.path.join(REPO, "tests", "golden", "private_writes.txt")
+OWN_FIELDS = {"mpipar/tensor.py"}
+"""Modules whose classes' private fields they set themselves (the class's own constructors)."""
 PACKAGES = ("mpipar", "simulator", "viz")
 
 
@@ -57,8 +62,62 @@ def private_imports(root: str = REPO) -> list[str]:
     return sorted(rows)
 
 
-def read_golden() -> list[str]:
-    with open(GOLDEN, encoding="utf-8") as f:
+def _sources(root: str) -> list[tuple[str, ast.Module]]:
+    out = []
+    for package in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(root, package)):
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    path = os.path.join(folder, f)
+                    with open(path, encoding="utf-8") as fh:
+                        out.append((os.path.relpath(path, root), ast.parse(fh.read(), filename=path)))
+    return out
+
+
+def private_writes(root: str = REPO) -> list[str]:
+    """``module: obj._field`` for every assignment to a private attribute of an object that is not
+    the method's own (``self``/``cls``), outside the modules that own those fields. A module that
+    writes another's private fields depends on how that object keeps its state; the owner's
+    constructor or method is where such a write belongs."""
+    rows: list[str] = []
+    for rel, tree in _sources(root):
+        if rel in OWN_FIELDS:
+            continue
+        for node in ast.walk(tree):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for target in targets:
+                for e in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if not (isinstance(e, ast.Attribute) and e.attr.startswith("_") and not e.attr.startswith("__")):
+                        continue
+                    if isinstance(e.value, ast.Name) and e.value.id in ("self", "cls"):
+                        continue
+                    rows.append(f"{rel}: {ast.unparse(e.value)}.{e.attr}")
+    return sorted(rows)
+
+
+def test_the_writer_check_sees_a_write(tmp_path: Path) -> None:
+    package = tmp_path / "mpipar"
+    package.mkdir()
+    (package / "a.py").write_text("def f(t, self):\n    t._x = 1\n    self._y = 2\n    t.z = 3\n")
+    assert private_writes(str(tmp_path)) == ["mpipar/a.py: t._x"]
+
+
+def test_private_writes_only_shrink() -> None:
+    found, golden = private_writes(), read_golden(WRITES)
+    new = sorted((Counter(found) - Counter(golden)).elements())
+    gone = sorted((Counter(golden) - Counter(found)).elements())
+    assert not new, "private attributes of another module's objects written (add a method to the owner):\n" + "\n".join(
+        new
+    )
+    assert not gone, "gone: remove these lines from tests/golden/private_writes.txt:\n" + "\n".join(gone)
+
+
+def read_golden(path: str = GOLDEN) -> list[str]:
+    with open(path, encoding="utf-8") as f:
         return sorted(line.strip() for line in f if line.strip() and not line.startswith("#"))
 
 
@@ -85,4 +144,10 @@ if __name__ == "__main__":
     with open(GOLDEN, "w", encoding="utf-8") as f:
         f.write("# Private names imported across modules (tests/unit/test_private_imports.py): may only shrink.\n")
         f.writelines(f"{r}\n" for r in rows)
-    print(f"{len(rows)} private imports listed")
+    writes = private_writes()
+    with open(WRITES, "w", encoding="utf-8") as f:
+        f.write(
+            "# Private attributes written on other modules' objects (tests/unit/test_private_imports.py): may only shrink.\n"
+        )
+        f.writelines(f"{r}\n" for r in writes)
+    print(f"{len(rows)} private imports, {len(writes)} private writes listed")

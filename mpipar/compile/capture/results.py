@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mpipar.compile.capture.instructions import Array
-from mpipar.tensor import Tensor, _storage_ids
+from mpipar.tensor import Tensor
 
 Where = tuple[tuple[Any, int], ...]
 """A tensor's arrays as (hosted rank, slot) pairs; the rank is None for a dense tensor's value."""
@@ -93,12 +93,11 @@ def apply_rebind(entries: list[Result], slots: list[Any]) -> None:
         if isinstance(e, TensorResult):
             spec, dtype, where = e.spec, e.dtype, e.where
             if spec is None:
-                obj._sid = next(_storage_ids)
-                obj._dense = slots[where[0][1]]
+                obj._renew_storage(slots[where[0][1]])
             elif obj._spec is spec and obj._dense is None and obj._dtype == dtype and _holds(obj._shards, where, slots):
                 # Updated in place (SGD): the same arrays, a new value. A new storage id, as
                 # ``_set_dist`` gives (reshards of the old value are not reused), and read-only again.
-                obj._sid = next(_storage_ids)
+                obj._renew_storage()
                 for _, s in where:
                     slots[s].flags.writeable = False
             else:
@@ -130,16 +129,10 @@ def _tensor(
     spec: Any, dtype: Any, shape: Any, where: Sequence[tuple[int | None, int]], slots: list[Any], computed: bool = True
 ) -> Tensor:
     if spec is None:
-        t = Tensor.__new__(Tensor)
-        Tensor.__init__(t, None, dtype=dtype)
-        v = slots[where[0][1]]
-        t._dense = v
-        t._shape = type(t._shape)(v.shape)
-        t._dtype = v.dtype
-        return t
+        return Tensor._dense_output(slots[where[0][1]], frozen=False)
     t = Tensor._from_shards(spec, {r: slots[s] for r, s in where}, dtype)
     if computed:
-        t._reshards = {}  # a computed value, as the eager one (reshard it once)
+        t._mark_computed()  # a computed value, as the eager one (reshard it once)
     return t
 
 
