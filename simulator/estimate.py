@@ -425,17 +425,18 @@ def estimate(
         charge(part, "optimizer", tuple(updates), updates)
 
     parts_of_stage: dict[int, list[Part]] = {s: [] for s in range(n_stages)}
-    for part, _ in seconds:
-        if part.kind != "handoff":
-            parts_of_stage[step.stage_of(part)].append(part)
-    for part in (*step.activations, *step.model_state):
-        if part.kind != "handoff" and part != SETUP and part not in parts_of_stage[step.stage_of(part)]:
+    # In first-seen order, each part once: sums over a stage's parts then add in the same order
+    # in every process (a set's order of named parts changes with the string hash seed).
+    priced = [p for p, _ in seconds]
+    kept = [p for p in (*step.activations, *step.model_state) if p != SETUP]
+    for part in (*priced, *kept):
+        if part.kind != "handoff" and part not in parts_of_stage[step.stage_of(part)]:
             parts_of_stage[step.stage_of(part)].append(part)
 
     empty = _Ledger()
 
     def stage_sum(s: int, bucket: str, rank: int) -> float:
-        return sum(scale(p) * seconds.get((p, bucket), empty).at(rank) for p in set(parts_of_stage[s]))
+        return sum(scale(p) * seconds.get((p, bucket), empty).at(rank) for p in parts_of_stage[s])
 
     fwd, b_in, b_w = [], [], []
     for s in range(n_stages):
@@ -506,7 +507,7 @@ def estimate(
     state_total = {r: sum(state_cat[c].get(r, 0) for c in state_cat) for r in world}
     act = [
         {
-            r: round(sum(scale(p) * step.activations.get(p, {}).get(r, 0) for p in set(parts_of_stage[s])))
+            r: round(sum(scale(p) * step.activations.get(p, {}).get(r, 0) for p in parts_of_stage[s]))
             for r in step.stage_ranks[s]
         }
         for s in range(n_stages)
