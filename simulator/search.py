@@ -1,4 +1,4 @@
-"""Strategy search (fully automatic mode, issue #17): enumerate GPT training strategies for a
+"""Strategy search (fully automatic mode): enumerate GPT training strategies for a
 device count and global batch, drop the ones that do not divide or do not fit in memory, price
 the rest with ``simulator.estimate`` and rank them by predicted step time.
 
