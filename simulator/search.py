@@ -345,6 +345,7 @@ def _branch_and_bound(
     best_gemm *= (
         hw.gemm_efficiency_max if hw.gpu_model else max((e for _, e in hw.gemm_curve), default=hw.compute_efficiency)
     )
+    best_gemm /= hw.kernel_scale  # every priced kernel runs that much slower than its rate
 
     def counts(st: GPTStrategy) -> list[int]:
         return layer_counts(shape.layers, st.pp, st.chunks)
