@@ -14,22 +14,35 @@ every variant's loss and updated weights are checked against the hand-written on
 mpipar's all-reduces per step are counted. A step is timed between barriers, the slowest rank
 counts. Within a round the variants take turns step by step, in a fresh random order each
 time (the same on every rank; ``steps_in_turns``), so a change in the machine's load while a
-round runs falls on every variant alike instead of on whichever ran its steps then; a round's
-time is each variant's median over ``--iters`` steps, the result its best round. Prints the
-ratios to the hand-written step (aim: at most 1.2).
+round runs falls on every variant alike instead of on whichever ran its steps then.
+
+Reported per variant over every timed step of every round: p10, p50 and p90 of the step time
+(the slowest rank's), p90 / p50 (the spread), and both as ratios to the hand-written step
+(aims: p50 at most 1.2x, spread at most 1.2x); ``--per-rank`` adds each rank's own
+distribution, ``--json`` prints it all as JSON. The load average is printed before and after,
+with the collector runs per rank during timing. ``--gc disabled`` turns Python's garbage
+collector off on every rank while timing; ``MPIPAR_REDUCE=native`` times MPI's own sums;
+``MPIPAR_GC=off`` times without mpipar's collector policy (``docs/performance.md``).
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (mpipar before mpi4py: below)
 
 import argparse
+import gc
+import json
+import math
+import os
 import time
 from collections.abc import Callable
 
 import numpy as np
+
+# mpipar first (as a user's script would have it): it sets how ranks wait inside MPI
+# (mpipar.runtime.waits) before importing mpi4py starts MPI; the hand-written step gets it too.
+import mpipar as dist
 from mpi4py import MPI
 from tp_mlp import sgd_step, sgd_step_tensor
-
-import mpipar as dist
+from mpipar.runtime.ordered import reduce_mode_from_env
 from mpipar.tensor import reuse_reshards
 
 BATCH, IN, HIDDEN, LR = 32, 256, 4096, 0.01
@@ -106,8 +119,9 @@ def ours(world: MPI.Comm, captured: bool = False) -> tuple[Callable[[], float], 
 
 def steps_in_turns(
     world: MPI.Comm, steps: dict[str, Callable[[], object]], iters: int, warmup: int = 3
-) -> dict[str, list[float]]:
-    """Each step's time (the slowest rank's, between barriers) over ``iters`` turns: every turn
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each step's time over ``iters`` turns: the slowest rank's (between barriers), and this
+    rank's own (from the barrier to its return, its waits for the others included). Every turn
     runs each step once, in an order drawn afresh (the same seed on every rank, so all ranks
     call alike), after ``warmup`` untimed turns."""
     names = list(steps)
@@ -115,7 +129,8 @@ def steps_in_turns(
         for name in names:
             steps[name]()
     order = np.random.default_rng(2026)
-    times: dict[str, list[float]] = {name: [] for name in names}
+    slowest_times: dict[str, list[float]] = {name: [] for name in names}
+    own_times: dict[str, list[float]] = {name: [] for name in names}
     elapsed, slowest = np.empty(1), np.empty(1)
     for _ in range(iters):
         for i in order.permutation(len(names)):
@@ -124,8 +139,42 @@ def steps_in_turns(
             steps[names[i]]()
             elapsed[0] = time.perf_counter() - t0
             world.Allreduce(elapsed, slowest, op=MPI.MAX)
-            times[names[i]].append(float(slowest[0]))
-    return times
+            slowest_times[names[i]].append(float(slowest[0]))
+            own_times[names[i]].append(float(elapsed[0]))
+    return slowest_times, own_times
+
+
+class CollectorPauses:
+    """A ``gc.callbacks`` entry: how often each generation was collected, and the longest pause."""
+
+    def __init__(self) -> None:
+        self.runs = [0, 0, 0]
+        self.longest = [0.0, 0.0, 0.0]
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        gen = info["generation"]
+        self.runs[gen] += 1
+        self.longest[gen] = max(self.longest[gen], time.perf_counter() - self._start)
+
+
+PERCENTILES = (10, 50, 90)
+
+
+def spread(times: list[float]) -> dict[str, float]:
+    """p10, p50 and p90 of these step times, in ms, and p90 / p50."""
+    p10, p50, p90 = (float(v) * 1e3 for v in np.percentile(times, PERCENTILES))
+    return {"p10": p10, "p50": p50, "p90": p90, "p90/p50": p90 / p50}
+
+
+def load_average() -> tuple[float, float, float]:
+    try:
+        return os.getloadavg()
+    except OSError:  # not every platform has one
+        return (math.nan, math.nan, math.nan)
 
 
 def main() -> None:
@@ -138,6 +187,21 @@ def main() -> None:
         default=4096,
         help="the hidden width (4096); with -n 1, 1024 gives one rank of -n 4 its shapes without the other three",
     )
+    p.add_argument(
+        "--gc",
+        choices=["as-is", "disabled"],
+        default="as-is",
+        help="Python's garbage collector while timing: as mpipar leaves it (see MPIPAR_GC), or disabled on every rank",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="VARIANT",
+        help="time this variant besides the hand-written one (repeatable; default: all), e.g. --only mpipar",
+    )
+    p.add_argument("--per-rank", action="store_true", help="also print each rank's own p10 / p50 / p90")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object instead")
     args = p.parse_args()
     global HIDDEN
     HIDDEN = args.hidden
@@ -150,12 +214,15 @@ def main() -> None:
     ref_step, ref_state = hand_written(world)
     ref_losses = [ref_step() for _ in range(2)]
     variants: dict[str, Callable[[], float]] = {"hand-written mpi4py": hand_written(world)[0]}
+    wanted = {w.strip() for w in args.only}
     for label, reuse in (
         ("mpipar", True),
         ("mpipar, replayed", True),
         ("mpipar, reuse off", False),
         ("mpipar, captured", True),
     ):
+        if wanted and label not in wanted:
+            continue
         step, state = ours(world, captured=label == "mpipar, captured")
         if label == "mpipar, replayed":
             step = dist.compile_step(step)
@@ -175,7 +242,7 @@ def main() -> None:
         np.testing.assert_allclose(losses, want_losses, rtol=1e-4)
         for k, want in want_state().items():
             np.testing.assert_allclose(state()[k], want, rtol=1e-3, atol=1e-5)
-        if me == 0:
+        if me == 0 and not args.json:
             print(
                 f"{label}: {comm.counts().get('all_reduce', 0) // 2} all-reduce(s) per step, "
                 f"{len(comm.reused) // 2} reshard(s) reused; step matches the hand-written one",
@@ -190,14 +257,76 @@ def main() -> None:
         # each step (a generator context manager, a few microseconds the others need not pay).
         variants[label] = step if reuse else timed
 
-    best = {k: float("inf") for k in variants}
+    if args.gc == "disabled":
+        gc.disable()
+    pauses = CollectorPauses()
+    gc.callbacks.append(pauses)
+    load_before = load_average()
+    slowest: dict[str, list[float]] = {k: [] for k in variants}
+    own: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(args.rounds):
-        for label, times in steps_in_turns(world, variants, args.iters).items():
-            best[label] = min(best[label], float(np.median(times)))
-    if me == 0:
-        base = best["hand-written mpi4py"]
-        for label, t in best.items():
-            print(f"{label:22s} {t * 1e3:8.3f} ms/step  {t / base:5.2f}x hand-written", flush=True)
+        round_slowest, round_own = steps_in_turns(world, variants, args.iters)
+        for label in variants:
+            slowest[label] += round_slowest[label]
+            own[label] += round_own[label]
+    gc.callbacks.remove(pauses)
+    collections = np.array([*pauses.runs, *pauses.longest], float)
+    # Every rank's own step times and collector runs, to rank 0 (buffer calls of plain arrays).
+    mine = np.array([own[label] for label in variants], dtype=np.float64)
+    every_rank = np.empty((world.Get_size(), *mine.shape)) if me == 0 else None
+    world.Gather(mine, every_rank, root=0)
+    every_gc = np.empty((world.Get_size(), 6)) if me == 0 else None
+    world.Gather(collections, every_gc, root=0)
+    if me != 0:
+        return
+    assert every_rank is not None and every_gc is not None
+    base = spread(slowest["hand-written mpi4py"])
+    report: dict[str, object] = {
+        "ranks": world.Get_size(),
+        "reduce": reduce_mode_from_env(),
+        "gc": args.gc,
+        "heavy_yield": os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD", "unset"),
+        "mpipar_gc": os.environ.get("MPIPAR_GC", ""),
+        "steps_per_variant": args.rounds * args.iters,
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "gc_runs_per_rank": every_gc[:, :3].astype(int).tolist(),
+        "gc_longest_pause_ms_per_rank": (every_gc[:, 3:] * 1e3).round(3).tolist(),
+        "variants": {},
+    }
+    for v, label in enumerate(variants):
+        s = spread(slowest[label])
+        s["p50 vs hand-written"] = s["p50"] / base["p50"]
+        s["spread vs hand-written"] = s["p90/p50"] / base["p90/p50"]
+        s["per_rank"] = [spread(list(every_rank[r, v])) for r in range(world.Get_size())]
+        report["variants"][label] = s  # type: ignore[index]
+    if args.json:
+        print(json.dumps(report, indent=1), flush=True)
+        return
+    print(
+        f"{world.Get_size()} ranks, sums {report['reduce']}, MPICH heavy yield {report['heavy_yield']}, collector {args.gc}"
+        f" (MPIPAR_GC={report['mpipar_gc'] or 'unset'}), {report['steps_per_variant']} steps per variant, load average "
+        f"{' '.join(f'{x:.2f}' for x in load_before)} before, {' '.join(f'{x:.2f}' for x in report['load_average_after'])} after",  # type: ignore[union-attr]
+        flush=True,
+    )
+    print(
+        f"collector runs per rank while timing (gen 0, 1, 2): {report['gc_runs_per_rank']}; "
+        f"longest pause ms: {report['gc_longest_pause_ms_per_rank']}"
+    )
+    print(
+        f"{'slowest rank, ms':22s} {'p10':>8s} {'p50':>8s} {'p90':>8s} {'p90/p50':>8s} {'p50 x':>6s} {'spread x':>8s}"
+    )
+    for label, s in report["variants"].items():  # type: ignore[attr-defined]
+        print(
+            f"{label:22s} {s['p10']:8.3f} {s['p50']:8.3f} {s['p90']:8.3f} {s['p90/p50']:8.2f} "
+            f"{s['p50 vs hand-written']:5.2f}x {s['spread vs hand-written']:7.2f}x",
+            flush=True,
+        )
+    if args.per_rank:
+        print("each rank's own step (its waits for the others included), ms: p10 / p50 / p90")
+        for label, s in report["variants"].items():  # type: ignore[attr-defined]
+            cells = "  ".join(f"r{r} {q['p10']:.2f}/{q['p50']:.2f}/{q['p90']:.2f}" for r, q in enumerate(s["per_rank"]))
+            print(f"{label:22s} {cells}", flush=True)
 
 
 if __name__ == "__main__":

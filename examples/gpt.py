@@ -7,9 +7,10 @@
     python examples/gpt.py --tiny --steps 6 --save-every 3 --save-dir ck   # ck/step-3, ck/step-6
     python -m simulator -n 4 examples/gpt.py --tiny --steps 6 --mesh dp=4 --resume ck/step-3
     python -m simulator -n 4 examples/gpt.py --tiny --auto  # the search picks mesh, schedule, ...
+    python -m simulator -n 4 examples/gpt.py --tiny --mesh cp=2,tp=2 --attention fused  # context parallel
 
-The mesh is dp x tp per pipeline stage, pp stages (naive pipeline by reshard across stage
-meshes); see mpipar/models/gpt.py for the layout. The text is the .py files of the running
+The mesh is dp x cp x tp per pipeline stage, pp stages (naive pipeline by reshard across stage
+meshes); cp splits the sequence (context parallel); see mpipar/models/gpt.py for the layout. The text is the .py files of the running
 interpreter's standard library, read in sorted order (characters outside ASCII become '?').
 
 Checkpoints (``--save-every N --save-dir DIR``) hold the model, the optimizer's states (in
@@ -21,117 +22,35 @@ the same ``step <n> loss <v>`` lines as a run that was never interrupted (see th
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import sysconfig
-import time
 
-import numpy as np
-from common import Progress, add_pipeline_args, log_step, parser, pipeline_strategy, setup
+from common import (
+    add_attention_arg,
+    add_training_args,
+    check_layout,
+    check_training_args,
+    default_mesh,
+    fixed_world,
+    header,
+    parse_mesh,
+    parser,
+    run_size,
+    setup,
+    train_language_model,
+)
 
 import mpipar as dist
 from mpipar import cliargs
-from mpipar.checkpoint import load_training_state, prune_series, resume_target, save_training_state, step_path
-from mpipar.io import DataLoader, Dataset, RandomBatchSampler
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel, gpt_loss
-from mpipar.runtime.hosts import format_map
 from simulator.auto import choose, resolve_profile
 from simulator.search import Candidate
 from simulator.step_trace import GPTShape
 
 
-def load_corpus(max_chars: int) -> np.ndarray:
-    """Character codes (0..127) of the stdlib's .py files, sorted by path, up to ``max_chars``."""
-    root = sysconfig.get_paths()["stdlib"]
-    chunks: list[bytes] = []
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "__pycache__", "test", "tests"))
-        for name in sorted(filenames):
-            if not name.endswith(".py"):
-                continue
-            with open(os.path.join(dirpath, name), "rb") as f:
-                data = f.read()
-            chunks.append(data)
-            total += len(data)
-            if total >= max_chars:
-                break
-        if total >= max_chars:
-            break
-    if not chunks:
-        raise SystemExit(f"no Python sources found under {root}")
-    text = np.frombuffer(b"".join(chunks)[:max_chars], dtype=np.uint8).astype(np.int64)
-    return np.where(text < 128, text, ord("?"))
-
-
-class Windows(Dataset):
-    """Sample i: the characters at i..i+T (input) and i+1..i+T+1 (target)."""
-
-    def __init__(self, codes: np.ndarray, block: int) -> None:
-        self.codes, self.block = codes, block
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.codes[i : i + self.block], self.codes[i + 1 : i + self.block + 1]
-
-    def __len__(self) -> int:
-        return len(self.codes) - self.block - 1
-
-
-def parse_mesh(text: str) -> dict[str, int]:
-    try:
-        return cliargs.parse_degrees(text, ("dp", "tp", "pp"), "--mesh")
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
-
-
 def main() -> None:
     p = parser(__doc__.splitlines()[0], steps=200)
-    p.add_argument(
-        "--mesh",
-        default=None,
-        help="degrees, e.g. dp=2,tp=2,pp=2 (their product is the world size; default: data parallel over the whole world)",
-    )
-    p.add_argument(
-        "--sequence-parallel", action="store_true", help="split LayerNorm/Dropout regions along the sequence"
-    )
-    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over the dp axis")
-    p.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
-    p.add_argument("--offload", action="store_true", help="keep the optimizer's states in host memory between steps")
-    p.add_argument(
-        "--overlap",
-        type=cliargs.finite_float(0.0, what="MiB per bucket"),
-        default=None,
-        metavar="MIB",
-        help="reduce data-parallel gradients in buckets of MIB MiB while backward runs (dist.overlap_grad_reduction)",
-    )
-    p.add_argument("--batch-size", type=int, default=None, help="global batch (default 16, or 8 with --tiny)")
-    p.add_argument("--accumulate-steps", type=int, default=1, help="micro-batches per step (gradient accumulation)")
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--log-every", type=int, default=1)
-    p.add_argument("--memory", action="store_true", help="print each rank's memory by category after step 0")
-    p.add_argument(
-        "--save-every", type=int, default=0, metavar="N", help="save a checkpoint every N steps to --save-dir/step-<k>"
-    )
-    p.add_argument("--save-dir", default=None, help="where --save-every puts its checkpoints (step-<k>: k steps done)")
-    p.add_argument(
-        "--keep-last", type=int, default=0, metavar="K", help="keep only the newest K checkpoints in --save-dir"
-    )
-    p.add_argument(
-        "--resume", default=None, metavar="PATH", help="continue from a checkpoint (or a --save-dir's latest one)"
-    )
-    p.add_argument(
-        "--save-final", default=None, metavar="PATH", help="save the final state (weights, optimizer, ...) there"
-    )
-    p.add_argument(
-        "--sample", type=int, default=48, metavar="N", help="characters the trained model writes at the end (0: none)"
-    )
-    p.add_argument(
-        "--layers",
-        type=int,
-        default=None,
-        help="transformer blocks (default 4; with --tiny max(2, pp x chunks), or 4 with --auto)",
-    )
+    add_training_args(p, "GPT")
+    add_attention_arg(p, "plain")
     p.add_argument(
         "--auto",
         action="store_true",
@@ -151,13 +70,8 @@ def main() -> None:
         help="with --auto: bytes per rank a strategy may use (default: the profile's device memory, "
         "or this host's memory over the ranks)",
     )
-    add_pipeline_args(p)
     args = p.parse_args()
-    check_checkpoint_flags(args)
-    if args.sample < 0:
-        raise SystemExit(f"--sample {args.sample}: the number of characters to generate must be >= 0")
-    if args.layers is not None and args.layers < 1:
-        raise SystemExit(f"--layers {args.layers}: a GPT needs at least one transformer block")
+    check_training_args(args, "GPT")
     if args.profile is not None and not args.auto:
         raise SystemExit(f"--profile {args.profile}: only --auto prices strategies on a profile; add --auto")
     if args.memory_limit is not None and not args.auto:
@@ -168,167 +82,37 @@ def main() -> None:
     args.mesh = args.mesh or default_mesh()
     degrees = parse_mesh(args.mesh)
     chunks = args.chunks if args.schedule == "Interleaved1F1B" else 1
-    if args.tiny:
-        layers = args.layers or max(2, degrees["pp"] * chunks)
-        cfg = GPTConfig(
-            vocab_size=128, block_size=16, n_layer=layers, n_head=2, n_embd=16, dropout=0.1, dtype=args.dtype
-        )
-        batch, chars, lr = args.batch_size or 8, 50_000, args.lr or 3e-3
-        if args.schedule is not None and args.batch_size is None:  # room for a micro-batch per stage and dp shard
-            batch = max(batch, degrees["dp"] * (args.micro_batches or degrees["pp"] * chunks))
-    else:
-        cfg = GPTConfig(
-            vocab_size=128, block_size=64, n_layer=args.layers or 4, n_head=4, n_embd=128, dropout=0.0, dtype=args.dtype
-        )
-        batch, chars, lr = args.batch_size or 16, 2_000_000, args.lr or 3e-3
-    dp, tp, pp = degrees["dp"], degrees["tp"], degrees["pp"]
-    backend = dist.current_backend()
-    world = dp * tp * pp
-    if (
-        backend.name in ("mpi", "nccl") or getattr(backend, "_fixed", None) is not None
-    ) and backend.world_size != world:
-        raise SystemExit(f"--mesh: dp({dp}) * tp({tp}) * pp({pp}) = {world} != world size {backend.world_size}")
-    if batch % args.accumulate_steps:
-        raise SystemExit(
-            f"--batch-size {batch} is not divisible by --accumulate-steps {args.accumulate_steps}: micro-batches must be equal"
-        )
-    if pp * chunks > cfg.n_layer:
-        raise SystemExit(f"--mesh pp={pp} x {chunks} chunk(s) exceeds the {cfg.n_layer} layers to spread over stages")
-    if args.schedule is not None and args.accumulate_steps > 1:
-        raise SystemExit("--accumulate-steps and --schedule both cut the batch; with a schedule use --micro-batches")
-    micro = batch // args.accumulate_steps
-
+    layers, batch, chars, lr = run_size(args, degrees, chunks)
+    block, heads, width, dropout = (16, 2, 16, 0.1) if args.tiny else (64, 4, 128, 0.0)
+    cfg = GPTConfig(
+        vocab_size=128,
+        block_size=block,
+        n_layer=layers,
+        n_head=heads,
+        n_embd=width,
+        dropout=dropout,
+        dtype=args.dtype,
+        attention=args.attention,
+    )
+    dp, tp, pp, cp = degrees["dp"], degrees["tp"], degrees["pp"], degrees["cp"]
+    check_layout(args, degrees, cfg.n_layer, batch, chunks)
     par = GPTParallel.from_degrees(
-        dp, tp, pp, sequence_parallel=args.sequence_parallel, recompute=args.recompute, chunks=chunks
+        dp, tp, pp, cp=cp, sequence_parallel=args.sequence_parallel, recompute=args.recompute, chunks=chunks
     )
     model = GPT(cfg, par)
-    opt = dist.optimizer.AdamW(
-        learning_rate=lr,
-        parameters=model.parameters(),
-        weight_decay=0.01,
-        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
+    train_language_model(
+        args,
+        model,
+        par,
+        gpt_loss,
+        block=cfg.block_size,
+        batch=batch,
+        chars=chars,
+        lr=lr,
+        describe=lambda n: header(
+            "GPT", model.num_parameters(), args.mesh, dp * tp * pp * cp, batch, args.accumulate_steps, cfg.block_size, n
+        ),
     )
-    if args.zero:
-        opt = dist.shard_optimizer(
-            opt, [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][args.zero - 1]("dp")
-        )
-    if args.offload:
-        opt = dist.offload_optimizer(opt)
-
-    codes = load_corpus(chars)
-    data = Windows(codes, cfg.block_size)
-    sampler = RandomBatchSampler(len(data), micro, seed=args.seed, num_batches=args.steps * args.accumulate_steps)
-    loader = dist.shard_dataloader(
-        DataLoader(data, batch_sampler=sampler), par.stage_meshes[:1] + par.stage_meshes[-1:], shard_dims="dp"
-    )
-    config = {
-        "seed": args.seed,
-        "tiny": args.tiny,
-        "dtype": args.dtype,
-        "batch_size": batch,
-        "accumulate_steps": args.accumulate_steps,
-        "lr": lr,
-        "mesh": args.mesh,
-        "zero": args.zero,
-    }
-    done = 0  # steps completed
-    # --resume, or under `mpipar launch --max-restarts` the latest checkpoint of a restart
-    resume = resume_target(args.resume, args.save_dir)
-    if resume:
-        resumed = load_training_state(resume, model=model, optimizer=opt, loader=loader)
-        done = resumed.step
-        note_resume(resumed.path, done, resumed.extra if isinstance(resumed.extra, dict) else {}, config)
-        if done >= args.steps:
-            dist.print_once(f"note: --steps {args.steps}: no step left to run after step {done - 1}", file=sys.stderr)
-
-    def save(path: str) -> None:
-        save_training_state(path, model=model, optimizer=opt, step=done, loader=loader, extra=config)
-
-    batches = iter(loader)
-    tokens = batch * cfg.block_size
-    dist.print_once(
-        header(model, args.mesh, dp * tp * pp, batch, args.accumulate_steps, cfg.block_size, len(codes)), flush=True
-    )
-    progress = Progress(args.steps, tokens)
-    run_start, first = time.perf_counter(), done
-    # With --schedule, dist.to_static runs each step's micro-batches through the pipeline schedule.
-    dist_model = (
-        None
-        if args.schedule is None
-        else dist.to_static(model, loader, gpt_loss, opt, pipeline_strategy(args, par.num_stages))
-    )
-    overlap = None if args.overlap is None else dist.overlap_grad_reduction(bucket_mib=args.overlap)
-    for step in range(done, args.steps):
-        step_start = time.perf_counter()
-        total = 0.0
-        if dist_model is not None:
-            x, y = next(batches)
-            total = float(dist_model(x, y))
-        for _ in range(args.accumulate_steps if dist_model is None else 0):
-            x, y = next(batches)
-            loss = model.loss(x, y)
-            if args.memory and step == 0:
-                dist.print_once(dist.memory_report(model, opt, loss).table())
-            if args.accumulate_steps > 1:
-                loss = dist.scale(loss, 1.0 / args.accumulate_steps)
-            if overlap is not None:
-                with overlap:  # data-parallel gradient reductions start while backward runs
-                    loss.backward()
-            else:
-                loss.backward()
-            total += float(loss)
-        if dist_model is None:
-            opt.step()
-            opt.clear_grad()
-        seconds = time.perf_counter() - step_start
-        if step % args.log_every == 0 or step == args.steps - 1:
-            progress.clear()
-            log_step(step, total)
-            if not progress.tty:  # stdout keeps the parseable loss log; the bar shows speed on a terminal
-                dist.print_once(
-                    f"step {step}: {1e3 * seconds:.1f} ms/step, {tokens / max(seconds, 1e-9):,.0f} tokens/s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        progress.update(step + 1, total, seconds)
-        dist.mark_step(step)  # the launcher's heartbeat: this rank is alive and past this step
-        done = step + 1
-        if args.save_every and done % args.save_every == 0:
-            save(step_path(args.save_dir, done))
-            if args.keep_last:
-                prune_series(args.save_dir, args.keep_last)
-    progress.clear()
-    ran = max(0, args.steps - first)
-    elapsed = time.perf_counter() - run_start
-    if ran:
-        dist.print_once(
-            f"trained {ran} step{'s' * (ran != 1)} in {elapsed:.1f} s: {1e3 * elapsed / ran:.1f} ms/step, "
-            f"{tokens * ran / max(elapsed, 1e-9):,.0f} tokens/s",
-            flush=True,
-        )
-    if args.save_final:
-        save(args.save_final)
-    if args.sample:
-        prompt = codes[: cfg.block_size]
-        text = generate(model, prompt, args.sample, rows=dp)
-        dist.print_once(
-            f"sample (greedy, after the first {len(prompt)} characters of the data):\n{decode(prompt)}|{decode(text)}",
-            flush=True,
-        )
-
-
-def fixed_world() -> int | None:
-    """The world size a launcher fixed (mpiexec -n, simulator -n), else None (the simulator grows its world)."""
-    backend = dist.current_backend()
-    fixed = backend.name in ("mpi", "nccl") or (
-        getattr(backend, "_fixed", None) is not None and not getattr(backend, "reference", False)
-    )
-    return backend.world_size if fixed else None
-
-
-def default_mesh() -> str:
-    """Data parallel over the whole world when a launcher fixed its size (mpiexec -n, simulator -n); else one rank."""
-    return f"dp={fixed_world() or 1}"
 
 
 AUTO_EXCLUSIVE = (
@@ -440,66 +224,6 @@ def flag_text(flags: dict[str, object]) -> str:
         out.append(f"--recompute {flags['recompute']}")
     out.append(f"--layers {flags['layers']} --batch-size {flags['batch_size']}")
     return " ".join(out)
-
-
-def header(model: GPT, mesh: str, ranks: int, batch: int, accumulate: int, block: int, chars: int) -> str:
-    """One block saying what this run trains, where, and on what (printed before step 0)."""
-    micro = f" in {accumulate} micro-batches" if accumulate > 1 else ""
-    hosts = dist.rank_hosts()  # as `mpipar launch --hosts` placed the ranks
-    where = f"\nhosts: {'; '.join(format_map(hosts))}" if hosts is not None and len(set(hosts)) > 1 else ""
-    return (
-        f"GPT: {model.num_parameters():,} parameters | mesh {mesh} ({ranks} rank{'s' * (ranks != 1)}) | "
-        f"batch {batch} x {block} tokens{micro} = {batch * block:,} tokens/step\n"
-        f"data: {chars:,} characters of the Python standard library's .py files ({sysconfig.get_paths()['stdlib']})"
-        f"{where}"
-    )
-
-
-def generate(model: GPT, prompt: np.ndarray, count: int, rows: int) -> np.ndarray:
-    """Greedy decoding of ``count`` characters after ``prompt`` (a full block, so every layout's split divides).
-
-    The batch repeats the window ``rows`` (= dp) times so the data-parallel split has a row per shard;
-    row 0's last position gives the next character, the same on every rank.
-    """
-    window, out = prompt.copy(), []
-    model.eval()
-    with dist.no_grad():
-        for _ in range(count):
-            logits = model(dist.Tensor(np.repeat(window[None, :], rows, axis=0)))
-            nxt = int(np.argmax(logits.numpy()[0, -1]))
-            out.append(nxt)
-            window = np.append(window[1:], nxt)
-    model.train()
-    return np.array(out, dtype=np.int64)
-
-
-def decode(codes: np.ndarray) -> str:
-    """Characters of the codes, with control characters (newlines too) shown as escapes, on one line."""
-    return "".join(chr(c) if 32 <= c < 127 else repr(chr(c))[1:-1] for c in codes.tolist())
-
-
-def check_checkpoint_flags(args: argparse.Namespace) -> None:
-    if args.save_every < 0 or args.keep_last < 0:
-        raise SystemExit(f"--save-every ({args.save_every}) and --keep-last ({args.keep_last}) must be >= 0")
-    if args.save_every and not args.save_dir:
-        raise SystemExit("--save-every needs --save-dir DIR (checkpoints go to DIR/step-<k>)")
-    if (args.save_dir or args.keep_last) and not args.save_every:
-        raise SystemExit("--save-dir and --keep-last take effect with --save-every N")
-
-
-def note_resume(path: str, step: int, saved: dict[str, object], now: dict[str, object]) -> None:
-    """Say where the run resumes (on stderr: stdout stays the log of an uninterrupted run)."""
-    dist.print_once(
-        f"resumed from {path}: {step} steps done (saved under --mesh {saved.get('mesh')} --zero {saved.get('zero')})",
-        file=sys.stderr,
-    )
-    for key in ("seed", "tiny", "dtype", "batch_size", "accumulate_steps", "lr"):
-        if saved.get(key) != now[key]:
-            dist.print_once(
-                f"note: {key} is {now[key]!r} now, {saved.get(key)!r} when the checkpoint was saved: "
-                "the run will not match an uninterrupted one",
-                file=sys.stderr,
-            )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import json
 
-from common import add_pipeline_args, parser, setup
-from gpt import Windows, load_corpus, parse_mesh
+from common import Windows, add_pipeline_args, load_corpus, make_optimizer, parse_mesh, parser, setup
 
 import mpipar as dist
 from mpipar.io import DataLoader, RandomBatchSampler
@@ -75,22 +74,17 @@ def main() -> None:
     )
     batch = 8 if args.schedule is None else max(8, dp * (args.micro_batches or pp * chunks))
     par = GPTParallel.from_degrees(
-        dp, degrees["tp"], pp, sequence_parallel=args.sequence_parallel, recompute=args.recompute, chunks=chunks
+        dp,
+        degrees["tp"],
+        pp,
+        cp=degrees["cp"],
+        sequence_parallel=args.sequence_parallel,
+        recompute=args.recompute,
+        chunks=chunks,
     )
     model = GPT(cfg, par)
-    opt = dist.optimizer.AdamW(
-        learning_rate=3e-3,
-        parameters=model.parameters(),
-        weight_decay=0.01,
-        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
-    )
-    if args.zero:
-        opt = dist.shard_optimizer(
-            opt, [dist.ShardingStage1, dist.ShardingStage2, dist.ShardingStage3][args.zero - 1]("dp")
-        )
-    if args.offload:
-        opt = dist.offload_optimizer(opt)
-    data = Windows(load_corpus(50_000), cfg.block_size)
+    opt = make_optimizer(args, model, 3e-3)
+    data = Windows(load_corpus(50_000), cfg.block_size, par.sequence_order(cfg.block_size))
     sampler = RandomBatchSampler(len(data), batch, seed=args.seed, num_batches=2)
     loader = dist.shard_dataloader(
         DataLoader(data, batch_sampler=sampler), par.stage_meshes[:1] + par.stage_meshes[-1:], shard_dims="dp"

@@ -102,12 +102,13 @@ from mpipar.runtime.hosts import host_mesh, rank_hosts
 from mpipar.runtime.log import print_once
 from mpipar.spec import DistSpec, chunk_range
 from mpipar.compile.to_static import DistModel, Strategy, to_static
+from mpipar.compile.program import CPUPlace, CUDAPlace, disable_static, enable_static, in_dynamic_mode
 from mpipar.tensor import DistTensor, Parameter, Shape, Tensor, to_tensor
 from mpipar.version import __version__  # noqa: F401  (mpipar.__version__)
 
 
 def __getattr__(name: str) -> object:
-    """``mpipar.distributed`` and ``mpipar.fleet`` load on first use, so ``import mpipar as paddle``
+    """``mpipar.distributed``, ``mpipar.fleet``, ``mpipar.static`` and ``mpipar.base`` load on first use, so ``import mpipar as paddle``
     then ``paddle.distributed.fleet`` works as in Paddle without importing fleet for every script."""
     import importlib
 
@@ -115,11 +116,15 @@ def __getattr__(name: str) -> object:
         return importlib.import_module("mpipar.distributed")
     if name == "fleet":
         return importlib.import_module("mpipar.distributed.fleet")
+    if name in ("static", "base", "metric", "regularizer"):
+        return importlib.import_module(f"mpipar.{name}")
     raise AttributeError(f"module 'mpipar' has no attribute {name!r}")
 
 
 # Paddle's names shadow a few builtins on purpose (dist.sum, dist.max, dist.slice, ...).
 __all__ = [
+    "CPUPlace",
+    "CUDAPlace",
     "CommDebugMode",
     "CommEvent",
     "CompiledStep",
@@ -164,9 +169,11 @@ __all__ = [
     "compile_step",
     "concat",
     "current_backend",
+    "disable_static",
     "divide",
     "dtensor_from_local",
     "enable_grad",
+    "enable_static",
     "equal",
     "exp",
     "expand",
@@ -178,6 +185,7 @@ __all__ = [
     "greater_equal",
     "greater_than",
     "host_mesh",
+    "in_dynamic_mode",
     "io",
     "irecv",
     "is_grad_enabled",

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpipar import capture_hooks, hooks, overlap
+from mpipar import capture_hooks, hooks, overlap, tape
 from mpipar.comm import comm_context
 from mpipar.distribute import reshard, reshard_to
 from mpipar.ops import math as M
@@ -194,14 +194,17 @@ def _run_backward(
             if tuple(grad.shape) != tuple(root.shape):
                 raise ValueError(f"backward: grad of shape {list(grad.shape)} does not match {root._label()}")
             seeds.append((root, grad))
-        order: list[Node] = []
-        seen: set[int] = set()
-        for root, _ in seeds:
-            for node in _topo_order(root):
-                if id(node) not in seen:
-                    seen.add(id(node))
-                    order.append(node)
-        order = _merge_order(order)
+        if len(seeds) == 1:  # one root's order is already topological (merging would keep it)
+            order = _topo_order(seeds[0][0])
+        else:
+            order = []
+            seen: set[int] = set()
+            for root, _ in seeds:
+                for node in _topo_order(root):
+                    if id(node) not in seen:
+                        seen.add(id(node))
+                        order.append(node)
+            order = _merge_order(order)
         pending: dict[int, list[Tensor | None]] = {id(n): [None] * n.num_outputs for n in order}
         for root, grad in seeds:
             if root._grad_fn is None:
@@ -214,7 +217,7 @@ def _run_backward(
             out_grads = pending.pop(id(node))
             if all(g is None for g in out_grads):
                 continue
-            if any(isinstance(v, Packed) for v in (*node.ctx.inputs, *node.ctx.outputs)):
+            if tape.packed_made[0] and any(isinstance(v, Packed) for v in (*node.ctx.inputs, *node.ctx.outputs)):
                 node.ctx.inputs = _unpacked(node.ctx.inputs)
                 node.ctx.outputs = _unpacked(node.ctx.outputs)
             weights = []

@@ -140,6 +140,9 @@ def shard_tensor(
             target = Tensor._from_shards(spec, _shards_from_global(spec, value), value.dtype)
     if stop_gradient is not None:
         target.stop_gradient = stop_gradient
+    if isinstance(data, Tensor):
+        for program in hooks.program_hooks:
+            program.on_shard_tensor(target, mesh, pls)
     return target
 
 
@@ -171,7 +174,11 @@ def reshard_to(tensor: Tensor, spec: DistSpec) -> Tensor:
     if hooks.stage_runs and tensor.is_dist and not tensor.spec.mesh.same_layout(dst.mesh):
         # A pipeline stage boundary inside a stage-filtered forward (mpipar.pipeline.runner).
         return hooks.stage_runs[-1].boundary(tensor, dst)
-    return _reshard(tensor, dst, backend)
+    out = _reshard(tensor, dst, backend)
+    if hooks.program_hooks and hooks.resharding_for() is None:
+        for program in hooks.program_hooks:
+            program.on_reshard_call(tensor, dst, out)
+    return out
 
 
 def _reused(tensor: Tensor, dst: DistSpec) -> Tensor | None:

@@ -55,6 +55,19 @@ class BackwardHook(Protocol):
     def on_backward(self, roots: Sequence[Tensor]) -> None: ...
 
 
+class ProgramHook(Protocol):
+    """A static program being built (``mpipar.compile.program.Program``): it records the calls
+    that make its variables, to run them again on fed values."""
+
+    def on_apply(self, name: str, inputs: Sequence[Any], attrs: dict[str, Any], result: Any) -> None: ...
+
+    def on_shard_tensor(self, tensor: Tensor, mesh: ProcessMesh, placements: Sequence[Any]) -> None: ...
+
+    def on_reshard_call(self, tensor: Tensor, spec: DistSpec, out: Tensor) -> None: ...
+
+    def on_minimize(self, optimizer: Any, loss: Tensor, parameters: Any, no_grad_set: Any) -> bool: ...
+
+
 class StageRunHook(Protocol):
     """A pipeline stage run in progress (``mpipar.pipeline.runner.StageRun``)."""
 
@@ -71,6 +84,9 @@ reshard_hooks: list[ReshardHook] = []
 backward_hooks: list[BackwardHook] = []
 """Called as ``hook.on_backward(roots)`` when an outermost backward pass starts, its tape still whole (plan
 tracing records what the tape keeps for backward)."""
+program_hooks: list[ProgramHook] = []
+"""The static program being built (``mpipar.static``): told of every op call, in-place
+``shard_tensor`` and ``reshard`` made outside an op, so it can replay them."""
 stage_runs: list[StageRunHook] = []
 """The pipeline stage run in progress (``mpipar.pipeline.runner.StageRun``), innermost last."""
 

@@ -40,6 +40,26 @@ class HasMode(Protocol):
     def is_abstract(self) -> bool: ...
 
 
+_static_programs: set[int | None] = set()
+"""The programs in Paddle's static-graph mode (``mpipar.enable_static()``): ``static.data``
+makes placeholders and the ops on them are recorded into a program
+(``mpipar.compile.program``). Kept per program rank (``Backend.program_rank``: one entry,
+None, unless the simulator runs one program per rank in threads), and read here, low in the
+stack, by the optimizer (``parameters=None`` is legal in static mode)."""
+
+
+def in_static_mode() -> bool:
+    return current_backend().program_rank in _static_programs
+
+
+def set_static_mode(on: bool) -> None:
+    rank = current_backend().program_rank
+    if on:
+        _static_programs.add(rank)
+    else:
+        _static_programs.discard(rank)
+
+
 def execution_mode(tensors: Iterable[HasMode] = (), backend: Backend | None = None) -> Mode:
     """The mode values are held in under ``backend`` (the current one by default), given the
     tensors involved: ``ABSTRACT`` if the backend is shape-only or any of ``tensors`` is

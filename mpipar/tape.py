@@ -73,12 +73,17 @@ def saved_tensors_hooks(pack: Callable[[Tensor], Any], unpack: Callable[[Any], T
         _saved_hooks.pop()
 
 
+packed_made = [False]
+"""Set once any ``Packed`` is made: until then backward need not look for any in the nodes."""
+
+
 class Packed:
     """A saved value replaced by a pack hook, with the unpack function to get it back."""
 
     __slots__ = ("payload", "unpack")
 
     def __init__(self, payload: Any, unpack: Callable[[Any], Tensor]) -> None:
+        packed_made[0] = True
         self.payload = payload
         self.unpack = unpack
 

@@ -116,6 +116,18 @@ class Tensor:
     """The gradient of this leaf keeps the layout backward gave it (Partial too). Set by
     ``recompute`` on a recomputed block's detached inputs; read by ``autograd`` and ``overlap``,
     which otherwise reshard a leaf's gradient to its own layout."""
+    # Defaults most tensors keep (op outputs, detached views): class attributes, so that making
+    # a tensor (every op makes several) sets only what differs, and allocates no hook list.
+    _dense: Array | None = None
+    _abstract: bool = False
+    name: str | None = None
+    grad: Tensor | None = None
+    grad_placements: list[Placement] | None = None
+    """Layout of this leaf's gradient when it should differ from its own (ZeRO-2)."""
+    _grad_fn: Any = None
+    _out_index: int = 0
+    _grad_hooks: Sequence[Callable[[Tensor], Tensor | None]] = ()
+    """This leaf's gradient hooks (``register_hook`` makes the instance's own list)."""
 
     # Paddle's parameter attributes, with Paddle's defaults: declared on every tensor because
     # the optimizers take any trainable tensor, not only a Parameter.
@@ -143,9 +155,6 @@ class Tensor:
     ) -> None:
         self._spec = None
         self._shards = {}
-        self._dense: Array | None = None
-        self._init = None
-        self._abstract = False
         self._sid = next(_storage_ids)
         """Identifies the storage: a detached view shares it (memory accounting de-duplicates)."""
         if data is not None:
@@ -156,13 +165,8 @@ class Tensor:
             self._dtype = np.dtype(dtype or np.float32)
             self._shape = Shape(())
         self.stop_gradient = stop_gradient
-        self.name = name
-        self.grad: Tensor | None = None
-        self.grad_placements: list[Placement] | None = None
-        """Layout of this leaf's gradient when it should differ from its own (ZeRO-2)."""
-        self._grad_fn: Any = None
-        self._out_index = 0
-        self._grad_hooks: list[Callable[[Tensor], Tensor | None]] = []
+        if name is not None:
+            self.name = name
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -244,6 +248,20 @@ class Tensor:
         t._value = freeze(value)
         t._dtype = value.dtype
         t._shape = Shape(spec.shape)
+        return t
+
+    @classmethod
+    def _op_output(cls, spec: DistSpec, dtype: np.dtype) -> Tensor:
+        """An op's output with this layout and (NumPy) dtype, a fresh storage id and no history;
+        the caller gives it its shards. It may be resharded once per layout (``_reshards``)."""
+        t = Tensor.__new__(Tensor)
+        t._spec = spec
+        t._shards = {}
+        t._sid = next(_storage_ids)
+        t._dtype = dtype
+        t._shape = Shape(spec.shape)
+        t.stop_gradient = True
+        t._reshards = {}  # a computed value: reshard it once (``mpipar.distribute.reshard``)
         return t
 
     def _set_dist(self, spec: DistSpec, shards: Mapping[int, Array], dtype: np.dtype) -> None:
@@ -396,11 +414,14 @@ class Tensor:
 
     def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> Callable[[], None]:
         """Call ``hook(grad)`` when this leaf's gradient arrives (it may return a replacement)."""
-        self._grad_hooks.append(hook)
+        hooks = self.__dict__.get("_grad_hooks")
+        if hooks is None:
+            hooks = self._grad_hooks = []
+        hooks.append(hook)
 
         def remove() -> None:
-            if hook in self._grad_hooks:
-                self._grad_hooks.remove(hook)
+            if hook in hooks:
+                hooks.remove(hook)
 
         return remove
 

@@ -290,13 +290,43 @@ def step_end_section(prices: StagePrices) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def one_step_pipeline(plan: Plan) -> dict[str, Any]:
-    """A pipeline section for a plan without one: the whole step as one stage, one micro-batch.
+def naive_stages(plan: Plan) -> list[int]:
+    """The stage meshes of a pipeline run by reshards alone (no schedule: ``gpt.py --mesh
+    dp=2,tp=2,pp=2``): the meshes holding forward ops, in the order the forward first uses
+    them, when there are several and no two share a rank; else empty (one stage)."""
+    order: list[int] = []
+    for op in plan.ops:
+        if op.phase == "forward" and op.outputs:
+            mid = plan.tensor(op.outputs[0]).mesh
+            if mid is not None and mid not in order:
+                order.append(mid)
+    if len(order) < 2:
+        return []
+    seen: set[int] = set()
+    for mid in order:
+        ranks = set(plan.mesh(mid).process_ids)
+        if ranks & seen:
+            return []
+        seen |= ranks
+    return order
 
-    Its lane is labelled with the ranks of the plan's largest mesh; every mesh's ops are priced in
+
+def one_step_pipeline(plan: Plan) -> dict[str, Any]:
+    """A pipeline section for a plan without one, one micro-batch.
+
+    A pipeline run by reshards alone (``naive_stages``) gets one stage per stage mesh, each on its
+    own lane with its ranks, the hand-offs priced as sends. Otherwise the whole step is one stage:
+    its lane is labelled with the ranks of the plan's largest mesh; every mesh's ops are priced in
     it (``stage_prices`` reads ``one_step``): per mesh its busiest rank, the meshes one after the
     other; forward, backward, then gradient sync and optimizer.
     """
+    staged = naive_stages(plan)
+    if staged:
+        return {
+            "stages": [{"stage": s, "mesh": mid} for s, mid in enumerate(staged)],
+            "num_microbatches": 1,
+            "schedule": build_schedule("1F1B", len(staged), 1).to_dict(),
+        }
     mesh = max(plan.meshes, key=lambda m: (len(m.process_ids), -m.id))
     return {
         "stages": [{"stage": 0, "mesh": mesh.id, "rank": 0}],

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from mpipar import autograd, hooks
 from mpipar import random as _random
 from mpipar.backend import current_backend
 from mpipar.compile.plan import Plan
+from mpipar.compile.program import StepPrograms
 from mpipar.compile.replay import CompiledStep
 from mpipar.compile.trace import PlanRecorder
 from mpipar.distribute import shard_tensor
@@ -57,16 +58,27 @@ from mpipar.tensor import Tensor
 
 
 class _Section:
+    """One section of a ``Strategy``: its keys are attributes (Paddle's ``strategy.pipeline.enable``)."""
+
     def __init__(self, **defaults: Any) -> None:
         self.__dict__.update(defaults)
+
+    if TYPE_CHECKING:  # keys are set per section at run time; the type checker sees any name
+
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.__dict__.items())})"
 
 
 class Strategy:
-    """Paddle's ``dist.Strategy``: ``pipeline``, ``sharding`` and ``gradient_merge`` sections.
+    """Paddle's ``dist.Strategy``: ``pipeline``, ``sharding``, ``gradient_merge``, ``recompute`` and
+    ``amp`` sections (``to_static`` applies the first three; the ``Engine`` all, refusing amp).
     ``auto=True``: ``to_static`` chooses the pipeline schedule and micro-batches itself (module doc)."""
+
+    _SECTIONS = ("pipeline", "sharding", "gradient_merge", "recompute", "amp")
 
     def __init__(self, config: dict[str, dict[str, Any]] | None = None, *, auto: bool = False) -> None:
         if not isinstance(auto, bool):
@@ -76,17 +88,21 @@ class Strategy:
             enable=False, schedule_mode="1F1B", accumulate_steps=1, micro_batch_size=None, vpp_degree=1
         )
         self.sharding = _Section(enable=False, stage=1, degree=None, mesh_dim="dp")
-        self.gradient_merge = _Section(enable=False, k_steps=1)
+        self.gradient_merge = _Section(enable=False, k_steps=1, avg=True)
+        # Read by the Engine (mpipar.compile.engine), which applies recompute and refuses amp by name.
+        self.recompute = _Section(enable=False, checkpoints=None, no_recompute_segments=[])
+        self.amp = _Section(enable=False, dtype="float16", level="o1", init_loss_scaling=32768.0)
         for section, values in (config or {}).items():
-            target = getattr(self, section, None)
+            target = getattr(self, section, None) if section in self._SECTIONS else None
             if target is None:
-                raise ValueError(f"Strategy has no section {section!r}; sections: pipeline, sharding, gradient_merge")
+                raise ValueError(f"Strategy has no section {section!r}; sections: {', '.join(self._SECTIONS)}")
             target.__dict__.update(values)
 
     def __repr__(self) -> str:
         auto = ", auto=True" if self.auto else ""
         return (
-            f"Strategy(pipeline={self.pipeline}, sharding={self.sharding}, gradient_merge={self.gradient_merge}{auto})"
+            f"Strategy(pipeline={self.pipeline}, sharding={self.sharding}, gradient_merge={self.gradient_merge}, "
+            f"recompute={self.recompute}, amp={self.amp}{auto})"
         )
 
 
@@ -314,6 +330,29 @@ class DistModel:
     @property
     def schedule(self) -> Schedule | None:
         return self._schedule
+
+    @property
+    def _engine(self) -> StepPrograms:
+        """The step's programs, as Paddle's ``dist_model._engine`` shows them (seed 003 prints and
+        draws ``dist_model._engine.main_program``). Before the first step, the step is traced on
+        the loader's first batch, read with every random generator put back afterwards, so the
+        training loop still draws the same batches."""
+        return StepPrograms(self._plan_for_view)
+
+    def _plan_for_view(self) -> Plan:
+        if self._plan is None:
+            if self.loader is None:
+                raise ValueError("DistModel: no program yet; run a step, or pass to_static the loader")
+            np_state, own_state = np.random.get_state(), _random.get_rng_state()
+            try:
+                first = next(iter(self.loader() if callable(self.loader) else self.loader))
+            finally:
+                np.random.set_state(np_state)
+                _random.set_rng_state(own_state)
+            fields = tuple(first) if isinstance(first, (list, tuple)) else (first,)
+            self._prepare(fields)
+        assert self._plan is not None
+        return self._plan
 
     def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.layer.state_dict()}

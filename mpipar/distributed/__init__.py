@@ -27,14 +27,17 @@ from mpipar.compat.collective import (
     scatter,
     send,
 )
-from mpipar.distributed import fleet, launch
+from mpipar.compile.engine import Engine
+from mpipar.distributed import auto_parallel, fleet, launch
 
 __all__ = [
+    "Engine",
     "Group",
     "ReduceOp",
     "all_gather",
     "all_reduce",
     "alltoall",
+    "auto_parallel",
     "barrier",
     "broadcast",
     "fleet",

@@ -1,4 +1,4 @@
-"""A small GPT written once, laid out by placements for any dp x tp x pp mesh.
+"""A small GPT written once, laid out by placements for any dp x cp x tp x pp mesh.
 
 The model code is single-device code plus a few marks (``GPTParallel``):
 
@@ -10,6 +10,12 @@ The model code is single-device code plus a few marks (``GPTParallel``):
   replace the all_reduce (same bytes), and LayerNorm/Dropout run on a slice;
 * data parallel: the batch is ``Shard(0)`` on ``dp`` (weights Replicate: the gradient
   reduction falls out of the rules);
+* context parallel: the sequence is ``Shard(1)`` on ``cp`` for every op; attention gathers the
+  keys and values over ``cp`` (all_gather forward, reduce_scatter of their gradients backward,
+  as Llama 3 trained). Causal load balancing: the sequence is held in *zigzag order*
+  (``GPTParallel.sequence_order``: cp rank r holds chunks r and 2cp-1-r of 2cp chunks), so
+  every rank's queries see the same number of keys; the model takes tokens in that order and
+  reads each token's global position off ``sequence_order`` (positions, masks, rotary angles);
 * pipeline (naive, seed 000 §4.3): blocks are spread over stage meshes and the activation
   is resharded to the next stage's mesh at each boundary;
 * recompute ``full`` (each block) or ``selective`` (the attention core: scores, softmax,
@@ -23,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -33,6 +40,7 @@ from mpipar.nn import functional as F
 from mpipar.nn.initializer import Constant, Normal
 from mpipar.nn.layer import Layer, ParamAttr, default_dtype
 from mpipar.nn.layers import Dropout, Embedding, LayerList, LayerNorm, Linear, reshard_axis
+from mpipar.ops.manipulation import getitem
 from mpipar.placement import Placement, Replicate, Shard
 from mpipar.tensor import Tensor
 
@@ -46,26 +54,77 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     dtype: str = "float32"
+    attention: str = "plain"
+    """``plain`` (scores, mask, softmax as separate ops: s x s activations) or ``fused``
+    (``scaled_dot_product_attention``: blockwise, nothing s x s kept; it applies no dropout to
+    the attention probabilities, only to the residual branches)."""
+
+
+ATTENTION_KINDS = ("plain", "fused")
+
+
+def check_attention(kind: str, model: str) -> None:
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"{model}: attention {kind!r} is not one of {', '.join(ATTENTION_KINDS)}")
+
+
+def zigzag_order(length: int, parts: int) -> np.ndarray:
+    """Global positions in the order a ``parts``-way zigzag split holds them: the sequence cut in
+    ``2 * parts`` chunks, part r holding chunks r and 2*parts-1-r (one early, one late), so each
+    part's causal attention work is the same. ``zigzag_order(8, 2)`` is 0 1 6 7 2 3 4 5.
+
+    | part | chunks   | positions (length 8) |
+    |------|----------|----------------------|
+    | 0    | 0 and 3  | 0 1, 6 7             |
+    | 1    | 1 and 2  | 2 3, 4 5             |
+    """
+    if parts < 1 or length % (2 * parts):
+        raise ValueError(
+            f"zigzag order: the sequence length {length} must divide into 2 x cp({parts}) = {2 * parts} equal chunks"
+        )
+    c = length // (2 * parts)
+    return np.concatenate(
+        [np.r_[r * c : (r + 1) * c, (2 * parts - 1 - r) * c : (2 * parts - r) * c] for r in range(parts)]
+    )
 
 
 @dataclass
 class GPTParallel:
-    """Where the GPT lives: one mesh per pipeline stage, each with ``dp`` and ``tp`` axes."""
+    """Where the model lives: one mesh per pipeline stage, each with ``dp`` and ``tp`` axes (and
+    ``cp`` between them when context parallel)."""
 
     stage_meshes: list[ProcessMesh] = field(default_factory=list)
     dp: str = "dp"
     tp: str = "tp"
+    cp: str = "cp"
+    load_balance: bool = True
+    """Under context parallel, hold the sequence in zigzag order (``sequence_order``)."""
     sequence_parallel: bool = False
     recompute: str = "none"
     chunks: int = 1
     """Virtual stages per pipeline rank (interleaved schedules): stage s lives on mesh s mod pp."""
 
     @classmethod
-    def from_degrees(cls, dp: int = 1, tp: int = 1, pp: int = 1, **kwargs: object) -> GPTParallel:
-        """Stage s holds ranks ``s*dp*tp .. (s+1)*dp*tp - 1`` as a (dp, tp) mesh."""
-        n = dp * tp
-        meshes = [ProcessMesh(np.arange(s * n, (s + 1) * n).reshape(dp, tp), dim_names=["dp", "tp"]) for s in range(pp)]
+    def from_degrees(cls, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, **kwargs: object) -> GPTParallel:
+        """Stage s holds ranks ``s*dp*cp*tp .. (s+1)*dp*cp*tp - 1`` as a (dp, tp) mesh, or a
+        (dp, cp, tp) mesh when cp > 1 (tp ranks adjacent, then cp, as Megatron orders them)."""
+        n = dp * cp * tp
+        shape, names = ([dp, cp, tp], ["dp", "cp", "tp"]) if cp > 1 else ([dp, tp], ["dp", "tp"])
+        meshes = [ProcessMesh(np.arange(s * n, (s + 1) * n).reshape(shape), dim_names=names) for s in range(pp)]
         return cls(meshes, **kwargs)  # type: ignore[arg-type]
+
+    def axis_size(self, axis: str, mesh: ProcessMesh | None = None) -> int:
+        """The degree of mesh axis ``axis`` (1 when the mesh lacks it)."""
+        mesh = mesh or (self.stage_meshes[0] if self.stage_meshes else None)
+        return mesh.get_dim_size(axis) if mesh is not None and axis in mesh.dim_names else 1
+
+    def sequence_order(self, length: int) -> np.ndarray:
+        """The global positions of the sequence as the model holds it: zigzag under load-balanced
+        context parallel, else 0..length-1. Inputs and targets are given in this order."""
+        cp = self.axis_size(self.cp)
+        if cp > 1 and self.load_balance:
+            return zigzag_order(length, cp)
+        return np.arange(length)
 
     @property
     def distributed(self) -> bool:
@@ -85,11 +144,14 @@ class GPTParallel:
         return self.stage_meshes[self.stage_of_layer(i, n_layer) % len(self.stage_meshes)]
 
     def activation(self, mesh: ProcessMesh, seq_split: bool | None = None) -> list[Placement]:
-        """The residual stream's layout: batch on dp; the sequence on tp under sequence parallel."""
+        """The residual stream's layout: batch on dp; the sequence on cp, and on tp under
+        sequence parallel."""
         sp = self.sequence_parallel if seq_split is None else seq_split
         pls: list[Placement] = [Replicate()] * mesh.ndim
         if self.dp in mesh.dim_names and mesh.get_dim_size(self.dp) > 1:
             pls[mesh.axis_index(self.dp)] = Shard(0)
+        if self.cp in mesh.dim_names and mesh.get_dim_size(self.cp) > 1:
+            pls[mesh.axis_index(self.cp)] = Shard(1)
         if sp and self.tp in mesh.dim_names and mesh.get_dim_size(self.tp) > 1:
             pls[mesh.axis_index(self.tp)] = Shard(1)
         return pls
@@ -106,15 +168,115 @@ def _normal(std: float) -> ParamAttr:
 
 
 @functools.lru_cache(maxsize=8)
-def _causal_mask(size: int, dtype: str) -> np.ndarray:
-    """The additive causal mask, one read-only array per size and dtype shared by every block
-    (a 2048-long float32 mask is 16 MiB: built once, not once per layer and per trace)."""
-    mask = np.triu(np.full((size, size), -1e9, dtype=dtype), k=1)
+def _causal_mask(size: int, dtype: str, order: tuple[int, ...] | None = None) -> np.ndarray:
+    """The additive causal mask, one read-only array per size, dtype and sequence order shared by
+    every block (a 2048-long float32 mask is 16 MiB: built once, not once per layer and per
+    trace). ``order``: the global positions of the rows and columns (zigzag), None for 0..size-1."""
+    if order is None:
+        mask = np.triu(np.full((size, size), -1e9, dtype=dtype), k=1)
+    else:
+        pos = np.asarray(order)
+        mask = np.where(pos[None, :] > pos[:, None], -1e9, 0.0).astype(dtype)
     mask.flags.writeable = False
     return mask
 
 
+def causal_mask_buffer(size: int, dtype: str, order: np.ndarray | None = None) -> Tensor:
+    """The mask as a buffer (abstract in shape-only tracing, which never reads its values: that
+    spares copying a 2048-long mask per block, 8-16 MiB each)."""
+    if current_backend().shape_only:
+        return Tensor.abstract((size, size), dtype)
+    natural = order is None or bool((np.asarray(order) == np.arange(size)).all())
+    return Tensor(_causal_mask(size, dtype, None if natural else tuple(int(i) for i in order)))  # type: ignore[union-attr]
+
+
+class MaskedAttention(Protocol):
+    """A plain-attention layer's masks (the GPT's and the Llama's attention)."""
+
+    causal_mask: Tensor
+    ordered_mask: Tensor | None
+
+
+def place_mask(
+    layer: MaskedAttention, size: int, dtype: str, order: np.ndarray, mesh: ProcessMesh, pls: list[Placement]
+) -> None:
+    """Lay out a plain-attention layer's mask on its stage mesh. The ``causal_mask`` buffer stays
+    in natural order (checkpoints hold it so, whatever the mesh); a sequence held in another
+    order (zigzag under cp) gets its own mask, ``ordered_mask``, a derived tensor never saved."""
+    dist.shard_tensor(layer.causal_mask, mesh, pls)
+    if not (order == np.arange(size)).all():
+        layer.ordered_mask = causal_mask_buffer(size, dtype, order)
+        dist.shard_tensor(layer.ordered_mask, mesh, pls)
+
+
+def positions_of(par: GPTParallel, length: int) -> Tensor | None:
+    """The global positions (length,) of the held sequence, or None in natural order (the fused
+    kernels then read positions off the shards' boxes)."""
+    order = par.sequence_order(length)
+    return None if (order == np.arange(length)).all() else Tensor(order.astype(np.int64))
+
+
+def plain_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: Layer | None = None) -> Tensor:
+    """Causal attention as separate ops on (B, H, T, D): scores, the additive ``mask`` (T, T),
+    softmax, dropout, the weighted sum; the (B, H, T, T) scores are activations."""
+    t, d = q.shape[2], q.shape[3]
+    att = dist.scale(dist.matmul(q, k, transpose_y=True), 1.0 / math.sqrt(d))  # (B, H, T, T)
+    att = F.softmax(dist.add(att, mask if t == mask.shape[0] else getitem(mask, (slice(0, t), slice(0, t)))), axis=-1)
+    if dropout is not None:
+        att = dropout(att)
+    return dist.matmul(att, v)  # (B, H, T, D)
+
+
+def row_parallel_out(layer: Layer, out: Tensor) -> Tensor:
+    """A row-parallel matmul's Partial(sum) output to the residual layout (all_reduce, or
+    reduce_scatter under sequence parallel)."""
+    par, mesh = getattr(layer, "par", None), getattr(layer, "mesh", None)
+    if par is not None and mesh is not None:
+        return dist.reshard(out, mesh, par.activation(mesh))
+    return out
+
+
+def gather_sequence(layer: Layer, x: Tensor) -> Tensor:
+    """Sequence parallel: all_gather the sequence over tp before a column-parallel pair.
+
+    Ops that save the gathered tensor for backward keep the sequence shard instead and gather
+    again there (Megatron's sequence parallelism does the same). The cp split stays."""
+    par, mesh = getattr(layer, "par", None), getattr(layer, "mesh", None)
+    if par is not None and par.sequence_parallel and mesh is not None and par.tp in mesh.dim_names:
+        full = reshard_axis(x, mesh, par.tp, Replicate())
+        if full.is_dist and x.is_dist:
+            full._regather = (x, full.spec)
+        return full
+    return x
+
+
+def run_blocks(par: GPTParallel, blocks: LayerList, x: Tensor, n_layer: int) -> Tensor:
+    """The residual stream through every block: handed to each block's stage mesh (pipeline),
+    recomputed per block under ``recompute="full"``, and onto the last stage at the end."""
+    for i, block in enumerate(blocks):
+        if par.distributed:
+            mesh = par.mesh_of_layer(i, n_layer)
+            if not x.spec.mesh.same_layout(mesh):  # pipeline hand-off to the next stage
+                x = dist.reshard(x, mesh, par.activation(mesh))
+        x = dist.recompute(block, x) if par.recompute == "full" else block(x)
+    if par.distributed:
+        last = par.stage_meshes[-1]
+        if not x.spec.mesh.same_layout(last):
+            x = dist.reshard(x, last, par.activation(last))
+    return x
+
+
+def bind_layers(par: GPTParallel, mesh: ProcessMesh, *layers: Layer) -> None:
+    """Tell a block's layers their stage mesh and the parallel plan (read in forward)."""
+    for layer in layers:
+        object.__setattr__(layer, "par", par)
+        object.__setattr__(layer, "mesh", mesh)
+
+
 class CausalSelfAttention(Layer):
+    causal_mask: Tensor
+    """The additive mask (plain attention only), a buffer."""
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__(dtype=cfg.dtype)
         h = cfg.n_embd
@@ -124,24 +286,25 @@ class CausalSelfAttention(Layer):
         self.v = Linear(h, h, weight_attr=_normal(0.02))
         self.proj = Linear(h, h, weight_attr=_normal(0.02 / math.sqrt(2 * cfg.n_layer)))
         self.attn_drop = Dropout(cfg.dropout)
-        # Shape-only tracing never reads the mask's values: an abstract buffer of its shape spares
-        # copying a 2048-long mask per block (8-16 MiB each, a tenth of a search's trace time).
-        n, dtype = cfg.block_size, str(np.dtype(cfg.dtype))
-        mask = Tensor.abstract((n, n), dtype) if current_backend().shape_only else Tensor(_causal_mask(n, dtype))
-        self.register_buffer("causal_mask", mask)
+        check_attention(cfg.attention, "GPT")
+        self.fused = cfg.attention == "fused"
+        if not self.fused:
+            self.register_buffer("causal_mask", causal_mask_buffer(cfg.block_size, str(np.dtype(cfg.dtype))))
+        self.ordered_mask: Tensor | None = None
+        self.positions: Tensor | None = None
         self.par: GPTParallel | None = None
         self.mesh: ProcessMesh | None = None
 
     def _heads(self, t: Tensor) -> Tensor:
         b, s, _ = t.shape
-        return dist.transpose(dist.reshape(t, [b, s, self.n_head, self.head_dim]), [0, 2, 1, 3])  # (B, nh, T, hd)
+        t = dist.reshape(t, [b, s, self.n_head, self.head_dim])  # (B, T, nh, hd): fused attention's layout
+        return t if self.fused else dist.transpose(t, [0, 2, 1, 3])  # (B, nh, T, hd)
 
     def _core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        t = q.shape[2]
-        att = dist.scale(dist.matmul(q, k, transpose_y=True), 1.0 / math.sqrt(self.head_dim))  # (B, nh, T, T)
-        mask = self.causal_mask if t == self.causal_mask.shape[0] else self.causal_mask[:t, :t]
-        att = self.attn_drop(F.softmax(dist.add(att, mask), axis=-1))
-        return dist.matmul(att, v)  # (B, nh, T, hd)
+        if self.fused:  # no attention-probability dropout in the fused kernel (residual dropout stays)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, positions=self.positions)
+        mask = self.causal_mask if self.ordered_mask is None else self.ordered_mask
+        return plain_attention(q, k, v, mask, self.attn_drop)
 
     def forward(self, x: Tensor) -> Tensor:
         b, s, h = x.shape
@@ -150,10 +313,10 @@ class CausalSelfAttention(Layer):
             y = dist.recompute(self._core, q, k, v)
         else:
             y = self._core(q, k, v)
-        y = dist.reshape(dist.transpose(y, [0, 2, 1, 3]), [b, s, h])  # (B, T, C)
-        out = dist.matmul(y, self.proj.weight)  # row parallel: Partial(sum) over tp
-        if self.par is not None and self.mesh is not None:
-            out = dist.reshard(out, self.mesh, self.par.activation(self.mesh))  # all_reduce / reduce_scatter
+        if not self.fused:
+            y = dist.transpose(y, [0, 2, 1, 3])
+        y = dist.reshape(y, [b, s, h])  # (B, T, C)
+        out = row_parallel_out(self, dist.matmul(y, self.proj.weight))  # row parallel: Partial(sum) over tp
         return dist.add(out, self.proj.bias)
 
 
@@ -167,10 +330,7 @@ class MLP(Layer):
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = F.gelu(self.fc(x), approximate=True)  # (B, T, 4C), split on tp
-        out = dist.matmul(hidden, self.proj.weight)
-        if self.par is not None and self.mesh is not None:
-            out = dist.reshard(out, self.mesh, self.par.activation(self.mesh))
-        return dist.add(out, self.proj.bias)
+        return dist.add(row_parallel_out(self, dist.matmul(hidden, self.proj.weight)), self.proj.bias)
 
 
 class Block(Layer):
@@ -184,32 +344,19 @@ class Block(Layer):
         self.par: GPTParallel | None = None
         self.mesh: ProcessMesh | None = None
 
-    def _gather_seq(self, x: Tensor) -> Tensor:
-        """Sequence parallel: all_gather the sequence before a column-parallel pair.
-
-        Ops that save the gathered tensor for backward keep the sequence shard instead and
-        gather again there (Megatron's sequence parallelism does the same).
-        """
-        if (
-            self.par is not None
-            and self.par.sequence_parallel
-            and self.mesh is not None
-            and self.par.tp in self.mesh.dim_names
-        ):
-            full = reshard_axis(x, self.mesh, self.par.tp, Replicate())
-            if full.is_dist and x.is_dist:
-                full._regather = (x, full.spec)
-            return full
-        return x
-
     def forward(self, x: Tensor) -> Tensor:
-        x = dist.add(x, self.drop(self.attn(self._gather_seq(self.ln1(x)))))
-        return dist.add(x, self.drop(self.mlp(self._gather_seq(self.ln2(x)))))
+        x = dist.add(x, self.drop(self.attn(gather_sequence(self, self.ln1(x)))))
+        return dist.add(x, self.drop(self.mlp(gather_sequence(self, self.ln2(x)))))
 
 
 def gpt_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross entropy of logits (B, T, V) against targets (B, T)."""
     b, t, v = logits.shape
+    if logits.is_dist and any(p.is_shard(1) for p in logits.spec.placements):
+        # The sequence split (context parallel): (B, T) rows cannot be flattened without gathering
+        # them, so the loss runs on (B, T, V) (the vocabulary gathered first: classes stay whole).
+        pls = [Replicate() if p.is_shard(2) else p for p in logits.spec.placements]
+        return F.cross_entropy(dist.reshard(logits, logits.spec.mesh, pls), dist.unsqueeze(targets, -1))
     flat = dist.reshape(logits, [b * t, v])
     if flat.is_dist and any(p.is_shard(1) for p in flat.spec.placements):
         # Vocabulary-parallel logits: the loss keeps the class axis whole, so hand each rank whole
@@ -247,11 +394,10 @@ class GPT(Layer):
         mark = dist.shard_tensor
         mark(self.wte.weight, first, par.weight(first, Shard(0)))  # vocabulary parallel
         mark(self.wpe.weight, first, par.weight(first, None))
-        for i, block in enumerate(self.blocks):
+        order = par.sequence_order(self.cfg.block_size)
+        for i, block in enumerate(self.block_list()):
             mesh = par.mesh_of_layer(i, n)
-            for layer in (block, block.attn, block.mlp):
-                object.__setattr__(layer, "par", par)
-                object.__setattr__(layer, "mesh", mesh)
+            bind_layers(par, mesh, block, block.attn, block.mlp)
             for lin in (block.attn.q, block.attn.k, block.attn.v, block.mlp.fc):  # column parallel
                 mark(lin.weight, mesh, par.weight(mesh, Shard(1)))
                 mark(lin.bias, mesh, par.weight(mesh, Shard(0)))
@@ -261,7 +407,10 @@ class GPT(Layer):
             for ln in (block.ln1, block.ln2):
                 mark(ln.weight, mesh, par.weight(mesh, None))
                 mark(ln.bias, mesh, par.weight(mesh, None))
-            mark(block.attn.causal_mask, mesh, par.weight(mesh, None))
+            if not block.attn.fused:
+                place_mask(
+                    block.attn, self.cfg.block_size, str(np.dtype(self.cfg.dtype)), order, mesh, par.weight(mesh, None)
+                )
         mark(self.ln_f.weight, last, par.weight(last, None))
         mark(self.ln_f.bias, last, par.weight(last, None))
         mark(self.lm_head.weight, last, par.weight(last, Shard(1)))
@@ -274,21 +423,19 @@ class GPT(Layer):
         if t > self.cfg.block_size:
             raise ValueError(f"GPT: sequence length {t} exceeds block_size {self.cfg.block_size}")
         par = self.par
-        pos = Tensor(np.arange(t, dtype=np.int64))
-        x = dist.add(self.wte(idx), self.wpe(pos))  # (B, T, C); Partial over tp (vocab parallel)
+        order = par.sequence_order(t)  # the tokens' global positions (zigzag under cp)
+        if par.axis_size(par.cp) > 1 and t != self.cfg.block_size:
+            raise ValueError(
+                f"GPT: under context parallel the sequence must be block_size {self.cfg.block_size} long, got {t}"
+            )
+        positions = positions_of(par, t)
+        for block in self.block_list():
+            block.attn.positions = positions
+        x = dist.add(self.wte(idx), self.wpe(Tensor(order.astype(np.int64))))  # (B, T, C); Partial over tp
         if par.distributed:
             x = dist.reshard(x, par.stage_meshes[0], par.activation(par.stage_meshes[0]))
         x = self.drop(x)
-        for i, block in enumerate(self.blocks):
-            if par.distributed:
-                mesh = par.mesh_of_layer(i, self.cfg.n_layer)
-                if not x.spec.mesh.same_layout(mesh):  # pipeline hand-off to the next stage
-                    x = dist.reshard(x, mesh, par.activation(mesh))
-            x = dist.recompute(block, x) if par.recompute == "full" else block(x)
-        if par.distributed:
-            last = par.stage_meshes[-1]
-            if not x.spec.mesh.same_layout(last):
-                x = dist.reshard(x, last, par.activation(last))
+        x = run_blocks(par, self.blocks, x, self.cfg.n_layer)
         x = self.ln_f(x)
         if par.distributed and par.sequence_parallel:
             x = dist.reshard(x, par.stage_meshes[-1], par.activation(par.stage_meshes[-1], seq_split=False))
@@ -296,6 +443,10 @@ class GPT(Layer):
 
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
         return gpt_loss(self.forward(idx), targets)
+
+    def block_list(self) -> list[Block]:
+        """The transformer blocks, typed."""
+        return [cast(Block, b) for b in self.blocks]
 
     def num_parameters(self) -> int:
         return sum(int(np.prod(p.shape)) for p in self.parameters())

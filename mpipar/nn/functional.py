@@ -10,7 +10,7 @@ import numpy as np
 from mpipar import random as mrandom
 from mpipar.ops.dispatch import apply
 from mpipar.ops.linalg import matmul
-from mpipar.ops.manipulation import unsqueeze
+from mpipar.ops.manipulation import split, unsqueeze
 from mpipar.ops.math import add, as_tensor, cast, divide, mean, multiply, not_equal, sum_
 from mpipar.tensor import Tensor
 
@@ -160,5 +160,120 @@ def accuracy(
 ) -> Tensor:
     """Top-k accuracy (``paddle.metric.accuracy``): the fraction of rows whose label is in the top k."""
     pred = as_tensor(input)
+    classes = pred.shape[-1] if pred.ndim else 0
+    if not 1 <= int(k) <= classes:
+        raise ValueError(f"accuracy: k = {k} is outside 1..{classes} (the number of classes of input {pred._label()})")
     lb = _label_like(as_tensor(label), pred, -1)
     return apply("accuracy", [pred, lb], {"k": int(k)})
+
+
+def silu(x: Any, name: str | None = None) -> Tensor:
+    """``x * sigmoid(x)``."""
+    return apply("silu", [as_tensor(x)])
+
+
+def swiglu(x: Any, y: Any = None, name: str | None = None) -> Tensor:
+    """``silu(x) * y`` (Paddle's ``swiglu``); with ``y`` None, ``x``'s last dim is split in halves."""
+    t = as_tensor(x)
+    if y is None:
+        n = t.shape[-1]
+        if n % 2:
+            raise ValueError(f"swiglu: without y the last dim of {t._label()} ({n}) must split in two equal halves")
+        t, u = split(t, 2, axis=-1)
+        return apply("swiglu", [t, u])
+    return apply("swiglu", [t, as_tensor(y, t)])
+
+
+def rms_norm(
+    x: Any, normalized_shape: int | Sequence[int], weight: Any = None, epsilon: float = 1e-6, name: str | None = None
+) -> Tensor:
+    """``x / sqrt(mean(x^2) + epsilon) * weight`` over the trailing ``normalized_shape`` dims."""
+    t = as_tensor(x)
+    norm = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    if list(t.shape[t.ndim - len(norm) :]) != norm:
+        raise ValueError(f"rms_norm: normalized_shape {norm} does not match the trailing dims of {t._label()}")
+    w = as_tensor(weight, t) if weight is not None else Tensor(np.ones(norm, dtype=t.dtype))
+    y, _rstd = apply("rms_norm", [t, w], {"begin_norm_axis": t.ndim - len(norm), "epsilon": float(epsilon)})
+    return y
+
+
+def _positions(positions: Any, length: int, what: str) -> Tensor:
+    if positions is None:
+        return Tensor(np.arange(length, dtype=np.int64))
+    p = as_tensor(positions)
+    if p.ndim != 1 or p.shape[0] != length or not np.issubdtype(p.dtype, np.integer):
+        raise ValueError(
+            f"{what}: position_ids must be {length} integers (one per sequence position), got {p._label()}"
+        )
+    return p
+
+
+def fused_rotary_position_embedding(
+    q: Any,
+    k: Any = None,
+    v: Any = None,
+    sin: Any = None,
+    cos: Any = None,
+    position_ids: Any = None,
+    use_neox_rotary_style: bool = True,
+    time_major: bool = False,
+    rotary_emb_base: float = 10000.0,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """Rotary embedding of q, k (and v) of shape (B, S, H, D) at ``position_ids`` (S,) (default
+    0..S-1), Paddle's signature; rotate-half style with base ``rotary_emb_base``. ``sin``/``cos``
+    tables, the interleaved style and time-major inputs are not supported (a clear error)."""
+    if sin is not None or cos is not None or not use_neox_rotary_style or time_major:
+        raise ValueError(
+            "fused_rotary_position_embedding: only computed angles (sin=cos=None), use_neox_rotary_style=True "
+            "and time_major=False are supported"
+        )
+    out = [None if x is None else rotary_embedding(x, position_ids, rotary_emb_base) for x in (q, k, v)]
+    return out[0], out[1], out[2]
+
+
+def rotary_embedding(x: Any, position_ids: Any = None, theta: float = 10000.0) -> Tensor:
+    """Rotary embedding of one (B, S, H, D) tensor at ``position_ids`` (S,) (default 0..S-1)."""
+    t = as_tensor(x)
+    if t.ndim != 4:
+        raise ValueError(f"fused_rotary_position_embedding: {t._label()} must be (batch, seq, heads, head_dim)")
+    pos = _positions(position_ids, t.shape[1], "fused_rotary_position_embedding")
+    return apply("fused_rotary_position_embedding", [t, pos], {"theta": float(theta)})
+
+
+def scaled_dot_product_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    training: bool = True,
+    name: str | None = None,
+    *,
+    scale: float | None = None,
+    positions: Any = None,
+    block_size: int = 128,
+) -> Tensor:
+    """Fused attention (Paddle's signature, (B, S, H, D) layout; key/value may have fewer heads).
+
+    Computed in key blocks of ``block_size`` with an online softmax: no (S, S) tensor is kept,
+    and backward recomputes the probabilities (``mpipar/ops/attention.py``). ``positions`` (S,)
+    are the global positions of the held sequence for the causal mask (default 0..S-1), for
+    sequences held in another order. ``attn_mask`` and dropout are not supported."""
+    if attn_mask is not None or dropout_p:
+        raise ValueError("scaled_dot_product_attention: attn_mask and dropout_p are not supported; use is_causal")
+    if block_size < 1:
+        raise ValueError(f"scaled_dot_product_attention: block_size must be >= 1, got {block_size}")
+    q = as_tensor(query)
+    k, v = as_tensor(key, q), as_tensor(value, q)
+    ins = [q, k, v]
+    if positions is not None:
+        if q.shape[1] != k.shape[1]:
+            raise ValueError(
+                f"scaled_dot_product_attention: positions need query and key of one length, got {q.shape[1]} and {k.shape[1]}"
+            )
+        p = _positions(positions, q.shape[1], "scaled_dot_product_attention")
+        ins += [p, p]
+    attrs = {"is_causal": bool(is_causal), "scale": scale, "block_size": int(block_size)}
+    out, _lse = apply("scaled_dot_product_attention", ins, attrs)
+    return out

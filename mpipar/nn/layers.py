@@ -61,6 +61,14 @@ class Embedding(Layer):
         return f"{self.num_embeddings}, {self.embedding_dim}"
 
 
+def _ones_attr(weight_attr: Any) -> ParamAttr:
+    """A norm's scale: the given ParamAttr (initialised to ones unless it says otherwise), or ones."""
+    attr = weight_attr if isinstance(weight_attr, ParamAttr) else ParamAttr(initializer=Constant(1.0))
+    if attr.initializer is None:
+        attr.initializer = Constant(1.0)
+    return attr
+
+
 class LayerNorm(Layer):
     def __init__(
         self,
@@ -73,9 +81,7 @@ class LayerNorm(Layer):
         super().__init__()
         self.normalized_shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
         self.epsilon = epsilon
-        w_attr = weight_attr if isinstance(weight_attr, ParamAttr) else ParamAttr(initializer=Constant(1.0))
-        if w_attr.initializer is None:
-            w_attr.initializer = Constant(1.0)
+        w_attr = _ones_attr(weight_attr)
         self.weight = None if weight_attr is False else self.create_parameter(self.normalized_shape, attr=w_attr)
         self.bias = (
             None if bias_attr is False else self.create_parameter(self.normalized_shape, attr=bias_attr, is_bias=True)
@@ -86,6 +92,34 @@ class LayerNorm(Layer):
 
     def extra_repr(self) -> str:
         return f"normalized_shape={self.normalized_shape}, epsilon={self.epsilon}"
+
+
+class RMSNorm(Layer):
+    """``x / sqrt(mean(x^2) + epsilon) * weight`` over the trailing dims (Llama's norm: no
+    centring, no bias)."""
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        epsilon: float = 1e-6,
+        weight_attr: Any = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.normalized_shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+        self.epsilon = epsilon
+        self.weight = self.create_parameter(self.normalized_shape, attr=_ones_attr(weight_attr))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.epsilon)
+
+    def extra_repr(self) -> str:
+        return f"normalized_shape={self.normalized_shape}, epsilon={self.epsilon}"
+
+
+class SiLU(Layer):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.silu(x)
 
 
 class Dropout(Layer):

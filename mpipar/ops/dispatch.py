@@ -37,7 +37,7 @@ from mpipar.placement import Partial, Replicate
 from mpipar.reshard.executor import freeze
 from mpipar.spec import Box, DistSpec, box_shape, full_box
 from mpipar.spmd import registry as spmd
-from mpipar.tensor import Shape, Tensor, reshards_made, reuse_enabled
+from mpipar.tensor import Tensor, reshards_made, reuse_enabled
 
 Array = Any
 
@@ -159,10 +159,11 @@ def _label(t: Tensor) -> str:
     return f"dense {t._label()}"
 
 
-def _flatten(op: OpDef, inputs: Sequence[Any]) -> tuple[list[Tensor], list[Any]]:
-    """Flatten list inputs; return flat tensors and the nesting to give the rule."""
+def _flatten(op: OpDef, inputs: Sequence[Any]) -> tuple[list[Tensor], list[Any] | None]:
+    """Flatten list inputs; return flat tensors and the nesting to give the rule (None: no
+    input is a list, the rule gets the specs as they are)."""
     if not op.list_input:
-        return list(inputs), [None] * len(inputs)
+        return list(inputs), None
     flat: list[Tensor] = []
     nest: list[Any] = []
     for i, x in enumerate(inputs):
@@ -176,7 +177,9 @@ def _flatten(op: OpDef, inputs: Sequence[Any]) -> tuple[list[Tensor], list[Any]]
     return flat, nest
 
 
-def _nest(specs: Sequence[DistSpec], nest: Sequence[Any]) -> list[Any]:
+def _nest(specs: Sequence[DistSpec], nest: Sequence[Any] | None) -> list[Any]:
+    if nest is None:
+        return list(specs)
     out: list[Any] = []
     i = 0
     for n in nest:
@@ -192,7 +195,12 @@ def _nest(specs: Sequence[DistSpec], nest: Sequence[Any]) -> list[Any]:
 def _reuse_info(flat: list[Tensor]) -> spmd.Reuse | None:
     """For the conflict policy: which inputs hold the same value, and the layouts each value was
     already resharded to this step (free to use again); None when there is nothing to reuse."""
-    if not any(t._reshards for t in flat):  # the common case, decided without building sets
+    for t in flat:  # the common case, decided without building sets (a plain loop: every op asks)
+        if t._reshards:
+            break
+    else:
+        if len(flat) == 1:
+            return None
         sids = [t._sid for t in flat if t._spec is not None]
         if len(set(sids)) == len(sids):
             return None
@@ -211,7 +219,12 @@ def _reuse_info(flat: list[Tensor]) -> spmd.Reuse | None:
 
 
 def _infer(
-    op: OpDef, specs: list[DistSpec], nest: list[Any], attrs: dict[str, Any], flat: list[Tensor], reuse: bool = False
+    op: OpDef,
+    specs: list[DistSpec],
+    nest: list[Any] | None,
+    attrs: dict[str, Any],
+    flat: list[Tensor],
+    reuse: bool = False,
 ) -> spmd.SpmdResult:
     rattrs = attrs if op.rule_attrs is None else {k: attrs[k] for k in op.rule_attrs if k in attrs}
     try:
@@ -237,7 +250,8 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
             raise TypeError(f"{name}: input {i} must be a Tensor, got {type(t).__name__}")
         if t._spec is not None:
             dist_inputs.append(t)
-    original = list(flat)
+    # ZeRO-3 may swap gathered parameters into ``flat``; hooks see the inputs as given.
+    original = list(flat) if stored_split_seen[0] else flat
     backend = current_backend()
     stage_run = hooks.stage_runs[-1] if hooks.stage_runs else None
     first_dist = dist_inputs[0] if dist_inputs else None
@@ -264,11 +278,14 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
         hook.on_op(op, original, used, outs, result)
     for g in gathered:  # ZeRO-3: the gathered copy is freed after use; backward gathers again
         g._shards = {}
-    return tuple(outs) if op.multi_output else outs[0]
+    result_value = tuple(outs) if op.multi_output else outs[0]
+    for program in hooks.program_hooks:
+        program.on_apply(name, inputs, attrs, result_value)
+    return result_value
 
 
 def _run_abstract(
-    op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor]
+    op: OpDef, flat: list[Tensor], nest: list[Any] | None, attrs: dict[str, Any], dist_inputs: list[Tensor]
 ) -> tuple[list[Tensor], list[Tensor], spmd.SpmdResult | None]:
     """Shape-only: the rule gives every layout and shape; no kernel runs, reshards are planned."""
     if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
@@ -305,7 +322,7 @@ def _run_abstract(
 
 
 def _run_dense(
-    op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor]
+    op: OpDef, flat: list[Tensor], nest: list[Any] | None, attrs: dict[str, Any], dist_inputs: list[Tensor]
 ) -> list[Tensor]:
     mesh = _dense_mesh()
     specs = [DistSpec(t.shape, mesh, [Replicate()]) for t in flat]
@@ -392,9 +409,15 @@ _DECISIONS_MAX = 8192
 _decisions_backend: list[Any] = [None]
 
 
+_SCALAR_TYPES = frozenset({int, float, bool, str, type(None)})
+
+
 def _frozen(value: Any) -> Any:
     """A hashable stand-in for an attribute value; scalars keep their type (``1``, ``1.0`` and
     ``True`` are equal keys in Python but may give other output dtypes)."""
+    kind = type(value)
+    if kind in _SCALAR_TYPES:  # most attributes: decided without an isinstance chain
+        return (kind, value)
     if isinstance(value, (list, tuple)):
         return (type(value), tuple(_frozen(v) for v in value))
     if isinstance(value, dict):
@@ -414,24 +437,29 @@ def decision_attrs(op: OpDef, attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def freeze_attrs(attrs: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple((k, _frozen(v)) for k, v in attrs.items()) if attrs else ()
+    return tuple([(k, _frozen(v)) for k, v in attrs.items()]) if attrs else ()
 
 
 def _decision_key(
-    op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], reuse: spmd.Reuse | None, mesh: ProcessMesh
+    op: OpDef,
+    flat: list[Tensor],
+    nest: list[Any] | None,
+    attrs: dict[str, Any],
+    reuse: spmd.Reuse | None,
+    mesh: ProcessMesh,
 ) -> tuple[Any, ...] | None:
     """What a decision depends on: the op, each input's spec (dense: shape, on the op's mesh),
     dtypes, the attributes and what was already resharded; None when the attributes are not
     hashable (such a call is decided afresh)."""
-    ins = tuple(t._spec if t._spec is not None else (t._shape, mesh) for t in flat)
+    ins = tuple([t._spec if t._spec is not None else (t._shape, mesh) for t in flat])
     try:
         key = (
             op.name,
             ins,
-            tuple(t._dtype for t in flat),
+            tuple([t._dtype for t in flat]),
             freeze_attrs(decision_attrs(op, attrs)),
             reuse,
-            tuple(nest) if op.list_input else None,
+            tuple(nest) if nest is not None else None,
         )
         hash(key)
     except TypeError:
@@ -449,7 +477,7 @@ def cached_decision(key: tuple[Any, ...] | None, backend: Any) -> Decision | Non
 
 
 def _decide(
-    op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], mesh: ProcessMesh, backend: Any
+    op: OpDef, flat: list[Tensor], nest: list[Any] | None, attrs: dict[str, Any], mesh: ProcessMesh, backend: Any
 ) -> Decision:
     replicated = [Replicate()] * mesh.ndim
     specs = [t.spec if t.is_dist else DistSpec(t.shape, mesh, replicated) for t in flat]
@@ -480,7 +508,12 @@ def _decide(
 
 
 def _run_dist(
-    op: OpDef, flat: list[Tensor], nest: list[Any], attrs: dict[str, Any], dist_inputs: list[Tensor], backend: Any
+    op: OpDef,
+    flat: list[Tensor],
+    nest: list[Any] | None,
+    attrs: dict[str, Any],
+    dist_inputs: list[Tensor],
+    backend: Any,
 ) -> tuple[list[Tensor], list[Tensor], spmd.SpmdResult | None]:
     mesh = dist_inputs[0].spec.mesh
     reuse = _reuse_info(flat) if reuse_enabled() else None
@@ -504,13 +537,15 @@ def _run_dist(
         if player is not None:
             player.record(op, flat, attrs, reuse, decision, backend)
     need = decision.need
-    used: list[Tensor] = []
-    for i, (t, move) in enumerate(zip(flat, decision.reshard, strict=True)):
-        if not move:
-            used.append(t)
-            continue
-        with comm_context(f"{op.name} input {i}: {decision.rule_label}"), hooks.op_inputs(op.name):
-            used.append(_reshard_input(t, need[i], backend))
+    used: list[Tensor] = flat  # the usual case: every input already in the layout the rule wants
+    if True in decision.reshard:
+        used = []
+        for i, (t, move) in enumerate(zip(flat, decision.reshard, strict=True)):
+            if not move:
+                used.append(t)
+                continue
+            with comm_context(f"{op.name} input {i}: {decision.rule_label}"), hooks.op_inputs(op.name):
+                used.append(_reshard_input(t, need[i], backend))
     if decision.out_specs is None:
         return _replicate_only_outputs(op, used, attrs, decision, mesh), used, decision.res
     # Several hosted ranks (the simulator): a product's Partial output may be deferred. (Under
@@ -528,12 +563,7 @@ def _run_dist(
 
 def _output(spec: DistSpec, dtype: np.dtype) -> Tensor:
     """An op's output tensor with this layout and dtype; the caller gives it its shards."""
-    out = Tensor.__new__(Tensor)
-    Tensor.__init__(out, None, dtype=dtype)  # a fresh storage id; the shards are frozen when made
-    out._spec = spec
-    out._shape = Shape(spec.shape)
-    out._reshards = {}  # a computed value: reshard it once (``mpipar.distribute.reshard``)
-    return out
+    return Tensor._op_output(spec, dtype)
 
 
 def _kernel_outputs(
@@ -551,6 +581,8 @@ def _kernel_outputs(
 
     Where the op computes several pieces at once (``OpDef.all_pieces``: one stacked GEMM), it
     does, unless a captured step is being traced (it records one instruction per piece)."""
+    if len(decision.ranks) == 1 and not capture_hooks.capture_tracers:
+        return _one_rank_outputs(op, decision, attrs, inputs, used)
     memo: dict[tuple[Any, ...], list[Any]] = {}
     per_rank: dict[int, list[Any]] = {}
     multi = op.multi_output
@@ -590,6 +622,33 @@ def _kernel_outputs(
                     tr.record_kernel(op, ctx, attrs, dtypes, used, r, arrays, got, raw=result)
         per_rank[r] = got
     return per_rank
+
+
+def _one_rank_outputs(
+    op: OpDef, decision: Decision, attrs: dict[str, Any], inputs: dict[int, list[Any]] | None, used: list[Tensor]
+) -> dict[int, list[Any]]:
+    """``_kernel_outputs`` for a process hosting one rank of the op's mesh (under MPI, every
+    op), with no captured step being traced: the kernel runs once, with nothing to share."""
+    r, shapes, ctx = decision.ranks[0]
+    arrays = [u._shards[r] for u in used] if inputs is None else inputs[r]
+    result = op.kernel(ctx, *arrays, **attrs)
+    got = list(result) if op.multi_output else [result]
+    if len(got) != len(shapes):
+        raise ValueError(f"kernel of {op.name} returned {len(got)} outputs; the rule says {len(shapes)}")
+    for j, dt in enumerate(decision.dtypes):
+        arr = got[j]
+        if isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
+            arr = np.asarray(arr)
+        if arr.dtype != dt:
+            arr = arr.astype(dt)
+        if arr.shape != shapes[j]:
+            spec = decision.out_specs[j]  # type: ignore[index]
+            raise AssertionError(
+                f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
+                f"{op.rule_name} says {list(shapes[j])} ({spec})"
+            )
+        got[j] = freeze(arr)
+    return {r: got}
 
 
 _DEFER_ELEMENTS = 1 << 16
@@ -718,13 +777,20 @@ def _reshard_input(t: Tensor, want: DistSpec, backend: Any = None) -> Tensor:
 
 
 def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor], attrs: dict[str, Any]) -> None:
-    diff = range(len(flat)) if op.differentiable is None else op.differentiable
-    needs = [i in diff and not t.stop_gradient for i, t in enumerate(flat)]
-    requires = tape.is_grad_enabled() and op.grad is not None and any(needs)
-    for j, t in enumerate(outs):
-        t.stop_gradient = not requires or j in op.nondiff_outputs
-    if not requires:
+    if op.grad is None or not tape.is_grad_enabled():
+        needs = None
+    elif op.differentiable is None:
+        needs = [not t.stop_gradient for t in flat]
+    else:
+        diff = op.differentiable
+        needs = [i in diff and not t.stop_gradient for i, t in enumerate(flat)]
+    if needs is None or True not in needs:
+        for t in outs:
+            t.stop_gradient = True
         return
+    nondiff = op.nondiff_outputs
+    for j, t in enumerate(outs):
+        t.stop_gradient = j in nondiff
     saved_in = range(len(used)) if op.save_inputs is None else op.save_inputs
     ctx = tape.GradContext(
         op=op.name,

@@ -33,7 +33,10 @@ def reduce_to_shape(g: Tensor | None, shape: Sequence[int]) -> Tensor | None:
     if tuple(g.shape) == shape:
         return g
     lead = g.ndim - len(shape)
-    axes = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
+    kept = [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]
+    if lead and not kept:  # only leading dims to drop (a bias): one sum, no reshape after it
+        return apply("sum", [g], {"axis": tuple(range(lead)), "keepdim": False})
+    axes = list(range(lead)) + kept
     out = apply("sum", [g], {"axis": tuple(int(a) for a in axes), "keepdim": True}) if axes else g
     return reshape(out, list(shape)) if tuple(out.shape) != shape else out
 

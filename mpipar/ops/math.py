@@ -347,9 +347,15 @@ def _split_like_input(ctx: GradContext, g: Tensor) -> Tensor:
         return reshard(g, spec.mesh, want)
 
 
+def _kept_dims(g: Tensor, shape: Sequence[int], axis: Any) -> Tensor:
+    """A reduction's gradient with the reduced dims back as size 1, ready to expand; a 0-d one
+    (every dim reduced) expands as it is (broadcasting adds the dims: one op fewer)."""
+    return g if g.ndim == 0 else reshape(g, _keep_shape(shape, axis))
+
+
 def _sum_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     shape = ctx.input_shapes[0]
-    gk = reshape(g[0], _keep_shape(shape, ctx.attrs.get("axis")))
+    gk = _kept_dims(g[0], shape, ctx.attrs.get("axis"))
     return [_split_like_input(ctx, expand(gk, list(shape)))]
 
 
@@ -357,7 +363,7 @@ def _mean_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     shape = ctx.input_shapes[0]
     axes = norm_axes(ctx.attrs.get("axis"), len(shape), "mean")
     count = math.prod(shape[a] for a in axes)
-    gk = reshape(scale(g[0], 1.0 / count), _keep_shape(shape, ctx.attrs.get("axis")))
+    gk = _kept_dims(scale(g[0], 1.0 / count), shape, ctx.attrs.get("axis"))
     return [_split_like_input(ctx, expand(gk, list(shape)))]
 
 

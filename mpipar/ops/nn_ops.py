@@ -145,15 +145,16 @@ register_op(OpDef("log_softmax_grad", _log_softmax_grad_kernel, None, rule="soft
 
 
 # ----------------------------------------------------------------------------- layer_norm
-def _norm_axes(x: Array, begin_norm_axis: int) -> tuple[int, ...]:
-    b = norm_axis(begin_norm_axis, x.ndim, "layer_norm", "begin_norm_axis")
+def norm_axes(x: Array, begin_norm_axis: int, op: str = "layer_norm") -> tuple[int, ...]:
+    """The normalised (trailing) axes of ``x`` from ``begin_norm_axis``."""
+    b = norm_axis(begin_norm_axis, x.ndim, op, "begin_norm_axis")
     return tuple(range(b, x.ndim))
 
 
 def _layer_norm(
     c: KernelContext, x: Array, w: Array, b: Array, begin_norm_axis: int = -1, epsilon: float = 1e-5, **_: Any
 ) -> tuple[Array, Array, Array]:
-    axes = _norm_axes(x, begin_norm_axis)
+    axes = norm_axes(x, begin_norm_axis)
     t = x.dtype.type
     mean = np.mean(x, axis=axes, keepdims=True)
     centered = x - mean
@@ -167,7 +168,7 @@ def _layer_norm(
 def _layer_norm_grad_kernel(
     c: KernelContext, x: Array, w: Array, mean: Array, rstd: Array, dy: Array, begin_norm_axis: int = -1, **_: Any
 ) -> tuple[Array, Array, Array]:
-    axes = _norm_axes(x, begin_norm_axis)
+    axes = norm_axes(x, begin_norm_axis)
     batch_axes = tuple(range(x.ndim - len(axes)))
     keep = mean.shape + (1,) * len(axes)
     xhat = (x - mean.reshape(keep)) * rstd.reshape(keep)

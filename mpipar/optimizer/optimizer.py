@@ -25,10 +25,11 @@ from mpipar import autograd, capture_hooks, hooks
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
 from mpipar.distribute import reshard_to
-from mpipar.modes import Mode, execution_mode
+from mpipar.modes import Mode, execution_mode, in_static_mode
 from mpipar.ops import math as M
 from mpipar.optimizer.lr import LRScheduler
 from mpipar.optimizer.offload import OffloadConfig, move_states
+from mpipar.runtime import collector
 from mpipar.spec import DistSpec
 from mpipar.tensor import Tensor
 
@@ -94,9 +95,10 @@ class Optimizer:
         multi_precision: bool = False,
     ) -> None:
         self._multi_precision = bool(multi_precision)
-        if parameters is None:
+        if parameters is None and not in_static_mode():
             raise ValueError(f"{type(self).__name__} needs parameters= (e.g. model.parameters())")
-        self._parameter_list = [p for p in parameters]
+        # Static mode (Paddle's habit): no parameters yet; ``minimize`` takes the program's own.
+        self._parameter_list = [p for p in parameters] if parameters is not None else []
         for i, p in enumerate(self._parameter_list):
             if not isinstance(p, Tensor):
                 raise TypeError(f"{type(self).__name__}: parameters[{i}] is {type(p).__name__}, not a Tensor")
@@ -132,6 +134,20 @@ class Optimizer:
     def minimize(
         self, loss: Tensor, startup_program: Any = None, parameters: Any = None, no_grad_set: Any = None
     ) -> None:
+        """Eager: backward and one update. In static mode on a program's variable: the update is
+        added to that program, and runs with it (``Executor.run``)."""
+        if loss.is_abstract:
+            if any(p.on_minimize(self, loss, parameters, no_grad_set) for p in list(hooks.program_hooks)):
+                return
+            raise ValueError(
+                f"minimize: {loss._label()} has no values and is no variable of a static program being built; "
+                "call minimize inside the program_guard (in static mode) that computed the loss"
+            )
+        if not self._parameter_list:
+            raise ValueError(
+                f"{type(self).__name__}.minimize: the optimizer has no parameters (built with parameters=None "
+                "outside static mode); pass parameters=model.parameters()"
+            )
         loss.backward()
         self.step()
 
@@ -145,6 +161,7 @@ class Optimizer:
             lr = self.get_lr()
             for p, g in params_grads:
                 self._step_param(p, g, _param_lr(p, lr))
+        collector.step_done()  # a step boundary: the collector's one-time freeze after the warm-up
 
     def layout_of(self, p: Tensor) -> DistSpec | None:
         """The layout ``p`` is updated and its states are kept in (None: dense)."""

@@ -12,8 +12,19 @@
   (``MPIPAR_HOST_MAP``), the tp-inside-a-host check.
 * ``mpipar.runtime.heartbeat``: the rank side of the launcher's heartbeat (``mark_step``).
 
+* ``mpipar.runtime.waits``: how ranks wait inside MPI on a host with fewer cores than ranks
+  (``MPIR_CVAR_ENABLE_HEAVY_YIELD``), set here, at package import, so that it is in place
+  before MPI starts (``import mpipar`` loads this package: the optimizers import
+  ``mpipar.runtime.collector``).
+* ``mpipar.runtime.collector``: the garbage collector's one-time freeze after the warm-up
+  steps (``MPIPAR_GC``).
+
 Nothing here imports mpi4py or cupy at package import: the backends are loaded by name
 (``mpipar/backend.py``) only when an MPI launcher or ``MPIPAR_BACKEND`` selects them.
 
     mpiexec -n 8 python examples/seed_reshard.py
 """
+
+from mpipar.runtime.waits import prefer_sleeping_waits
+
+prefer_sleeping_waits()

@@ -57,6 +57,8 @@ CASES: list[tuple[str, int, tuple[str, ...]]] = [
     ("gpt.py", 8, ("--mesh", "dp=2,tp=2,pp=2", "--sequence-parallel", "--recompute", "full")),
     ("gpt.py", 8, ("--mesh", "dp=4,pp=2", "--zero", "3", "--recompute", "selective")),
     ("gpt.py", 4, ("--mesh", "dp=2,tp=2", "--zero", "2", "--accumulate-steps", "2")),
+    ("gpt.py", 4, ("--mesh", "cp=2,tp=2", "--attention", "fused")),
+    ("llama.py", 8, ("--mesh", "dp=2,cp=2,tp=2", "--sequence-parallel")),
 ]
 
 

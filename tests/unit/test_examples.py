@@ -45,6 +45,9 @@ CASES = [
     ("gpt.py", ["--mesh", "dp=2,tp=2,pp=2"], 8),
     ("gpt.py", ["--mesh", "dp=2,tp=2,pp=2", "--sequence-parallel", "--recompute", "full", "--zero", "2"], 8),
     ("gpt.py", ["--mesh", "dp=2,tp=2", "--recompute", "selective", "--accumulate-steps", "2"], 4),
+    ("gpt.py", ["--mesh", "dp=2,cp=2,tp=2", "--attention", "fused"], 8),
+    ("llama.py", ["--mesh", "dp=2,cp=2,tp=2", "--sequence-parallel"], 8),
+    ("llama.py", ["--mesh", "tp=2,pp=2", "--schedule", "1F1B", "--attention", "plain"], 4),
 ]
 
 
@@ -80,7 +83,7 @@ def test_reference_and_virtual_ranks_print_the_same_losses(script: str, extra: l
 def test_gpt_degrees_must_multiply_to_the_world() -> None:
     out = run("-m", "simulator", "-n", "8", "examples/gpt.py", "--tiny", "--steps", "1", "--mesh", "dp=2,tp=2")
     assert out.returncode != 0
-    assert "dp(2) * tp(2) * pp(1) = 4 != world size 8" in out.stderr
+    assert "dp(2) * tp(2) * pp(1) * cp(1) = 4 != world size 8" in out.stderr
 
 
 def test_a_world_too_small_for_the_meshes_is_refused() -> None:
@@ -130,8 +133,39 @@ def test_gpt_first_run_uses_the_whole_world_and_explains_itself() -> None:
     )  # the trained model writes what one device's writes
     # Per-step speed goes to stderr when stdout is not a terminal (stdout stays the parseable loss log).
     assert re.findall(r"^step (\d+): [\d.]+ ms/step, [\d,]+ tokens/s$", sim.stderr, re.M) == ["0", "1", "2"]
+    # The closing spread of step times, on stderr (stdout keeps the loss log): the one step after
+    # two warm-up steps is too few for percentiles, so none is printed here; five steps give one.
+    assert "p90/p50" not in sim.stdout + sim.stderr
+    five = run("examples/gpt.py", "--tiny", "--steps", "5", "--sample", "0")
+    assert five.returncode == 0, five.stderr[-2000:]
+    assert "p90/p50" not in five.stdout
+    assert re.search(
+        r"^step time over 3 steps after 2 warm-up: p10 [\d.]+ ms, p50 [\d.]+ ms, p90 [\d.]+ ms, p90/p50 [\d.]+ ",
+        five.stderr,
+        re.M,
+    ), five.stderr[-2000:]
 
 
 def test_gpt_sample_count_must_not_be_negative() -> None:
     out = run("examples/gpt.py", "--tiny", "--steps", "1", "--sample", "-1")
     assert out.returncode != 0 and "--sample -1" in out.stderr
+
+
+def test_llama_shape_flags_set_the_model_and_bad_shapes_are_named() -> None:
+    from mpipar.models.llama import llama_config
+
+    shape = ["--hidden", "32", "--heads", "4", "--kv-heads", "2", "--ffn-hidden", "64", "--seq-len", "32"]
+    out = run("examples/llama.py", "--tiny", "--steps", "1", "--sample", "0", *shape)
+    assert out.returncode == 0, out.stderr[-2000:]
+    want = llama_config(
+        "tiny",
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        num_hidden_layers=2,
+    ).num_parameters()
+    assert re.match(rf"Llama: {want:,} parameters \| .* x 32 tokens", out.stdout), out.stdout[:300]
+    bad = run("examples/llama.py", "--tiny", "--steps", "1", "--hidden", "30")
+    assert bad.returncode != 0 and "hidden_size 30, 4 attention heads" in bad.stderr

@@ -31,7 +31,7 @@ from simulator.op_cost import PlanCosts
 from viz.__main__ import streamlit_command
 from viz.plan_time import ProfileError, measured_on_lanes, priced, profile_from_bytes, profile_from_path
 from viz.planinfo import stage_meshes, stage_of
-from viz.simulate import plan_cost, simulate_plan
+from viz.simulate import lane_ranks, plan_cost, simulate_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "viz" / "app.py")
@@ -135,15 +135,22 @@ def test_memory_and_pipeline_are_in_seconds(gpt_plan_path: str) -> None:
     assert simulate_plan(timed).time_unit == "s"
 
 
-def test_a_plan_without_pipeline_is_priced_as_one_step(tmp_path: Path, gpt_plan_path: str) -> None:
-    """An eager script's plan (no pipeline section): its meshes one after the other, then the sync."""
+def test_a_plan_without_pipeline_gets_a_lane_per_stage_mesh(tmp_path: Path, gpt_plan_path: str) -> None:
+    """An eager script's plan (no pipeline section) whose stage meshes share no rank (a pipeline
+    run by reshards alone): one micro-batch through the stages, each on its own lane with its own
+    ranks (every stage drawn, not one lane for the largest mesh), then each lane's sync."""
     staged = Plan.load(gpt_plan_path)
     plan = dataclasses.replace(staged, pipeline=None)
     fwd, bwd, send, sync = _expected_parts(staged, "cpu-local")
-    expected = sum(fwd) + sum(send["forward"]) + sum(bwd) + sum(send["backward"]) + max(sync)
+    down = fwd[0] + send["forward"][0] + fwd[1] + bwd[1]
+    expected = max(down + sync[1], down + send["backward"][0] + bwd[0] + sync[0])
     timed = priced(plan, load_profile("cpu-local"))
-    assert simulate_plan(timed).makespan == pytest.approx(expected, rel=1e-9)
+    timeline = simulate_plan(timed)
+    assert timeline.makespan == pytest.approx(expected, rel=1e-9)
     assert min(send["forward"]) > 0 and max(sync) > 0  # the hand-offs and the gradient sync are in the step
+    assert timeline.ranks == (0, 1)
+    assert lane_ranks(timed) == {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}
+    assert timeline.meta["lane_ranks"] == {"0": [0, 1, 2, 3], "1": [4, 5, 6, 7]}  # the lanes' labels
     path = tmp_path / "eager.json"
     plan.save(path)
     at = _app([str(path)], view="Pipeline")

@@ -40,8 +40,9 @@ def softmax_grad_rule(specs: list[DistSpec], axis: int = -1, **_: object) -> Ein
     return EinsumSpec((letters, letters), (letters,), (1,), True, no_shard=frozenset(letters[a]), op="softmax_grad")
 
 
-def _ln_letters(x: DistSpec, begin_norm_axis: int) -> tuple[str, str, str]:
-    b = norm_axis(begin_norm_axis, x.ndim, "layer_norm", "begin_norm_axis")
+def norm_letters(x: DistSpec, begin_norm_axis: int, op: str = "layer_norm") -> tuple[str, str, str]:
+    """All letters of a normalised tensor, its batch letters and its normalised letters."""
+    b = norm_axis(begin_norm_axis, x.ndim, op, "begin_norm_axis")
     letters = LOWER[: x.ndim]
     return letters, letters[:b], letters[b:]
 
@@ -49,7 +50,7 @@ def _ln_letters(x: DistSpec, begin_norm_axis: int) -> tuple[str, str, str]:
 @register_rule("layer_norm")
 def layer_norm_rule(specs: list[DistSpec], begin_norm_axis: int = -1, **_: object) -> EinsumSpec:
     x = specs[0]
-    letters, batch, normed = _ln_letters(x, begin_norm_axis)
+    letters, batch, normed = norm_letters(x, begin_norm_axis)
     ins = (letters, normed, normed)[: len(specs)]
     return EinsumSpec(ins, (letters, batch, batch), no_shard=frozenset(normed), op="layer_norm")
 
@@ -57,7 +58,7 @@ def layer_norm_rule(specs: list[DistSpec], begin_norm_axis: int = -1, **_: objec
 @register_rule("layer_norm_grad")
 def layer_norm_grad_rule(specs: list[DistSpec], begin_norm_axis: int = -1, **_: object) -> EinsumSpec:
     # inputs: x, weight, mean, rstd, dy  ->  dx, dweight, dbias
-    letters, batch, normed = _ln_letters(specs[0], begin_norm_axis)
+    letters, batch, normed = norm_letters(specs[0], begin_norm_axis)
     return EinsumSpec(
         (letters, normed, batch, batch, letters),
         (letters, normed, normed),
