@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from results import add_json_argument, record
+
 import mpipar as dist
 from simulator.auto import memory_limit
 from simulator.backend import ShapeOnlyBackend
@@ -51,7 +53,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--limit", type=int, default=None)
+    add_json_argument(ap)
     args = ap.parse_args()
+    record(args.json, __file__)
     limit = args.limit or memory_limit(load_profile("cpu-local"), args.world)
     print(f"--tiny GPT on {args.world} ranks, batch 8, cpu-local, memory limit {limit:,} bytes per rank")
     timed(args.world, limit, ("none",), False)  # warm-up

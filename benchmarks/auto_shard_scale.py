@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from results import add_json_argument, record
 
 import mpipar as dist
 from mpipar.models.gpt import GPT, GPTConfig, gpt_loss
@@ -65,7 +66,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-gpt-layers", type=int, default=4)
     ap.add_argument("--max-mlp-depth", type=int, default=16)
+    add_json_argument(ap)
     args = ap.parse_args()
+    record(args.json, __file__)
     gpt_sizes = [n for n in (1, 2, 4, 8, 16) if n <= args.max_gpt_layers]
     mlp_sizes = [n for n in (2, 4, 8, 16, 32) if n <= args.max_mlp_depth]
     run("GPT (transformer layers)", gpt_sizes, gpt_case)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from results import add_json_argument, record
 
 import mpipar as dist
 from simulator import SimBackend
@@ -80,7 +81,9 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    add_json_argument(parser)
     args = parser.parse_args()
+    record(args.json, __file__)
     dist.set_backend(SimBackend(8))
     state, values = model_state(args.mib)
     nbytes = sum(v.nbytes for v in values.values())

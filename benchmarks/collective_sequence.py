@@ -33,6 +33,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import predict_vs_measure as pvm  # noqa: E402  (a sibling script, not a package)
+from results import add_json_argument, record  # noqa: E402  (a sibling script, not a package)
 
 
 def sequence_gaps(profile_path: str, mesh: str, op_s: float) -> list[float]:
@@ -106,7 +107,9 @@ def main() -> None:
     parser.add_argument("--op-us", type=float, default=240.0, help="host microseconds per op (the worker's `op`)")
     parser.add_argument("--passes", type=int, default=5, help="interleaved passes (curve, sequence)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    add_json_argument(parser)
     ns = parser.parse_args()
+    record(ns.json, __file__)
     if ns.passes < 1:
         parser.error(f"--passes must be >= 1, got {ns.passes}")
     if ns.worker:

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from results import add_json_argument, record
 
 import mpipar as dist
 from mpipar.comm import reduce_arrays
@@ -244,7 +245,9 @@ def main() -> None:
         help="cpu: this process's CPU seconds (time.process_time), which time spent waiting for a "
         "core does not inflate; with one BLAS thread the same work as wall time on an idle machine",
     )
+    add_json_argument(parser)
     args = parser.parse_args()
+    record(args.json, __file__)
     for flag, value, low in (
         ("--rounds", args.rounds, 1),
         ("--turns", args.turns, 1),

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from results import add_json_argument, record
+
 from simulator.estimate import estimate
 from simulator.step_trace import GPTShape, GPTStrategy, trace_gpt_step
 
@@ -53,7 +55,9 @@ def best_of(repeat: int, dp: int, tp: int, pp: int) -> tuple[float, float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    add_json_argument(parser)
     ns = parser.parse_args()
+    record(ns.json, __file__)
     print(f"{'ranks':>6} {'dp x tp x pp':>13} {'total s':>8} {'trace s':>8} {'price s':>8} {'vs 64 ranks':>11}")
     base = None
     for dp, tp, pp in MESHES:

@@ -16,13 +16,17 @@ import subprocess
 import sys
 import time
 
+from results import add_json_argument, record
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200)
+    add_json_argument(p)
     args = p.parse_args()
+    record(args.json, __file__)
     t0 = time.perf_counter()
     out = subprocess.run(
         [

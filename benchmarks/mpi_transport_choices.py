@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
+from results import add_json_argument, record
 from runtime_collectives import timed  # this script's directory: the same fair turns
 
 import mpipar as dist
@@ -53,7 +54,9 @@ def main() -> None:
         default=None,
         help="time the all-reduce's paths for these buffer sizes (KiB per member) instead",
     )
+    add_json_argument(parser)
     args = parser.parse_args()
+    record(args.json, __file__)
     backend = dist.current_backend()
     if backend.name != "mpi":
         raise SystemExit("run me under mpiexec: mpiexec -n 8 .venv/bin/python benchmarks/mpi_transport_choices.py")

@@ -32,6 +32,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import predict_vs_measure as pvm  # noqa: E402  (a sibling script, not a package)
+from results import add_json_argument, record  # noqa: E402  (a sibling script, not a package)
 
 MODES = ("free", "barrier", "dp8")
 """The worker's loops: one-rank meshes unsynchronised, one-rank meshes and a barrier per step, the dp=8 mesh."""
@@ -40,11 +41,10 @@ MODES = ("free", "barrier", "dp8")
 def worker(mode: str, steps: int) -> None:
     """Each rank: ``steps`` training steps of gpt.py's default model on 2 sequences (dp=8's per-rank
     batch) in ``mode``; rank 0 prints the median seconds per step (its own, and every rank's median)."""
-    import numpy as np
     from mpi4py import MPI
 
     import mpipar as dist
-    from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
+    from mpipar.models.gpt import GPTParallel
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -59,15 +59,7 @@ def worker(mode: str, steps: int) -> None:
         mesh = dist.ProcessMesh([[rank]], dim_names=["dp", "tp"])
         par = GPTParallel([mesh])
         batch = pvm.GLOBAL_BATCH // 8
-    model = GPT(GPTConfig(**pvm.GPT_CONFIG), par)
-    opt = dist.optimizer.AdamW(
-        learning_rate=3e-3,
-        parameters=model.parameters(),
-        weight_decay=0.01,
-        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
-    )
-    rows = np.arange(batch * pvm.SEQ, dtype=np.int64).reshape(batch, pvm.SEQ) % pvm.VOCAB
-    idx = dist.shard_tensor(rows, mesh, par.activation(mesh, seq_split=False))
+    model, opt, idx = pvm.gpt_training_parts(par, mesh, batch)
 
     def step() -> None:
         loss = model.loss(idx, idx)
@@ -101,7 +93,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--save", help="write every round's numbers to this JSON file")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    add_json_argument(parser)
     ns = parser.parse_args()
+    record(ns.json, __file__)
     if ns.steps < 3 or ns.rounds < 1:
         parser.error(f"--steps must be >= 3 and --rounds >= 1, got {ns.steps} and {ns.rounds}")
     if ns.worker:

@@ -329,6 +329,25 @@ def worker(steps: int) -> None:
         print(json.dumps({k: statistics.median(r[k] for r in rows) for k in rows[0]}))
 
 
+def gpt_training_parts(par: Any, mesh: Any, batch: int) -> tuple[Any, Any, Any]:
+    """gpt.py's default model on ``par``, its clipped AdamW, and ``batch`` token rows sharded
+    on ``mesh`` as gpt.py shards its batches (the step the benchmarks time)."""
+    import numpy as np
+
+    import mpipar as dist
+    from mpipar.models.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(**GPT_CONFIG), par)
+    opt = dist.optimizer.AdamW(
+        learning_rate=3e-3,
+        parameters=model.parameters(),
+        weight_decay=0.01,
+        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
+    )
+    rows = np.arange(batch * SEQ, dtype=np.int64).reshape(batch, SEQ) % VOCAB
+    return model, opt, dist.shard_tensor(rows, mesh, par.activation(mesh, seq_split=False))
+
+
 def worker_json(script: str, args: list[str]) -> dict[str, Any]:
     """Run ``script`` with ``args`` on 8 ranks under ``mpiexec`` (one BLAS thread each, no stdin,
     10 minutes at most) and return the JSON object its rank 0 prints on a line of its own (the

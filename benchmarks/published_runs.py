@@ -5,11 +5,11 @@
 
 Runs of Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models" (A100 SXM 80GB, seq 2048, vocab 51200, micro-batch 1, tensor parallel 8, no data
-parallelism). The two 22B rows (Table 3/5 as quoted in issue #16) are the **calibration
+parallelism). The two 22B rows (Table 3/5) are the **calibration
 data**: the ``a100-nvlink-ib`` preset's ``gemm_efficiency_max`` is the one constant fitted to
 them (``--fit`` redoes it: least squares of the log ratio over those two rows only). The
 larger configurations are **validation**: their published times are kept out of this
-repository on purpose (issue #16: checked independently, never tuned to), so the table
+repository on purpose (checked independently, never tuned to), so the table
 prints their estimate, MFU and HFU for that comparison.
 
 ``--fit`` uses that a step is linear in ``1 / gemm_efficiency_max`` (every GEMM's time is
@@ -25,6 +25,8 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
+
+from results import add_json_argument, record
 
 from simulator.cost import HardwareProfile, load_profile
 from simulator.estimate import Estimate, estimate
@@ -109,7 +111,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hardware", default="a100-nvlink-ib")
     p.add_argument("--fit", action="store_true", help="refit gemm_efficiency_max on the calibration rows and use it")
+    add_json_argument(p)
     args = p.parse_args()
+    record(args.json, __file__)
     profile = load_profile(args.hardware)
     if args.fit:
         best = fit_gemm_efficiency(profile)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from results import add_json_argument, record
 from tp_mlp import sgd_step, sgd_step_tensor
 
 import mpipar as dist
@@ -47,7 +48,9 @@ def make_step(layout: str, captured: bool = False) -> Callable[[], float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
+    add_json_argument(parser)
     args = parser.parse_args()
+    record(args.json, __file__)
     dist.set_backend(SimBackend(4))
     compile_step = getattr(dist, "compile_step", None)
     print(f"one training step on 4 virtual ranks, tiny data; minimum over {args.steps} steps")

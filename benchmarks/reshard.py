@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from results import add_json_argument, record
 
 import mpipar as dist
 from mpipar.reshard.planner import _plan_cached
@@ -36,7 +37,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
+    add_json_argument(parser)
     args = parser.parse_args()
+    record(args.json, __file__)
     dist.set_backend(SimBackend(64))
     n = args.mib * 2**20 // 4
     rows = 1024

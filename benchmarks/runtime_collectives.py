@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
+from results import add_json_argument, record
 
 import mpipar as dist
 
@@ -69,7 +70,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[4, 64])
     parser.add_argument("--reps", type=int, default=60)
+    add_json_argument(parser)
     args = parser.parse_args()
+    record(args.json, __file__)
     backend = dist.current_backend()
     if backend.name != "mpi":
         raise SystemExit("run me under mpiexec: mpiexec -n 8 .venv/bin/python benchmarks/runtime_collectives.py")

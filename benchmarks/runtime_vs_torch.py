@@ -50,6 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from results import add_json_argument, record
 
 BATCH, IN, HIDDEN = 32, 256, 4096
 TRAIN_LR = 0.01  # tp_mlp_vs_mpi4py's SGD step
@@ -357,7 +358,9 @@ def main() -> None:
         help="which step to compare (default both)",
     )
     parser.add_argument("--worker", choices=["ours", "torch", "train-mpi", "train-torch"], help=argparse.SUPPRESS)
+    add_json_argument(parser)
     args = parser.parse_args()
+    record(args.json, __file__)
     if args.worker is not None:
         {
             "ours": lambda: run_ours(args.iters, args.warmup),

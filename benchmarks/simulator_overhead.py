@@ -14,6 +14,7 @@ import argparse
 import time
 
 import numpy as np
+from results import add_json_argument, record
 
 import mpipar as dist
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
@@ -47,7 +48,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--tiny", action="store_true")
+    add_json_argument(p)
     args = p.parse_args()
+    record(args.json, __file__)
     if args.tiny:
         cfg, batch = GPTConfig(vocab_size=128, block_size=16, n_layer=2, n_head=4, n_embd=32), 8
     else:

@@ -15,6 +15,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from results import add_json_argument, record
+
 from mpipar.compile.plan import Plan
 from mpipar.debug.timeline import Timeline
 from viz import comm, layout, memory, propagation, stepper, timeline_view, whatif
@@ -77,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dp", type=int, default=32)
     parser.add_argument("--tp", type=int, default=16)
     parser.add_argument("--pp", type=int, default=2)
+    add_json_argument(parser)
     ns = parser.parse_args(argv)
+    record(ns.json, __file__)
     start = time.perf_counter()
     plan, timeline = build_sample(ns.dp, ns.tp, ns.pp, "1F1B", 8, shape_only=True, hidden=1024, batch=64)
     ranks = ns.dp * ns.tp * ns.pp

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mpipar import xp as _xp
+from mpipar.env import env_text
 from mpipar.mesh import ProcessMesh
 
 if TYPE_CHECKING:
@@ -147,9 +148,15 @@ def launched_by_mpi() -> bool:
 
 
 def _auto_name() -> str:
-    name = os.environ.get("MPIPAR_BACKEND", "").strip().lower()
+    name = env_text("MPIPAR_BACKEND")
     if name:
-        return name
+        _load_plugins()
+        if name.lower() not in _factories:
+            raise ValueError(
+                f"MPIPAR_BACKEND={name!r} names no backend; registered: {', '.join(sorted(_factories))} "
+                "(unset it to choose automatically: sim, or mpi/nccl under mpiexec)"
+            )
+        return name.lower()
     if launched_by_mpi():
         return "nccl" if _xp.cuda_usable() else "mpi"
     return "sim"
@@ -191,7 +198,7 @@ registers its start here (it builds on this module, so this module does not impo
 
 def _trace_if_asked(backend: Backend) -> None:
     """Start the measured timeline of ``MPIPAR_TRACE`` (once per process; a collective under MPI)."""
-    if os.environ.get("MPIPAR_TRACE"):
+    if env_text("MPIPAR_TRACE"):
         for hook in start_hooks:
             hook(backend)
 

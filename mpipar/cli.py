@@ -22,6 +22,7 @@ from mpipar.mesh import ProcessMesh
 from mpipar.placement import parse_placements
 from mpipar.reshard import plan_reshard
 from mpipar.spec import DistSpec
+from mpipar.untrusted import printable
 from mpipar.version import __version__
 
 
@@ -72,8 +73,8 @@ def _cmd_plan(ns: argparse.Namespace) -> int:
         plan.save(ns.output)
     except OSError as exc:
         return cliargs.write_failure("mpipar plan", ns.output, exc)
-    print(plan.summary())
-    print(f"wrote {ns.output}")
+    print(printable(plan.summary(), keep_newlines=True))
+    print(f"wrote {printable(ns.output)}")
     return 0
 
 
@@ -81,6 +82,7 @@ def _cmd_viz(ns: argparse.Namespace) -> int:
     import subprocess
 
     # The dashboard is another package (viz -> simulator -> mpipar): run it, never import it.
+    # (viz.__main__ prints the warning for an address other machines can reach.)
     args = [*ns.files, "--address", ns.address] + (["--port", str(ns.port)] if ns.port is not None else [])
     if ns.run is not None:  # viz.__main__ checks these; --run and the script's own arguments go last
         args += ["--run-dir", ns.run_dir, "--steps", str(ns.steps), "--launcher", ns.launcher]
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(ns.func(ns))
     except (ValueError, TypeError) as exc:
-        print(f"mpipar {ns.cmd}: {exc}", file=sys.stderr)
+        print(f"mpipar {ns.cmd}: {printable(exc)}", file=sys.stderr)
         return 2
 
 

@@ -115,6 +115,24 @@ def check_world(dims: Sequence[int], flag: str, max_world: int = MAX_WORLD) -> i
     return world
 
 
+MAX_LAYERS = 1 << 16
+"""Transformer layers a command line may ask for (the largest published models have ~100)."""
+MAX_SCHEDULE_SLOTS = 1 << 16
+"""Pipeline slots (micro-batches x stages x chunks) a command line may ask a schedule to lay out:
+the product, not each count, is what costs time (``simulator estimate`` spends about 0.2 ms of
+CPU per slot here, so the limit bounds it near 15 s)."""
+
+
+def check_product(counts: dict[str, int], limit: int, what: str) -> int:
+    """The product of ``counts`` (flag -> value), refusing one above ``limit`` before any work
+    sized by it starts; the message names every flag and its value."""
+    product = math.prod(counts.values())
+    if product > limit:
+        factors = " x ".join(f"{k} {v}" for k, v in counts.items())
+        raise ValueError(f"{factors} = {product} {what}, over the limit of {limit}")
+    return product
+
+
 def output_path(text: str) -> str:
     """An argparse type: a file path whose directory exists and is writable (checked now, not
     after minutes of tracing)."""

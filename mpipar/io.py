@@ -175,5 +175,12 @@ class DataLoader:
     def set_state_dict(self, state: dict[str, int]) -> None:
         """Resume: the next iteration skips the batches already served in this epoch."""
         per_epoch = max(1, len(self.batch_sampler))
-        self.batches_served = int(state["batches_served"])
+        if not isinstance(state, dict):
+            raise ValueError(f"data loader state must be a dict with 'batches_served', got {state!r}")
+        served = state.get("batches_served")
+        if isinstance(served, bool) or not isinstance(served, int) or served < 0:
+            raise ValueError(
+                f"data loader state: batches_served must be a non-negative int (batches already served), got {served!r}"
+            )
+        self.batches_served = served
         self._skip = self.batches_served % per_epoch

@@ -9,7 +9,12 @@ This module is the single door they come through:
   neither ``..`` nor an absolute name nor a symlink can lead outside it);
 * ``read_bounded`` reads at most a size cap;
 * ``parse_json`` decodes UTF-8 JSON with a depth cap and bounded numbers: integers of at most
-  ``MAX_INT_DIGITS`` digits, finite floats only, no ``NaN``/``Infinity``;
+  ``MAX_INT_DIGITS`` digits, finite floats only, no ``NaN``/``Infinity``, no key repeated
+  within one object;
+* ``printable`` makes a file's text safe for a terminal: control characters (escape
+  sequences, carriage returns, newlines that would forge a line), format characters (bidi
+  overrides) and lone surrogates are written as ``\\x1b``, ``\\u202e``, ``\\ud800``; every CLI that
+  prints a name read from a file passes it through here;
 * every refusal is a ``FileFormatError`` (a ``ValueError``) naming the kind of file, the file, the
   field and the value, never a ``RecursionError``, ``UnicodeDecodeError`` or an ``int`` conversion
   error from deep inside the standard library.
@@ -26,12 +31,46 @@ import os
 import stat
 from typing import IO, Any
 
-MAX_JSON_BYTES = 1 << 30
-"""Larger JSON files are refused before parsing (a 1024-rank plan is a few MiB)."""
+MAX_JSON_BYTES = 256 << 20
+"""Larger JSON files (plans, timelines, profiles) are refused before parsing (a 64-rank GPT plan
+is 0.9 MB, a 1024-rank one some 15 MB). With ``MEMORY_FACTOR`` this bounds the memory a file
+can make parsing take at 48 x 256 MiB = 12 GiB; files mpipar writes take 4-7x their size."""
+MEMORY_FACTOR = 48
+"""Parsing a plan, timeline, profile or safetensors header takes at most this many times the
+file's size in memory, or the file is refused before parsing (``memory_bound``). Measured here
+(Python 3.12, tracemalloc peak / file size): plans mpipar writes 4.4-4.8x, a checkpoint's
+metadata 7.4x, a safetensors header of 100k entries 12x; the worst hostile layouts (``[[],[],...]``,
+``[{},{},...]``) 44-47x, which is what the bound admits."""
+_CONTAINER_BYTES = 200
+_SCALAR_BYTES_PER_BYTE = 24
 MAX_JSON_DEPTH = 64
 """Deeper nesting is refused: no format of ours nests past a dozen levels."""
 MAX_INT_DIGITS = 30
 """Integers with more digits are refused (2^64 has 20; a 5000-digit number is an attack)."""
+
+
+def _escape_char(ch: str) -> str:
+    cp = ord(ch)
+    if cp < 0x100:
+        return f"\\x{cp:02x}"
+    if cp < 0x10000:
+        return f"\\u{cp:04x}"
+    return f"\\U{cp:08x}"
+
+
+def printable(text: Any, *, keep_newlines: bool = False) -> str:
+    """``text`` (``str()`` of it) with every character a terminal would act on escaped.
+
+    Escaped: what ``str.isprintable`` rejects (C0/C1 controls and DEL, format characters such
+    as bidi overrides, lone surrogates, unassigned and private-use code points, line and
+    paragraph separators), except plain spaces, and newlines when ``keep_newlines`` (the
+    caller's own line structure). Linear in the text; the common all-printable case is one
+    C-level scan.
+    """
+    s = text if isinstance(text, str) else str(text)
+    if s.isprintable():
+        return s
+    return "".join(ch if ch.isprintable() or (keep_newlines and ch == "\n") else _escape_char(ch) for ch in s)
 
 
 def _show(value: Any) -> str:
@@ -153,6 +192,19 @@ def _parse_float(text: str) -> float:
     return value
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's pairs as a dict, refusing a repeated key (JSON leaves it undefined which wins;
+    Python keeps the last, another reader the first: the same file would mean two things)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _NumberRefused(key, "is a key repeated in one JSON object")
+            seen.add(key)
+    return out
+
+
 def _parse_constant(text: str) -> float:
     raise _NumberRefused(text, "is not a finite number (NaN and Infinity are refused)")
 
@@ -162,6 +214,18 @@ class _NumberRefused(ValueError):
         super().__init__(problem)
         self.text = text
         self.problem = problem
+
+
+def memory_bound(data: bytes | bytearray | str) -> int:
+    """An upper bound on the memory ``json.loads`` takes for ``data``, in linear time.
+
+    Every ``[`` or ``{`` may open a container (at most ~200 bytes each in CPython, a one-key dict
+    with its pair list being the largest), and every other byte makes at most ~24 bytes of
+    scalars (a two-character string is 59 bytes for 5 bytes of JSON). Counting brackets inside
+    strings too only overestimates."""
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    containers = raw.count(b"[") + raw.count(b"{")
+    return _CONTAINER_BYTES * containers + _SCALAR_BYTES_PER_BYTE * len(raw)
 
 
 def depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
@@ -194,13 +258,28 @@ def parse_json(
     max_bytes: int = MAX_JSON_BYTES,
     max_depth: int = MAX_JSON_DEPTH,
     max_int_digits: int = MAX_INT_DIGITS,
+    memory_factor: int | None = None,
 ) -> Any:
     """Decode untrusted JSON: UTF-8, at most ``max_bytes``, ``max_depth`` levels, bounded finite numbers.
+
+    With ``memory_factor`` (plans, timelines, profiles, safetensors headers: ``MEMORY_FACTOR``)
+    a file whose ``memory_bound`` exceeds that many times its size is refused before parsing.
 
     ``max_int_digits`` is raised by formats that store wider integers (a checkpoint's RNG state
     holds 128-bit ones, 39 digits)."""
     if len(data) > max_bytes:
         raise FileFormatError(kind, "<file>", source, f"is {len(data)} bytes, over the limit of {max_bytes}", source)
+    if memory_factor is not None and len(data):
+        bound = memory_bound(data)
+        if bound > memory_factor * len(data):
+            raise FileFormatError(
+                kind,
+                "<file>",
+                source,
+                f"is {len(data)} bytes with {bound // len(data)}x its size in brackets and values: parsing it "
+                f"could take more than {memory_factor}x its size in memory, which no file of this kind needs",
+                source,
+            )
     if isinstance(data, bytes | bytearray):
         try:
             text = bytes(data).decode("utf-8")
@@ -214,10 +293,15 @@ def parse_json(
         text = text[1:]
     try:
         value = json.loads(
-            text, parse_int=_int_parser(max_int_digits), parse_float=_parse_float, parse_constant=_parse_constant
+            text,
+            parse_int=_int_parser(max_int_digits),
+            parse_float=_parse_float,
+            parse_constant=_parse_constant,
+            object_pairs_hook=_unique_keys,
         )
     except _NumberRefused as exc:
-        raise FileFormatError(kind, "<number>", exc.text, exc.problem, source) from None
+        where = "<key>" if exc.problem.startswith("is a key") else "<number>"
+        raise FileFormatError(kind, where, exc.text, exc.problem, source) from None
     except json.JSONDecodeError as exc:
         raise FileFormatError(
             kind,
@@ -238,7 +322,8 @@ def parse_json(
 def load_json(
     path: str | os.PathLike[str], *, kind: str, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH
 ) -> Any:
-    """``read_bounded`` then ``parse_json``: the one call for a JSON file from elsewhere."""
+    """``read_bounded`` then ``parse_json`` (memory bounded by ``MEMORY_FACTOR``): the one call for a
+    plan, timeline or profile file from elsewhere."""
     name = os.fspath(path)
     return parse_json(
         read_bounded(name, kind=kind, max_bytes=max_bytes),
@@ -246,4 +331,5 @@ def load_json(
         source=name,
         max_bytes=max_bytes,
         max_depth=max_depth,
+        memory_factor=MEMORY_FACTOR,
     )

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import mpipar as dist
+from mpipar.env import env_text
 from mpipar.models.gpt import GPT
 from simulator.backend import ShapeOnlyBackend
 from simulator.cost import HardwareProfile, load_profile
@@ -201,7 +202,7 @@ def choose_pipeline(layer: object, global_batch: int, world: int, say: Callable[
         raise ValueError(f"Strategy(auto=True): the batch of {global_batch} does not split over dp={dp}")
     shape = GPTShape(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, cfg.vocab_size, 1, cfg.dropout)
     resolved = resolve_profile(
-        os.environ.get("MPIPAR_PROFILE") or None,
+        env_text("MPIPAR_PROFILE"),
         world,
         can_calibrate=False,
         say=say,

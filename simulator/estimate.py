@@ -66,6 +66,7 @@ from mpipar import cliargs
 from mpipar.models.gpt import GPTParallel
 from mpipar.pipeline import Schedule, build_schedule
 from mpipar.pipeline.actions import final_backward_kind
+from mpipar.untrusted import printable
 from simulator.cost import HardwareProfile, PipelineCost, load_profile
 from simulator.family_cli import add_family_arguments, resolve_gpt_defaults, run_estimate, wants_family
 from simulator.op_cost import PlanCosts, op_family
@@ -979,6 +980,13 @@ def from_args(ns: argparse.Namespace) -> tuple[GPTShape, GPTStrategy]:
         raise ValueError("cp > 1 is priced by the family model; give the shape with --model or the family flags")
     interleaved = ns.schedule.strip().lower() in ("interleaved1f1b", "interleaved", "vpp")
     chunks = ns.chunks if ns.chunks is not None else (2 if interleaved else 1)
+    # Each count is bounded by its parser; what the estimate's loops run over are their products.
+    cliargs.check_product({"--layers": shape.layers}, cliargs.MAX_LAYERS, "layers")
+    cliargs.check_product(
+        {"--micro-batches": ns.micro_batches, "pp": deg["pp"], "--chunks": chunks},
+        cliargs.MAX_SCHEDULE_SLOTS,
+        "pipeline slots",
+    )
     strategy = GPTStrategy(
         deg["dp"],
         deg["tp"],
@@ -1026,7 +1034,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--host-link-bandwidth prices --offload's copies; add --offload or drop it")
         offload = offload_estimate(result, ns.host_link_bandwidth or profile.host_link_Bps) if ns.offload else None
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(printable(exc))  # a profile's or plan's text reaches no terminal raw
     if ns.plan:
         try:
             step.plan.save(ns.plan)
@@ -1040,10 +1048,10 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(result.summary())
+        print(printable(result.summary(), keep_newlines=True))
         if ns.breakdown:
             print()
-            print(result.breakdown())
+            print(printable(result.breakdown(), keep_newlines=True))
         if offload is not None:
             print(offload.summary())
         if ns.plan:

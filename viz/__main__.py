@@ -14,6 +14,7 @@ Streamlit's viewer toolbar mode (no "Deploy" button), and hands the files to the
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import shlex
 import subprocess
@@ -118,6 +119,29 @@ def prepare_files(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> li
     return [os.path.abspath(run.plan), os.path.abspath(run.timeline)]
 
 
+def exposure_warning(address: str) -> str | None:
+    """A warning when ``address`` lets other machines reach the dashboard, else None.
+
+    Only loopback addresses (127.0.0.0/8, ::1, ``localhost``) keep it on this machine; an empty
+    address, 0.0.0.0 and :: mean every interface, and any other address one the network sees.
+    The dashboard runs scripts on request (re-trace, what-if), so exposing it is a choice to say
+    out loud."""
+    text = address.strip()
+    if text.lower() == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(text.strip("[]")).is_loopback:
+            return None
+    except ValueError:
+        pass
+    where = "every network interface" if text in ("", "0.0.0.0", "::", "[::]") else f"the address {text!r}"
+    return (
+        f"mpipar viz: WARNING: --address {text!r} makes the dashboard listen on {where}: other machines that "
+        "can reach this one can open it, load files into it and re-trace scripts on this machine. "
+        "Use --address 127.0.0.1 (the default) unless that is what you want."
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = cliargs.Parser(prog="mpipar viz", description="Open plans and timelines in the mpipar dashboard.")
     parser.add_argument("files", nargs="*", help="plan.json, then optional timeline.json and measured timeline")
@@ -127,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_run_arguments(parser)
     ns = parser.parse_args(argv)
+    warning = exposure_warning(ns.address)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     files = prepare_files(ns, parser)
     if ns.prepare_only:
         print(f"open them with: {shlex.join(streamlit_command(files, ns.address, ns.port))}")

@@ -37,6 +37,7 @@ from mpipar.debug.timeline import Timeline  # noqa: E402
 from simulator.cost import HardwareProfile, list_presets, load_profile  # noqa: E402
 from viz import comm, layout, memory, propagation, script_whatif, search_view, stepper, timeline_view, whatif  # noqa: E402
 from viz.default_plan import GPT_ARGS, DefaultPlanError, script_stamp, trace_gpt_plan  # noqa: E402
+from viz.escape import literal  # noqa: E402
 from viz.figures import to_png, to_svg  # noqa: E402
 from viz.files import VizFileError, load_document, load_path  # noqa: E402
 from viz.plan_memory import HOST_KEY, with_memory  # noqa: E402
@@ -126,7 +127,7 @@ def _default_plan() -> tuple[str, str, Plan, Timeline | None]:
         try:
             return f"gpt:{stamp}", GPT_SOURCE, _gpt_plan(stamp), None
         except DefaultPlanError as exc:
-            st.warning(f"{exc}; showing the built-in sample instead.")
+            st.warning(f"{literal(exc)}; showing the built-in sample instead.")
     knobs = st.session_state.get("sample_knobs", (2, 2, 2, "1F1B", 4))
     plan, sample_t = _sample(*knobs)
     return f"sample:{knobs}", SAMPLE_CHOICE, plan, sample_t
@@ -161,7 +162,7 @@ def _load_inputs() -> tuple[str, str, Plan, Timeline | None, Timeline | None]:
             continue
         keys.append(f"upload:{digest}")
     for e in errors:
-        st.error(e, icon="🚫")
+        st.error(literal(e), icon="🚫")
     plan_doc, timelines = _split(docs)
     measured = [t for t in timelines if t[1].meta.get("source") == "measured"]
     predicted = [t for t in timelines if t[1].meta.get("source") != "measured"]
@@ -201,7 +202,9 @@ def _show(fig: Figure) -> None:
 
 
 def _choice(label: str, options: list[Any], key: str, fmt: Callable[[Any], str] = str) -> Any:
-    value = st.selectbox(label, [ALL, *options], key=key, format_func=lambda v: v if v == ALL else fmt(v))
+    value = st.selectbox(
+        label, [ALL, *options], key=key, format_func=lambda v: v if v == ALL else literal(fmt(v), markdown=False)
+    )
     return None if value == ALL else value
 
 
@@ -214,7 +217,13 @@ def view_layout(plan: Plan) -> None:
     # Open on the most interesting parameter: the one split into the most blocks.
     blocks = [len(set(t.local_shapes)) + len(t.shape) if t.kind == "parameter" else -1 for t in tensors]
     default = max(range(len(tensors)), key=lambda i: (blocks[i], -i))
-    t = st.selectbox("Tensor", tensors, index=default, format_func=tensor_label, key="layout_tensor")
+    t = st.selectbox(
+        "Tensor",
+        tensors,
+        index=default,
+        format_func=lambda x: literal(tensor_label(x), markdown=False),
+        key="layout_tensor",
+    )
     spec = tensor_spec(plan, t)
     assert spec is not None
     nd = len(t.shape)
@@ -255,7 +264,7 @@ def view_propagation(plan: Plan) -> None:
     with c[0]:
         layer = _choice("Layer", choices["layer"], "trace_layer")
     with c[1]:
-        names = {t.id: tensor_label(t) for t in plan.tensors}
+        names = {t.id: literal(tensor_label(t), markdown=False) for t in plan.tensors}
         tensor = _choice("Tensor", choices["tensor"], "trace_tensor", lambda i: names[i])
     with c[2]:
         collective = _choice("Collective", choices["collective"], "trace_collective")
@@ -288,7 +297,10 @@ def view_stepper(plan: Plan) -> None:
     if not reshards:
         st.info("This plan has no reshard with a step.")
         return
-    labels = {r.index: propagation.reshard_text(plan, r) + (f"  ({r.reason})" if r.reason else "") for r in reshards}
+    labels = {
+        r.index: literal(propagation.reshard_text(plan, r) + (f"  ({r.reason})" if r.reason else ""), markdown=False)
+        for r in reshards
+    }
     default = next((i for i, r in enumerate(reshards) if len(r.steps) > 1), 0)
     r = st.selectbox("Reshard", reshards, index=default, format_func=lambda x: labels[x.index], key="step_reshard")
     n = len(r.steps)
@@ -298,8 +310,8 @@ def view_stepper(plan: Plan) -> None:
         step = 0
         st.caption("One step.")
     st.markdown(
-        f"**{r.src} → {r.dst}** — {r.bytes_per_rank:,.0f} bytes received per rank in all; "
-        f"step {step + 1}: `{propagation.step_text(r.steps[step])}`"
+        f"**{literal(r.src)} → {literal(r.dst)}** — {r.bytes_per_rank:,.0f} bytes received per rank in all; "
+        f"step {step + 1}: {literal(propagation.step_text(r.steps[step]))}"
     )
     _show(stepper.stepper_figure(plan, r, step))
     _downloads(
@@ -405,7 +417,7 @@ def view_pipeline(
     elif "measured_ranks" in overlay.meta:
         st.caption(
             "Measured outlines: ranks "
-            + ", ".join(str(r) for r in overlay.meta["measured_ranks"])
+            + literal(", ".join(str(r) for r in overlay.meta["measured_ranks"]))
             + " (the first rank of each stage mesh), from the measured file's first to last span."
         )
     st.dataframe(arrow_safe(timeline_view.bubble_rows(main)), hide_index=True)
@@ -422,7 +434,7 @@ def view_pipeline(
     try:
         other = _simulated(plan_key, plan, kind, int(m))
     except (ValueError, NoPipeline) as exc:
-        st.error(f"cannot build {kind} with {m} micro-batches: {exc}")
+        st.error(f"cannot build {literal(kind)} with {m} micro-batches: {literal(exc)}")
         return
     _show(timeline_view.side_by_side_figure(main, other))
     _downloads(lambda: timeline_view.side_by_side_figure(main, other), None, "schedules", "schedules")
@@ -533,7 +545,7 @@ def view_whatif(plan: Plan, plan_key: str, main: Timeline | None) -> None:
         except script_whatif.ScriptRefused as exc:
             # Another model's numbers would be wrong numbers: say why there are none.
             st.info(
-                f"No what-if for this plan: {exc}. The what-if re-traces the plan's own script "
+                f"No what-if for this plan: {literal(exc)}. The what-if re-traces the plan's own script "
                 "(`mpipar plan` records it); this plan's model cannot be re-traced here. The loaded plan:"
             )
             _loaded_metrics_table(_loaded_metrics(plan_key, plan))
@@ -550,8 +562,8 @@ def _start_dir() -> str:
 def _whatif_back_button() -> None:
     loaded = st.session_state.get("wi_loaded")
     if loaded is not None:
-        st.info(f"The other views show the what-if plan **{loaded['label']}**.")
-        if st.button(f"Back to {loaded['base']}", key="wi_back"):
+        st.info(f"The other views show the what-if plan **{literal(loaded['label'])}**.")
+        if st.button(f"Back to {literal(loaded['base'])}", key="wi_back"):
             del st.session_state["wi_loaded"]
             st.rerun()
 
@@ -634,7 +646,7 @@ def _confirmed_retrace(ref: script_whatif.ScriptRef, args: list[str], key: str) 
         try:
             new_plan = script_whatif.retrace(ref, args)
         except (script_whatif.RetraceFailed, script_whatif.ScriptRefused) as exc:
-            st.error(str(exc))
+            st.error(literal(exc))
             return None
     results[tuple(cmd)] = new_plan
     return new_plan
@@ -645,10 +657,10 @@ def _whatif_script(plan: Plan, plan_key: str, ref: script_whatif.ScriptRef) -> N
     try:
         base = script_whatif.read_knobs(ref.args, world)
     except script_whatif.ScriptRefused as exc:
-        st.info(f"No what-if for this plan: {exc}.")
+        st.info(f"No what-if for this plan: {literal(exc)}.")
         return
     st.caption(
-        f"Change the knobs: `{ref.recorded}` is re-traced with `mpipar plan`"
+        f"Change the knobs: {literal(ref.recorded)} is re-traced with `mpipar plan`"
         f"{' --shape-only' if ref.shape_only else ''} and diffed against the loaded plan."
     )
     knobs = _knob_widgets(base, "wis")
@@ -757,7 +769,7 @@ def _whatif_search(plan: Plan, ref: script_whatif.ScriptRef | None) -> None:
         with st.spinner("searching ..."):
             result = search_view.run_search(asked)
     except ValueError as exc:
-        st.error(f"cannot search: {exc}")
+        st.error(f"cannot search: {literal(exc)}")
         return
     points = search_view.candidates(result)
     front = search_view.pareto_front(points)
@@ -793,7 +805,7 @@ def _load_candidate(plan: Plan, ref: script_whatif.ScriptRef | None, cand: searc
         try:
             base = script_whatif.read_knobs(ref.args, len(all_ranks(plan)))
         except script_whatif.ScriptRefused as exc:
-            st.info(f"This candidate cannot be re-traced: {exc}.")
+            st.info(f"This candidate cannot be re-traced: {literal(exc)}.")
             return
         flags = search_view.candidate_flags(cand, scheduled=base.schedule is not None)
         args = script_whatif.with_knobs(ref.args, base, script_whatif.Knobs(**flags))
@@ -820,7 +832,7 @@ def _load_candidate(plan: Plan, ref: script_whatif.ScriptRef | None, cand: searc
                 base_cfg.profile,
             )
         except ValueError as exc:
-            st.info(f"The sample cannot take this candidate: {exc}")
+            st.info(f"The sample cannot take this candidate: {literal(exc)}")
             return
         _load_into_views(f"sample what-if ({label})", new_plan, new_t, "wss_load")
         return
@@ -830,7 +842,7 @@ def _load_candidate(plan: Plan, ref: script_whatif.ScriptRef | None, cand: searc
 def _whatif_sample(plan: Plan, main: Timeline | None) -> None:
     base, note = _whatif_base(plan)
     if note:
-        st.warning(note)
+        st.warning(literal(note))
     st.caption("Change the knobs: the sample is re-traced in shape-only mode and re-simulated (cached).")
     c = st.columns(4)
     dp = c[0].number_input("dp", 1, 64, base.dp, key="wi_dp")
@@ -860,7 +872,7 @@ def _whatif_sample(plan: Plan, main: Timeline | None) -> None:
             int(dp), int(tp), int(pp), kind, int(m), int(zero), str(recompute), base.hidden, base.batch, profile
         )
     except ValueError as exc:
-        st.error(f"cannot build this what-if: {exc}")
+        st.error(f"cannot build this what-if: {literal(exc)}")
         return
     rows = whatif.diff_rows(whatif.plan_metrics(plan, main), whatif.plan_metrics(new_plan, new_t))
     st.dataframe(arrow_safe({k: v for k, v in r.items() if not k.startswith("_")} for r in rows), hide_index=True)
@@ -953,9 +965,9 @@ def _hardware(plan: Plan, main_t: Timeline | None) -> tuple[str, str, HardwarePr
             profile = profile_from_path(path)
             return path.strip(), f"path:{os.path.abspath(path.strip())}:{hash(repr(profile.to_dict()))}", profile
     except ProfileError as exc:
-        st.sidebar.error(str(exc), icon="🚫")
+        st.sidebar.error(literal(exc), icon="🚫")
     fallback = own or DEFAULT_PRESET
-    st.sidebar.caption(f"No profile loaded yet: prices as {fallback}.")
+    st.sidebar.caption(f"No profile loaded yet: prices as {literal(fallback)}.")
     if own:
         return f"{AS_LOADED} ({own})", "own", None
     return DEFAULT_PRESET, f"preset:{DEFAULT_PRESET}", _preset(DEFAULT_PRESET)
@@ -991,9 +1003,9 @@ def main() -> None:
         try:
             timed, timed_t = _priced(plan_key, plan, profile), None  # the priced plan is simulated
         except ValueError as exc:
-            st.error(f"cannot price this plan on {hardware}: {exc}")
-    st.sidebar.caption(f"Plan: **{source}**")
-    st.sidebar.text(plan.summary())
+            st.error(f"cannot price this plan on {literal(hardware)}: {literal(exc)}")
+    st.sidebar.caption(f"Plan: **{literal(source)}**")
+    st.sidebar.text(literal(plan.summary(), markdown=False))
     view = st.radio("View", VIEWS, horizontal=True, key="view", label_visibility="collapsed")
     st.header(view)
     if view == "Layout":

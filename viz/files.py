@@ -22,10 +22,11 @@ from mpipar.compile.plan import FORMAT as PLAN_FORMAT
 from mpipar.compile.plan import Plan
 from mpipar.debug.timeline import FORMAT as TIMELINE_FORMAT
 from mpipar.debug.timeline import Timeline
-from mpipar.untrusted import FileFormatError, parse_json, read_bounded
+from mpipar.untrusted import MAX_JSON_BYTES, MEMORY_FACTOR, FileFormatError, parse_json, read_bounded
 
-MAX_FILE_BYTES = 1 << 30
-"""Larger files are refused before parsing (a 1024-rank plan is a few MiB)."""
+MAX_FILE_BYTES = MAX_JSON_BYTES
+"""Larger files are refused before parsing (``mpipar.untrusted.MAX_JSON_BYTES``: with the memory
+factor it bounds parsing at 48x the file; a 1024-rank plan is some 15 MB)."""
 
 
 class VizFileError(ValueError):
@@ -45,7 +46,7 @@ def _decode(data: bytes, name: str) -> Any:
             "files. Write plans with Plan.save(path) and timelines with Timeline.save(path)."
         )
     try:
-        return parse_json(data, kind="plan or timeline", max_bytes=MAX_FILE_BYTES)
+        return parse_json(data, kind="plan or timeline", max_bytes=MAX_FILE_BYTES, memory_factor=MEMORY_FACTOR)
     except FileFormatError as exc:
         raise _named(name, exc) from None
 

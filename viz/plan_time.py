@@ -47,7 +47,7 @@ from typing import Any
 from mpipar.compile.plan import Plan, PlanOp, PlanReshard
 from mpipar.debug.timeline import Timeline
 from mpipar.pipeline import build_schedule
-from mpipar.untrusted import FileFormatError, parse_json, read_bounded
+from mpipar.untrusted import MEMORY_FACTOR, FileFormatError, parse_json, read_bounded
 from simulator.cost import HardwareProfile
 from simulator.op_cost import PlanCosts
 from viz.planinfo import stage_meshes, stage_of
@@ -367,7 +367,7 @@ def profile_from_bytes(data: bytes, name: str) -> HardwareProfile:
             f"profile {name}: this looks like a Python pickle; profiles are JSON and are never unpickled"
         )
     try:
-        doc = parse_json(data, kind="profile", max_bytes=MAX_PROFILE_BYTES)
+        doc = parse_json(data, kind="profile", max_bytes=MAX_PROFILE_BYTES, memory_factor=MEMORY_FACTOR)
     except FileFormatError as exc:
         raise ProfileError(f"profile {name}: {exc}") from None
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from mpipar.checkpoint import CheckpointError, describe_checkpoint
+from mpipar.untrusted import printable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,13 +23,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m mpipar.checkpoint: {_one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"python -m mpipar.checkpoint: cannot read {args[0]}: {_one_line(exc)}", file=sys.stderr)
+        print(f"python -m mpipar.checkpoint: cannot read {printable(args[0])}: {_one_line(exc)}", file=sys.stderr)
         return 1
     return 0
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
+    """The error on one line, with whatever it quotes from the file made terminal-safe."""
+    return printable(" ".join(str(exc).split()))
 
 
 if __name__ == "__main__":

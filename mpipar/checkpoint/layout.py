@@ -31,6 +31,7 @@ from mpipar.checkpoint.format import st_dtype
 from mpipar.placement import Partial, Placement, Replicate, Shard
 from mpipar.spec import Box, DistSpec, box_numel, box_shape, full_box
 from mpipar.tensor import Tensor
+from mpipar.untrusted import printable
 
 PIECE_BYTES = 16 << 20
 """Largest piece written as one chunk: bounds what a reader needing part of a chunk reads extra."""
@@ -122,11 +123,15 @@ def _encode(value: Any, path: tuple[Any, ...], leaves: list[Leaf], names: dict[s
                     f"state key {k!r} ({type(k).__name__}) under {path_name(path)!r} is not a str or int; "
                     "checkpoints store str and int keys only"
                 )
+            if isinstance(k, str):
+                _check_text(k, f"state key {printable(k)!r} under {printable(path_name(path))!r}")
             items.append([k, _encode(v, (*path, k), leaves, names)])
         return {"dict": items}
     if isinstance(value, (list, tuple)):
         kind = "list" if isinstance(value, list) else "tuple"
         return {kind: [_encode(v, (*path, i), leaves, names) for i, v in enumerate(value)]}
+    if isinstance(value, str):
+        _check_text(value, f"state entry {printable(path_name(path))!r}")
     if value is None or isinstance(value, (bool, int, str)):
         return {"value": value}
     if isinstance(value, float):
@@ -137,6 +142,17 @@ def _encode(value: Any, path: tuple[Any, ...], leaves: list[Leaf], names: dict[s
         f"state entry {path_name(path)!r} is a {type(value).__name__}, which a checkpoint cannot store; "
         "use a Tensor, a NumPy array, or a JSON-able value (int, float, str, bool, None, list, dict)"
     )
+
+
+def _check_text(text: str, what: str) -> None:
+    """Refuse a string UTF-8 cannot encode (a lone surrogate): metadata.json is UTF-8 text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{what} holds a lone surrogate, which UTF-8 (and so a checkpoint) cannot store: "
+            f"{printable(text)!r}; decode the text it came from properly"
+        ) from None
 
 
 def _add_leaf(

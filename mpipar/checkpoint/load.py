@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from concurrent.futures import Future
 from typing import Any
 
@@ -48,6 +49,7 @@ from mpipar.reshard.executor import execute_plan
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import Box, box_intersect, box_numel, box_relative, box_shape, full_box
 from mpipar.tensor import Tensor
+from mpipar.untrusted import printable
 
 _KEEP = object()
 """``_Loader.walk`` result: the given object was filled in place (nothing to replace)."""
@@ -99,17 +101,36 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def describe_checkpoint(path: str | os.PathLike[str]) -> str:
-    """A text table of a checkpoint's tensors, layouts and chunks."""
+    """A text table of a checkpoint's tensors, layouts and chunks.
+
+    Every name from the file (tensor names, chunk keys, file names, the path) goes through
+    ``printable``: a name cannot clear the terminal, retitle it, or forge a line of the table.
+    """
     root = os.fspath(path)
     meta = load_metadata(root)
-    lines = [f"checkpoint {root}: {len(meta['files'])} data file(s), saved by a world of {meta['world_size']}"]
+    p = printable
+    lines = [f"checkpoint {p(root)}: {len(meta['files'])} data file(s), saved by a world of {meta['world_size']}"]
     for name, t in meta["tensors"].items():
-        where = f" on {t['mesh']['shape']} mesh {t['mesh']['process_ids']} {t['placements']}" if t["mesh"] else ""
-        lines.append(f"  {name} {t['dtype']}{t['shape']} ({t['kind']}){where}")
+        where = (
+            f" on {t['mesh']['shape']} mesh {_ids_text(t['mesh']['process_ids'])} {p(t['placements'])}"
+            if t["mesh"]
+            else ""
+        )
+        lines.append(f"  {p(name)} {t['dtype']}{t['shape']} ({t['kind']}){where}")
         for c in t["chunks"]:
             box = "x".join(f"[{s},{e})" for s, e in c["box"]) or "()"
-            lines.append(f"    {c['key']:<24} {box:<24} {c['file']} {c['nbytes']} B")
+            lines.append(f"    {p(c['key']):<24} {box:<24} {p(c['file'])} {c['nbytes']} B")
     return "\n".join(lines)
+
+
+_IDS_SHOWN = 64
+
+
+def _ids_text(ids: list[int]) -> str:
+    """A mesh's process ids, cut after ``_IDS_SHOWN`` (a 2^24-rank mesh is 16M ids per line)."""
+    if len(ids) <= _IDS_SHOWN:
+        return str(ids)
+    return f"{str(ids[:_IDS_SHOWN])[:-1]}, ... ({len(ids)} ranks)]"
 
 
 class _Loader:
@@ -275,6 +296,7 @@ class _Loader:
 
     def _read_full(self, name: str, entry: dict[str, Any]) -> np.ndarray:
         box = full_box(entry["shape"])
+        _check_data_present(self.root, name, entry)
         out = np.empty(box_shape(box), numpy_dtype(entry["dtype"]))
         backend = self.backend
         self._fill(name, entry, {box: out}, {box: [r for r in backend.world_group() if backend.hosts(r)]})
@@ -445,6 +467,34 @@ class _Loader:
         note_open(fname, data_start)
         self._files[fname] = (f, data_start, entries)
         return self._files[fname]
+
+
+def _check_data_present(root: str, name: str, entry: dict[str, Any]) -> None:
+    """Before a whole tensor's buffer (sized from the metadata) is allocated: each data file
+    holds at least the bytes the tensor's chunks claim there, so a forged shape cannot make the
+    loader allocate terabytes for data that is not there (refused with the file and both sizes)."""
+    claimed: dict[str, int] = {}
+    for c in entry["chunks"]:
+        claimed[c["file"]] = claimed.get(c["file"], 0) + c["nbytes"]
+    for fname, nbytes in claimed.items():
+        path = os.path.join(root, fname)
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            raise CheckpointError(f"tensor {name!r}: data file {path}, listed in {METADATA}, is missing") from None
+        except OSError as exc:
+            raise CheckpointError(
+                field_path="files", value=fname, problem=f"cannot be read ({exc.strerror})", source=path
+            ) from None
+        if not stat.S_ISREG(info.st_mode):
+            continue  # the reader refuses it by kind (a FIFO, a directory)
+        size = info.st_size
+        if size < nbytes:
+            raise CheckpointError(
+                f"tensor {name!r}: data file {path} has {size} bytes, but the chunks metadata.json puts in it "
+                f"take {nbytes}: "
+                "the file is truncated or the metadata claims data that is not there"
+            )
 
 
 def _box(raw: list[list[int]]) -> Box:

@@ -4,7 +4,8 @@ Protocol (every rank calls it; ``Coordinator.agree`` after each step that can fa
 
     1. flatten the state, check the target path        agree; all_gather a digest of the layout
     2. reduce Partial tensors (reshard, collective)     so stored values are the global ones
-    3. leader: pick the token, create P.partial-<token> agree (also the barrier before writing)
+    3. leader: lock P (flock), pick the token, create   agree (also the barrier before writing)
+       P.partial-<token> and write our marker in it first
     4. every rank: write and fsync rank<r>.safetensors  agree; all_gather the chunk checksums
     5. leader: metadata.json (tmp, fsync, rename), fsync the directory, then
        rename P -> P.replaced-<token> (if P exists), P.partial-<token> -> P, fsync the parent,
@@ -63,12 +64,20 @@ from mpipar.checkpoint.layout import (
     plan_chunks,
     unpartial_placements,
 )
+from mpipar.checkpoint.ownership import (
+    SaveLock,
+    is_checkpoint_ours,
+    is_commit_leftover,
+    remove_stale_partials,
+    write_marker,
+)
 from mpipar.checkpoint.stats import note_write
+from mpipar.checkpoint.validate import check_metadata
 from mpipar.distribute import reshard
 from mpipar.modes import Mode, execution_mode
 from mpipar.spec import box_relative
 from mpipar.tensor import Tensor
-from mpipar.untrusted import FileFormatError, parse_json, read_bounded
+from mpipar.untrusted import FileFormatError, parse_json
 from mpipar.version import __version__
 from mpipar.xp import to_numpy
 
@@ -96,6 +105,9 @@ def save_state_dict(
     if not isinstance(piece_bytes, int) or piece_bytes < 1:
         raise ValueError(f"save_state_dict piece_bytes must be a positive int, got {piece_bytes!r}")
     target = os.path.abspath(os.fspath(path))
+    if os.path.islink(target):
+        # Save where the link points, so the link itself stays (renaming onto it would replace it).
+        target = os.path.realpath(target)
     what = f"checkpoint save to {target}"
     coord = Coordinator(backend, what)
 
@@ -106,7 +118,9 @@ def save_state_dict(
         structure, leaves = flatten_state(state_dict)
         _check_target(target)
         # Plain values are written once, from the leader, so they must agree too.
-        description = _layout_description(leaves) + json.dumps(structure, allow_nan=False)
+        structure_json = json.dumps(structure, allow_nan=False)
+        _check_loadable(structure_json)
+        description = _layout_description(leaves) + structure_json
         digest = checksum(description.encode("utf-8"))
     except Exception as exc:
         error = exc
@@ -133,16 +147,45 @@ def save_state_dict(
                 leaf.stored_spec = leaf.spec.with_placements(pls)
     pieces, files = plan_chunks(leaves, coord.world, one_device, piece_bytes)
 
-    # 3. the temporary directory, created by the leader before anyone writes into it.
+    # 3. the temporary directory, created by the leader before anyone writes into it, under the
+    # leader's lock on the path (held until the final rename): a second save to it is refused.
+    lock = SaveLock(target)
+    try:
+        _write_steps_3_to_5(coord, lock, target, what, leaves, pieces, files, stored, structure, one_device, backend)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _write_steps_3_to_5(
+    coord: Coordinator,
+    lock: SaveLock,
+    target: str,
+    what: str,
+    leaves: list[Leaf],
+    pieces: dict[str, list[Piece]],
+    files: dict[int, FilePlan],
+    stored: dict[str, Any],
+    structure: dict[str, Any],
+    one_device: bool,
+    backend: Any,
+) -> None:
+    error: BaseException | None = None
     token = coord.token()
     tmp = f"{target}{PARTIAL_TAG}{token:016x}"
+    made = False
     try:
         if coord.is_leader:
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            _remove_stale_partials(target)
+            lock.__enter__()
+            _check_target(target)  # again, under the lock: another save may have just finished
+            remove_stale_partials(target)
             os.mkdir(tmp)
+            made = True
+            write_marker(tmp)  # first: only a marked directory is ever cleaned up as ours
     except Exception as exc:
         error = exc
+    if made and error is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
     coord.raise_if_failed(error, what)
 
     # 4. every rank writes its own file.
@@ -188,13 +231,24 @@ def _check_target(target: str) -> None:
             )
 
 
-def _remove_stale_partials(target: str) -> None:
-    """Delete incomplete directories (no metadata) left by earlier interrupted saves to ``target``."""
-    parent, base = os.path.split(target)
-    for entry in os.listdir(parent):
-        full = os.path.join(parent, entry)
-        if entry.startswith(base + PARTIAL_TAG) and not os.path.exists(os.path.join(full, METADATA)):
-            shutil.rmtree(full, ignore_errors=True)
+def _check_loadable(structure_json: str) -> None:
+    """Refuse at save what the loader would refuse: the same JSON caps (depth, integer digits,
+    size) that ``load_metadata`` applies to the metadata.json this structure goes into."""
+    try:
+        # As stored: {"state": structure}, one level under the metadata's top object.
+        parse_json(
+            '{"state":' + structure_json + "}",
+            kind="checkpoint",
+            source="the state dict being saved",
+            max_bytes=MAX_METADATA_BYTES,
+            max_int_digits=METADATA_INT_DIGITS,
+        )
+    except FileFormatError as exc:
+        raise ValueError(
+            f"save_state_dict: the state dict cannot be saved as a loadable checkpoint: {exc.problem} "
+            f"(value {str(exc.value)[:60]!r}); every checkpoint must load with load_state_dict, which applies "
+            "these limits: flatten deep nesting, store huge integers as strings"
+        ) from None
 
 
 def _layout_description(leaves: list[Leaf]) -> str:
@@ -355,6 +409,13 @@ def _commit(target: str, tmp: str, token: int, meta: dict[str, Any]) -> None:
     is best effort, with a warning, never an exception that would stop a run over a save
     that worked.
     """
+    # The loader's own checks, before the checkpoint exists: a save never leaves one it cannot load.
+    try:
+        check_metadata(meta, tmp)
+    except CheckpointError as exc:
+        raise ValueError(
+            f"save_state_dict: refusing to write a checkpoint load_state_dict would refuse: {exc}"
+        ) from None
     meta_tmp = os.path.join(tmp, METADATA + ".tmp")
     write_file_durably(meta_tmp, [dump_metadata(meta)])
     os.replace(meta_tmp, os.path.join(tmp, METADATA))
@@ -381,21 +442,6 @@ def _commit(target: str, tmp: str, token: int, meta: dict[str, Any]) -> None:
     remove_commit_leftovers(target)
 
 
-def _ours(directory: str) -> bool:
-    """Whether ``directory`` (a real directory, not a link) holds a metadata.json an mpipar save wrote."""
-    if os.path.islink(directory) or not os.path.isdir(directory):
-        return False
-    try:
-        meta = parse_json(
-            read_bounded(os.path.join(directory, METADATA), kind="checkpoint", max_bytes=MAX_METADATA_BYTES),
-            kind="checkpoint",
-            max_int_digits=METADATA_INT_DIGITS,
-        )
-    except FileFormatError:
-        return False
-    return isinstance(meta, dict) and meta.get("format") == FORMAT
-
-
 def remove_commit_leftovers(target: str) -> list[str]:
     """Delete what interrupted commits to ``target`` left beside it, once ``target`` is a complete checkpoint.
 
@@ -405,7 +451,7 @@ def remove_commit_leftovers(target: str) -> list[str]:
     Failures are warnings: this never makes a save or load fail. Returns the removed paths.
     """
     parent, base = os.path.split(os.path.normpath(target))
-    if not _ours(target):
+    if not is_checkpoint_ours(target):
         return []
     removed = []
     try:
@@ -413,13 +459,9 @@ def remove_commit_leftovers(target: str) -> list[str]:
     except OSError:
         return []
     for entry in sorted(siblings):
-        rest = entry[len(base) :]
-        if not entry.startswith(base) or not rest.startswith((REPLACED_TAG, PARTIAL_TAG)):
+        if not is_commit_leftover(base, parent, entry):
             continue
-        token = rest.split("-", 1)[1]
         full = os.path.join(parent, entry)
-        if len(token) != 16 or any(ch not in "0123456789abcdef" for ch in token) or not _ours(full):
-            continue
         try:
             shutil.rmtree(full)
             removed.append(full)

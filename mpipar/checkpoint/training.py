@@ -38,7 +38,6 @@ checkpoint to load)::
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,8 +50,10 @@ from mpipar.checkpoint.coord import Coordinator
 from mpipar.checkpoint.format import METADATA, CheckpointError, describe_missing
 from mpipar.checkpoint.layout import decode_value
 from mpipar.checkpoint.load import load_state_dict
+from mpipar.checkpoint.ownership import is_checkpoint_ours, parse_step, step_name
 from mpipar.checkpoint.save import save_state_dict
 from mpipar.checkpoint.validate import load_metadata
+from mpipar.env import env_int, env_text
 from mpipar.modes import Mode, execution_mode
 from mpipar.optimizer.lr import LRScheduler
 from mpipar.optimizer.optimizer import MASTER
@@ -60,9 +61,6 @@ from mpipar.random import get_rng_state, set_rng_state
 from mpipar.runtime.heartbeat import note_resume
 from mpipar.spec import DistSpec
 from mpipar.tensor import Tensor
-
-STEP_DIR = re.compile(r"step-(\d+)")
-"""Checkpoints of a series are ``<directory>/step-<k>``, k the number of steps completed."""
 
 _ARRAY_KINDS = ("dist", "dense", "array", "scalar")
 
@@ -88,15 +86,8 @@ class RestartInfo:
 
 def restart_info(env: Mapping[str, str] | None = None) -> RestartInfo:
     """``MPIPAR_RESTART_ATTEMPT``, ``MPIPAR_MAX_RESTARTS`` and ``MPIPAR_RESUME_FROM`` (module doc)."""
-    env = os.environ if env is None else env
-    numbers = []
-    for name in (RESTART_ATTEMPT_ENV, MAX_RESTARTS_ENV):
-        raw = env.get(name, "").strip() or "0"
-        if not raw.isdigit() or len(raw) > 9:
-            raise ValueError(f"{name} must be a non-negative integer (set by mpipar launch), got {raw!r}")
-        numbers.append(int(raw))
-    resume = env.get(RESUME_FROM_ENV, "").strip() or None
-    return RestartInfo(numbers[0], numbers[1], resume)
+    numbers = [env_int(name, 0, maximum=10**9 - 1, env=env) for name in (RESTART_ATTEMPT_ENV, MAX_RESTARTS_ENV)]
+    return RestartInfo(numbers[0], numbers[1], env_text(RESUME_FROM_ENV, env))
 
 
 def resume_target(
@@ -130,7 +121,9 @@ class ResumedState:
 
 def step_path(directory: str | os.PathLike[str], step: int) -> str:
     """Where the checkpoint after ``step`` completed steps goes in a series."""
-    return os.path.join(os.fspath(directory), f"step-{int(step)}")
+    if isinstance(step, np.integer):
+        step = int(step)
+    return os.path.join(os.fspath(directory), step_name(step))
 
 
 def series_steps(directory: str | os.PathLike[str]) -> list[int]:
@@ -140,9 +133,9 @@ def series_steps(directory: str | os.PathLike[str]) -> list[int]:
         return []
     steps = []
     for entry in os.listdir(directory):
-        m = STEP_DIR.fullmatch(entry)
-        if m and os.path.exists(os.path.join(directory, entry, METADATA)):
-            steps.append(int(m.group(1)))
+        step = parse_step(entry)  # the one parser: the folder listed is the folder step_path names
+        if step is not None and os.path.exists(os.path.join(directory, entry, METADATA)):
+            steps.append(step)
     return sorted(steps)
 
 
@@ -168,10 +161,15 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
 
 def prune_series(directory: str | os.PathLike[str], keep_last: int) -> list[int]:
     """Delete all but the newest ``keep_last`` complete checkpoints of a series (rank 0 deletes;
-    call it on every rank after a save). Returns the step counts deleted."""
-    if keep_last < 1:
-        raise ValueError(f"prune_series keep_last must be >= 1, got {keep_last}")
-    old = series_steps(directory)[:-keep_last]
+    call it on every rank after a save). Returns the step counts deleted.
+
+    Only checkpoints mpipar wrote go (``ownership.is_checkpoint_ours``: our marker, or a
+    well-formed mpipar metadata.json); a link or a folder of someone else's is never removed,
+    and does not count towards ``keep_last``."""
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+        raise ValueError(f"prune_series keep_last must be an int >= 1, got {keep_last!r}")
+    ours = [s for s in series_steps(directory) if is_checkpoint_ours(step_path(directory, s))]
+    old = ours[:-keep_last]
     if current_backend().rank == 0:
         for step in old:
             shutil.rmtree(step_path(directory, step))
@@ -220,12 +218,20 @@ def load_training_state(
         error = exc
     coord.raise_if_failed(error, what)
     load_state_dict(target, root)
+    step = target["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(
+            field_path="state['step']",
+            value=step,
+            problem="is not a non-negative int (the count of steps completed)",
+            source=os.path.join(root, METADATA),
+        )
     optimizer.set_state_dict(target["optimizer"])
     set_rng_state(target["rng"])
     if loader is not None:
         loader.set_state_dict(target["loader"])
-    note_resume(int(target["step"]))  # the launcher's summary names the step each attempt resumed from
-    return ResumedState(root, int(target["step"]), target["extra"])
+    note_resume(step)  # the launcher's summary names the step each attempt resumed from
+    return ResumedState(root, step, target["extra"])
 
 
 def _target(root: str, meta: dict[str, Any], model: Any, optimizer: Any, want_loader: bool) -> dict[str, Any]:

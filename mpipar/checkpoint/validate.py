@@ -15,6 +15,7 @@ too large for that falls back to a sweep along dim 0.
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import stat
@@ -221,7 +222,7 @@ def _check_cover(c: _Check, at: str, shape: list[int], boxes: list[tuple[tuple[i
     cells = math.prod(max(len(x) - 1, 0) for x in cuts)
     if cells <= _GRID_CELLS:
         index = [{p: k for k, p in enumerate(x)} for x in cuts]
-        owner = np.full([max(len(x) - 1, 0) for x in cuts], -1, dtype=np.int64)
+        owner = np.full([max(len(x) - 1, 0) for x in cuts], -1, dtype=np.int32)
         for i, b in solid:
             sl = tuple(slice(index[d][s], index[d][e]) for d, (s, e) in enumerate(b))
             region = owner[sl]
@@ -230,14 +231,95 @@ def _check_cover(c: _Check, at: str, shape: list[int], boxes: list[tuple[tuple[i
                 raise _overlap(c, at, j, i, boxes)
             owner[sl] = i
         return
-    # Sweep along dim 0: only chunks whose rows reach the current start can overlap it.
-    active: list[tuple[int, tuple[tuple[int, int], ...]]] = []
-    for i, b in sorted(solid, key=lambda ib: ib[1][0][0]):
-        active = [(j, a) for j, a in active if a[0][1] > b[0][0]]
-        for j, a in active:
-            if all(max(sa, sb) < min(ea, eb) for (sa, ea), (sb, eb) in zip(a, b, strict=True)):
-                raise _overlap(c, at, j, i, boxes)
-        active.append((i, b))
+    budget = [_SWEEP_WORK + 8 * len(solid)]
+    pair = _find_overlap(solid, 0, len(shape), budget)
+    if pair is None and budget[0] < 0:
+        raise c.fail(
+            f"{at}.chunks",
+            f"{len(boxes)} chunks",
+            f"are laid out too irregularly to verify within the work bound ({_SWEEP_WORK} steps); "
+            "mpipar's saves write a grid of boxes cut into slabs, which is verified in linear time",
+        )
+    if pair is not None:
+        raise _overlap(c, at, pair[0], pair[1], boxes)
+
+
+def _sweep_planes(
+    items: list[tuple[int, tuple[tuple[int, int], ...]]], d: int, budget: list[int]
+) -> tuple[int, int] | None:
+    """``_find_overlap`` over the last two dims: sweep dim ``d`` keeping the intervals on the
+    last dim of the boxes present sorted (they are disjoint), so each entering box is checked
+    against its two neighbours only: O(n log n) comparisons however the boxes are laid out."""
+    events = sorted(
+        [(b[d][1], 0, i, b) for i, b in items] + [(b[d][0], 1, i, b) for i, b in items],
+        key=lambda ev: (ev[0], ev[1]),
+    )  # at one position, leaving before entering: boxes that only touch do not overlap
+    starts: list[int] = []
+    present: list[tuple[int, int, int]] = []  # (start, stop, box index) on the last dim, by start
+    for _, entering, i, b in events:
+        budget[0] -= 1
+        s, e = b[d + 1]
+        k = bisect.bisect_left(starts, s)
+        if not entering:
+            while present[k][2] != i:  # equal starts cannot happen among disjoint solid intervals
+                k += 1
+            del starts[k], present[k]
+            continue
+        if k < len(present) and present[k][0] < e:
+            return present[k][2], i
+        if k > 0 and present[k - 1][1] > s:
+            return present[k - 1][2], i
+        starts.insert(k, s)
+        present.insert(k, (s, e, i))
+    return None
+
+
+_SWEEP_WORK = 1 << 22
+"""Work bound of the sweep that verifies irregular chunk layouts (a grid of at most
+``_GRID_CELLS`` cut cells, which every layout mpipar writes gives, is painted instead)."""
+
+
+def _find_overlap(
+    items: list[tuple[int, tuple[tuple[int, int], ...]]], d: int, ndim: int, budget: list[int]
+) -> tuple[int, int] | None:
+    """Two overlapping boxes among ``items`` (all overlapping in dims before ``d``), or None.
+
+    Sort and sweep along dim ``d``: boxes enter at their start and leave at their end; only an
+    entry can create an overlap, so the boxes still present are checked again (on the next
+    dims) only after boxes enter. The last dim is one sort and one pass. ``budget`` counts the
+    work; once spent, the search stops (the caller refuses the file).
+    """
+    budget[0] -= len(items)
+    if budget[0] < 0:
+        return None
+    if d == ndim - 1:
+        reach, holder = None, -1
+        for i, b in sorted(items, key=lambda ib: ib[1][d][0]):
+            s, e = b[d]
+            if reach is not None and s < reach:
+                return holder, i
+            if reach is None or e > reach:
+                reach, holder = e, i
+        return None
+    if d == ndim - 2:
+        return _sweep_planes(items, d, budget)
+    starts: dict[int, list[tuple[int, tuple[tuple[int, int], ...]]]] = {}
+    ends: dict[int, list[int]] = {}
+    for i, b in items:
+        starts.setdefault(b[d][0], []).append((i, b))
+        ends.setdefault(b[d][1], []).append(i)
+    active: dict[int, tuple[tuple[int, int], ...]] = {}
+    for p in sorted(starts.keys() | ends.keys()):
+        for i in ends.get(p, ()):
+            active.pop(i, None)
+        entering = starts.get(p)
+        if entering:
+            active.update(entering)
+            if len(active) > 1:
+                pair = _find_overlap(list(active.items()), d + 1, ndim, budget)
+                if pair is not None or budget[0] < 0:
+                    return pair
+    return None
 
 
 def _overlap(c: _Check, at: str, j: int, i: int, boxes: list[tuple[tuple[int, int], ...]]) -> CheckpointError:

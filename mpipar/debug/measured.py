@@ -56,7 +56,9 @@ from mpipar import comm as _comm
 from mpipar import hooks
 from mpipar.backend import Backend, start_hooks
 from mpipar.debug.timeline import SPAN_KINDS, TRACKS, Span, SpanRecorder, Timeline
+from mpipar.env import env_text
 from mpipar.modes import Mode, execution_mode
+from mpipar.untrusted import printable
 
 ENV = "MPIPAR_TRACE"
 MAX_SPANS = 2_000_000
@@ -310,8 +312,7 @@ def start_from_env(backend: Backend, environ: Any = None) -> MeasuredTrace | Non
     rank starts its backend, so every rank calls it. The file is written at exit.
     """
     global _active
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV, "").strip()
+    raw = env_text(ENV, environ) or ""
     if not raw or _active is not None or execution_mode((), backend) is Mode.ABSTRACT:
         return _active
     path = os.path.abspath(raw)
@@ -363,8 +364,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("timeline", help="an mpipar.timeline file (MPIPAR_TRACE=path wrote it)")
     parser.add_argument("--chrome", metavar="PATH", help="also write Chrome trace-event JSON (open in ui.perfetto.dev)")
     ns = parser.parse_args(argv)
-    timeline = Timeline.load(ns.timeline)
-    print(summary(timeline))
+    try:
+        timeline = Timeline.load(ns.timeline)
+    except (ValueError, OSError) as exc:
+        print(f"{parser.prog}: {printable(exc)}", file=sys.stderr)
+        return 2
+    # Names in the summary come from the file: escape sequences in them reach no terminal.
+    print(printable(summary(timeline), keep_newlines=True))
     if ns.chrome:
         timeline.save_chrome_trace(ns.chrome)
         print(f"wrote {ns.chrome}: open it in https://ui.perfetto.dev or chrome://tracing")

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpipar.pipeline.actions import TOKEN_RE, matching, parse_action
-from mpipar.untrusted import FileFormatError, parse_json, read_bounded
+from mpipar.untrusted import MEMORY_FACTOR, FileFormatError, parse_json, read_bounded
 
 FORMAT = "mpipar.timeline"
 VERSION = 1
@@ -420,7 +420,7 @@ class Timeline:
     def from_json(cls, text: str | bytes, source: str = "<string>") -> Timeline:
         """Parse through ``mpipar.untrusted.parse_json`` (depth cap, bounded numbers, UTF-8), then check."""
         try:
-            data = parse_json(text, kind="timeline", source=source)
+            data = parse_json(text, kind="timeline", source=source, memory_factor=MEMORY_FACTOR)
             return cls.from_dict(data)
         except FileFormatError as exc:
             if exc.source is not None:

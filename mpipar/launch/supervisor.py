@@ -11,7 +11,8 @@ Every rank gets, besides the launcher's own environment:
 
 A restart happens when an attempt fails (a rank killed, an error raised, a hang) and restarts
 are left. Before it, stale leftovers of the killed attempt in the checkpoint folder are cleared
-(a save's ``.partial-*`` folder without metadata; a ``*.lock`` file no live process holds), and
+(a save's ``.partial-*`` folder without metadata that carries mpipar's marker; a save's
+``.<name>.mpipar-lock`` file no live process holds; nothing of anyone else's), and
 the latest complete checkpoint is handed on. Restarts stop early when two attempts in a row fail
 on the same rank after the same step with the same error: a deterministic failure would only
 repeat.
@@ -31,12 +32,12 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
-from mpipar.checkpoint.format import METADATA, PARTIAL_TAG
+from mpipar.checkpoint.format import LOCK_SUFFIX, PARTIAL_TAG
+from mpipar.checkpoint.ownership import is_partial_ours, parse_step
 from mpipar.checkpoint.training import (
     MAX_RESTARTS_ENV,
     RESTART_ATTEMPT_ENV,
     RESUME_FROM_ENV,
-    STEP_DIR,
     resolve_checkpoint,
     series_steps,
 )
@@ -145,10 +146,16 @@ def clear_stale(directory: str | None) -> list[str]:
     for entry in sorted(os.listdir(directory)):
         full = os.path.join(directory, entry)
         base, tag, _ = entry.partition(PARTIAL_TAG)
-        if tag and STEP_DIR.fullmatch(base) and not os.path.exists(os.path.join(full, METADATA)):
+        if tag and parse_step(base) is not None and is_partial_ours(base, directory, entry):
             shutil.rmtree(full, ignore_errors=True)
             removed.append(entry)
-        elif entry.endswith(".lock") and os.path.isfile(full) and _unheld(full):
+        elif (
+            entry.startswith(".")
+            and entry.endswith(LOCK_SUFFIX)
+            and os.path.isfile(full)
+            and not os.path.islink(full)
+            and _unheld(full)
+        ):
             with contextlib.suppress(OSError):
                 os.unlink(full)
                 removed.append(entry)
@@ -178,8 +185,8 @@ def latest_checkpoint(directory: str | None) -> tuple[str, int] | None:
     if directory is None or not series_steps(directory):
         return None
     path = resolve_checkpoint(directory)
-    m = STEP_DIR.fullmatch(os.path.basename(path))
-    return path, int(m.group(1)) if m else -1
+    step = parse_step(os.path.basename(path))
+    return path, step if step is not None else -1
 
 
 # ------------------------------------------------------------------------------ the loop

@@ -35,13 +35,13 @@ data-parallel weight gradients' sums, ``product_sum`` below, too).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from mpipar.comm import reduce_arrays
+from mpipar.env import env_flag
 
 Array = Any
 
@@ -63,7 +63,7 @@ here; 512 KiB and 1 MiB tiles measured alike, 128 KiB and 2 MiB slower)."""
 
 
 def enabled() -> bool:
-    return os.environ.get("MPIPAR_STACK_GEMMS", "1") != "0"
+    return env_flag("MPIPAR_STACK_GEMMS", True)
 
 
 def _probe_like(a: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:

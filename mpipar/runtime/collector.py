@@ -30,8 +30,9 @@ freed as before.
 from __future__ import annotations
 
 import gc
-import os
 from collections.abc import Mapping
+
+from mpipar.env import env_choice
 
 ENV = "MPIPAR_GC"
 MODES = ("freeze", "off")
@@ -42,15 +43,14 @@ plans, optimizer states), the second is the first ordinary step."""
 
 def mode_from_env(environ: Mapping[str, str] | None = None) -> str:
     """``MPIPAR_GC``: ``freeze`` (the default) or ``off``."""
-    raw = (os.environ if environ is None else environ).get(ENV, "").strip().lower()
-    if not raw:
-        return "freeze"
-    if raw not in MODES:
-        raise ValueError(
-            f"{ENV} must be 'freeze' (collect once and gc.freeze() after the warm-up steps, the default) "
-            f"or 'off' (leave Python's garbage collector as it is), got {raw!r}"
-        )
-    return raw
+    return env_choice(
+        ENV,
+        MODES,
+        "freeze",
+        environ,
+        explain="freeze: collect once and gc.freeze() after the warm-up steps; off: leave Python's garbage "
+        "collector as it is",
+    )
 
 
 class StepCollector:

@@ -23,8 +23,8 @@ forever. This module turns every such case into a prompt, explained end of the j
   reports a difference as a ``CollectiveMismatchError`` naming each rank and what it issued.
 
 Why a watchdog thread and not a ``Test`` loop with a deadline: with 8 ranks on 2 cores a
-Python polling loop starves the ranks that have work (a 4 MiB all-gather took 9-112 ms
-polled against 2.3 ms with ``Wait``), and MPICH progresses non-blocking collectives only
+Python polling loop starves the ranks that have work (a polled collective takes many times
+as long as one that waits in ``Wait``), and MPICH progresses non-blocking collectives only
 while some call polls. So the main thread blocks in ``Waitall`` on the non-blocking
 request, at full speed, and the deadline lives in a thread that wakes every 100 ms and costs
 nothing while the job is healthy. The thread makes MPI calls while the main thread waits,
@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
-import os
 import sys
 import threading
 import time
@@ -45,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpipar.env import env_flag, env_number
 from mpipar.runtime.log import flush_std_streams
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -64,31 +63,17 @@ class CollectiveMismatchError(RuntimeError):
 # ------------------------------------------------------------------------------ settings
 def timeout_from_env(env: Mapping[str, str] | None = None) -> float:
     """``MPIPAR_TIMEOUT`` in seconds (default 300): how long any one collective may take."""
-    env = os.environ if env is None else env
-    raw = env.get("MPIPAR_TIMEOUT", "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(
-            f"MPIPAR_TIMEOUT must be a positive number of seconds, got {raw!r}; "
-            f"e.g. MPIPAR_TIMEOUT=600 (unset it for the default {DEFAULT_TIMEOUT_S:g} s)"
-        )
-    return value
+    return env_number("MPIPAR_TIMEOUT", DEFAULT_TIMEOUT_S, minimum=0.0, strict=True, unit="seconds", env=env)
 
 
 def check_from_env(env: Mapping[str, str] | None = None) -> bool:
     """``MPIPAR_CHECK_COLLECTIVES``: 1/true/yes/on enables the signature check."""
-    env = os.environ if env is None else env
-    raw = env.get("MPIPAR_CHECK_COLLECTIVES", "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"MPIPAR_CHECK_COLLECTIVES must be 1 or 0 (true/false, on/off), got {raw!r}")
+    return env_flag("MPIPAR_CHECK_COLLECTIVES", False, env)
+
+
+def agree_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """``MPIPAR_AGREE`` (default on): check each collective's signature through its own messages."""
+    return env_flag("MPIPAR_AGREE", True, env)
 
 
 class CollectiveDesyncError(RuntimeError):
@@ -156,9 +141,19 @@ def signature(op: str, *, dtype: Any, reduce_type: str | None = None, **parts: A
     Everything but ``sends``/``recvs`` must be equal on every member.
     """
     label = f"{op}({reduce_type})" if reduce_type else op
-    dt = str(dtype)
-    common = {"op": op, "reduce_type": reduce_type, "dtype": dt}
+    common = {"op": op, "reduce_type": reduce_type, "dtype": str(dtype)}
     common.update({k: _jsonable(v) for k, v in parts.items() if k not in ("sends", "recvs")})
+    sig: dict[str, Any] = {"common": common, "desc": call_text(op, dtype, reduce_type, parts), "label": label}
+    for k in ("sends", "recvs"):
+        if k in parts:
+            sig[k] = _jsonable(parts[k])
+    return sig
+
+
+def call_text(op: str, dtype: Any, reduce_type: str | None, parts: Mapping[str, Any]) -> str:
+    """A collective in words: ``all_reduce(sum) of float64[4, 3]``, ``all_gather of float32 pieces [...]``."""
+    label = f"{op}({reduce_type})" if reduce_type else op
+    dt = str(dtype)
     if "shape" in parts:
         desc = f"{label} of {_shape_text(dt, parts['shape'])}"
     elif "shapes" in parts:
@@ -167,13 +162,9 @@ def signature(op: str, *, dtype: Any, reduce_type: str | None = None, **parts: A
         desc = f"{label} of {dt} sending {[list(s) for s in parts['sends']]}"
     else:
         desc = label
-    if "root" in parts:
+    if parts.get("root") is not None:
         desc += f" (root {parts['root']})"
-    sig: dict[str, Any] = {"common": common, "desc": desc, "label": label}
-    for k in ("sends", "recvs"):
-        if k in parts:
-            sig[k] = _jsonable(parts[k])
-    return sig
+    return desc
 
 
 def _jsonable(value: Any) -> Any:
@@ -229,6 +220,10 @@ class Waiting:
     p2p: bool = False
     start: float = field(default_factory=time.monotonic)
     notified: bool = False
+    agreement: Callable[[], str | None] | None = None
+    """Set while the call's signature message is in flight (``mpipar.runtime.agreement``): the
+    watchdog calls it after its grace period, so a mismatch that makes the data call wait for
+    ever is reported within seconds instead of at the timeout."""
 
 
 @dataclass
@@ -392,6 +387,13 @@ class Watchdog:
                 if not waiting.notified:
                     waiting.notified = True
                     self._notify("waiting", waiting)
+                check = waiting.agreement
+                problem = check() if check is not None else None
+                if problem:
+                    print(f"mpipar: {problem}", file=sys.stderr)
+                    flush_std_streams()
+                    self._abort()
+                    return
                 self._drain()
                 gone = self._exited_members(waiting)
                 if gone or elapsed >= self.timeout:

@@ -49,6 +49,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from mpipar.backend import current_backend
+from mpipar.env import env_number, env_text
 from mpipar.runtime.hosts import host_of
 
 DIR_ENV = "MPIPAR_LAUNCH_DIR"
@@ -75,12 +76,7 @@ def request_path(attempt_dir: str, rank: int) -> str:
 
 
 def interval_from_env(env: Any = None) -> float:
-    env = os.environ if env is None else env
-    raw = env.get(INTERVAL_ENV, "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_INTERVAL_S
-    except ValueError:
-        value = DEFAULT_INTERVAL_S
+    value = env_number(INTERVAL_ENV, DEFAULT_INTERVAL_S, minimum=0.0, strict=True, unit="seconds", env=env)
     return min(max(value, 0.05), 60.0)
 
 
@@ -195,7 +191,7 @@ def active() -> Heartbeat | None:
 def start_from_env(rank: int, size: int, probe: Callable[[], tuple[str | None, int]] | None = None) -> Heartbeat | None:
     """Start this process's heartbeat when a launcher asked for one (``MPIPAR_LAUNCH_DIR``)."""
     global _active
-    attempt_dir = os.environ.get(DIR_ENV, "").strip()
+    attempt_dir = env_text(DIR_ENV) or ""
     if _active is not None or not attempt_dir:
         return _active
     try:
@@ -222,7 +218,7 @@ def note_resume(step: int) -> None:
 
 def _ensure() -> Heartbeat | None:
     """The heartbeat, started on first use where no backend started it (the simulator's one process)."""
-    if _active is None and os.environ.get(DIR_ENV):
+    if _active is None and env_text(DIR_ENV):
         backend = current_backend()
         return start_from_env(backend.rank, backend.world_size)
     return _active

@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 
 from mpipar.backend import current_backend
+from mpipar.env import env_text
 from mpipar.mesh import ProcessMesh
 
 HOST_MAP_ENV = "MPIPAR_HOST_MAP"
@@ -152,8 +153,7 @@ def rank_hosts(size: int | None = None, env: Mapping[str, str] | None = None) ->
     A map that does not fit the world (another launcher's leftover) is ignored with a warning:
     the hosts are a report, never a reason to stop a run.
     """
-    env = os.environ if env is None else env
-    text = env.get(HOST_MAP_ENV, "").strip()
+    text = env_text(HOST_MAP_ENV, env)
     if not text:
         return None
     size = current_backend().world_size if size is None else size

@@ -19,19 +19,17 @@ Design choices
   match the simulator to rounding, not bit for bit. Integer sums, max and min stay ordered
   (their result does not depend on the order, and NumPy's NaN rules hold).
 * **Blocking calls**: mpi4py releases the GIL inside every blocking MPI call, so the fault
-  watchdog's thread runs during a blocking collective just as during a ``Wait``. In
-  ``benchmarks/mpi_transport_choices.py`` (8 ranks, 32 KiB-4 MiB) MPICH's blocking
-  ``Alltoall`` took 0.72-1.01x the time of ``Ialltoall`` plus ``Wait``; ``Allgather`` was
-  no different from ``Iallgather`` beyond the noise (0.86-1.15x).
+  watchdog's thread runs during a blocking collective just as during a ``Wait``; one call
+  instead of two is the simpler path, and ``benchmarks/mpi_transport_choices.py`` times it
+  against the non-blocking call plus ``Wait`` (figures in ``benchmarks/RESULTS.md``).
 * **Reduce-scatter as the pieces arrive** (``MPICommunicator._scatter_reduce``, the first
   half of every ordered all-reduce too): from 512 KiB sent per member up, every receive and
   send of the pieces is posted at once on the group's communicator, and the pieces are
   waited for in group order and folded into the result one by one. The sum of the pieces
   already here overlaps the transfer of the rest, and each piece is read while still in
-  cache. ``benchmarks/mpi_transport_choices.py`` times it against an all-to-all into a
-  scratch buffer followed by one pass over it: 0.79-0.99x at 4 MiB, 0.89-0.97x at 1 MiB,
-  0.82-1.10x at 512 KiB, while below 512 KiB the single all-to-all call costs less (the
-  fold 1.18-1.51x). An all-reduce reduces its range straight into its place in the result
+  cache. Against an all-to-all into a scratch buffer followed by one pass over it, this is
+  faster from about 512 KiB up, while below it the single all-to-all call costs less
+  (``benchmarks/mpi_transport_choices.py`` times both). An all-reduce reduces its range straight into its place in the result
   and then all-gathers in place (``MPI_IN_PLACE``).
 * **All-gathers as one round of messages** (``MPICommunicator._gather_p2p``): from 256 KiB of
   result up, every piece's ``Isend``/``Irecv`` is posted at once on the group's communicator
@@ -102,8 +100,11 @@ from mpipar.comm import (
 )
 from mpipar.mesh import ProcessMesh
 from mpipar.runtime import heartbeat
+from mpipar.runtime.agreement import TRAILER_BYTES, ring_problem, signature_words, trailer_elements
 from mpipar.runtime.faults import (
+    CollectiveMismatchError,
     Watchdog,
+    agree_from_env,
     check_from_env,
     compare_signatures,
     install_excepthook,
@@ -130,6 +131,12 @@ at once (``MPICommunicator._gather_p2p``) instead of calling ``Allgather(v)``.""
 GATHER_TAG = 0x6D71
 STARTED_TAG = 0x6D72
 """The tag of a started all-reduce's messages, on the group's started communicators."""
+AGREE_TAG = 0x6D73
+"""The tag of a collective's signature message to its ring successor (``agreement``), on the
+group's own communicator (or the started one), posted in call order on every member."""
+
+
+_SETTINGS_BYTES = 256
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
@@ -200,6 +207,7 @@ class MPIRuntime:
         _threads.limit_loaded_blas()
         self.timeout = timeout_from_env()
         self.check = check_from_env()
+        self.agree = agree_from_env()
         self.reduce_mode = reduce_mode_from_env()
         self.watchdog = Watchdog(MPI, self.rank, self.size, self.timeout, self.abort)
         self.world_group = self.world.Get_group()
@@ -211,6 +219,7 @@ class MPIRuntime:
         self._side: dict[Group, Any] = {}
         self._started: dict[Group, tuple[Any, Any]] = {}
         self._trace_comm: Any = None
+        self._compare_settings()
         self.communicator = MPICommunicator(self)
         atexit.register(self._at_exit)
         self.hosts = rank_hosts(self.size)
@@ -219,6 +228,37 @@ class MPIRuntime:
         heartbeat.start_from_env(self.rank, self.size, self.watchdog.progress)
         if self.rank == 0 and self.hosts is not None:  # the job header: where the launcher put each rank
             print(f"mpipar: {self.size} ranks on {'; '.join(format_map(self.hosts))}", file=sys.stderr, flush=True)
+
+    def _compare_settings(self) -> None:
+        """Settings every rank must share, compared once at start-up (one small all-gather of
+        the world): a job where one rank checks signatures and another does not, or where the
+        timeouts differ, would fail later in ways that hide the cause."""
+        if self.size == 1:
+            return
+        mine = {
+            "MPIPAR_CHECK_COLLECTIVES": int(self.check),
+            "MPIPAR_AGREE": int(self.agree),
+            "MPIPAR_TIMEOUT": self.timeout,
+            "MPIPAR_REDUCE": self.reduce_mode,
+        }
+        payload = np.frombuffer(json.dumps(mine, sort_keys=True).encode().ljust(_SETTINGS_BYTES), dtype=np.uint8)
+        if payload.size > _SETTINGS_BYTES:
+            raise ValueError(f"mpipar settings too long to compare across ranks: {mine}")
+        everyone = np.empty((self.size, _SETTINGS_BYTES), dtype=np.uint8)
+        with self.watchdog.watch("comparing settings at start-up", tuple(range(self.size)), 0):
+            self.world.Allgather([payload, MPI.BYTE], [everyone, MPI.BYTE])
+        for r in range(self.size):
+            theirs = json.loads(everyone[r].tobytes().decode().rstrip())
+            differ = {k: (mine[k], theirs.get(k)) for k in mine if theirs.get(k) != mine[k]}
+            if differ:
+                detail = "; ".join(
+                    f"{k}: rank {self.rank} has {a!r}, rank {r} has {b!r}" for k, (a, b) in differ.items()
+                )
+                raise ValueError(
+                    f"mpipar settings differ between ranks ({detail}); every rank must run with the same "
+                    "MPIPAR_CHECK_COLLECTIVES, MPIPAR_AGREE, MPIPAR_TIMEOUT and MPIPAR_REDUCE (set them for the "
+                    "whole job, e.g. mpiexec -genv NAME VALUE)"
+                )
 
     def abort(self) -> None:
         flush_std_streams()
@@ -334,14 +374,39 @@ def runtime() -> MPIRuntime:
 class _BoundAllReduce:
     """``MPICommunicator.bound_all_reduce``'s call (a class: its facts bound once, no closure cells)."""
 
-    __slots__ = ("comm", "dtype", "group", "kind", "label", "mpi_comm", "op", "recv", "rows", "shape")
+    __slots__ = (
+        "comm",
+        "data",
+        "dtype",
+        "group",
+        "group_word",
+        "kind",
+        "label",
+        "mpi_comm",
+        "op",
+        "recv",
+        "rows",
+        "send",
+        "shape",
+        "size",
+        "words",
+    )
 
     def __init__(self, comm: MPICommunicator, group: Group, shape: Shape, dtype: np.dtype, op: str) -> None:
         self.comm, self.group, self.shape, self.dtype, self.op = comm, group, shape, dtype, op
         self.kind = _MOVE_TYPES[dtype]
+        self.size = size = math.prod(shape)
+        extra = trailer_elements(dtype) if comm.agree else None
+        width = size + (extra or 0)
         # The gathered rows live only until the fold has read them, so one buffer serves every step.
-        self.rows = np.empty((len(group), math.prod(shape)), dtype=dtype)
+        self.rows = np.empty((len(group), width), dtype=dtype)
+        self.data = self.rows[:, :size] if extra else self.rows
         self.recv = [self.rows, self.kind]
+        # With the agreement check, each step's buffer goes out with the call's signature as
+        # its trailer (``agreement``): the first three words are fixed, the last numbers the call.
+        self.send = np.empty(width, dtype=dtype) if extra else None
+        self.words = signature_words("all_reduce", dtype, op, {"shape": shape}, group, 0) if extra else None
+        self.group_word = int(self.words[3]) & ~0xFFFFFFFF if self.words is not None else 0
         self.label = f"all_reduce({op})"
         self.mpi_comm = comm._rt.comm_for(group)
 
@@ -353,11 +418,21 @@ class _BoundAllReduce:
         flat = a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
         group = self.group
         seq = c._number(group, "all_reduce", dtype=self.dtype, reduce_type=self.op)
+        send, words = self.send, self.words
+        if send is not None and words is not None:
+            send[: self.size] = flat
+            words[3] = self.group_word | (seq & 0xFFFFFFFF)
+            send[self.size :].view(np.uint64)[:] = words
+            flat = send
         with c._watch(self.label, group, seq):
             if c._pending:
                 c._reap()
             self.mpi_comm.Allgather([flat, self.kind], self.recv)
-        return reduce_rows(self.rows, self.op, np).reshape(self.shape)
+        if words is not None:
+            c._check_rows(
+                group, self.rows, self.size, words, ("all_reduce", self.dtype, self.op, {"shape": self.shape}, seq)
+            )
+        return reduce_rows(self.data, self.op, np).reshape(self.shape)
 
 
 class MPICommunicator(OrderedCommunicator):
@@ -370,6 +445,7 @@ class MPICommunicator(OrderedCommunicator):
         self._rt = rt
         self.rank = rt.rank
         self.check_collectives = rt.check
+        self.agree = rt.agree
         self._pending: list[tuple[Any, np.ndarray, int, int]] = []
         self._exchanges = 0
         self.native_sums = rt.reduce_mode == "native"
@@ -407,7 +483,8 @@ class MPICommunicator(OrderedCommunicator):
         gets_result = root is None or self.rank == root
         out = self._result(flat.size, a.dtype) if gets_result else None
         name, facts = ("all_reduce", {}) if root is None else ("reduce", {"root": root})
-        with self._collective(group, name, dtype=a.dtype, reduce_type=op, shape=shape, **facts):
+        # (``trailer`` stays False: a native sum cannot carry bits, its signature takes the ring)
+        with self._collective(group, name, dtype=a.dtype, reduce_type=op, trailer=False, shape=shape, **facts):
             self._reap()
             comm = self._rt.comm_for(group)
             if root is None:
@@ -463,7 +540,11 @@ class MPICommunicator(OrderedCommunicator):
             or op not in REDUCE_OPS
             or not size
             or not self.gathers_whole(size, n, dtype.itemsize)
-            or n * size * dtype.itemsize >= GATHER_P2P_MIN_BYTES
+            # as the general path decides between Allgather and the point-to-point gather
+            or n
+            * (size + ((trailer_elements(dtype) or 0) if self._uses_trailer(size, n, dtype) else 0))
+            * dtype.itemsize
+            >= GATHER_P2P_MIN_BYTES
         ):
             return None
         return _BoundAllReduce(self, group, tuple(shape), dtype, op)
@@ -518,6 +599,31 @@ class MPICommunicator(OrderedCommunicator):
         MPI.Request.Waitall(sends)
         return out
 
+    # ------------------------------------------------------------------ agreement
+    def _ring_start(self, group: Group, words: np.ndarray, comm: Any = None) -> Any:
+        n, i = len(group), group.index(self.rank)
+        comm = self._rt.comm_for(group) if comm is None else comm
+        theirs = np.empty(TRAILER_BYTES // 8, dtype=np.uint64)
+        receive = comm.Irecv([theirs, MPI.UINT64_T], (i - 1) % n, AGREE_TAG)
+        send = comm.Isend([words, MPI.UINT64_T], (i + 1) % n, AGREE_TAG)
+        return [receive, send], theirs
+
+    def _ring_test(self, handle: Any) -> np.ndarray | None:
+        reqs, theirs = handle
+        return theirs if reqs[0].Test() else None
+
+    def _ring_wait(self, handle: Any, limit_s: float | None = None) -> np.ndarray | None:
+        reqs, theirs = handle
+        if limit_s is None:
+            MPI.Request.Waitall(reqs)
+            return theirs
+        until = time.monotonic() + limit_s
+        while not reqs[0].Test():
+            if time.monotonic() > until:
+                return None
+            time.sleep(0.005)
+        return theirs
+
     # ------------------------------------------------------------------ plumbing
     def _watch(self, op: str, group: Group, seq: int) -> contextlib.AbstractContextManager[Any]:
         return self._rt.watchdog.watch(op, group, seq)
@@ -564,9 +670,8 @@ class MPICommunicator(OrderedCommunicator):
 
         MPICH's ``Allgather`` for large buffers is a ring or recursive doubling: n - 1 (or
         log n) steps, each a rendezvous of every member. Where ranks share cores, each step
-        waits for every member to be scheduled; one round of messages waits once.
-        ``benchmarks/runtime_collectives.py`` (8 ranks, 2 shared cores): 0.3x of
-        ``Allgather`` at 4 MiB, 0.7x at 64 MiB; at 64 KiB the two are alike.
+        waits for every member to be scheduled; one round of messages waits once. Below
+        256 KiB the two cost about the same (``benchmarks/runtime_collectives.py``).
         """
         n, i = len(group), group.index(self.rank)
         starts = _starts(tuple(counts))
@@ -749,13 +854,28 @@ class _StartedAllReduce(Pending):
         first, self.second = owner._rt.started_for(group)
         self.result: np.ndarray | None = None
         self.rows: np.ndarray | None = None
+        self.size = size
+        # The agreement check (``agreement``): a trailer on the gathered buffer, else a ring
+        # message posted with phase 1 and compared when phase 1 completes.
+        self.words: np.ndarray | None = None
+        self.ring: Any = None
+        self.facts = ("all_reduce", flat.dtype, op, {"shape": self.shape}, seq)
+        if owner.agree and not owner.check_collectives:
+            self.words = signature_words("all_reduce", flat.dtype, op, {"shape": self.shape}, group, seq)
         if native is not None:
             self.out = owner._result(size, flat.dtype)
             self.phase = "native"
             self.reqs = [first.Iallreduce([flat, native], [self.out, native], op=MPI.SUM)]
         elif owner.gathers_whole(size, n, flat.itemsize):
-            self.rows = np.empty(n * size, dtype=flat.dtype)
-            self.phase = "gather"
+            words = self.words
+            extra = trailer_elements(flat.dtype) if words is not None else None
+            if extra and words is not None:
+                send = np.empty(size + extra, dtype=flat.dtype)
+                send[:size] = flat
+                send[size:].view(np.uint64)[:] = words
+                self.send = flat = send
+            self.rows = np.empty(n * flat.size, dtype=flat.dtype)
+            self.phase = "gather" if extra or self.words is None else "gather-ring"
             self.reqs = [first.Iallgather(_spec(flat), _spec(self.rows))]
         else:
             self.lengths = lengths = tuple(e - s for s, e in (chunk_range(size, n, j) for j in range(n)))
@@ -770,15 +890,30 @@ class _StartedAllReduce(Pending):
             self.reqs += [
                 first.Isend(_spec(flat[starts[j] : starts[j + 1]]), j, STARTED_TAG) for j in peers if lengths[j]
             ]
+        if self.words is not None and self.phase != "gather":  # the trailer did not fit: the ring
+            self.ring = owner._ring_start(group, self.words, comm=first)
+            self.reqs += self.ring[0]
 
     def _advance(self) -> None:
         """The requests of the current phase have completed: run what follows them."""
         n = len(self.group)
+        if self.ring is not None:  # phase 1 is complete, the predecessor's signature with it
+            ring, self.ring = self.ring, None
+            me = self.owner.rank
+            peer = self.group[(self.group.index(me) - 1) % n]
+            assert self.words is not None
+            problem = ring_problem(self.group, me, self.words, peer, ring[1], self.facts)
+            if problem:
+                raise CollectiveMismatchError(problem)
         if self.phase == "native":
             self.result = _averaged(self.out, self.op, n)
-        elif self.phase == "gather":
+        elif self.phase in ("gather", "gather-ring"):
             assert self.rows is not None
-            self.result = reduce_rows(self.rows.reshape(n, -1), self.op, np)
+            rows = self.rows.reshape(n, -1)
+            if self.phase == "gather" and self.words is not None:
+                self.owner._check_rows(self.group, rows, self.size, self.words, self.facts)
+                rows = rows[:, : self.size]
+            self.result = reduce_rows(rows, self.op, np)
         elif self.phase == "scatter":
             assert self.rows is not None
             i = self.group.index(self.owner.rank)

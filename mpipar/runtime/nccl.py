@@ -134,6 +134,9 @@ class NCCLCommunicator(MPICommunicator):
         cupy.cuda.Device(self.device).use()
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.native_sums = False  # MPI's native sums would be handed device buffers
+        # The default agreement check rides on host messages of the MPI transport; device
+        # buffers would need their own trailer handling (MPIPAR_CHECK_COLLECTIVES=1 works here).
+        self.agree = False
         self._groups: dict[Group, Any] = {}
         self._reduction_stream: Any = None  # created on the first started all-reduce
         rt.watchdog.on_expire.append(self._abort_all)

@@ -46,9 +46,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
-import os
 import sys
+import threading
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -56,7 +55,16 @@ from typing import Any
 import numpy as np
 
 from mpipar.comm import Array, BackToBack, Communicator, Group, Shape, recording, reduce_arrays, reduce_rows
-from mpipar.runtime.faults import signature
+from mpipar.env import env_choice, env_number
+from mpipar.runtime.agreement import (
+    TRAILER_BYTES,
+    expected_from_predecessor,
+    ring_problem,
+    rows_problem,
+    signature_words,
+    trailer_elements,
+)
+from mpipar.runtime.faults import CollectiveMismatchError, report_mismatch_once, signature
 from mpipar.spec import chunk_range
 
 SMALL_REDUCE_BYTES = 1 << 20
@@ -77,17 +85,7 @@ CACHED_MAX_BUFFERS = 16
 
 def cache_bytes_from_env(environ: Mapping[str, str] | None = None) -> int:
     """``MPIPAR_COMM_CACHE_MIB`` in bytes: the idle result buffers a communicator may keep."""
-    raw = (os.environ if environ is None else environ).get(CACHE_ENV, "").strip()
-    if not raw:
-        return int(DEFAULT_CACHE_MIB * 2**20)
-    try:
-        mib = float(raw)
-    except ValueError:
-        mib = math.nan
-    if not math.isfinite(mib) or mib < 0:
-        raise ValueError(
-            f"{CACHE_ENV} must be a non-negative number of MiB (0 turns the result cache off), got {raw!r}"
-        )
+    mib = env_number(CACHE_ENV, DEFAULT_CACHE_MIB, minimum=0.0, strict=False, unit="MiB", env=environ)
     return int(mib * 2**20)
 
 
@@ -98,15 +96,14 @@ REDUCE_MODES = ("ordered", "native")
 def reduce_mode_from_env(environ: Mapping[str, str] | None = None) -> str:
     """``MPIPAR_REDUCE``: ``ordered`` (the default: every sum in group order, bit-identical to
     the simulator) or ``native`` (floating-point sums by the MPI library's own reduction)."""
-    raw = (os.environ if environ is None else environ).get(REDUCE_ENV, "").strip().lower()
-    if not raw:
-        return "ordered"
-    if raw not in REDUCE_MODES:
-        raise ValueError(
-            f"{REDUCE_ENV} must be 'ordered' (sums in group order, bit-identical to the simulator) or "
-            f"'native' (the MPI library's own reduction, faster, equal to the simulator only to rounding), got {raw!r}"
-        )
-    return raw
+    return env_choice(
+        REDUCE_ENV,
+        REDUCE_MODES,
+        "ordered",
+        environ,
+        explain="ordered: sums in group order, bit-identical to the simulator; native: the MPI library's own "
+        "reduction, faster, equal to the simulator only to rounding",
+    )
 
 
 class ResultCache:
@@ -205,6 +202,9 @@ class OrderedCommunicator(Communicator):
     rank: int
     """This process's world rank: the one member it hosts."""
     check_collectives: bool = False
+    agree: bool = False
+    """Check each collective's signature through its own messages (``mpipar.runtime.agreement``;
+    ``MPIPAR_AGREE``, on by default where the transport supports it)."""
     small_reduce_bytes: int = SMALL_REDUCE_BYTES
     """``gathers_whole``'s threshold (an attribute so a benchmark can move it)."""
 
@@ -217,6 +217,7 @@ class OrderedCommunicator(Communicator):
         return size * members * itemsize <= self.small_reduce_bytes or size < members
 
     def __init__(self) -> None:
+        self._trailer: tuple[np.ndarray, tuple[Any, ...]] | None = None
         self._seq: dict[Group, int] = {}
         self._scratch_bufs: dict[tuple[str, str, int], Array] = {}
         self._results = ResultCache(cache_bytes_from_env())
@@ -264,18 +265,65 @@ class OrderedCommunicator(Communicator):
     @abstractmethod
     def _check(self, group: Group, seq: int, sig: dict[str, Any]) -> None: ...
 
+    # ------------------------------------------------------------------ agreement transport
+    def _ring_start(self, group: Group, words: np.ndarray, comm: Any = None) -> Any:
+        """Send ``words`` to the ring successor, receive the predecessor's (started, not waited)."""
+        raise NotImplementedError
+
+    def _ring_test(self, handle: Any) -> np.ndarray | None:
+        """The predecessor's words if they have arrived (never blocks)."""
+        raise NotImplementedError
+
+    def _ring_wait(self, handle: Any, limit_s: float | None = None) -> np.ndarray | None:
+        """The predecessor's words, waiting for them (at most ``limit_s`` seconds when given)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ helpers
     def _collective(
-        self, group: Group, op: str, *, dtype: Any, reduce_type: str | None = None, **parts: Any
+        self,
+        group: Group,
+        op: str,
+        *,
+        dtype: Any,
+        reduce_type: str | None = None,
+        trailer: bool = False,
+        **parts: Any,
     ) -> contextlib.AbstractContextManager[Any]:
         """Number the call on its group, check signatures if asked, and run it under a deadline.
 
         The arguments are ``signature``'s; the signature itself is built only in check mode
         (building it for every call cost a small collective a measurable share of its time).
-        A timeout report names the op as ``all_reduce(sum)``.
+        A timeout report names the op as ``all_reduce(sum)``. With ``agree`` (the default on
+        MPI) the call's signature words travel with it: as the trailer of the buffer a gathered
+        reduction sends (``trailer``: the caller's ``_reduce_to`` picks them up), else as one
+        message to the ring successor, waited for with the call.
         """
         seq = self._number(group, op, dtype=dtype, reduce_type=reduce_type, **parts)
-        return self._watch(f"{op}({reduce_type})" if reduce_type else op, group, seq)
+        watch = self._watch(f"{op}({reduce_type})" if reduce_type else op, group, seq)
+        if not self.agree or self.check_collectives:
+            return watch
+        if "sends" in parts:
+            parts["me"] = self.rank
+        words = signature_words(op, dtype, reduce_type, parts, group, seq)
+        facts = (op, dtype, reduce_type, parts, seq)
+        if trailer:
+            self._trailer = (words, facts)
+            return watch
+        expect = expected_from_predecessor(parts, group) if "recvs" in parts else None
+        return _Agreed(self, group, words, facts, expect, watch)
+
+    def _uses_trailer(self, size: int, n: int, dtype: Any) -> bool:
+        """Does a reduction of ``size`` elements per member carry its signature as a trailer?"""
+        return (
+            self.agree and self.gathers_whole(size, n, np.dtype(dtype).itemsize) and trailer_elements(dtype) is not None
+        )
+
+    def _check_rows(self, group: Group, rows: Array, size: int, words: np.ndarray, facts: tuple[Any, ...]) -> None:
+        """Compare every member's trailer (the columns after ``size``) with this member's words."""
+        tail = np.ascontiguousarray(rows[:, size:]).view(np.uint64).reshape(len(group), TRAILER_BYTES // 8)
+        problem = rows_problem(group, self.rank, words, tail, facts)
+        if problem:
+            report_mismatch_once(group, self.rank, problem)
 
     def _number(self, group: Group, op: str, *, dtype: Any, reduce_type: str | None = None, **parts: Any) -> int:
         """The call's number on its group, after the check-mode signature exchange if asked
@@ -340,7 +388,8 @@ class OrderedCommunicator(Communicator):
         if n == 1:
             return {self.rank: reduce_arrays([a], op, self.xp)}
         dtype, shape = a.dtype, tuple(a.shape)
-        with self._collective(group, "all_reduce", dtype=dtype, reduce_type=op, shape=shape):
+        trailer = self._uses_trailer(a.size, n, dtype)
+        with self._collective(group, "all_reduce", dtype=dtype, reduce_type=op, trailer=trailer, shape=shape):
             out = self._reduce_to(group, a, op, root=None)
         return {self.rank: out.reshape(shape)}
 
@@ -350,7 +399,8 @@ class OrderedCommunicator(Communicator):
         if n == 1:
             return {self.rank: reduce_arrays([a], op, self.xp)}
         dtype, shape = a.dtype, tuple(a.shape)
-        with self._collective(group, "reduce", dtype=dtype, reduce_type=op, shape=shape, root=root):
+        trailer = self._uses_trailer(a.size, n, dtype)
+        with self._collective(group, "reduce", dtype=dtype, reduce_type=op, trailer=trailer, shape=shape, root=root):
             out = self._reduce_to(group, a, op, root=group.index(root))
         return {self.rank: out.reshape(shape)} if out is not None else {}
 
@@ -360,15 +410,25 @@ class OrderedCommunicator(Communicator):
         flat = self._flat(a, a.dtype)
         size = flat.size
         if self.gathers_whole(size, n, flat.itemsize):
+            agreed, self._trailer = self._trailer, None
+            width, send = size, flat
+            if agreed is not None:  # the signature rides as the buffer's trailer (agreement.py)
+                width = size + (trailer_elements(flat.dtype) or 0)
+                send = self._scratch(width, flat.dtype, role="send")
+                send[:size] = flat
+                send[size:].view(np.uint64)[:] = agreed[0]
             if root is None:
-                rows = xp.empty(n * size, dtype=flat.dtype)
-                self._t_allgatherv(group, flat, rows, [size] * n)
+                rows = xp.empty(n * width, dtype=flat.dtype)
+                self._t_allgatherv(group, send, rows, [width] * n)
             else:
-                rows = xp.empty(n * size, dtype=flat.dtype) if i == root else None
-                self._t_gatherv(group, root, flat, rows, [size] * n)
+                rows = xp.empty(n * width, dtype=flat.dtype) if i == root else None
+                self._t_gatherv(group, root, send, rows, [width] * n)
                 if rows is None:
                     return None
-            rows = rows.reshape(n, size)
+            rows = rows.reshape(n, width)
+            if agreed is not None:
+                self._check_rows(group, rows, size, *agreed)
+                rows = rows[:, :size]  # the fold reads the data columns only: the same bits
             return reduce_rows(rows, op, xp)
         lengths = tuple(e - s for s, e in (chunk_range(size, n, j) for j in range(n)))
         same = size % n == 0
@@ -498,6 +558,79 @@ class OrderedCommunicator(Communicator):
             return
         with self._collective(group, "barrier", dtype=""):
             self._t_barrier(group)
+
+
+class _Agreed:
+    """The context of a collective whose signature goes to the ring successor (``agreement``):
+    posted on entry, compared on exit (and by the watchdog while the call blocks)."""
+
+    __slots__ = ("comm", "expect", "facts", "group", "handle", "lock", "waiting", "watch", "words")
+
+    def __init__(
+        self,
+        comm: OrderedCommunicator,
+        group: Group,
+        words: np.ndarray,
+        facts: tuple[Any, ...],
+        expect: int | None,
+        watch: contextlib.AbstractContextManager[Any],
+    ) -> None:
+        self.comm, self.group, self.words, self.facts, self.expect, self.watch = (
+            comm,
+            group,
+            words,
+            facts,
+            expect,
+            watch,
+        )
+        self.handle: Any = None
+        self.waiting: Any = None
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> Any:
+        self.waiting = waiting = self.watch.__enter__()
+        self.handle = self.comm._ring_start(self.group, self.words)
+        if waiting is not None:
+            waiting.agreement = self._poll
+        return waiting
+
+    def _problem(self, theirs: np.ndarray) -> str | None:
+        group = self.group
+        me = self.comm.rank
+        peer = group[(group.index(me) - 1) % len(group)]
+        return ring_problem(group, me, self.words, peer, theirs, self.facts, self.expect)
+
+    def _poll(self) -> str | None:
+        """Called by the watchdog thread while the call blocks."""
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
+            if self.handle is None:
+                return None
+            theirs = self.comm._ring_test(self.handle)
+            return self._problem(theirs) if theirs is not None else None
+        finally:
+            self.lock.release()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        with self.lock:
+            if self.waiting is not None:
+                self.waiting.agreement = None
+            handle, self.handle = self.handle, None
+        problem = None
+        if handle is not None:
+            try:
+                # After a failed call the predecessor's words may never come: look briefly.
+                theirs = self.comm._ring_wait(handle, None if exc is None else 2.0)
+            except Exception:
+                theirs = None
+                if exc is None:
+                    raise
+            problem = self._problem(theirs) if theirs is not None else None
+        if problem:
+            self.watch.__exit__(None, None, None)
+            raise CollectiveMismatchError(problem) from exc
+        self.watch.__exit__(exc_type, exc, tb)  # type: ignore[arg-type]
 
 
 def _adjacent_view(pieces: Sequence[Array], dtype: Any) -> Array | None:

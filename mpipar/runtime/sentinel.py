@@ -22,6 +22,8 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
+from mpipar.env import env_flag
+
 HINT = (
     "mpipar: MPI aborted rank {rank} inside a collective. With MPICH, 'Message truncated' (or another size or "
     "type mismatch) in a collective almost always means the ranks of a group issued different "
@@ -63,8 +65,7 @@ MARKERS = (b"truncated", b"MPI_ERR_TRUNCATE", b"Invalid count", b"mismatch", b"M
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
-    env = os.environ if env is None else env
-    return env.get("MPIPAR_STDERR_SENTINEL", "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_flag("MPIPAR_STDERR_SENTINEL", True, env)
 
 
 class StderrSentinel:

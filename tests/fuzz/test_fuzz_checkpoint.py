@@ -1,4 +1,4 @@
-"""Fuzzing the checkpoint loader with mutations of a really saved checkpoint (issue #20).
+"""Fuzzing the checkpoint loader with mutations of a really saved checkpoint.
 
 A checkpoint saved from a 2x2 simulator mesh (a sharded float64 matrix, a tp-sharded float32
 vector, a dense int32 array, a NumPy scalar, plain values; several chunks per data file) is

@@ -1,4 +1,4 @@
-"""Fuzzing plans and timelines from elsewhere (issue #20): a named error or the exact values, nothing else.
+"""Fuzzing plans and timelines from elsewhere: a named error or the exact values, nothing else.
 
 Real documents (the dashboard sample's traced plan and its simulated timeline, a timeline
 measured on the clock by ``SpanRecorder`` and merged, and a shape-only plan with 2^40-element

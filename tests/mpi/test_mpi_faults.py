@@ -6,8 +6,13 @@ misbehaves at step 2 (raises, skips a collective, is killed, hangs, or leaves ea
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
-from mpi_scripts.launch import mpirun
+from mpi_scripts.launch import MPIEXEC, REPO, mpirun
 
 pytestmark = pytest.mark.mpi
 
@@ -73,3 +78,61 @@ def test_a_rank_leaving_early_fails_its_group_mates_within_seconds() -> None:
     assert run.returncode != 0
     assert run.seconds < 15, run.seconds
     assert "rank 1 has finished the script (exited) and will not join" in run.output
+
+
+# ------------------------------------------------------------- agreement by default (no opt-in)
+@pytest.mark.parametrize(
+    ("mode", "rows", "theirs"),
+    [
+        ("max", 2, "rank 1 issued all_reduce(max) of float64, 12 elements"),
+        ("float32", 2, "rank 1 issued all_reduce(sum) of float32, 24 elements"),
+        ("max", 30000, "rank 1 issued all_reduce(max) of float64, 180000 elements"),
+    ],
+)
+def test_a_rank_reducing_differently_is_named_by_default(mode: str, rows: int, theirs: str) -> None:
+    """Same bytes, same group: before the default check these finished with exit 0 and
+    different "replicated" values (the script is told not to assert them)."""
+    run = mpirun(2, SCRIPT, mode, "--rank", "1", "--rows", str(rows), "--no-assert", timeout=60)
+    assert run.returncode != 0, run.output
+    assert run.seconds < 20, run.seconds
+    assert "step 2 done" not in run.output
+    assert "CollectiveMismatchError: collective mismatch on group [0, 1]" in run.output, run.output
+    assert f"rank 0 issued all_reduce(sum) of float64[{2 * rows}, 3] (call #6 on its group)" in run.output
+    assert theirs in run.output
+
+
+def test_the_default_check_can_be_turned_off() -> None:
+    run = mpirun(2, SCRIPT, "max", "--rank", "1", "--no-assert", env={"MPIPAR_AGREE": "off"}, timeout=60)
+    assert run.returncode == 0, run.output
+    assert "finished" in run.output
+
+
+def test_a_skipped_large_collective_is_named_within_seconds_not_at_the_timeout() -> None:
+    """Rank 1 skips the all-gather of a large tensor: the others wait in it for ever (the default
+    timeout is 300 s); the watchdog reads the signature that came with the call instead."""
+    run = mpirun(2, SCRIPT, "skip", "--rank", "1", "--rows", "30000", timeout=90)
+    assert run.returncode != 0
+    assert run.seconds < 20, run.seconds
+    assert "collective mismatch on group [0, 1]" in run.output, run.output
+    assert "issued all_gather of float64 pieces [[30000, 3], [30000, 3]]" in run.output
+    assert "issued all_reduce(sum) of float64" in run.output
+
+
+def test_settings_that_must_agree_are_compared_at_start_up() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
+    py = [sys.executable, SCRIPT, "none"]
+    start = time.monotonic()
+    proc = subprocess.run(
+        [MPIEXEC, "-n", "1", "-env", "MPIPAR_TIMEOUT", "30", *py, ":", "-n", "1", *py],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert time.monotonic() - start < 20
+    assert "mpipar settings differ between ranks (MPIPAR_TIMEOUT: rank 0 has 30.0, rank 1 has 300.0)" in output, output
+    assert "step 0 done" not in output

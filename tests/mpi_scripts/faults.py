@@ -14,7 +14,12 @@ the step's collectives:
 * ``skip``: skips the all_gather (its next collective is the all_reduce);
 * ``kill``: sends itself SIGKILL;
 * ``hang``: sleeps for ten minutes before its collectives;
-* ``exit``: leaves the script normally (exit status 0) without the step's collectives.
+* ``exit``: leaves the script normally (exit status 0) without the step's collectives;
+* ``max``: reduces its Partial with ``max`` while the others sum (same bytes, same shape);
+* ``float32``: passes float32 of twice the columns where the others pass float64 (same bytes).
+
+With ``--no-assert`` the replicated result is not checked (a mismatch the default check
+misses would then finish with exit 0, as it did before the check existed).
 
 Rank 0 prints ``step <n> done`` after each completed step and ``finished`` at the end.
 """
@@ -34,13 +39,15 @@ import mpipar as dist
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["none", "raise", "skip", "kill", "hang", "exit"])
+    parser.add_argument("mode", choices=["none", "raise", "skip", "kill", "hang", "exit", "max", "float32"])
+    parser.add_argument("--no-assert", action="store_true", help="do not check the reduced values")
+    parser.add_argument("--rows", type=int, default=2, help="rows per rank (large: the split all-reduce)")
     parser.add_argument("--rank", type=int, default=1, help="the rank that misbehaves")
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
     world, me = dist.get_world_size(), dist.get_rank()
     mesh = dist.ProcessMesh(list(range(world)), dim_names=["x"])
-    value = np.arange(6.0 * world).reshape(2 * world, 3)
+    value = np.arange(3.0 * args.rows * world).reshape(args.rows * world, 3)
     for step in range(args.steps):
         bad = step == 2 and me == args.rank
         if bad and args.mode == "raise":
@@ -54,9 +61,13 @@ def main() -> None:
         x = dist.shard_tensor(value, mesh, [dist.Shard(0)])
         if not (bad and args.mode == "skip"):
             dist.reshard(x, mesh, [dist.Replicate()])  # all_gather
-        p = dist.shard_tensor(value, mesh, [dist.Partial("sum")])
+        mine = value
+        if bad and args.mode == "float32":
+            mine = np.ascontiguousarray(value).view(np.float32).copy()  # (2 world, 6) float32: the same bytes
+        p = dist.shard_tensor(mine, mesh, [dist.Partial("max" if bad and args.mode == "max" else "sum")])
         total = dist.reshard(p, mesh, [dist.Replicate()])  # all_reduce
-        np.testing.assert_array_equal(total.local_tensor(me), value)
+        if not args.no_assert:
+            np.testing.assert_array_equal(total.local_tensor(me), value)
         dist.print_once(f"step {step} done")
     dist.print_once("finished")
 

@@ -25,7 +25,7 @@ from strategies import global_value, make_tensor, meshes, placements_for, tensor
 
 import mpipar as dist
 from mpipar.checkpoint import CheckpointError, read_state_dict, record_io
-from mpipar.checkpoint.format import METADATA
+from mpipar.checkpoint.format import MARKER, METADATA
 from mpipar.spec import box_intersect
 from simulator import ReferenceBackend, SimBackend
 
@@ -295,7 +295,7 @@ def test_a_pipeline_stage_opens_only_its_own_files(tmp_path: Any) -> None:
         "s1": {"w": dist.shard_tensor(b, s1, [dist.Shard(1)])},
     }
     dist.save_state_dict(state, str(tmp_path / "ck"))
-    assert sorted(os.listdir(tmp_path / "ck")) == [METADATA] + [f"rank{r:05d}.safetensors" for r in range(4)]
+    assert sorted(os.listdir(tmp_path / "ck")) == [MARKER, METADATA] + [f"rank{r:05d}.safetensors" for r in range(4)]
     os.remove(tmp_path / "ck" / "rank00000.safetensors")
     os.remove(tmp_path / "ck" / "rank00001.safetensors")
     target = dist.shard_tensor(np.zeros((5, 4)), dist.ProcessMesh([1, 0, 2], ["x"]), [dist.Shard(0)])

@@ -95,14 +95,16 @@ def test_killed_while_overwriting(tmp_path: Any) -> None:
     written = _kill_mid_save(tmp_path, ck, ck)
     partial = os.path.dirname(written)
     assert os.path.basename(partial).startswith("ck.partial-")
-    assert sorted(os.listdir(tmp_path)) == ["child.py", "ck", os.path.basename(partial)]
+    # The killed save's lock file stays behind, unlocked (the kernel released its flock).
+    assert sorted(os.listdir(tmp_path)) == [".ck.mpipar-lock", "child.py", "ck", os.path.basename(partial)]
     _expect_step1(ck)  # the previous checkpoint is intact
     with pytest.raises(
         CheckpointError,
         match=r"incomplete checkpoint .*ck\.partial-.*: it has no metadata.json .* interrupted \(4 data file",
     ):
         dist.load_state_dict({"step": 0}, partial)
-    # The next save to the same path clears the debris and succeeds.
+    # The next save to the same path is not blocked by the dead save's lock, clears the debris
+    # (the partial directory carries our marker) and succeeds.
     dist.save_state_dict({"step": 3}, ck)
     assert sorted(os.listdir(tmp_path)) == ["child.py", "ck"]
     assert read_state_dict(ck) == {"step": 3}

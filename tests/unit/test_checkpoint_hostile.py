@@ -1,5 +1,5 @@
-"""Issue #20 (checkpoint half): a checkpoint from elsewhere can neither read outside its
-directory nor load wrong values; each numbered item of the issue reproduced.
+"""A checkpoint from elsewhere can neither read outside its directory nor load wrong values;
+each case below is reproduced.
 
 1. chunk ``file`` names leading outside the directory (absolute, ``..``, a symlink out);
 2. chunk boxes swapped, negative, outside the shape, overlapping;
@@ -8,8 +8,7 @@ directory nor load wrong values; each numbered item of the issue reproduced.
    between its two renames;
 5. malformed ``metadata.json``: named ``CheckpointError``s giving file, field and value.
 
-Every test failed on the loader before this change (checked by checking out the old
-``mpipar/checkpoint``) and passes now. Run: ``.venv/bin/python -m pytest -q tests/unit/test_checkpoint_hostile.py``
+Each test fails on a loader that trusts the file. Run: ``.venv/bin/python -m pytest -q tests/unit/test_checkpoint_hostile.py``
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Every command refuses unbounded or impossible input on one line, exit status 2, at once.
 
-Each case here was a hang, a traceback or a silent truncation before (issue #20, item 7):
-``estimate --params inf`` never ended, ``reshard --mesh 100000x100000`` allocated gigabytes,
-``--mesh dp=2,dp=2`` kept the last value.
+Each case is input that would otherwise hang, raise a traceback or be silently truncated:
+``estimate --params inf`` would never end, ``reshard --mesh 100000x100000`` would allocate
+gigabytes, ``--mesh dp=2,dp=2`` would keep the last value.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every example: ``--reference`` and ``python -m simulator -n N`` print the same losses.
 
-float64, ``--tiny``, 3 steps, 1e-9 relative (issue 4's acceptance). Also the examples' misuse
+float64, ``--tiny``, 3 steps, 1e-9 relative. Also the examples' misuse
 errors: wrong world size, mesh degrees whose product is wrong, indivisible batches.
 """
 

@@ -1,4 +1,4 @@
-"""The GPU cost model (issue #16): analytic FLOP counts of the GPT's ops, the GEMM efficiency
+"""The GPU cost model: analytic FLOP counts of the GPT's ops, the GEMM efficiency
 curve's shape, bandwidth-bound non-GEMM ops, the new profile fields as untrusted input,
 ``estimate --breakdown``, MFU/HFU, and the last stage's extra time against its analytic cost."""
 
@@ -243,7 +243,7 @@ def _calibration_rows() -> list:
 
 
 def test_the_calibration_rows_are_within_ten_percent_with_the_preset() -> None:
-    """Issue #16's acceptance on the two 22B rows, with the preset as shipped (any change to the
+    """The two 22B calibration rows within 10% of the published steps, with the preset as shipped (any change to the
     model that moves them out of 10% must come with a refit: ``published_runs.py --fit``)."""
     for row in _calibration_rows():
         est = estimate(row.shape, row.strategy, A100, step=trace_gpt_step(row.shape, row.strategy))

@@ -1,4 +1,4 @@
-"""Issue #19's new homes behave as the code they replaced: reshard_to, without_partial, the shared
+"""Shared homes behave as the code they replaced: reshard_to, without_partial, the shared
 plan helpers, one format-error class, the methods installed from above ``tensor.py``."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Issue #19's guard: reorganising modules changes no number.
+"""Reorganising modules changes no number.
 
 The losses the seed examples and ``gpt.py --steps 3`` print under the simulator were recorded
-into ``golden/house_losses.json`` before the move (``python tests/unit/test_house_losses.py --record``);
-after it they must be the same strings. float32 is the default dtype, so the 15 significant digits
+into ``golden/house_losses.json`` (``python tests/unit/test_house_losses.py --record``); moving
+modules must leave them the same strings. float32 is the default dtype, so the 15 significant digits
 ``log_step`` prints hold every bit of each loss.
 """
 

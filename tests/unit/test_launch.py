@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from mpipar import ProcessMesh
 from mpipar.checkpoint import restart_info, resume_target, save_state_dict
-from mpipar.checkpoint.format import CheckpointError
+from mpipar.checkpoint.format import MARKER, MARKER_TEXT, CheckpointError
 from mpipar.debug.timeline import Timeline
 from mpipar.launch.attempt import Outcome, main_stack
 from mpipar.launch.options import parse, parse_paddle
@@ -237,7 +237,7 @@ def test_restart_variables_choose_the_checkpoint(tmp_path: Any) -> None:
     assert resume_target("elsewhere", str(series), chosen) == str(series / "step-2")
     assert resume_target(None, str(tmp_path / "none-yet"), restart) is None  # killed before any save
     assert resume_target(str(series), None, {}) == str(series / "step-4")  # --resume on a first attempt
-    with pytest.raises(ValueError, match="MPIPAR_RESTART_ATTEMPT must be a non-negative integer"):
+    with pytest.raises(ValueError, match=r"MPIPAR_RESTART_ATTEMPT='-1' is not an integer in \[0, "):
         restart_info({"MPIPAR_RESTART_ATTEMPT": "-1"})
     with pytest.raises(CheckpointError):
         resume_target(None, None, {**restart, "MPIPAR_RESUME_FROM": str(tmp_path / "gone")})
@@ -245,10 +245,14 @@ def test_restart_variables_choose_the_checkpoint(tmp_path: Any) -> None:
 
 def test_stale_leftovers_are_cleared_and_live_ones_kept(tmp_path: Any) -> None:
     save_state_dict({"step": 2}, str(tmp_path / "step-2"))
-    (tmp_path / "step-4.partial-00ff").mkdir()  # a save the kill interrupted
-    (tmp_path / "step-4.partial-00ff" / "0.safetensors").write_bytes(b"x")
-    (tmp_path / "save.lock").write_text("")  # its holder was killed: nobody holds it
-    held = tmp_path / "other.lock"
+    partial = tmp_path / "step-4.partial-00000000000000ff"  # a save the kill interrupted
+    partial.mkdir()
+    (partial / MARKER).write_bytes(MARKER_TEXT)  # a save writes its marker first
+    (partial / "rank00000.safetensors").write_bytes(b"x")
+    (tmp_path / "step-5.partial-00000000000000aa").mkdir()  # unmarked: not ours, kept
+    (tmp_path / "notes.lock").write_text("")  # not a lock of ours, kept however unheld
+    (tmp_path / ".step-4.mpipar-lock").write_text("")  # its holder was killed: nobody holds it
+    held = tmp_path / ".step-6.mpipar-lock"
     held.write_text("")
     # fcntl locks belong to a process: another one holds this lock while the cleanup runs
     holder = subprocess.Popen(
@@ -262,15 +266,16 @@ def test_stale_leftovers_are_cleared_and_live_ones_kept(tmp_path: Any) -> None:
     finally:
         holder.kill()
         holder.wait()
-    assert removed == ["save.lock", "step-4.partial-00ff"]
+    assert removed == [".step-4.mpipar-lock", "step-4.partial-00000000000000ff"]
     assert (tmp_path / "step-2").is_dir() and held.exists()
-    assert clear_stale(str(tmp_path)) == ["other.lock"]  # once its holder is gone
-    flocked = tmp_path / "flock.lock"
+    assert (tmp_path / "step-5.partial-00000000000000aa").is_dir() and (tmp_path / "notes.lock").exists()
+    assert clear_stale(str(tmp_path)) == [".step-6.mpipar-lock"]  # once its holder is gone
+    flocked = tmp_path / ".step-7.mpipar-lock"
     flocked.write_text("")
     with open(flocked) as f:  # a BSD flock, which POSIX locks do not see, counts as held too
         fcntl.flock(f, fcntl.LOCK_EX)
         assert clear_stale(str(tmp_path)) == []
-    assert clear_stale(str(tmp_path)) == ["flock.lock"]
+    assert clear_stale(str(tmp_path)) == [".step-7.mpipar-lock"]
 
 
 def test_the_summary_lists_attempts_and_their_resume_steps() -> None:

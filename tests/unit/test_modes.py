@@ -1,4 +1,4 @@
-"""Issue #19: the three execution modes decided in one place (``mpipar.modes``)."""
+"""The three execution modes decided in one place (``mpipar.modes``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Scheduled pipelines through dist.to_static: equal to the reference under all four schedules.
 
-Subprocess tests run the examples (issue 6's acceptance: seed_hybrid, primer_pp and gpt.py with
+Subprocess tests run the examples (seed_hybrid, primer_pp and gpt.py with
 pp=2 and pp=4); in-process tests pin the executor's behaviour: losses equal eager mode,
 ZBH1 really defers weight gradients, 1F1B bounds the micro-batches in flight, the plan.
 """

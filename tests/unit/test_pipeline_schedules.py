@@ -1,4 +1,4 @@
-"""Pipeline schedules: issue 6's unit-cost acceptance, tokens, golden grids, round trips.
+"""Pipeline schedules: unit-cost bubbles and in-flight bounds, tokens, golden grids, round trips.
 
 Bubble fraction, as asserted here and defined in ``Timeline.bubble_fraction``: for a rank, the
 share of the step (first span start to last span end, over all ranks) in which its compute track
@@ -44,7 +44,7 @@ def _fraction(timeline: mpipar.debug.timeline.Timeline, rank: int) -> Fraction:
     return Fraction(timeline.bubble(rank)) / Fraction(timeline.makespan)
 
 
-# ---------------------------------------------------------------------- acceptance (issue 6)
+# ---------------------------------------------------------------------- unit-cost formulas
 @pytest.mark.parametrize(("p", "m"), GRID)
 @pytest.mark.parametrize("kind", ["FThenB", "1F1B"])
 def test_bubble_fraction_fthenb_1f1b(kind: str, p: int, m: int) -> None:

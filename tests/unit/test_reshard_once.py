@@ -16,7 +16,7 @@ F = dist.nn.functional
 
 
 def _tp_mlp_step(reuse: bool) -> tuple[dist.CommDebugMode, list[np.ndarray]]:
-    """The issue's TP MLP step (Megatron layout, loss mean(y*y), SGD), smaller, float64."""
+    """The tensor-parallel MLP training step (Megatron layout, loss mean(y*y), SGD), smaller, float64."""
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["mp"])
     rng = np.random.default_rng(0)
     x = dist.shard_tensor(rng.standard_normal((32, 16)), mesh, [dist.Replicate()])
@@ -57,7 +57,7 @@ def test_tp_mlp_step_makes_exactly_one_all_reduce() -> None:
 
 def test_tp_mlp_step_without_reuse_made_three_and_gives_the_same_values() -> None:
     comm, values = _tp_mlp_step(reuse=False)
-    # The issue's measurement: y kept Partial through multiply, its gradient reduced per matmul.
+    # Without reuse: y kept Partial through multiply, its gradient reduced per matmul.
     assert comm.counts() == {"all_reduce": 3} and comm.reused == []
     for got, want in zip(values, _dense_tp_mlp_step(), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

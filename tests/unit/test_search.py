@@ -1,4 +1,4 @@
-"""Strategy search (issue #17): ranking, memory pruning and accounting, for any monotone cost model."""
+"""Strategy search: ranking, memory pruning and accounting, for any monotone cost model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The search's fast path (issue #17, item 2): the same numbers as ``estimate``, through shared traces."""
+"""The search's fast path: the same numbers as ``estimate``, through shared traces."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The search is right (issue #17, item 1): for Narayanan et al. 2021 Table 1 rows
+"""The search is right: for Narayanan et al. 2021 Table 1 rows
 (``simulator.published_configs``), the best strategy it finds is predicted at least as fast as the
 published layout priced by the same estimator, and it fits in memory."""
 

@@ -7,9 +7,11 @@ directory. Both walk every view; neither shows Streamlit's "Deploy" button (view
 
 Needs Debian's chromium at ``/usr/bin/chromium`` (``apt-get install -y chromium``; ``.ci/run``
 installs it) -- never ``playwright install``. Screenshots of every view go to
-``test-artifacts/`` (gitignored).
+``test-artifacts/`` (gitignored); with ``MPIPAR_DOCS_SCREENSHOTS=1`` the GPT plan's walk also
+writes them into ``docs/images/dashboard/`` for the dashboard's documentation page.
 
-    .venv/bin/python -m pytest -m browser tests/browser
+    .venv/bin/python -m pytest -m browser tests/viz/test_viz_browser.py
+    MPIPAR_DOCS_SCREENSHOTS=1 .venv/bin/python -m pytest -m browser tests/viz/test_viz_browser.py -k gpt_plan
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARTIFACTS = os.path.join(REPO, "test-artifacts")
+DOCS_IMAGES = os.path.join(REPO, "docs", "images", "dashboard")
+"""Where ``MPIPAR_DOCS_SCREENSHOTS=1`` puts the GPT plan's views (docs/dashboard.md shows them)."""
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -154,11 +158,14 @@ def _settle(page: object) -> None:
     )
 
 
-def _walk(url: str, prefix: str) -> None:
-    """Open ``url``, click through every view: each draws a figure or a table, no exception, no notice."""
+def _walk(url: str, prefix: str, docs_images: str | None = None) -> None:
+    """Open ``url``, click through every view: each draws a figure or a table, no exception, no notice.
+    With ``docs_images``, each view's visible window is also saved there as ``<view>.png``."""
     from playwright.sync_api import sync_playwright
 
     os.makedirs(ARTIFACTS, exist_ok=True)
+    if docs_images:
+        os.makedirs(docs_images, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
@@ -183,6 +190,8 @@ def _walk(url: str, prefix: str) -> None:
                 assert not [n for n in notices if any(word in n for word in NO_DATA)], (view, notices)
                 slug = view.lower().replace(" ", "-")
                 page.screenshot(path=os.path.join(ARTIFACTS, f"{prefix}-{slug}.png"), full_page=True)
+                if docs_images:
+                    page.screenshot(path=os.path.join(docs_images, f"{slug}.png"))
             assert not errors, errors
         finally:
             browser.close()
@@ -198,4 +207,5 @@ def test_every_view_renders_in_chromium(server: str) -> None:
 
 def test_every_view_renders_the_gpt_plan_in_chromium(gpt_server: str) -> None:
     """``mpipar plan``'s GPT plan, opened the way ``mpipar viz plan.json`` does."""
-    _walk(gpt_server, "viz-gpt")
+    docs = DOCS_IMAGES if os.environ.get("MPIPAR_DOCS_SCREENSHOTS") == "1" else None
+    _walk(gpt_server, "viz-gpt", docs)

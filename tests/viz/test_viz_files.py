@@ -84,7 +84,7 @@ def test_malformed_timeline_names_the_field(docs: tuple) -> None:
         (pickle.dumps({"format": "mpipar.plan"}), "never unpickles"),
         (b"\xff\xfeab", "not UTF-8"),
         (b'{"format": "mpipar.plan", "meshes": [{"id": 0', "line 1 column"),
-        (b"[" * 100000, "nests JSON more than 64 levels deep|not valid JSON"),
+        (b"[" * 100000, "nests JSON more than 64 levels deep|not valid JSON|more than 48x its size in memory"),
         (b'"just a string"', "top level is a JSON str"),
         (b'{"traceEvents": []}', "Chrome trace"),
         (b'{"format": 3}', "field format is 3"),

@@ -1,4 +1,4 @@
-"""The Memory view's peak per rank is ``dist.memory_report`` for the same strategy (issue #23).
+"""The Memory view's peak per rank is ``dist.memory_report`` for the same strategy.
 
 For gpt.py --tiny strategies, ``mpipar plan`` traces the plan the dashboard shows (priced on
 the app's default profile, memory derived by ``viz.plan_memory``), and ``examples/gpt_memory.py``
