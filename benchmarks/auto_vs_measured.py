@@ -1,6 +1,6 @@
 """Is ``examples/gpt.py --auto`` at 8 ranks within 10% of the fastest layout, measured?
 
-    .venv/bin/python benchmarks/auto_vs_measured.py [--profile profile.json] [--steps 8] [--rounds 3] [--json]
+    .venv/bin/python benchmarks/auto_vs_measured.py [--profile profile.json] [--steps 8] [--rounds 3] [--json PATH]
 
 1. **Calibrate** this machine once (``python -m simulator calibrate -n 8``; ``--profile`` reuses a
    profile file): links, the GEMM and elementwise rates by size, mpipar's host costs and the
@@ -18,8 +18,9 @@
    shared machine spoils one round, not one layout.
 4. Print the table (layout, flags, predicted and measured seconds, rank by each), the rank
    correlation (Spearman) of the predicted and measured orders, the auto choice, the fastest
-   measured and auto / fastest: PASS when at most 1.10; with ``--json``, one JSON object
-   (rows, correlation, ratio, verdict, load averages, the profile's kernel scale) on the last line.
+   measured and auto / fastest: PASS when at most 1.10, then the same as one JSON object on a
+   ``result:`` line (rows, correlation, ratio, verdict, load averages, the profile's kernel
+   scale); ``--json PATH`` records the run (``benchmarks/results.py``).
 
 On the project's shared 2-core machine 8 ranks time-share two cores; steps take seconds and
 the load of other jobs moves them. About 10 minutes on a quiet machine with the defaults.
@@ -45,6 +46,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from predict_vs_measure import interleaved, measure  # noqa: E402
+from results import add_json_argument, record  # noqa: E402
 
 WORLD, BATCH, LAYERS = 8, 16, 4
 CHOSE = re.compile(r"^auto: chose +(.+?)  \(predicted step ([\d.]+) ms\)$")
@@ -137,10 +139,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="gpt.py steps per run (the first is excluded; at least 3)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each run keeps its best")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before one gpt.py run is killed")
-    parser.add_argument("--json", action="store_true", help="also print the results as one JSON object (last line)")
+    add_json_argument(parser)
     ns = parser.parse_args()
     if ns.steps < 3 or ns.rounds < 1:
         parser.error(f"--steps must be >= 3 and --rounds >= 1, got {ns.steps} and {ns.rounds}")
+    record(ns.json, __file__)
     load = os.getloadavg()[0]
     started = time.perf_counter()
     if ns.profile:
@@ -223,37 +226,37 @@ def main() -> None:
         f"auto / fastest = {ratio:.3f}: {'PASS' if ratio <= PASS_RATIO else 'FAIL'} (<= {PASS_RATIO:.2f}); "
         f"load average {load:.1f} at the start, {load_end:.1f} at the end, {time.perf_counter() - started:.0f} s"
     )
-    if ns.json:
-        print(
-            json.dumps(
-                {
-                    "layouts": [
-                        {
-                            "layout": r.layout,
-                            "flags": r.flags,
-                            "predicted_s": r.predicted_s,
-                            "measured_s": r.measured_s,
-                            "spread_s": r.spread_s,
-                            "rank_predicted": rp,
-                            "rank_measured": rm,
-                        }
-                        for r, rp, rm in zip(rows, pred_rank, meas_rank, strict=True)
-                    ],
-                    "auto": {"layout": auto.layout, "predicted_s": auto.predicted_s, "measured_s": auto.measured_s},
-                    "fastest": fastest.layout,
-                    "auto_over_fastest": ratio,
-                    "pass": ratio <= PASS_RATIO,
-                    "rank_correlation": rho,
-                    "kernel_scale": profile.kernel_scale,
-                    "load_average_start": load,
-                    "load_average_end": load_end,
-                    "cpus": os.cpu_count(),
-                    "steps": ns.steps,
-                    "rounds": ns.rounds,
-                    "seconds": time.perf_counter() - started,
-                }
-            )
+    print(
+        "result: "
+        + json.dumps(
+            {
+                "layouts": [
+                    {
+                        "layout": r.layout,
+                        "flags": r.flags,
+                        "predicted_s": r.predicted_s,
+                        "measured_s": r.measured_s,
+                        "spread_s": r.spread_s,
+                        "rank_predicted": rp,
+                        "rank_measured": rm,
+                    }
+                    for r, rp, rm in zip(rows, pred_rank, meas_rank, strict=True)
+                ],
+                "auto": {"layout": auto.layout, "predicted_s": auto.predicted_s, "measured_s": auto.measured_s},
+                "fastest": fastest.layout,
+                "auto_over_fastest": ratio,
+                "pass": ratio <= PASS_RATIO,
+                "rank_correlation": rho,
+                "kernel_scale": profile.kernel_scale,
+                "load_average_start": load,
+                "load_average_end": load_end,
+                "cpus": os.cpu_count(),
+                "steps": ns.steps,
+                "rounds": ns.rounds,
+                "seconds": time.perf_counter() - started,
+            }
         )
+    )
 
 
 if __name__ == "__main__":
