@@ -35,3 +35,16 @@ def test_layout_of_reads_the_mesh_flag() -> None:
     assert avm.layout_of(["--mesh", "dp=2,tp=2,pp=2", "--micro-batches", "2"]) == "dp=2,tp=2,pp=2"
     with pytest.raises(ValueError, match="no --mesh"):
         avm.layout_of(["--auto"])
+
+
+def test_auto_step_pools_only_the_runs_of_the_same_command() -> None:
+    flags = ["--mesh", "dp=2,tp=1,pp=4", "--schedule", "ZBH1"]
+    rows = [
+        avm.Row("dp=2,tp=1,pp=4", flags, 0.5, measured_s=0.58),
+        avm.Row("dp=8,tp=1,pp=1", ["--mesh", "dp=8,tp=1,pp=1"], 0.9, measured_s=0.55),
+    ]
+    step, same = avm.auto_step_of(0.74, flags, rows)
+    assert step == 0.58 and same is rows[0]
+    # Another schedule on the same layout is another command: --auto's own run stands.
+    step, same = avm.auto_step_of(0.74, ["--mesh", "dp=2,tp=1,pp=4", "--schedule", "1F1B"], rows)
+    assert step == 0.74 and same is None
