@@ -63,6 +63,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mpipar import cliargs
+from mpipar.debug.timeline import Timeline
 from mpipar.models.gpt import GPTParallel
 from mpipar.pipeline import Schedule, build_schedule
 from mpipar.pipeline.actions import final_backward_kind
@@ -596,7 +597,9 @@ class PipelineTails:
     """With ``overlap_grad_reduce``: the reduction the last backward did not hide; else empty."""
 
 
-def pipeline_tails(prices: PartPrices, schedule: Schedule, timeline: Any, overlap_grad_reduce: bool) -> PipelineTails:
+def pipeline_tails(
+    prices: PartPrices, schedule: Schedule, timeline: Timeline, overlap_grad_reduce: bool
+) -> PipelineTails:
     """Each lane's end of compute in ``timeline`` and its tail: every reduction and update paid
     after the last backward, or, with ``overlap_grad_reduce``, only the reduction backward
     cannot hide (parts in the order backward reaches them) plus the update."""
