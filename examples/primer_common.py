@@ -51,7 +51,7 @@ def optimizer_setting(parameter_list: list[dist.Tensor]) -> dist.optimizer.Optim
     return dist.optimizer.Momentum(
         learning_rate=base_lr,
         momentum=momentum_rate,
-        weight_decay=dist.optimizer.L2Decay(l2_decay),
+        weight_decay=dist.regularizer.L2Decay(l2_decay),
         parameters=parameter_list,
     )
 
@@ -93,8 +93,8 @@ def train(
         out = model(img)
         loss = loss_func(out, label)
         avg_loss = dist.mean(loss)
-        acc_top1 = dist.nn.functional.accuracy(out, label, k=1)
-        acc_top5 = dist.nn.functional.accuracy(out, label, k=5)
+        acc_top1 = dist.metric.accuracy(input=out, label=label, k=1)
+        acc_top5 = dist.metric.accuracy(input=out, label=label, k=5)
         avg_loss.backward()
         optimizer.step()
         model.clear_gradients()

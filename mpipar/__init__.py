@@ -12,7 +12,7 @@ Run the same script with ``python script.py`` (simulator, every rank in-process)
 """
 
 from mpipar import _threads  # noqa: F401, I001  (first: caps BLAS threads under MPI before NumPy loads)
-from mpipar import io, nn, ops, optimizer, pipeline, spmd
+from mpipar import io, metric, nn, ops, optimizer, pipeline, regularizer, spmd
 from mpipar.compat import collective
 from mpipar.compat import oneflow  # noqa: F401  (installs Tensor.placement, to_global, to_local)
 from mpipar.autoshard import auto_shard
@@ -200,6 +200,7 @@ __all__ = [
     "maximum",
     "mean",
     "memory_report",
+    "metric",
     "min",
     "minimum",
     "multiply",
@@ -222,6 +223,7 @@ __all__ = [
     "recv",
     "reduce",
     "reduce_scatter",
+    "regularizer",
     "reshape",
     "reshard",
     "rsqrt",

@@ -20,7 +20,7 @@ from mpipar.backend import check_mesh, current_backend
 from mpipar.comm import comm_context, current_context, note_reused_reshard
 from mpipar.mesh import ProcessMesh
 from mpipar.modes import Mode, execution_mode
-from mpipar.placement import Placement, check_placements
+from mpipar.placement import Placement, check_placements, is_shard_spec, shard_spec_placements
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import DistSpec, box_relative
@@ -84,7 +84,8 @@ def shard_tensor(
 ) -> Tensor:
     """Distribute ``data`` over ``mesh`` with ``placements`` (one per mesh axis).
 
-    ``data`` is a NumPy array, a nested list or a ``Tensor``. A ``Tensor`` is marked in place
+    ``data`` is a NumPy array, a nested list or a ``Tensor``. ``placements`` may also be
+    Paddle's older shard spec, per tensor dim a mesh axis name or None (``[None, "mp"]``). A ``Tensor`` is marked in place
     (and returned): it keeps its identity, so a ``Parameter`` stays a ``Parameter`` and the
     seeds' ``dist.shard_tensor(x, mesh, [dist.Shard(0)])`` without assignment works. A
     distributed tensor is resharded to the new layout. Partial placements split the value so
@@ -95,6 +96,9 @@ def shard_tensor(
         raise TypeError(f"shard_tensor mesh must be a dist.ProcessMesh, got {type(mesh).__name__}")
     backend = current_backend()
     check_mesh(mesh, backend)
+    if is_shard_spec(placements):  # Paddle's older spelling: [None, "mp"]
+        ndim = data.ndim if isinstance(data, Tensor) else np.ndim(data)
+        placements = shard_spec_placements(list(placements), mesh, ndim, "shard_tensor")
     pls = check_placements(placements, "shard_tensor placements")
     if isinstance(data, Tensor):
         target = data

@@ -1,6 +1,8 @@
 """``dist.io``: Dataset, BatchSampler, DataLoader (Paddle's names), deterministic shuffling.
 
-A ``DataLoader`` yields batches as lists of dense ``Tensor``s stacked from the samples.
+A ``DataLoader`` yields batches as lists of dense ``Tensor``s stacked from the samples, one per
+field; a dataset whose samples are single arrays (not tuples) yields one ``Tensor`` per batch,
+as Paddle's does, so ``dist.shard_tensor(x, ...)`` marks the very tensor the model runs on.
 Shuffling uses the counter-based generator (``mpipar.random``), so every process -- and the
 one-big-device reference -- sees the same order. ``DataLoader.state_dict()`` gives the
 position for resumption.
@@ -143,13 +145,18 @@ class DataLoader:
             else BatchSampler(dataset, shuffle=shuffle, batch_size=batch_size, drop_last=drop_last)
         )
         self.collate_fn = collate_fn or default_collate
+        self.single_field: bool | None = None
+        """Whether a sample is one array rather than a tuple of fields (known after the first load)."""
         self.batches_served = 0
         """Batches handed out since the loader was built (the resumption position)."""
         self._skip = 0
 
     def load_indices(self, indices: Sequence[int]) -> list[np.ndarray]:
         """Collate the samples at ``indices`` into arrays (one per field)."""
-        return self.collate_fn([self.dataset[i] for i in indices])
+        samples = [self.dataset[i] for i in indices]
+        if samples and self.single_field is None:
+            self.single_field = not isinstance(samples[0], (tuple, list))
+        return self.collate_fn(samples)
 
     def index_batches(self) -> Iterator[list[int]]:
         skip, self._skip = self._skip, 0
@@ -159,11 +166,12 @@ class DataLoader:
             self.batches_served += 1
             yield batch
 
-    def __iter__(self) -> Iterator[list[Tensor]]:
+    def __iter__(self) -> Iterator[Tensor | list[Tensor]]:
         for batch in self.index_batches():
-            yield [Tensor(a) for a in self.load_indices(batch)]
+            fields = [Tensor(a) for a in self.load_indices(batch)]
+            yield fields[0] if self.single_field and len(fields) == 1 else fields
 
-    def __call__(self) -> Iterator[list[Tensor]]:
+    def __call__(self) -> Iterator[Tensor | list[Tensor]]:
         return iter(self)
 
     def __len__(self) -> int:

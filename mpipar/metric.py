@@ -1,12 +1,15 @@
-"""Paddle's ``paddle.metric``: ``accuracy`` (one batch, an op) and ``Accuracy`` (accumulated).
+"""Paddle's ``paddle.metric``: ``accuracy`` (one batch) and ``Accuracy`` (accumulated over batches).
 
-    acc_top1 = paddle.metric.accuracy(input=out, label=label, k=1)   # a tensor, in eager and static
+    acc_top1 = paddle.metric.accuracy(input=out, label=label, k=1)
     m = paddle.metric.Accuracy(topk=(1, 5))
-    m.update(m.compute(out, label)); m.accumulate()                 # [top-1, top-5] so far
+    m.update(m.compute(out, label)); m.accumulate()     # [top-1, top-5] so far
 
-``accuracy`` is the ``accuracy`` op (``mpipar.nn.functional.accuracy``): it runs on
-distributed tensors and is recorded into static programs like any op. ``Accuracy`` is
-bookkeeping: it reads values (``numpy()``, a collective under MPI: every rank takes part).
+``accuracy`` is the ``accuracy`` op of ``mpipar.nn.functional`` (dense or distributed inputs).
+``Accuracy`` is bookkeeping across batches: it reads the values (``full_tensor`` for a
+distributed tensor, so under MPI every rank takes part, as for ``float(loss)``) and counts with
+NumPy.
+A sample counts as correct for top-k when its label is among the k highest scores; ties go to
+the lower class index, as a stable sort orders them.
 """
 
 from __future__ import annotations
@@ -16,43 +19,66 @@ from typing import Any
 
 import numpy as np
 
-from mpipar.nn.functional import accuracy
+from mpipar.nn import functional
 from mpipar.tensor import Tensor
 
 
 def _values(x: Any, what: str) -> np.ndarray:
-    return np.asarray(x.numpy()) if isinstance(x, Tensor) else np.asarray(x)
+    if isinstance(x, Tensor):
+        return np.asarray(x.full_tensor())
+    try:
+        return np.asarray(x)
+    except Exception as exc:
+        raise TypeError(f"paddle.metric: {what} must be a Tensor or an array, got {type(x).__name__}") from exc
+
+
+def _labels(label: Any, n: int) -> np.ndarray:
+    lab = _values(label, "label")
+    if lab.ndim == 2 and lab.shape[1] == 1:
+        lab = lab[:, 0]
+    if lab.ndim != 1 or lab.shape[0] != n or not np.issubdtype(lab.dtype, np.integer):
+        raise ValueError(
+            f"paddle.metric: label must be integer class ids of shape [{n}] or [{n}, 1], got {lab.dtype}{list(lab.shape)}"
+        )
+    return lab
+
+
+def _topk_correct(pred: np.ndarray, lab: np.ndarray, maxk: int) -> np.ndarray:
+    """[N, maxk] 0/1: whether the j-th best class of sample i is its label."""
+    if pred.ndim != 2:
+        raise ValueError(f"paddle.metric: input must be scores of shape [N, classes], got {list(pred.shape)}")
+    if not 1 <= maxk <= pred.shape[1]:
+        raise ValueError(f"paddle.metric: k = {maxk} is outside 1..{pred.shape[1]} (the number of classes)")
+    order = np.argsort(-pred, axis=1, kind="stable")[:, :maxk]
+    return (order == lab[:, None]).astype(np.float32)
+
+
+def accuracy(input: Any, label: Any, k: int = 1, correct: Any = None, total: Any = None, name: Any = None) -> Tensor:
+    """Fraction of the batch whose label is among the top ``k`` scores: ``paddle.nn.functional``'s
+    ``accuracy`` op, so a distributed batch is reduced by its rule (no gather of the scores)."""
+    if correct is not None or total is not None:
+        raise ValueError("paddle.metric.accuracy: correct= and total= (static-graph outputs) are not supported")
+    classes = int(input.shape[-1]) if getattr(input, "shape", None) else 0
+    if not 1 <= int(k) <= classes:
+        raise ValueError(f"paddle.metric: k = {k} is outside 1..{classes} (the number of classes)")
+    return functional.accuracy(input, label, k=int(k))
 
 
 class Accuracy:
     """Top-k accuracies accumulated over batches: ``compute`` -> ``update`` -> ``accumulate``."""
 
-    def __init__(self, topk: int | Sequence[int] = (1,), name: str | Sequence[str] | None = None) -> None:
+    def __init__(self, topk: int | Sequence[int] = (1,), name: str | None = None) -> None:
         self.topk = (int(topk),) if isinstance(topk, int) else tuple(int(k) for k in topk)
         if not self.topk or any(k < 1 for k in self.topk):
             raise ValueError(f"paddle.metric.Accuracy: topk must be positive integers, got {topk!r}")
         self.maxk = max(self.topk)
-        if name is None:
-            self._name = [f"acc_top{k}" for k in self.topk]
-        else:
-            self._name = [name] if isinstance(name, str) else list(name)
+        self._name = [name or f"acc_top{k}" for k in self.topk] if name is None or isinstance(name, str) else name
         self.reset()
 
     def compute(self, pred: Any, label: Any, *args: Any) -> Tensor:
-        """The [N, maxk] 0/1 matrix: is the j-th best class of sample i its label (ties: lower class first)."""
+        """The [N, maxk] correctness matrix of one batch (what ``update`` takes)."""
         p = _values(pred, "pred")
-        lab = _values(label, "label")
-        if lab.ndim == 2 and lab.shape[1] == 1:
-            lab = lab[:, 0]
-        if p.ndim != 2 or lab.shape != (p.shape[0],) or not np.issubdtype(lab.dtype, np.integer):
-            raise ValueError(
-                f"Accuracy.compute: pred must be [N, classes] scores and label N integer ids, got pred "
-                f"{list(p.shape)} and label {lab.dtype}{list(lab.shape)}"
-            )
-        if self.maxk > p.shape[1]:
-            raise ValueError(f"Accuracy: topk {self.maxk} exceeds the {p.shape[1]} classes")
-        order = np.argsort(-p, axis=1, kind="stable")[:, : self.maxk]
-        return Tensor((order == lab[:, None]).astype(np.float32))
+        return Tensor(_topk_correct(p, _labels(label, p.shape[0]), self.maxk))
 
     def update(self, correct: Any, *args: Any) -> float | list[float]:
         """Add a batch's ``compute`` result; returns that batch's accuracies."""

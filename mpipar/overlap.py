@@ -4,9 +4,12 @@
         loss.backward()          # buckets of gradients are reduced while later layers' backward runs
     opt.step()                   # every .grad is complete when backward() returns
 
-Without it, a leaf's Partial gradient is resharded to the leaf's layout as soon as backward
-produces it: one blocking all-reduce per gradient, and the next layer's backward waits for it.
-With it (PyTorch DDP's scheme), each gradient whose reshard is exactly one all-reduce joins the
+It is on by default, with buckets of 25 MiB (``DEFAULT_ON_BUCKET_MIB``, the default of Paddle's
+``DataParallel`` ``comm_buffer_size`` and of PyTorch's DDP); ``$MPIPAR_GRAD_BUCKET_MIB`` sets the
+size, ``MPIPAR_GRAD_BUCKET_MIB=off`` or ``overlap_grad_reduction(None)`` turns it off. Off, a
+leaf's Partial gradient is resharded to the leaf's layout as soon as backward produces it: one
+blocking all-reduce per gradient, and the next layer's backward waits for it. On (PyTorch DDP's
+scheme), each gradient whose reshard is exactly one all-reduce joins the
 open *bucket* of its kind (mesh, axes, reduce op, dtype) in the order backward produces them
 (reverse layer order: the last layer's gradients come first); once a bucket holds
 ``bucket_mib`` MiB of gradients it is packed into one buffer per rank and its all-reduce is
@@ -30,13 +33,14 @@ rank starts its buckets in the same order, because every rank runs the same back
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpipar import hooks
+from mpipar import capture_hooks, hooks
 from mpipar.backend import current_backend
 from mpipar.comm import Pending, _span_recorders, comm_context
 from mpipar.modes import Mode, execution_mode
@@ -83,7 +87,12 @@ class GradReduceOverlap:
     every backward pass, to check that reductions really start while backward runs.
     """
 
-    def __init__(self, bucket_mib: float = DEFAULT_BUCKET_MIB, record: bool = False) -> None:
+    def __init__(self, bucket_mib: float | None = DEFAULT_BUCKET_MIB, record: bool = False) -> None:
+        self.off = bucket_mib is None
+        """``bucket_mib=None``: no buckets inside (each gradient reduced alone, blocking, as soon as
+        backward produces it): the opt-out of the default buckets."""
+        if bucket_mib is None:
+            bucket_mib = 0.0
         if (
             not isinstance(bucket_mib, (int, float))
             or isinstance(bucket_mib, bool)
@@ -106,9 +115,10 @@ class GradReduceOverlap:
         _settings.remove(self)
 
 
-def overlap_grad_reduction(bucket_mib: float = DEFAULT_BUCKET_MIB, record: bool = False) -> GradReduceOverlap:
+def overlap_grad_reduction(bucket_mib: float | None = DEFAULT_BUCKET_MIB, record: bool = False) -> GradReduceOverlap:
     """Inside ``with``, backward starts data-parallel gradient reductions in buckets while it
-    runs (module docstring). Same results, bit for bit."""
+    runs (module docstring). Same results, bit for bit. ``bucket_mib=None`` turns buckets off
+    inside (outside any ``with``, backward uses the default buckets: ``default_setting``)."""
     return GradReduceOverlap(bucket_mib, record)
 
 
@@ -120,12 +130,54 @@ def current_session() -> _Session | None:
     return _session[-1] if _session else None
 
 
-def begin_backward() -> _Session | None:
-    """A session for the backward pass starting now, when overlap is on and no pass is running
-    (a nested pass, as recompute runs, joins the outer one's buckets)."""
-    if not _settings or _session:
+DEFAULT_ON_BUCKET_MIB = 25.0
+"""The bucket size every backward pass uses when no ``overlap_grad_reduction`` is active: Paddle's
+``DataParallel`` (``comm_buffer_size``) and PyTorch's DDP default to 25 MB buckets."""
+BUCKETS_ENV = "MPIPAR_GRAD_BUCKET_MIB"
+"""Environment variable: MiB per default bucket; ``off`` (or ``none``) turns the default off, so
+each gradient is reduced on its own as soon as backward produces it."""
+
+
+def default_setting() -> GradReduceOverlap | None:
+    """The setting of a backward pass outside any ``overlap_grad_reduction``: buckets of
+    ``DEFAULT_ON_BUCKET_MIB`` unless ``$MPIPAR_GRAD_BUCKET_MIB`` says otherwise."""
+    raw = os.environ.get(BUCKETS_ENV, "").strip().lower()
+    if raw in ("off", "none", "no", "false"):
         return None
-    session = _Session(_settings[-1])
+    mib = DEFAULT_ON_BUCKET_MIB
+    if raw:
+        try:
+            mib = float(raw)
+        except ValueError:
+            raise ValueError(
+                f"${BUCKETS_ENV} = {raw!r}: give MiB per gradient bucket (a number >= 0) or 'off'"
+            ) from None
+    key = mib
+    if _default_cache.get("key") != key:
+        _default_cache["key"], _default_cache["setting"] = key, GradReduceOverlap(mib)
+    return _default_cache["setting"]
+
+
+_default_cache: dict[str, Any] = {}
+
+
+def begin_backward() -> _Session | None:
+    """A session for the backward pass starting now (no pass running: a nested pass, as recompute
+    runs, joins the outer one's buckets), with the innermost ``overlap_grad_reduction``'s setting,
+    else the default buckets (``default_setting``)."""
+    if _session:
+        return None
+    if _settings:
+        setting: GradReduceOverlap | None = _settings[-1]
+    elif capture_hooks.capture_tracers and capture_hooks.capture_tracer() is not None:
+        # A step being captured (mpipar.capture) records each gradient's own reshard, which its
+        # program replays; the default buckets stay out of it (an explicit setting refuses the capture).
+        setting = None
+    else:
+        setting = default_setting()
+    if setting is None or setting.off:
+        return None
+    session = _Session(setting)
     _session.append(session)
     hooks.op_hooks.append(session)
     return session

@@ -29,7 +29,7 @@ from mpipar.modes import Mode, execution_mode
 from mpipar.nn.layer import Layer
 from mpipar.ops import dispatch
 from mpipar.optimizer.optimizer import Optimizer
-from mpipar.placement import Placement, Replicate, Shard
+from mpipar.placement import Placement, Replicate, Shard, shard_spec_placements
 from mpipar.spec import DistSpec
 from mpipar.tensor import Tensor
 
@@ -171,13 +171,7 @@ def shard_op(
     """
 
     def placements_of(spec: Sequence[Any], ndim: int) -> list[Placement]:
-        if len(spec) != ndim:
-            raise ValueError(f"shard_op: shard spec {list(spec)} has {len(spec)} entries for a tensor with {ndim} dims")
-        pls: list[Placement] = [Replicate()] * process_mesh.ndim
-        for d, axis in enumerate(spec):
-            if axis is not None:
-                pls[process_mesh.axis_index(axis)] = Shard(d)
-        return pls
+        return shard_spec_placements(list(spec), process_mesh, ndim, "shard_op")
 
     def move(t: Any, spec: Sequence[Any] | None) -> Any:
         if not isinstance(t, Tensor):
@@ -238,14 +232,14 @@ class ShardDataloader:
     def _field_mesh(self, i: int, n_fields: int) -> int:
         return 0 if i == 0 or len(self.meshes) == 1 else len(self.meshes) - 1
 
-    def _batches(self) -> Iterator[list[Tensor]]:
+    def _batches(self) -> Iterator[Tensor | list[Tensor]]:
         backend = current_backend()
         for indices in self.loader.index_batches():
             if self._meta is None:
                 sample = self.loader.load_indices(indices[:1])
                 self._meta = [(tuple(a.shape[1:]), a.dtype) for a in sample]
             if execution_mode((), backend) is Mode.DENSE:  # one device: the whole batch
-                yield [self._whole(i, a) for i, a in enumerate(self.loader.load_indices(indices))]
+                yield self._batch([self._whole(i, a) for i, a in enumerate(self.loader.load_indices(indices))])
                 continue
             # Which batch rows do the ranks hosted here hold?
             specs = []
@@ -278,16 +272,20 @@ class ShardDataloader:
                     return np.ascontiguousarray(loaded[i][[position[row] for row in range(s, e)]])
 
                 out.append(dtensor_from_local(local, spec.mesh, list(spec.placements), shape=spec.shape, dtype=dtype))
-            yield out
+            yield self._batch(out)
+
+    def _batch(self, fields: list[Tensor]) -> Tensor | list[Tensor]:
+        """One tensor for a single-field dataset (as the wrapped ``DataLoader`` yields), else the list."""
+        return fields[0] if self.loader.single_field and len(fields) == 1 else fields
 
     def _whole(self, i: int, array: np.ndarray) -> Tensor:
         k = self._field_mesh(i, 0)
         return shard_tensor(array, self.meshes[k], self._placements(k, array.ndim))
 
-    def __iter__(self) -> Iterator[list[Tensor]]:
+    def __iter__(self) -> Iterator[Tensor | list[Tensor]]:
         return self._batches()
 
-    def __call__(self) -> Iterator[list[Tensor]]:
+    def __call__(self) -> Iterator[Tensor | list[Tensor]]:
         return iter(self)
 
     def __len__(self) -> int:

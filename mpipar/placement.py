@@ -14,6 +14,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mpipar.mesh import ProcessMesh
 
 REDUCE_TYPES = ("sum", "avg", "max", "min")
 
@@ -169,3 +173,27 @@ def placement_problem(text: str, mesh_ndim: int, tensor_ndim: int) -> str | None
     if len(kinds) > 1 and not kinds <= {"sum", "avg"}:
         return "mixes Partial reduce types that do not commute"
     return None
+
+
+def is_shard_spec(spec: object) -> bool:
+    """Is ``spec`` Paddle's older shard spec (per tensor dim a mesh axis name or None, as in
+    ``shard_tensor(x, mesh, [None, "mp"])``) rather than a list of placements?"""
+    return isinstance(spec, (list, tuple)) and all(s is None or isinstance(s, str) for s in spec)
+
+
+def shard_spec_placements(spec: Sequence[Any], mesh: ProcessMesh, ndim: int, what: str) -> list[Placement]:
+    """The placements (one per mesh axis) of shard spec ``spec`` for a ``ndim``-d tensor on ``mesh``."""
+    if len(spec) != ndim:
+        raise ValueError(
+            f"{what}: shard spec {list(spec)} has {len(spec)} entries for a tensor with {ndim} dims "
+            "(one mesh axis name or None per tensor dim)"
+        )
+    placements: list[Placement] = [Replicate()] * mesh.ndim
+    for d, axis in enumerate(spec):
+        if axis is None:
+            continue
+        k = mesh.axis_index(axis)
+        if placements[k] != Replicate():
+            raise ValueError(f"{what}: shard spec {list(spec)} names mesh axis {axis!r} for two tensor dims")
+        placements[k] = Shard(d)
+    return placements

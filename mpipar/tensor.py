@@ -465,6 +465,7 @@ class Tensor:
                 f"set_value: {self._label()} is {self.dtype}{list(self.shape)}, the value is {new.dtype}{list(new.shape)}; "
                 "pass one of the same shape and dtype"
             )
+        self._init = None  # a lazy tensor's pending initialiser must not overwrite the new value
         self._value = freeze(np.array(new, copy=True))
 
     def full_tensor(self) -> np.ndarray:

@@ -31,9 +31,11 @@ FLEET_NAMES = frozenset({"distributed", "fleet"})
 
 def uses_manual_api(script: str) -> bool:
     """Does ``script`` call mpipar's manual collectives (``dist.all_reduce(...)`` with ``dist``
-    bound to ``mpipar`` or ``mpipar.collective``, or a name imported from either), or use fleet
-    (``import mpipar.distributed.fleet``, ``from mpipar.distributed import fleet``,
-    ``paddle.distributed.fleet`` with ``paddle`` bound to ``mpipar``)?"""
+    bound to ``mpipar``, ``mpipar.distributed`` or ``mpipar.collective``, or a name imported from
+    one), or use fleet or group-sharded parallelism (``import mpipar.distributed.fleet``, ``from
+    mpipar.distributed import fleet``, ``paddle.distributed.fleet`` with ``paddle`` bound to
+    ``mpipar``)? ``mpipar.distributed``'s auto-parallel names (``ProcessMesh``, ``shard_tensor``,
+    ...) alone leave a script semi-automatic: one program hosting every rank."""
     with open(script, encoding="utf-8") as f:
         try:
             tree = ast.parse(f.read(), filename=script)
@@ -42,15 +44,23 @@ def uses_manual_api(script: str) -> bool:
     aliases: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            if any(a.name.startswith("mpipar.distributed") for a in node.names):
+            # ``import mpipar.distributed as dist`` is Paddle's front door for both APIs: manual only
+            # where ``dist.fleet`` / ``dist.all_reduce`` / ... are used (checked below), or fleet imported.
+            if any(a.name.startswith(("mpipar.distributed.fleet", "mpipar.distributed.sharding")) for a in node.names):
                 return True
             aliases |= {
                 a.asname or a.name
                 for a in node.names
-                if a.name in ("mpipar", "mpipar.collective", "mpipar.compat.collective")
+                if a.name in ("mpipar", "mpipar.collective", "mpipar.compat.collective", "mpipar.distributed")
             }
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mpipar.distributed"):
+            aliases |= {"mpipar.distributed" for a in node.names if a.name == "mpipar.distributed" and not a.asname}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            ("mpipar.distributed.fleet", "mpipar.distributed.sharding")
+        ):
             return True
+        elif isinstance(node, ast.ImportFrom) and node.module == "mpipar.distributed":
+            if any(a.name in MANUAL_NAMES | FLEET_NAMES | {"sharding"} for a in node.names):
+                return True
         elif isinstance(node, ast.ImportFrom) and node.module in (
             "mpipar",
             "mpipar.collective",

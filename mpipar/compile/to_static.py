@@ -32,6 +32,7 @@ moved to another placement, records them again. Results are the eager step's, bi
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
@@ -106,6 +107,19 @@ class Strategy:
         )
 
 
+def _positional_arity(fn: Callable[..., Any], required: bool = False) -> int | None:
+    """How many positional arguments ``fn`` takes (only those without a default when ``required``);
+    None when it takes ``*args`` or has no readable signature."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    return len([p for p in positional if p.default is p.empty]) if required else len(positional)
+
+
 class DistModel:
     """What ``to_static`` returns: call it with a batch to run one step (see the module doc)."""
 
@@ -165,8 +179,16 @@ class DistModel:
     def _loss(self, batch: Sequence[Tensor]) -> Tensor:
         if self.loss_fn is None:
             raise ValueError("to_static: training needs a loss function (to_static(layer, loader, loss, optimizer))")
-        *inputs, label = batch
-        return self.loss_fn(self.layer(*inputs), label)
+        n_inputs = _positional_arity(self.layer.forward)
+        if n_inputs is None or n_inputs >= len(batch):
+            *inputs, label = batch
+            labels = [label]
+        else:  # the model takes the first n_inputs fields; the rest are labels
+            inputs, labels = list(batch[:n_inputs]), list(batch[n_inputs:])
+        out = self.layer(*inputs)
+        takes = _positional_arity(self.loss_fn, required=True)
+        # A loss of the output alone (seed 000's ``paddle.mean``) is called with it alone, as Paddle does.
+        return self.loss_fn(out) if takes == 1 else self.loss_fn(out, *labels)
 
     def _prepare(self, batch: Sequence[Tensor]) -> None:
         if self._probe is not None:
@@ -274,7 +296,8 @@ class DistModel:
         return chunks
 
     def __call__(self, *batch: Tensor) -> Tensor:
-        batch = tuple(b for b in batch)
+        # A batch passed as one list (``dist_model(inputs)`` with a loader's [x, y]) is its fields, as in Paddle.
+        batch = tuple(f for b in batch for f in (b if isinstance(b, (list, tuple)) else [b]))
         if self.mode != "train":
             with autograd.no_grad():
                 return self._loss(batch) if self.mode == "eval" else self.layer(*batch)

@@ -2,7 +2,7 @@
 
 from mpipar.optimizer import lr
 from mpipar.optimizer.offload import OffloadConfig, offload_optimizer
-from mpipar.optimizer.optimizer import ClipGradByGlobalNorm, L2Decay, Optimizer
+from mpipar.optimizer.optimizer import ClipGradByGlobalNorm, L1Decay, L2Decay, Optimizer
 from mpipar.optimizer.sgd_momentum_adam import SGD, Adam, AdamW, Momentum
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "Adam",
     "AdamW",
     "ClipGradByGlobalNorm",
+    "L1Decay",
     "L2Decay",
     "Momentum",
     "OffloadConfig",

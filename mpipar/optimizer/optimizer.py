@@ -32,6 +32,7 @@ from mpipar.optimizer.offload import OffloadConfig, move_states
 from mpipar.runtime import collector
 from mpipar.spec import DistSpec
 from mpipar.tensor import Tensor
+from mpipar.xp import array_module
 
 Array = Any
 
@@ -45,6 +46,40 @@ class L2Decay:
 
     def __init__(self, coeff: float = 0.0) -> None:
         self.coeff = float(coeff)
+
+    def __repr__(self) -> str:
+        return f"L2Decay(coeff={self.coeff})"
+
+    def decayed(self, p: Array, g: Array) -> Array:
+        """``g`` with the penalty's gradient added (elementwise, on a shard)."""
+        return g + p.dtype.type(self.coeff) * p if self.coeff else g
+
+
+class L1Decay:
+    """L1 regularisation: adds ``coeff * sign(param)`` to the gradient (Paddle's ``regularizer.L1Decay``)."""
+
+    def __init__(self, coeff: float = 0.0) -> None:
+        self.coeff = float(coeff)
+
+    def __repr__(self) -> str:
+        return f"L1Decay(coeff={self.coeff})"
+
+    def decayed(self, p: Array, g: Array) -> Array:
+        return g + p.dtype.type(self.coeff) * array_module(p).sign(p) if self.coeff else g
+
+
+def regularized(regularization: float | L1Decay | L2Decay | None, p: Array, g: Array) -> Array:
+    """``g`` plus the weight-decay term of ``regularization`` (a float is an L2 coefficient, as in
+    Paddle), computed on one shard: the penalty is elementwise, so shards need no communication."""
+    if regularization is None:
+        return g
+    if isinstance(regularization, (L1Decay, L2Decay)):
+        return regularization.decayed(p, g)
+    if isinstance(regularization, (int, float)) and not isinstance(regularization, bool):
+        return L2Decay(float(regularization)).decayed(p, g)
+    raise TypeError(
+        f"weight_decay must be a float, mpipar.regularizer.L1Decay or L2Decay, got {type(regularization).__name__}"
+    )
 
 
 class ClipGradByGlobalNorm:
@@ -89,7 +124,7 @@ class Optimizer:
         self,
         learning_rate: float | LRScheduler = 0.001,
         parameters: Iterable[Tensor] | None = None,
-        weight_decay: float | L2Decay | None = None,
+        weight_decay: float | L1Decay | L2Decay | None = None,
         grad_clip: Callable[[list[tuple[Tensor, Tensor]]], list[tuple[Tensor, Tensor]]] | None = None,
         name: str | None = None,
         multi_precision: bool = False,
@@ -103,6 +138,7 @@ class Optimizer:
             if not isinstance(p, Tensor):
                 raise TypeError(f"{type(self).__name__}: parameters[{i}] is {type(p).__name__}, not a Tensor")
         self._learning_rate = learning_rate
+        regularized(weight_decay, np.zeros(1), np.zeros(1))  # refuses a bad weight_decay now, not at the step
         self.regularization = weight_decay
         self._grad_clip = grad_clip
         self._states: dict[int, dict[str, Any]] = {}

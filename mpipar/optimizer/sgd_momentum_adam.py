@@ -13,16 +13,10 @@ from typing import Any
 import numpy as np
 
 from mpipar.optimizer.lr import LRScheduler
-from mpipar.optimizer.optimizer import L2Decay, Optimizer
+from mpipar.optimizer.optimizer import L1Decay, L2Decay, Optimizer, regularized
 from mpipar.tensor import Tensor
 
 Array = Any
-
-
-def _l2(weight_decay: float | L2Decay | None) -> float:
-    if weight_decay is None:
-        return 0.0
-    return weight_decay.coeff if isinstance(weight_decay, L2Decay) else float(weight_decay)
 
 
 class SGD(Optimizer):
@@ -32,9 +26,7 @@ class SGD(Optimizer):
         self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]
     ) -> tuple[Array, dict[str, Array]]:
         t = p.dtype.type
-        coeff = _l2(self.regularization)
-        if coeff:
-            g = g + t(coeff) * p
+        g = regularized(self.regularization, p, g)
         if type(p) is np.ndarray and p.flags.writeable:  # only the parameter holds it (``_unfreeze_if_alone``)
             step = t(lr) * g
             return np.subtract(p, step, out=p), {}  # the same rounding as p - t(lr) * g
@@ -52,7 +44,7 @@ class Momentum(Optimizer):
         momentum: float = 0.9,
         parameters: Iterable[Tensor] | None = None,
         use_nesterov: bool = False,
-        weight_decay: float | L2Decay | None = None,
+        weight_decay: float | L1Decay | L2Decay | None = None,
         grad_clip: Any = None,
         multi_precision: bool = False,
         rescale_grad: float = 1.0,
@@ -67,9 +59,7 @@ class Momentum(Optimizer):
         t = p.dtype.type
         if self.rescale_grad != 1.0:
             g = g * t(self.rescale_grad)
-        coeff = _l2(self.regularization)
-        if coeff:
-            g = g + t(coeff) * p
+        g = regularized(self.regularization, p, g)
         v = t(self.momentum) * states["velocity"] + g
         step = g + t(self.momentum) * v if self.use_nesterov else v
         return p - t(lr) * step, {"velocity": v}
@@ -87,7 +77,7 @@ class Adam(Optimizer):
         beta2: float = 0.999,
         epsilon: float = 1e-8,
         parameters: Iterable[Tensor] | None = None,
-        weight_decay: float | L2Decay | None = None,
+        weight_decay: float | L1Decay | L2Decay | None = None,
         grad_clip: Any = None,
         lazy_mode: bool = False,
         multi_precision: bool = False,
@@ -103,9 +93,8 @@ class Adam(Optimizer):
         self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]
     ) -> tuple[Array, dict[str, Array]]:
         t = p.dtype.type
-        coeff = 0.0 if isinstance(self, AdamW) else _l2(self.regularization)
-        if coeff:
-            g = g + t(coeff) * p
+        if not isinstance(self, AdamW):  # AdamW decays the weights themselves (_decoupled)
+            g = regularized(self.regularization, p, g)
         step = meta["step"] + 1
         p = self._decoupled(p, lr, meta)
         m = t(self.beta1) * states["moment1"] + t(1 - self.beta1) * g

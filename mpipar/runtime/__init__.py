@@ -22,7 +22,7 @@
 Nothing here imports mpi4py or cupy at package import: the backends are loaded by name
 (``mpipar/backend.py``) only when an MPI launcher or ``MPIPAR_BACKEND`` selects them.
 
-    mpiexec -n 8 python examples/seed_reshard.py
+    mpiexec -n 8 python examples/basics/reshard.py
 """
 
 from mpipar.runtime.waits import prefer_sleeping_waits

@@ -1,6 +1,6 @@
 """The MPI backend: one process per rank, NumPy shards, mpi4py buffer methods.
 
-    mpiexec -n 8 python examples/seed_reshard.py          # chosen automatically under mpiexec
+    mpiexec -n 8 python examples/basics/reshard.py          # chosen automatically under mpiexec
     MPIPAR_BACKEND=mpi mpiexec -n 8 python train.py       # forced (e.g. on a GPU machine)
 
 * ``MPIBackend``: this process hosts exactly one rank, ``MPI.COMM_WORLD``'s; a mesh's hosted

@@ -28,7 +28,7 @@ needs_two_gpus = pytest.mark.skipif(GPUS < 2, reason="NCCL needs one GPU per ran
 @pytest.mark.mpi
 @pytest.mark.skipif(GPUS > 0, reason="CUDA is usable here: the refusal path does not apply")
 def test_nccl_backend_without_cuda_fails_fast_with_a_clear_message() -> None:
-    run = mpirun(4, "examples/seed_reshard.py", env={"MPIPAR_BACKEND": "nccl"}, timeout=60)
+    run = mpirun(4, "examples/basics/reshard.py", env={"MPIPAR_BACKEND": "nccl"}, timeout=60)
     assert run.returncode != 0
     assert run.seconds < 15, run.seconds
     assert run.output.count("RuntimeError: the nccl backend needs CuPy with NCCL and a CUDA device") == 1, run.output

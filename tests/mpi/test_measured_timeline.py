@@ -248,7 +248,9 @@ def test_mpiexec_trace_has_the_simulators_spans_on_every_rank(tmp_path: Path) ->
 def test_mpiexec_trace_has_a_lane_for_ranks_outside_every_mesh(tmp_path: Path) -> None:
     """seed_dp's mesh is ranks 0..3: under -n 6 ranks 4 and 5 compute nothing, and still get a lane."""
     path = tmp_path / "t.json"
-    run = mpirun(6, "examples/seed_dp.py", "--tiny", "--steps", "1", env={"MPIPAR_TRACE": str(path)}, timeout=120)
+    run = mpirun(
+        6, "examples/paddle_auto/dp.py", "--tiny", "--steps", "1", env={"MPIPAR_TRACE": str(path)}, timeout=120
+    )
     assert run.returncode == 0, run.output[-4000:]
     timeline = Timeline.load(path)
     assert timeline.ranks == tuple(range(6))

@@ -31,23 +31,23 @@ LOSS_LINE = re.compile(r"step (\d+) loss (\S+)(.*)")
 # (script, world size, extra flags). Every example runs at 8 ranks (extra ranks idle where
 # its meshes are smaller) and at the size its meshes need.
 CASES: list[tuple[str, int, tuple[str, ...]]] = [
-    ("seed_dp.py", 4, ()),
-    ("seed_dp.py", 8, ()),
-    ("seed_tp.py", 4, ()),
-    ("seed_tp.py", 8, ()),
-    ("seed_pp.py", 8, ()),
-    ("seed_hybrid.py", 8, ()),
-    ("primer_dp.py", 2, ()),
-    ("primer_dp.py", 8, ()),
-    ("primer_mp.py", 2, ()),
-    ("primer_mp.py", 8, ()),
-    ("primer_pp.py", 2, ()),
-    ("primer_pp.py", 8, ()),
-    *[("primer_sharding.py", n, ("--stage", str(stage))) for stage in (1, 2, 3) for n in (2, 8)],
-    ("oneflow_data.py", 2, ()),
-    ("oneflow_model.py", 2, ()),
-    ("oneflow_pipeline.py", 2, ()),
-    ("oneflow_hybrid.py", 8, ()),
+    ("paddle_auto/dp.py", 4, ()),
+    ("paddle_auto/dp.py", 8, ()),
+    ("paddle_auto/tp.py", 4, ()),
+    ("paddle_auto/tp.py", 8, ()),
+    ("paddle_auto/pp.py", 8, ()),
+    ("paddle_auto/hybrid.py", 8, ()),
+    ("paddle_auto/primer_dp.py", 2, ()),
+    ("paddle_auto/primer_dp.py", 8, ()),
+    ("paddle_auto/primer_mp.py", 2, ()),
+    ("paddle_auto/primer_mp.py", 8, ()),
+    ("paddle_auto/primer_pp.py", 2, ()),
+    ("paddle_auto/primer_pp.py", 8, ()),
+    *[("paddle_auto/primer_sharding.py", n, ("--stage", str(stage))) for stage in (1, 2, 3) for n in (2, 8)],
+    ("oneflow/data.py", 2, ()),
+    ("oneflow/model.py", 2, ()),
+    ("oneflow/pipeline.py", 2, ()),
+    ("oneflow/hybrid.py", 8, ()),
     ("gpt.py", 8, ("--mesh", "dp=8")),
     ("gpt.py", 2, ("--mesh", "tp=2")),
     ("gpt.py", 4, ("--mesh", "dp=2,tp=2", "--sequence-parallel")),
@@ -100,8 +100,8 @@ def test_example_under_mpiexec_prints_the_simulators_losses(
 # all-reduce), ZeRO (reduce-scatter) and tp x pp (activation all-reduces, stage transfers).
 NATIVE_CASES: list[tuple[str, int, tuple[str, ...]]] = [
     ("gpt.py", 8, ("--mesh", "dp=2,tp=2,pp=2")),
-    ("primer_sharding.py", 8, ("--stage", "2")),
-    ("seed_dp.py", 4, ()),
+    ("paddle_auto/primer_sharding.py", 8, ("--stage", "2")),
+    ("paddle_auto/dp.py", 4, ()),
 ]
 
 

@@ -27,11 +27,11 @@ ARGS = ("--tiny", "--dtype", "float64", "--steps", "3")
 def test_seed_fleet_example_under_mpiexec_prints_one_devices_losses() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
     one = subprocess.run(
-        [sys.executable, "examples/seed_fleet_hybrid.py", *ARGS],
+        [sys.executable, "examples/fleet/hybrid.py", *ARGS],
         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=REPO, env={**env, **ENV},
     )  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
-    run = mpirun(8, "examples/seed_fleet_hybrid.py", *ARGS, env=ENV, timeout=180)
+    run = mpirun(8, "examples/fleet/hybrid.py", *ARGS, env=ENV, timeout=180)
     assert run.returncode == 0, run.output[-3000:]
     want, got = LOSS.findall(one.stdout), LOSS.findall("\n".join(run.lines_of(0)))
     assert len(want) == len(got) == 3, run.output[-3000:]

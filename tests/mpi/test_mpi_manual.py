@@ -36,11 +36,11 @@ def test_every_collective_against_numpy(n: int) -> None:
 def test_manual_examples_print_one_devices_losses(kind: str, n: int) -> None:
     common = ["--tiny", "--dtype", "float64", "--steps", "3"]
     one = subprocess.run(
-        [sys.executable, "-m", "simulator", "--reference", f"examples/primer_{kind}.py", *common],
+        [sys.executable, "-m", "simulator", "--reference", f"examples/paddle_auto/primer_{kind}.py", *common],
         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=REPO,
     )  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
-    run = mpirun(n, f"examples/manual_{kind}.py", *common, env=ENV, timeout=120)
+    run = mpirun(n, f"examples/paddle_manual/{kind}.py", *common, env=ENV, timeout=120)
     assert run.returncode == 0, run.output[-3000:]
     want, got = LOSS.findall(one.stdout), LOSS.findall("\n".join(run.lines_of(0)))
     assert len(want) == len(got) == 3, run.output[-3000:]
@@ -78,7 +78,7 @@ def _span_counts(path: str) -> dict[tuple[int, str, str, str], int]:
 def test_measured_timelines_of_simulator_and_mpi_have_the_same_spans(kind: str, tmp_path: object) -> None:
     """Per rank: the same ops and the same collectives/messages, in the simulator as under MPI."""
     sim_path, mpi_path = f"{tmp_path}/sim.json", f"{tmp_path}/mpi.json"
-    args = [f"examples/manual_{kind}.py", "--tiny", "--steps", "2"]
+    args = [f"examples/paddle_manual/{kind}.py", "--tiny", "--steps", "2"]
     sim = subprocess.run(
         [sys.executable, "-m", "simulator", "-n", "2", *args], capture_output=True, text=True, timeout=120,
         stdin=subprocess.DEVNULL, cwd=REPO, env={**CLEAN, **ENV, "MPIPAR_TRACE": sim_path},

@@ -69,7 +69,7 @@ def _simulated(script: str, n: int) -> list[str]:
     return out.splitlines()
 
 
-@pytest.mark.parametrize(("script", "n"), [("examples/seed_reshard.py", 8), ("examples/seed_shard_tensor.py", 6)])
+@pytest.mark.parametrize(("script", "n"), [("examples/basics/reshard.py", 8), ("examples/basics/shard_tensor.py", 6)])
 def test_examples_print_the_simulators_shards(script: str, n: int) -> None:
     """No flags, no environment: each rank prints its shard; together they are the simulator's lines."""
     run = mpirun(n, script)
@@ -93,7 +93,7 @@ def test_print_once_prints_on_rank_zero_only() -> None:
 def test_a_mesh_larger_than_the_world_is_refused_once_on_every_rank() -> None:
     """The (2, 3) mesh of seed_shard_tensor names ranks 0..5: with 4 processes every rank
     refuses it; the report shows once and the job ends."""
-    run = mpirun(4, "examples/seed_shard_tensor.py", timeout=60)
+    run = mpirun(4, "examples/basics/shard_tensor.py", timeout=60)
     assert run.returncode != 0
     assert (
         run.output.count("ValueError: ProcessMesh [2, 4, 5, 0, 1, 3] names process 4, but the world has 4 ranks") == 1

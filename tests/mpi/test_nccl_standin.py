@@ -29,7 +29,9 @@ def test_communicator_cases_under_nccl_match_the_simulator_bit_for_bit() -> None
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(("script", "ranks"), [("seed_tp", 4), ("seed_dp", 4), ("seed_reshard", 4), ("seed_pp", 8)])
+@pytest.mark.parametrize(
+    ("script", "ranks"), [("paddle_auto/tp", 4), ("paddle_auto/dp", 4), ("basics/reshard", 4), ("paddle_auto/pp", 8)]
+)
 def test_seed_example_under_nccl_prints_what_the_mpi_backend_prints(script: str, ranks: int) -> None:
     path = f"examples/{script}.py"
     ref = mpirun(ranks, path, env={"MPIPAR_BACKEND": "mpi"}, timeout=300)

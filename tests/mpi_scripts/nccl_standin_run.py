@@ -1,7 +1,7 @@
 """Run a script under the NCCL backend with the CuPy/NCCL stand-in (``tests/nccl_standin``), then
 report which backend ran and what the stand-in saw, so a test can tell it was not the MPI one.
 
-    MPIPAR_BACKEND=nccl PYTHONPATH=tests/nccl_standin mpiexec -n 4 python tests/mpi_scripts/nccl_standin_run.py examples/seed_tp.py
+    MPIPAR_BACKEND=nccl PYTHONPATH=tests/nccl_standin mpiexec -n 4 python tests/mpi_scripts/nccl_standin_run.py examples/paddle_auto/tp.py
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ def run(
         opt = dist.shard_optimizer(opt, {2: dist.ShardingStage2, 3: dist.ShardingStage3}[zero]("dp"))
     losses: list[float] = []
     record: dict[str, Any] = {}
-    setting = dist.overlap_grad_reduction(bucket_mib=bucket_mib, record=True) if overlap else None
+    # Without overlap: the per-gradient path (the default buckets turned off), the baseline.
+    setting = dist.overlap_grad_reduction(bucket_mib=bucket_mib if overlap else None, record=True)
     for step in range(steps):
         x = dist.shard_tensor(
             dist.to_tensor(np.random.default_rng(100 + step).standard_normal((BATCH, hidden))), mesh, data_pl

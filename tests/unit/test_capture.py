@@ -107,6 +107,13 @@ def _same(a: Any, b: Any) -> bool:
     return np.array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.fixture(autouse=True)
+def _per_gradient_reductions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A captured step replays each gradient's own reshard (the default 25 MiB buckets stay out of
+    a capture); its eager twin here reduces per gradient too, so the two communicate alike."""
+    monkeypatch.setenv("MPIPAR_GRAD_BUCKET_MIB", "off")
+
+
 def _run(
     build: Callable[[], tuple[Step, list[dist.Tensor], Any]],
     batches: list[Any],
@@ -585,7 +592,7 @@ def test_captured_steps_under_mpi_match_eager(n: int) -> None:
         "tests/mpi_scripts/capture_step.py",
         "--steps",
         "8",
-        env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
+        env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MPIPAR_GRAD_BUCKET_MIB": "off"},
     )
     assert run.returncode == 0, run.output[-4000:]
     for r in range(n):

@@ -56,7 +56,7 @@ MPIPAR = (os.path.join(BIN, "mpipar"),)
         ((*SIM, "schedule", "1F1B", "-p", "2", "-m", "4", "--times", "1,inf,1"), ("--times",)),
         ((*SIM, "schedule", "1F1B", "-p", "2", "-m", "4", "-o", "/nonexistent/x.json"), ("/nonexistent",)),
         ((*SIM, "-n", "0", "examples/gpt.py"), ("-n", "0")),
-        ((*SIM, "-n", "5000", "examples/manual_dp.py"), ("-n", "5000 per-rank programs", "4096")),
+        ((*SIM, "-n", "5000", "examples/paddle_manual/dp.py"), ("-n", "5000 per-rank programs", "4096")),
         ((*MPIPAR, "plan", "-o", "/nonexistent/x.json", "examples/gpt.py"), ("/nonexistent",)),
         ((*MPIPAR, "viz", "--port", "99999"), ("--port", "99999")),
         (

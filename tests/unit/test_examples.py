@@ -17,24 +17,24 @@ from conftest import REPO
 LOSS = re.compile(r"^step (\d+) loss (\S+)", re.M)
 
 CASES = [
-    ("seed_dp.py", [], 8),
-    ("seed_tp.py", [], 8),
-    ("seed_pp.py", [], 8),
-    ("seed_hybrid.py", [], 8),
-    ("primer_dp.py", [], 8),
-    ("primer_mp.py", [], 8),
-    ("primer_pp.py", [], 8),
-    ("primer_sharding.py", ["--stage", "1"], 8),
-    ("primer_sharding.py", ["--stage", "2"], 8),
-    ("primer_sharding.py", ["--stage", "3"], 8),
-    ("manual_dp.py", [], 8),
-    ("manual_sharding.py", [], 8),
-    ("manual_mp.py", [], 8),
-    ("manual_pp.py", [], 8),
-    ("oneflow_data.py", [], 2),
-    ("oneflow_model.py", [], 2),
-    ("oneflow_pipeline.py", [], 2),
-    ("oneflow_hybrid.py", [], 8),
+    ("paddle_auto/dp.py", [], 8),
+    ("paddle_auto/tp.py", [], 8),
+    ("paddle_auto/pp.py", [], 8),
+    ("paddle_auto/hybrid.py", [], 8),
+    ("paddle_auto/primer_dp.py", [], 8),
+    ("paddle_auto/primer_mp.py", [], 8),
+    ("paddle_auto/primer_pp.py", [], 8),
+    ("paddle_auto/primer_sharding.py", ["--stage", "1"], 8),
+    ("paddle_auto/primer_sharding.py", ["--stage", "2"], 8),
+    ("paddle_auto/primer_sharding.py", ["--stage", "3"], 8),
+    ("paddle_manual/dp.py", [], 8),
+    ("paddle_manual/sharding.py", [], 8),
+    ("paddle_manual/mp.py", [], 8),
+    ("paddle_manual/pp.py", [], 8),
+    ("oneflow/data.py", [], 2),
+    ("oneflow/model.py", [], 2),
+    ("oneflow/pipeline.py", [], 2),
+    ("oneflow/hybrid.py", [], 8),
     ("gpt.py", ["--mesh", "dp=8"], 8),
     ("gpt.py", ["--mesh", "tp=8"], 8),
     ("gpt.py", ["--mesh", "dp=2,tp=4", "--sequence-parallel"], 8),
@@ -87,7 +87,7 @@ def test_gpt_degrees_must_multiply_to_the_world() -> None:
 
 
 def test_a_world_too_small_for_the_meshes_is_refused() -> None:
-    out = run("-m", "simulator", "-n", "4", "examples/seed_hybrid.py", "--tiny", "--steps", "1")
+    out = run("-m", "simulator", "-n", "4", "examples/paddle_auto/hybrid.py", "--tiny", "--steps", "1")
     assert out.returncode != 0
     assert "names process 4, but the world has 4 ranks" in out.stderr or "needs 8 ranks" in out.stderr
 

@@ -806,7 +806,7 @@ def _run(*args: str) -> list[tuple[str, str]]:
     return LOSS.findall(out.stdout)
 
 
-EXAMPLE = "examples/seed_fleet_hybrid.py"
+EXAMPLE = "examples/fleet/hybrid.py"
 COMMON = ("--tiny", "--dtype", "float64", "--steps", "3")
 
 

@@ -22,10 +22,10 @@ LOSS = re.compile(r"^step (\d+) loss (\S+)", re.M)
 
 # (name in the golden, script, extra flags, ranks). One world of 8 for every case: the seeds' meshes fit it.
 CASES: list[tuple[str, str, list[str], int]] = [
-    ("seed_dp", "seed_dp.py", [], 8),
-    ("seed_tp", "seed_tp.py", [], 8),
-    ("seed_pp", "seed_pp.py", [], 8),
-    ("seed_hybrid", "seed_hybrid.py", [], 8),
+    ("seed_dp", "paddle_auto/dp.py", [], 8),
+    ("seed_tp", "paddle_auto/tp.py", [], 8),
+    ("seed_pp", "paddle_auto/pp.py", [], 8),
+    ("seed_hybrid", "paddle_auto/hybrid.py", [], 8),
     ("gpt_dp2_tp2_pp2", "gpt.py", ["--mesh", "dp=2,tp=2,pp=2"], 8),
     ("gpt_tp4_sp_zero2", "gpt.py", ["--mesh", "dp=2,tp=4", "--sequence-parallel", "--zero", "2"], 8),
 ]

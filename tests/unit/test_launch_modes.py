@@ -80,8 +80,8 @@ def test_reference_communicator_refuses_any_call() -> None:
 @pytest.mark.parametrize(
     ("script", "args", "expect"),
     [
-        ("seed_shard_tensor.py", (), "rank 1 coord (1, 1): local shape [2, 1] [[8], [11]]"),
-        ("seed_reshard.py", (), "after: rank 3: [[4, 5, 6]]"),
+        ("basics/shard_tensor.py", (), "rank 1 coord (1, 1): local shape [2, 1] [[8], [11]]"),
+        ("basics/reshard.py", (), "after: rank 3: [[4, 5, 6]]"),
     ],
 )
 @pytest.mark.parametrize("mode", [(), ("-m", "simulator", "-n", "6"), ("-m", "simulator", "--reference")])

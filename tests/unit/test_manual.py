@@ -305,8 +305,10 @@ def test_c_identity_and_mp_allreduce_backward_match_one_device() -> None:
 
 def test_the_launcher_detects_manual_scripts(tmp_path: object) -> None:
     examples = os.path.join(REPO, "examples")
-    assert all(uses_manual_api(os.path.join(examples, f"manual_{k}.py")) for k in ("dp", "sharding", "mp", "pp"))
-    assert not any(uses_manual_api(os.path.join(examples, f"primer_{k}.py")) for k in ("dp", "sharding", "mp", "pp"))
+    assert all(uses_manual_api(os.path.join(examples, f"paddle_manual/{k}.py")) for k in ("dp", "sharding", "mp", "pp"))
+    assert not any(
+        uses_manual_api(os.path.join(examples, f"paddle_auto/primer_{k}.py")) for k in ("dp", "sharding", "mp", "pp")
+    )
     assert not uses_manual_api(os.path.join(examples, "gpt.py"))
     assert not uses_manual_api(os.path.join(REPO, "tests", "scripts", "reshard_tour.py"))
 
@@ -338,9 +340,9 @@ def losses(out: subprocess.CompletedProcess[str]) -> list[tuple[str, ...]]:
 def test_manual_examples_print_one_devices_losses(kind: str, n: int) -> None:
     """Same step lines as the semi-automatic twin under --reference (one device), float64."""
     common = ["--tiny", "--dtype", "float64", "--steps", "3"]
-    twin, _ = launch("-m", "simulator", "--reference", f"examples/primer_{kind}.py", *common)
-    manual, _ = launch("-m", "simulator", "-n", str(n), f"examples/manual_{kind}.py", *common)
-    alone, _ = launch("-m", "simulator", "--reference", f"examples/manual_{kind}.py", *common)
+    twin, _ = launch("-m", "simulator", "--reference", f"examples/paddle_auto/primer_{kind}.py", *common)
+    manual, _ = launch("-m", "simulator", "-n", str(n), f"examples/paddle_manual/{kind}.py", *common)
+    alone, _ = launch("-m", "simulator", "--reference", f"examples/paddle_manual/{kind}.py", *common)
     want, got, one = losses(twin), losses(manual), losses(alone)
     assert len(want) == 3 and len(got) == 3 and len(one) == 3
     for w, g, o in zip(want, got, one, strict=True):
@@ -394,8 +396,8 @@ def test_traced_plans_count_manual_collectives_like_reshards(tmp_path: object) -
 
 def test_plain_python_runs_a_manual_example_as_one_device() -> None:
     common = ["--tiny", "--dtype", "float64", "--steps", "2"]
-    plain, _ = launch("examples/manual_dp.py", *common)
-    one, _ = launch("-m", "simulator", "--reference", "examples/primer_dp.py", *common)
+    plain, _ = launch("examples/paddle_manual/dp.py", *common)
+    one, _ = launch("-m", "simulator", "--reference", "examples/paddle_auto/primer_dp.py", *common)
     got, want = losses(plain), losses(one)
     assert len(got) == 2
     for g, w in zip(got, want, strict=True):

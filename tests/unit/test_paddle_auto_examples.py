@@ -40,10 +40,6 @@ def test_seed_example_per_rank(script: str) -> None:
     assert len(ref) == 3 and per_rank == ref
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the seed's shard_tensor(w, mesh, [None, 'mp']) needs the legacy shard-spec spelling, added on the seeds branch",
-)
 def test_seed_model_parallel_engine_example() -> None:
     path = os.path.join("examples", "paddle_auto", "engine_mp.py")
     ref = _losses([sys.executable, "-m", "simulator", "--reference", path, *FLAGS])

@@ -21,8 +21,8 @@ from mpipar.pipeline import runner as runner_mod
 
 SCHEDULES = ["FThenB", "1F1B", "Interleaved1F1B", "ZBH1"]
 EXAMPLES = [
-    ("seed_hybrid.py", [], 8),
-    ("primer_pp.py", [], 2),
+    ("paddle_auto/hybrid.py", [], 8),
+    ("paddle_auto/primer_pp.py", [], 2),
     ("gpt.py", ["--mesh", "dp=2,tp=2,pp=2"], 8),
     ("gpt.py", ["--mesh", "dp=2,pp=4"], 8),
 ]

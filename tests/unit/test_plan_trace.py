@@ -154,7 +154,7 @@ def test_mpipar_plan_command_writes_a_loadable_plan(tmp_path: object, shape_only
     assert plan.comm_counts("forward").get("transfer") == 1
     assert plan.meta["shape_only"] is shape_only
     eager = subprocess.run(
-        [sys.executable, "-m", "mpipar.cli", "plan", "-o", out, "examples/seed_dp.py", "--tiny"],
+        [sys.executable, "-m", "mpipar.cli", "plan", "-o", out, "examples/paddle_auto/dp.py", "--tiny"],
         cwd=REPO,
         capture_output=True,
         text=True,

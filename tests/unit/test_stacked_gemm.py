@@ -120,8 +120,10 @@ def test_product_sum_is_the_rank_ordered_sum_of_the_written_products(
 
 
 def _mlp_step(monkeypatch: pytest.MonkeyPatch, stack: bool, hidden: int = 256, tokens: int = 512) -> dict[str, object]:
-    """A data-parallel MLP step on 8 simulated ranks (float64): gradients and all-reduces."""
+    """A data-parallel MLP step on 8 simulated ranks (float64): gradients and all-reduces, one per
+    gradient (the default buckets off: a Partial gradient left deferred is what the tiled sum reads)."""
     monkeypatch.setenv("MPIPAR_STACK_GEMMS", "1" if stack else "0")
+    monkeypatch.setenv("MPIPAR_GRAD_BUCKET_MIB", "off")
     dist.set_backend(SimBackend(8))
     mesh = dist.ProcessMesh(list(range(8)), dim_names=["dp"])
     rng = np.random.default_rng(3)
@@ -231,6 +233,7 @@ def test_the_shortcuts_give_the_bits_of_the_mpi_ranks(monkeypatch: pytest.Monkey
     """Under ``mpiexec -n 4`` each rank multiplies its own 128 rows and the gradients are summed
     over MPI; the simulator, taking both shortcuts (counted), prints the same digests."""
     taken = _count_shortcuts(monkeypatch)
+    monkeypatch.setenv("MPIPAR_GRAD_BUCKET_MIB", "off")  # per-gradient sums (the tiled-sum shortcut), here and there
     dist.set_backend(SimBackend(4))
     sim = digests(4)
     assert taken == {"stacked": 6, "summed": 4, "written": 0}  # per dtype: 3 GEMMs stacked, 2 gradients summed

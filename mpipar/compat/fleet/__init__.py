@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpipar.compat.collective import broadcast
 from mpipar.compat.fleet import meta_parallel, utils
 from mpipar.compat.fleet.base import (
     barrier_worker,
@@ -28,6 +29,7 @@ from mpipar.compat.fleet.base import (
     init,
     is_first_worker,
     resolved_strategy,
+    strategy_was_given,
     worker_index,
     worker_num,
 )
@@ -35,18 +37,32 @@ from mpipar.compat.fleet.optimizer import HybridParallelOptimizer
 from mpipar.compat.fleet.strategy import DistributedStrategy
 from mpipar.compat.fleet.topology import CommunicateTopology, HybridCommunicateGroup, ParallelMode
 from mpipar.nn.layer import Layer
+from mpipar.tensor import Tensor
 
 
 class HybridParallelModel(Layer):
-    """What ``distributed_model`` returns for a model that is not a ``PipelineLayer``: the model,
-    called as is. Its replicas start equal without a broadcast (mpipar's initialisers give every
-    rank the same values), and its gradients are reduced by ``distributed_optimizer``'s step."""
+    """What ``distributed_model`` returns for a model that is not a ``PipelineLayer``. Its replicas
+    start equal without a broadcast (mpipar's initialisers give every rank the same values), and
+    its gradients are reduced by ``distributed_optimizer``'s step.
 
-    def __init__(self, layers: Layer) -> None:
+    With model parallelism (``mp_degree > 1``) every call first broadcasts its tensor inputs from
+    the model group's first rank to the group, in place, as Paddle's ``TensorParallel`` does: the
+    members of a model group compute one model on one batch, so they must see the same inputs
+    even when each read its own (a ``DistributedBatchSampler`` over the world gives each a
+    different share)."""
+
+    def __init__(self, layers: Layer, hcg: HybridCommunicateGroup | None = None) -> None:
         super().__init__()
         self._layers = layers
+        self._hcg = hcg
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        hcg = self._hcg
+        if hcg is not None and hcg.get_model_parallel_world_size() > 1:
+            src, group = hcg.get_model_parallel_group_src_rank(), hcg.get_model_parallel_group()
+            for t in [*args, *kwargs.values()]:
+                if isinstance(t, Tensor) and not t.is_dist:
+                    broadcast(t, src=src, group=group)
         return self._layers(*args, **kwargs)
 
 
@@ -64,15 +80,24 @@ def distributed_model(model: Layer) -> Layer:
             f"fleet.distributed_model: pp_degree = {resolved.pp_degree} needs the model written as a "
             "fleet.meta_parallel.PipelineLayer (a list of LayerDesc cut into stages)"
         )
-    return HybridParallelModel(model)
+    return HybridParallelModel(model, hcg)
 
 
 def distributed_optimizer(optimizer: Any, strategy: DistributedStrategy | None = None) -> HybridParallelOptimizer:
     """``optimizer`` stepping with the hybrid groups' reductions, sharding, clipping, merge and offload.
 
-    ``strategy`` may be given again here (Paddle's static spelling); it must then be the one
-    ``fleet.init`` built the groups from, since the groups cannot change under a built model."""
-    if strategy is not None and complete(strategy.resolved()) != resolved_strategy("fleet.distributed_optimizer"):
+    ``strategy`` may be given here (Paddle's static spelling): after ``fleet.init(is_collective=True)``
+    without one, its degrees take effect (the groups are built from it); after ``fleet.init`` with
+    a strategy it must be that one, since the groups cannot change under a built model."""
+    if (
+        strategy is not None
+        and not strategy_was_given()
+        and complete(strategy.resolved()) != resolved_strategy("fleet.distributed_optimizer")
+    ):
+        # Paddle's static spelling (seed 001): fleet.init(is_collective=True), then the strategy
+        # here. Its degrees take effect: the groups are built from it now.
+        init(is_collective=True, strategy=strategy)
+    elif strategy is not None and complete(strategy.resolved()) != resolved_strategy("fleet.distributed_optimizer"):
         raise ValueError(
             "fleet.distributed_optimizer: the strategy differs from the one fleet.init built the groups "
             "from; pass it to fleet.init(is_collective=True, strategy=...) before building the model"

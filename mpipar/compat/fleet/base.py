@@ -22,6 +22,9 @@ class _State:
     strategy: DistributedStrategy
     resolved: Resolved
     hcg: HybridCommunicateGroup
+    explicit: bool = True
+    """Whether ``fleet.init`` was given the strategy (else it is the default, which
+    ``distributed_optimizer(opt, strategy=...)`` may replace, as in Paddle's static spelling)."""
 
 
 _states: dict[int, _State] = {}
@@ -47,13 +50,19 @@ def init(
             "fleet.init(is_collective=False) asks for parameter-server training, which mpipar does not do; "
             "pass is_collective=True"
         )
+    explicit = strategy is not None
     if strategy is None:
         strategy = DistributedStrategy()
     if not isinstance(strategy, DistributedStrategy):
         raise TypeError(f"fleet.init: strategy must be a fleet.DistributedStrategy, got {type(strategy).__name__}")
     resolved = complete(strategy.resolved())
     topology = CommunicateTopology(AXES, resolved.degrees)
-    _states[_rank()] = _State(strategy, resolved, HybridCommunicateGroup(topology, _rank()))
+    _states[_rank()] = _State(strategy, resolved, HybridCommunicateGroup(topology, _rank()), explicit)
+
+
+def strategy_was_given() -> bool:
+    """Did ``fleet.init`` get its strategy from the caller (rather than the default)?"""
+    return _state("fleet").explicit
 
 
 def complete(resolved: Resolved) -> Resolved:
@@ -125,6 +134,7 @@ __all__ = [
     "init",
     "is_first_worker",
     "resolved_strategy",
+    "strategy_was_given",
     "worker_index",
     "worker_num",
 ]

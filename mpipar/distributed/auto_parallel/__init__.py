@@ -2,7 +2,9 @@
 static-graph programs import ``ProcessMesh``, ``Engine`` and ``Strategy`` from it.
 
 The ``Engine`` is ``mpipar.compile.engine``'s (built on ``dist.to_static``); the other names are
-the same objects as ``mpipar.distributed``'s.
+the same objects as ``mpipar.distributed``'s. ``shard_tensor(x, mesh, [None, "mp"])`` and
+``shard_op(fn, mesh, [in_dims_mappings])`` take the older shard-spec spelling (per tensor dim a
+mesh axis name or None) as well as placements.
 """
 
 from mpipar.compile.engine import Engine

@@ -1,13 +1,14 @@
 """Seed 002, data parallelism with OneFlow's global tensors: x split on rows, w broadcast.
 
-    python examples/oneflow_data.py                       # one device
-    python -m simulator -n 2 examples/oneflow_data.py
-    mpiexec -n 2 python examples/oneflow_data.py
+    python examples/oneflow/data.py                       # one device
+    python -m simulator -n 2 examples/oneflow/data.py
+    mpiexec -n 2 python examples/oneflow/data.py
 
 The seed's code block runs as written with only its import changed; below it, the same layer
 trains a few SGD steps on ``mean(out * out)`` so launch modes can be compared loss for loss.
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import log_step, parser, require_world, setup
 
 from mpipar import oneflow as flow  # the seed: import oneflow as flow

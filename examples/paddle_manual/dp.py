@@ -1,11 +1,12 @@
 """Seed 003 §2.2.4.1.1: data parallelism written by hand -- each rank trains on its rows of the
 batch and all-reduces (averages) the gradients before the optimizer step.
 
-    python -m simulator -n 4 examples/manual_dp.py --tiny
-    mpiexec -n 4 python examples/manual_dp.py --tiny
-    python -m simulator --reference examples/manual_dp.py --tiny   # one device: one rank
+    python -m simulator -n 4 examples/paddle_manual/dp.py --tiny
+    mpiexec -n 4 python examples/paddle_manual/dp.py --tiny
+    python -m simulator --reference examples/paddle_manual/dp.py --tiny   # one device: one rank
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from manual_common import global_batches, log_averaged, metrics, my_rows
 from primer_common import SimpleNet, class_dim, optimizer_setting, primer_args, setup, sizes
 

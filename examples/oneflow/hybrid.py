@@ -1,8 +1,8 @@
 """Seed 002, hybrid parallelism with OneFlow's global tensors: pipeline x data x model, 8 ranks.
 
-    python examples/oneflow_hybrid.py                     # one device
-    python -m simulator -n 8 examples/oneflow_hybrid.py
-    mpiexec -n 8 python examples/oneflow_hybrid.py
+    python examples/oneflow/hybrid.py                     # one device
+    python -m simulator -n 8 examples/oneflow/hybrid.py
+    mpiexec -n 8 python examples/oneflow/hybrid.py
 
 The seed describes GPT-3's plan in words (64 pipeline stages, data parallel across 6 hosts per
 stage, model parallel across each host's 8 GPUs) and gives no code; this is that plan in
@@ -10,6 +10,7 @@ miniature: two stages, each a 2 x 2 placement (rows: data parallel, columns: mod
 Megatron MLP per stage (column-split then row-split weight), ``to_global`` between stages.
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import log_step, parser, require_world, setup
 
 from mpipar import oneflow as flow  # the seed's spelling: import oneflow as flow

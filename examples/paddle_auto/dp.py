@@ -1,9 +1,10 @@
 """Seed 000 §4.1: data parallelism -- mark the input batch Shard(0); nothing else changes.
 
-python -m simulator -n 4 examples/seed_dp.py --tiny
-mpiexec -n 4 python examples/seed_dp.py --tiny
+python -m simulator -n 4 examples/paddle_auto/dp.py --tiny
+mpiexec -n 4 python examples/paddle_auto/dp.py --tiny
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import log_step, parser, require_world, seeded_uniform, setup
 
 import mpipar as dist
@@ -51,7 +52,7 @@ opt = dist.shard_optimizer(opt)
 for step, inputs in enumerate(dataloader):
     if step >= args.steps:
         break
-    data = inputs[0]
+    data = inputs
     logits = model(data)
     loss = dist.mean(logits)
     loss.backward()

@@ -1,9 +1,10 @@
 """Seed 003 §2.2.4.2.1: data parallelism in semi-automatic style -- mark the batch Shard(0).
 
-python -m simulator -n 2 examples/primer_dp.py --tiny
-mpiexec -n 2 python examples/primer_dp.py --tiny
+python -m simulator -n 2 examples/paddle_auto/primer_dp.py --tiny
+mpiexec -n 2 python examples/paddle_auto/primer_dp.py --tiny
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import require_world
 from primer_common import SimpleNet, class_dim, primer_args, setup, sizes, train
 

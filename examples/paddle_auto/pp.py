@@ -1,9 +1,10 @@
 """Seed 000 §4.3: pipeline parallelism by hand -- w0 on mesh0, w1 on mesh1, reshard between.
 
-python -m simulator -n 8 examples/seed_pp.py --tiny
-mpiexec -n 8 python examples/seed_pp.py --tiny
+python -m simulator -n 8 examples/paddle_auto/pp.py --tiny
+mpiexec -n 8 python examples/paddle_auto/pp.py --tiny
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import log_step, parser, require_world, seeded_uniform, setup
 
 import mpipar as dist
@@ -51,7 +52,7 @@ opt = dist.optimizer.AdamW(learning_rate=0.001, parameters=model.parameters())
 for step, inputs in enumerate(dataloader):
     if step >= args.steps:
         break
-    x = dist.shard_tensor(inputs[0], mesh0, [dist.Replicate()])
+    x = dist.shard_tensor(inputs, mesh0, [dist.Replicate()])
     loss = dist.mean(model(x))
     loss.backward()
     opt.step()

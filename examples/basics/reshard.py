@@ -2,10 +2,10 @@
 
 Prints each hosted rank's local shard before and after.
 
-    python examples/seed_reshard.py
-    python -m simulator -n 4 examples/seed_reshard.py
-    python -m simulator --reference examples/seed_reshard.py
-    mpiexec -n 4 python examples/seed_reshard.py
+    python examples/basics/reshard.py
+    python -m simulator -n 4 examples/basics/reshard.py
+    python -m simulator --reference examples/basics/reshard.py
+    mpiexec -n 4 python examples/basics/reshard.py
 """
 
 import argparse

@@ -2,9 +2,9 @@
 
 Every rank holds a (2, 1) block. Prints each hosted rank's local shard.
 
-    python examples/seed_shard_tensor.py                   # simulator: all 6 ranks
-    python -m simulator --reference examples/seed_shard_tensor.py
-    mpiexec -n 6 python examples/seed_shard_tensor.py
+    python examples/basics/shard_tensor.py                   # simulator: all 6 ranks
+    python -m simulator --reference examples/basics/shard_tensor.py
+    mpiexec -n 6 python examples/basics/shard_tensor.py
 """
 
 import argparse

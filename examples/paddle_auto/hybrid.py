@@ -1,9 +1,10 @@
 """Seed 000 §4.4: 3-D hybrid -- dp on mesh axis x, tp on y, pipeline across mesh0 and mesh1.
 
-python -m simulator -n 8 examples/seed_hybrid.py --tiny
-mpiexec -n 8 python examples/seed_hybrid.py --tiny
+python -m simulator -n 8 examples/paddle_auto/hybrid.py --tiny
+mpiexec -n 8 python examples/paddle_auto/hybrid.py --tiny
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import add_pipeline_args, log_step, parser, pipeline_strategy, require_world, seeded_uniform, setup
 
 import mpipar as dist
@@ -61,14 +62,13 @@ opt = dist.optimizer.AdamW(learning_rate=0.001, parameters=model.parameters())
 opt = dist.shard_optimizer(opt)
 
 if args.schedule is not None:  # seed 000 §4.5: to_static, here with a scheduled pipeline
-    dist_model = dist.to_static(
-        model, dataloader, lambda logits, label: dist.mean(logits), opt, pipeline_strategy(args, 2)
-    )
+    dist_model = dist.to_static(model, dataloader, dist.mean, opt, pipeline_strategy(args, 2))
     dist_model.train()
     for step, inputs in enumerate(dataloader()):
         if step >= args.steps:
             break
-        loss = dist_model(inputs[0], inputs[1])
+        data = inputs
+        loss = dist_model(data)
         log_step(step, float(loss))
     raise SystemExit(0)
 

@@ -1,8 +1,8 @@
 """Seed 002, pipeline parallelism with OneFlow's global tensors: stage 0 on rank 0, stage 1 on rank 1.
 
-    python examples/oneflow_pipeline.py                   # one device
-    python -m simulator -n 2 examples/oneflow_pipeline.py
-    mpiexec -n 2 python examples/oneflow_pipeline.py
+    python examples/oneflow/pipeline.py                   # one device
+    python -m simulator -n 2 examples/oneflow/pipeline.py
+    mpiexec -n 2 python examples/oneflow/pipeline.py
 
 The seed's code block runs as written with only its import changed (and its typo
 ``flow,matmul`` read as ``flow.matmul``); below it, both stages train a few SGD steps on
@@ -10,6 +10,7 @@ The seed's code block runs as written with only its import changed (and its typo
 receive of the gradient backward.
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import log_step, parser, require_world, setup
 
 from mpipar import oneflow as flow  # the seed: import oneflow as flow

@@ -1,9 +1,10 @@
 """Seed 000 §4.2: tensor parallelism -- w0 split by columns, w1 by rows; the output is Partial.
 
-python -m simulator -n 4 examples/seed_tp.py --tiny
-mpiexec -n 4 python examples/seed_tp.py --tiny
+python -m simulator -n 4 examples/paddle_auto/tp.py --tiny
+mpiexec -n 4 python examples/paddle_auto/tp.py --tiny
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import log_step, parser, require_world, seeded_uniform, setup
 
 import mpipar as dist
@@ -49,7 +50,7 @@ opt = dist.optimizer.AdamW(learning_rate=0.001, parameters=model.parameters())
 for step, inputs in enumerate(dataloader):
     if step >= args.steps:
         break
-    logits = model(inputs[0])
+    logits = model(inputs)
     loss = dist.mean(logits)
     loss.backward()
     opt.step()

@@ -1,9 +1,10 @@
 """Seed 003 §2.2.4.2.2: model (tensor) parallelism -- mark linear1 by columns, linear2 by rows.
 
-python -m simulator -n 2 examples/primer_mp.py --tiny
-mpiexec -n 2 python examples/primer_mp.py --tiny
+python -m simulator -n 2 examples/paddle_auto/primer_mp.py --tiny
+mpiexec -n 2 python examples/paddle_auto/primer_mp.py --tiny
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import require_world
 from primer_common import SimpleNet, class_dim, primer_args, setup, sizes, train
 

@@ -1,9 +1,10 @@
 """Seed 003 §2.2.4.2.3: pipeline parallelism -- linear1 on mesh[0], linear3 on mesh[1].
 
-python -m simulator -n 2 examples/primer_pp.py --tiny
-mpiexec -n 2 python examples/primer_pp.py --tiny
+python -m simulator -n 2 examples/paddle_auto/primer_pp.py --tiny
+mpiexec -n 2 python examples/paddle_auto/primer_pp.py --tiny
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import add_pipeline_args, log_step, pipeline_strategy, require_world
 from primer_common import RandomDataset, SimpleNet, class_dim, optimizer_setting, primer_args, setup, sizes, train
 

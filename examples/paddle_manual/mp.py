@@ -2,10 +2,11 @@
 linear2 by rows; the column layer's input goes through ``c_identity`` (backward: all_reduce of
 its gradient) and the row layer's partial outputs through ``mp_allreduce`` (forward: all_reduce).
 
-    python -m simulator -n 4 examples/manual_mp.py --tiny
-    mpiexec -n 4 python examples/manual_mp.py --tiny
+    python -m simulator -n 4 examples/paddle_manual/mp.py --tiny
+    mpiexec -n 4 python examples/paddle_manual/mp.py --tiny
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 import numpy as np
 from common import log_step
 from manual_common import global_batches, metrics

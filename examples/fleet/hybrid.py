@@ -7,12 +7,13 @@ with ``train_batch`` and ``fleet.distributed_optimizer`` (AdamW, global-norm cli
 Without --num-* flags the degrees fill the world: model, then pipe, then sharding get 2 each
 while the world allows, the rest is data parallel (8 ranks: mp=2, pp=2, sharding=2, dp=1).
 
-    python examples/seed_fleet_hybrid.py --tiny                          # one device
-    python -m simulator -n 8 examples/seed_fleet_hybrid.py --tiny        # one thread per rank
-    mpiexec -n 8 python examples/seed_fleet_hybrid.py --tiny
-    python -m simulator -n 8 examples/seed_fleet_hybrid.py --tiny --num-dp 2 --num-sharding 1
+    python examples/fleet/hybrid.py --tiny                          # one device
+    python -m simulator -n 8 examples/fleet/hybrid.py --tiny        # one thread per rank
+    mpiexec -n 8 python examples/fleet/hybrid.py --tiny
+    python -m simulator -n 8 examples/fleet/hybrid.py --tiny --num-dp 2 --num-sharding 1
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 import numpy as np
 from common import log_step, parser, setup
 

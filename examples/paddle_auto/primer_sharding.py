@@ -1,9 +1,10 @@
 """Seed 003 §2.2.3.2: group sharded (ZeRO) data parallelism, --stage 1|2|3.
 
-python -m simulator -n 2 examples/primer_sharding.py --tiny --stage 2
-mpiexec -n 2 python examples/primer_sharding.py --tiny --stage 3
+python -m simulator -n 2 examples/paddle_auto/primer_sharding.py --tiny --stage 2
+mpiexec -n 2 python examples/paddle_auto/primer_sharding.py --tiny --stage 3
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import require_world
 from primer_common import SimpleNet, class_dim, optimizer_setting, primer_args, setup, sizes, train
 

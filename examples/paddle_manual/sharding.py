@@ -2,10 +2,11 @@
 reduce-scattered so each rank keeps 1/N of every gradient and optimizer state, updates its
 slice, and the slices are all-gathered back into whole parameters (ZeRO stage 2).
 
-    python -m simulator -n 4 examples/manual_sharding.py --tiny
-    mpiexec -n 4 python examples/manual_sharding.py --tiny
+    python -m simulator -n 4 examples/paddle_manual/sharding.py --tiny
+    mpiexec -n 4 python examples/paddle_manual/sharding.py --tiny
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 import numpy as np
 from manual_common import global_batches, log_averaged, metrics, my_rows
 from primer_common import SimpleNet, class_dim, optimizer_setting, primer_args, setup, sizes

@@ -1,13 +1,14 @@
 """Seed 003 §2.2.4.1.4: pipeline parallelism written by hand -- linear1 and linear2 on rank 0,
 linear3 on rank 1; the activation goes forward with send/recv and its gradient comes back.
 
-    python -m simulator -n 2 examples/manual_pp.py --tiny
-    mpiexec -n 2 python examples/manual_pp.py --tiny
-    python -m simulator --reference examples/manual_pp.py --tiny   # one device runs both stages
+    python -m simulator -n 2 examples/paddle_manual/pp.py --tiny
+    mpiexec -n 2 python examples/paddle_manual/pp.py --tiny
+    python -m simulator --reference examples/paddle_manual/pp.py --tiny   # one device runs both stages
 
 Ranks beyond 1 idle. With one rank (one device) both stages run there, without messages.
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 import numpy as np
 from common import log_step
 from manual_common import global_batches, metrics

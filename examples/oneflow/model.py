@@ -1,13 +1,14 @@
 """Seed 002, model parallelism with OneFlow's global tensors: x broadcast, w split on columns.
 
-    python examples/oneflow_model.py                      # one device
-    python -m simulator -n 2 examples/oneflow_model.py
-    mpiexec -n 2 python examples/oneflow_model.py
+    python examples/oneflow/model.py                      # one device
+    python -m simulator -n 2 examples/oneflow/model.py
+    mpiexec -n 2 python examples/oneflow/model.py
 
 The seed's code block runs as written with only its import changed; below it, the same layer
 trains a few SGD steps on ``mean(out * out)`` so launch modes can be compared loss for loss.
 """
 
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from common import log_step, parser, require_world, setup
 
 from mpipar import oneflow as flow  # the seed: import oneflow as flow

@@ -1,0 +1,7 @@
+"""Puts ``examples/`` on ``sys.path``: examples run as scripts, and the shared helpers
+(``common.py``, ``primer_common.py``, ``manual_common.py``) live one folder up."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
