@@ -75,6 +75,7 @@ dominates and the numbers move with the other jobs on the box; run it a few time
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -87,6 +88,9 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
+
+from simulator import calibrate_host
+from simulator.calibrate_host import kernel_scale
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -108,7 +112,7 @@ GPT_CONFIG: dict[str, Any] = {
     "dtype": "float32",
 }
 """gpt.py's default model (what ``gpt_step`` traces and the worker's kernel probe runs)."""
-KERNEL_BATCHES = (2, 16)
+KERNEL_BATCHES = calibrate_host.KERNEL_BATCHES
 """Per-rank micro-batches of the kernel probe: dp=8's (16 / 8) and a pipeline stage's (all 16)."""
 PROBE_LAYERS, PROBE_BATCH = 2, 1
 """The step probe (``opt x``, ``comm x``): gpt.py's model cut to 2 layers, 1 sequence per rank.
@@ -736,39 +740,6 @@ def sized(profile: Any, vector_flops: float, anchors: dict[int, tuple[float, flo
     )
 
 
-def kernel_scale(measured: dict[int, float], priced: dict[int, float]) -> float:
-    """Measured kernel seconds per priced kernel second in gpt.py's model: the growth of its
-    measured forward+backward from the small to the large probe batch over the growth of its
-    priced kernel seconds. Both runs dispatch the same ops, so the host overhead cancels.
-
-    The calibration's rates come from tight loops on hot operands (a 512x512 GEMM, an
-    elementwise chain over 64 KiB); a training step's kernels run slower per FLOP (batched
-    GEMMs of a layer's matrices, weight gradients as per-sequence products then a sum, several
-    NumPy passes per elementwise op, operands other ops wrote earlier).
-    """
-    small, large = KERNEL_BATCHES
-    for name, values in (("measured", measured), ("priced", priced)):
-        for b in KERNEL_BATCHES:
-            v = values.get(b)
-            if not isinstance(v, float | int) or not v >= 0 or v == float("inf"):
-                raise ValueError(
-                    f"kernel probe: {name} seconds at micro-batch {b} is {v!r}; expected a finite number >= 0"
-                )
-    grew, priced_growth = measured[large] - measured[small], priced[large] - priced[small]
-    if not priced_growth > 0:
-        raise ValueError(
-            f"kernel probe: priced kernel seconds do not grow from micro-batch {small} to {large} "
-            f"({priced[small]!r} -> {priced[large]!r})"
-        )
-    if not grew > 0:
-        raise ValueError(
-            f"kernel probe: measured forward+backward did not grow from micro-batch {small} to {large} "
-            f"({measured[small]:.4g} s -> {measured[large]:.4g} s): the machine's load changed during "
-            "the probe; run again"
-        )
-    return grew / priced_growth
-
-
 def gpt_step(mesh: str) -> Any:
     """gpt.py's default model and this mesh, every layer traced (it is small)."""
     from simulator.step_trace import GPTShape, GPTStrategy, trace_gpt_step
@@ -1106,6 +1077,10 @@ def main() -> None:
         )
         profile = load_profile(path)
         print(f"calibrated (mpiexec -n 8): {path}")
+    # The one model: what --auto, estimate and the dashboard price on this profile, printed beside
+    # the measured steps. The decompositions below measure their own kernel scale at this load.
+    calibrated = profile
+    profile = dataclasses.replace(profile, kernel_scale=1.0)
     link = profile.intra_node
     print(
         f"  links: alpha {link.alpha_s * 1e6:.1f} us, {link.bandwidth_Bps / 1e9:.2f} GB/s; GEMM float32 "
@@ -1297,6 +1272,15 @@ def main() -> None:
         "time, comm: links and collective calls; paired rounds: each round's worker run prices the flat model, "
         "against the step measured in the same round)"
     )
+    from simulator.estimate import estimate
+
+    print(
+        f"\n{'one model':<16} {'profile s':>9} {'measured s':>10} {'profile/meas':>12}  (estimate on the calibrated "
+        f"profile, kernel_scale {calibrated.kernel_scale:.2f}: what --auto, estimate and the dashboard price)"
+    )
+    for mesh, m in zip(names, measured, strict=True):
+        one = estimate(steps[mesh].shape, steps[mesh].strategy, calibrated, step=steps[mesh]).step_time_s
+        print(f"{mesh:<16} {one:>9.4f} {m:>10.4f} {mark(one / m):>12}")
     print(
         f"load average {load_start[0]:.1f} {load_start[1]:.1f} {load_start[2]:.1f} at the start, "
         f"{load_end[0]:.1f} {load_end[1]:.1f} {load_end[2]:.1f} at the end ({os.cpu_count()} CPUs)"

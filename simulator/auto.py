@@ -57,6 +57,12 @@ def calibrate_to(path: str, ranks: int, timeout_s: float = CALIBRATE_TIMEOUT_S) 
         raise RuntimeError(f"`{' '.join(cmd[1:])}` failed (exit {proc.returncode}): {tail[0]}")
 
 
+def has_cpu_model(profile: HardwareProfile) -> bool:
+    """Whether ``profile`` holds the whole measured CPU model ``calibrate`` writes: kernel rates by
+    size and the kernel probe behind ``kernel_scale`` (its scale, or why the probe failed)."""
+    return bool(profile.gemm_curve) and "kernel_probe" in (profile.calibration or {})
+
+
 def resolve_profile(
     path: str | None,
     world: int,
@@ -77,11 +83,14 @@ def resolve_profile(
     if os.path.isfile(cached):
         try:
             found = load_profile(cached)
-            if found.gemm_curve or not can_calibrate:
+            if has_cpu_model(found) or not can_calibrate:
                 return ResolvedProfile(found, f"{cached} (cached calibration)")
-            # Calibrated before the CPU model (kernel rates by size, host costs per op): the
-            # search would rank on FLOPs alone, which is not what this machine's steps cost.
-            say(f"auto: the cached profile {cached} predates the measured CPU model (no gemm_curve); measuring again")
+            # Calibrated before the CPU model (kernel rates by size, host costs per op, the kernel
+            # scale of a training step): the search would rank on what this machine's steps do not cost.
+            say(
+                f"auto: the cached profile {cached} predates the measured CPU model (no gemm_curve or kernel "
+                "probe); measuring again"
+            )
         except (ValueError, OSError) as exc:
             say(f"auto: the cached profile {cached} is unreadable ({exc}); measuring again")
     if not can_calibrate:

@@ -17,7 +17,11 @@ GEMM, then fits the alpha-beta model:
   class), the elementwise rate by bytes (``vector_curve``: cache-resident arrays run faster
   than ones streamed from memory) and mpipar's host seconds per op, reshard call and parameter
   update (``op_overhead_s``, ``reshard_overhead_s``, ``update_overhead_s``), which ``estimate``
-  and the search use by default.
+  and the search use by default;
+* the kernel scale (``kernel_scale``): gpt.py's default model timed at two micro-batches on
+  every rank at once, the growth of its forward+backward over the growth the rates above price
+  (``calibrate_host.kernel_scale``); a step's kernels run slower than tight loops, and every
+  kernel ``estimate``, ``--auto`` and the dashboard price on this profile is scaled by it.
 
 The profile (``simulator.cost.HardwareProfile`` JSON) puts every rank on one node (both link
 classes are the measured one), takes the GEMM rates as ``flops_per_s`` with efficiency 1.0, and
@@ -33,13 +37,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+import mpipar as dist
 from mpipar import cliargs
 from simulator import calibrate_host
-from simulator.cost import HardwareProfile, Link, collective_time
+from simulator.backend import ShapeOnlyBackend
+from simulator.cost import MAX_KERNEL_SCALE, MIN_KERNEL_SCALE, HardwareProfile, Link, collective_time
+from simulator.op_cost import PlanCosts
+from simulator.step_trace import SETUP, GPTShape, GPTStrategy, trace_gpt_step
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibrate_worker.py")
 SIZES = (8, 1024, 16384, 131072, 1 << 20, 4 << 20)
@@ -155,7 +164,7 @@ def calibrate(*, quick: bool = False, ranks: int = 2, timeout_s: float = 120.0) 
         "host_costs": raw["host"],
         "fit": {"p2p": p2p.to_dict(), "reduction_Bps": reduction, "allreduce_ring": ring.to_dict()},
     }
-    return HardwareProfile(
+    profile = HardwareProfile(
         name=f"calibrated-{host}",
         intra_node=p2p,
         inter_node=p2p,
@@ -177,6 +186,36 @@ def calibrate(*, quick: bool = False, ranks: int = 2, timeout_s: float = 120.0) 
         reshard_overhead_s=float(raw["host"]["reshard"]),
         update_overhead_s=float(raw["host"]["update"]),
     )
+    calibration["kernel_probe"] = probe = {"measured_s": raw["kernel_probe"]}
+    measured = {int(b): float(t) for b, t in raw["kernel_probe"].items()}
+    priced = {b: priced_kernel_seconds(profile, b) for b in calibrate_host.KERNEL_BATCHES}
+    probe["priced_s"] = {str(b): t for b, t in priced.items()}
+    try:
+        scale = calibrate_host.kernel_scale(measured, priced)
+        if not MIN_KERNEL_SCALE <= scale <= MAX_KERNEL_SCALE:
+            raise ValueError(f"kernel probe: scale {scale:.3g} is outside [{MIN_KERNEL_SCALE:g}, {MAX_KERNEL_SCALE:g}]")
+    except ValueError as exc:
+        # A burst of load between the two runs: the rates stand unscaled, and the profile says why.
+        probe["error"] = str(exc)
+        return profile
+    probe["kernel_scale"] = scale
+    return replace(profile, kernel_scale=scale)
+
+
+def priced_kernel_seconds(profile: HardwareProfile, batch: int) -> float:
+    """Kernel seconds (no host costs) ``profile`` prices one forward+backward of the kernel
+    probe's model at ``batch`` sequences on one rank at (``calibrate_host.kernel_probe``)."""
+    cfg = calibrate_host.KERNEL_MODEL
+    shape = GPTShape(cfg["n_layer"], cfg["n_embd"], cfg["n_head"], cfg["block_size"], cfg["vocab_size"], batch, 0.0)
+    with dist.use_backend(ShapeOnlyBackend()):
+        step = trace_gpt_step(shape, GPTStrategy(), layers_traced=shape.layers)
+    costs = PlanCosts(step.plan, profile, op_overhead=0.0, reshard_overhead=0.0)
+    total = 0.0
+    for op, part in zip(step.plan.ops, step.op_parts, strict=True):
+        if part != SETUP and op.phase in ("forward", "backward"):
+            times = costs.op_times(op)
+            total += times.get(0, 0.0) if isinstance(times, dict) else times
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"host: {profile.op_overhead_s * 1e6:.0f} us per op, {profile.reshard_overhead_s * 1e6:.0f} us per reshard call, "
         f"{profile.update_overhead_s * 1e6:.0f} us per parameter update"
+    )
+    probe = cal.get("kernel_probe", {})
+    print(
+        f"kernels in a training step: {profile.kernel_scale:.2f} x the tight-loop rates' time"
+        + (f" (probe failed, left at 1: {probe['error']})" if "error" in probe else "")
     )
     profile.save(ns.output)
     print(f"wrote {ns.output} ({cal['seconds_taken']:.1f} s)")

@@ -227,3 +227,84 @@ def host_costs(comm: Any, steps: int) -> dict[str, float]:
         for _ in range(3)
     )
     return {"op": own["fb"] / own["fb_ops"], "update": alone["update"] / alone["params"], "reshard": max(call, 0.0)}
+
+
+KERNEL_MODEL: dict[str, Any] = {
+    "vocab_size": 128,
+    "block_size": 64,
+    "n_layer": 4,
+    "n_head": 4,
+    "n_embd": 128,
+    "dropout": 0.0,
+    "dtype": "float32",
+}
+"""gpt.py's default model: the kernel probe's (its layers' GEMMs and elementwise ops are a
+training step's at the sizes ``--auto`` prices on this machine)."""
+KERNEL_BATCHES = (2, 16)
+"""Sequences per rank of the kernel probe's two runs: a data-parallel rank's and a whole stage's of gpt.py's batch 16."""
+
+
+def kernel_probe(comm: Any, rounds: int = 2, steps: int = 3) -> dict[int, float]:
+    """Median seconds of one forward+backward of ``KERNEL_MODEL`` on this rank's one-rank mesh at
+    each of ``KERNEL_BATCHES`` sequences (every rank at once, the contention training sees), the
+    least of ``rounds`` rounds taken in turn (a neighbour's burst spoils one, not both)."""
+    rank = comm.Get_rank()
+    mesh = dist.ProcessMesh([[rank]], dim_names=["dp", "tp"])
+    par = GPTParallel([mesh])
+    dist.seed(0)
+    model = GPT(GPTConfig(**KERNEL_MODEL), par)
+    seq, vocab = KERNEL_MODEL["block_size"], KERNEL_MODEL["vocab_size"]
+    inputs = {
+        b: dist.shard_tensor(
+            np.arange(b * seq, dtype=np.int64).reshape(b, seq) % vocab, mesh, par.activation(mesh, seq_split=False)
+        )
+        for b in KERNEL_BATCHES
+    }
+
+    def once(b: int) -> float:
+        start = time.perf_counter()
+        model.loss(inputs[b], inputs[b]).backward()
+        seconds = time.perf_counter() - start
+        model.clear_gradients()
+        return seconds
+
+    best = {b: float("inf") for b in KERNEL_BATCHES}
+    for b in KERNEL_BATCHES:
+        once(b)
+    for _ in range(rounds):
+        for b in KERNEL_BATCHES:
+            comm.Barrier()
+            best[b] = min(best[b], statistics.median(once(b) for _ in range(steps)))
+    return best
+
+
+def kernel_scale(measured: dict[int, float], priced: dict[int, float]) -> float:
+    """Measured kernel seconds per priced kernel second in ``KERNEL_MODEL``: the growth of its
+    measured forward+backward from the small to the large probe batch over the growth of its
+    priced kernel seconds. Both runs dispatch the same ops, so the host overhead cancels.
+
+    The calibration's rates come from tight loops on hot operands; a training step's kernels run
+    slower per FLOP (batched GEMMs of a layer's matrices, weight gradients as per-sequence
+    products then a sum, several NumPy passes per elementwise op, operands other ops wrote).
+    """
+    small, large = KERNEL_BATCHES
+    for name, values in (("measured", measured), ("priced", priced)):
+        for b in KERNEL_BATCHES:
+            v = values.get(b)
+            if isinstance(v, bool) or not isinstance(v, float | int) or not v >= 0 or v == float("inf"):
+                raise ValueError(
+                    f"kernel probe: {name} seconds at micro-batch {b} is {v!r}; expected a finite number >= 0"
+                )
+    grew, priced_growth = measured[large] - measured[small], priced[large] - priced[small]
+    if not priced_growth > 0:
+        raise ValueError(
+            f"kernel probe: priced kernel seconds do not grow from micro-batch {small} to {large} "
+            f"({priced[small]!r} -> {priced[large]!r})"
+        )
+    if not grew > 0:
+        raise ValueError(
+            f"kernel probe: measured forward+backward did not grow from micro-batch {small} to {large} "
+            f"({measured[small]:.4g} s -> {measured[large]:.4g} s): the machine's load changed during "
+            "the probe; run again"
+        )
+    return grew / priced_growth

@@ -103,8 +103,11 @@ def main(config: dict[str, Any]) -> dict[str, Any]:
         out["gemm_curve"] = calibrate_host.gemm_points(timed, budget / 2)
         out["vector_curve"] = calibrate_host.vector_points(timed, budget / 2)
         host = comm.gather(calibrate_host.host_costs(comm, int(config.get("host_steps", 20))), root=0)
-        if rank == 0:
+        probe = comm.gather(calibrate_host.kernel_probe(comm), root=0)
+        if host is not None and probe is not None:  # rank 0: gather returns None elsewhere
             out["host"] = {k: sorted(h[k] for h in host)[len(host) // 2] for k in host[0]}
+            # JSON keys are strings: the micro-batch of each probe run.
+            out["kernel_probe"] = {str(b): sorted(p[b] for p in probe)[len(probe) // 2] for b in probe[0]}
     out["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
     return out
 

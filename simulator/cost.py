@@ -48,6 +48,8 @@ from mpipar.untrusted import load_json
 
 PROFILE_FORMAT = "mpipar.hardware"
 PROFILE_VERSION = 1
+MIN_KERNEL_SCALE, MAX_KERNEL_SCALE = 0.1, 100.0
+"""Bounds of ``HardwareProfile.kernel_scale`` a profile file may carry (a measured one is 1-4)."""
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 PRICED_COMMS = ("send", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
 
@@ -156,6 +158,14 @@ class HardwareProfile:
     """Host seconds each reshard call costs beyond its collectives' link time."""
     update_overhead_s: float = 0.0
     """Host seconds the optimizer spends per parameter beyond its kernels."""
+    kernel_scale: float = 1.0
+    """Seconds a kernel takes inside a training step per second its rate above prices it at:
+    ``calibrate`` measures ``flops_per_s``, ``gemm_curve`` and ``vector_curve`` in tight loops on
+    hot operands, and a step's kernels run slower (batched products of a layer's matrices, weight
+    gradients as per-sequence products then a sum, operands other ops just wrote). It times
+    gpt.py's model at two micro-batches and divides the growth of the measured forward+backward
+    by the growth of its priced kernel seconds (``calibrate_host.kernel_scale``). Every kernel
+    priced from those rates (``compute_time``, ``vector_rate``) is multiplied by it."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -209,6 +219,12 @@ class HardwareProfile:
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"HardwareProfile {self.name!r}: {fname} must be seconds in [0, 1], got {value!r}")
+        ks = self.kernel_scale
+        if isinstance(ks, bool) or not isinstance(ks, int | float) or not MIN_KERNEL_SCALE <= ks <= MAX_KERNEL_SCALE:
+            raise ValueError(
+                f"HardwareProfile {self.name!r}: kernel_scale must be a number in "
+                f"[{MIN_KERNEL_SCALE:g}, {MAX_KERNEL_SCALE:g}], got {ks!r}"
+            )
         object.__setattr__(
             self, "gemm_curve", _curve(self.name, "gemm_curve", self.gemm_curve, "a share in (0, 1]", 1.0)
         )
@@ -267,7 +283,7 @@ class HardwareProfile:
             )
         if not flops >= 0:
             raise ValueError(f"compute_time: flops must be >= 0, got {flops!r}")
-        return float(flops) / (self.flops_per_s[key] * self.compute_efficiency)
+        return float(flops) / (self.flops_per_s[key] * self.compute_efficiency) * self.kernel_scale
 
     @property
     def gpu_model(self) -> bool:
@@ -289,7 +305,7 @@ class HardwareProfile:
     def vector_rate(self, nbytes: float) -> float | None:
         """FLOP/s of an elementwise op that reads and writes ``nbytes`` (``vector_curve``, linear in
         log-bytes between its points, its end values beyond them); ``None`` without a curve."""
-        return _interpolate(self.vector_curve, nbytes) if self.vector_curve else None
+        return _interpolate(self.vector_curve, nbytes) / self.kernel_scale if self.vector_curve else None
 
     # ------------------------------------------------------------------ files
     def to_dict(self) -> dict[str, Any]:
@@ -324,6 +340,8 @@ class HardwareProfile:
         for fname in ("op_overhead_s", "reshard_overhead_s", "update_overhead_s"):
             if getattr(self, fname):
                 out[fname] = getattr(self, fname)
+        if self.kernel_scale != 1.0:
+            out["kernel_scale"] = self.kernel_scale
         if self.calibration is not None:
             out["calibration"] = dict(self.calibration)
         return out
@@ -362,6 +380,7 @@ class HardwareProfile:
             "op_overhead_s",
             "reshard_overhead_s",
             "update_overhead_s",
+            "kernel_scale",
         }
         for key in data:
             if key not in allowed:
@@ -406,6 +425,7 @@ class HardwareProfile:
                 op_overhead_s=data.get("op_overhead_s", 0.0),
                 reshard_overhead_s=data.get("reshard_overhead_s", 0.0),
                 update_overhead_s=data.get("update_overhead_s", 0.0),
+                kernel_scale=data.get("kernel_scale", 1.0),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: {exc}") from None

@@ -63,6 +63,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mpipar import cliargs
+from mpipar.debug.timeline import Timeline
 from mpipar.models.gpt import GPTParallel
 from mpipar.pipeline import Schedule, build_schedule
 from mpipar.pipeline.actions import final_backward_kind
@@ -358,9 +359,14 @@ def estimate(
     seconds per op), ``reshard_overhead`` (per reshard call; default ``op_overhead``): see
     ``simulator.op_cost``. ``update_overhead``: host seconds per parameter the optimizer
     updates (default ``op_overhead``). All three default to the profile's measured host costs
-    (``op_overhead_s``, ``reshard_overhead_s``, ``update_overhead_s``) when ``op_overhead`` is None. ``overlap_grad_reduce``: the runtime reduces gradients
-    while backward runs (``dist.overlap_grad_reduction``); only the part of the reduction the
-    rest of the last backward cannot hide is paid (``exposed_grad_sync``).
+    (``op_overhead_s``, ``reshard_overhead_s``, ``update_overhead_s``) when ``op_overhead`` is
+    None. ``overlap_grad_reduce``: the runtime reduces gradients while backward runs
+    (``dist.overlap_grad_reduction``); only the part of the reduction the rest of the last
+    backward cannot hide is paid (``exposed_grad_sync``).
+
+    Three steps: ``price_parts`` (every op, reshard and update charged to the part it serves),
+    ``pipeline_tails`` (the schedule run over the stages' times, then each pipeline rank's
+    reduction and update) and ``memory_per_rank`` (model state plus activations in flight).
     """
     hw = load_profile(profile) if isinstance(profile, str) else profile
     per_update = update_cost(hw, op_overhead, update_overhead)
@@ -373,17 +379,93 @@ def estimate(
         op_overhead=op_overhead,
         reshard_overhead=reshard_overhead,
     )
-    n_stages = step.num_stages
-    layers = layers_per_stage(shape, strategy)
-    traced = [[i for i, st in enumerate(step.layer_stage) if st == s] for s in range(n_stages)]
+    if memory_bandwidth is None and hw.gpu_model:
+        memory_bandwidth = hw.memory_Bps  # the GPU model: an optimizer update streams its states
+    prices = price_parts(step, strategy, costs, hw, per_update, memory_bandwidth, layers_per_stage(shape, strategy))
+    times = stage_times(prices)
+    schedule = build_schedule(strategy.schedule, step.num_stages, strategy.micro_batches, strategy.chunks)
+    timeline = simulate_schedule(
+        schedule,
+        PipelineCost(
+            tuple(times.forward),
+            tuple(times.backward_input),
+            tuple(times.backward_weight),
+            tuple(times.send_forward),
+            tuple(times.send_backward),
+            "s",
+        ),
+    )
+    tails = pipeline_tails(prices, schedule, timeline, overlap_grad_reduce)
+    memory = memory_per_rank(prices, schedule)
+    in_flight = schedule.peak_in_flight()
+    stages = [
+        StageEstimate(
+            stage=s,
+            ranks=step.stage_ranks[s],
+            layers=prices.layers[s],
+            forward_s=times.forward[s],
+            backward_input_s=times.backward_input[s],
+            backward_weight_s=times.backward_weight[s],
+            send_forward_s=times.send_forward[s] if s < step.num_stages - 1 else 0.0,
+            activation_bytes_per_microbatch=max(memory.activations[s].values()),
+            peak_in_flight=in_flight[s],
+            breakdown_ms=prices.busiest_breakdown(s),
+        )
+        for s in range(step.num_stages)
+    ]
+    layer0 = step.activations.get(Part("layer", 0), {})
+    update_dtype = "float32" if strategy.mixed_precision else strategy.dtype
+    return Estimate(
+        shape=shape,
+        strategy=strategy,
+        hardware=hw.name,
+        activation_bytes_per_layer=max(layer0.values()) if layer0 else 0,
+        layer_activations=step.layer_kept,
+        model_state_bytes_per_rank=memory.state_total,
+        model_state_by_category=memory.state_by_category,
+        peak_bytes_per_rank=memory.peaks,
+        step_time_s=max(e + t for e, t in zip(tails.ends, tails.tails, strict=True)),
+        pipeline_s=timeline.makespan,
+        tail_s=tails.tails,
+        bubble_fraction=timeline.bubble_fraction(),
+        stages=stages,
+        trace_seconds=step.seconds,
+        layers_traced=len(step.layer_stage),
+        ops=len(step.plan.ops),
+        reshards=len(step.plan.reshards),
+        peak_flops_per_device=_peak_rate(hw, update_dtype if not strategy.mixed_precision else "float16"),
+        grad_sync_exposed_s=tails.exposed if overlap_grad_reduce else None,
+    )
 
-    def scale(part: Part) -> float:
+
+# ---------------------------------------------------------------------- stage pricing
+@dataclass
+class PartPrices:
+    """One step's seconds per ``(part, bucket)`` and rank, and the parts each stage runs.
+
+    Buckets: ``forward``, ``backward``, ``weight`` (weight-gradient ops, also in ``backward``),
+    ``sync`` (gradient reductions), ``overlap`` (backward collectives Megatron hides behind the
+    weight-gradient GEMMs), ``optimizer``, and per op family ``forward/gemm``, ``backward/comm``, ...
+    A traced layer stands for ``scale(part)`` real ones.
+    """
+
+    step: StepTrace
+    layers: list[int]
+    """Real layers on each stage."""
+    seconds: dict[tuple[Part, str], _Ledger]
+    parts_of_stage: dict[int, list[Part]]
+    """Each stage's parts, each once, in first-seen order (sums over them add in the same order
+    in every process; a set's order of named parts changes with the string hash seed)."""
+    traced: list[list[int]]
+    """Each stage's traced layers."""
+
+    def scale(self, part: Part) -> float:
         """Real layers a traced one stands for (``step_trace``: the stage's last traced layer is its
         last layer; the others share the rest), 1 for other parts."""
         if part.kind != "layer":
             return 1
-        mine = traced[step.layer_stage[part.index]]
-        real = layers[step.layer_stage[part.index]]
+        stage = self.step.layer_stage[part.index]
+        mine, real = self.traced[stage], self.layers[stage]
         if len(mine) == 1:
             return real
         if part.index == mine[-1]:
@@ -391,7 +473,38 @@ def estimate(
         rest = real - 1
         return rest // (len(mine) - 1) if rest % (len(mine) - 1) == 0 else rest / (len(mine) - 1)
 
-    # Seconds per (part, bucket); buckets: forward, backward, weight, sync, optimizer.
+    def part_seconds(self, part: Part, bucket: str, rank: int) -> float:
+        return self.seconds.get((part, bucket), _EMPTY).at(rank)
+
+    def stage_sum(self, stage: int, bucket: str, rank: int) -> float:
+        """``bucket``'s seconds on ``rank`` over every real layer and part of ``stage``."""
+        return sum(self.scale(p) * self.part_seconds(p, bucket, rank) for p in self.parts_of_stage[stage])
+
+    def busiest_breakdown(self, stage: int) -> dict[str, float]:
+        """Milliseconds per op-family bucket on the stage's busiest rank (forward + backward)."""
+        family_buckets = sorted({b for (_, b) in self.seconds if "/" in b} | {"overlap"})
+        rank = max(
+            self.step.stage_ranks[stage],
+            key=lambda r: self.stage_sum(stage, "forward", r) + self.stage_sum(stage, "backward", r),
+        )
+        out = {
+            b.replace("overlap", "backward/comm_overlapped"): 1e3 * self.stage_sum(stage, b, rank)
+            for b in family_buckets
+        }
+        return {k: v for k, v in out.items() if v > 0 or k.endswith("comm")}
+
+
+def price_parts(
+    step: StepTrace,
+    strategy: GPTStrategy,
+    costs: PlanCosts,
+    hw: HardwareProfile,
+    per_update: float,
+    memory_bandwidth: float | None,
+    layers: list[int],
+) -> PartPrices:
+    """Charge every forward, backward and optimizer op, every reshard and every parameter update
+    of ``step`` to the part it serves, by bucket, priced by ``costs``."""
     seconds: dict[tuple[Part, str], _Ledger] = {}
 
     def charge(part: Part, bucket: str, ranks: tuple[int, ...], value: float | dict[int, float]) -> None:
@@ -419,101 +532,141 @@ def estimate(
         charge(part, bucket, costs.reshard_ranks(res), costs.reshard_times(res))
         if bucket in ("forward", "backward"):
             charge(part, f"{bucket}/comm", costs.reshard_ranks(res), costs.reshard_times(res))
-    update_dtype = "float32" if strategy.mixed_precision else strategy.dtype
-    if memory_bandwidth is None and hw.gpu_model:
-        memory_bandwidth = hw.memory_Bps  # the GPU model: an optimizer update streams its states
     for part, updates in update_seconds(step, costs, per_update, memory_bandwidth).items():
         charge(part, "optimizer", tuple(updates), updates)
 
-    parts_of_stage: dict[int, list[Part]] = {s: [] for s in range(n_stages)}
-    for part, _ in seconds:
-        if part.kind != "handoff":
+    parts_of_stage: dict[int, list[Part]] = {s: [] for s in range(step.num_stages)}
+    priced = [p for p, _ in seconds]
+    kept = [p for p in (*step.activations, *step.model_state) if p != SETUP]
+    for part in (*priced, *kept):
+        if part.kind != "handoff" and part not in parts_of_stage[step.stage_of(part)]:
             parts_of_stage[step.stage_of(part)].append(part)
-    for part in (*step.activations, *step.model_state):
-        if part.kind != "handoff" and part != SETUP and part not in parts_of_stage[step.stage_of(part)]:
-            parts_of_stage[step.stage_of(part)].append(part)
+    traced = [[i for i, st in enumerate(step.layer_stage) if st == s] for s in range(step.num_stages)]
+    return PartPrices(step, layers, seconds, parts_of_stage, traced)
 
-    empty = _Ledger()
 
-    def stage_sum(s: int, bucket: str, rank: int) -> float:
-        return sum(scale(p) * seconds.get((p, bucket), empty).at(rank) for p in set(parts_of_stage[s]))
+@dataclass
+class StageTimes:
+    """Per stage, one micro-batch on its busiest rank: what ``simulate_schedule`` runs."""
 
+    forward: list[float]
+    backward_input: list[float]
+    backward_weight: list[float]
+    send_forward: list[float]
+    """The hand-off from stage ``s`` to ``s + 1`` (one fewer than the stages)."""
+    send_backward: list[float]
+
+
+def stage_times(prices: PartPrices) -> StageTimes:
+    """Forward ``F``, input-gradient ``B`` and weight-gradient ``W`` seconds per stage, and the
+    hand-offs between stages (the busiest rank of each)."""
+    step = prices.step
     fwd, b_in, b_w = [], [], []
-    for s in range(n_stages):
+    for s in range(step.num_stages):
         ranks = step.stage_ranks[s]
-        f = max(stage_sum(s, "forward", r) for r in ranks)
-        w = max(stage_sum(s, "weight", r) for r in ranks)
+        f = max(prices.stage_sum(s, "forward", r) for r in ranks)
+        w = max(prices.stage_sum(s, "weight", r) for r in ranks)
         # Megatron's sequence-parallel backward runs its all-gather and reduce-scatter alongside the
         # weight-gradient GEMMs; only what those GEMMs cannot hide is paid.
         b = max(
-            stage_sum(s, "backward", r) + max(0.0, stage_sum(s, "overlap", r) - stage_sum(s, "weight", r))
+            prices.stage_sum(s, "backward", r)
+            + max(0.0, prices.stage_sum(s, "overlap", r) - prices.stage_sum(s, "weight", r))
             for r in ranks
         )
         fwd.append(f)
         b_w.append(min(w, b))
         b_in.append(max(b - w, 0.0))
-    send_f = [0.0] * (n_stages - 1)
-    send_b = [0.0] * (n_stages - 1)
-    for (part, bucket), ledger in seconds.items():
+    send_f = [0.0] * (step.num_stages - 1)
+    send_b = [0.0] * (step.num_stages - 1)
+    for (part, bucket), ledger in prices.seconds.items():
         if part.kind == "handoff" and bucket in ("forward", "backward"):
             into = step.stage_of(part)  # the hand-off from stage into - 1 to stage into
             (send_f if bucket == "forward" else send_b)[into - 1] += ledger.most()
+    return StageTimes(fwd, b_in, b_w, send_f, send_b)
 
-    schedule = build_schedule(strategy.schedule, n_stages, strategy.micro_batches, strategy.chunks)
-    timeline = simulate_schedule(
-        schedule, PipelineCost(tuple(fwd), tuple(b_in), tuple(b_w), tuple(send_f), tuple(send_b), "s")
-    )
-    lanes = schedule.num_ranks
-    tails = []
-    ends = []
-    exposed: list[float] = []
+
+# ---------------------------------------------------------------------- pipeline tails
+@dataclass
+class PipelineTails:
+    """Per pipeline rank (lane): when its last backward ends, and what it runs after."""
+
+    ends: list[float]
+    tails: list[float]
+    """Gradient reduction and optimizer step after the lane's last backward (its busiest rank)."""
+    exposed: list[float]
+    """With ``overlap_grad_reduce``: the reduction the last backward did not hide; else empty."""
+
+
+def pipeline_tails(
+    prices: PartPrices, schedule: Schedule, timeline: Timeline, overlap_grad_reduce: bool
+) -> PipelineTails:
+    """Each lane's end of compute in ``timeline`` and its tail: every reduction and update paid
+    after the last backward, or, with ``overlap_grad_reduce``, only the reduction backward
+    cannot hide (parts in the order backward reaches them) plus the update."""
+    step = prices.step
     # Parts in the order backward reaches them: the reverse of the order forward first runs them.
     forward_order: list[Part] = []
-    for op, part in zip(plan.ops, step.op_parts, strict=True):
+    for op, part in zip(step.plan.ops, step.op_parts, strict=True):
         if op.phase == "forward" and part != SETUP and part.kind != "handoff" and part not in forward_order:
             forward_order.append(part)
-
-    def part_seconds(p: Part, bucket: str, r: int) -> float:
-        return seconds.get((p, bucket), empty).at(r)
-
-    for k in range(lanes):
+    out = PipelineTails([], [], [])
+    for k in range(schedule.num_ranks):
         stages = schedule.stages_of(k)
         lane_ranks = step.stage_ranks[stages[0]]
-        ends.append(max((sp.end for sp in timeline.lane(k, "compute")), default=0.0))
+        out.ends.append(max((sp.end for sp in timeline.lane(k, "compute")), default=0.0))
         if not overlap_grad_reduce:
-            tails.append(
-                max(sum(stage_sum(s, b, r) for s in stages for b in ("sync", "optimizer")) for r in lane_ranks)
+            out.tails.append(
+                max(sum(prices.stage_sum(s, b, r) for s in stages for b in ("sync", "optimizer")) for r in lane_ranks)
             )
             continue
-        mine = [p for p in reversed(forward_order) if any(p in parts_of_stage[s] for s in stages)]
+        mine = [p for p in reversed(forward_order) if any(p in prices.parts_of_stage[s] for s in stages)]
         lane_tail, lane_exposed = 0.0, 0.0
         for r in lane_ranks:
-            pieces = [(scale(p), part_seconds(p, "backward", r), part_seconds(p, "sync", r)) for p in mine]
+            pieces = [
+                (prices.scale(p), prices.part_seconds(p, "backward", r), prices.part_seconds(p, "sync", r))
+                for p in mine
+            ]
             e = exposed_grad_sync(pieces)
-            t = e + sum(stage_sum(s, "optimizer", r) for s in stages)
+            t = e + sum(prices.stage_sum(s, "optimizer", r) for s in stages)
             if t >= lane_tail:
                 lane_tail, lane_exposed = t, e
-        tails.append(lane_tail)
-        exposed.append(lane_exposed)
-    step_time = max(e + t for e, t in zip(ends, tails, strict=True))
+        out.tails.append(lane_tail)
+        out.exposed.append(lane_exposed)
+    return out
 
-    # Memory per rank.
+
+# ---------------------------------------------------------------------- memory
+@dataclass
+class RankMemory:
+    state_by_category: dict[str, dict[int, int]]
+    """``parameters``, ``gradients``, ``optimizer_state``: bytes per rank."""
+    state_total: dict[int, int]
+    activations: list[dict[int, int]]
+    """Per stage, bytes per rank one micro-batch keeps."""
+    peaks: dict[int, int]
+    """Model state plus the most activations the rank's schedule holds at once."""
+
+
+def memory_per_rank(prices: PartPrices, schedule: Schedule) -> RankMemory:
+    """Model state per rank (traced parts scaled to the real layers) and the peak: state plus the
+    micro-batches in flight on the rank's stage(s), walked along its action list."""
+    step = prices.step
     state_cat: dict[str, dict[int, int]] = {"parameters": {}, "gradients": {}, "optimizer_state": {}}
     for part, cats in step.model_state.items():
         for cat, per_rank in cats.items():
             for r, n in per_rank.items():
-                state_cat[cat][r] = state_cat[cat].get(r, 0) + round(scale(part) * n)
+                state_cat[cat][r] = state_cat[cat].get(r, 0) + round(prices.scale(part) * n)
     world = sorted({r for ranks in step.stage_ranks for r in ranks})
     state_total = {r: sum(state_cat[c].get(r, 0) for c in state_cat) for r in world}
     act = [
         {
-            r: round(sum(scale(p) * step.activations.get(p, {}).get(r, 0) for p in set(parts_of_stage[s])))
+            r: round(sum(prices.scale(p) * step.activations.get(p, {}).get(r, 0) for p in prices.parts_of_stage[s]))
             for r in step.stage_ranks[s]
         }
-        for s in range(n_stages)
+        for s in range(step.num_stages)
     ]
     peaks: dict[int, int] = {}
-    for k in range(lanes):
+    for k in range(schedule.num_ranks):
         stages = schedule.stages_of(k)
         cache: dict[tuple[int, ...], int] = {}
         for r in step.stage_ranks[stages[0]]:
@@ -521,51 +674,7 @@ def estimate(
             if vec not in cache:
                 cache[vec] = _peak_in_flight_bytes(schedule, k, dict(zip(stages, vec, strict=True)))
             peaks[r] = state_total[r] + cache[vec]
-    in_flight = schedule.peak_in_flight()
-    family_buckets = sorted({b for (_, b) in seconds if "/" in b} | {"overlap"})
-
-    def busiest_breakdown(s: int) -> dict[str, float]:
-        rank = max(step.stage_ranks[s], key=lambda r: stage_sum(s, "forward", r) + stage_sum(s, "backward", r))
-        out = {b.replace("overlap", "backward/comm_overlapped"): 1e3 * stage_sum(s, b, rank) for b in family_buckets}
-        return {k: v for k, v in out.items() if v > 0 or k.endswith("comm")}
-
-    stage_rows = [
-        StageEstimate(
-            s,
-            step.stage_ranks[s],
-            layers[s],
-            fwd[s],
-            b_in[s],
-            b_w[s],
-            send_f[s] if s < n_stages - 1 else 0.0,
-            max(act[s].values()),
-            in_flight[s],
-            busiest_breakdown(s),
-        )
-        for s in range(n_stages)
-    ]
-    layer0 = step.activations.get(Part("layer", 0), {})
-    return Estimate(
-        shape,
-        strategy,
-        hw.name,
-        max(layer0.values()) if layer0 else 0,
-        step.layer_kept,
-        state_total,
-        state_cat,
-        peaks,
-        step_time,
-        timeline.makespan,
-        tails,
-        timeline.bubble_fraction(),
-        stage_rows,
-        step.seconds,
-        len(step.layer_stage),
-        len(plan.ops),
-        len(plan.reshards),
-        _peak_rate(hw, update_dtype if not strategy.mixed_precision else "float16"),
-        exposed if overlap_grad_reduce else None,
-    )
+    return RankMemory(state_cat, state_total, act, peaks)
 
 
 def exposed_grad_sync(parts: list[tuple[float, float, float]]) -> float:
@@ -685,6 +794,10 @@ class _Ledger:
     def most(self) -> float:
         ranks = set(self.own).union(*self._members.values()) if self._members else set(self.own)
         return max((self.at(r) for r in ranks), default=0.0)
+
+
+_EMPTY = _Ledger()
+"""No seconds on any rank (a part with nothing in a bucket)."""
 
 
 def _peak_in_flight_bytes(schedule: Schedule, rank: int, stage_bytes: dict[int, int]) -> int:

@@ -1,7 +1,7 @@
-"""``estimate``'s numbers without a trace per strategy: the search's fast path (issue #17, item 2).
+"""``estimate``'s numbers without a trace per strategy: the search's fast path.
 
-``estimate`` traces the whole step under one strategy (every rank, every stage) and prices it:
-about half a second for a small mesh, several seconds at a thousand ranks. The search prices
+``estimate`` traces the whole step under one strategy (every rank, every stage) and prices it,
+and a trace grows with the ranks and stages it lays out. The search prices
 thousands of strategies that differ only in how the same layers are arranged, so this module
 splits ``estimate`` along what each number depends on:
 

@@ -1,4 +1,4 @@
-"""Published GPT training configurations the strategy search is checked against (issue #17, item 1).
+"""Published GPT training configurations the strategy search is checked against.
 
 Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM" (SC'21, arXiv:2104.04473), Table 1: GPT models with sequence length 2048 and

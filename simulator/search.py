@@ -1,4 +1,4 @@
-"""Strategy search (fully automatic mode, issue #17): enumerate GPT training strategies for a
+"""Strategy search (fully automatic mode): enumerate GPT training strategies for a
 device count and global batch, drop the ones that do not divide or do not fit in memory, price
 the rest with ``simulator.estimate`` and rank them by predicted step time.
 
@@ -345,6 +345,7 @@ def _branch_and_bound(
     best_gemm *= (
         hw.gemm_efficiency_max if hw.gpu_model else max((e for _, e in hw.gemm_curve), default=hw.compute_efficiency)
     )
+    best_gemm /= hw.kernel_scale  # every priced kernel runs that much slower than its rate
 
     def counts(st: GPTStrategy) -> list[int]:
         return layer_counts(shape.layers, st.pp, st.chunks)

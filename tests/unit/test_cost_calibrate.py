@@ -51,6 +51,11 @@ def test_calibrate_writes_a_loadable_profile(tmp_path: Path) -> None:
     ) == 6
     assert profile.op_overhead_s > 0 and profile.update_overhead_s > 0 and profile.reshard_overhead_s >= 0
     assert cal["host_costs"]["op"] == profile.op_overhead_s
+    # The kernel probe: measured and priced at both batches, and the scale from them (or why not).
+    probe = cal["kernel_probe"]
+    assert set(probe["measured_s"]) == set(probe["priced_s"]) == {"2", "16"}
+    assert all(t > 0 for t in (*probe["measured_s"].values(), *probe["priced_s"].values()))
+    assert profile.kernel_scale == probe.get("kernel_scale", 1.0) and ("kernel_scale" in probe) != ("error" in probe)
 
 
 def test_schedule_subcommand_prints_grid_and_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

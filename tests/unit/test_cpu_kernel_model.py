@@ -182,25 +182,69 @@ def test_the_measured_shapes_span_the_model_sizes() -> None:
 def test_auto_measures_again_when_the_cached_profile_predates_the_cpu_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A cache written before the CPU model would rank on FLOPs alone: --auto calibrates again
-    (where it can), and keeps a cache that has the model."""
+    """A cache written before the CPU model (no kernel curves, or curves but no kernel probe)
+    would rank on what this machine's steps do not cost: --auto calibrates again (where it
+    can), and keeps a cache that has the whole model."""
     from simulator import auto
 
+    measured_model = replace(
+        CURVED, kernel_scale=2.5, calibration={"kernel_probe": {"measured_s": {"2": 0.1, "16": 0.5}}}
+    )
     monkeypatch.setenv("HOME", str(tmp_path))
     cached = Path(auto.cache_path(8))
     cached.parent.mkdir(parents=True)
-    BASE.save(cached)
     measured: list[int] = []
 
     def calibrate_to(path: str, ranks: int, timeout_s: float = 0.0) -> None:
         measured.append(ranks)
-        CURVED.save(path)
+        measured_model.save(path)
 
     monkeypatch.setattr(auto, "calibrate_to", calibrate_to)
     said: list[str] = []
-    got = auto.resolve_profile(None, 8, can_calibrate=True, say=said.append)
-    assert measured == [8] and got.profile == CURVED and "predates the measured CPU model" in said[0]
+    for old in (BASE, CURVED):
+        old.save(cached)
+        got = auto.resolve_profile(None, 8, can_calibrate=True, say=said.append)
+        assert got.profile == measured_model and got.profile.kernel_scale == 2.5
+        assert "predates the measured CPU model" in said[-2]
+    assert measured == [8, 8]
     again = auto.resolve_profile(None, 8, can_calibrate=True, say=said.append)
-    assert measured == [8] and again.profile == CURVED and "cached calibration" in again.source
+    assert measured == [8, 8] and again.profile == measured_model and "cached calibration" in again.source
     BASE.save(cached)  # where it cannot calibrate, the old cache is still better than the fallback preset
     assert auto.resolve_profile(None, 8, can_calibrate=False, say=said.append).profile == BASE
+
+
+def test_kernel_scale_multiplies_every_kernel_and_survives_the_file(tmp_path: Path) -> None:
+    """``kernel_scale`` slows every kernel priced from the rates (GEMMs, elementwise ops, the
+    update) and nothing else: host costs per op and the links stay as they are."""
+    scaled = replace(CURVED, kernel_scale=2.5)
+    assert scaled.compute_time(1e9, "float32") == pytest.approx(2.5 * CURVED.compute_time(1e9, "float32"))
+    assert scaled.vector_rate(1e5) == pytest.approx(CURVED.vector_rate(1e5) / 2.5)
+    step = trace_gpt_step(SHAPE, GPTStrategy(), layers_traced=SHAPE.layers)
+    plain, slow = PlanCosts(step.plan, CURVED), PlanCosts(step.plan, scaled)
+    ops = [op for op, part in zip(step.plan.ops, step.op_parts, strict=True) if part != SETUP]
+    for op in ops[:40]:
+        host = CURVED.op_overhead_s
+        assert slow.op_time(op, 0) - host == pytest.approx(2.5 * (plain.op_time(op, 0) - host))
+    path = tmp_path / "p.json"
+    scaled.save(path)
+    assert load_profile(str(path)).kernel_scale == 2.5
+    assert "kernel_scale" not in CURVED.to_dict()  # 1.0 is the default and stays out of the file
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, 1e9, float("nan"), True, "2"])
+def test_kernel_scale_out_of_bounds_is_refused(value: object) -> None:
+    with pytest.raises(ValueError, match="kernel_scale must be a number in"):
+        replace(CURVED, kernel_scale=value)
+
+
+def test_calibrate_prices_the_kernel_probe_growing_with_its_batch() -> None:
+    """The priced side of the kernel probe: gpt.py's model, more sequences, more kernel seconds;
+    ``kernel_scale`` is the measured growth over that."""
+    from simulator import calibrate
+    from simulator.calibrate_host import KERNEL_BATCHES, kernel_scale
+
+    small, large = KERNEL_BATCHES
+    priced = {b: calibrate.priced_kernel_seconds(CURVED, b) for b in KERNEL_BATCHES}
+    assert 0 < priced[small] < priced[large]
+    measured = {small: 1.0 + 2 * priced[small], large: 1.0 + 2 * priced[large]}  # same host cost, 2x kernels
+    assert kernel_scale(measured, priced) == pytest.approx(2.0)
