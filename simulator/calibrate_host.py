@@ -33,6 +33,7 @@ import numpy as np
 import mpipar as dist
 from mpipar.compile.trace import trace
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
+from simulator.backend import SimBackend
 
 VECTOR_ELEMENTS = (1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20)
 VECTOR_PASS_ARRAYS = 2.25
@@ -199,8 +200,13 @@ def host_costs(comm: Any, steps: int) -> dict[str, float]:
             "params": len(list(model.parameters())),
         }
 
-    own = tiny(clip=True)
-    alone = tiny(clip=False)
+    # Each rank runs its own one-rank GPT: in a world of its own, so that nothing it does is a
+    # collective of the whole MPI world (the clip reads the norm with full_tensor, a world
+    # collective under MPI that every process would have to make with the same root). The ops
+    # take the same path as under MPI: one hosted rank per mesh.
+    with dist.use_backend(SimBackend()):
+        own = tiny(clip=True)
+        alone = tiny(clip=False)
     # A reshard call: mpipar's all-reduce of a 1 KiB partial sum over pairs of ranks, less the raw
     # MPI Allreduce of the same buffer (the link time the collective formula already prices).
     size = comm.Get_size()
