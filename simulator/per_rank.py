@@ -8,8 +8,9 @@ Taking turns instead of running freely is what makes this a debugger rather than
 MPI:
 
 * runs are deterministic (the same interleaving every time), and the process-wide state the
-  library keeps (the random generator's counter, grad mode, the comm context) is saved and
-  restored at every switch, so each rank sees only its own;
+  library keeps (the random generator's counter, grad mode, the comm context) and NumPy's and
+  Python's global generators are saved and restored at every switch, so each rank sees only
+  its own, as each process does under ``mpiexec``;
 * a deadlock is detected exactly, not by a timeout: when the running rank blocks and no
   other rank can move, every rank's pending call is known, and the report names them;
 * a collective mismatch (rank 0 in all_reduce, rank 1 in all_gather on the same group, or
@@ -33,6 +34,7 @@ thread only, so counts are those of one copy.
 from __future__ import annotations
 
 import io
+import random
 import sys
 import threading
 from collections import defaultdict
@@ -87,7 +89,7 @@ def _sig(a: Array) -> str:
 
 
 def _fresh_state() -> tuple[Any, ...]:
-    return (True, mp_random.get_rng_state(), [])
+    return (True, mp_random.get_rng_state(), [], np.random.get_state(), random.getstate())
 
 
 class PerRankWorld:
@@ -110,14 +112,24 @@ class PerRankWorld:
     # ------------------------------------------------------------------ process-wide state
     @staticmethod
     def _capture() -> tuple[Any, ...]:
-        return (tape.is_grad_enabled(), mp_random.get_rng_state(), list(comm._context))
+        # NumPy's and Python's global generators too: a script that seeds ``np.random`` and draws
+        # its data from it (the seeds' datasets do) has one stream per process under mpiexec.
+        return (
+            tape.is_grad_enabled(),
+            mp_random.get_rng_state(),
+            list(comm._context),
+            np.random.get_state(),
+            random.getstate(),
+        )
 
     @staticmethod
     def _restore(saved: tuple[Any, ...]) -> None:
-        grad, rng, context = saved
+        grad, rng, context, np_state, py_state = saved
         tape._grad_enabled = grad
         mp_random.set_rng_state(rng)
         comm._context[:] = context
+        np.random.set_state(np_state)
+        random.setstate(py_state)
 
     # ------------------------------------------------------------------ turns
     def _pass_turn(self, after: int) -> None:

@@ -1,5 +1,5 @@
 """Puts ``examples/`` on ``sys.path``: examples run as scripts, and the shared helpers
-(``common.py``, ``primer_common.py``, ``manual_common.py``) live one folder up."""
+(``common.py``, ``paddle_common.py``, ``primer_common.py``) live one folder up."""
 
 import os
 import sys

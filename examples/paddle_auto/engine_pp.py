@@ -1,6 +1,7 @@
 """Seed 003 §2.2.4.3.4, static semi-auto: pipeline parallel: shard_op stages and Strategy.pipeline, run by the Engine. Run: python -m simulator -n 2 examples/paddle_auto/engine_pp.py --tiny (or mpiexec -n 2 python ...)."""
 # Added around the seed's lines: the flags, seeding and the `step <n> loss <v>` line; the
 # hidden size (inner_size) and the epochs shrink with --tiny/--steps. The rest is the seed's.
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from paddle_common import log_step, require_world, seed_args, shrink
 
 args = seed_args(__doc__)

@@ -1,6 +1,7 @@
 """Seed 003 §2.1.2, single-card static graph (paddle.static, Executor). Run: python examples/paddle_auto/static_single.py --tiny (or mpiexec -n 2 ...)."""
 # Added around the seed's lines: the flags, seeding and the `step <n> loss <v>` line; the
 # hidden size (inner_size) and the epochs shrink with --tiny/--steps. The rest is the seed's.
+import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
 from paddle_common import log_step, seed_args, shrink
 
 args = seed_args(__doc__)

@@ -1,34 +1,116 @@
-"""Seed 003 §2.2.4.1.1: data parallelism written by hand -- each rank trains on its rows of the
-batch and all-reduces (averages) the gradients before the optimizer step.
-
-    python -m simulator -n 4 examples/paddle_manual/dp.py --tiny
-    mpiexec -n 4 python examples/paddle_manual/dp.py --tiny
-    python -m simulator --reference examples/paddle_manual/dp.py --tiny   # one device: one rank
-"""
-
+"""Seed 003 §2.2.4.1.1, fleet data parallel (dp_degree 2), the seed's program. Run: python -m simulator -n 2 examples/paddle_manual/dp.py --tiny (or mpiexec -n 2 python ...)."""
+# Added around the seed's lines: the flags, seeding and the `step <n> loss <v>` line (rank 0's
+# loss); the hidden size (inner_size) and the epochs shrink with --tiny/--steps. The rest is the seed's.
 import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
-from manual_common import global_batches, log_averaged, metrics, my_rows
-from primer_common import SimpleNet, class_dim, optimizer_setting, primer_args, setup, sizes
+from paddle_common import StepLog, require_world, seed_args, shrink
 
-import mpipar as dist
+args = seed_args(__doc__)
+require_world(2, "the seed's 2 ranks")
+log_step = StepLog()
+# -*- coding: UTF-8 -*-
+import numpy as np
+import mpipar as paddle
+# 导入必要分布式训练的依赖包
+from mpipar.distributed import fleet, get_rank
+# 导入数据加载和数据保存接口
+from mpipar.io import Dataset, DistributedBatchSampler, DataLoader
 
-args = primer_args(__doc__.splitlines()[0]).parse_args()
-setup(args)
-rank, world = dist.get_rank(), dist.get_world_size()
-input_size, inner_size, batch_size = sizes(args)
-mine = my_rows(batch_size, rank, world)
+base_lr = 0.1   # 学习率
+momentum_rate = 0.9 # 冲量
+l2_decay = 1e-4 # 权重衰减
 
-model = SimpleNet(input_size, inner_size, class_dim)  # same seed: the same weights on every rank
-optimizer = optimizer_setting(model.parameters())
-loss_func = dist.nn.CrossEntropyLoss()
-model.train()
-for step, (images, labels) in enumerate(global_batches(args)):
-    img, label = dist.to_tensor(images[mine]), dist.to_tensor(labels[mine])
-    out = model(img)
-    loss = dist.mean(loss_func(out, label))
-    loss.backward()
-    for p in model.parameters():  # the mean over the whole batch is the mean of the ranks' means
-        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
-    optimizer.step()
-    model.clear_gradients()
-    log_averaged(step, metrics(out, label, loss))
+epoch = 5  #训练迭代次数
+batch_num = 100 #每次迭代的 batch 数
+batch_size = 32 #训练批次大小
+class_dim = 10
+epoch, batch_num, inner_size = shrink(args, epoch, batch_num, split=True)
+
+# 设置数据读取器
+class RandomDataset(Dataset):
+    def __init__(self, num_samples):
+        self.num_samples = num_samples
+
+    def __getitem__(self, idx):
+        image = np.random.random([256]).astype('float32')
+        label = np.random.randint(0, class_dim - 1, (1, )).astype('int64')
+        return image, label
+
+    def __len__(self):
+        return self.num_samples
+
+# 设置优化器
+def optimizer_setting(parameter_list=None):
+    optimizer = paddle.optimizer.Momentum(
+        learning_rate=base_lr,
+        momentum=momentum_rate,
+        weight_decay=paddle.regularizer.L2Decay(l2_decay),
+        parameters=parameter_list)
+    return optimizer
+
+# 模型网络
+class SimpleNet(paddle.nn.Layer):
+    def __init__(self, input_size, inner_size, output_size):
+        super().__init__()
+        self.linear1 = paddle.nn.Linear(input_size, inner_size)
+        self.linear2 = paddle.nn.Linear(inner_size, input_size)
+        self.linear3 = paddle.nn.Linear(input_size, output_size)
+        self.relu = paddle.nn.ReLU()
+
+    def forward(self, x):
+        x = self.linear1(x)
+        x = self.linear2(x)
+        x = self.linear3(x)
+        x = self.relu(x)
+        return x
+
+# 设置分布式策略
+dist_strategy = fleet.DistributedStrategy()
+dist_strategy.hybrid_configs = {
+    "dp_degree": 2,
+    "mp_degree": 1,
+    "pp_degree": 1,
+}
+
+# 设置训练函数
+def train_model():
+    # 初始化 Fleet 环境
+    fleet.init(is_collective=True, strategy=dist_strategy)
+
+    model = SimpleNet(input_size=256, inner_size=inner_size, output_size=class_dim)
+    optimizer = optimizer_setting(parameter_list=model.parameters())
+    
+    # 通过 Fleet API 获取分布式 model，用于支持分布式训练
+    model = fleet.distributed_model(model)
+    optimizer = fleet.distributed_optimizer(optimizer)
+
+    dataset = RandomDataset(batch_num * batch_size)
+    # 设置分布式批采样器，用于数据并行训练
+    sampler = DistributedBatchSampler(dataset, rank=get_rank(),
+                                      batch_size=batch_size,shuffle=False, drop_last=True)
+    train_loader = DataLoader(dataset,
+                            batch_sampler=sampler,
+                            num_workers=1)
+
+    for eop in range(epoch):
+        model.train()
+
+        for batch_id, data in enumerate(train_loader()):
+            img, label = data
+            label.stop_gradient = True
+
+            out = model(img)
+            loss = paddle.nn.functional.cross_entropy(input=out, label=label)
+            avg_loss = paddle.mean(x=loss)
+            acc_top1 = paddle.metric.accuracy(input=out, label=label, k=1)
+            acc_top5 = paddle.metric.accuracy(input=out, label=label, k=5)
+
+            avg_loss.backward()
+            optimizer.step()
+            model.clear_gradients()
+
+            log_step(avg_loss)
+            if batch_id % 5 == 0:
+                print("[Epoch %d, batch %d] loss: %.5f, acc1: %.5f, acc5: %.5f" % (eop, batch_id, avg_loss, acc_top1, acc_top5))
+# 启动训练
+if __name__ == '__main__':
+    train_model()

@@ -1,60 +1,124 @@
-"""Seed 003 §2.2.4.1.3: model (tensor) parallelism written by hand -- linear1 split by columns,
-linear2 by rows; the column layer's input goes through ``c_identity`` (backward: all_reduce of
-its gradient) and the row layer's partial outputs through ``mp_allreduce`` (forward: all_reduce).
-
-    python -m simulator -n 4 examples/paddle_manual/mp.py --tiny
-    mpiexec -n 4 python examples/paddle_manual/mp.py --tiny
-"""
-
+"""Seed 003 §2.2.4.1.3, fleet model parallel (mp_degree 2: Column/RowParallelLinear), the seed's program. Run: python -m simulator -n 2 examples/paddle_manual/mp.py --tiny (or mpiexec -n 2 python ...)."""
+# Added around the seed's lines: the flags, seeding and the `step <n> loss <v>` line (rank 0's
+# loss); the hidden size (inner_size) and the epochs shrink with --tiny/--steps. The rest is the seed's.
 import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
+from paddle_common import StepLog, require_world, seed_args, shrink
+
+args = seed_args(__doc__)
+require_world(2, "the seed's 2 ranks")
+log_step = StepLog()
+# -*- coding: UTF-8 -*-
 import numpy as np
-from common import log_step
-from manual_common import global_batches, metrics
-from primer_common import SimpleNet, class_dim, optimizer_setting, primer_args, setup, sizes
+import mpipar as paddle
+# 导入必要分布式训练的依赖包
+from mpipar.distributed import fleet, get_rank
+# 导入数据加载和数据保存接口
+from mpipar.io import Dataset, DistributedBatchSampler, DataLoader
 
-import mpipar as dist
-from mpipar.collective import c_identity, mp_allreduce
+base_lr = 0.1   # 学习率
+momentum_rate = 0.9 # 冲量
+l2_decay = 1e-4 # 权重衰减
 
-args = primer_args(__doc__.splitlines()[0]).parse_args()
-setup(args)
-rank, world = dist.get_rank(), dist.get_world_size()
-input_size, inner_size, _ = sizes(args)
-if inner_size < world:
-    raise SystemExit(f"the inner size {inner_size} cannot be split over {world} ranks; launch fewer ranks")
-full = SimpleNet(input_size, inner_size, class_dim)  # every rank builds the whole net, keeps its part
-columns = np.array_split(np.arange(inner_size), world)[rank]  # uneven splits are fine
+epoch = 5  #训练迭代次数
+batch_num = 100 #每次迭代的 batch 数
+batch_size = 32 #训练批次大小
+class_dim = 10
+epoch, batch_num, inner_size = shrink(args, epoch, batch_num, split=True)
 
+# 设置数据读取器
+class RandomDataset(Dataset):
+    def __init__(self, num_samples):
+        self.num_samples = num_samples
 
-class MPNet(dist.nn.Layer):
-    """SimpleNet with linear1's columns and linear2's rows of this rank only."""
+    def __getitem__(self, idx):
+        image = np.random.random([256]).astype('float32')
+        label = np.random.randint(0, class_dim - 1, (1, )).astype('int64')
+        return image, label
 
-    def __init__(self) -> None:
+    def __len__(self):
+        return self.num_samples
+
+# 设置优化器
+def optimizer_setting(parameter_list=None):
+    optimizer = paddle.optimizer.Momentum(
+        learning_rate=base_lr,
+        momentum=momentum_rate,
+        weight_decay=paddle.regularizer.L2Decay(l2_decay),
+        parameters=parameter_list)
+    return optimizer
+
+# 模型网络
+class SimpleNet(paddle.nn.Layer):
+    def __init__(self, input_size, inner_size, output_size):
         super().__init__()
-        lo, hi = int(columns[0]), int(columns[-1]) + 1
-        self.w1 = dist.Parameter(full.linear1.weight.numpy()[:, lo:hi])
-        self.b1 = dist.Parameter(full.linear1.bias.numpy()[lo:hi])
-        self.w2 = dist.Parameter(full.linear2.weight.numpy()[lo:hi, :])
-        self.b2 = dist.Parameter(full.linear2.bias.numpy())
-        self.linear3 = full.linear3
-        self.relu = dist.nn.ReLU()
+        self.linear1 = fleet.meta_parallel.ColumnParallelLinear(
+            input_size,
+            inner_size,
+            gather_output=False,
+            has_bias=True)
+        self.linear2 = fleet.meta_parallel.RowParallelLinear(
+            inner_size,
+            input_size,
+            input_is_parallel=True,
+            has_bias=True)
+        self.linear3 = paddle.nn.Linear(input_size, output_size)
+        self.relu = paddle.nn.ReLU()
 
-    def forward(self, x: dist.Tensor) -> dist.Tensor:
-        x = c_identity(x)
-        h = dist.matmul(x, self.w1) + self.b1  # this rank's columns of linear1
-        y = mp_allreduce(dist.matmul(h, self.w2)) + self.b2  # partial sums over the rows, reduced
-        return self.relu(self.linear3(y))
+    def forward(self, x):
+        x = self.linear1(x)
+        x = self.linear2(x)
+        x = self.linear3(x)
+        x = self.relu(x)
+        return x
 
+# 设置分布式策略
+dist_strategy = fleet.DistributedStrategy()
+dist_strategy.hybrid_configs = {
+    "dp_degree": 1,
+    "mp_degree": 2,
+    "pp_degree": 1,
+}
 
-model = MPNet()
-optimizer = optimizer_setting(model.parameters())
-loss_func = dist.nn.CrossEntropyLoss()
-model.train()
-for step, (images, labels) in enumerate(global_batches(args)):
-    img, label = dist.to_tensor(images), dist.to_tensor(labels)  # every rank sees the whole batch
-    out = model(img)
-    loss = dist.mean(loss_func(out, label))
-    loss.backward()
-    optimizer.step()  # replicated parameters got identical gradients on every rank
-    model.clear_gradients()
-    value, acc1, acc5 = metrics(out, label, loss)
-    log_step(step, value, acc1=acc1, acc5=acc5)
+# 设置训练函数
+def train_model():
+    # 初始化 Fleet 环境
+    fleet.init(is_collective=True, strategy=dist_strategy)
+
+    model = SimpleNet(input_size=256, inner_size=inner_size, output_size=class_dim)
+    optimizer = optimizer_setting(parameter_list=model.parameters())
+    
+    # 通过 Fleet API 获取分布式 model，用于支持分布式训练
+    model = fleet.distributed_model(model)
+    optimizer = fleet.distributed_optimizer(optimizer)
+
+    dataset = RandomDataset(batch_num * batch_size)
+    # 设置分布式批采样器，用于数据并行训练
+    sampler = DistributedBatchSampler(dataset, rank=get_rank(),
+                                      batch_size=batch_size,shuffle=False, drop_last=True)
+    train_loader = DataLoader(dataset,
+                            batch_sampler=sampler,
+                            num_workers=1)
+
+    for eop in range(epoch):
+        model.train()
+
+        for batch_id, data in enumerate(train_loader()):
+            img, label = data
+            label.stop_gradient = True
+
+            out = model(img)
+            loss = paddle.nn.functional.cross_entropy(input=out, label=label)
+            avg_loss = paddle.mean(x=loss)
+            acc_top1 = paddle.metric.accuracy(input=out, label=label, k=1)
+            acc_top5 = paddle.metric.accuracy(input=out, label=label, k=5)
+
+            avg_loss.backward()
+            optimizer.step()
+            model.clear_gradients()
+
+            log_step(avg_loss)
+            if batch_id % 5 == 0:
+                print("[Epoch %d, batch %d] loss: %.5f, acc1: %.5f, acc5: %.5f" % (eop, batch_id, avg_loss, acc_top1, acc_top5))
+# 启动训练
+if __name__ == '__main__':
+    train_model()

@@ -1,56 +1,110 @@
-"""Seed 003 §2.2.4.1.2: group-sharded data parallelism written by hand -- gradients are
-reduce-scattered so each rank keeps 1/N of every gradient and optimizer state, updates its
-slice, and the slices are all-gathered back into whole parameters (ZeRO stage 2).
-
-    python -m simulator -n 4 examples/paddle_manual/sharding.py --tiny
-    mpiexec -n 4 python examples/paddle_manual/sharding.py --tiny
-"""
-
+"""Seed 003 §2.2.4.1.2, group_sharded_parallel level p_g_os (ZeRO-3) over 2 ranks, the seed's program. Run: python -m simulator -n 2 examples/paddle_manual/sharding.py --tiny (or mpiexec -n 2 python ...)."""
+# Added around the seed's lines: the flags, seeding and the `step <n> loss <v>` line (rank 0's
+# loss); the hidden size (inner_size) and the epochs shrink with --tiny/--steps. The rest is the seed's.
 import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
+from paddle_common import StepLog, require_world, seed_args, shrink
+
+args = seed_args(__doc__)
+require_world(2, "the seed's 2 ranks")
+log_step = StepLog()
+# -*- coding: UTF-8 -*-
 import numpy as np
-from manual_common import global_batches, log_averaged, metrics, my_rows
-from primer_common import SimpleNet, class_dim, optimizer_setting, primer_args, setup, sizes
+import mpipar as paddle
+# 导入必要分布式训练的依赖包
+from mpipar.distributed import fleet, get_rank
+from mpipar.distributed.sharding import group_sharded_parallel
+# 导入数据加载和数据保存接口
+from mpipar.io import Dataset, DistributedBatchSampler, DataLoader
 
-import mpipar as dist
+base_lr = 0.1   # 学习率
+momentum_rate = 0.9 # 冲量
+l2_decay = 1e-4 # 权重衰减
 
-args = primer_args(__doc__.splitlines()[0]).parse_args()
-setup(args)
-rank, world = dist.get_rank(), dist.get_world_size()
-input_size, inner_size, batch_size = sizes(args)
-mine = my_rows(batch_size, rank, world)
+epoch = 5  #训练迭代次数
+batch_num = 100 #每次迭代的 batch 数
+batch_size = 32 #训练批次大小
+class_dim = 10
+epoch, batch_num, inner_size = shrink(args, epoch, batch_num, split=True)
 
-model = SimpleNet(input_size, inner_size, class_dim)
-params = model.parameters()
+# 设置数据读取器
+class RandomDataset(Dataset):
+    def __init__(self, num_samples):
+        self.num_samples = num_samples
+
+    def __getitem__(self, idx):
+        image = np.random.random([256]).astype('float32')
+        label = np.random.randint(0, class_dim - 1, (1, )).astype('int64')
+        return image, label
+
+    def __len__(self):
+        return self.num_samples
+
+# 设置优化器
+def optimizer_setting(parameter_list=None):
+    optimizer = paddle.optimizer.Momentum(
+        learning_rate=base_lr,
+        momentum=momentum_rate,
+        weight_decay=paddle.regularizer.L2Decay(l2_decay),
+        parameters=parameter_list)
+    return optimizer
+
+# 模型网络
+class SimpleNet(paddle.nn.Layer):
+    def __init__(self, input_size, inner_size, output_size):
+        super().__init__()
+        self.linear1 = paddle.nn.Linear(input_size, inner_size)
+        self.linear2 = paddle.nn.Linear(inner_size, input_size)
+        self.linear3 = paddle.nn.Linear(input_size, output_size)
+        self.relu = paddle.nn.ReLU()
+
+    def forward(self, x):
+        x = self.linear1(x)
+        x = self.linear2(x)
+        x = self.linear3(x)
+        x = self.relu(x)
+        return x
 
 
-def padded_pieces(value: np.ndarray) -> list[np.ndarray]:
-    """``value`` flattened and zero-padded to N equal pieces (all_gather needs equal shapes)."""
-    per = -(-value.size // world)
-    flat = np.zeros(per * world, dtype=value.dtype)
-    flat[: value.size] = value.reshape(-1)
-    return list(flat.reshape(world, per))
+# 设置训练函数
+def train_model():
+    # 初始化 Fleet 环境
+    fleet.init(is_collective=True)
+    group = paddle.distributed.new_group([0, 1])
 
+    model = SimpleNet(input_size=256, inner_size=inner_size, output_size=class_dim)
+    optimizer = optimizer_setting(parameter_list=model.parameters())
 
-# This rank's slice of every parameter; the optimizer (and its momentum) lives on slices only.
-# Zero padding stays zero: its gradient is zero, and so is its weight decay.
-slices = [dist.Parameter(padded_pieces(p.numpy())[rank]) for p in params]
-optimizer = optimizer_setting(slices)
-loss_func = dist.nn.CrossEntropyLoss()
-model.train()
-for step, (images, labels) in enumerate(global_batches(args)):
-    img, label = dist.to_tensor(images[mine]), dist.to_tensor(labels[mine])
-    out = model(img)
-    loss = dist.mean(loss_func(out, label))
-    loss.backward()
-    for p, s in zip(params, slices, strict=True):
-        grad = dist.to_tensor(np.zeros(s.shape, dtype=s.dtype))
-        dist.reduce_scatter(grad, [dist.to_tensor(g) for g in padded_pieces(p.grad.numpy())], op=dist.ReduceOp.AVG)
-        s.grad = grad
-    optimizer.step()
-    optimizer.clear_grad()
-    model.clear_gradients()
-    for p, s in zip(params, slices, strict=True):
-        whole = dist.to_tensor(np.zeros(s.shape[0] * world, dtype=s.dtype))
-        dist.all_gather(whole, s)  # into one tensor: the slices back to back
-        p.set_value(whole.numpy()[: p.numpy().size].reshape(p.shape))
-    log_averaged(step, metrics(out, label, loss))
+    # wrap GroupSharded model, optimizer and scaler. level1='os', level2='os_g', level3='p_g_os'
+    model, optimizer, scaler = group_sharded_parallel(model, optimizer, level="p_g_os", group=group)
+    
+    dataset = RandomDataset(batch_num * batch_size)
+    # 设置分布式批采样器，用于数据并行训练
+    sampler = DistributedBatchSampler(dataset, rank=get_rank(),
+                                      batch_size=batch_size,shuffle=False, drop_last=True)
+    train_loader = DataLoader(dataset,
+                            batch_sampler=sampler,
+                            num_workers=1)
+
+    for eop in range(epoch):
+        model.train()
+
+        for batch_id, data in enumerate(train_loader()):
+            img, label = data
+            label.stop_gradient = True
+
+            out = model(img)
+            loss = paddle.nn.functional.cross_entropy(input=out, label=label)
+            avg_loss = paddle.mean(x=loss)
+            acc_top1 = paddle.metric.accuracy(input=out, label=label, k=1)
+            acc_top5 = paddle.metric.accuracy(input=out, label=label, k=5)
+
+            avg_loss.backward()
+            optimizer.step()
+            model.clear_gradients()
+
+            log_step(avg_loss)
+            if batch_id % 5 == 0:
+                print("[Epoch %d, batch %d] loss: %.5f, acc1: %.5f, acc5: %.5f" % (eop, batch_id, avg_loss, acc_top1, acc_top5))
+# 启动训练
+if __name__ == '__main__':
+    train_model()

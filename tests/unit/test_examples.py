@@ -1,7 +1,10 @@
 """Every example: ``--reference`` and ``python -m simulator -n N`` print the same losses.
 
 float64, ``--tiny``, 3 steps, 1e-9 relative. Also the examples' misuse
-errors: wrong world size, mesh degrees whose product is wrong, indivisible batches.
+errors: wrong world size, mesh degrees whose product is wrong, indivisible batches. The examples
+in the seeds' spelling (``paddle_manual/``: fleet programs, which need their ranks; the
+``to_static`` and ``Engine`` ones) are tested in test_seed_examples.py and
+test_paddle_auto_examples.py.
 """
 
 from __future__ import annotations
@@ -27,10 +30,6 @@ CASES = [
     ("paddle_auto/primer_sharding.py", ["--stage", "1"], 8),
     ("paddle_auto/primer_sharding.py", ["--stage", "2"], 8),
     ("paddle_auto/primer_sharding.py", ["--stage", "3"], 8),
-    ("paddle_manual/dp.py", [], 8),
-    ("paddle_manual/sharding.py", [], 8),
-    ("paddle_manual/mp.py", [], 8),
-    ("paddle_manual/pp.py", [], 8),
     ("oneflow/data.py", [], 2),
     ("oneflow/model.py", [], 2),
     ("oneflow/pipeline.py", [], 2),
