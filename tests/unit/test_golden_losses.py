@@ -1,7 +1,7 @@
 """Reorganising modules changes no number.
 
 The losses the seed examples and ``gpt.py --steps 3`` print under the simulator were recorded
-into ``golden/house_losses.json`` (``python tests/unit/test_house_losses.py --record``); moving
+into ``golden/example_losses.json`` (``python tests/unit/test_golden_losses.py --record``); moving
 modules must leave them the same strings. float32 is the default dtype, so the 15 significant digits
 ``log_step`` prints hold every bit of each loss.
 """
@@ -17,7 +17,7 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GOLDEN = os.path.join(REPO, "tests", "golden", "house_losses.json")
+GOLDEN = os.path.join(REPO, "tests", "golden", "example_losses.json")
 LOSS = re.compile(r"^step (\d+) loss (\S+)", re.M)
 
 # (name in the golden, script, extra flags, ranks). One world of 8 for every case: the seeds' meshes fit it.
@@ -69,5 +69,5 @@ def record() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--record"]:
-        raise SystemExit("usage: python tests/unit/test_house_losses.py --record")
+        raise SystemExit("usage: python tests/unit/test_golden_losses.py --record")
     record()
