@@ -74,6 +74,12 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable("MPIPAR_STACK_GEMMS", "flag", "1", "run same-shaped GEMMs of a step as one stacked GEMM"),
     Variable(
+        "MPIPAR_GRAD_BUCKET_MIB",
+        "number of MiB >= 0, or off",
+        "25",
+        "data-parallel gradients are all-reduced in buckets of this size, overlapped with backward; off: one all-reduce per gradient",
+    ),
+    Variable(
         "MPIPAR_GC",
         "choice: freeze, off",
         "freeze",

@@ -33,7 +33,6 @@ rank starts its buckets in the same order, because every rank runs the same back
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,6 +42,7 @@ import numpy as np
 from mpipar import capture_hooks, hooks
 from mpipar.backend import current_backend
 from mpipar.comm import Pending, _span_recorders, comm_context
+from mpipar.env import env_number, env_text
 from mpipar.modes import Mode, execution_mode
 from mpipar.reshard.executor import freeze
 from mpipar.reshard.planner import plan_reshard
@@ -141,17 +141,12 @@ each gradient is reduced on its own as soon as backward produces it."""
 def default_setting() -> GradReduceOverlap | None:
     """The setting of a backward pass outside any ``overlap_grad_reduction``: buckets of
     ``DEFAULT_ON_BUCKET_MIB`` unless ``$MPIPAR_GRAD_BUCKET_MIB`` says otherwise."""
-    raw = os.environ.get(BUCKETS_ENV, "").strip().lower()
+    raw = (env_text(BUCKETS_ENV) or "").lower()
     if raw in ("off", "none", "no", "false"):
         return None
-    mib = DEFAULT_ON_BUCKET_MIB
-    if raw:
-        try:
-            mib = float(raw)
-        except ValueError:
-            raise ValueError(
-                f"${BUCKETS_ENV} = {raw!r}: give MiB per gradient bucket (a number >= 0) or 'off'"
-            ) from None
+    mib = env_number(
+        BUCKETS_ENV, DEFAULT_ON_BUCKET_MIB, minimum=0.0, strict=False, unit="MiB per gradient bucket (or off)"
+    )
     key = mib
     if _default_cache.get("key") != key:
         _default_cache["key"], _default_cache["setting"] = key, GradReduceOverlap(mib)

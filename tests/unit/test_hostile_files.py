@@ -125,7 +125,7 @@ def big_plan() -> dict[str, Any]:
 
 def _deep(doc: dict[str, Any]) -> bytes:
     # Deep enough for the parser's recursion limit; not so bracket-dense that the memory bound
-    # (tests/test_trust_bounds.py) refuses it first.
+    # (tests/test_file_bounds.py) refuses it first.
     return json.dumps(doc)[:-1].encode() + b', "deep": ' + b"[" * 200 + b"]" * 200 + b"}"
 
 
