@@ -242,8 +242,11 @@ class PerRankWorld:
         detail: str,
         payload: Any,
         compute: Callable[[dict[int, Any]], Mapping[int, Any]],
+        label: str | None = None,
     ) -> Any:
-        """Join the next call on ``group``; the last member to arrive runs ``compute`` for all."""
+        """Join the next call on ``group``; the last member to arrive runs ``compute`` for all.
+        ``label`` names the members' timeline spans as the MPI communicator names them (default:
+        the call and its reduce op, ``all_reduce(sum)``)."""
         seq = self.seq[(rank, group)]
         self.seq[(rank, group)] = seq + 1
         slot = self.slots.setdefault((group, seq), _Slot(group, seq))
@@ -263,9 +266,9 @@ class PerRankWorld:
             del self.slots[(group, seq)]
             slot.results = dict(compute(slot.payload))
             # one span per member, from its arrival: a timeline shows who waited for whom
-            label = f"{mine.split(' ')[0]} on {list(group)}"
+            span = f"{label or mine.split(' ')[0]} on {list(group)}"
             for r in group:
-                Communicator._span(label, (r,), slot.arrived[r])
+                Communicator._span(span, (r,), slot.arrived[r])
         else:
 
             def describe() -> str:
@@ -314,10 +317,15 @@ class _Transport:
         self.comm = world.manual
 
     def _run(
-        self, group: Group, detail: str, payload: Any, compute: Callable[[dict[int, Any]], Mapping[int, Any]]
+        self,
+        group: Group,
+        detail: str,
+        payload: Any,
+        compute: Callable[[dict[int, Any]], Mapping[int, Any]],
+        label: str | None = None,
     ) -> Any:
         try:
-            return self.world.collective(self.me, self.call, group, detail, payload, compute)
+            return self.world.collective(self.me, self.call, group, detail, payload, compute, label)
         except RuntimeError as exc:
             if isinstance(exc, ManualModeError):
                 raise
@@ -350,6 +358,7 @@ class _Transport:
             f" {_sig(buf)} from rank {root}",
             buf,
             lambda b: self.comm.broadcast(group, b, root, tuple(b[root].shape), b[root].dtype),
+            f"broadcast(root {root})",
         )
 
     def reduce(self, group: Group, buf: Array, op: str, root: int) -> Array | None:
@@ -357,7 +366,9 @@ class _Transport:
             out = self.comm.reduce(group, b, op, root)
             return {r: out.get(r) for r in group}
 
-        return self._run(group, f"({op}) {_sig(buf)} to rank {root}", buf, compute)  # type: ignore[no-any-return]
+        return self._run(  # type: ignore[no-any-return]
+            group, f"({op}) {_sig(buf)} to rank {root}", buf, compute, f"reduce({op}, root {root})"
+        )
 
     def barrier(self, group: Group) -> None:
         def compute(b: dict[int, Any]) -> Mapping[int, Any]:

@@ -110,4 +110,4 @@ def test_measured_timelines_of_simulator_and_mpi_have_the_same_spans(kind: str, 
         # the stages exchange activations and gradients; the last stage broadcasts the loss
         assert comm == {(0, "comm", "SEND", "send to 1"), (0, "comm", "RECV", "recv from 1"),
                         (1, "comm", "RECV", "recv from 0"), (1, "comm", "SEND", "send to 0"),
-                        (0, "comm", "COLL", "broadcast on [0, 1]"), (1, "comm", "COLL", "broadcast on [0, 1]")}  # fmt: skip
+                        (0, "comm", "COLL", "broadcast(root 1) on [0, 1]"), (1, "comm", "COLL", "broadcast(root 1) on [0, 1]")}  # fmt: skip

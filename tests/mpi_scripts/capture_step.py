@@ -19,9 +19,14 @@ through ``nccl_standin_run.py`` in CI).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
+
+# A captured step replays one all-reduce per gradient; the eager twin must make the same ones
+# for the collectives to be compared call for call, so the default gradient buckets are off.
+os.environ.setdefault("MPIPAR_GRAD_BUCKET_MIB", "off")
 
 import numpy as np
 
