@@ -317,11 +317,19 @@ class _Session:
             self.setting.events.append(("wait", len(self.started)))
         for bucket in self.started:
             shards: list[dict[int, Any]] = [{} for _ in bucket.entries]
+            # Members handed the same reduced buffer (a process hosting several ranks: the
+            # simulator) get the same view of each gradient, as a per-gradient all-reduce gives
+            # them one array: replicas keep sharing their gradients and what is computed from them.
+            views: dict[tuple[int, int, tuple[int, ...]], Any] = {}
             for _group, pending, layout in bucket.started:
-                for r, flat in pending.wait().items():
-                    flat = flat.reshape(-1)
+                for r, reduced in pending.wait().items():
+                    flat = reduced.reshape(-1)
                     for k, (at, shape) in enumerate(layout[r]):
-                        shards[k][r] = freeze(flat[at : at + math.prod(shape)].reshape(shape))
+                        key = (id(reduced), at, tuple(shape))
+                        view = views.get(key)
+                        if view is None:
+                            view = views[key] = freeze(flat[at : at + math.prod(shape)].reshape(shape))
+                        shards[k][r] = view
             dtype = np.dtype(bucket.key[4])
             for e, mine in zip(bucket.entries, shards, strict=True):
                 assert e.target is not None

@@ -110,10 +110,12 @@ def _step_comm(par: GPTParallel) -> tuple[list[CommEvent], list[CommEvent]]:
     return fwd.events, bwd.events
 
 
-def test_context_parallel_gathers_keys_and_values_once_per_layer() -> None:
+def test_context_parallel_gathers_keys_and_values_once_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
     """cp=2 alone: forward is exactly an all_gather of keys and one of values per layer (the loss
     runs on the split sequence); backward reduce-scatters their gradients and all-reduces the
     weights' gradients (cp acts as data parallel for weights)."""
+    # one all-reduce per gradient, as pinned below (the default buckets would fuse them into one)
+    monkeypatch.setenv("MPIPAR_GRAD_BUCKET_MIB", "off")
     fwd, bwd = _step_comm(LlamaParallel.from_degrees(cp=2))
     layers = CFG.num_hidden_layers
     assert Counter(e.op for e in fwd) == Counter({"all_gather": 2 * layers})

@@ -163,9 +163,11 @@ def test_heads_split_needs_no_communication_when_key_value_heads_divide() -> Non
     assert not fwd and not bwd.get("all_gather") and not bwd.get("all_reduce")
 
 
-def test_heads_split_beyond_key_value_heads_replicates_them() -> None:
+def test_heads_split_beyond_key_value_heads_replicates_them(monkeypatch: pytest.MonkeyPatch) -> None:
     """tp=4 over 2 key/value heads: each rank reads the key/value head of its query head; the
     key/value gradients are Partial over tp and all-reduced (one each)."""
+    # one all-reduce per gradient, as pinned below (the default buckets would fuse them into one)
+    monkeypatch.setenv("MPIPAR_GRAD_BUCKET_MIB", "off")
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["tp"])
     fwd, bwd, got, want, grads = _split_run(mesh, [dist.Shard(2)], [dist.Replicate()], h=4, hk=2)
     _close(got, want)
