@@ -98,6 +98,12 @@ VARIABLES: tuple[Variable, ...] = (
         "how often each rank's heartbeat is written under mpipar launch",
     ),
     Variable(
+        "MPIPAR_LIFELINE",
+        "@name (set by mpipar launch)",
+        "unset",
+        "the launcher's socket each rank on its machine connects to, so it sees the order in which ranks die",
+    ),
+    Variable(
         "MPIPAR_HOST_MAP",
         "host*count,... (set by mpipar launch)",
         "unset",

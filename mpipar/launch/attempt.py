@@ -27,6 +27,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -173,42 +174,180 @@ class HeartbeatWatch:
 
 
 class DeathWatch:
-    """The order in which this machine's ranks die, seen through pidfds (Linux): the first to go
-    is the culprit; the rest are the job's cleanup (mpiexec kills them once one fails)."""
+    """The order in which this machine's ranks die: the first to go is the culprit; the rest are
+    the job's cleanup (mpiexec kills them once one fails).
 
-    def __init__(self) -> None:
-        self.fds: dict[int, int] = {}  # fd -> rank
-        self.died: list[tuple[int, float]] = []  # (rank, when), in the order seen
+    Each rank on this machine holds a *lifeline*, a Unix socket connected to the launcher
+    (``MPIPAR_LIFELINE``, ``mpipar.runtime.heartbeat``); the kernel closes it in the same sweep that
+    closes the rank's stdout and its PMI socket, the first things hydra can notice. So the
+    killed rank's lifeline ends before hydra can even start the cleanup, and the peers' end only
+    after hydra's round trip (proxy, mpiexec, proxy) and their own teardown: milliseconds later.
+    A thread of its own waits on the lifelines and stamps each wake-up, so the launcher's loop,
+    busy copying logs or reading heartbeats, cannot merge them. Ranks seen dead in one wake-up
+    (a launcher starved of CPU for the whole round trip) are a tie; ``first`` returns them all.
+
+    The end of a process (a pidfd) is weaker evidence: a killed rank's last threads may be
+    scheduled after a peer hydra killed later has gone entirely. Pidfds serve only ranks without
+    a lifeline (a script that ended before it connected).
+    """
+
+    def __init__(self, nprocs: int, lifelines: bool = True) -> None:
+        self.nprocs = nprocs
+        self.died: list[tuple[int, int]] = []  # (rank, wake-up number), in the order seen
+        self._lock = threading.Lock()
+        self._fds: dict[int, tuple[str, int, Any]] = {}  # fd -> (kind, rank, socket or None)
+        self._ranks: set[int] = set()  # ranks with a lifeline or a pidfd
+        self._lifelines: set[int] = set()
+        self._pending: dict[int, socket.socket] = {}  # connected, rank not said yet
+        self._server: socket.socket | None = None
+        self._wakeups = 0
+        self._closing = False
+        self.address = ""
+        self._ep = select.epoll() if hasattr(select, "epoll") else None
+        if self._ep is None:
+            return
+        self._wake_r, self._wake_w = os.pipe()
+        self._ep.register(self._wake_r, select.EPOLLIN)
+        if lifelines and sys.platform.startswith("linux"):
+            # an abstract name (Linux): no file to clean up, no 108-byte path limit; the random part
+            # keeps other jobs' ranks (and anyone guessing) off it
+            name = f"mpipar-lifeline-{os.getpid()}-{os.urandom(8).hex()}"
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                server.bind("\0" + name)
+                server.listen(max(nprocs, 8))
+            except OSError:
+                server.close()
+            else:
+                server.setblocking(False)
+                self._server, self.address = server, "@" + name
+                self._ep.register(server.fileno(), select.EPOLLIN)
+        self._thread = threading.Thread(target=self._run, name="mpipar-death-watch", daemon=True)
+        self._thread.start()
 
     def add(self, rank: int, pid: object) -> None:
-        if not isinstance(pid, int) or pid <= 1 or rank in self.fds.values() or not hasattr(os, "pidfd_open"):
+        """Watch a rank's process by pid (for a rank that holds no lifeline)."""
+        if self._ep is None or not hasattr(os, "pidfd_open") or not isinstance(pid, int) or pid <= 1:
             return
-        with contextlib.suppress(OSError):
-            self.fds[os.pidfd_open(pid)] = rank
+        with self._lock:
+            if rank in self._ranks or self._closing:
+                return
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                return
+            self._ranks.add(rank)
+            self._fds[fd] = ("pid", rank, None)
+            self._ep.register(fd, select.EPOLLIN)  # a waiting epoll sees it at once
 
     def wait(self, timeout: float) -> None:
-        """Sleep up to ``timeout``, waking at once when a watched rank dies."""
-        if not self.fds:
-            time.sleep(timeout)
+        """Sleep up to ``timeout`` (the watch thread keeps the order of deaths meanwhile)."""
+        time.sleep(timeout)
+
+    def _run(self) -> None:
+        assert self._ep is not None
+        while True:
+            events = self._ep.poll()
+            with self._lock:
+                if self._closing:
+                    return
+                dead: list[int] = []
+                for fd, _ in events:
+                    if fd == self._wake_r:
+                        continue
+                    if self._server is not None and fd == self._server.fileno():
+                        self._accept()
+                    elif fd in self._pending:
+                        self._hello(fd, dead)
+                    elif fd in self._fds:
+                        self._event(fd, dead)
+                if dead:
+                    self._wakeups += 1
+                    self.died.extend((r, self._wakeups) for r in dead)
+
+    def _accept(self) -> None:
+        assert self._server is not None and self._ep is not None
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:  # BlockingIOError: no more waiting
+                return
+            conn.setblocking(False)
+            self._pending[conn.fileno()] = conn
+            self._ep.register(conn.fileno(), select.EPOLLIN)
+
+    def _hello(self, fd: int, dead: list[int]) -> None:
+        """A connection's first words: its rank (untrusted: a bounded decimal integer, once per rank)."""
+        assert self._ep is not None
+        conn = self._pending.pop(fd)
+        try:
+            data = conn.recv(32)
+        except OSError:
+            data = b""
+        text = data.decode("ascii", "replace").strip()
+        rank = int(text) if text.isdigit() and len(text) < 10 else -1
+        if not 0 <= rank < self.nprocs or rank in self._lifelines:
+            self._ep.unregister(fd)
+            conn.close()
             return
-        ready, _, _ = select.select(list(self.fds), [], [], timeout)
-        now = time.monotonic()
-        for fd in ready:
-            self.died.append((self.fds.pop(fd), now))
-            os.close(fd)
+        for other, (kind, r, _) in list(self._fds.items()):
+            if kind == "pid" and r == rank:  # its heartbeat was read first: the lifeline supersedes the pidfd
+                self._drop(other)
+        self._ranks.add(rank)
+        self._lifelines.add(rank)
+        self._fds[fd] = ("lifeline", rank, conn)
+        self._event(fd, dead)  # it may be dead already: then its EOF came with the hello
+
+    def _event(self, fd: int, dead: list[int]) -> None:
+        kind, rank, conn = self._fds[fd]
+        if kind == "lifeline":
+            try:
+                if conn.recv(4096) != b"":
+                    return  # said something more: ignored, it is alive
+            except (BlockingIOError, InterruptedError):
+                return  # alive
+            except OSError:
+                pass
+        self._drop(fd)
+        dead.append(rank)
+
+    def _drop(self, fd: int) -> None:
+        assert self._ep is not None
+        _, _, conn = self._fds.pop(fd)
+        with contextlib.suppress(OSError):
+            self._ep.unregister(fd)
+        with contextlib.suppress(OSError):
+            conn.close() if conn is not None else os.close(fd)
 
     def first(self) -> list[int]:
-        """The ranks that died first (together, within one wake-up)."""
-        if not self.died:
-            return []
-        t0 = self.died[0][1]
-        return [r for r, t in self.died if t == t0]
+        """The ranks that died first (together, within one wake-up); empty when none was seen to die."""
+        with self._lock:
+            if not self.died:
+                return []
+            w0 = self.died[0][1]
+            return [r for r, w in self.died if w == w0]
 
     def close(self) -> None:
-        for fd in self.fds:
+        if self._ep is None:
+            return
+        with self._lock:
+            self._closing = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+        self._thread.join(timeout=5)
+        with self._lock:
+            for fd in list(self._fds):
+                self._drop(fd)
+            for conn in self._pending.values():
+                conn.close()
+            self._pending.clear()
+            if self._server is not None:
+                self._server.close()
+            self._ep.close()
+            self._ep = None
+        for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.fds.clear()
 
 
 class Follower:
@@ -297,6 +436,10 @@ def run_attempt(
     # The simulator's one process writes workerlog.0 itself; mpiexec's own words get a file.
     own_log = open(os.path.join(attempt_dir, "workerlog.0" if simulate else "mpiexec.log"), "wb")  # noqa: SIM115
     sim_log = own_log if simulate else None
+    # the lifelines must listen before a rank can start; the simulator's one process is the child itself
+    deaths = DeathWatch(nprocs, lifelines=not simulate)
+    if deaths.address:
+        env = {**env, hb.LIFELINE_ENV: deaths.address}
     proc = subprocess.Popen(
         list(command),
         env=env,
@@ -318,7 +461,6 @@ def run_attempt(
         t.start()
     follower = Follower(rank0, out)
     watch = HeartbeatWatch(attempt_dir, range(1 if simulate else nprocs), hang_timeout, interval)
-    deaths = DeathWatch()
     hang: Hang | None = None
     killed_at: float | None = None
     while proc.poll() is None:
@@ -386,7 +528,13 @@ def _describe(
     )
     if returncode == 0 and hang is None and not interrupted:
         return outcome
-    codes = _bad_termination_codes(os.path.join(attempt_dir, "mpiexec.log"))
+    reports = _bad_terminations(os.path.join(attempt_dir, "mpiexec.log"))
+    codes = [code for _, code in reports]
+    if len(died_first) > 1 and reports:
+        # seen dead in one wake-up (the launcher starved of CPU): hydra's report breaks the tie when it
+        # names one of them (it names whichever process it collected first, so it decides nothing alone)
+        named = [r for r in died_first if beats.get(r, {}).get("pid") == reports[0][0]]
+        died_first = named or died_first
     for r in range(1 if simulate else nprocs):
         b = beats.get(r, {})
         if hang is not None and r == hang.rank:
@@ -433,15 +581,15 @@ def _describe(
     return outcome
 
 
-def _bad_termination_codes(path: str) -> list[int]:
-    """The exit codes of hydra's ``BAD TERMINATION ... PID p RUNNING AT h ... EXIT CODE: c`` reports."""
+def _bad_terminations(path: str) -> list[tuple[int, int]]:
+    """(pid, exit code) of hydra's ``BAD TERMINATION ... PID p RUNNING AT h ... EXIT CODE: c`` reports."""
     try:
         with open(path, "rb") as f:
             text = f.read(1 << 20).decode("utf-8", "replace")
     except OSError:
         return []
     text = re.sub(r"\n=\s*", " = ", text)
-    return [int(m.group(3)) for m in _BAD_TERMINATION.finditer(text)]
+    return [(int(m.group(1)), int(m.group(3))) for m in _BAD_TERMINATION.finditer(text)]
 
 
 def main_stack(dump: str, ident: object) -> str:

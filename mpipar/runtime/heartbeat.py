@@ -54,6 +54,7 @@ from mpipar.runtime.hosts import host_of
 
 DIR_ENV = "MPIPAR_LAUNCH_DIR"
 INTERVAL_ENV = "MPIPAR_HEARTBEAT_S"
+LIFELINE_ENV = "MPIPAR_LIFELINE"
 DEFAULT_INTERVAL_S = 1.0
 DUMP_SIGNAL = signal.SIGUSR2
 """The signal the launcher sends a local hung rank for its stack (``faulthandler`` answers it)."""
@@ -110,6 +111,7 @@ class Heartbeat:
             "pid": os.getpid(),
             "main_thread": threading.main_thread().ident,
         }
+        self._lifeline = connect_lifeline(rank)
         os.makedirs(folder(attempt_dir), exist_ok=True)
         self._stack_file: IO[str] = open(stack_path(attempt_dir, rank), "w")  # noqa: SIM115 (open for the process)
         with contextlib.suppress(ValueError, OSError, RuntimeError):  # not the main thread, or no such signal
@@ -179,6 +181,24 @@ class Heartbeat:
                     os.unlink(request)
                     faulthandler.dump_traceback(file=self._stack_file, all_threads=True)
                     self._stack_file.flush()
+
+
+def connect_lifeline(rank: int) -> socket.socket | None:
+    """Connect to the launcher's lifeline (``MPIPAR_LIFELINE``, an abstract Unix socket name) and say
+    which rank this is; the kernel closes the connection when this process ends, however it ends,
+    which tells the launcher the order in which ranks died (``mpipar.launch.attempt.DeathWatch``).
+    None where there is no launcher or it is on another machine."""
+    address = env_text(LIFELINE_ENV) or ""
+    if not address.startswith("@") or not sys.platform.startswith("linux"):
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect("\0" + address[1:])
+        conn.sendall(f"{rank}\n".encode())
+    except OSError:
+        conn.close()
+        return None
+    return conn  # held open, never read: non-inheritable, so a child process does not keep it alive
 
 
 _active: Heartbeat | None = None

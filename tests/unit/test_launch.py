@@ -13,8 +13,10 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -28,7 +30,7 @@ from mpipar import ProcessMesh
 from mpipar.checkpoint import restart_info, resume_target, save_state_dict
 from mpipar.checkpoint.format import MARKER, MARKER_TEXT, CheckpointError
 from mpipar.debug.timeline import Timeline
-from mpipar.launch.attempt import Outcome, main_stack
+from mpipar.launch.attempt import DeathWatch, HeartbeatWatch, Outcome, _describe, main_stack
 from mpipar.launch.options import parse, parse_paddle
 from mpipar.launch.supervisor import _same_failure, clear_stale, command, is_this_machine, rank_env, summary
 from mpipar.runtime.hosts import (
@@ -328,3 +330,56 @@ def test_a_failure_that_repeats_stops_the_restarts_paddle_spelling_simulated(tmp
     )
     assert sorted(os.listdir(tmp_path / "log")) == ["attempt-0", "attempt-1"]
     assert "FAILED: 2 ranks" in run.stderr.strip().splitlines()[-1]
+
+
+def test_the_death_watch_names_the_rank_that_died_first_and_ignores_hostile_hellos() -> None:
+    """Rank 2 dies, then ranks 0 and 1 (hydra's cleanup, milliseconds later): the lifelines' ends
+    come in that order, each its own wake-up; connections that say a wrong rank change nothing."""
+    deaths = DeathWatch(3)
+    assert deaths.address.startswith("@mpipar-lifeline-")
+    child = "import sys, time; from mpipar.runtime.heartbeat import connect_lifeline as c; " \
+            "l = c(int(sys.argv[1])); print(l is not None, flush=True); time.sleep(60)"  # fmt: skip
+    env = {**os.environ, "MPIPAR_LIFELINE": deaths.address}
+    procs = {
+        r: subprocess.Popen([sys.executable, "-c", child, str(r)], env=env, stdout=subprocess.PIPE, text=True)
+        for r in range(3)
+    }
+    try:
+        assert all(p.stdout is not None and p.stdout.readline().strip() == "True" for p in procs.values())
+        deadline = time.monotonic() + 10
+        while len(deaths._lifelines) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert deaths._lifelines == {0, 1, 2}
+        for hello in (b"7\n", b"x\n", b"1\n", b""):  # out of range, not a number, taken, silent
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect("\0" + deaths.address[1:])
+            s.sendall(hello)
+            time.sleep(0.05)
+            s.close()
+        time.sleep(0.1)
+        assert deaths.died == [] and deaths.first() == []
+        for r in (2, 0, 1):
+            procs[r].kill()
+            procs[r].wait()
+            time.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while len(deaths.died) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [r for r, _ in deaths.died] == [2, 0, 1] and deaths.first() == [2]
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+        deaths.close()
+
+
+def test_ranks_seen_dead_together_are_told_apart_by_hydras_report_when_it_names_one(tmp_path: Any) -> None:
+    attempt_dir = tmp_path / "attempt-0"
+    attempt_dir.mkdir()
+    report = "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID {} RUNNING AT vm\n=   EXIT CODE: 9\n"
+    watch = HeartbeatWatch(str(attempt_dir), range(4), 5.0, 0.1)
+    watch.last = {r: {"rank": r, "pid": 4240 + r, "node": "vm", "state": "running", "step": 3} for r in range(4)}
+    for pid, tied, culprit in ((4242, [0, 2], 2), (4243, [0, 2], 0), (4243, [1], 1)):
+        (attempt_dir / "mpiexec.log").write_text(report.format(pid))
+        outcome = _describe(0, 9, 1.0, watch, str(attempt_dir), 4, False, None, 0, tied)
+        assert outcome.culprit == culprit and outcome.cause == f"rank {culprit} killed by signal 9"
