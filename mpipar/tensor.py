@@ -355,8 +355,21 @@ class Tensor:
     def detach(self) -> Tensor:
         """The same value with no history (shares the read-only storage)."""
         t = Tensor.__new__(Tensor)
-        Tensor.__init__(t, None, dtype=self._dtype)
-        t._take_storage(self)
+        if "_shards" not in self.__dict__:  # shards deferred (or a lazy value): the general path
+            Tensor.__init__(t, None, dtype=self._dtype)
+            t._take_storage(self)
+        else:
+            # Every op saves its inputs detached (``tape.pack_saved``): the fields
+            # ``__init__`` and ``_take_storage`` would set, set once, without their calls.
+            t._spec = self._spec
+            t._shards = self._shards
+            t._sid = self._sid
+            t._dtype = self._dtype
+            t._shape = self._shape
+            t.stop_gradient = True
+            t._abstract = self._abstract
+            t._init = self._init
+            t._dense = self._dense
         t._reshards = self._reshards  # the same value: the same reshards already made
         t.name = self.name
         return t

@@ -201,6 +201,10 @@ def _reuse_info(flat: list[Tensor]) -> spmd.Reuse | None:
     else:
         if len(flat) == 1:
             return None
+        if len(flat) == 2:  # a binary op: one comparison
+            a, b = flat
+            if a._spec is None or b._spec is None or a._sid != b._sid:
+                return None
         sids = [t._sid for t in flat if t._spec is not None]
         if len(set(sids)) == len(sids):
             return None
@@ -241,30 +245,50 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     for start_hook in hooks.op_start_hooks:
         start_hook.on_op_start(name)
     op = _OPS.get(name) or get_op(name)
-    attrs = attrs or {}
-    flat, nest = _flatten(op, inputs)
-    # One pass over the inputs: their types, and which are distributed.
+    if attrs is None:
+        attrs = {}
+    if op.list_input:
+        flat, nest = _flatten(op, inputs)
+    else:
+        flat, nest = list(inputs), None
+    # One pass over the inputs: their types, which are distributed, whether any is abstract
+    # (``execution_mode``'s question, asked here rather than in another pass).
     dist_inputs: list[Tensor] = []
-    for i, t in enumerate(flat):
+    abstract = False
+    for t in flat:
         if not isinstance(t, Tensor):
+            i = next(i for i, u in enumerate(flat) if u is t)
             raise TypeError(f"{name}: input {i} must be a Tensor, got {type(t).__name__}")
         if t._spec is not None:
             dist_inputs.append(t)
-    # ZeRO-3 may swap gathered parameters into ``flat``; hooks see the inputs as given.
-    original = list(flat) if stored_split_seen[0] else flat
+        if t._abstract:
+            abstract = True
     backend = current_backend()
-    stage_run = hooks.stage_runs[-1] if hooks.stage_runs else None
-    first_dist = dist_inputs[0] if dist_inputs else None
-    # Inside a pipeline stage run, ops of the other stages only run their rule (no data, no comm).
-    inactive = (
-        stage_run is not None and first_dist is not None and not stage_run.op_is_real(first_dist.spec.mesh, op.name)
-    )
-    if stage_run is not None and first_dist is not None:
-        stage_run.note_inputs(flat, first_dist.spec.mesh)
-    gathered, swapped = ([], False) if inactive else _gather_stored_split(op, flat)
-    if swapped:  # ZeRO-3 put gathered parameters in ``flat``
-        dist_inputs = [t for t in flat if t.is_dist]
-    mode = Mode.ABSTRACT if inactive else execution_mode(flat, backend)
+    gathered: list[Tensor] = []
+    original = flat
+    if hooks.stage_runs or stored_split_seen[0]:  # a pipeline stage run, or ZeRO-3 parameters
+        # ZeRO-3 may swap gathered parameters into ``flat``; hooks see the inputs as given.
+        original = list(flat) if stored_split_seen[0] else flat
+        stage_run = hooks.stage_runs[-1] if hooks.stage_runs else None
+        first_dist = dist_inputs[0] if dist_inputs else None
+        # Inside a pipeline stage run, ops of the other stages only run their rule (no data, no comm).
+        inactive = (
+            stage_run is not None
+            and first_dist is not None
+            and not stage_run.op_is_real(first_dist.spec.mesh, op.name)
+        )
+        if stage_run is not None and first_dist is not None:
+            stage_run.note_inputs(flat, first_dist.spec.mesh)
+        swapped = False
+        if not inactive:
+            gathered, swapped = _gather_stored_split(op, flat)
+        if swapped:  # ZeRO-3 put gathered parameters in ``flat``
+            dist_inputs = [t for t in flat if t.is_dist]
+        mode = Mode.ABSTRACT if inactive else execution_mode(flat, backend)
+    elif abstract or backend.shape_only:
+        mode = Mode.ABSTRACT
+    else:
+        mode = Mode.DENSE if backend.reference else Mode.DISTRIBUTED
     result: spmd.SpmdResult | None = None
     if mode is Mode.ABSTRACT:
         outs, used, result = _run_abstract(op, flat, nest, attrs, dist_inputs)
@@ -445,21 +469,21 @@ def _decision_key(
 ) -> tuple[Any, ...] | None:
     """What a decision depends on: the op, each input's spec (dense: shape, on the op's mesh),
     dtypes, the attributes and what was already resharded; None when the attributes are not
-    hashable (such a call is decided afresh)."""
+    hashable (such a call is decided afresh). The key is hashed by the cache's lookup
+    (``cached_decision``), which also finds an unhashable one."""
     ins = tuple([t._spec if t._spec is not None else (t._shape, mesh) for t in flat])
     try:
-        key = (
-            op.name,
-            ins,
-            tuple([t._dtype for t in flat]),
-            freeze_attrs(decision_attrs(op, attrs)),
-            reuse,
-            tuple(nest) if nest is not None else None,
-        )
-        hash(key)
+        frozen = freeze_attrs(decision_attrs(op, attrs)) if attrs else ()
     except TypeError:
         return None
-    return key
+    return (
+        op.name,
+        ins,
+        tuple([t._dtype for t in flat]),
+        frozen,
+        reuse,
+        tuple(nest) if nest is not None else None,
+    )
 
 
 def cached_decision(key: tuple[Any, ...] | None, backend: Any) -> Decision | None:
@@ -469,6 +493,15 @@ def cached_decision(key: tuple[Any, ...] | None, backend: Any) -> Decision | Non
         _decisions_backend[0] = backend
         return None
     return _DECISIONS.get(key) if key is not None else None
+
+
+def _hashable(key: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+    """``key``, or None when some part of it cannot be hashed (a call decided afresh)."""
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _decide(
@@ -510,14 +543,18 @@ def _run_dist(
     dist_inputs: list[Tensor],
     backend: Any,
 ) -> tuple[list[Tensor], list[Tensor], spmd.SpmdResult | None]:
-    mesh = dist_inputs[0].spec.mesh
+    mesh = dist_inputs[0]._spec.mesh  # type: ignore[union-attr]
     reuse = _reuse_info(flat) if reuse_enabled() else None
     player = _replaying[-1] if _replaying else None
     decision = player.next(op, flat, attrs, reuse, backend) if player is not None else None
     if decision is None:
         key = _decision_key(op, flat, nest, attrs, reuse, mesh)
-        decision = cached_decision(key, backend)
+        try:
+            decision = cached_decision(key, backend)
+        except TypeError:  # an attribute that cannot be hashed: decided afresh
+            key = decision = None
         if decision is None:
+            key = _hashable(key)
             for t in dist_inputs[1:]:
                 if not t.spec.mesh.same_layout(mesh):
                     raise ValueError(
@@ -547,9 +584,15 @@ def _run_dist(
     # MPI a process hosts one rank of the mesh, or none when the op is another stage's.)
     if len(decision.ranks) > 1 and op.product_sum is not None and _defers(op, decision):
         return [_deferred_output(op, decision, used, attrs)], used, decision.res
-    per_rank = _kernel_outputs(op, decision, attrs, None, used)
+    if len(decision.ranks) == 1 and not capture_hooks.capture_tracers:  # one hosted rank (MPI)
+        per_rank = _one_rank_outputs(op, decision, attrs, None, used)
+    else:
+        per_rank = _kernel_outputs(op, decision, attrs, None, used)
+    out_specs = decision.out_specs
+    if len(out_specs) == 1:  # most ops
+        return [Tensor._op_output(out_specs[0], decision.dtypes[0], {r: got[0] for r, got in per_rank.items()})], used, decision.res
     outs = []
-    for j, (spec, dt) in enumerate(zip(decision.out_specs, decision.dtypes, strict=True)):
+    for j, (spec, dt) in enumerate(zip(out_specs, decision.dtypes, strict=True)):
         outs.append(Tensor._op_output(spec, dt, {r: got[j] for r, got in per_rank.items()}))
     return outs, used, decision.res
 
@@ -774,20 +817,29 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
             t.stop_gradient = True
         return
     nondiff = op.nondiff_outputs
-    for j, t in enumerate(outs):
-        t.stop_gradient = j in nondiff
-    saved_in = range(len(used)) if op.save_inputs is None else op.save_inputs
+    pack = tape.pack_saved
+    saved_in = op.save_inputs
+    if saved_in is None:  # every input saved
+        inputs = [pack(u) for u in used]
+    else:
+        inputs = [pack(u) if i in saved_in else None for i, u in enumerate(used)]
+    save_out = op.save_outputs
+    if not save_out:
+        outputs: list[Tensor | None] = [None] * len(outs)
+    else:
+        outputs = [pack(t) if j in save_out else None for j, t in enumerate(outs)]
     ctx = tape.GradContext(
-        op=op.name,
-        attrs=attrs,
-        inputs=[tape.pack_saved(used[i]) if i in saved_in else None for i in range(len(used))],
-        outputs=[tape.pack_saved(outs[j]) if j in op.save_outputs else None for j in range(len(outs))],
-        input_shapes=[tuple(t._shape) for t in flat],
-        input_dtypes=[t._dtype for t in flat],
-        needs_grad=needs,
-        input_specs=[u._spec for u in used],  # None for a dense input
+        op.name,
+        attrs,
+        inputs,
+        outputs,
+        [tuple(t._shape) for t in flat],
+        [t._dtype for t in flat],
+        needs,
+        [u._spec for u in used],  # None for a dense input
     )
     parents = [u if need else None for u, need in zip(used, needs, strict=True)]
     node = tape.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]
     for j, t in enumerate(outs):
+        t.stop_gradient = j in nondiff
         t._set_history(node, j)
