@@ -273,9 +273,7 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
         first_dist = dist_inputs[0] if dist_inputs else None
         # Inside a pipeline stage run, ops of the other stages only run their rule (no data, no comm).
         inactive = (
-            stage_run is not None
-            and first_dist is not None
-            and not stage_run.op_is_real(first_dist.spec.mesh, op.name)
+            stage_run is not None and first_dist is not None and not stage_run.op_is_real(first_dist.spec.mesh, op.name)
         )
         if stage_run is not None and first_dist is not None:
             stage_run.note_inputs(flat, first_dist.spec.mesh)
@@ -590,7 +588,11 @@ def _run_dist(
         per_rank = _kernel_outputs(op, decision, attrs, None, used)
     out_specs = decision.out_specs
     if len(out_specs) == 1:  # most ops
-        return [Tensor._op_output(out_specs[0], decision.dtypes[0], {r: got[0] for r, got in per_rank.items()})], used, decision.res
+        return (
+            [Tensor._op_output(out_specs[0], decision.dtypes[0], {r: got[0] for r, got in per_rank.items()})],
+            used,
+            decision.res,
+        )
     outs = []
     for j, (spec, dt) in enumerate(zip(out_specs, decision.dtypes, strict=True)):
         outs.append(Tensor._op_output(spec, dt, {r: got[j] for r, got in per_rank.items()}))
@@ -668,9 +670,9 @@ def _one_rank_outputs(
         raise ValueError(f"kernel of {op.name} returned {len(got)} outputs; the rule says {len(shapes)}")
     for j, dt in enumerate(decision.dtypes):
         arr = got[j]
-        if isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
+        if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
             arr = np.asarray(arr)
-        if arr.dtype != dt:
+        if arr.dtype is not dt and arr.dtype != dt:
             arr = arr.astype(dt)
         if arr.shape != shapes[j]:
             spec = decision.out_specs[j]  # type: ignore[index]
