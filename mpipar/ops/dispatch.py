@@ -582,11 +582,22 @@ def _run_dist(
     # MPI a process hosts one rank of the mesh, or none when the op is another stage's.)
     if len(decision.ranks) > 1 and op.product_sum is not None and _defers(op, decision):
         return [_deferred_output(op, decision, used, attrs)], used, decision.res
+    out_specs = decision.out_specs
     if len(decision.ranks) == 1 and not capture_hooks.capture_tracers:  # one hosted rank (MPI)
+        if not op.multi_output:  # most ops: ``_one_rank_outputs`` for one output, inline
+            r, shapes, ctx = decision.ranks[0]
+            arr = op.kernel(ctx, *[u._shards[r] for u in used], **attrs)
+            dt = decision.dtypes[0]
+            if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d
+                arr = np.asarray(arr)
+            if arr.dtype is not dt and arr.dtype != dt:
+                arr = arr.astype(dt)
+            if len(shapes) != 1 or arr.shape != shapes[0]:
+                _wrong_outputs(op, decision, r, [arr])
+            return [Tensor._op_output(out_specs[0], dt, {r: freeze(arr)})], used, decision.res
         per_rank = _one_rank_outputs(op, decision, attrs, None, used)
     else:
         per_rank = _kernel_outputs(op, decision, attrs, None, used)
-    out_specs = decision.out_specs
     if len(out_specs) == 1:  # most ops
         return (
             [Tensor._op_output(out_specs[0], decision.dtypes[0], {r: got[0] for r, got in per_rank.items()})],
@@ -657,6 +668,20 @@ def _kernel_outputs(
     return per_rank
 
 
+def _wrong_outputs(op: OpDef, decision: Decision, r: int, got: list[Any]) -> None:
+    """Raise for a kernel whose outputs are not those its rule names (count, then shape)."""
+    shapes = decision.ranks[0][1]
+    if len(got) != len(shapes):
+        raise ValueError(f"kernel of {op.name} returned {len(got)} outputs; the rule says {len(shapes)}")
+    for j, arr in enumerate(got):
+        if arr.shape != shapes[j]:
+            spec = decision.out_specs[j]  # type: ignore[index]
+            raise AssertionError(
+                f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
+                f"{op.rule_name} says {list(shapes[j])} ({spec})"
+            )
+
+
 def _one_rank_outputs(
     op: OpDef, decision: Decision, attrs: dict[str, Any], inputs: dict[int, list[Any]] | None, used: list[Tensor]
 ) -> dict[int, list[Any]]:
@@ -667,7 +692,7 @@ def _one_rank_outputs(
     result = op.kernel(ctx, *arrays, **attrs)
     got = list(result) if op.multi_output else [result]
     if len(got) != len(shapes):
-        raise ValueError(f"kernel of {op.name} returned {len(got)} outputs; the rule says {len(shapes)}")
+        _wrong_outputs(op, decision, r, got)
     for j, dt in enumerate(decision.dtypes):
         arr = got[j]
         if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
