@@ -174,7 +174,10 @@ class Tensor:
         cls, spec: DistSpec, shards: Mapping[int, Array], dtype: Any, like: Tensor | None = None
     ) -> Tensor:
         t = cls.__new__(cls)
-        Tensor.__init__(t, None, dtype=dtype)  # a fresh storage id, no dense value
+        # What ``Tensor.__init__(t, None, dtype)`` sets and ``_hold_shards`` does not: a fresh
+        # storage id, no history (every reshard and optimizer update makes one of these).
+        t._sid = next(_storage_ids)
+        t.stop_gradient = True
         t._hold_shards(spec, shards, np.dtype(dtype))
         if like is not None:
             t.stop_gradient = like.stop_gradient

@@ -195,16 +195,18 @@ def _nest(specs: Sequence[DistSpec], nest: Sequence[Any] | None) -> list[Any]:
 def _reuse_info(flat: list[Tensor]) -> spmd.Reuse | None:
     """For the conflict policy: which inputs hold the same value, and the layouts each value was
     already resharded to this step (free to use again); None when there is nothing to reuse."""
-    for t in flat:  # the common case, decided without building sets (a plain loop: every op asks)
+    n = len(flat)
+    if n == 1:  # unary ops, decided without a loop
+        if not flat[0]._reshards:
+            return None
+    elif n == 2:  # binary ops
+        a, b = flat
+        if not a._reshards and not b._reshards and (a._spec is None or b._spec is None or a._sid != b._sid):
+            return None
+    for t in flat:  # decided without building sets where nothing was resharded (every op asks)
         if t._reshards:
             break
     else:
-        if len(flat) == 1:
-            return None
-        if len(flat) == 2:  # a binary op: one comparison
-            a, b = flat
-            if a._spec is None or b._spec is None or a._sid != b._sid:
-                return None
         sids = [t._sid for t in flat if t._spec is not None]
         if len(set(sids)) == len(sids):
             return None
@@ -454,7 +456,10 @@ def decision_attrs(op: OpDef, attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def freeze_attrs(attrs: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple([(k, _frozen(v)) for k, v in attrs.items()]) if attrs else ()
+    if not attrs:
+        return ()
+    # ``_frozen`` inline for the scalars most attributes are (one call less per attribute)
+    return tuple([(k, (kind, v) if (kind := type(v)) in _SCALAR_TYPES else _frozen(v)) for k, v in attrs.items()])
 
 
 def _decision_key(
@@ -548,7 +553,10 @@ def _run_dist(
     if decision is None:
         key = _decision_key(op, flat, nest, attrs, reuse, mesh)
         try:
-            decision = cached_decision(key, backend)
+            if _decisions_backend[0] is backend and key is not None:  # ``cached_decision``, inline
+                decision = _DECISIONS.get(key)
+            else:
+                decision = cached_decision(key, backend)
         except TypeError:  # an attribute that cannot be hashed: decided afresh
             key = decision = None
         if decision is None:
