@@ -72,7 +72,7 @@ def _merge_order(nodes: list[Node]) -> list[Node]:
 
 def _topo_order(root: Tensor) -> list[Node]:
     order: list[Node] = []
-    seen: set[int] = set()
+    seen: set[Node] = set()  # nodes compare and hash by identity (``eq=False``)
     stack: list[tuple[Node, bool]] = []
     if root._grad_fn is not None:
         stack.append((root._grad_fn, False))
@@ -81,13 +81,15 @@ def _topo_order(root: Tensor) -> list[Node]:
         if expanded:
             order.append(node)
             continue
-        if id(node) in seen:
+        if node in seen:
             continue
-        seen.add(id(node))
+        seen.add(node)
         stack.append((node, True))
         for p in node.parents:
-            if p is not None and p._grad_fn is not None and id(p._grad_fn) not in seen:
-                stack.append((p._grad_fn, False))
+            if p is not None:
+                fn = p._grad_fn
+                if fn is not None and fn not in seen:
+                    stack.append((fn, False))
     return order  # parents before children
 
 
