@@ -229,6 +229,7 @@ class Optimizer:
         src = master if master is not None else pv  # what the update reads and writes
         cdt = src.dtype
         mode = execution_mode([pv], backend)
+        direct: tuple[DistSpec, dict[int, Array]] | None = None  # p's layout and new shards, to take as they are
         if mode is Mode.ABSTRACT:
             new_p = Tensor.abstract(p.shape, p.dtype, layout)
         elif layout is None or mode is Mode.DENSE:
@@ -250,26 +251,39 @@ class Optimizer:
             tr = capture_hooks.capture_tracer() if capture_hooks.capture_tracers else None
             if tr is not None and (master is not None or self.offload is not None):
                 tr.refuse(f"{p._label()} is updated through a master copy or offloaded states")
-            for r in pv._shards:
-                key = (id(src._shards[r]), id(gv._shards[r]), *(id(state[n]._shards[r]) for n in self.state_names))
-                if key not in memo:  # replicas compute once
-                    if tr is not None:  # a captured step being traced: the update is an instruction
-                        memo[key] = tr.update(self, p, lr, src, gv, state, r, cdt)
-                    else:
-                        grad = gv._shards[r].astype(cdt, copy=False)
-                        memo[key] = self._update(
-                            src._shards[r], grad, {n: state[n]._shards[r] for n in self.state_names}, lr, state
-                        )
-                shards[r] = memo[key][0]
+            if tr is None and len(pv._shards) == 1:  # one hosted rank (MPI): no replicas to share with
+                (r,) = pv._shards
+                grad = gv._shards[r].astype(cdt, copy=False)
+                new_value, new_states = self._update(
+                    src._shards[r], grad, {n: state[n]._shards[r] for n in self.state_names}, lr, state
+                )
+                shards[r] = new_value
                 for n in self.state_names:
-                    new_state_shards[n][r] = memo[key][1][n]
+                    new_state_shards[n][r] = new_states[n]
+            else:
+                for r in pv._shards:
+                    key = (id(src._shards[r]), id(gv._shards[r]), *(id(state[n]._shards[r]) for n in self.state_names))
+                    if key not in memo:  # replicas compute once
+                        if tr is not None:  # a captured step being traced: the update is an instruction
+                            memo[key] = tr.update(self, p, lr, src, gv, state, r, cdt)
+                        else:
+                            grad = gv._shards[r].astype(cdt, copy=False)
+                            memo[key] = self._update(
+                                src._shards[r], grad, {n: state[n]._shards[r] for n in self.state_names}, lr, state
+                            )
+                    shards[r] = memo[key][0]
+                    for n in self.state_names:
+                        new_state_shards[n][r] = memo[key][1][n]
             for n in self.state_names:
                 state[n] = Tensor._from_shards(layout, new_state_shards[n], state[n].dtype)
             if master is not None:
                 state[MASTER] = Tensor._from_shards(layout, shards, cdt)
                 down: dict[int, Array] = {}  # replicas share one cast
                 shards = {r: down.setdefault(id(a), a.astype(p.dtype)) for r, a in shards.items()}
-            new_p = Tensor._from_shards(layout, shards, p.dtype)
+            if layout is p._spec and not p.is_lazy:  # the usual case: the new shards become p's own
+                direct = (layout, shards)
+            else:
+                new_p = Tensor._from_shards(layout, shards, p.dtype)
         if self.offload is not None:
             move_states(state, self._state_keys(p), self.offload, "to_host", ranks)
         state["step"] = state.get("step", 0) + 1
@@ -277,6 +291,9 @@ class Optimizer:
             if layout is None or mode is not Mode.DISTRIBUTED:
                 tr.refuse(f"{p._label()} is updated dense (the capture records distributed updates)")
             tr.bump_step(self, p)
+        if direct is not None:  # updated in p's own layout: what ``_take_storage`` of a new tensor does
+            p._set_dist(direct[0], direct[1], p.dtype)
+            return
         if p.is_dist and new_p.is_dist and new_p.spec != p.spec:
             with comm_context(f"optimizer: gather the updated {p._label()}"):
                 new_p = reshard_to(new_p, p.spec)
