@@ -1,7 +1,10 @@
 """The eager step's Python work per step on one rank: the TP MLP step of ``tp_mlp_vs_mpi4py.py``
 as rank 0 of ``mpiexec -n 4`` runs it, in one process, without MPI.
 
-    .venv/bin/python benchmarks/eager_dispatch_cpu.py [--steps 300] [--rounds 7] [--hidden 16]
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/eager_dispatch_cpu.py [--steps 300] [--rounds 7] [--hidden 16]
+
+(One BLAS thread: process CPU time counts every thread, and BLAS threads waiting for a core
+on a shared machine add time that is neither the kernels nor dispatch.)
 
 A backend hosting rank 0 of each mesh only (dispatch's one-rank path, the one every op takes
 under MPI) runs the public-API step (Linear with bias, ReLU, Linear with bias, ``mean(z * z)``,
