@@ -288,7 +288,7 @@ class Watchdog:
         self.completed = 0
         """Waits finished so far: the launcher's heartbeat reads it as progress."""
         self._latest: dict[int, Notice] = {}
-        self._sends: list[tuple[Any, bytes]] = []
+        self._sends: list[tuple[Any, bytes, int]] = []  # (request, payload kept alive, destination)
         self._lock = threading.Lock()
         self._can_talk = mpi.Query_thread() == mpi.THREAD_MULTIPLE
         self._thread = threading.Thread(target=self._run, name="mpipar-watchdog", daemon=True)
@@ -331,12 +331,25 @@ class Watchdog:
                 flush_std_streams()
                 break
             time.sleep(0.005)
-        until = time.monotonic() + 1.0
-        while time.monotonic() < until:  # our own notices: eager, complete at once
+        # Our own notices must be complete before MPI_Finalize: a send still pending there may
+        # never be delivered, and its rank would wait here for our "exited" until the timeout.
+        # Every peer is in this loop or its first one, progressing MPI, so they complete; and
+        # every peer's last message to us, its "exited", has arrived, so nothing is left for us.
+        while True:
             with self._lock:
                 self._reap()
-                if not self._sends:
-                    return
+                pending = sorted({dst for _, _, dst in self._sends})
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                print(
+                    f"mpipar: rank {self.rank} finished, but its exit notices to rank(s) {pending} were not "
+                    f"delivered within MPIPAR_TIMEOUT={self.timeout:g} s; exiting anyway",
+                    file=sys.stderr,
+                )
+                flush_std_streams()
+                return
+            self._drain()
             time.sleep(0.005)
 
     def _has_exited(self, rank: int) -> bool:
@@ -355,10 +368,10 @@ class Watchdog:
             for dst in range(self.size):
                 if dst != self.rank and not self._has_exited(dst):
                     req = self.comm.Isend([payload, self._mpi.BYTE], dest=dst, tag=NOTICE_TAG)
-                    self._sends.append((req, payload))
+                    self._sends.append((req, payload, dst))
 
     def _reap(self) -> None:
-        self._sends = [(req, buf) for req, buf in self._sends if not req.Test()]
+        self._sends = [(req, buf, dst) for req, buf, dst in self._sends if not req.Test()]
 
     def _drain(self) -> None:
         if self.comm is None or not self._can_talk:

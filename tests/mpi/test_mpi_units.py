@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +13,13 @@ from hypothesis import strategies as st
 
 import mpipar as dist
 from mpipar.comm import _BLOCK_ELEMS, fold_into, reduce_arrays, reduce_rows
-from mpipar.runtime.faults import check_from_env, compare_signatures, signature, timeout_from_env
+from mpipar.runtime.faults import (
+    Watchdog,
+    check_from_env,
+    compare_signatures,
+    signature,
+    timeout_from_env,
+)
 from mpipar.runtime.log import LinePrefixer
 from mpipar.runtime.ordered import ResultCache, cache_bytes_from_env, reduce_mode_from_env
 
@@ -205,3 +213,73 @@ def test_reduce_rows_is_reduce_arrays_bit_for_bit(n: int, size: int, op: str, dt
     lazy = np.empty(size, dtype=rows.dtype)
     fold_into(lazy, (rows[k] for k in range(n)), op, n)
     assert lazy.tobytes() == want.tobytes()
+
+
+class _SlowRequest:
+    """An exit notice that takes ``delay`` seconds to be delivered (a peer slow to progress MPI)."""
+
+    def __init__(self, delay: float) -> None:
+        self.done_at = time.monotonic() + delay
+
+    def Test(self) -> bool:
+        return time.monotonic() >= self.done_at
+
+
+class _Status:
+    source = count = 0
+
+    def Get_source(self) -> int:
+        return self.source
+
+    def Get_count(self, datatype: object) -> int:
+        return self.count
+
+
+class _FakeMPI:
+    THREAD_MULTIPLE = 3
+    BYTE = "byte"
+    ANY_SOURCE = -1
+
+    def Query_thread(self) -> int:
+        return self.THREAD_MULTIPLE
+
+    def Status(self) -> _Status:
+        return _Status()
+
+
+class _FakeComm:
+    """Peers 1 and 2 have exited (their notices wait to be received); ours to them are slow."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.sent: list[int] = []
+        self.inbox = [
+            (peer, json.dumps({"kind": "exited", "op": "exit", "group": [peer], "seq": 0}).encode()) for peer in (1, 2)
+        ]
+
+    def Isend(self, buf: object, dest: int, tag: int) -> _SlowRequest:
+        self.sent.append(dest)
+        return _SlowRequest(self.delay)
+
+    def Iprobe(self, source: int, tag: int, status: _Status) -> bool:
+        if not self.inbox:
+            return False
+        status.source, status.count = self.inbox[0][0], len(self.inbox[0][1])
+        return True
+
+    def Recv(self, buf: list[bytearray], source: int, tag: int) -> None:
+        peer, payload = self.inbox.pop(0)
+        assert peer == source
+        buf[0][:] = payload
+
+
+def test_a_finished_rank_leaves_only_once_its_exit_notices_are_delivered() -> None:
+    """Every peer has said "exited", but our notice to them is still in flight: leaving for
+    MPI_Finalize now could lose it and keep that peer waiting for it until MPIPAR_TIMEOUT."""
+    watchdog = Watchdog(_FakeMPI(), rank=0, size=3, timeout=30.0, abort=lambda: None)
+    comm = _FakeComm(delay=1.5)
+    watchdog.comm = comm
+    start = time.monotonic()
+    watchdog.announce_exit()
+    assert comm.sent == [1, 2] and comm.inbox == []
+    assert time.monotonic() - start >= 1.5 and watchdog._sends == []
