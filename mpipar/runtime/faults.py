@@ -289,6 +289,7 @@ class Watchdog:
         """Waits finished so far: the launcher's heartbeat reads it as progress."""
         self._latest: dict[int, Notice] = {}
         self._sends: list[tuple[Any, bytes, int]] = []  # (request, payload kept alive, destination)
+        self._said_exited = False
         self._lock = threading.Lock()
         self._can_talk = mpi.Query_thread() == mpi.THREAD_MULTIPLE
         self._thread = threading.Thread(target=self._run, name="mpipar-watchdog", daemon=True)
@@ -364,6 +365,12 @@ class Watchdog:
             {"kind": kind, "op": waiting.op, "group": list(waiting.group), "seq": waiting.seq}
         ).encode()
         with self._lock:
+            if self._said_exited:
+                # "exited" is the last word: the watchdog thread may still be about to report a
+                # wait that ended just before the exit, and a peer reading that after "exited"
+                # would think this rank still busy and wait for it until the timeout
+                return
+            self._said_exited = kind == "exited"
             self._reap()
             for dst in range(self.size):
                 if dst != self.rank and not self._has_exited(dst):
@@ -384,6 +391,8 @@ class Watchdog:
                 buf = bytearray(count)
                 self.comm.Recv([buf, mpi.BYTE], source=src, tag=NOTICE_TAG)
                 msg = json.loads(buf.decode())
+                if self._has_exited(src):
+                    continue  # nothing a rank says after "exited" (an older sender's race) undoes it
                 self._latest[src] = Notice(msg["kind"], msg["op"], tuple(msg["group"]), msg["seq"], time.monotonic())
 
     # -------------------------------------------------------------- the thread

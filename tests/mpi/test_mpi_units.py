@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import mpipar as dist
 from mpipar.comm import _BLOCK_ELEMS, fold_into, reduce_arrays, reduce_rows
 from mpipar.runtime.faults import (
+    Waiting,
     Watchdog,
     check_from_env,
     compare_signatures,
@@ -283,3 +284,24 @@ def test_a_finished_rank_leaves_only_once_its_exit_notices_are_delivered() -> No
     watchdog.announce_exit()
     assert comm.sent == [1, 2] and comm.inbox == []
     assert time.monotonic() - start >= 1.5 and watchdog._sends == []
+
+
+def test_exited_is_a_ranks_last_word_sent_and_heard() -> None:
+    """The watchdog thread may report a wait that ended just before the exit after the rank said
+    "exited": it must not go out, and a peer must not let it undo "exited"."""
+    watchdog = Watchdog(_FakeMPI(), rank=0, size=3, timeout=30.0, abort=lambda: None)
+    comm = _FakeComm(delay=0.0)
+    comm.inbox = []
+    watchdog.comm = comm
+    watchdog._notify("waiting", Waiting("all_reduce", (0, 1, 2), 7))
+    watchdog._notify("exited", Waiting("exit", (0,), 0))
+    watchdog._notify("waiting", Waiting("all_reduce", (0, 1, 2), 8))  # the thread, late
+    assert comm.sent == [1, 2, 1, 2]
+    late = {"kind": "waiting", "op": "all_reduce", "group": [0, 1, 2], "seq": 9}
+    comm.inbox = [
+        (1, json.dumps({"kind": "exited", "op": "exit", "group": [1], "seq": 0}).encode()),
+        (1, json.dumps(late).encode()),
+        (2, json.dumps(late).encode()),
+    ]
+    watchdog._drain()
+    assert watchdog._has_exited(1) and not watchdog._has_exited(2)
