@@ -743,6 +743,8 @@ def interleaved_peak(p: int, v: int, m: int, k: int, sizes: tuple[int, ...]) -> 
     memory whenever its first chunk is the lighter one. The count repeats every ``p v`` steps
     (both orders take ``p`` more of every chunk), so one period is scanned.
     """
+    if m % p:
+        raise ValueError(f"the interleaved schedule needs micro-batches ({m}) to be a multiple of pp ({p})")
     total = m * v
     warm = min(total, (v - 1) * p + 2 * (p - 1 - k))
     if min(sizes) == max(sizes):

@@ -226,6 +226,8 @@ def test_interleaved_peak_by_hand() -> None:
     assert interleaved_peak(16, 4, 32, 0, (1, 2, 2, 2)) == 31 + 3 * 16 * 2
     # Equal chunks: the warm-up plus one, each the same size.
     assert interleaved_peak(16, 4, 32, 1, (2, 2, 2, 2)) == (3 * 16 + 2 * 14 + 1) * 2
+    with pytest.raises(ValueError, match="multiple of pp"):
+        interleaved_peak(4, 2, 6, 0, (1, 2))
 
 
 @pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 2), (3, 2, 6), (4, 3, 8), (4, 4, 4), (5, 2, 15), (8, 4, 16)])
