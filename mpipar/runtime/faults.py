@@ -310,9 +310,10 @@ class Watchdog:
         """Tell every rank this one has finished the script, and wait until all have.
 
         Called at interpreter exit. Waiting for every other rank's "exited" notice means no
-        notice is left unreceived at ``MPI_Finalize`` (network transports warn about those)
-        and no notice goes to a finished process. A rank that lingers longer than
-        ``MPIPAR_TIMEOUT`` gets a warning, not an abort: the script itself has succeeded.
+        notice is left unreceived at ``MPI_Finalize`` (network transports warn about those):
+        "exited" is each rank's last notice, and notices from one rank arrive in order. A rank
+        that lingers longer than ``MPIPAR_TIMEOUT`` gets a warning, not an abort: the script
+        itself has succeeded.
         """
         if self.comm is None or not self._can_talk or self.size == 1:
             return
@@ -373,7 +374,9 @@ class Watchdog:
             self._said_exited = kind == "exited"
             self._reap()
             for dst in range(self.size):
-                if dst != self.rank and not self._has_exited(dst):
+                # "exited" goes to every peer, finished ones too: a finished rank is still in
+                # announce_exit, waiting for every peer's "exited" before it may leave
+                if dst != self.rank and (kind == "exited" or not self._has_exited(dst)):
                     req = self.comm.Isend([payload, self._mpi.BYTE], dest=dst, tag=NOTICE_TAG)
                     self._sends.append((req, payload, dst))
 

@@ -305,3 +305,17 @@ def test_exited_is_a_ranks_last_word_sent_and_heard() -> None:
     ]
     watchdog._drain()
     assert watchdog._has_exited(1) and not watchdog._has_exited(2)
+
+
+def test_exited_goes_to_peers_that_finished_first() -> None:
+    """A peer that finished first waits in announce_exit for every rank's "exited": skipping it
+    because its own "exited" was heard would keep it waiting until MPIPAR_TIMEOUT."""
+    watchdog = Watchdog(_FakeMPI(), rank=0, size=3, timeout=30.0, abort=lambda: None)
+    comm = _FakeComm(delay=0.0)
+    comm.inbox = [(2, json.dumps({"kind": "exited", "op": "exit", "group": [2], "seq": 0}).encode())]
+    watchdog.comm = comm
+    watchdog._drain()
+    watchdog._notify("waiting", Waiting("all_reduce", (0, 1, 2), 7))  # a finished peer needs no "waiting"
+    assert comm.sent == [1]
+    watchdog._notify("exited", Waiting("exit", (0,), 0))
+    assert comm.sent == [1, 1, 2]
