@@ -20,7 +20,7 @@ from mpi_scripts.launch import mpirun  # the MPI test launches mpiexec, as tests
 from tp_mlp_layer import MLP, mse, sharded_mlp  # tests/: the MLP both compiled-step test files train
 
 import mpipar as dist
-from mpipar import capture_hooks
+from mpipar import _capture_hooks
 from mpipar.compile import capture
 from simulator import SimBackend
 
@@ -504,7 +504,7 @@ def test_default_compile_step_is_unchanged() -> None:
     for x in _batches(3):
         fn(x)
     assert not fn.capture and not fn._captures and fn.captured_calls == 0 and fn.retraces == 1
-    assert not capture_hooks.capture_tracers
+    assert not _capture_hooks.capture_tracers
 
 
 # ------------------------------------------------------------------------------- hypothesis

@@ -405,7 +405,7 @@ def current_hosted(spec: Any) -> tuple[int, ...]:
 
 class StepTracer(Tracer):
     """The tracer the call sites talk to (``hooks.CaptureTracer``: dispatch, distribute, creation
-    and the optimizer live below this package and reach it through ``capture_hooks``); each
+    and the optimizer live below this package and reach it through ``mpipar._capture_hooks``); each
     entry point records its call with the builder above."""
 
     def record_kernel(
