@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+from processes import REPO, environ
 
 
 def plan_command(out: str, ranks: int, script: str, *args: str) -> list[str]:
@@ -20,7 +18,7 @@ def trace_plan(out: str, ranks: int, script: str, *args: str) -> str:
     subprocess.run(
         plan_command(out, ranks, script, *args),
         cwd=REPO,
-        env={**os.environ, **ONE_THREAD},
+        env=environ(one_thread=True),
         check=True,
         timeout=300,
         stdin=subprocess.DEVNULL,

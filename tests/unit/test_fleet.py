@@ -14,7 +14,6 @@ import io
 import os
 import re
 import runpy
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from processes import environ, run_python
 
 import mpipar as dist
 from mpipar.compat.fleet import base
@@ -791,17 +791,7 @@ def test_fleet_scripts_run_per_rank(tmp_path: Any, source: str, expected: bool) 
 
 
 def _run(*args: str) -> list[tuple[str, str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
-    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    out = subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=env,
-    )
+    out = run_python(*args, env=environ(drop_prefix="MPIPAR_", one_thread=True), timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     return LOSS.findall(out.stdout)
 
