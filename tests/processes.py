@@ -20,10 +20,10 @@ def environ(
     return {**env, **(ONE_THREAD if one_thread else {}), **extra}
 
 
-def run_python(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``python args`` from the repository root; the caller checks the return code."""
+def run(cmd: list[str], *, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``cmd`` from the repository root; the caller checks the return code."""
     return subprocess.run(
-        [sys.executable, *args],
+        cmd,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -31,3 +31,8 @@ def run_python(*args: str, env: dict[str, str], timeout: float = 300) -> subproc
         cwd=REPO,
         env=env,
     )
+
+
+def run_python(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python args`` from the repository root; the caller checks the return code."""
+    return run([sys.executable, *args], env=env, timeout=timeout)
