@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._modes import Mode, execution_mode
 from mpipar.backend import current_backend
 from mpipar.distribute import dtensor_from_local, reshard, shard_tensor
 from mpipar.io import DataLoader
 from mpipar.mesh import ProcessMesh
-from mpipar.modes import Mode, execution_mode
 from mpipar.nn.layer import Layer
 from mpipar.ops import dispatch
 from mpipar.optimizer.optimizer import Optimizer

@@ -27,15 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import capture_hooks
+from mpipar import _capture_hooks
+from mpipar._modes import Mode, execution_mode
+from mpipar._xp import to_numpy
 from mpipar.backend import current_backend
 from mpipar.mesh import ProcessMesh
-from mpipar.modes import Mode, execution_mode
 from mpipar.placement import Placement
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import DistSpec
-from mpipar.xp import to_numpy
 
 Array = Any
 
@@ -91,7 +91,7 @@ class Tensor:
     _spec: DistSpec | None
     _shards: dict[int, Array]
     _deferred: Any = None
-    """Shards not computed yet (``mpipar.deferred.DeferredShards``), set by ``ops.dispatch``
+    """Shards not computed yet (``mpipar._deferred.DeferredShards``), set by ``ops.dispatch``
     instead of ``_shards`` in a process hosting several ranks; ``_shards`` computes them on
     first use, while the communicator may sum the deferred products without writing them."""
     _init: Callable[[tuple[int, ...], Any], Array] | None = None
@@ -267,7 +267,7 @@ class Tensor:
 
     @classmethod
     def _deferred_output(cls, spec: DistSpec, dtype: np.dtype, deferred: Any) -> Tensor:
-        """An op's output whose shards ``deferred`` computes on first read (``mpipar.deferred``):
+        """An op's output whose shards ``_deferred`` computes on first read (``mpipar._deferred``):
         no ``_shards`` until then, so ``__getattr__`` reaches the deferral."""
         t = cls._op_output(spec, dtype)
         del t.__dict__["_shards"]
@@ -317,7 +317,7 @@ class Tensor:
 
     def __getattr__(self, name: str) -> Any:
         # Reached only when ordinary lookup fails: the shards of a tensor whose op deferred them
-        # (``mpipar.deferred``, a process hosting every rank) are computed on first use.
+        # (``mpipar._deferred``, a process hosting every rank) are computed on first use.
         if name == "_shards":
             deferred = self.__dict__.get("_deferred")
             if deferred is not None:
@@ -335,7 +335,7 @@ class Tensor:
 
     def _plan_input(self, plan: Any, backend: Any) -> Mapping[int, Any]:
         """What a reshard plan runs on: the shards, or, for a Partial sum whose op deferred its
-        products (``mpipar.deferred``) when the plan is one all-reduce(sum) and the
+        products (``mpipar._deferred``) when the plan is one all-reduce(sum) and the
         communicator takes products, the per-rank products, which it sums without writing."""
         deferred = self._deferred_shards()
         if deferred is None or len(plan.steps) != 1 or not getattr(backend.comm, "sums_deferred_products", False):
@@ -474,7 +474,7 @@ class Tensor:
     # ------------------------------------------------------------------ values
     def local_tensor(self, rank: int | None = None) -> Array:
         """The shard of hosted ``rank`` (this process's only rank when omitted)."""
-        if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+        if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
             tr.escape("local_tensor")
         if self._abstract:
             raise ValueError(f"{self._label()} has no values: it was built in shape-only mode (planning, estimating)")
@@ -516,7 +516,7 @@ class Tensor:
 
     def full_tensor(self) -> np.ndarray:
         """The global value as a NumPy array, on every process (a collective under MPI)."""
-        if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+        if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
             tr.escape("full_tensor, numpy, item, float, bool")
         if self._abstract:
             raise ValueError(f"{self._label()} has no values: it was built in shape-only mode (planning, estimating)")

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._modes import Mode, execution_mode
 from mpipar.backend import current_backend
 from mpipar.checkpoint.coord import Coordinator
 from mpipar.checkpoint.format import (
@@ -44,7 +45,6 @@ from mpipar.checkpoint.layout import decode_value, path_name
 from mpipar.checkpoint.save import remove_commit_leftovers
 from mpipar.checkpoint.stats import ChunkRead, note_open, note_read
 from mpipar.checkpoint.validate import load_metadata
-from mpipar.modes import Mode, execution_mode
 from mpipar.reshard.executor import execute_plan
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import Box, box_intersect, box_numel, box_relative, box_shape, full_box

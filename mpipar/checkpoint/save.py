@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._modes import Mode, execution_mode
+from mpipar._xp import to_numpy
 from mpipar.backend import current_backend
 from mpipar.checkpoint.coord import Coordinator
 from mpipar.checkpoint.format import (
@@ -74,12 +76,10 @@ from mpipar.checkpoint.ownership import (
 from mpipar.checkpoint.stats import note_write
 from mpipar.checkpoint.validate import check_metadata
 from mpipar.distribute import reshard
-from mpipar.modes import Mode, execution_mode
 from mpipar.spec import box_relative
 from mpipar.tensor import Tensor
 from mpipar.untrusted import FileFormatError, parse_json
 from mpipar.version import __version__
-from mpipar.xp import to_numpy
 
 after_file_written: list[Callable[[str], None]] = []
 """Called with each data file's path once it is fsynced (tests pause a save here). A process

@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._tape import GradContext
 from mpipar.comm import comm_context
 from mpipar.distribute import reshard_to
 from mpipar.mesh import ProcessMesh
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
 from mpipar.placement import Partial, Replicate, Shard
 from mpipar.spec import DistSpec, full_box
-from mpipar.tape import GradContext
 
 Array = Any
 

@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 
 from mpipar import random as mrandom
+from mpipar._tape import GradContext
+from mpipar._xp import extreme
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
 from mpipar.spmd.rules.common import norm_axis
-from mpipar.tape import GradContext
-from mpipar.xp import extreme
 
 Array = Any
 

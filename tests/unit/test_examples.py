@@ -12,10 +12,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 
 import pytest
-from conftest import REPO
+from processes import environ, run_python
 
 LOSS = re.compile(r"^step (\d+) loss (\S+)", re.M)
 
@@ -51,16 +50,7 @@ CASES = [
 
 
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MPIPAR_BACKEND", "MPIPAR_TRACE")}
-    return subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=env,
-    )
+    return run_python(*args, env=environ(drop=("MPIPAR_BACKEND", "MPIPAR_TRACE")), timeout=timeout)
 
 
 def losses(out: subprocess.CompletedProcess[str]) -> list[float]:

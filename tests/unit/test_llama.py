@@ -15,16 +15,14 @@ pinned cp collectives, Hugging Face weights into any mesh, published shapes' par
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from processes import environ, run_python
 
 import mpipar as dist
 from mpipar.comm import CommEvent
@@ -246,17 +244,7 @@ def test_gpt_under_context_parallel_equals_one_device() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("MPIPAR_BACKEND", None)
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_python(*args, env=environ(drop=("MPIPAR_BACKEND",), one_thread=True))
 
 
 def test_plan_and_dashboard_show_the_cp_collectives(tmp_path: Path) -> None:

@@ -12,7 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tp_mlp_layer import MLP, mse, sharded_mlp  # tests/: the MLP both compiled-step test files train
+from tp_mlp_layer import (  # tests/: the MLP both compiled-step test files train
+    MLP,
+    comm_events,
+    mlp_parameters,
+    mse,
+    sharded_mlp,
+)
 
 import mpipar as dist
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
@@ -26,10 +32,6 @@ F = dist.nn.functional
 def _sim4() -> Any:
     with dist.use_backend(SimBackend(4)):
         yield
-
-
-def _events(comm: dist.CommDebugMode) -> list[tuple[Any, ...]]:
-    return [(e.op, e.ranks, e.input_nbytes, e.output_nbytes, e.dtype, e.reduce_type) for e in comm.events]
 
 
 def _params(ps: list[dist.Tensor]) -> list[np.ndarray]:
@@ -47,7 +49,7 @@ def _run(
     with dist.CommDebugMode() as comm:
         for batch in batches:
             losses.append(float(fn(*batch).full_tensor()))
-    return losses, _params(params), _events(comm), fn
+    return losses, _params(params), comm_events(comm), fn
 
 
 def _assert_same(eager: tuple[Any, ...], replayed: tuple[Any, ...]) -> None:
@@ -65,19 +67,9 @@ def tp_mlp(
 
     def build() -> tuple[Callable[..., dist.Tensor], list[dist.Tensor]]:
         mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
-        rng = np.random.default_rng(0)
         tp = placements == "tp"
-        w1 = dist.shard_tensor(
-            dist.Parameter(rng.standard_normal((6, 16))), mesh, [dist.Shard(1) if tp else dist.Replicate()]
-        )
-        b1 = dist.shard_tensor(
-            dist.Parameter(rng.standard_normal(16)), mesh, [dist.Shard(0) if tp else dist.Replicate()]
-        )
-        w2 = dist.shard_tensor(
-            dist.Parameter(rng.standard_normal((16, 6))), mesh, [dist.Shard(0) if tp else dist.Replicate()]
-        )
-        b2 = dist.shard_tensor(dist.Parameter(rng.standard_normal(6)), mesh, [dist.Replicate()])
-        params = [w1, b1, w2, b2]
+        params = mlp_parameters(mesh, tp)
+        w1, b1, w2, b2 = params
         opt = (dist.optimizer.Adam if adam else dist.optimizer.SGD)(learning_rate=0.01, parameters=params)
 
         def step(x: np.ndarray) -> dist.Tensor:

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 from conftest import REPO
 from mpi_scripts import seed_ports
+from processes import environ, run_python
 
 if not seed_ports.SEEDS.is_dir():
     pytest.skip(f"the seed files are not at {seed_ports.SEEDS} (set MPIPAR_SEEDS)", allow_module_level=True)
@@ -99,11 +98,7 @@ def test_the_example_keeps_the_seeds_lines(example: str) -> None:
 
 
 def run(*args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
-    out = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, cwd=REPO,
-        env={**env, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    out = run_python(*args, env=environ(drop_prefix="MPIPAR_", one_thread=True))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out.stdout
 
