@@ -211,3 +211,37 @@ def test_shard_tensor_takes_the_older_shard_spec() -> None:
             dist.shard_tensor(np.zeros((4, 6)), mesh, ["mp"])
         with pytest.raises(ValueError, match="no axis named 'dp'"):
             dist.shard_tensor(np.zeros((4, 6)), mesh, ["dp", None])
+
+
+def test_print_shows_the_value_as_paddle_prints_it() -> None:
+    """``print(loss)`` shows the value (the seeds print losses so), with Paddle's header; a
+    distributed tensor adds its mesh and placements and shows the global value, made from the
+    shards the simulator holds without communicating; ``repr`` stays the short metadata form."""
+    x = paddle.to_tensor(np.float32(0.123456789))
+    x.stop_gradient = False
+    assert str(x) == "Tensor(shape=[], dtype=float32, place=Place(cpu), stop_gradient=False,\n       0.12345679)"
+    assert f"{x}" == str(x) and f"{x:.3f}" == "0.123"
+    assert str(paddle.to_tensor(np.array([[1.0, 2.0], [3.0, 4.5]]))).endswith(
+        "stop_gradient=True,\n       [[1.00000000, 2.00000000],\n        [3.00000000, 4.50000000]])"
+    )
+    assert str(paddle.to_tensor(np.array([1, 2], dtype="int64"))).endswith(
+        "dtype=int64, place=Place(cpu), stop_gradient=True,\n       [1, 2])"
+    )
+    with paddle.use_backend(SimBackend(4)):
+        mesh = paddle.ProcessMesh([[0, 1], [2, 3]], dim_names=["x", "y"])
+        a = np.arange(12.0).reshape(3, 4) / 8  # uneven shards along x
+        w = paddle.shard_tensor(a, mesh, [paddle.Shard(0), paddle.Shard(1)])
+        loss = paddle.sum(w)  # Partial on both axes
+        with paddle.CommDebugMode() as comm:
+            text = str(loss)
+        assert not comm.events
+        assert text == (
+            "Tensor(shape=[], dtype=float64, place=Place(cpu), stop_gradient=True, "
+            "process_mesh=ProcessMesh([[0, 1], [2, 3]], dim_names=['x', 'y']), "
+            "placements=[Partial(reduce_type='sum'), Partial(reduce_type='sum')], GlobalDenseTensor=\n"
+            "       8.25000000)"
+        )
+        assert repr(loss).startswith("DistTensor(shape=[], dtype=float64, mesh=")
+        assert str(w).endswith(
+            "GlobalDenseTensor=\n       [[0.00000000, 0.12500000, 0.25000000, 0.37500000],\n        [0.50000000, 0.62500000, 0.75000000, 0.87500000],\n        [1.00000000, 1.12500000, 1.25000000, 1.37500000]])"
+        )
