@@ -580,6 +580,8 @@ class Tensor:
         """Paddle's print, value included, made without communicating (see ``mpipar.tensor_text``):
         the global value where this process holds it (always in the simulator and ``--reference``;
         under MPI when the tensor is replicated on this rank), else this rank's piece, labelled."""
+        if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+            tr.escape("print, str")  # a captured step would not print again when replayed
         if self._abstract:
             dist = (self._spec, "shape-only: no values") if self._spec is not None else None
             return tensor_text(self._shape, self._dtype, self.stop_gradient, None, dist)

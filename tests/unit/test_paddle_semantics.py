@@ -245,3 +245,37 @@ def test_print_shows_the_value_as_paddle_prints_it() -> None:
         assert str(w).endswith(
             "GlobalDenseTensor=\n       [[0.00000000, 0.12500000, 0.25000000, 0.37500000],\n        [0.50000000, 0.62500000, 0.75000000, 0.87500000],\n        [1.00000000, 1.12500000, 1.25000000, 1.37500000]])"
         )
+
+
+class GlobalDraws(Dataset):
+    """Seed 000 §4.4's dataset: each sample drawn from NumPy's global generator when loaded."""
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.random.uniform(size=[2, 3]), np.random.uniform(size=[2, 3])
+
+    def __len__(self) -> int:
+        return 8
+
+
+def test_shard_dataloader_reads_a_global_generator_dataset_as_one_device_does() -> None:
+    """A dataset drawing from NumPy's global generator gives the batches a plain ``DataLoader``
+    gives (no extra sample read first); every process reads the whole batch in order, so under
+    ``mpiexec`` each rank's rows are one device's (``tests/mpi/test_mpi_examples.py`` runs seed
+    000 §4.4 so: ``paddle_auto/hybrid.py``)."""
+    np.random.seed(3)
+    plain = [
+        [f.numpy() for f in b]
+        for b in DataLoader(GlobalDraws(), batch_sampler=BatchSampler(GlobalDraws(), batch_size=4))
+    ]
+    with paddle.use_backend(SimBackend(8)):
+        mesh0 = paddle.ProcessMesh([[0, 1], [2, 3]], dim_names=["x", "y"])
+        mesh1 = paddle.ProcessMesh([[4, 5], [6, 7]], dim_names=["x", "y"])
+        np.random.seed(3)
+        loader = DataLoader(GlobalDraws(), batch_sampler=BatchSampler(GlobalDraws(), batch_size=4))
+        sharded = paddle.shard_dataloader(loader, meshes=[mesh0, mesh1], shard_dims="x")
+        got = [[f.full_tensor() for f in b] for b in sharded()]
+        assert [f.placements for f in next(iter(sharded()))] == [[paddle.Shard(0), paddle.Replicate()]] * 2
+    assert len(got) == len(plain) == 2
+    for g, p in zip(got, plain, strict=True):
+        np.testing.assert_array_equal(g[0], p[0])
+        np.testing.assert_array_equal(g[1], p[1])
