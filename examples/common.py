@@ -10,7 +10,7 @@ import os
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -92,11 +92,6 @@ def require_world(needed: int, what: str) -> None:
         raise SystemExit(
             f"{what} needs {needed} ranks, but the world has {backend.world_size}; launch with -n {needed}"
         )
-
-
-def seeded_uniform(index: int, shape: Sequence[int], dtype: str, salt: int = 0) -> np.ndarray:
-    """The seed's ``np.random.uniform`` sample, seeded by its index so every process agrees."""
-    return np.random.default_rng([index, salt]).uniform(size=list(shape)).astype(dtype)
 
 
 class Progress:

@@ -36,6 +36,8 @@ from mpipar.placement import Placement
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import DistSpec
+from mpipar.tensor_text import held_value, tensor_text
+from mpipar._xp import to_numpy
 
 Array = Any
 
@@ -573,7 +575,34 @@ class Tensor:
     def __format__(self, spec: str) -> str:
         if spec and self.size == 1:
             return format(self.item(), spec)
-        return repr(self) if not spec else format(str(self), spec)
+        return str(self) if not spec else format(str(self), spec)
+
+    def __str__(self) -> str:
+        """Paddle's print, value included, made without communicating (see ``mpipar.tensor_text``):
+        the global value where this process holds it (always in the simulator and ``--reference``;
+        under MPI when the tensor is replicated on this rank), else this rank's piece, labelled."""
+        if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+            tr.escape("print, str")  # a captured step would not print again when replayed
+        if self._abstract:
+            dist = (self._spec, "shape-only: no values") if self._spec is not None else None
+            return tensor_text(self._shape, self._dtype, self.stop_gradient, None, dist)
+        if self._spec is None or self._value is not None:
+            dist = (self._spec, "GlobalDenseTensor") if self._spec is not None else None
+            return tensor_text(self._shape, self._dtype, self.stop_gradient, self._value, dist)
+        shards = self._shards
+        whole = held_value(self._spec, shards)
+        if whole is not None:
+            return tensor_text(self._shape, self._dtype, self.stop_gradient, whole, (self._spec, "GlobalDenseTensor"))
+        if not shards:
+            label = f"GlobalDenseTensor not on this rank (rank {current_backend().rank} is outside the mesh)"
+            return tensor_text(self._shape, self._dtype, self.stop_gradient, None, (self._spec, label))
+        rank, local = next(iter(shards.items()))
+        if any(p.is_partial() for p in self._spec.placements):
+            what = "a partial piece"
+        else:
+            what = "box [" + ", ".join(f"{lo}:{hi}" for lo, hi in self._spec.local_box(rank)) + "]"
+        label = f"LocalDenseTensor(rank {rank}, {what})"
+        return tensor_text(self._shape, self._dtype, self.stop_gradient, local, (self._spec, label))
 
     def __repr__(self) -> str:
         if self._spec is not None:
