@@ -10,8 +10,8 @@ one (S, block) tile at a time. It returns the output and the rows' log-sum-exp `
 tile's probabilities from ``lse`` (FlashAttention's recompute) instead of storing them.
 
 Causal masking compares global positions: the query's and the key's positions are either
-given (two int inputs, for sequences held in another order, e.g. load-balanced context
-parallel chunks) or read off the shards' global boxes. A key tile wholly in every query's
+given (two int inputs, for sequences held in another order) or read off the shards' layouts
+(their boxes, or the two chunks of a ``ZigzagShard``: load-balanced context parallelism). A key tile wholly in every query's
 future is skipped, so a rank holding early queries does less work.
 
 The kernels use only their local shards and global boxes: the rule
@@ -32,7 +32,7 @@ from mpipar.comm import comm_context
 from mpipar.distribute import reshard_to
 from mpipar.mesh import ProcessMesh
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
-from mpipar.placement import Partial, Replicate, Shard
+from mpipar.placement import Partial, Replicate, Shard, like
 from mpipar.spec import DistSpec, full_box
 from mpipar.tape import GradContext
 
@@ -60,8 +60,7 @@ def _positions(c: KernelContext, arrays: list[Array]) -> tuple[np.ndarray, np.nd
     if arrays:
         qp, kp = arrays
         return np.asarray(qp if c.xp is np else qp.get()), np.asarray(kp if c.xp is np else kp.get())
-    (s0, s1), (k0, k1) = c.in_boxes[0][1], c.in_boxes[1][1]
-    return np.arange(s0, s1), np.arange(k0, k1)
+    return c.positions(0, 1), c.positions(1, 1)
 
 
 def _expand_kv(c: KernelContext, t: Array, kv: np.ndarray) -> Array:
@@ -218,7 +217,7 @@ def _back_to_sequence_split(grad: Any, q_spec: DistSpec | None) -> Any:
     changed = False
     for axis, (pq, pg) in enumerate(zip(q_spec.placements, placements, strict=True)):
         if isinstance(pq, Shard) and pq.dim == 1 and isinstance(pg, Partial):
-            placements[axis] = Shard(1)
+            placements[axis] = like(pq, 1)
             changed = True
     if not changed:
         return grad

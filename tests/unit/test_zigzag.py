@@ -7,6 +7,8 @@ readable forms parse back; a layout it cannot describe is refused by name.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,7 +18,6 @@ from strategies import global_value, make_tensor
 import mpipar as dist
 from mpipar.placement import Placement, ZigzagShard, parse_placements
 from mpipar.reshard.planner import plan_reshard
-from mpipar.spec import zigzag_order
 
 
 @st.composite
@@ -104,11 +105,18 @@ def test_layouts_a_zigzag_split_cannot_have_are_refused_by_name() -> None:
         dist.DistSpec([2, 8], mesh, [dist.Shard(1), ZigzagShard(1)])
 
 
-def test_zigzag_order_balances_causal_work() -> None:
-    assert zigzag_order(8, 2).tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
-    for cp in (2, 4):
-        order = zigzag_order(32, cp).reshape(cp, -1)
-        work = [int((row + 1).sum()) for row in order]  # keys each rank's queries see
-        assert len(set(work)) == 1
-    with pytest.raises(ValueError, match="must divide into 2 x cp"):
-        zigzag_order(10, 4)
+def test_checkpoints_of_zigzag_tensors_load_into_any_layout(tmp_path: Path) -> None:
+    """Saved in plain boxes, read back chunk by chunk into a zigzag split or any other layout."""
+    mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["cp", "tp"])
+    x = np.random.default_rng(0).standard_normal((8, 8))
+    dist.save_state_dict({"x": dist.shard_tensor(x, mesh, [ZigzagShard(0), dist.Shard(1)])}, str(tmp_path / "ck"))
+    for pls in (
+        [dist.Replicate(), dist.Replicate()],
+        [ZigzagShard(0), dist.Shard(1)],
+        [dist.Shard(0), ZigzagShard(1)],
+        [ZigzagShard(1), dist.Partial()],
+    ):
+        into = dist.shard_tensor(np.zeros((8, 8)), mesh, pls)
+        dist.load_state_dict({"x": into}, str(tmp_path / "ck"))
+        assert into.placements == pls
+        np.testing.assert_array_equal(global_value(into), x, err_msg=str(pls))
