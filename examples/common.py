@@ -287,6 +287,19 @@ def add_attention_arg(p: argparse.ArgumentParser, default: str) -> None:
         choices=["plain", "fused"],
         help=f"attention as separate ops (plain) or blockwise fused (scaled_dot_product_attention); default {default}",
     )
+    p.add_argument(
+        "--cp-comm",
+        default="allgather",
+        choices=["allgather", "ring"],
+        help="context parallel: all-gather the keys and values (default) or pass them around the cp ring "
+        "(point-to-point; fused attention only)",
+    )
+
+
+def check_cp_comm(args: argparse.Namespace, cp: int) -> None:
+    """--cp-comm ring passes key/value blocks inside the fused kernel's loop: it needs fused attention."""
+    if args.cp_comm == "ring" and args.attention != "fused" and cp > 1:
+        raise SystemExit("--cp-comm ring needs --attention fused (plain attention gathers keys and values)")
 
 
 def run_size(args: argparse.Namespace, degrees: dict[str, int], chunks: int) -> tuple[int, int, int, float]:

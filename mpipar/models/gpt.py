@@ -79,6 +79,8 @@ class GPTParallel:
     cp: str = "cp"
     load_balance: bool = True
     """Under context parallel, split the sequence load-balanced (``ZigzagShard``), else ``Shard``."""
+    cp_comm: str = "allgather"
+    """Under context parallel, fused attention's keys and values: ``allgather`` or ``ring``."""
     sequence_parallel: bool = False
     recompute: str = "none"
     chunks: int = 1
@@ -156,6 +158,10 @@ def causal_mask_buffer(size: int, dtype: str) -> Tensor:
     if current_backend().shape_only:
         return Tensor.abstract((size, size), dtype)
     return Tensor(_causal_mask(size, dtype))
+
+
+def cp_comm_of(par: GPTParallel | None) -> str:
+    return par.cp_comm if par is not None else "allgather"
 
 
 def plain_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: Layer | None = None) -> Tensor:
@@ -242,7 +248,7 @@ class CausalSelfAttention(Layer):
 
     def _core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.fused:  # no attention-probability dropout in the fused kernel (residual dropout stays)
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, cp_comm=cp_comm_of(self.par))
         return plain_attention(q, k, v, self.causal_mask, self.attn_drop)
 
     def forward(self, x: Tensor) -> Tensor:

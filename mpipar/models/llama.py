@@ -34,6 +34,7 @@ from mpipar.models.gpt import (
     bind_layers,
     causal_mask_buffer,
     check_attention,
+    cp_comm_of,
     gather_sequence,
     gpt_loss,
     plain_attention,
@@ -169,7 +170,7 @@ class LlamaAttention(Layer):
 
     def _core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.fused:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, cp_comm=cp_comm_of(self.par))
         b, t, h, d = q.shape
         hk = k.shape[2]
         qt = dist.transpose(q, [0, 2, 1, 3])  # (B, H, T, D)

@@ -56,6 +56,8 @@ MESHES = {
     "cp2": {"cp": 2},
     "cp4": {"cp": 4},
     "dp2-cp2-tp2-sp": {"dp": 2, "cp": 2, "tp": 2, "sequence_parallel": True},
+    "cp4-ring": {"cp": 4, "cp_comm": "ring"},
+    "cp2-tp4-ring-kv-replicated": {"cp": 2, "tp": 4, "cp_comm": "ring"},
     "cp2-pp2-full-recompute": {"cp": 2, "pp": 2, "recompute": "full"},
 }
 
@@ -127,6 +129,22 @@ def test_context_parallel_gathers_keys_and_values_once_per_layer(monkeypatch: py
     # keys and values are gathered whole: each rank receives the other half of (B, T, Hkv, D)
     kv_bytes = 4 * 16 * CFG.num_key_value_heads * CFG.head_dim * 8
     assert all(e.input_nbytes == kv_bytes // 2 and e.output_nbytes == kv_bytes for e in fwd)
+
+
+def test_ring_context_parallel_sends_blocks_around_the_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cp=4, ``cp_comm="ring"``: no all_gather of keys and values; forward sends each rank's key
+    block and value block on cp-1 times per layer, backward the blocks cp-1 times and their
+    gradients cp times, each send to the next rank of the cp ring."""
+    monkeypatch.setenv("MPIPAR_GRAD_BUCKET_MIB", "off")
+    cp, layers = 4, CFG.num_hidden_layers
+    fwd, bwd = _step_comm(LlamaParallel.from_degrees(cp=cp, cp_comm="ring"))
+    assert Counter(e.op for e in fwd) == Counter({"send": 2 * layers * (cp - 1) * cp})
+    sends = [e for e in (*fwd, *bwd) if e.op == "send"]
+    assert all("ring attention" in e.context and e.ranks[1] == (e.ranks[0] + 1) % cp for e in sends)
+    assert len(sends) - len(fwd) == 2 * layers * ((cp - 1) + cp) * cp
+    assert "all_gather" not in Counter(e.op for e in bwd)
+    block = 4 * (16 // cp) * CFG.num_key_value_heads * CFG.head_dim * 8  # (B, T/cp, Hkv, D) float64
+    assert all(e.input_nbytes == block for e in fwd)
 
 
 def test_context_parallel_with_tensor_parallel_splits_heads_and_sequence() -> None:
