@@ -23,7 +23,7 @@ from mpipar.mesh import ProcessMesh
 from mpipar.placement import Placement, check_placements, is_shard_spec, shard_spec_placements
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
-from mpipar.spec import DistSpec, box_relative
+from mpipar.spec import Box, DistSpec, box_relative, box_shape, full_box
 from mpipar.tensor import Tensor, _as_array, _reuse_enabled
 
 Array = Any
@@ -44,7 +44,9 @@ def _shards_from_global(
     for r in backend.hosted_ranks(spec.mesh):
         box = no_partial.boxes[r]
         if box not in by_box:
-            if source is not None:
+            if no_partial.zigzag:  # storage order: the box's chunks, each cut from where it lies
+                by_box[box] = freeze(_assemble_pieces(no_partial, box, source, init, xp))
+            elif source is not None:
                 by_box[box] = source[box_relative(box, full)]
             else:
                 assert init is not None
@@ -55,6 +57,29 @@ def _shards_from_global(
         return shards
     # Replicate -> Partial is local: the planner's partial steps split the value exactly.
     return execute_plan(plan_reshard(no_partial, spec), shards, dtype, backend)
+
+
+def _assemble_pieces(
+    spec: DistSpec,
+    box: Box,
+    source: Array | None,
+    init: Callable[[tuple[int, ...], Any], Array] | None,
+    xp: Any,
+) -> Array:
+    """Storage box ``box`` of a zigzag ``spec`` built from the global pieces it holds."""
+    pieces = spec.global_pieces(box)
+    parts = []
+    for _, gbox in pieces:
+        if source is not None:
+            parts.append(source[box_relative(gbox, full_box(spec.shape))])
+        else:
+            assert init is not None
+            parts.append(xp.asarray(init(tuple(spec.shape), gbox)))
+    dtype = parts[0].dtype if parts else (source.dtype if source is not None else np.float32)
+    out = xp.empty(box_shape(box), dtype=dtype)
+    for (index, _), part in zip(pieces, parts, strict=True):
+        out[index] = part
+    return out
 
 
 def _spec_for(

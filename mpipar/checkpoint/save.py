@@ -141,8 +141,9 @@ def save_state_dict(
         if leaf.kind == "dist":
             assert leaf.spec is not None
             leaf.stored_spec = leaf.spec
-            if leaf.spec.is_partial and not one_device:
-                pls = unpartial_placements(leaf.spec)
+            if (leaf.spec.is_partial or leaf.spec.zigzag) and not one_device:
+                # Stored without Partial, and in plain boxes (a zigzag split reshards to Shard).
+                pls = unpartial_placements(leaf.spec.natural())
                 stored[leaf.name] = reshard(leaf.value, leaf.spec.mesh, pls)
                 leaf.stored_spec = leaf.spec.with_placements(pls)
     pieces, files = plan_chunks(leaves, coord.world, one_device, piece_bytes)

@@ -62,6 +62,11 @@ class KernelContext:
     def out_local_shape(self, i: int = 0) -> tuple[int, ...]:
         return box_shape(self.out_boxes[i])
 
+    def positions(self, i: int, dim: int) -> np.ndarray:
+        """Global positions along ``dim`` of input ``i``'s local elements (its box's range, or
+        the chunks a zigzag split holds)."""
+        return self.in_specs[i].positions(self.in_boxes[i], dim)
+
 
 @dataclass(frozen=True)
 class OpDef:

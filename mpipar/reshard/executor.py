@@ -49,9 +49,45 @@ def execute_plan(plan: ReshardPlan, shards: Mapping[int, Array], dtype: Any, bac
     dtype = np.dtype(dtype)
     for step, context in zip(plan.steps, plan.step_contexts, strict=True):
         with comm_context(context):
+            reorder = step.src.zigzag != step.dst.zigzag
+            if reorder:
+                current = _to_storage_order(step, current, backend)
             current = _RUNNERS[step.kind](step, current, dtype, backend)
+            if reorder:
+                current = _to_natural_order(step, current, backend)
         for r in current:
             freeze(current[r])
+    return current
+
+
+def _reordered(current: Shards, dim: int, index: np.ndarray, backend: Backend) -> Shards:
+    """Every shard's ``dim`` taken in ``index`` order (replicas sharing one array share the result)."""
+    done: dict[int, Array] = {}
+    out: Shards = {}
+    for r, a in current.items():
+        if id(a) not in done:
+            done[id(a)] = a.take(backend.xp.asarray(index), axis=dim)
+        out[r] = done[id(a)]
+    return out
+
+
+def _to_storage_order(step: ReshardStep, current: Shards, backend: Backend) -> Shards:
+    """Before a step that makes whole dims zigzag (slice, reduce_scatter): those dims to storage order."""
+    for d, k in step.dst.zigzag.items():
+        if step.src.zigzag.get(d) != k:
+            order = step.dst.storage_order(d)
+            assert order is not None and all(b[d] == (0, step.src.shape[d]) for b in step.src.boxes.values())
+            current = _reordered(current, d, order, backend)
+    return current
+
+
+def _to_natural_order(step: ReshardStep, current: Shards, backend: Backend) -> Shards:
+    """After a step that makes zigzag dims whole (all_gather): those dims back to the natural order."""
+    for d, k in step.src.zigzag.items():
+        if step.dst.zigzag.get(d) != k:
+            order = step.src.storage_order(d)
+            assert order is not None and all(b[d] == (0, step.dst.shape[d]) for b in step.dst.boxes.values())
+            current = _reordered(current, d, np.argsort(order), backend)
     return current
 
 

@@ -80,10 +80,9 @@ def main() -> None:
             if ckpt is not None:
                 load_hf_llama(model, ckpt)
         opt = dist.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters())
-        order = par.sequence_order(16)
         meshes = par.stage_meshes
         for step in range(STEPS):
-            x, y = tokens[step, :, :-1][:, order], tokens[step, :, 1:][:, order]
+            x, y = tokens[step, :, :-1], tokens[step, :, 1:]
             if meshes:
                 pls = par.activation(meshes[0], seq_split=False)
                 xs = dist.shard_tensor(x, meshes[0], [p if p.is_shard(0) else dist.Replicate() for p in pls])
