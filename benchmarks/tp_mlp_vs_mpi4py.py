@@ -19,7 +19,8 @@ round runs falls on every variant alike instead of on whichever ran its steps th
 Reported per variant over every timed step of every round: p10, p50 and p90 of the step time
 (the slowest rank's), p90 / p50 (the spread), and both as ratios to the hand-written step
 (aims: p50 at most 1.2x, spread at most 1.2x); ``--per-rank`` adds each rank's own
-distribution, ``--json`` prints it all as JSON. The load average is printed before and after,
+distribution, ``--print-json`` prints it all as JSON instead, and ``--json PATH`` writes what is
+printed to a results record (``benchmarks/results.py``). The load average is printed before and after,
 with the collector runs per rank during timing. ``--gc disabled`` turns Python's garbage
 collector off on every rank while timing; ``MPIPAR_REDUCE=native`` times MPI's own sums;
 ``MPIPAR_GC=off`` times without mpipar's collector policy (``docs/performance.md``).
@@ -41,6 +42,7 @@ import numpy as np
 # (mpipar.runtime.waits) before importing mpi4py starts MPI; the hand-written step gets it too.
 import mpipar as dist
 from mpi4py import MPI
+from results import add_json_argument, record
 from tp_mlp import sgd_step, sgd_step_tensor
 from mpipar.runtime.ordered import reduce_mode_from_env
 from mpipar.tensor import reuse_reshards
@@ -201,8 +203,10 @@ def main() -> None:
         help="time this variant besides the hand-written one (repeatable; default: all), e.g. --only mpipar",
     )
     p.add_argument("--per-rank", action="store_true", help="also print each rank's own p10 / p50 / p90")
-    p.add_argument("--json", action="store_true", help="print the results as one JSON object instead")
+    p.add_argument("--print-json", action="store_true", help="print the results as one JSON object instead")
+    add_json_argument(p)
     args = p.parse_args()
+    record(args.json, __file__)
     global HIDDEN
     HIDDEN = args.hidden
     world = MPI.COMM_WORLD
@@ -242,7 +246,7 @@ def main() -> None:
         np.testing.assert_allclose(losses, want_losses, rtol=1e-4)
         for k, want in want_state().items():
             np.testing.assert_allclose(state()[k], want, rtol=1e-3, atol=1e-5)
-        if me == 0 and not args.json:
+        if me == 0 and not args.print_json:
             print(
                 f"{label}: {comm.counts().get('all_reduce', 0) // 2} all-reduce(s) per step, "
                 f"{len(comm.reused) // 2} reshard(s) reused; step matches the hand-written one",
@@ -300,7 +304,7 @@ def main() -> None:
         s["spread vs hand-written"] = s["p90/p50"] / base["p90/p50"]
         s["per_rank"] = [spread(list(every_rank[r, v])) for r in range(world.Get_size())]
         report["variants"][label] = s  # type: ignore[index]
-    if args.json:
+    if args.print_json:
         print(json.dumps(report, indent=1), flush=True)
         return
     print(

@@ -106,10 +106,10 @@ def pack_saved(t: Tensor) -> Any:
     A parameter gathered from split storage (ZeRO-3) is kept as a note to gather it again.
     """
     note = t._regather
+    if note is None and not _saved_hooks:  # the usual case, first
+        return t.detach()
     if note is not None:
         return Packed(note, regather[-1])
-    if not _saved_hooks:
-        return t.detach()
     pack, unpack = _saved_hooks[-1]
     out = pack(t)
     return out.detach() if out is t else Packed(out, unpack)

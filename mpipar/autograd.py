@@ -216,7 +216,7 @@ def _run_backward(
             slot[i] = grad if slot[i] is None else M.add(slot[i], grad)
         for node in reversed(order):
             out_grads = pending.pop(id(node))
-            if all(g is None for g in out_grads):
+            if out_grads.count(None) == len(out_grads):  # no gradient reached this node
                 continue
             if _tape.packed_made[0] and any(isinstance(v, Packed) for v in (*node.ctx.inputs, *node.ctx.outputs)):
                 node.ctx.inputs = _unpacked(node.ctx.inputs)

@@ -9,8 +9,7 @@ label what runs inside them.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -108,28 +107,30 @@ def resharding_for() -> str | None:
     return _op_inputs[-1] if _op_inputs else None
 
 
-@contextlib.contextmanager
-def phase(name: str) -> Iterator[None]:
-    _phase.append(name)
-    try:
-        yield
-    finally:
-        _phase.pop()
+class _Pushed:
+    """``with``: ``name`` on ``stack`` inside. A class, not a generator context manager: every
+    backward pass, optimizer step and resharded op input opens one."""
+
+    __slots__ = ("name", "stack")
+
+    def __init__(self, stack: list[str], name: str) -> None:
+        self.stack = stack
+        self.name = name
+
+    def __enter__(self) -> None:
+        self.stack.append(self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.pop()
 
 
-@contextlib.contextmanager
-def scope(name: str) -> Iterator[None]:
-    _scope.append(name)
-    try:
-        yield
-    finally:
-        _scope.pop()
+def phase(name: str) -> _Pushed:
+    return _Pushed(_phase, name)
 
 
-@contextlib.contextmanager
-def op_inputs(op: str) -> Iterator[None]:
-    _op_inputs.append(op)
-    try:
-        yield
-    finally:
-        _op_inputs.pop()
+def scope(name: str) -> _Pushed:
+    return _Pushed(_scope, name)
+
+
+def op_inputs(op: str) -> _Pushed:
+    return _Pushed(_op_inputs, op)

@@ -174,7 +174,8 @@ def begin_backward() -> _Session | None:
         return None
     session = _Session(setting)
     _session.append(session)
-    hooks.op_hooks.append(session)
+    if setting.record:  # it records every op; else it joins the op hooks when a reduction starts
+        hooks.op_hooks.append(session)
     return session
 
 
@@ -289,6 +290,8 @@ class _Session:
         for e in bucket.entries:
             e.grad = None  # the packed copy is what travels; the Partial shards may go
         self.started.append(bucket)
+        if self not in hooks.op_hooks:  # from now on every op gives the reductions a push
+            hooks.op_hooks.append(self)
         self.setting.buckets_started += 1
         if self.setting.record:
             self.setting.events.append(("start", bucket.index, bucket.nbytes))

@@ -37,7 +37,6 @@ from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import DistSpec
 from mpipar.tensor_text import held_value, tensor_text
-from mpipar._xp import to_numpy
 
 Array = Any
 
@@ -176,7 +175,10 @@ class Tensor:
         cls, spec: DistSpec, shards: Mapping[int, Array], dtype: Any, like: Tensor | None = None
     ) -> Tensor:
         t = cls.__new__(cls)
-        Tensor.__init__(t, None, dtype=dtype)  # a fresh storage id, no dense value
+        # What ``Tensor.__init__(t, None, dtype)`` sets and ``_hold_shards`` does not: a fresh
+        # storage id, no history (every reshard and optimizer update makes one of these).
+        t._sid = next(_storage_ids)
+        t.stop_gradient = True
         t._hold_shards(spec, shards, np.dtype(dtype))
         if like is not None:
             t.stop_gradient = like.stop_gradient
@@ -357,8 +359,21 @@ class Tensor:
     def detach(self) -> Tensor:
         """The same value with no history (shares the read-only storage)."""
         t = Tensor.__new__(Tensor)
-        Tensor.__init__(t, None, dtype=self._dtype)
-        t._take_storage(self)
+        if "_shards" not in self.__dict__:  # shards deferred (or a lazy value): the general path
+            Tensor.__init__(t, None, dtype=self._dtype)
+            t._take_storage(self)
+        else:
+            # Every op saves its inputs detached (``tape.pack_saved``): the fields
+            # ``__init__`` and ``_take_storage`` would set, set once, without their calls.
+            t._spec = self._spec
+            t._shards = self._shards
+            t._sid = self._sid
+            t._dtype = self._dtype
+            t._shape = self._shape
+            t.stop_gradient = True
+            t._abstract = self._abstract
+            t._init = self._init
+            t._dense = self._dense
         t._reshards = self._reshards  # the same value: the same reshards already made
         t.name = self.name
         return t
@@ -581,7 +596,7 @@ class Tensor:
         """Paddle's print, value included, made without communicating (see ``mpipar.tensor_text``):
         the global value where this process holds it (always in the simulator and ``--reference``;
         under MPI when the tensor is replicated on this rank), else this rank's piece, labelled."""
-        if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+        if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
             tr.escape("print, str")  # a captured step would not print again when replayed
         if self._abstract:
             dist = (self._spec, "shape-only: no values") if self._spec is not None else None

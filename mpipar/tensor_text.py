@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._xp import to_numpy
 from mpipar.placement import Placement
 from mpipar.spec import Box, DistSpec
-from mpipar._xp import to_numpy
 
 PRECISION = 8
 """Digits after the point, Paddle's default print precision."""

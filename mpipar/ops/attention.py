@@ -28,16 +28,16 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._modes import Mode, execution_mode
+from mpipar._tape import GradContext, Node, is_grad_enabled, no_grad, pack_saved
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
 from mpipar.distribute import dtensor_from_local, reshard_to
 from mpipar.mesh import ProcessMesh
-from mpipar._modes import Mode, execution_mode
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
 from mpipar.placement import Partial, Replicate, Shard, like
 from mpipar.spec import DistSpec, full_box
 from mpipar.spmd import infer_forward as spmd_infer_forward
-from mpipar._tape import GradContext, Node, is_grad_enabled, no_grad, pack_saved
 from mpipar.tensor import Tensor, reuse_reshards
 
 Array = Any

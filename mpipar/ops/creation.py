@@ -37,6 +37,8 @@ def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
 def _pair(x: Any, y: Any) -> tuple[Tensor, Tensor]:
     xt = x if isinstance(x, Tensor) else None
     yt = y if isinstance(y, Tensor) else None
+    if xt is not None and yt is not None:  # the usual case: nothing to convert
+        return xt, yt
     return as_tensor(x, yt), as_tensor(y, xt)
 
 

@@ -200,12 +200,18 @@ def _nest(specs: Sequence[DistSpec], nest: Sequence[Any] | None) -> list[Any]:
 def _reuse_info(flat: list[Tensor]) -> spmd.Reuse | None:
     """For the conflict policy: which inputs hold the same value, and the layouts each value was
     already resharded to this step (free to use again); None when there is nothing to reuse."""
-    for t in flat:  # the common case, decided without building sets (a plain loop: every op asks)
+    n = len(flat)
+    if n == 1:  # unary ops, decided without a loop
+        if not flat[0]._reshards:
+            return None
+    elif n == 2:  # binary ops
+        a, b = flat
+        if not a._reshards and not b._reshards and (a._spec is None or b._spec is None or a._sid != b._sid):
+            return None
+    for t in flat:  # decided without building sets where nothing was resharded (every op asks)
         if t._reshards:
             break
     else:
-        if len(flat) == 1:
-            return None
         sids = [t._sid for t in flat if t._spec is not None]
         if len(set(sids)) == len(sids):
             return None
@@ -246,30 +252,48 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     for start_hook in hooks.op_start_hooks:
         start_hook.on_op_start(name)
     op = _OPS.get(name) or get_op(name)
-    attrs = attrs or {}
-    flat, nest = _flatten(op, inputs)
-    # One pass over the inputs: their types, and which are distributed.
+    if attrs is None:
+        attrs = {}
+    if op.list_input:
+        flat, nest = _flatten(op, inputs)
+    else:
+        flat, nest = list(inputs), None
+    # One pass over the inputs: their types, which are distributed, whether any is abstract
+    # (``execution_mode``'s question, asked here rather than in another pass).
     dist_inputs: list[Tensor] = []
-    for i, t in enumerate(flat):
+    abstract = False
+    for t in flat:
         if not isinstance(t, Tensor):
+            i = next(i for i, u in enumerate(flat) if u is t)
             raise TypeError(f"{name}: input {i} must be a Tensor, got {type(t).__name__}")
         if t._spec is not None:
             dist_inputs.append(t)
-    # ZeRO-3 may swap gathered parameters into ``flat``; hooks see the inputs as given.
-    original = list(flat) if stored_split_seen[0] else flat
+        if t._abstract:
+            abstract = True
     backend = current_backend()
-    stage_run = hooks.stage_runs[-1] if hooks.stage_runs else None
-    first_dist = dist_inputs[0] if dist_inputs else None
-    # Inside a pipeline stage run, ops of the other stages only run their rule (no data, no comm).
-    inactive = (
-        stage_run is not None and first_dist is not None and not stage_run.op_is_real(first_dist.spec.mesh, op.name)
-    )
-    if stage_run is not None and first_dist is not None:
-        stage_run.note_inputs(flat, first_dist.spec.mesh)
-    gathered, swapped = ([], False) if inactive else _gather_stored_split(op, flat)
-    if swapped:  # ZeRO-3 put gathered parameters in ``flat``
-        dist_inputs = [t for t in flat if t.is_dist]
-    mode = Mode.ABSTRACT if inactive else execution_mode(flat, backend)
+    gathered: list[Tensor] = []
+    original = flat
+    if hooks.stage_runs or stored_split_seen[0]:  # a pipeline stage run, or ZeRO-3 parameters
+        # ZeRO-3 may swap gathered parameters into ``flat``; hooks see the inputs as given.
+        original = list(flat) if stored_split_seen[0] else flat
+        stage_run = hooks.stage_runs[-1] if hooks.stage_runs else None
+        first_dist = dist_inputs[0] if dist_inputs else None
+        # Inside a pipeline stage run, ops of the other stages only run their rule (no data, no comm).
+        inactive = (
+            stage_run is not None and first_dist is not None and not stage_run.op_is_real(first_dist.spec.mesh, op.name)
+        )
+        if stage_run is not None and first_dist is not None:
+            stage_run.note_inputs(flat, first_dist.spec.mesh)
+        swapped = False
+        if not inactive:
+            gathered, swapped = _gather_stored_split(op, flat)
+        if swapped:  # ZeRO-3 put gathered parameters in ``flat``
+            dist_inputs = [t for t in flat if t.is_dist]
+        mode = Mode.ABSTRACT if inactive else execution_mode(flat, backend)
+    elif abstract or backend.shape_only:
+        mode = Mode.ABSTRACT
+    else:
+        mode = Mode.DENSE if backend.reference else Mode.DISTRIBUTED
     result: spmd.SpmdResult | None = None
     if mode is Mode.ABSTRACT:
         outs, used, result = _run_abstract(op, flat, nest, attrs, dist_inputs)
@@ -437,7 +461,10 @@ def decision_attrs(op: OpDef, attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def freeze_attrs(attrs: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple([(k, _frozen(v)) for k, v in attrs.items()]) if attrs else ()
+    if not attrs:
+        return ()
+    # ``_frozen`` inline for the scalars most attributes are (one call less per attribute)
+    return tuple([(k, (kind, v) if (kind := type(v)) in _SCALAR_TYPES else _frozen(v)) for k, v in attrs.items()])
 
 
 def _decision_key(
@@ -450,21 +477,21 @@ def _decision_key(
 ) -> tuple[Any, ...] | None:
     """What a decision depends on: the op, each input's spec (dense: shape, on the op's mesh),
     dtypes, the attributes and what was already resharded; None when the attributes are not
-    hashable (such a call is decided afresh)."""
+    hashable (such a call is decided afresh). The key is hashed by the cache's lookup
+    (``cached_decision``), which also finds an unhashable one."""
     ins = tuple([t._spec if t._spec is not None else (t._shape, mesh) for t in flat])
     try:
-        key = (
-            op.name,
-            ins,
-            tuple([t._dtype for t in flat]),
-            freeze_attrs(decision_attrs(op, attrs)),
-            reuse,
-            tuple(nest) if nest is not None else None,
-        )
-        hash(key)
+        frozen = freeze_attrs(decision_attrs(op, attrs)) if attrs else ()
     except TypeError:
         return None
-    return key
+    return (
+        op.name,
+        ins,
+        tuple([t._dtype for t in flat]),
+        frozen,
+        reuse,
+        tuple(nest) if nest is not None else None,
+    )
 
 
 def cached_decision(key: tuple[Any, ...] | None, backend: Any) -> Decision | None:
@@ -474,6 +501,15 @@ def cached_decision(key: tuple[Any, ...] | None, backend: Any) -> Decision | Non
         _decisions_backend[0] = backend
         return None
     return _DECISIONS.get(key) if key is not None else None
+
+
+def _hashable(key: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+    """``key``, or None when some part of it cannot be hashed (a call decided afresh)."""
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _decide(
@@ -515,14 +551,21 @@ def _run_dist(
     dist_inputs: list[Tensor],
     backend: Any,
 ) -> tuple[list[Tensor], list[Tensor], spmd.SpmdResult | None]:
-    mesh = dist_inputs[0].spec.mesh
+    mesh = dist_inputs[0]._spec.mesh  # type: ignore[union-attr]
     reuse = _reuse_info(flat) if reuse_enabled() else None
     player = _replaying[-1] if _replaying else None
     decision = player.next(op, flat, attrs, reuse, backend) if player is not None else None
     if decision is None:
         key = _decision_key(op, flat, nest, attrs, reuse, mesh)
-        decision = cached_decision(key, backend)
+        try:
+            if _decisions_backend[0] is backend and key is not None:  # ``cached_decision``, inline
+                decision = _DECISIONS.get(key)
+            else:
+                decision = cached_decision(key, backend)
+        except TypeError:  # an attribute that cannot be hashed: decided afresh
+            key = decision = None
         if decision is None:
+            key = _hashable(key)
             for t in dist_inputs[1:]:
                 if not t.spec.mesh.same_layout(mesh):
                     raise ValueError(
@@ -552,9 +595,30 @@ def _run_dist(
     # MPI a process hosts one rank of the mesh, or none when the op is another stage's.)
     if len(decision.ranks) > 1 and op.product_sum is not None and _defers(op, decision):
         return [_deferred_output(op, decision, used, attrs)], used, decision.res
-    per_rank = _kernel_outputs(op, decision, attrs, None, used)
+    out_specs = decision.out_specs
+    if len(decision.ranks) == 1 and not _capture_hooks.capture_tracers:  # one hosted rank (MPI)
+        if not op.multi_output:  # most ops: ``_one_rank_outputs`` for one output, inline
+            r, shapes, ctx = decision.ranks[0]
+            arr = op.kernel(ctx, *[u._shards[r] for u in used], **attrs)
+            dt = decision.dtypes[0]
+            if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d
+                arr = np.asarray(arr)
+            if arr.dtype is not dt and arr.dtype != dt:
+                arr = arr.astype(dt)
+            if len(shapes) != 1 or arr.shape != shapes[0]:
+                _wrong_outputs(op, decision, r, [arr])
+            return [Tensor._op_output(out_specs[0], dt, {r: freeze(arr)})], used, decision.res
+        per_rank = _one_rank_outputs(op, decision, attrs, None, used)
+    else:
+        per_rank = _kernel_outputs(op, decision, attrs, None, used)
+    if len(out_specs) == 1:  # most ops
+        return (
+            [Tensor._op_output(out_specs[0], decision.dtypes[0], {r: got[0] for r, got in per_rank.items()})],
+            used,
+            decision.res,
+        )
     outs = []
-    for j, (spec, dt) in enumerate(zip(decision.out_specs, decision.dtypes, strict=True)):
+    for j, (spec, dt) in enumerate(zip(out_specs, decision.dtypes, strict=True)):
         outs.append(Tensor._op_output(spec, dt, {r: got[j] for r, got in per_rank.items()}))
     return outs, used, decision.res
 
@@ -617,6 +681,20 @@ def _kernel_outputs(
     return per_rank
 
 
+def _wrong_outputs(op: OpDef, decision: Decision, r: int, got: list[Any]) -> None:
+    """Raise for a kernel whose outputs are not those its rule names (count, then shape)."""
+    shapes = decision.ranks[0][1]
+    if len(got) != len(shapes):
+        raise ValueError(f"kernel of {op.name} returned {len(got)} outputs; the rule says {len(shapes)}")
+    for j, arr in enumerate(got):
+        if arr.shape != shapes[j]:
+            spec = decision.out_specs[j]  # type: ignore[index]
+            raise AssertionError(
+                f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
+                f"{op.rule_name} says {list(shapes[j])} ({spec})"
+            )
+
+
 def _one_rank_outputs(
     op: OpDef, decision: Decision, attrs: dict[str, Any], inputs: dict[int, list[Any]] | None, used: list[Tensor]
 ) -> dict[int, list[Any]]:
@@ -627,12 +705,12 @@ def _one_rank_outputs(
     result = op.kernel(ctx, *arrays, **attrs)
     got = list(result) if op.multi_output else [result]
     if len(got) != len(shapes):
-        raise ValueError(f"kernel of {op.name} returned {len(got)} outputs; the rule says {len(shapes)}")
+        _wrong_outputs(op, decision, r, got)
     for j, dt in enumerate(decision.dtypes):
         arr = got[j]
-        if isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
+        if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
             arr = np.asarray(arr)
-        if arr.dtype != dt:
+        if arr.dtype is not dt and arr.dtype != dt:
             arr = arr.astype(dt)
         if arr.shape != shapes[j]:
             spec = decision.out_specs[j]  # type: ignore[index]
@@ -779,20 +857,29 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
             t.stop_gradient = True
         return
     nondiff = op.nondiff_outputs
-    for j, t in enumerate(outs):
-        t.stop_gradient = j in nondiff
-    saved_in = range(len(used)) if op.save_inputs is None else op.save_inputs
+    pack = _tape.pack_saved
+    saved_in = op.save_inputs
+    if saved_in is None:  # every input saved
+        inputs = [pack(u) for u in used]
+    else:
+        inputs = [pack(u) if i in saved_in else None for i, u in enumerate(used)]
+    save_out = op.save_outputs
+    if not save_out:
+        outputs: list[Tensor | None] = [None] * len(outs)
+    else:
+        outputs = [pack(t) if j in save_out else None for j, t in enumerate(outs)]
     ctx = _tape.GradContext(
-        op=op.name,
-        attrs=attrs,
-        inputs=[_tape.pack_saved(used[i]) if i in saved_in else None for i in range(len(used))],
-        outputs=[_tape.pack_saved(outs[j]) if j in op.save_outputs else None for j in range(len(outs))],
-        input_shapes=[tuple(t._shape) for t in flat],
-        input_dtypes=[t._dtype for t in flat],
-        needs_grad=needs,
-        input_specs=[u._spec for u in used],  # None for a dense input
+        op.name,
+        attrs,
+        inputs,
+        outputs,
+        [tuple(t._shape) for t in flat],
+        [t._dtype for t in flat],
+        needs,
+        [u._spec for u in used],  # None for a dense input
     )
     parents = [u if need else None for u, need in zip(used, needs, strict=True)]
     node = _tape.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]
     for j, t in enumerate(outs):
+        t.stop_gradient = j in nondiff
         t._set_history(node, j)

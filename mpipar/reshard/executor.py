@@ -26,8 +26,8 @@ Shards = dict[int, Array]
 
 def freeze(array: Array) -> Array:
     """Mark a NumPy array read-only (local shards are values, never mutated in place)."""
-    if isinstance(array, np.ndarray) and array.flags.writeable:
-        array.flags.writeable = False
+    if isinstance(array, np.ndarray):
+        array.setflags(write=False)  # (no-op when already read-only; cheaper than reading ``flags`` first)
     return array
 
 

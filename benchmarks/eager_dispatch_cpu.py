@@ -1,0 +1,177 @@
+"""The eager step's Python work per step on one rank: the TP MLP step of ``tp_mlp_vs_mpi4py.py``
+as rank 0 of ``mpiexec -n 4`` runs it, in one process, without MPI.
+
+    .venv/bin/python benchmarks/eager_dispatch_cpu.py [--steps 300] [--rounds 7] [--hidden 16]
+
+A backend hosting rank 0 of each mesh only (dispatch's one-rank path, the one every op takes
+under MPI) runs the public-API step (Linear with bias, ReLU, Linear with bias, ``mean(z * z)``,
+backward, SGD; the hidden dim split over 4 ranks), with the one all-reduce a local stand-in:
+what is left is the framework's own work, which every rank pays on every step. Reported per
+step, with the default sums, agreement check and gradient buckets:
+
+* **CPU time** (``time.process_time``), the fastest round of ``--rounds`` of ``--steps`` steps,
+  for the eager step, the phases it is made of (forward without and with the tape,
+  forward + backward) and the hand-written NumPy step of ``tp_mlp_vs_mpi4py.py`` (the same
+  arithmetic on rank 0's shards) in turns; ``--hidden`` (default 16, batch 4, in 8: data
+  too small to compute) makes the kernels negligible, so mpipar minus hand-written is the
+  dispatch: rules, reshard planning, tape, optimizer loop. ``--hidden 4096`` gives rank 0 the
+  benchmark's shapes;
+* **Python bytecodes** executed per step (``sys.settrace`` with opcode events; a NumPy call
+  counts as one): the same work counted exactly, so two versions compare without the
+  machine's load in the figure.
+
+Not counted: the MPI communicator's own Python around the all-reduce (``OrderedCommunicator``;
+the stand-in replaces it) and waiting for other ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import tp_mlp_vs_mpi4py as tp
+from results import add_json_argument, record
+
+import mpipar as dist
+from mpipar.mesh import ProcessMesh
+from simulator import SimBackend
+from simulator.virtual_comm import VirtualCommunicator
+
+RANKS = 4
+
+
+class _StandInComm(VirtualCommunicator):
+    """The all-reduce of a process hosting one member: every member is taken to hold this buffer."""
+
+    def _all_reduce(self, group: tuple[int, ...], bufs: Mapping[int, Any], op: str) -> dict[int, Any]:
+        return {r: a * len(group) if op == "sum" else a.copy() for r, a in bufs.items()}
+
+
+class RankZero(SimBackend):
+    """Hosts rank 0 of each mesh only, as MPI's process of rank 0 does."""
+
+    def __init__(self, world_size: int) -> None:
+        super().__init__(world_size, reuse_freed_memory=False)
+        self._comm = _StandInComm()
+
+    def hosted_ranks(self, mesh: ProcessMesh) -> tuple[int, ...]:
+        return (0,) if 0 in mesh.process_ids else ()
+
+
+class _World:
+    """What ``tp_mlp_vs_mpi4py``'s steps ask of MPI's communicator, for rank 0 of ``RANKS``."""
+
+    def Get_size(self) -> int:
+        return RANKS
+
+    def Get_rank(self) -> int:
+        return 0
+
+    def Allreduce(self, send: np.ndarray, recv: np.ndarray) -> None:
+        recv[...] = send * np.float32(RANKS)
+
+
+def phases() -> dict[str, Callable[[], object]]:
+    """The eager step and its phases, on fresh parameters."""
+    step, _ = tp.ours(_World())  # type: ignore[arg-type]
+    hand, _ = tp.hand_written(_World())  # type: ignore[arg-type]
+    mesh = dist.ProcessMesh(list(range(RANKS)), dim_names=["mp"])
+    v = tp.initial()
+    x = dist.shard_tensor(v["x"], mesh, [dist.Replicate()])
+    w1 = dist.shard_tensor(dist.Parameter(v["w1"]), mesh, [dist.Shard(1)])
+    b1 = dist.shard_tensor(dist.Parameter(v["b1"]), mesh, [dist.Shard(0)])
+    w2 = dist.shard_tensor(dist.Parameter(v["w2"]), mesh, [dist.Shard(0)])
+    b2 = dist.shard_tensor(dist.Parameter(v["b2"]), mesh, [dist.Replicate()])
+    relu = dist.nn.functional.relu
+
+    def forward() -> dist.Tensor:
+        h = relu(dist.add(dist.matmul(x, w1), b1))
+        z = dist.add(dist.matmul(h, w2), b2)
+        return dist.mean(dist.multiply(z, z))
+
+    def forward_no_tape() -> None:
+        with dist.no_grad():
+            forward()
+
+    def forward_backward() -> None:
+        forward().backward()
+        for p in (w1, b1, w2, b2):
+            p.clear_grad()
+
+    return {
+        "forward, no tape": forward_no_tape,
+        "forward": forward,
+        "forward + backward": forward_backward,
+        "eager step": step,
+        "hand-written": hand,
+    }
+
+
+def bytecodes(fn: Callable[[], object], steps: int = 5) -> float:
+    """Python bytecodes executed per call of ``fn``."""
+    count = [0]
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count[0] += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        for _ in range(steps):
+            fn()
+    finally:
+        sys.settrace(None)
+    return count[0] / steps
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--hidden", type=int, default=16, help="hidden width over all 4 ranks (16: tiny data)")
+    add_json_argument(p)
+    args = p.parse_args()
+    record(args.json, __file__)
+    if args.hidden != 4096:  # tiny data: the framework's work alone
+        tp.BATCH, tp.IN = 4, 8
+    tp.HIDDEN = args.hidden
+    dist.set_backend(RankZero(RANKS))
+    variants = phases()
+    for _ in range(20):
+        for fn in variants.values():
+            fn()
+    counted = {name: bytecodes(fn) for name, fn in variants.items()}
+    gc.collect()
+    best = dict.fromkeys(variants, float("inf"))
+    for _ in range(args.rounds):
+        for name, fn in variants.items():
+            t0 = time.process_time()
+            for _ in range(args.steps):
+                fn()
+            best[name] = min(best[name], (time.process_time() - t0) / args.steps)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"TP MLP step as rank 0 of {RANKS} (batch {tp.BATCH}, {tp.IN} -> {tp.HIDDEN} -> {tp.IN}), one process; "
+        f"fastest of {args.rounds} rounds of {args.steps} steps; load average {load:.2f}"
+    )
+    print(f"{'':22s} {'CPU us/step':>12s} {'bytecodes/step':>15s}")
+    for name in variants:
+        print(f"{name:22s} {best[name] * 1e6:12.0f} {counted[name]:15.0f}")
+    dispatch = best["eager step"] - best["hand-written"]
+    print(
+        f"eager step minus hand-written: {dispatch * 1e6:.0f} us CPU per step "
+        f"({best['eager step'] / best['hand-written']:.1f}x the hand-written step)"
+    )
+
+
+if __name__ == "__main__":
+    main()
