@@ -7,6 +7,7 @@ ZBH1 really defers weight gradients, 1F1B bounds the micro-batches in flight, th
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -29,6 +30,13 @@ EXAMPLES = [
 ]
 
 
+@functools.cache
+def _simulated(n: int, *common: str) -> tuple[float, ...]:
+    """The losses of ``python -m simulator -n n *common``: run once for both tests below, which
+    compare the same simulator run with the reference and with ``mpiexec``."""
+    return tuple(losses(run("-m", "simulator", "-n", str(n), *common)))
+
+
 def _args(script: str, schedule: str, extra: list[str]) -> list[str]:
     """The example's command line: three float64 steps of its tiny size under ``schedule``."""
     return [
@@ -49,7 +57,7 @@ def _args(script: str, schedule: str, extra: list[str]) -> list[str]:
 def test_schedules_match_the_reference(schedule: str, script: str, extra: list[str], n: int) -> None:
     common = _args(script, schedule, extra)
     ref = losses(run("-m", "simulator", "--reference", *common))
-    sim = losses(run("-m", "simulator", "-n", str(n), *common))
+    sim = _simulated(n, *common)
     assert len(ref) == 3
     for a, b in zip(ref, sim, strict=True):
         assert abs(a - b) <= 1e-9 * abs(a), (ref, sim)
@@ -60,7 +68,7 @@ def test_schedules_match_the_reference(schedule: str, script: str, extra: list[s
 @pytest.mark.parametrize(("script", "extra", "n"), EXAMPLES, ids=[f"{s[:-3]}{''.join(e)}" for s, e, _ in EXAMPLES])
 def test_schedules_under_mpi_match_the_simulator(schedule: str, script: str, extra: list[str], n: int) -> None:
     common = _args(script, schedule, extra)
-    sim = losses(run("-m", "simulator", "-n", str(n), *common))
+    sim = _simulated(n, *common)
     env = environ(drop=("MPIPAR_BACKEND", "MPIPAR_TRACE"))
     out = run_command([os.path.join(VENV_BIN, "mpiexec"), "-n", str(n), sys.executable, *common], env=env)
     mpi = losses(out)
