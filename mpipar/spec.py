@@ -216,7 +216,7 @@ class DistSpec:
                 d = p.dim + len(shape_t) if p.dim < 0 else p.dim
                 if not 0 <= d < len(shape_t):
                     raise ValueError(
-                        f"placement {p!r} on mesh axis {axis} ({mesh.dim_names[axis]!r}) "
+                        f"placement {type(p).__name__}({p.dim}) on mesh axis {axis} ({mesh.dim_names[axis]!r}) "
                         f"names tensor dim {p.dim}, but the tensor of shape {list(shape_t)} has "
                         f"{len(shape_t)} dims"
                     )
