@@ -291,10 +291,18 @@ def add_attention_arg(p: argparse.ArgumentParser, default: str) -> None:
     )
 
 
-def check_cp_comm(args: argparse.Namespace, cp: int) -> None:
-    """--cp-comm ring passes key/value blocks inside the fused kernel's loop: it needs fused attention."""
+def parallel_options(args: argparse.Namespace, cp: int, chunks: int) -> dict[str, Any]:
+    """The ``GPTParallel.from_degrees`` options the flags set besides dp, tp and pp. ``--cp-comm
+    ring`` passes key/value blocks around fused attention's loop: it needs fused attention."""
     if args.cp_comm == "ring" and args.attention != "fused" and cp > 1:
         raise SystemExit("--cp-comm ring needs --attention fused (plain attention gathers keys and values)")
+    return {
+        "cp": cp,
+        "sequence_parallel": args.sequence_parallel,
+        "recompute": args.recompute,
+        "chunks": chunks,
+        "cp_comm": args.cp_comm,
+    }
 
 
 def run_size(args: argparse.Namespace, degrees: dict[str, int], chunks: int) -> tuple[int, int, int, float]:

@@ -27,12 +27,12 @@ import sys
 from common import (
     add_attention_arg,
     add_training_args,
-    check_cp_comm,
     check_layout,
     check_training_args,
     default_mesh,
     fixed_world,
     header,
+    parallel_options,
     parse_mesh,
     parser,
     run_size,
@@ -97,17 +97,7 @@ def main() -> None:
     )
     dp, tp, pp, cp = degrees["dp"], degrees["tp"], degrees["pp"], degrees["cp"]
     check_layout(args, degrees, cfg.n_layer, batch, chunks)
-    check_cp_comm(args, cp)
-    par = GPTParallel.from_degrees(
-        dp,
-        tp,
-        pp,
-        cp=cp,
-        sequence_parallel=args.sequence_parallel,
-        recompute=args.recompute,
-        chunks=chunks,
-        cp_comm=args.cp_comm,
-    )
+    par = GPTParallel.from_degrees(dp, tp, pp, **parallel_options(args, cp, chunks))
     model = GPT(cfg, par)
     train_language_model(
         args,

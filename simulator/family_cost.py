@@ -48,6 +48,10 @@ optimizer step. What each term is and where it comes from:
   sequence; attention all-gathers the keys and values of the whole sequence (Llama 3's
   all-gather context parallelism), keeps only its shard, re-gathers it in backward and
   reduce-scatters the key/value gradients. Not overlapped (Llama 3 reports it exposed).
+  ``cp_comm="ring"`` instead passes each rank's key/value block around the cp ring: ``cp - 1``
+  sends forward, each hidden behind one block's share (``1 / cp``) of the attention core; in
+  backward ``cp - 1`` steps each sending a key/value block and its gradients' block behind one
+  block's share of the core's backward, and the gradients' last send home exposed.
 * **pipeline**: ``stage_layer_counts`` (lighter first and last stages when the layers do not
   divide); one micro-batch's activation (``t x h``, split ``tp`` ways under sequence
   parallelism) sent between stages over the link between their ranks.
@@ -104,6 +108,8 @@ class FamilyStrategy:
     chunks: int = 1
     overlap: bool = False
     """Gradient reduction overlapped with the last backward; ZeRO 3 gathers prefetched."""
+    cp_comm: str = "allgather"
+    """Context parallel keys and values: ``allgather`` or ``ring`` (point-to-point, overlapped)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "micro_batches", "chunks"):
@@ -114,6 +120,8 @@ class FamilyStrategy:
             raise ValueError(f"FamilyStrategy recompute must be none, selective or full, got {self.recompute!r}")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"FamilyStrategy zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.cp_comm not in ("allgather", "ring"):
+            raise ValueError(f"FamilyStrategy cp_comm must be allgather or ring, got {self.cp_comm!r}")
         object.__setattr__(self, "schedule", _schedule_name(self.schedule, self.chunks))
 
     @property
@@ -260,10 +268,10 @@ _LAYER_CACHE: dict[tuple[object, ...], tuple[HardwareProfile, Work]] = {}
 
 def layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> Work:
     """One layer, one micro-batch, one rank (module docstring): it depends on the shape (its
-    micro-batch size), ``tp``, ``cp``, sequence parallelism and recompute only, so the search's
+    micro-batch size), ``tp``, ``cp`` (and its communication), sequence parallelism and recompute only, so the search's
     candidates share it (kept per profile object; the entry holds the profile, so its id is not
     reused meanwhile)."""
-    key = (shape, st.tp, st.cp, st.sequence_parallel and st.tp > 1, st.recompute, id(hw))
+    key = (shape, st.tp, st.cp, st.cp_comm, st.sequence_parallel and st.tp > 1, st.recompute, id(hw))
     hit = _LAYER_CACHE.get(key)
     if hit is not None and hit[0] is hw:
         return hit[1]
@@ -350,8 +358,13 @@ def _layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> 
         tp_b = tp_f
     # Context-parallel gathers of k and v (all tokens of the local sequences) and their gradients.
     kv = messages["cp"]
-    cp_f = _coll(hw, "all_gather", kv, cp, tp * cp)
-    cp_b = cp_f + _coll(hw, "reduce_scatter", kv, cp, tp * cp)
+    if st.cp_comm == "ring" and cp > 1:
+        send = collective_time("send", kv / cp, 2, _link(hw, tp * cp))  # one rank's block to the next
+        cp_f = (cp - 1) * max(0.0, send - core_f / cp)
+        cp_b = (cp - 1) * max(0.0, 2 * send - core_b / cp) + send
+    else:
+        cp_f = _coll(hw, "all_gather", kv, cp, tp * cp)
+        cp_b = cp_f + _coll(hw, "reduce_scatter", kv, cp, tp * cp)
 
     compute_f = gemm_f + core_f + elem_f + core_elem_f + launches
     forward = compute_f + tp_f + cp_f

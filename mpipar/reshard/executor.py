@@ -51,10 +51,10 @@ def execute_plan(plan: ReshardPlan, shards: Mapping[int, Array], dtype: Any, bac
         with comm_context(context):
             reorder = step.src.zigzag != step.dst.zigzag
             if reorder:
-                current = _to_storage_order(step, current, backend)
+                current = _reorder_whole_dims(step, current, backend, before=True)
             current = _RUNNERS[step.kind](step, current, dtype, backend)
             if reorder:
-                current = _to_natural_order(step, current, backend)
+                current = _reorder_whole_dims(step, current, backend, before=False)
         for r in current:
             freeze(current[r])
     return current
@@ -71,23 +71,15 @@ def _reordered(current: Shards, dim: int, index: np.ndarray, backend: Backend) -
     return out
 
 
-def _to_storage_order(step: ReshardStep, current: Shards, backend: Backend) -> Shards:
-    """Before a step that makes whole dims zigzag (slice, reduce_scatter): those dims to storage order."""
-    for d, k in step.dst.zigzag.items():
-        if step.src.zigzag.get(d) != k:
-            order = step.dst.storage_order(d)
-            assert order is not None and all(b[d] == (0, step.src.shape[d]) for b in step.src.boxes.values())
-            current = _reordered(current, d, order, backend)
-    return current
-
-
-def _to_natural_order(step: ReshardStep, current: Shards, backend: Backend) -> Shards:
-    """After a step that makes zigzag dims whole (all_gather): those dims back to the natural order."""
-    for d, k in step.src.zigzag.items():
-        if step.dst.zigzag.get(d) != k:
-            order = step.src.storage_order(d)
-            assert order is not None and all(b[d] == (0, step.dst.shape[d]) for b in step.dst.boxes.values())
-            current = _reordered(current, d, np.argsort(order), backend)
+def _reorder_whole_dims(step: ReshardStep, current: Shards, backend: Backend, before: bool) -> Shards:
+    """``before`` a step that makes whole dims zigzag (slice, reduce_scatter): those dims to
+    storage order; after one that makes zigzag dims whole (all_gather): back to natural order."""
+    zig, other = (step.dst, step.src) if before else (step.src, step.dst)
+    for d, k in zig.zigzag.items():
+        if other.zigzag.get(d) != k:
+            order = zig.storage_order(d)
+            assert order is not None and all(b[d] == (0, other.shape[d]) for b in other.boxes.values())
+            current = _reordered(current, d, order if before else np.argsort(order), backend)
     return current
 
 

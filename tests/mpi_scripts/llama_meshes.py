@@ -35,6 +35,8 @@ CASES: list[tuple[str, str, dict[str, object]]] = [
     ("cp2", "fused", {"cp": 2}),
     ("cp2-plain", "plain", {"cp": 2}),
     ("dp2-cp2-tp2-sp", "fused", {"dp": 2, "cp": 2, "tp": 2, "sequence_parallel": True}),
+    ("cp4-ring", "fused", {"cp": 4, "cp_comm": "ring"}),
+    ("dp2-cp2-tp2-ring", "fused", {"dp": 2, "cp": 2, "tp": 2, "cp_comm": "ring"}),
     ("gpt-single", "plain", {}),
     ("gpt-cp2-tp2", "fused", {"cp": 2, "tp": 2}),
     ("gpt-dp2-cp2-plain", "plain", {"cp": 2, "dp": 2}),

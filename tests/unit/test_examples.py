@@ -42,6 +42,7 @@ CASES = [
     ("gpt.py", ["--mesh", "dp=2,tp=2", "--recompute", "selective", "--accumulate-steps", "2"], 4),
     ("gpt.py", ["--mesh", "dp=2,cp=2,tp=2", "--attention", "fused"], 8),
     ("llama.py", ["--mesh", "dp=2,cp=2,tp=2", "--sequence-parallel"], 8),
+    ("llama.py", ["--mesh", "cp=4", "--cp-comm", "ring"], 4),
     ("llama.py", ["--mesh", "tp=2,pp=2", "--schedule", "1F1B", "--attention", "plain"], 4),
 ]
 

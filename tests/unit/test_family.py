@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from simulator.cost import PipelineCost, load_profile
+from simulator.cost import PipelineCost, collective_time, load_profile
 from simulator.family import PRESETS, ModelShape, preset, stage_layer_counts, stage_of_layers
 from simulator.family_cost import (
     OPTIMIZER_STREAM_BYTES,
@@ -15,6 +15,7 @@ from simulator.family_cost import (
     activation_bytes,
     hardware_flops_per_token,
     interleaved_peak,
+    layer_costs,
     layer_messages,
     layer_parameters_local,
     memory,
@@ -258,3 +259,21 @@ def test_elementwise_and_optimizer_are_the_fused_kernels_bytes() -> None:
     # One rank, no reduction: the tail is the Adam kernel streaming 28 bytes per parameter.
     assert OPTIMIZER_STREAM_BYTES == 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2
     assert one.tail_s == [pytest.approx(28 * shape.parameters / hw.memory_Bps + hw.kernel_launch_s, rel=1e-12)]
+
+
+def test_ring_context_parallel_hides_its_sends_behind_the_attention_core() -> None:
+    """cp 4, tp 1, an 8k Llama 3 8B sequence on H100s: the all-gather option pays its gathers
+    exposed; the ring sends one rank's key/value block per step, each hidden behind a quarter of
+    the attention core, and pays only the gradients' last send home in backward."""
+    hw = load_profile("h100-sxm")
+    shape = preset("llama3-8b")
+    gather = layer_costs(shape, FamilyStrategy(cp=4), hw)
+    ring = layer_costs(shape, FamilyStrategy(cp=4, cp_comm="ring"), hw)
+    assert ring.compute_forward == gather.compute_forward and ring.compute_backward == gather.compute_backward
+    assert gather.forward > gather.compute_forward
+    assert ring.forward == pytest.approx(ring.compute_forward, rel=1e-12)
+    block = layer_messages(shape, FamilyStrategy(cp=4))["cp"] / 4  # one rank's keys and values
+    home = collective_time("send", block, 2, hw.intra_node)
+    assert ring.backward - (ring.compute_backward - ring.weight) == pytest.approx(home, rel=1e-12)
+    with pytest.raises(ValueError, match="cp_comm must be allgather or ring"):
+        FamilyStrategy(cp=2, cp_comm="tree")
