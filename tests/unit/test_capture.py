@@ -20,6 +20,7 @@ from mpi_scripts.launch import mpirun  # the MPI test launches mpiexec, as tests
 from tp_mlp_layer import (  # tests/: the MLP both compiled-step test files train
     MLP,
     comm_events,
+    mlp_loss,
     mlp_parameters,
     mse,
     sharded_mlp,
@@ -47,7 +48,6 @@ def mlp(
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
     tp = layout == "tp"
     params = mlp_parameters(mesh, tp)
-    w1, b1, w2, b2 = params
     kinds = {
         "sgd": dist.optimizer.SGD,
         "momentum": dist.optimizer.Momentum,
@@ -60,9 +60,7 @@ def mlp(
     def step(x: Any) -> dist.Tensor:
         if numpy_args:
             x = dist.shard_tensor(x, mesh, x_layout)
-        h = F.relu(dist.add(dist.matmul(x, w1), b1))
-        z = dist.add(dist.matmul(h, w2), b2)
-        loss = dist.mean(dist.multiply(z, z))
+        loss = mlp_loss(x, *params)
         loss.backward()
         optimizer.step()
         if clear:
