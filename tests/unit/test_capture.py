@@ -17,14 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi_scripts.launch import mpirun  # the MPI test launches mpiexec, as tests/mpi/test_mpi_runtime.py does
-from tp_mlp_layer import (  # tests/: the MLP both compiled-step test files train
-    MLP,
-    comm_events,
-    mlp_loss,
-    mlp_parameters,
-    mse,
-    sharded_mlp,
-)
+from tp_mlp_layer import MLP, comm_events, mlp_loss, mlp_parameters, mse, sharded_mlp  # tests/tp_mlp_layer.py
 
 import mpipar as dist
 from mpipar import _capture_hooks

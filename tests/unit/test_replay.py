@@ -12,14 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tp_mlp_layer import (  # tests/: the MLP both compiled-step test files train
-    MLP,
-    comm_events,
-    mlp_loss,
-    mlp_parameters,
-    mse,
-    sharded_mlp,
-)
+from tp_mlp_layer import MLP, comm_events, mlp_loss, mlp_parameters, mse, sharded_mlp  # tests/tp_mlp_layer.py
 
 import mpipar as dist
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
