@@ -70,6 +70,9 @@ class SearchReport(Protocol):
     pruned: dict[str, int]
     seconds: float
 
+    @property
+    def ranked(self) -> Sequence[Priced[Any]]: ...
+
     def advice(self) -> str: ...
 
 
@@ -92,3 +95,13 @@ def print_json_report(result: SearchReport, top: list[dict[str, Any]], **first: 
         indent=1,
     )
     sys.stdout.write("\n")
+
+
+def print_ranking(result: SearchReport, head: str, step: str, details: list[list[str]]) -> int:
+    """The searches' text output (``ranking_lines``), then the advice when nothing fits; the exit
+    status: 0 when a candidate fits, 1 when none does."""
+    print("\n".join(ranking_lines(head, result.pruned, result.ranked, step, details)))
+    if not result.ranked:
+        print(result.advice())
+        return 1
+    return 0

@@ -19,7 +19,7 @@ from typing import Any
 
 from mpipar import cliargs
 from mpipar.pipeline import resolve_kind
-from simulator.candidate import Priced, print_json_report, ranking_lines, search_inputs
+from simulator.candidate import Priced, print_json_report, print_ranking, search_inputs
 from simulator.cost import HardwareProfile
 from simulator.estimate import Estimate, estimate, parse_count
 from simulator.estimate import build_parser as estimate_parser
@@ -560,11 +560,7 @@ def run_family_search(ns: argparse.Namespace) -> int:
         f"per step: {result.priced} priced in {result.seconds:.1f} s"
     )
     details = [[c.describe(), f"estimate: {c.estimate_flags(flags, ns.hardware)}"] for c in result.ranked]
-    print("\n".join(ranking_lines(head, result.pruned, result.ranked, "s", details)))
-    if not result.ranked:
-        print(result.advice())
-        return 1
-    return 0
+    return print_ranking(result, head, "s", details)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -616,11 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         [f"estimate: {c.estimate_flags(shape, ns.hardware)}", f"gpt.py:   {c.gpt_flags()}"] for c in result.ranked
     ]
     head = f"{result.enumerated} candidates: {result.priced} priced in {result.seconds:.1f} s"
-    print("\n".join(ranking_lines(head, result.pruned, result.ranked, "ms", details)))
-    if not result.ranked:
-        print(result.advice())
-        return 1
-    return 0
+    return print_ranking(result, head, "ms", details)
 
 
 if __name__ == "__main__":

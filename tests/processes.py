@@ -20,8 +20,9 @@ def environ(
     return {**env, **(ONE_THREAD if one_thread else {}), **extra}
 
 
-def run(cmd: list[str], *, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``cmd`` from the repository root; the caller checks the return code."""
+def run(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``cmd`` from the repository root (``env``: this process's own when None); the caller checks
+    the return code."""
     return subprocess.run(
         cmd,
         capture_output=True,
@@ -33,6 +34,6 @@ def run(cmd: list[str], *, env: dict[str, str], timeout: float = 300) -> subproc
     )
 
 
-def run_python(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_python(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python args`` from the repository root; the caller checks the return code."""
     return run([sys.executable, *args], env=env, timeout=timeout)

@@ -54,6 +54,13 @@ def mlp_parameters(mesh: dist.ProcessMesh, tp: bool) -> list[dist.Tensor]:
     return [w1, b1, w2, b2]
 
 
+def mlp_loss(x: dist.Tensor, w1: dist.Tensor, b1: dist.Tensor, w2: dist.Tensor, b2: dist.Tensor) -> dist.Tensor:
+    """The MLP on ``x`` with these parameters (``mlp_parameters``), and the mean square of its output."""
+    h = F.relu(dist.add(dist.matmul(x, w1), b1))
+    z = dist.add(dist.matmul(h, w2), b2)
+    return dist.mean(dist.multiply(z, z))
+
+
 def comm_events(comm: dist.CommDebugMode) -> list[tuple[Any, ...]]:
     """Every recorded communication, as a comparable tuple."""
     return [(e.op, e.ranks, e.input_nbytes, e.output_nbytes, e.dtype, e.reduce_type) for e in comm.events]

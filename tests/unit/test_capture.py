@@ -17,13 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi_scripts.launch import mpirun  # the MPI test launches mpiexec, as tests/mpi/test_mpi_runtime.py does
-from tp_mlp_layer import (  # tests/: the MLP both compiled-step test files train
-    MLP,
-    comm_events,
-    mlp_parameters,
-    mse,
-    sharded_mlp,
-)
+from tp_mlp_layer import MLP, comm_events, mlp_loss, mlp_parameters, mse, sharded_mlp  # tests/tp_mlp_layer.py
 
 import mpipar as dist
 from mpipar import _capture_hooks
@@ -47,7 +41,6 @@ def mlp(
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
     tp = layout == "tp"
     params = mlp_parameters(mesh, tp)
-    w1, b1, w2, b2 = params
     kinds = {
         "sgd": dist.optimizer.SGD,
         "momentum": dist.optimizer.Momentum,
@@ -60,9 +53,7 @@ def mlp(
     def step(x: Any) -> dist.Tensor:
         if numpy_args:
             x = dist.shard_tensor(x, mesh, x_layout)
-        h = F.relu(dist.add(dist.matmul(x, w1), b1))
-        z = dist.add(dist.matmul(h, w2), b2)
-        loss = dist.mean(dist.multiply(z, z))
+        loss = mlp_loss(x, *params)
         loss.backward()
         optimizer.step()
         if clear:

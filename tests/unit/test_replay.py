@@ -12,20 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tp_mlp_layer import (  # tests/: the MLP both compiled-step test files train
-    MLP,
-    comm_events,
-    mlp_parameters,
-    mse,
-    sharded_mlp,
-)
+from tp_mlp_layer import MLP, comm_events, mlp_loss, mlp_parameters, mse, sharded_mlp  # tests/tp_mlp_layer.py
 
 import mpipar as dist
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
 from mpipar.ops import dispatch
 from simulator import SimBackend
-
-F = dist.nn.functional
 
 
 @pytest.fixture(autouse=True)
@@ -69,14 +61,11 @@ def tp_mlp(
         mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
         tp = placements == "tp"
         params = mlp_parameters(mesh, tp)
-        w1, b1, w2, b2 = params
         opt = (dist.optimizer.Adam if adam else dist.optimizer.SGD)(learning_rate=0.01, parameters=params)
 
         def step(x: np.ndarray) -> dist.Tensor:
             xt = dist.shard_tensor(x, mesh, [dist.Replicate() if tp else dist.Shard(0)])
-            h = F.relu(dist.add(dist.matmul(xt, w1), b1))
-            z = dist.add(dist.matmul(h, w2), b2)
-            loss = dist.mean(dist.multiply(z, z))
+            loss = mlp_loss(xt, *params)
             loss.backward()
             opt.step()
             opt.clear_grad()

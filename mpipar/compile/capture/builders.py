@@ -404,7 +404,7 @@ def current_hosted(spec: Any) -> tuple[int, ...]:
 
 
 class StepTracer(Tracer):
-    """The tracer the call sites talk to (``hooks.CaptureTracer``: dispatch, distribute, creation
+    """The tracer the call sites talk to (``_capture_hooks.CaptureTracer``: dispatch, distribute, creation
     and the optimizer live below this package and reach it through ``mpipar._capture_hooks``); each
     entry point is the builder of the same name above, bound as a method."""
 
