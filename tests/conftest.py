@@ -87,6 +87,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, parts[0]))
         if parts[-1] in QUICK and "mpi" not in item.keywords:
             item.add_marker(pytest.mark.quick)
+        if "mpi" in item.keywords:
+            # one xdist worker runs every launch of mpiexec, one at a time, as the serial suite
+            # did: two jobs of 8 ranks at once on 2 cores would starve each other past their
+            # timeouts. The other worker runs the in-process tests beside it.
+            item.add_marker(pytest.mark.xdist_group("mpi"))
     if "slow" in (config.getoption("-m") or "") or os.environ.get("MPIPAR_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow: run on demand with `pytest -m slow` or MPIPAR_SLOW=1")
