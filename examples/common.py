@@ -10,7 +10,7 @@ import os
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -94,11 +94,6 @@ def require_world(needed: int, what: str) -> None:
         )
 
 
-def seeded_uniform(index: int, shape: Sequence[int], dtype: str, salt: int = 0) -> np.ndarray:
-    """The seed's ``np.random.uniform`` sample, seeded by its index so every process agrees."""
-    return np.random.default_rng([index, salt]).uniform(size=list(shape)).astype(dtype)
-
-
 class Progress:
     """A progress bar (step, loss, tokens/s) on a terminal; nothing otherwise (log lines only)."""
 
@@ -154,16 +149,14 @@ def load_corpus(max_chars: int) -> np.ndarray:
 
 
 class Windows(Dataset):
-    """Sample i: the characters at i..i+T (input) and i+1..i+T+1 (target), each in ``order``
-    (the model's sequence order: zigzag under load-balanced context parallel)."""
+    """Sample i: the characters at i..i+T (input) and i+1..i+T+1 (target), in their order (a
+    load-balanced context-parallel split reorders them itself: ``ZigzagShard``)."""
 
-    def __init__(self, codes: np.ndarray, block: int, order: np.ndarray | None = None) -> None:
+    def __init__(self, codes: np.ndarray, block: int) -> None:
         self.codes, self.block = codes, block
-        self.order = None if order is None or (order == np.arange(block)).all() else order
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        x, y = self.codes[i : i + self.block], self.codes[i + 1 : i + self.block + 1]
-        return (x, y) if self.order is None else (x[self.order], y[self.order])
+        return self.codes[i : i + self.block], self.codes[i + 1 : i + self.block + 1]
 
     def __len__(self) -> int:
         return len(self.codes) - self.block - 1
@@ -289,6 +282,27 @@ def add_attention_arg(p: argparse.ArgumentParser, default: str) -> None:
         choices=["plain", "fused"],
         help=f"attention as separate ops (plain) or blockwise fused (scaled_dot_product_attention); default {default}",
     )
+    p.add_argument(
+        "--cp-comm",
+        default="allgather",
+        choices=["allgather", "ring"],
+        help="context parallel: all-gather the keys and values (default) or pass them around the cp ring "
+        "(point-to-point; fused attention only)",
+    )
+
+
+def parallel_options(args: argparse.Namespace, cp: int, chunks: int) -> dict[str, Any]:
+    """The ``GPTParallel.from_degrees`` options the flags set besides dp, tp and pp. ``--cp-comm
+    ring`` passes key/value blocks around fused attention's loop: it needs fused attention."""
+    if args.cp_comm == "ring" and args.attention != "fused" and cp > 1:
+        raise SystemExit("--cp-comm ring needs --attention fused (plain attention gathers keys and values)")
+    return {
+        "cp": cp,
+        "sequence_parallel": args.sequence_parallel,
+        "recompute": args.recompute,
+        "chunks": chunks,
+        "cp_comm": args.cp_comm,
+    }
 
 
 def run_size(args: argparse.Namespace, degrees: dict[str, int], chunks: int) -> tuple[int, int, int, float]:
@@ -316,14 +330,13 @@ def train_language_model(
     describe: Callable[[int], str],
 ) -> None:
     """The training loop gpt.py and llama.py share: AdamW (ZeRO, offload), the stdlib corpus in
-    the model's sequence order, checkpoints (save/resume), pipeline schedules via to_static,
+    checkpoints (save/resume), pipeline schedules via to_static,
     gradient accumulation, one ``step <n> loss <v>`` line per step, a greedy sample at the end.
     ``describe(chars)`` is the header printed before step 0."""
     micro = batch // args.accumulate_steps
     opt = make_optimizer(args, model, lr)
     codes = load_corpus(chars)
-    order = par.sequence_order(block)
-    data = Windows(codes, block, order)
+    data = Windows(codes, block)
     sampler = RandomBatchSampler(len(data), micro, seed=args.seed, num_batches=args.steps * args.accumulate_steps)
     loader = dist.shard_dataloader(
         DataLoader(data, batch_sampler=sampler), par.stage_meshes[:1] + par.stage_meshes[-1:], shard_dims="dp"
@@ -420,7 +433,7 @@ def train_language_model(
         save(args.save_final)
     if args.sample:
         prompt = codes[:block]
-        text = generate(model, prompt, args.sample, rows=par.axis_size(par.dp), order=order)
+        text = generate(model, prompt, args.sample, rows=par.axis_size(par.dp))
         dist.print_once(
             f"sample (greedy, after the first {len(prompt)} characters of the data):\n{decode(prompt)}|{decode(text)}",
             flush=True,
@@ -442,21 +455,18 @@ def header(name: str, params: int, mesh: str, ranks: int, batch: int, accumulate
     )
 
 
-def generate(model: Any, prompt: np.ndarray, count: int, rows: int, order: np.ndarray | None = None) -> np.ndarray:
+def generate(model: Any, prompt: np.ndarray, count: int, rows: int) -> np.ndarray:
     """Greedy decoding of ``count`` characters after ``prompt`` (a full block, so every layout's split divides).
 
     The batch repeats the window ``rows`` (= dp) times so the data-parallel split has a row per shard;
-    row 0's last position gives the next character, the same on every rank. The window is fed in
-    the model's sequence ``order`` (zigzag under context parallel), whose last position is read.
+    row 0's last position gives the next character, the same on every rank.
     """
-    order = np.arange(len(prompt)) if order is None else order
-    last = int(np.argmax(order))
     window, out = prompt.copy(), []
     model.eval()
     with dist.no_grad():
         for _ in range(count):
-            logits = model(dist.Tensor(np.repeat(window[order][None, :], rows, axis=0)))
-            nxt = int(np.argmax(logits.numpy()[0, last]))
+            logits = model(dist.Tensor(np.repeat(window[None, :], rows, axis=0)))
+            nxt = int(np.argmax(logits.numpy()[0, -1]))
             out.append(nxt)
             window = np.append(window[1:], nxt)
     model.train()

@@ -32,6 +32,7 @@ from common import (
     default_mesh,
     fixed_world,
     header,
+    parallel_options,
     parse_mesh,
     parser,
     run_size,
@@ -96,9 +97,7 @@ def main() -> None:
     )
     dp, tp, pp, cp = degrees["dp"], degrees["tp"], degrees["pp"], degrees["cp"]
     check_layout(args, degrees, cfg.n_layer, batch, chunks)
-    par = GPTParallel.from_degrees(
-        dp, tp, pp, cp=cp, sequence_parallel=args.sequence_parallel, recompute=args.recompute, chunks=chunks
-    )
+    par = GPTParallel.from_degrees(dp, tp, pp, **parallel_options(args, cp, chunks))
     model = GPT(cfg, par)
     train_language_model(
         args,

@@ -84,7 +84,7 @@ def main() -> None:
     )
     model = GPT(cfg, par)
     opt = make_optimizer(args, model, 3e-3)
-    data = Windows(load_corpus(50_000), cfg.block_size, par.sequence_order(cfg.block_size))
+    data = Windows(load_corpus(50_000), cfg.block_size)
     sampler = RandomBatchSampler(len(data), batch, seed=args.seed, num_batches=2)
     loader = dist.shard_dataloader(
         DataLoader(data, batch_sampler=sampler), par.stage_meshes[:1] + par.stage_meshes[-1:], shard_dims="dp"

@@ -23,6 +23,7 @@ from common import (
     check_training_args,
     default_mesh,
     header,
+    parallel_options,
     parse_mesh,
     parser,
     run_size,
@@ -79,9 +80,7 @@ def main() -> None:
     block = cfg.max_position_embeddings
     if block % (2 * cp):
         raise SystemExit(f"--mesh cp={cp}: the sequence of {block} tokens must divide into 2 x cp = {2 * cp} chunks")
-    par = LlamaParallel.from_degrees(
-        dp, tp, pp, cp=cp, sequence_parallel=args.sequence_parallel, recompute=args.recompute, chunks=chunks
-    )
+    par = LlamaParallel.from_degrees(dp, tp, pp, **parallel_options(args, cp, chunks))
     model = Llama(cfg, par)
     if args.load_hf:
         try:

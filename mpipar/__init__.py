@@ -91,7 +91,7 @@ from mpipar.parallel import (
     shard_op,
     shard_optimizer,
 )
-from mpipar.placement import Partial, Placement, ReduceType, Replicate, Shard, parse_placements
+from mpipar.placement import Partial, Placement, ReduceType, Replicate, Shard, ZigzagShard, parse_placements
 from mpipar.random import get_rng_state, seed, set_rng_state
 from mpipar.recompute import recompute
 from mpipar.compile.replay import CompiledStep, compile_step
@@ -152,6 +152,7 @@ __all__ = [
     "Strategy",
     "Task",
     "Tensor",
+    "ZigzagShard",
     "abs",
     "add",
     "all_gather",

@@ -20,12 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpipar import capture_hooks, hooks, overlap, tape
-from mpipar.comm import comm_context
-from mpipar.distribute import reshard, reshard_to
-from mpipar.ops import math as M
-from mpipar.placement import Replicate
-from mpipar.tape import (  # noqa: F401  (re-exported: the tape's names are importable from here as before)
+from mpipar import _capture_hooks, _tape, hooks, overlap
+from mpipar._tape import (  # noqa: F401  (re-exported: the tape's names are importable from here as before)
     GradContext,
     Node,
     Packed,
@@ -36,7 +32,12 @@ from mpipar.tape import (  # noqa: F401  (re-exported: the tape's names are impo
     pack_saved,
     saved_tensors_hooks,
     set_grad_enabled,
+    set_grad_mode,
 )
+from mpipar.comm import comm_context
+from mpipar.distribute import reshard, reshard_to
+from mpipar.ops import math as M
+from mpipar.placement import Replicate
 from mpipar.tensor import Tensor
 
 
@@ -219,7 +220,7 @@ def _run_backward(
             out_grads = pending.pop(id(node))
             if out_grads.count(None) == len(out_grads):  # no gradient reached this node
                 continue
-            if tape.packed_made[0] and any(isinstance(v, Packed) for v in (*node.ctx.inputs, *node.ctx.outputs)):
+            if _tape.packed_made[0] and any(isinstance(v, Packed) for v in (*node.ctx.inputs, *node.ctx.outputs)):
                 node.ctx.inputs = _unpacked(node.ctx.inputs)
                 node.ctx.outputs = _unpacked(node.ctx.outputs)
             weights = []
@@ -287,7 +288,7 @@ def _finish_leaf(leaf: Tensor, g: Tensor) -> None:
         out = hook(g)
         if out is not None:
             g = out
-    if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+    if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
         tr.note_leaf(leaf)  # a captured step being traced: a gradient held from before is read
     leaf.grad = g if leaf.grad is None else M.add(leaf.grad, g)
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpipar import xp as _xp
+from mpipar import _xp
 from mpipar.env import env_text
 from mpipar.mesh import ProcessMesh
 

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mpipar.deferred import Product, sum_products, written
-from mpipar.xp import array_module
+from mpipar._deferred import Product, sum_products, written
+from mpipar._xp import array_module
 
 Array = Any  # numpy.ndarray or cupy.ndarray
 Shape = tuple[int, ...]

@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import capture_hooks, hooks, tape
+from mpipar import _capture_hooks, _tape, hooks
+from mpipar._modes import Mode, execution_mode
 from mpipar.backend import check_mesh, current_backend
 from mpipar.comm import comm_context, current_context, note_reused_reshard
 from mpipar.mesh import ProcessMesh
-from mpipar.modes import Mode, execution_mode
 from mpipar.placement import Placement, check_placements, is_shard_spec, shard_spec_placements
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
-from mpipar.spec import DistSpec, box_relative
+from mpipar.spec import Box, DistSpec, box_relative, box_shape, full_box
 from mpipar.tensor import Tensor, _as_array, _reuse_enabled
 
 Array = Any
@@ -44,7 +44,9 @@ def _shards_from_global(
     for r in backend.hosted_ranks(spec.mesh):
         box = no_partial.boxes[r]
         if box not in by_box:
-            if source is not None:
+            if no_partial.zigzag:  # storage order: the box's chunks, each cut from where it lies
+                by_box[box] = freeze(_assemble_pieces(no_partial, box, source, init, xp))
+            elif source is not None:
                 by_box[box] = source[box_relative(box, full)]
             else:
                 assert init is not None
@@ -55,6 +57,29 @@ def _shards_from_global(
         return shards
     # Replicate -> Partial is local: the planner's partial steps split the value exactly.
     return execute_plan(plan_reshard(no_partial, spec), shards, dtype, backend)
+
+
+def _assemble_pieces(
+    spec: DistSpec,
+    box: Box,
+    source: Array | None,
+    init: Callable[[tuple[int, ...], Any], Array] | None,
+    xp: Any,
+) -> Array:
+    """Storage box ``box`` of a zigzag ``spec`` built from the global pieces it holds."""
+    pieces = spec.global_pieces(box)
+    parts = []
+    for _, gbox in pieces:
+        if source is not None:
+            parts.append(source[box_relative(gbox, full_box(spec.shape))])
+        else:
+            assert init is not None
+            parts.append(xp.asarray(init(tuple(spec.shape), gbox)))
+    dtype = parts[0].dtype if parts else (source.dtype if source is not None else np.float32)
+    out = xp.empty(box_shape(box), dtype=dtype)
+    for (index, _), part in zip(pieces, parts, strict=True):
+        out[index] = part
+    return out
 
 
 def _spec_for(
@@ -138,7 +163,7 @@ def shard_tensor(
             target = Tensor.abstract(value.shape, value.dtype, spec)
         elif mode is Mode.DENSE:
             target = Tensor._from_reference(spec, value)
-        elif capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+        elif _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
             target = Tensor._from_shards(spec, tr.shard_array(spec, data, dtype), value.dtype)
         else:
             target = Tensor._from_shards(spec, _shards_from_global(spec, value), value.dtype)
@@ -219,7 +244,7 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     out: Tensor | None = _reused(tensor, dst) if cacheable else None
     if out is not None:
         out.stop_gradient = tensor.stop_gradient
-        if not tensor.stop_gradient and tape.is_grad_enabled():
+        if not tensor.stop_gradient and _tape.is_grad_enabled():
             out._set_history(reshard_node(tensor))
         return out
     out = _reshard_now(tensor, dst, backend)
@@ -228,7 +253,7 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
         assert tensor._reshards is not None
         tensor._reshards[dst] = (tensor._sid, out.detach())
     out.stop_gradient = tensor.stop_gradient
-    if not tensor.stop_gradient and tape.is_grad_enabled():
+    if not tensor.stop_gradient and _tape.is_grad_enabled():
         out._set_history(reshard_node(tensor))
     return out
 
@@ -247,14 +272,14 @@ def _reshard_now(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
         assert tensor._value is not None
         out = Tensor._from_reference(dst, tensor._value)
     elif not tensor.is_dist:
-        tr = capture_hooks.capture_tracer() if capture_hooks.capture_tracers else None
+        tr = _capture_hooks.capture_tracer() if _capture_hooks.capture_tracers else None
         if tr is not None:  # a captured step being traced: the cut is an instruction
             out = Tensor._from_shards(dst, tr.from_global(dst, tensor), tensor.dtype)
         else:
             out = Tensor._from_shards(dst, _shards_from_global(dst, np.asarray(tensor._value)), tensor.dtype)
     else:
         plan = plan_reshard(tensor.spec, dst)
-        tr = capture_hooks.capture_tracer() if capture_hooks.capture_tracers else None
+        tr = _capture_hooks.capture_tracer() if _capture_hooks.capture_tracers else None
         if tr is not None:  # a captured step being traced: the plan's execution is an instruction
             shards = tr.reshard(plan, tensor, backend)
         else:
@@ -338,7 +363,7 @@ def dtensor_from_local(
 
 
 # ======================================================================== the reshard on the tape
-def _reshard_grad(ctx: tape.GradContext, grads: list[Tensor | None]) -> list[Tensor | None]:
+def _reshard_grad(ctx: _tape.GradContext, grads: list[Tensor | None]) -> list[Tensor | None]:
     g = grads[0]
     back = ctx.attrs.get("source_spec")
     if g is None or back is None or not g.is_dist or g.spec.mesh.same_layout(back.mesh):
@@ -348,19 +373,19 @@ def _reshard_grad(ctx: tape.GradContext, grads: list[Tensor | None]) -> list[Ten
         return [reshard_to(g, back.without_partial())]
 
 
-def reshard_node(source: Tensor) -> tape.Node:
+def reshard_node(source: Tensor) -> _tape.Node:
     """The node of a reshard: its backward passes the gradient through (back to the source's
     mesh when the reshard crossed meshes)."""
     attrs = {"source_spec": source.spec if source.is_dist else None}
-    ctx = tape.GradContext("reshard", attrs, [None], [None], [tuple(source.shape)], [source.dtype], [True])
-    return tape.Node("reshard", _reshard_grad, ctx, [source])
+    ctx = _tape.GradContext("reshard", attrs, [None], [None], [tuple(source.shape)], [source.dtype], [True])
+    return _tape.Node("reshard", _reshard_grad, ctx, [source])
 
 
 def _regather(payload: tuple[Tensor, DistSpec]) -> Tensor:
     """Gather a ZeRO-3 parameter again for backward, from the note ``(param, spec)`` saved for it."""
     param, spec = payload
-    with tape.no_grad(), comm_context(f"backward: gather {param._label()} stored split (ZeRO-3)"):
+    with _tape.no_grad(), comm_context(f"backward: gather {param._label()} stored split (ZeRO-3)"):
         return reshard_to(param, spec)
 
 
-tape.regather.append(_regather)
+_tape.regather.append(_regather)

@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpipar import capture_hooks, hooks
+from mpipar import _capture_hooks, hooks
+from mpipar._modes import Mode, execution_mode
 from mpipar.backend import current_backend
 from mpipar.comm import Pending, _span_recorders, comm_context
 from mpipar.env import env_number, env_text
-from mpipar.modes import Mode, execution_mode
 from mpipar.reshard.executor import freeze
 from mpipar.reshard.planner import plan_reshard
 from mpipar.tensor import Tensor
@@ -164,7 +164,7 @@ def begin_backward() -> _Session | None:
         return None
     if _settings:
         setting: GradReduceOverlap | None = _settings[-1]
-    elif capture_hooks.capture_tracers and capture_hooks.capture_tracer() is not None:
+    elif _capture_hooks.capture_tracers and _capture_hooks.capture_tracer() is not None:
         # A step being captured (mpipar.capture) records each gradient's own reshard, which its
         # program replays; the default buckets stay out of it (an explicit setting refuses the capture).
         setting = None

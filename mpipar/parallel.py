@@ -16,16 +16,17 @@ cutting it is a local slice); a parameter with no such dim keeps replicated stat
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from mpipar._modes import Mode, execution_mode
 from mpipar.backend import current_backend
 from mpipar.distribute import dtensor_from_local, reshard, shard_tensor
 from mpipar.io import DataLoader
 from mpipar.mesh import ProcessMesh
-from mpipar.modes import Mode, execution_mode
 from mpipar.nn.layer import Layer
 from mpipar.ops import dispatch
 from mpipar.optimizer.optimizer import Optimizer
@@ -200,9 +201,24 @@ def shard_op(
 
 
 # =============================================================================== data
+def _global_generator_states() -> tuple[Any, ...]:
+    """The state of the generators a dataset may draw from without owning one: NumPy's and
+    Python's global ones (``np.random.uniform``, ``random.random`` in ``__getitem__``)."""
+    state = np.random.get_state(legacy=False)
+    inner = state["state"]
+    return inner["key"].tobytes(), inner["pos"], state["has_gauss"], state["gauss"], random.getstate()
+
+
 class ShardDataloader:
     """Batches as distributed tensors: inputs on the first mesh, labels on the last, the batch
-    dim split along ``shard_dims``. Each process loads only the samples its ranks hold."""
+    dim split along ``shard_dims``.
+
+    Each process loads only the samples its ranks hold, unless the dataset draws from NumPy's or
+    Python's global generator (the seeds' ``np.random.uniform`` in ``__getitem__``): then a
+    sample's value depends on the draws before it, and every process loads the whole batch in
+    order, as one device does, so that every launch mode sees the same data. The first batch is
+    loaded whole and tells which (a dataset with a generator of its own is not seen: seed it by
+    index, or it differs per process as it would in Paddle)."""
 
     def __init__(
         self,
@@ -221,6 +237,8 @@ class ShardDataloader:
             raise ValueError(f"shard_dataloader: {len(dims)} shard_dims for {len(self.meshes)} meshes")
         self.shard_dims = dims
         self._meta: list[tuple[tuple[int, ...], Any]] | None = None
+        self._stateful: bool | None = None
+        """Whether loading moves the global generators (then every process loads whole batches)."""
 
     def _placements(self, k: int, ndim: int) -> list[Placement]:
         mesh, dim = self.meshes[k], self.shard_dims[k]
@@ -235,12 +253,19 @@ class ShardDataloader:
     def _batches(self) -> Iterator[Tensor | list[Tensor]]:
         backend = current_backend()
         for indices in self.loader.index_batches():
-            if self._meta is None:
-                sample = self.loader.load_indices(indices[:1])
-                self._meta = [(tuple(a.shape[1:]), a.dtype) for a in sample]
+            whole: list[np.ndarray] | None = None
+            if self._stateful is not False or execution_mode((), backend) is Mode.DENSE:
+                before = _global_generator_states() if self._stateful is None else None
+                whole = self.loader.load_indices(indices)
+                if before is not None:
+                    self._stateful = before != _global_generator_states()
+                if self._meta is None:
+                    self._meta = [(tuple(a.shape[1:]), a.dtype) for a in whole]
             if execution_mode((), backend) is Mode.DENSE:  # one device: the whole batch
-                yield self._batch([self._whole(i, a) for i, a in enumerate(self.loader.load_indices(indices))])
+                assert whole is not None
+                yield self._batch([self._whole(i, a) for i, a in enumerate(whole)])
                 continue
+            assert self._meta is not None
             # Which batch rows do the ranks hosted here hold?
             specs = []
             rows: set[int] = set()
@@ -252,7 +277,10 @@ class ShardDataloader:
                     s, e = spec.local_box(r)[0]
                     rows.update(range(s, e))
             wanted = sorted(rows)
-            loaded = self.loader.load_indices([indices[j] for j in wanted]) if wanted else []
+            if whole is not None:  # loaded whole: keep the rows held here
+                loaded = [a[wanted] for a in whole] if wanted else []
+            else:
+                loaded = self.loader.load_indices([indices[j] for j in wanted]) if wanted else []
             position = {row: j for j, row in enumerate(wanted)}
             out = []
             for i, spec in enumerate(specs):

@@ -4,9 +4,14 @@
 * ``Replicate()``: every rank along the axis holds the same value.
 * ``Partial(op)``: every rank holds a partial value; reducing them with ``op`` over the axis
   gives the value. ``op`` is one of sum, avg, max, min.
+* ``ZigzagShard(d)``: the load-balanced split of a causal sequence (context parallelism):
+  dim ``d`` cut in ``2k`` equal chunks over the ``k`` ranks of the axis, rank ``r`` holding
+  chunks ``r`` and ``2k-1-r`` (one early, one late), so every rank's causal attention work is
+  the same. A kind of ``Shard`` (rules that treat a dim's elements alike propagate it as one);
+  the storage order it implies is in ``spec.py``.
 
 Each has a readable ``repr`` (``Shard(dim=0)``) and a compact ``str`` (``S(0)``, ``R``,
-``P(sum)``); ``parse_placements`` reads the compact form back.
+``P(sum)``, ``Z(1)``); ``parse_placements`` reads the compact form back.
 """
 
 from __future__ import annotations
@@ -66,6 +71,26 @@ class Shard(Placement):
 
 
 @dataclass(frozen=True)
+class ZigzagShard(Shard):
+    """Tensor dim ``dim`` split load-balanced: rank r of k holds chunks r and 2k-1-r of 2k.
+
+    Equal to no plain ``Shard``: ``reshard`` converts between the two (and to and from
+    ``Replicate``), reordering the dim's chunks on the way."""
+
+    def __repr__(self) -> str:
+        return f"ZigzagShard(dim={self.dim})"
+
+    def __str__(self) -> str:
+        return f"Z({self.dim})"
+
+
+def like(p: Shard, dim: int) -> Shard:
+    """A shard of ``dim`` of the same kind as ``p`` (plain or zigzag): what a rule that maps one
+    tensor dim onto another, keeping its elements in order, gives the output."""
+    return ZigzagShard(dim) if isinstance(p, ZigzagShard) else Shard(dim)
+
+
+@dataclass(frozen=True)
 class Replicate(Placement):
     def is_replicated(self) -> bool:
         return True
@@ -106,11 +131,11 @@ class Partial(Placement):
         return f"P({self.reduce_type})"
 
 
-_TOKEN = re.compile(r"\s*(?:S\(\s*(-?\d+)\s*\)|R|P(?:\(\s*(\w+)\s*\))?)\s*,?")
+_TOKEN = re.compile(r"\s*(?:([SZ])\(\s*(-?\d+)\s*\)|R|P(?:\(\s*(\w+)\s*\))?)\s*,?")
 
 
 def parse_placements(text: str) -> list[Placement]:
-    """Read placements written compactly: ``"S(0)R"``, ``"[S(1), P(sum)]"``, ``"P"``."""
+    """Read placements written compactly: ``"S(0)R"``, ``"[S(1), P(sum)]"``, ``"P"``, ``"Z(1)"``."""
     body = text.strip()
     if body.startswith("[") and body.endswith("]"):
         body = body[1:-1]
@@ -124,11 +149,13 @@ def parse_placements(text: str) -> list[Placement]:
             raise ValueError(f"cannot parse placements {text!r} at position {pos}: {body[pos:]!r}")
         token = m.group(0).strip().rstrip(",").strip()
         if token.startswith("S"):
-            out.append(Shard(int(m.group(1))))
+            out.append(Shard(int(m.group(2))))
+        elif token.startswith("Z"):
+            out.append(ZigzagShard(int(m.group(2))))
         elif token == "R":
             out.append(Replicate())
         else:
-            out.append(Partial(m.group(2) or "sum"))
+            out.append(Partial(m.group(3) or "sum"))
         pos = m.end()
     return out
 
@@ -150,7 +177,9 @@ def check_placements(placements: object, what: str = "placements") -> list[Place
         raise TypeError(f"{what} must be a list of placements, got {placements!r}") from None
     for i, p in enumerate(items):
         if not isinstance(p, Placement):
-            raise TypeError(f"{what}[{i}] is {p!r}; use dist.Shard(dim), dist.Replicate() or dist.Partial()")
+            raise TypeError(
+                f"{what}[{i}] is {p!r}; use dist.Shard(dim), dist.ZigzagShard(dim), dist.Replicate() or dist.Partial()"
+            )
     return items
 
 

@@ -19,6 +19,20 @@ placements ``[Shard(0), Shard(0)]`` and a dim of size 5::
     (1, 0)         [3, 5)            [3, 4)            3
     (1, 1)         [3, 5)            [4, 5)            4
 
+The load-balanced split ``ZigzagShard(d)`` on an axis of ``k`` ranks is the outermost split of
+dim ``d`` (no lower-index axis may shard ``d``) and needs ``d``'s size to divide into ``2k``
+equal chunks. It is a plain ``Shard`` of the dim held in *storage order*
+(``zigzag_order(n, k)``): position ``i`` of that order holds global element ``order[i]``. The
+boxes of the spec (``boxes``, ``box_at``, the reshard planner's and the kernels') are in storage
+order; ``global_pieces`` and ``positions`` translate them to global positions. With ``k = 2``,
+``n = 8``, ``[ZigzagShard(0), Shard(0)]`` on a 2x2 mesh::
+
+    coord (x, y)   storage box   global rows
+    (0, 0)         [0, 2)        0 1
+    (0, 1)         [2, 4)        6 7
+    (1, 0)         [4, 6)        2 3
+    (1, 1)         [6, 8)        4 5
+
 Partial placements of one spec must commute: sum and avg may mix; max and min each stand
 alone. The global value is the local values reduced over every Partial axis.
 """
@@ -32,8 +46,20 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
 from mpipar.mesh import ProcessMesh
-from mpipar.placement import Partial, Placement, Replicate, Shard, check_placements, parse_placements, placements_str
+from mpipar.placement import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    ZigzagShard,
+    check_placements,
+    like,
+    parse_placements,
+    placements_str,
+)
 
 Box = tuple[tuple[int, int], ...]
 """A box of a tensor: one half-open ``(start, stop)`` range per tensor dim."""
@@ -69,6 +95,33 @@ def chunk_range(size: int, parts: int, index: int) -> tuple[int, int]:
     base, extra = divmod(size, parts)
     start = index * base + min(index, extra)
     return start, start + base + (1 if index < extra else 0)
+
+
+def zigzag_order(length: int, parts: int) -> np.ndarray:
+    """Global positions in the order a ``parts``-way zigzag split holds them: the sequence cut in
+    ``2 * parts`` chunks, part r holding chunks r and 2*parts-1-r (one early, one late), so each
+    part's causal attention work is the same. ``zigzag_order(8, 2)`` is 0 1 6 7 2 3 4 5.
+
+    | part | chunks   | positions (length 8) |
+    |------|----------|----------------------|
+    | 0    | 0 and 3  | 0 1, 6 7             |
+    | 1    | 1 and 2  | 2 3, 4 5             |
+    """
+    if parts < 1 or length % (2 * parts):
+        raise ValueError(
+            f"zigzag order: the sequence length {length} must divide into 2 x cp({parts}) = {2 * parts} equal chunks"
+        )
+    return _zigzag_order(length, parts)
+
+
+@functools.lru_cache(maxsize=64)
+def _zigzag_order(length: int, parts: int) -> np.ndarray:
+    c = length // (2 * parts)
+    out = np.concatenate(
+        [np.r_[r * c : (r + 1) * c, (2 * parts - 1 - r) * c : (2 * parts - r) * c] for r in range(parts)]
+    ).astype(np.int64)
+    out.flags.writeable = False
+    return out
 
 
 def box_shape(box: Box) -> tuple[int, ...]:
@@ -114,6 +167,26 @@ def full_box(shape: Sequence[int]) -> Box:
     return tuple((0, int(n)) for n in shape)
 
 
+def _check_zigzag(shape: tuple[int, ...], mesh: ProcessMesh, placements: Sequence[Placement]) -> None:
+    """A zigzag split is the outermost split of its dim, and the dim divides into 2k chunks."""
+    for axis, p in enumerate(placements):
+        if not isinstance(p, ZigzagShard):
+            continue
+        k = mesh.shape[axis]
+        where = f"placement Z({p.dim}) on mesh axis {axis} ({mesh.dim_names[axis]!r}, {k} ranks)"
+        outer = [a for a in range(axis) if isinstance(placements[a], Shard) and placements[a].dim == p.dim]  # type: ignore[attr-defined]
+        if outer:
+            raise ValueError(
+                f"{where}: tensor dim {p.dim} is already split by mesh axis {outer[0]} "
+                f"({mesh.dim_names[outer[0]]!r}); a zigzag split must be the outermost split of its dim"
+            )
+        if k > 1 and shape[p.dim] % (2 * k):
+            raise ValueError(
+                f"{where}: tensor dim {p.dim} of size {shape[p.dim]} (shape {list(shape)}) does not divide into "
+                f"2 x {k} = {2 * k} equal chunks; pad the sequence or use Shard({p.dim})"
+            )
+
+
 @dataclass(frozen=True)
 class DistSpec:
     """Global ``shape``, ``mesh`` and one placement per mesh axis. A value object."""
@@ -143,12 +216,13 @@ class DistSpec:
                 d = p.dim + len(shape_t) if p.dim < 0 else p.dim
                 if not 0 <= d < len(shape_t):
                     raise ValueError(
-                        f"placement Shard({p.dim}) on mesh axis {axis} ({mesh.dim_names[axis]!r}) "
+                        f"placement {type(p).__name__}({p.dim}) on mesh axis {axis} ({mesh.dim_names[axis]!r}) "
                         f"names tensor dim {p.dim}, but the tensor of shape {list(shape_t)} has "
                         f"{len(shape_t)} dims"
                     )
-                p = Shard(d)
+                p = like(p, d)
             norm.append(p)
+        _check_zigzag(shape_t, mesh, norm)
         partial_types = {p.reduce_type for p in norm if isinstance(p, Partial)}
         if len(partial_types) > 1 and not partial_types <= {"sum", "avg"}:
             raise ValueError(
@@ -178,6 +252,47 @@ class DistSpec:
             and self.placements == other.placements
             and self.mesh == other.mesh
         )
+
+    @cached_property
+    def zigzag(self) -> dict[int, int]:
+        """The dims held in zigzag storage order and each one's degree (ranks of its axis)."""
+        return {
+            p.dim: self.mesh.shape[a]
+            for a, p in enumerate(self.placements)
+            if isinstance(p, ZigzagShard) and self.mesh.shape[a] > 1
+        }
+
+    def storage_order(self, dim: int) -> np.ndarray | None:
+        """The global positions of ``dim`` in storage order, or None when it is the natural order."""
+        k = self.zigzag.get(dim)
+        return None if k is None else _zigzag_order(self.shape[dim], k)
+
+    def positions(self, box: Box, dim: int) -> np.ndarray:
+        """The global positions along ``dim`` of the elements of storage box ``box``."""
+        s, e = box[dim]
+        order = self.storage_order(dim)
+        return np.arange(s, e) if order is None else order[s:e]
+
+    def global_pieces(self, box: Box) -> list[tuple[tuple[Any, ...], Box]]:
+        """Storage box ``box`` as (index into the local array, global box) pieces, in order: one
+        piece, or more where it spans chunks of a zigzag dim."""
+        pieces: list[tuple[tuple[Any, ...], Box]] = [((), ())]
+        for d, (s, e) in enumerate(box):
+            runs = [(s, e, s)]
+            k = self.zigzag.get(d)
+            if k is not None and e > s:
+                c = self.shape[d] // (2 * k)
+                order = _zigzag_order(self.shape[d], k)
+                runs = []
+                i = s
+                while i < e:
+                    j = min(e, (i // c + 1) * c)
+                    runs.append((i, j, int(order[i])))
+                    i = j
+            pieces = [
+                ((*idx, slice(i - s, j - s)), (*gbox, (g, g + j - i))) for idx, gbox in pieces for i, j, g in runs
+            ]
+        return pieces
 
     @cached_property
     def _hash(self) -> int:
@@ -341,6 +456,12 @@ class DistSpec:
     def placements_str(self) -> str:
         # Cached (the spec is immutable): a shape-only trace compares it on every op's tensors.
         return placements_str(self.placements)
+
+    def natural(self) -> DistSpec:
+        """The same layout with every zigzag split read as a plain ``Shard``."""
+        if not any(isinstance(p, ZigzagShard) for p in self.placements):
+            return self
+        return self.with_placements([Shard(p.dim) if isinstance(p, ZigzagShard) else p for p in self.placements])
 
     def __repr__(self) -> str:
         return f"DistSpec(shape={list(self.shape)}, mesh={self.mesh!r}, placements={list(self.placements)!r})"

@@ -27,15 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import capture_hooks
+from mpipar import _capture_hooks
+from mpipar._modes import Mode, execution_mode
+from mpipar._xp import to_numpy
 from mpipar.backend import current_backend
 from mpipar.mesh import ProcessMesh
-from mpipar.modes import Mode, execution_mode
 from mpipar.placement import Placement
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import DistSpec
-from mpipar.xp import to_numpy
+from mpipar.tensor_text import held_value, tensor_text
 
 Array = Any
 
@@ -91,7 +92,7 @@ class Tensor:
     _spec: DistSpec | None
     _shards: dict[int, Array]
     _deferred: Any = None
-    """Shards not computed yet (``mpipar.deferred.DeferredShards``), set by ``ops.dispatch``
+    """Shards not computed yet (``mpipar._deferred.DeferredShards``), set by ``ops.dispatch``
     instead of ``_shards`` in a process hosting several ranks; ``_shards`` computes them on
     first use, while the communicator may sum the deferred products without writing them."""
     _init: Callable[[tuple[int, ...], Any], Array] | None = None
@@ -270,7 +271,7 @@ class Tensor:
 
     @classmethod
     def _deferred_output(cls, spec: DistSpec, dtype: np.dtype, deferred: Any) -> Tensor:
-        """An op's output whose shards ``deferred`` computes on first read (``mpipar.deferred``):
+        """An op's output whose shards ``_deferred`` computes on first read (``mpipar._deferred``):
         no ``_shards`` until then, so ``__getattr__`` reaches the deferral."""
         t = cls._op_output(spec, dtype)
         del t.__dict__["_shards"]
@@ -320,7 +321,7 @@ class Tensor:
 
     def __getattr__(self, name: str) -> Any:
         # Reached only when ordinary lookup fails: the shards of a tensor whose op deferred them
-        # (``mpipar.deferred``, a process hosting every rank) are computed on first use.
+        # (``mpipar._deferred``, a process hosting every rank) are computed on first use.
         if name == "_shards":
             deferred = self.__dict__.get("_deferred")
             if deferred is not None:
@@ -338,7 +339,7 @@ class Tensor:
 
     def _plan_input(self, plan: Any, backend: Any) -> Mapping[int, Any]:
         """What a reshard plan runs on: the shards, or, for a Partial sum whose op deferred its
-        products (``mpipar.deferred``) when the plan is one all-reduce(sum) and the
+        products (``mpipar._deferred``) when the plan is one all-reduce(sum) and the
         communicator takes products, the per-rank products, which it sums without writing."""
         deferred = self._deferred_shards()
         if deferred is None or len(plan.steps) != 1 or not getattr(backend.comm, "sums_deferred_products", False):
@@ -490,7 +491,7 @@ class Tensor:
     # ------------------------------------------------------------------ values
     def local_tensor(self, rank: int | None = None) -> Array:
         """The shard of hosted ``rank`` (this process's only rank when omitted)."""
-        if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+        if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
             tr.escape("local_tensor")
         if self._abstract:
             raise ValueError(f"{self._label()} has no values: it was built in shape-only mode (planning, estimating)")
@@ -532,7 +533,7 @@ class Tensor:
 
     def full_tensor(self) -> np.ndarray:
         """The global value as a NumPy array, on every process (a collective under MPI)."""
-        if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+        if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
             tr.escape("full_tensor, numpy, item, float, bool")
         if self._abstract:
             raise ValueError(f"{self._label()} has no values: it was built in shape-only mode (planning, estimating)")
@@ -589,7 +590,34 @@ class Tensor:
     def __format__(self, spec: str) -> str:
         if spec and self.size == 1:
             return format(self.item(), spec)
-        return repr(self) if not spec else format(str(self), spec)
+        return str(self) if not spec else format(str(self), spec)
+
+    def __str__(self) -> str:
+        """Paddle's print, value included, made without communicating (see ``mpipar.tensor_text``):
+        the global value where this process holds it (always in the simulator and ``--reference``;
+        under MPI when the tensor is replicated on this rank), else this rank's piece, labelled."""
+        if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
+            tr.escape("print, str")  # a captured step would not print again when replayed
+        if self._abstract:
+            dist = (self._spec, "shape-only: no values") if self._spec is not None else None
+            return tensor_text(self._shape, self._dtype, self.stop_gradient, None, dist)
+        if self._spec is None or self._value is not None:
+            dist = (self._spec, "GlobalDenseTensor") if self._spec is not None else None
+            return tensor_text(self._shape, self._dtype, self.stop_gradient, self._value, dist)
+        shards = self._shards
+        whole = held_value(self._spec, shards)
+        if whole is not None:
+            return tensor_text(self._shape, self._dtype, self.stop_gradient, whole, (self._spec, "GlobalDenseTensor"))
+        if not shards:
+            label = f"GlobalDenseTensor not on this rank (rank {current_backend().rank} is outside the mesh)"
+            return tensor_text(self._shape, self._dtype, self.stop_gradient, None, (self._spec, label))
+        rank, local = next(iter(shards.items()))
+        if any(p.is_partial() for p in self._spec.placements):
+            what = "a partial piece"
+        else:
+            what = "box [" + ", ".join(f"{lo}:{hi}" for lo, hi in self._spec.local_box(rank)) + "]"
+        label = f"LocalDenseTensor(rank {rank}, {what})"
+        return tensor_text(self._shape, self._dtype, self.stop_gradient, local, (self._spec, label))
 
     def __repr__(self) -> str:
         if self._spec is not None:

@@ -28,7 +28,7 @@ import numpy as np
 import mpipar as dist
 from mpipar.backend import use_backend
 from mpipar.ops.dispatch import KernelContext, OpDef, registered_ops
-from mpipar.placement import Partial, Placement, Replicate, Shard
+from mpipar.placement import Partial, Placement, Replicate, Shard, ZigzagShard
 from mpipar.spec import DistSpec, full_box
 from mpipar.spmd import registry
 from simulator.backend import SimBackend
@@ -70,9 +70,22 @@ def _nest_like(inputs: Sequence[Any], flat: Sequence[Any]) -> list[Any]:
 
 def _random_placements(rng: np.random.Generator, mesh: dist.ProcessMesh, value: np.ndarray) -> list[Placement]:
     options: list[Placement] = [Replicate()] + [Shard(d) for d in range(value.ndim)]
+    # The load-balanced split where a dim divides into 2k chunks on every axis (kept only where
+    # it is the dim's outermost split, as the spec requires).
+    options += [
+        ZigzagShard(d)
+        for d in range(value.ndim)
+        if value.shape[d] and all(value.shape[d] % (2 * k) == 0 for k in mesh.shape)
+    ]
     if np.issubdtype(value.dtype, np.floating):
         options += [Partial(op) for op in ("sum", "avg", "max", "min")]
     pls = [options[rng.integers(len(options))] for _ in range(mesh.ndim)]
+    pls = [
+        Shard(p.dim)
+        if isinstance(p, ZigzagShard) and any(isinstance(q, Shard) and q.dim == p.dim for q in pls[:a])
+        else p
+        for a, p in enumerate(pls)
+    ]
     types = {p.reduce_type for p in pls if isinstance(p, Partial)}
     if len(types) > 1 and not types <= {"sum", "avg"}:  # keep the spec legal: one family
         pls = [Replicate() if isinstance(p, Partial) else p for p in pls]

@@ -863,6 +863,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = p.add_argument_group("strategy")
     s.add_argument("--mesh", default="dp=1", help="degrees, e.g. dp=8,tp=8,pp=16 (cp=4: context parallel)")
     s.add_argument("--sequence-parallel", action="store_true")
+    s.add_argument(
+        "--cp-comm",
+        choices=["allgather", "ring"],
+        default="allgather",
+        help="context parallel: all-gather keys and values (exposed) or pass them around the cp ring "
+        "(point-to-point, hidden behind the attention core)",
+    )
     s.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
     s.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage over dp")
     s.add_argument(

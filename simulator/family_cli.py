@@ -151,6 +151,7 @@ def family_strategy(ns: argparse.Namespace, degrees: dict[str, int]) -> FamilySt
         ns.schedule,
         chunks,
         ns.overlap_grad_reduce,
+        getattr(ns, "cp_comm", "allgather"),
     )
 
 

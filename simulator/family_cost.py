@@ -24,9 +24,13 @@ optimizer step. What each term is and where it comes from:
   fused attention computes the causal half only (cp ranks hold mirrored chunks, so each does
   half of its rows' work) and its backward recomputes the scores: 2.5 forwards (Dao 2022:
   ``QK^T`` again, then ``dV``, ``dP``, ``dQ``, ``dK``).
-* **elementwise kernels** (norms, residual adds, dropout, the activation, rotary, plain
-  attention's softmax, the loss): bytes read and written at ``memory_Bps``, divided by
-  ``elementwise_fusion`` (Megatron's fused kernels), plus ``kernel_launch_s`` per kernel.
+* **elementwise kernels** (norms, residual adds or Megatron's fused bias-dropout-add, the
+  activation, rotary, plain attention's scale-mask-softmax and dropout, the loss): the bytes each
+  fused kernel reads and writes at ``memory_Bps``, plus ``kernel_launch_s`` per kernel. They are
+  counted kernel by kernel already, so the profile's ``elementwise_fusion`` (the traced model's
+  primitive ops per fused kernel) does not divide them: dividing halved every norm, activation
+  and softmax, the overheads that are a larger share of a small model's step, and the one fitted
+  constant took up the difference (a lower GEMM efficiency, pessimistic on large models).
   Backward reads the saved input and the output gradient and writes the input gradient:
   1.5 times the forward's bytes.
 * **recompute**: ``full`` runs each layer's forward again in backward (its collectives too);
@@ -44,6 +48,10 @@ optimizer step. What each term is and where it comes from:
   sequence; attention all-gathers the keys and values of the whole sequence (Llama 3's
   all-gather context parallelism), keeps only its shard, re-gathers it in backward and
   reduce-scatters the key/value gradients. Not overlapped (Llama 3 reports it exposed).
+  ``cp_comm="ring"`` instead passes each rank's key/value block around the cp ring: ``cp - 1``
+  sends forward, each hidden behind one block's share (``1 / cp``) of the attention core; in
+  backward ``cp - 1`` steps each sending a key/value block and its gradients' block behind one
+  block's share of the core's backward, and the gradients' last send home exposed.
 * **pipeline**: ``stage_layer_counts`` (lighter first and last stages when the layers do not
   divide); one micro-batch's activation (``t x h``, split ``tp`` ways under sequence
   parallelism) sent between stages over the link between their ranks.
@@ -56,8 +64,9 @@ optimizer step. What each term is and where it comes from:
   backward runs (only what outlasts it is paid, and never less than one layer's share), and
   ZeRO 2/3's per-layer collectives run while the layer's kernels run (only what outlasts that
   computation is paid; the prefetched layer's parameters are one more buffer).
-* **optimizer**: AdamW on float32 masters and moments, streamed at ``memory_Bps`` (28 bytes
-  read and written per element held).
+* **optimizer**: AdamW on float32 masters and moments, one fused kernel streaming 28 bytes per
+  element held at ``memory_Bps`` (not divided by ``elementwise_fusion``: those bytes are the
+  fused kernel's own).
 * **memory**: 2 + 2 + 12 bytes per parameter (16-bit weights and gradients; float32 master,
   two moments: the ZeRO paper's accounting), split over ``dp * cp`` by ZeRO's stage; per
   layer and micro-batch the activations of Korthikanti et al. 2022, Table 2 generalised to
@@ -99,6 +108,8 @@ class FamilyStrategy:
     chunks: int = 1
     overlap: bool = False
     """Gradient reduction overlapped with the last backward; ZeRO 3 gathers prefetched."""
+    cp_comm: str = "allgather"
+    """Context parallel keys and values: ``allgather`` or ``ring`` (point-to-point, overlapped)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "micro_batches", "chunks"):
@@ -109,6 +120,8 @@ class FamilyStrategy:
             raise ValueError(f"FamilyStrategy recompute must be none, selective or full, got {self.recompute!r}")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"FamilyStrategy zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.cp_comm not in ("allgather", "ring"):
+            raise ValueError(f"FamilyStrategy cp_comm must be allgather or ring, got {self.cp_comm!r}")
         object.__setattr__(self, "schedule", _schedule_name(self.schedule, self.chunks))
 
     @property
@@ -188,14 +201,18 @@ def _peak(hw: HardwareProfile) -> float:
 
 
 def _stream(hw: HardwareProfile, nbytes: float, kernels: float) -> float:
-    """Memory-bound kernels moving ``nbytes``: fused ``elementwise_fusion`` to one, plus launches."""
-    fuse = max(hw.elementwise_fusion, 1.0)
+    """Memory-bound kernels moving ``nbytes`` between them, plus a launch each.
+
+    The bytes are those of the fused kernels the implementations run (one LayerNorm/RMSNorm, one
+    bias-GELU or SwiGLU, one bias-dropout-add, one scale-mask-softmax, one Adam step over every
+    element), so the profile's ``elementwise_fusion`` -- how many of the *traced* model's
+    primitive ops one such kernel replaces -- does not divide them again."""
     bw = hw.memory_Bps
     if bw is None:
         raise ValueError(
             f"hardware profile {hw.name!r} has no memory_Bps: the family model prices elementwise work by it"
         )
-    return nbytes / fuse / bw + kernels / fuse * hw.kernel_launch_s
+    return nbytes / bw + kernels * hw.kernel_launch_s
 
 
 def _link(hw: HardwareProfile, span: int) -> Any:
@@ -251,10 +268,10 @@ _LAYER_CACHE: dict[tuple[object, ...], tuple[HardwareProfile, Work]] = {}
 
 def layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> Work:
     """One layer, one micro-batch, one rank (module docstring): it depends on the shape (its
-    micro-batch size), ``tp``, ``cp``, sequence parallelism and recompute only, so the search's
+    micro-batch size), ``tp``, ``cp`` (and its communication), sequence parallelism and recompute only, so the search's
     candidates share it (kept per profile object; the entry holds the profile, so its id is not
     reused meanwhile)."""
-    key = (shape, st.tp, st.cp, st.sequence_parallel and st.tp > 1, st.recompute, id(hw))
+    key = (shape, st.tp, st.cp, st.cp_comm, st.sequence_parallel and st.tp > 1, st.recompute, id(hw))
     hit = _LAYER_CACHE.get(key)
     if hit is not None and hit[0] is hw:
         return hit[1]
@@ -308,8 +325,11 @@ def _layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> 
         core_f = 2 * _roofline(hw, core_flops / 2, scores + qkv_bytes)
         core_b = 2 * core_f
     # Elementwise bytes, forward: sequence-split region and tensor-split region.
-    seq_bytes = 2 * 4 * h + 2 * 6 * h + (2 * 5 * h if shape.dropout_rate > 0 else 0)  # norms, residual adds, dropouts
-    seq_kernels = 2 + 2 + (2 if shape.dropout_rate > 0 else 0)
+    # Each is one kernel's traffic per token: the norms read x and write y (4h bytes); the residual
+    # adds read two and write one (6h), or with dropout Megatron's fused bias-dropout-add, which
+    # also writes the 1-byte mask (7h).
+    seq_bytes = 2 * 4 * h + 2 * (7 if shape.dropout_rate > 0 else 6) * h
+    seq_kernels = 2 + 2
     tp_bytes = (3 * f if shape.mlp == "swiglu" else 2 * f) * BYTES  # the activation: read up (gate, up), write
     tp_kernels = 1
     if shape.norm == "rmsnorm":  # rotary on q and k
@@ -329,6 +349,7 @@ def _layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> 
     # Tensor-parallel collectives of the t x h activation.
     messages = layer_messages(shape, st)
     act = messages["tp"]
+
     if tp > 1 and sp:
         tp_f = 2 * (_coll(hw, "all_gather", act, tp, tp) + _coll(hw, "reduce_scatter", act, tp, tp))
         tp_b = tp_f + 2 * _coll(hw, "all_gather", act, tp, tp)  # and the re-gather of the GEMM inputs
@@ -337,8 +358,13 @@ def _layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> 
         tp_b = tp_f
     # Context-parallel gathers of k and v (all tokens of the local sequences) and their gradients.
     kv = messages["cp"]
-    cp_f = _coll(hw, "all_gather", kv, cp, tp * cp)
-    cp_b = cp_f + _coll(hw, "reduce_scatter", kv, cp, tp * cp)
+    if st.cp_comm == "ring" and cp > 1:
+        send = collective_time("send", kv / cp, 2, _link(hw, tp * cp))  # one rank's block to the next
+        cp_f = (cp - 1) * max(0.0, send - core_f / cp)
+        cp_b = (cp - 1) * max(0.0, 2 * send - core_b / cp) + send
+    else:
+        cp_f = _coll(hw, "all_gather", kv, cp, tp * cp)
+        cp_b = cp_f + _coll(hw, "reduce_scatter", kv, cp, tp * cp)
 
     compute_f = gemm_f + core_f + elem_f + core_elem_f + launches
     forward = compute_f + tp_f + cp_f
@@ -700,7 +726,9 @@ def _stage_activations(
 
 
 def in_flight(st: FamilyStrategy, act: list[int] | tuple[int, ...]) -> tuple[int, ...]:
-    """Activation bytes each pipeline rank holds at once (``schedule_times``)."""
+    """Activation bytes each pipeline rank holds at once (``schedule_times``): 1F1B's rank ``k``
+    ``min(m, p - k)`` micro-batches of its stage; the interleaved rank the peak of
+    ``interleaved_peak`` over its chunks' own sizes."""
     p, v, m = st.pp, st.chunks, st.micro_batches
     out = []
     for k in range(p):
@@ -708,8 +736,42 @@ def in_flight(st: FamilyStrategy, act: list[int] | tuple[int, ...]) -> tuple[int
         if v == 1:
             out.append(min(m, p - k) * mine[0])
         else:
-            out.append(min(m * v, 2 * (p - k - 1) + (v - 1) * p + 1) * max(mine))
+            out.append(interleaved_peak(p, v, m, k, tuple(mine)))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=65536)
+def interleaved_peak(p: int, v: int, m: int, k: int, sizes: tuple[int, ...]) -> int:
+    """The most activation bytes rank ``k`` of an interleaved pipeline holds at once, its chunk
+    ``c`` keeping ``sizes[c]`` bytes per micro-batch (``m`` a multiple of ``p``).
+
+    Megatron-LM's order (``mpipar.pipeline.schedule.interleaved``): forward ``j`` of the rank
+    runs chunk ``(j // p) % v``, backward ``j`` chunk ``v - 1 - (j // p) % v``; the rank warms up
+    with ``W = (v - 1) p + 2 (p - 1 - k)`` forwards, then runs one forward and one backward at a
+    time. After its ``i``-th steady forward it holds forwards ``0 .. W + i`` less backwards
+    ``0 .. i - 1``: ``W + 1`` chunk activations, but not ``W + 1`` of the largest chunk -- which
+    chunks they are follows from the order. Where the chunks differ (the first and last ranks'
+    embedding and output layer, uneven layer splits) that is the peak; counting every held
+    chunk at the rank's largest (``W + 1`` times ``max(sizes)``) overstates the first rank's
+    memory whenever its first chunk is the lighter one. The count repeats every ``p v`` steps
+    (both orders take ``p`` more of every chunk), so one period is scanned.
+    """
+    if m % p:
+        raise ValueError(f"the interleaved schedule needs micro-batches ({m}) to be a multiple of pp ({p})")
+    total = m * v
+    warm = min(total, (v - 1) * p + 2 * (p - 1 - k))
+    if min(sizes) == max(sizes):
+        return min(total, warm + 1) * sizes[0]
+    period = p * v
+
+    def taken(n: int, c: int) -> int:  # of the first n of the order, how many run chunk c
+        return (n // period) * p + min(max(n % period - c * p, 0), p)
+
+    best = 0
+    for i in range(max(1, min(total - warm, period))):
+        n = min(total, warm + 1 + i)
+        best = max(best, sum(sizes[c] * (taken(n, c) - taken(i, v - 1 - c)) for c in range(v)))
+    return best
 
 
 def _ends_activations(shape: ModelShape, st: FamilyStrategy) -> tuple[int, int]:

@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from simulator.candidate import Priced
-from simulator.cost import HardwareProfile, load_profile
+from simulator.candidate import Priced, search_inputs
+from simulator.cost import HardwareProfile
 from simulator.family import PRESETS, ModelShape, divisors
 from simulator.family_cost import (
     FamilyStrategy,
@@ -273,13 +273,7 @@ def search_family(
     are taken in order of it, each checked for memory (exactly) and priced, until the bound
     reaches the ``top_k``-th best step found: no candidate left can be faster, whether it fits
     or not, so the rest are never built."""
-    for name, value in (("devices", devices), ("global_batch", global_batch), ("top_k", top_k)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"search {name} must be a positive int, got {value!r}")
-    hw = load_profile(hardware) if isinstance(hardware, str) else hardware
-    limit = memory_limit if memory_limit is not None else hw.memory_bytes
-    if limit is None:
-        raise ValueError(f"hardware profile {hw.name!r} has no memory_bytes; pass memory_limit (bytes)")
+    hw, limit = search_inputs(hardware, memory_limit, devices=devices, global_batch=global_batch, top_k=top_k)
     started = time.perf_counter()
     pruned: dict[str, int] = {}
 

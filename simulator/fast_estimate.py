@@ -468,6 +468,21 @@ def assemble(
 
 
 # ---------------------------------------------------------------------- traces, cached
+def _trace_key(shape: GPTShape, strategy: GPTStrategy, dp: int, zero: int) -> tuple[object, ...]:
+    """What a cached trace of ``strategy``'s layer (and the costs read off it) depends on."""
+    return (
+        shape,
+        strategy.tp,
+        strategy.sequence_parallel,
+        strategy.recompute,
+        zero,
+        dp,
+        strategy.mixed_precision,
+        strategy.optimizer,
+        strategy.grad_clip,
+    )
+
+
 class TraceCache:
     """Traces shared across strategies, one per (micro-batch size, tp, sequence parallel, recompute,
     ZeRO, dp 1 or 2), two stages of two layers each. The invariant costs come from the ZeRO-0
@@ -490,17 +505,7 @@ class TraceCache:
 
     def trace(self, shape: GPTShape, strategy: GPTStrategy, dp: int, zero: int) -> StepTrace:
         """The ``dp``-wide (1 or 2), two-stage trace of ``strategy``'s layer under ZeRO ``zero``."""
-        key = (
-            shape,
-            strategy.tp,
-            strategy.sequence_parallel,
-            strategy.recompute,
-            zero,
-            dp,
-            strategy.mixed_precision,
-            strategy.optimizer,
-            strategy.grad_clip,
-        )
+        key = _trace_key(shape, strategy, dp, zero)
         if key not in self._steps:
             traced = GPTStrategy(
                 dp,
@@ -526,33 +531,14 @@ class TraceCache:
         by global sizes, so one data-parallel replica can pick other layouts than two (two and
         more agree on the shapes the tests cover)."""
         dp = 1 if strategy.dp == 1 else 2
-        key = (
-            shape,
-            strategy.tp,
-            strategy.sequence_parallel,
-            strategy.recompute,
-            dp,
-            strategy.mixed_precision,
-            strategy.optimizer,
-            strategy.grad_clip,
-        )
+        key = _trace_key(shape, strategy, dp, 0)
         if key not in self._inv:
             self._inv[key] = invariant_costs(self.trace(shape, strategy, dp, 0), self.hw, self.over)
         return self._inv[key]
 
     def context(self, shape: GPTShape, strategy: GPTStrategy) -> PricedContext | None:
         dp, zero = (1, 0) if strategy.dp == 1 else (2, strategy.zero)
-        key = (
-            shape,
-            strategy.tp,
-            strategy.sequence_parallel,
-            strategy.recompute,
-            zero,
-            dp,
-            strategy.mixed_precision,
-            strategy.optimizer,
-            strategy.grad_clip,
-        )
+        key = _trace_key(shape, strategy, dp, zero)
         if key not in self._ctx:
             self._ctx[key] = ContextCosts(self.trace(shape, strategy, dp, zero), self.hw, self.over)
         return self._ctx[key].at(strategy.dp)

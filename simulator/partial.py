@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 import mpipar as dist
-from mpipar.spec import DistSpec
+from mpipar.spec import DistSpec, box_shape
 
 
 def partial_contributions(value: np.ndarray, spec: DistSpec, rng: np.random.Generator) -> np.ndarray:
@@ -53,6 +53,10 @@ def random_partial_tensor(value: np.ndarray, spec: DistSpec, rng: np.random.Gene
     def local(rank: int) -> np.ndarray:
         coord = spec.mesh.coordinate(rank)
         contribution = parts[tuple(coord[a] for a in spec.partial_axes)]
-        return np.ascontiguousarray(contribution[tuple(slice(s, e) for s, e in spec.local_box(rank))])
+        box = spec.local_box(rank)
+        out = np.empty(box_shape(box), dtype=contribution.dtype)
+        for index, gbox in spec.global_pieces(box):  # one piece, or a zigzag split's chunks
+            out[index] = contribution[tuple(slice(s, e) for s, e in gbox)]
+        return out
 
     return dist.dtensor_from_local(local, spec.mesh, list(spec.placements), shape=spec.shape)

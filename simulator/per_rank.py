@@ -44,8 +44,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from mpipar import comm, tape
+from mpipar import comm
 from mpipar import random as mp_random
+from mpipar.autograd import is_grad_enabled, set_grad_mode
 from mpipar.comm import Array, Communicator, Shape
 from mpipar.mesh import ProcessMesh
 from simulator.backend import SimBackend
@@ -115,7 +116,7 @@ class PerRankWorld:
         # NumPy's and Python's global generators too: a script that seeds ``np.random`` and draws
         # its data from it (the seeds' datasets do) has one stream per process under mpiexec.
         return (
-            tape.is_grad_enabled(),
+            is_grad_enabled(),
             mp_random.get_rng_state(),
             list(comm._context),
             np.random.get_state(),
@@ -125,7 +126,7 @@ class PerRankWorld:
     @staticmethod
     def _restore(saved: tuple[Any, ...]) -> None:
         grad, rng, context, np_state, py_state = saved
-        tape._grad_enabled = grad
+        set_grad_mode(grad)
         mp_random.set_rng_state(rng)
         comm._context[:] = context
         np.random.set_state(np_state)

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import math
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from mpipar import cliargs
 from mpipar.pipeline import resolve_kind
-from simulator.candidate import Priced, ranking_lines
-from simulator.cost import HardwareProfile, load_profile
+from simulator.candidate import Priced, print_json_report, print_ranking, search_inputs
+from simulator.cost import HardwareProfile
 from simulator.estimate import Estimate, estimate, parse_count
 from simulator.estimate import build_parser as estimate_parser
 from simulator.family_cli import (
@@ -254,14 +254,7 @@ def search(
     layout at three recompute levels (``--auto``'s choice and runner-up). Off by default: the
     top k are then exactly the exhaustive search's.
     """
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise ValueError(f"search devices must be a positive int, got {devices!r}")
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise ValueError(f"search global_batch must be a positive int, got {global_batch!r}")
-    hw = load_profile(hardware) if isinstance(hardware, str) else hardware
-    limit = memory_limit if memory_limit is not None else hw.memory_bytes
-    if limit is None:
-        raise ValueError(f"hardware profile {hw.name!r} has no memory_bytes; pass memory_limit (bytes)")
+    hw, limit = search_inputs(hardware, memory_limit, devices=devices, global_batch=global_batch)
     started = time.perf_counter()
     pruned: dict[str, int] = {}
     todo = list(enumerate_strategies(shape, devices, global_batch, pruned, **space))  # type: ignore[arg-type]
@@ -558,23 +551,8 @@ def run_family_search(ns: argparse.Namespace) -> int:
     )
     flags = model_flags(shape, ns.model)
     if ns.json:
-        json.dump(
-            {
-                "model": shape.describe(),
-                "devices": result.devices,
-                "global_batch": result.global_batch,
-                "memory_limit": result.memory_limit,
-                "enumerated": result.enumerated,
-                "priced": result.priced,
-                "pruned": result.pruned,
-                "seconds": result.seconds,
-                "advice": result.advice(),
-                "top": [{**c.row(), "estimate_flags": c.estimate_flags(flags, ns.hardware)} for c in result.ranked],
-            },
-            sys.stdout,
-            indent=1,
-        )
-        sys.stdout.write("\n")
+        top = [{**c.row(), "estimate_flags": c.estimate_flags(flags, ns.hardware)} for c in result.ranked]
+        print_json_report(result, top, model=shape.describe())
         return 0 if result.ranked else 1
     print(shape.describe())
     head = (
@@ -582,11 +560,7 @@ def run_family_search(ns: argparse.Namespace) -> int:
         f"per step: {result.priced} priced in {result.seconds:.1f} s"
     )
     details = [[c.describe(), f"estimate: {c.estimate_flags(flags, ns.hardware)}"] for c in result.ranked]
-    print("\n".join(ranking_lines(head, result.pruned, result.ranked, "s", details)))
-    if not result.ranked:
-        print(result.advice())
-        return 1
-    return 0
+    return print_ranking(result, head, "s", details)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -617,46 +591,28 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if ns.json:
-        json.dump(
+        top: list[dict[str, Any]] = [
             {
-                "devices": result.devices,
-                "global_batch": result.global_batch,
-                "memory_limit": result.memory_limit,
-                "enumerated": result.enumerated,
-                "priced": result.priced,
-                "pruned": result.pruned,
-                "seconds": result.seconds,
-                "advice": result.advice(),
-                "top": [
-                    {
-                        "dp": c.strategy.dp,
-                        "tp": c.strategy.tp,
-                        "pp": c.strategy.pp,
-                        "step_time_s": c.step_time_s,
-                        "tokens_per_s": c.tokens_per_s,
-                        "mfu": c.mfu,
-                        "peak_bytes": c.peak_bytes,
-                        "bubble_fraction": c.bubble_fraction,
-                        "estimate_flags": c.estimate_flags(shape, ns.hardware),
-                        "gpt_flags": c.gpt_flags(),
-                    }
-                    for c in result.ranked
-                ],
-            },
-            sys.stdout,
-            indent=1,
-        )
-        sys.stdout.write("\n")
+                "dp": c.strategy.dp,
+                "tp": c.strategy.tp,
+                "pp": c.strategy.pp,
+                "step_time_s": c.step_time_s,
+                "tokens_per_s": c.tokens_per_s,
+                "mfu": c.mfu,
+                "peak_bytes": c.peak_bytes,
+                "bubble_fraction": c.bubble_fraction,
+                "estimate_flags": c.estimate_flags(shape, ns.hardware),
+                "gpt_flags": c.gpt_flags(),
+            }
+            for c in result.ranked
+        ]
+        print_json_report(result, top)
         return 0
     details = [
         [f"estimate: {c.estimate_flags(shape, ns.hardware)}", f"gpt.py:   {c.gpt_flags()}"] for c in result.ranked
     ]
     head = f"{result.enumerated} candidates: {result.priced} priced in {result.seconds:.1f} s"
-    print("\n".join(ranking_lines(head, result.pruned, result.ranked, "ms", details)))
-    if not result.ranked:
-        print(result.advice())
-        return 1
-    return 0
+    return print_ranking(result, head, "ms", details)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from mpipar.reshard.executor import freeze
 class VirtualCommunicator(Communicator):
     name = "virtual"
     sums_deferred_products = True
-    """``all_reduce`` takes ``mpipar.deferred.Product`` pieces (its sum is ``reduce_arrays``)."""
+    """``all_reduce`` takes ``mpipar._deferred.Product`` pieces (its sum is ``reduce_arrays``)."""
 
     def __init__(self) -> None:
         self._mailbox: dict[tuple[int, int, int], deque[Array]] = defaultdict(deque)

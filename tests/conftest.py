@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+from plans import trace_plan
 
 import mpipar
 from simulator import SimBackend
@@ -44,31 +44,7 @@ def gpt_plan_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     """``mpipar plan``'s plan of examples/gpt.py (dp=2,tp=2,pp=2, 1F1B), traced once per session
     for the dashboard tests (read-only: tests load it, never write it)."""
     out = str(tmp_path_factory.mktemp("gpt") / "plan.json")
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mpipar.cli",
-            "plan",
-            "-o",
-            out,
-            "-n",
-            "8",
-            "examples/gpt.py",
-            "--mesh",
-            "dp=2,tp=2,pp=2",
-            "--schedule",
-            "1F1B",
-        ],
-        cwd=REPO,
-        env=env,
-        check=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-    )
-    return out
+    return trace_plan(out, 8, "examples/gpt.py", "--mesh", "dp=2,tp=2,pp=2", "--schedule", "1F1B")
 
 
 QUICK = frozenset(
@@ -111,6 +87,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, parts[0]))
         if parts[-1] in QUICK and "mpi" not in item.keywords:
             item.add_marker(pytest.mark.quick)
+        if "mpi" in item.keywords:
+            # one xdist worker runs every launch of mpiexec, one at a time, as the serial suite
+            # did: two jobs of 8 ranks at once on 2 cores would starve each other past their
+            # timeouts. The other worker runs the in-process tests beside it.
+            item.add_marker(pytest.mark.xdist_group("mpi"))
     if "slow" in (config.getoption("-m") or "") or os.environ.get("MPIPAR_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow: run on demand with `pytest -m slow` or MPIPAR_SLOW=1")

@@ -11,6 +11,8 @@ is their reduction). Tiles are a block's extent in the two chosen tensor dims, s
 show as unequal tiles; a block that is empty on some dim (a dim smaller than its mesh axis) has
 no area and is listed beside the picture. For tensors of more than two dims the other dims are
 fixed at ``at`` (default 0): the picture is that 2-D slice, and only blocks containing it show.
+A block of a zigzag (load-balanced) split holds two separate chunks of its dim: it is drawn as
+two tiles of one colour, and its box is written as their union (``[0,2)+[6,8)``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from mpipar.mesh import ProcessMesh
-from mpipar.placement import Partial, Replicate
+from mpipar.placement import Partial, Replicate, ZigzagShard
 from mpipar.spec import Box, DistSpec, box_numel, box_shape
 from viz.figures import MAX_LABELS, block_color, block_name, new_figure
 from viz.planinfo import fmt_bytes, fmt_ranks
@@ -48,6 +50,23 @@ class Block:
     @property
     def empty(self) -> bool:
         return box_numel(self.box) == 0
+
+
+def global_boxes(spec: DistSpec, box: Box) -> list[Box]:
+    """The global boxes a (storage-order) box holds: itself, or a zigzag split's chunks."""
+    return [g for _, g in spec.global_pieces(box)] if spec.zigzag else [box]
+
+
+def box_text(spec: DistSpec, box: Box) -> str:
+    """``[0,4) x [0,2)+[6,8)``: each dim's global range(s)."""
+    if not box:
+        return "scalar"
+    pieces = global_boxes(spec, box)
+    dims = []
+    for d in range(len(box)):
+        ranges = list(dict.fromkeys(g[d] for g in pieces))
+        dims.append("+".join(f"[{s},{e})" for s, e in ranges))
+    return " x ".join(dims)
 
 
 def layout_blocks(spec: DistSpec) -> list[Block]:
@@ -101,7 +120,10 @@ def visible_blocks(spec: DistSpec, dims: Sequence[int], at: Sequence[int] | None
     for b in layout_blocks(spec):
         if b.empty:
             continue
-        if all(d in dims or b.box[d][0] <= at_t[d] < b.box[d][1] for d in range(len(spec.shape))):
+        if any(
+            all(d in dims or g[d][0] <= at_t[d] < g[d][1] for d in range(len(spec.shape)))
+            for g in global_boxes(spec, b.box)
+        ):
             out.append(b)
     return out
 
@@ -118,6 +140,13 @@ def _extent(box: Box, dims: Sequence[int]) -> tuple[tuple[int, int], tuple[int, 
 def _title(spec: DistSpec, name: str) -> str:
     mesh = ",".join(f"{n}={s}" for n, s in zip(spec.mesh.dim_names, spec.mesh.shape, strict=True))
     return f"{name} {list(spec.shape)} on mesh[{mesh}]: {spec.placements_str}"
+
+
+def _zigzag_note(spec: DistSpec) -> str:
+    parts = [f"{p} on {spec.mesh.dim_names[a]}" for a, p in enumerate(spec.placements) if isinstance(p, ZigzagShard)]
+    if not parts:
+        return ""
+    return "Zigzag: " + ", ".join(parts) + " (load-balanced: rank r of k holds chunks r and 2k-1-r of 2k)"
 
 
 def _partial_note(spec: DistSpec) -> str:
@@ -142,9 +171,10 @@ def tensor_tiles_figure(
     # One collection for every tile keeps the artist count flat however many blocks there are.
     rects, colors = [], []
     for b in blocks:
-        (r0, r1), (c0, c1) = _extent(b.box, dims_t)
-        rects.append(Rectangle((c0, r0), c1 - c0, r1 - r0))
-        colors.append(b.color)
+        for g in global_boxes(spec, b.box):
+            (r0, r1), (c0, c1) = _extent(g, dims_t)
+            rects.append(Rectangle((c0, r0), c1 - c0, r1 - r0))
+            colors.append(b.color)
     if rects:
         ax.add_collection(
             PatchCollection(
@@ -152,9 +182,9 @@ def tensor_tiles_figure(
             )
         )
     if len(blocks) <= MAX_LABELS:
-        for b in blocks:
-            (r0, r1), (c0, c1) = _extent(b.box, dims_t)
-            label = f"{b.name}\n{'x'.join(str(n) for n in box_shape(b.box)) or 'scalar'}\nr{fmt_ranks(b.ranks, 3)}"
+        for blk, g in ((b, g) for b in blocks for g in global_boxes(spec, b.box)):
+            (r0, r1), (c0, c1) = _extent(g, dims_t)
+            label = f"{blk.name}\n{'x'.join(str(n) for n in box_shape(g)) or 'scalar'}\nr{fmt_ranks(blk.ranks, 3)}"
             ax.text(
                 (c0 + c1) / 2,
                 (r0 + r1) / 2,
@@ -182,6 +212,8 @@ def tensor_tiles_figure(
         notes.append(f"empty shards on ranks {fmt_ranks(ranks, 8)}")
     if partial:
         notes.append(_partial_note(spec))
+    if _zigzag_note(spec):
+        notes.append(_zigzag_note(spec))
     ax.set_title(_title(spec, name) + ("\n" + "\n".join(notes) if notes else ""), fontsize=9)
     return fig
 
@@ -210,7 +242,7 @@ def rank_table(spec: DistSpec, itemsize: int) -> list[dict[str, object]]:
                 "rank": r,
                 "coord": spec.mesh.coordinate(r),
                 "block": b.name,
-                "box": " x ".join(f"[{s},{e})" for s, e in box) or "scalar",
+                "box": box_text(spec, box),
                 "local shape": box_shape(box),
                 "bytes": box_numel(box) * itemsize,
                 "replicas": len(b.ranks) // part if part > 1 else len(b.ranks),
@@ -306,15 +338,15 @@ def layout_text(
     blocks = layout_blocks(spec)
     rep, part = replication(spec)
     lines = [_title(spec, name)]
-    note = _partial_note(spec)
-    if note:
-        lines.append(note)
+    for note in (_partial_note(spec), _zigzag_note(spec)):
+        if note:
+            lines.append(note)
     lines.append(
         f"blocks: {len(blocks)}; each held by {rep} replica(s)" + (f" x {part} partial holders" if part > 1 else "")
     )
     shown = blocks[:max_ranks]
     for b in shown:
-        box = " x ".join(f"[{s},{e})" for s, e in b.box) or "scalar"
+        box = box_text(spec, b.box)
         shape = "x".join(str(n) for n in box_shape(b.box)) or "scalar"
         tag = "  EMPTY" if b.empty and spec.shape else ""
         lines.append(

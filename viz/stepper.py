@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from mpipar.compile.plan import Plan, PlanReshard, PlanStep
 from mpipar.spec import Box, DistSpec, box_intersect
 from viz.figures import block_color, new_figure
-from viz.layout import draw_mesh_grid, layout_blocks
+from viz.layout import box_text, draw_mesh_grid, layout_blocks
 from viz.planinfo import fmt_bytes, fmt_ranks, spec_of
 from viz.propagation import step_text
 
@@ -41,10 +41,6 @@ class StepView:
     @property
     def description(self) -> str:
         return step_text(self.step)
-
-
-def _box_str(box: Box) -> str:
-    return " x ".join(f"[{s},{e})" for s, e in box) or "scalar"
 
 
 def reshard_steps(plan: Plan, r: PlanReshard) -> list[StepView]:
@@ -106,7 +102,7 @@ def stepper_figure(plan: Plan, r: PlanReshard, step: int) -> Figure:
         for rank in spec.mesh.process_ids:
             g = f"  g{group[rank]}" if rank in group else ""
             frm = f"\nfrom {fmt_ranks(sorted(senders[rank]), 3)}" if rank in senders else ""
-            texts[rank] = f"rank {rank}{g}\n{_box_str(spec.boxes[rank])}{frm}"
+            texts[rank] = f"rank {rank}{g}\n{box_text(spec, spec.boxes[rank])}{frm}"
         edges = {rank: GROUP_EDGES[g % len(GROUP_EDGES)] for rank, g in group.items()} if group else None
         draw_mesh_grid(ax, spec.mesh, colors, texts, edges)
         ax.set_title(f"{title}: {spec.placements_str} on mesh {fmt_ranks(spec.mesh.process_ids)}", fontsize=9)
@@ -126,15 +122,15 @@ def stepper_text(plan: Plan, r: PlanReshard, step: int, max_ranks: int = 64) -> 
     if view.step.kind == "transfer":
         lines.append(f"  {len(view.pieces)} piece(s), {fmt_bytes(sum(p[2] for p in view.step.pieces))} in all:")
         for s, d, box in view.pieces[:max_ranks]:
-            lines.append(f"    rank {s} -> rank {d}: {_box_str(box)}")
+            lines.append(f"    rank {s} -> rank {d}: {box_text(view.before, box)}")
         if len(view.pieces) > max_ranks:
             lines.append(f"    ... {len(view.pieces) - max_ranks} more")
         before_ranks = view.before.mesh.process_ids
         after_ranks = view.after.mesh.process_ids
         lines.append("  before (source mesh):")
-        lines += [f"    rank {x}: {_box_str(view.before.boxes[x])}" for x in before_ranks[:max_ranks]]
+        lines += [f"    rank {x}: {box_text(view.before, view.before.boxes[x])}" for x in before_ranks[:max_ranks]]
         lines.append("  after (destination mesh):")
-        lines += [f"    rank {x}: {_box_str(view.after.boxes[x])}" for x in after_ranks[:max_ranks]]
+        lines += [f"    rank {x}: {box_text(view.after, view.after.boxes[x])}" for x in after_ranks[:max_ranks]]
         return "\n".join(lines) + "\n"
     group = _group_of(view)
     if view.groups:
@@ -145,7 +141,9 @@ def stepper_text(plan: Plan, r: PlanReshard, step: int, max_ranks: int = 64) -> 
         )
     for rank in view.before.mesh.process_ids[:max_ranks]:
         g = f" (group {group[rank]})" if rank in group else ""
-        lines.append(f"    rank {rank}{g}: {_box_str(view.before.boxes[rank])} -> {_box_str(view.after.boxes[rank])}")
+        lines.append(
+            f"    rank {rank}{g}: {box_text(view.before, view.before.boxes[rank])} -> {box_text(view.after, view.after.boxes[rank])}"
+        )
     if view.before.mesh.size > max_ranks:
         lines.append(f"    ... {view.before.mesh.size - max_ranks} more ranks")
     return "\n".join(lines) + "\n"

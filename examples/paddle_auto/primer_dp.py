@@ -1,26 +1,108 @@
-"""Seed 003 §2.2.4.2.1: data parallelism in semi-automatic style -- mark the batch Shard(0).
-
-python -m simulator -n 2 examples/paddle_auto/primer_dp.py --tiny
-mpiexec -n 2 python examples/paddle_auto/primer_dp.py --tiny
-"""
-
+"""Seed 003 §2.2.4.2.1, semi-automatic data parallelism: the batch is marked Shard(0) in forward. Run: python -m simulator -n 2 examples/paddle_auto/primer_dp.py --tiny (or mpiexec -n 2 python ...)."""
+# Added around the seed's lines: the flags, seeding and the `step <n> loss <v>` line (rank 0's
+# loss); the hidden size (inner_size) and the epochs shrink with --tiny/--steps. The rest is the seed's.
 import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
-from common import require_world
-from primer_common import SimpleNet, class_dim, primer_args, setup, sizes, train
+from paddle_common import StepLog, require_world, seed_args, shrink
 
-import mpipar as dist
+args = seed_args(__doc__)
+require_world(2, "the seed's mesh [0, 1]")
+log_step = StepLog()
+# -*- coding: UTF-8 -*-
+import numpy as np
+import mpipar as paddle
+# 导入动态图半自动接口
+from mpipar.distributed import ProcessMesh, shard_tensor, shard_op, Shard
+# 导入数据加载和数据保存接口
+from mpipar.io import Dataset, BatchSampler, DataLoader
 
-args = primer_args(__doc__.splitlines()[0]).parse_args()
-setup(args)
-require_world(2, "mesh [0, 1]")
-world_process_mesh = dist.ProcessMesh([0, 1], dim_names=["dp"])
+base_lr = 0.1   # 学习率
+momentum_rate = 0.9 # 冲量
+l2_decay = 1e-4 # 权重衰减
 
+epoch = 5  #训练迭代次数
+batch_num = 100 #每次迭代的 batch 数
+batch_size = 32 #训练批次大小
+class_dim = 10
+epoch, batch_num, inner_size = shrink(args, epoch, batch_num)
 
-class DPNet(SimpleNet):
+# 设置数据读取器
+class RandomDataset(Dataset):
+    def __init__(self, num_samples):
+        self.num_samples = num_samples
+
+    def __getitem__(self, idx):
+        image = np.random.random([256]).astype('float32')
+        label = np.random.randint(0, class_dim - 1, (1, )).astype('int64')
+        return image, label
+
+    def __len__(self):
+        return self.num_samples
+
+# 设置优化器
+def optimizer_setting(parameter_list=None):
+    optimizer = paddle.optimizer.Momentum(
+        learning_rate=base_lr,
+        momentum=momentum_rate,
+        weight_decay=paddle.regularizer.L2Decay(l2_decay),
+        parameters=parameter_list)
+    return optimizer
+
+# 模型网络
+class SimpleNet(paddle.nn.Layer):
+    def __init__(self, input_size, inner_size, output_size):
+        super().__init__()
+        self.linear1 = paddle.nn.Linear(input_size, inner_size)
+        self.linear2 = paddle.nn.Linear(inner_size, input_size)
+        self.linear3 = paddle.nn.Linear(input_size, output_size)
+        self.relu = paddle.nn.ReLU()
+
     def forward(self, x):
-        x = dist.shard_tensor(x, world_process_mesh, [dist.Shard(0)])
-        return super().forward(x)
+        x = shard_tensor(x, world_process_mesh, [Shard(0)])
+        x = self.linear1(x)
+        x = self.linear2(x)
+        x = self.linear3(x)
+        x = self.relu(x)
+        return x
 
+# 设置mesh
+world_process_mesh = ProcessMesh([0, 1], dim_names=["dp"])
 
-input_size, inner_size, _ = sizes(args)
-train(args, DPNet(input_size, inner_size, class_dim))
+# 设置训练函数
+def train_model():
+    model = SimpleNet(input_size=256, inner_size=inner_size, output_size=class_dim)
+    loss_func = paddle.nn.CrossEntropyLoss()
+    optimizer = optimizer_setting(parameter_list=model.parameters())
+
+    # 设置dataset和dataloader，用于并行训练
+    dataset = RandomDataset(batch_num * batch_size)
+    # 设置批采样器，用于数据并行训练
+    sampler = BatchSampler(dataset,
+                        batch_size=batch_size,shuffle=False, drop_last=True)
+    train_loader = DataLoader(dataset,
+                            batch_sampler=sampler,
+                            num_workers=1)
+
+    for eop in range(epoch):
+        model.train()
+
+        for batch_id, data in enumerate(train_loader()):
+            img, label = data
+            label.stop_gradient = True
+
+            out = model(img)
+            loss = loss_func(input=out, label=label)
+            avg_loss = paddle.mean(x=loss)
+            # acc_top1 = paddle.metric.accuracy(input=out, label=label, k=1)
+            # acc_top5 = paddle.metric.accuracy(input=out, label=label, k=5)
+
+            avg_loss.backward()
+            optimizer.step()
+            model.clear_gradients()
+
+            log_step(avg_loss)
+
+            if batch_id % 5 == 0:
+                print("[Epoch %d, batch %d] loss: %.5f" % (eop, batch_id, np.array(avg_loss)))
+# 启动训练
+if __name__ == '__main__':
+    train_model()

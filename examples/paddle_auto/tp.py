@@ -1,58 +1,73 @@
-"""Seed 000 §4.2: tensor parallelism -- w0 split by columns, w1 by rows; the output is Partial.
-
-python -m simulator -n 4 examples/paddle_auto/tp.py --tiny
-mpiexec -n 4 python examples/paddle_auto/tp.py --tiny
-"""
-
+"""Seed 000 §4.2, tensor parallelism: w0 split by columns, w1 by rows, in §4.1's program. Run: python -m simulator -n 4 examples/paddle_auto/tp.py --tiny (or mpiexec -n 4 python ...)."""
+# Added around the seed's lines: the flags, seeding, the `step <n> loss <v>` line and the --steps stop;
+# the sizes (128, 1024, 4096 -> SEQ, HIDDEN, INNER) shrink with --tiny. §4.2's block
+# is the mesh and the model of §4.1's program (the imports, data and loop here are §4.1's). The rest is the seed's.
 import _examples_path  # noqa: F401  (examples/ on sys.path: the shared helpers)
-from common import log_step, parser, require_world, seeded_uniform, setup
+from paddle_common import log_step, require_world, seed_args
 
-import mpipar as dist
-from mpipar.io import BatchSampler, DataLoader
-
-args = parser(__doc__.splitlines()[0]).parse_args()
-setup(args)
+args = seed_args(__doc__)
+require_world(4, "the seed's mesh [0, 1, 2, 3]")
 SEQ, HIDDEN, INNER = (8, 32, 64) if args.tiny else (128, 1024, 4096)
-require_world(4, "mesh [0, 1, 2, 3]")
-mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
+# 启动脚本：
+# python3 -m paddle.distributed.launch --device=0,1,2,3 train.py
+import mpipar as paddle
+import mpipar.distributed as dist
+from mpipar.io import BatchSampler, DataLoader, Dataset
+import numpy as np
 
+mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=['x'])
 
-class RandomDataset(dist.io.Dataset):
+class RandomDataset(Dataset):
     def __init__(self, seq_len, hidden, num_samples=100):
         super().__init__()
-        self.seq_len, self.hidden, self.num_samples = seq_len, hidden, num_samples
+        self.seq_len = seq_len
+        self.hidden = hidden
+        self.num_samples = num_samples
 
     def __getitem__(self, index):
-        return seeded_uniform(index, [self.seq_len, self.hidden], args.dtype)
+        input = np.random.uniform(size=[self.seq_len, self.hidden]).astype("float32")
+        return input
 
     def __len__(self):
         return self.num_samples
 
-
-class MlpModel(dist.nn.Layer):
+class MlpModel(paddle.nn.Layer):
     def __init__(self):
-        super().__init__()
-        # w0 split along dim 1 (columns), w1 along dim 0 (rows)
-        self.w0 = dist.shard_tensor(self.create_parameter(shape=[HIDDEN, INNER]), mesh, [dist.Shard(1)])
-        self.w1 = dist.shard_tensor(self.create_parameter(shape=[INNER, HIDDEN]), mesh, [dist.Shard(0)])
+        super(MlpModel, self).__init__()
+        # 标记参数为切分状态，w0 沿 1 维切分
+        self.w0 = dist.shard_tensor(
+                    self.create_parameter(shape=[HIDDEN, INNER]),
+                    mesh, [dist.Shard(1)])
+        # w1 沿 0 维切分
+        self.w1 = dist.shard_tensor(
+                    self.create_parameter(shape=[INNER, HIDDEN]),
+                    mesh, [dist.Shard(0)])
 
     def forward(self, x):
-        y = dist.matmul(x, self.w0)
-        z = dist.matmul(y, self.w1)
+        y = paddle.matmul(x, self.w0)
+        z = paddle.matmul(y, self.w1)
         return z
-
 
 model = MlpModel()
 dataset = RandomDataset(SEQ, HIDDEN)
-dataloader = DataLoader(dataset, batch_sampler=BatchSampler(dataset, batch_size=4))
-opt = dist.optimizer.AdamW(learning_rate=0.001, parameters=model.parameters())
+sampler = BatchSampler(
+    dataset,
+    batch_size=4,
+)
+dataloader = DataLoader(
+    dataset,
+    batch_sampler=sampler,
+)
+opt = paddle.optimizer.AdamW(learning_rate=0.001, parameters=model.parameters())
+opt = dist.shard_optimizer(opt)
 
 for step, inputs in enumerate(dataloader):
-    if step >= args.steps:
-        break
-    logits = model(inputs)
-    loss = dist.mean(logits)
+    data = inputs
+    logits = model(data)
+    loss = paddle.mean(logits)
     loss.backward()
     opt.step()
     opt.clear_grad()
     log_step(step, float(loss))
+    if args.steps and step + 1 >= args.steps:
+        break

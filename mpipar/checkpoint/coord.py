@@ -17,10 +17,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from mpipar._modes import Mode, execution_mode
 from mpipar.backend import Backend
 from mpipar.checkpoint.format import CheckpointError
 from mpipar.comm import comm_context
-from mpipar.modes import Mode, execution_mode
 
 
 class Coordinator:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._modes import Mode, execution_mode
 from mpipar.backend import current_backend
 from mpipar.checkpoint.coord import Coordinator
 from mpipar.checkpoint.format import (
@@ -44,7 +45,6 @@ from mpipar.checkpoint.layout import decode_value, path_name
 from mpipar.checkpoint.save import remove_commit_leftovers
 from mpipar.checkpoint.stats import ChunkRead, note_open, note_read
 from mpipar.checkpoint.validate import load_metadata
-from mpipar.modes import Mode, execution_mode
 from mpipar.reshard.executor import execute_plan
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import Box, box_intersect, box_numel, box_relative, box_shape, full_box
@@ -276,14 +276,17 @@ class _Loader:
         filled = spec.without_partial()
         ranks = backend.hosted_ranks(spec.mesh)
         boxes = {r: filled.boxes[r] for r in ranks}
+        # The global boxes each rank reads: its box, or the chunks of a zigzag split it holds.
+        pieces = {r: filled.global_pieces(box) if filled.zigzag else [((...,), box)] for r, box in boxes.items()}
         dests: dict[Box, np.ndarray] = {}
         owners: dict[Box, list[int]] = {}
-        for r, box in boxes.items():
-            if box not in dests:
-                dests[box] = np.empty(box_shape(box), dtype)
-            owners.setdefault(box, []).append(r)
+        for r, held in pieces.items():
+            for _, box in held:
+                if box not in dests:
+                    dests[box] = np.empty(box_shape(box), dtype)
+                owners.setdefault(box, []).append(r)
         self._fill(name, entry, dests, owners)
-        shards: dict[int, Any] = {r: _frozen(dests[boxes[r]]) for r in ranks}
+        shards: dict[int, Any] = {r: _frozen(_joined(boxes[r], pieces[r], dests, dtype)) for r in ranks}
         if filled != spec:
             # Replicate -> Partial is local (the first rank of each Partial axis keeps the value).
             shards = execute_plan(plan_reshard(filled, spec), shards, dtype, backend)
@@ -496,6 +499,16 @@ def _check_data_present(root: str, name: str, entry: dict[str, Any]) -> None:
 
 def _box(raw: list[list[int]]) -> Box:
     return tuple((int(s), int(e)) for s, e in raw)
+
+
+def _joined(box: Box, pieces: list[tuple[Any, Box]], dests: dict[Box, np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """A rank's storage box from the global boxes it read (one piece: that array itself)."""
+    if len(pieces) == 1:
+        return dests[pieces[0][1]]
+    out = np.empty(box_shape(box), dtype)
+    for index, gbox in pieces:
+        out[index] = dests[gbox]
+    return out
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._modes import Mode, execution_mode
+from mpipar._xp import to_numpy
 from mpipar.backend import current_backend
 from mpipar.checkpoint.coord import Coordinator
 from mpipar.checkpoint.format import (
@@ -74,12 +76,10 @@ from mpipar.checkpoint.ownership import (
 from mpipar.checkpoint.stats import note_write
 from mpipar.checkpoint.validate import check_metadata
 from mpipar.distribute import reshard
-from mpipar.modes import Mode, execution_mode
 from mpipar.spec import box_relative
 from mpipar.tensor import Tensor
 from mpipar.untrusted import FileFormatError, parse_json
 from mpipar.version import __version__
-from mpipar.xp import to_numpy
 
 after_file_written: list[Callable[[str], None]] = []
 """Called with each data file's path once it is fsynced (tests pause a save here). A process
@@ -141,8 +141,9 @@ def save_state_dict(
         if leaf.kind == "dist":
             assert leaf.spec is not None
             leaf.stored_spec = leaf.spec
-            if leaf.spec.is_partial and not one_device:
-                pls = unpartial_placements(leaf.spec)
+            if (leaf.spec.is_partial or leaf.spec.zigzag) and not one_device:
+                # Stored without Partial, and in plain boxes (a zigzag split reshards to Shard).
+                pls = unpartial_placements(leaf.spec.natural())
                 stored[leaf.name] = reshard(leaf.value, leaf.spec.mesh, pls)
                 leaf.stored_spec = leaf.spec.with_placements(pls)
     pieces, files = plan_chunks(leaves, coord.world, one_device, piece_bytes)

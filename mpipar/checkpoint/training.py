@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._modes import Mode, execution_mode
 from mpipar.backend import current_backend
 from mpipar.checkpoint.coord import Coordinator
 from mpipar.checkpoint.format import METADATA, CheckpointError, describe_missing
@@ -54,7 +55,6 @@ from mpipar.checkpoint.ownership import is_checkpoint_ours, parse_step, step_nam
 from mpipar.checkpoint.save import save_state_dict
 from mpipar.checkpoint.validate import load_metadata
 from mpipar.env import env_int, env_text
-from mpipar.modes import Mode, execution_mode
 from mpipar.optimizer.lr import LRScheduler
 from mpipar.optimizer.optimizer import MASTER
 from mpipar.random import get_rng_state, set_rng_state

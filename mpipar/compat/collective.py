@@ -38,12 +38,12 @@ from typing import Any
 import numpy as np
 
 from mpipar import autograd, hooks
+from mpipar._modes import Mode, execution_mode
+from mpipar._xp import to_numpy
 from mpipar.backend import Backend, current_backend
 from mpipar.comm import Array, ManualTransport, Shape
-from mpipar.modes import Mode, execution_mode
 from mpipar.reshard.executor import freeze
 from mpipar.tensor import Tensor
-from mpipar.xp import to_numpy
 
 Group_ = tuple[int, ...]
 

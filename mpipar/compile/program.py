@@ -12,7 +12,7 @@
 
 One semantics with eager. ``static.data`` is a placeholder: a shape-only tensor (a ``None``
 dimension traced as ``DYNAMIC_DIM_TRACE_SIZE``). The model's code runs on it once, in
-shape-only mode (``mpipar.modes``): every op call on a placeholder, or on what was computed
+shape-only mode (``mpipar._modes``): every op call on a placeholder, or on what was computed
 from one, is recorded -- op name, inputs, attributes -- with every in-place ``shard_tensor`` and
 every ``reshard`` made outside an op, so a program may carry placements and the communication
 they imply. Parameters are the layers' own tensors (their values exist from the moment the
@@ -43,6 +43,7 @@ import numpy as np
 
 from mpipar import autograd, hooks
 from mpipar import random as mrandom
+from mpipar._modes import in_static_mode, set_static_mode
 from mpipar.backend import current_backend
 from mpipar.compile.plan import Plan
 from mpipar.compile.program_view import listing
@@ -50,7 +51,6 @@ from mpipar.compile.replay import CompiledStep
 from mpipar.compile.trace import PlanRecorder
 from mpipar.distribute import reshard, shard_tensor
 from mpipar.mesh import ProcessMesh
-from mpipar.modes import in_static_mode, set_static_mode
 from mpipar.nn.layer import get_default_dtype
 from mpipar.ops import dispatch
 from mpipar.ops.math import ones_like_global

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
-from mpipar import capture_hooks, comm, tape
+from mpipar import _capture_hooks, _tape, comm
 from mpipar.backend import current_backend
 from mpipar.compile import capture
 from mpipar.ops import dispatch
@@ -238,7 +238,7 @@ class CompiledStep(Generic[R]):
             return self.fn(*args, **kwargs)
         backend = current_backend()
         key = (id(backend), _layout_key(args), _layout_key(kwargs))
-        if self.capture and not capture_hooks.capture_tracers:
+        if self.capture and not _capture_hooks.capture_tracers:
             return self._captured_call(key, backend, args, kwargs)
         return self._decided(key, backend, args, kwargs)
 
@@ -246,7 +246,7 @@ class CompiledStep(Generic[R]):
         """Run the captured program of ``key``, or trace towards one (``mpipar.capture``)."""
         keep: list[Any] = []
         static = _static_key((args, kwargs), keep) if args or kwargs else None
-        ckey = (key, static, tape.is_grad_enabled(), reuse_enabled())
+        ckey = (key, static, _tape.is_grad_enabled(), reuse_enabled())
         st = self._captures.get(ckey)
         flat = _flat_args(kwargs, _flat_args(args, []))
         busy = capture.observed()
@@ -281,11 +281,11 @@ class CompiledStep(Generic[R]):
         tr = capture.StepTracer(flat, backend, prev if snap is not None else None)
         tripwire = capture.Tripwire(tr)
         comm._recorders.append(tripwire)
-        capture_hooks.capture_tracers.append(tr)
+        _capture_hooks.capture_tracers.append(tr)
         try:
             out = self._decided(key, backend, args, kwargs)
         finally:
-            capture_hooks.capture_tracers.remove(tr)
+            _capture_hooks.capture_tracers.remove(tr)
             comm._recorders.remove(tripwire)
         tr.finish(out)
         st.traces += 1

@@ -54,10 +54,10 @@ import numpy as np
 
 from mpipar import comm as _comm
 from mpipar import hooks
+from mpipar._modes import Mode, execution_mode
 from mpipar.backend import Backend, start_hooks
 from mpipar.debug.timeline import SPAN_KINDS, TRACKS, Span, SpanRecorder, Timeline
 from mpipar.env import env_text
-from mpipar.modes import Mode, execution_mode
 from mpipar.untrusted import printable
 
 ENV = "MPIPAR_TRACE"

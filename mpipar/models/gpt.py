@@ -10,12 +10,12 @@ The model code is single-device code plus a few marks (``GPTParallel``):
   replace the all_reduce (same bytes), and LayerNorm/Dropout run on a slice;
 * data parallel: the batch is ``Shard(0)`` on ``dp`` (weights Replicate: the gradient
   reduction falls out of the rules);
-* context parallel: the sequence is ``Shard(1)`` on ``cp`` for every op; attention gathers the
+* context parallel: the sequence is split on ``cp`` for every op; attention gathers the
   keys and values over ``cp`` (all_gather forward, reduce_scatter of their gradients backward,
-  as Llama 3 trained). Causal load balancing: the sequence is held in *zigzag order*
-  (``GPTParallel.sequence_order``: cp rank r holds chunks r and 2cp-1-r of 2cp chunks), so
-  every rank's queries see the same number of keys; the model takes tokens in that order and
-  reads each token's global position off ``sequence_order`` (positions, masks, rotary angles);
+  as Llama 3 trained). Causal load balancing: the split is the placement ``ZigzagShard(1)``
+  (cp rank r holds chunks r and 2cp-1-r of 2cp chunks), so every rank's queries see the same
+  number of keys; tokens are given in their natural order, and the kernels read each token's
+  global position off the layout (``Shard(1)`` with ``load_balance=False``);
 * pipeline (naive, seed 000 §4.3): blocks are spread over stage meshes and the activation
   is resharded to the next stage's mesh at each boundary;
 * recompute ``full`` (each block) or ``selective`` (the attention core: scores, softmax,
@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import cast
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from mpipar.nn.initializer import Constant, Normal
 from mpipar.nn.layer import Layer, ParamAttr, default_dtype
 from mpipar.nn.layers import Dropout, Embedding, LayerList, LayerNorm, Linear, reshard_axis
 from mpipar.ops.manipulation import getitem
-from mpipar.placement import Placement, Replicate, Shard
+from mpipar.placement import Placement, Replicate, Shard, ZigzagShard
 from mpipar.tensor import Tensor
 
 
@@ -68,26 +68,6 @@ def check_attention(kind: str, model: str) -> None:
         raise ValueError(f"{model}: attention {kind!r} is not one of {', '.join(ATTENTION_KINDS)}")
 
 
-def zigzag_order(length: int, parts: int) -> np.ndarray:
-    """Global positions in the order a ``parts``-way zigzag split holds them: the sequence cut in
-    ``2 * parts`` chunks, part r holding chunks r and 2*parts-1-r (one early, one late), so each
-    part's causal attention work is the same. ``zigzag_order(8, 2)`` is 0 1 6 7 2 3 4 5.
-
-    | part | chunks   | positions (length 8) |
-    |------|----------|----------------------|
-    | 0    | 0 and 3  | 0 1, 6 7             |
-    | 1    | 1 and 2  | 2 3, 4 5             |
-    """
-    if parts < 1 or length % (2 * parts):
-        raise ValueError(
-            f"zigzag order: the sequence length {length} must divide into 2 x cp({parts}) = {2 * parts} equal chunks"
-        )
-    c = length // (2 * parts)
-    return np.concatenate(
-        [np.r_[r * c : (r + 1) * c, (2 * parts - 1 - r) * c : (2 * parts - r) * c] for r in range(parts)]
-    )
-
-
 @dataclass
 class GPTParallel:
     """Where the model lives: one mesh per pipeline stage, each with ``dp`` and ``tp`` axes (and
@@ -98,7 +78,9 @@ class GPTParallel:
     tp: str = "tp"
     cp: str = "cp"
     load_balance: bool = True
-    """Under context parallel, hold the sequence in zigzag order (``sequence_order``)."""
+    """Under context parallel, split the sequence load-balanced (``ZigzagShard``), else ``Shard``."""
+    cp_comm: str = "allgather"
+    """Under context parallel, fused attention's keys and values: ``allgather`` or ``ring``."""
     sequence_parallel: bool = False
     recompute: str = "none"
     chunks: int = 1
@@ -117,14 +99,6 @@ class GPTParallel:
         """The degree of mesh axis ``axis`` (1 when the mesh lacks it)."""
         mesh = mesh or (self.stage_meshes[0] if self.stage_meshes else None)
         return mesh.get_dim_size(axis) if mesh is not None and axis in mesh.dim_names else 1
-
-    def sequence_order(self, length: int) -> np.ndarray:
-        """The global positions of the sequence as the model holds it: zigzag under load-balanced
-        context parallel, else 0..length-1. Inputs and targets are given in this order."""
-        cp = self.axis_size(self.cp)
-        if cp > 1 and self.load_balance:
-            return zigzag_order(length, cp)
-        return np.arange(length)
 
     @property
     def distributed(self) -> bool:
@@ -151,7 +125,7 @@ class GPTParallel:
         if self.dp in mesh.dim_names and mesh.get_dim_size(self.dp) > 1:
             pls[mesh.axis_index(self.dp)] = Shard(0)
         if self.cp in mesh.dim_names and mesh.get_dim_size(self.cp) > 1:
-            pls[mesh.axis_index(self.cp)] = Shard(1)
+            pls[mesh.axis_index(self.cp)] = ZigzagShard(1) if self.load_balance else Shard(1)
         if sp and self.tp in mesh.dim_names and mesh.get_dim_size(self.tp) > 1:
             pls[mesh.axis_index(self.tp)] = Shard(1)
         return pls
@@ -168,52 +142,26 @@ def _normal(std: float) -> ParamAttr:
 
 
 @functools.lru_cache(maxsize=8)
-def _causal_mask(size: int, dtype: str, order: tuple[int, ...] | None = None) -> np.ndarray:
-    """The additive causal mask, one read-only array per size, dtype and sequence order shared by
-    every block (a 2048-long float32 mask is 16 MiB: built once, not once per layer and per
-    trace). ``order``: the global positions of the rows and columns (zigzag), None for 0..size-1."""
-    if order is None:
-        mask = np.triu(np.full((size, size), -1e9, dtype=dtype), k=1)
-    else:
-        pos = np.asarray(order)
-        mask = np.where(pos[None, :] > pos[:, None], -1e9, 0.0).astype(dtype)
+def _causal_mask(size: int, dtype: str) -> np.ndarray:
+    """The additive causal mask, one read-only array per size and dtype shared by every block (a
+    2048-long float32 mask is 16 MiB: built once, not once per layer and per trace). Under a
+    zigzag sequence split the scores' rows are zigzag too, and the add's rule slices the mask's
+    rows alike (a local reorder)."""
+    mask = np.triu(np.full((size, size), -1e9, dtype=dtype), k=1)
     mask.flags.writeable = False
     return mask
 
 
-def causal_mask_buffer(size: int, dtype: str, order: np.ndarray | None = None) -> Tensor:
+def causal_mask_buffer(size: int, dtype: str) -> Tensor:
     """The mask as a buffer (abstract in shape-only tracing, which never reads its values: that
     spares copying a 2048-long mask per block, 8-16 MiB each)."""
     if current_backend().shape_only:
         return Tensor.abstract((size, size), dtype)
-    natural = order is None or bool((np.asarray(order) == np.arange(size)).all())
-    return Tensor(_causal_mask(size, dtype, None if natural else tuple(int(i) for i in order)))  # type: ignore[union-attr]
+    return Tensor(_causal_mask(size, dtype))
 
 
-class MaskedAttention(Protocol):
-    """A plain-attention layer's masks (the GPT's and the Llama's attention)."""
-
-    causal_mask: Tensor
-    ordered_mask: Tensor | None
-
-
-def place_mask(
-    layer: MaskedAttention, size: int, dtype: str, order: np.ndarray, mesh: ProcessMesh, pls: list[Placement]
-) -> None:
-    """Lay out a plain-attention layer's mask on its stage mesh. The ``causal_mask`` buffer stays
-    in natural order (checkpoints hold it so, whatever the mesh); a sequence held in another
-    order (zigzag under cp) gets its own mask, ``ordered_mask``, a derived tensor never saved."""
-    dist.shard_tensor(layer.causal_mask, mesh, pls)
-    if not (order == np.arange(size)).all():
-        layer.ordered_mask = causal_mask_buffer(size, dtype, order)
-        dist.shard_tensor(layer.ordered_mask, mesh, pls)
-
-
-def positions_of(par: GPTParallel, length: int) -> Tensor | None:
-    """The global positions (length,) of the held sequence, or None in natural order (the fused
-    kernels then read positions off the shards' boxes)."""
-    order = par.sequence_order(length)
-    return None if (order == np.arange(length)).all() else Tensor(order.astype(np.int64))
+def cp_comm_of(par: GPTParallel | None) -> str:
+    return par.cp_comm if par is not None else "allgather"
 
 
 def plain_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: Layer | None = None) -> Tensor:
@@ -290,8 +238,6 @@ class CausalSelfAttention(Layer):
         self.fused = cfg.attention == "fused"
         if not self.fused:
             self.register_buffer("causal_mask", causal_mask_buffer(cfg.block_size, str(np.dtype(cfg.dtype))))
-        self.ordered_mask: Tensor | None = None
-        self.positions: Tensor | None = None
         self.par: GPTParallel | None = None
         self.mesh: ProcessMesh | None = None
 
@@ -302,9 +248,8 @@ class CausalSelfAttention(Layer):
 
     def _core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.fused:  # no attention-probability dropout in the fused kernel (residual dropout stays)
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, positions=self.positions)
-        mask = self.causal_mask if self.ordered_mask is None else self.ordered_mask
-        return plain_attention(q, k, v, mask, self.attn_drop)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, cp_comm=cp_comm_of(self.par))
+        return plain_attention(q, k, v, self.causal_mask, self.attn_drop)
 
     def forward(self, x: Tensor) -> Tensor:
         b, s, h = x.shape
@@ -394,7 +339,6 @@ class GPT(Layer):
         mark = dist.shard_tensor
         mark(self.wte.weight, first, par.weight(first, Shard(0)))  # vocabulary parallel
         mark(self.wpe.weight, first, par.weight(first, None))
-        order = par.sequence_order(self.cfg.block_size)
         for i, block in enumerate(self.block_list()):
             mesh = par.mesh_of_layer(i, n)
             bind_layers(par, mesh, block, block.attn, block.mlp)
@@ -408,9 +352,7 @@ class GPT(Layer):
                 mark(ln.weight, mesh, par.weight(mesh, None))
                 mark(ln.bias, mesh, par.weight(mesh, None))
             if not block.attn.fused:
-                place_mask(
-                    block.attn, self.cfg.block_size, str(np.dtype(self.cfg.dtype)), order, mesh, par.weight(mesh, None)
-                )
+                mark(block.attn.causal_mask, mesh, par.weight(mesh, None))
         mark(self.ln_f.weight, last, par.weight(last, None))
         mark(self.ln_f.bias, last, par.weight(last, None))
         mark(self.lm_head.weight, last, par.weight(last, Shard(1)))
@@ -423,15 +365,11 @@ class GPT(Layer):
         if t > self.cfg.block_size:
             raise ValueError(f"GPT: sequence length {t} exceeds block_size {self.cfg.block_size}")
         par = self.par
-        order = par.sequence_order(t)  # the tokens' global positions (zigzag under cp)
         if par.axis_size(par.cp) > 1 and t != self.cfg.block_size:
             raise ValueError(
                 f"GPT: under context parallel the sequence must be block_size {self.cfg.block_size} long, got {t}"
             )
-        positions = positions_of(par, t)
-        for block in self.block_list():
-            block.attn.positions = positions
-        x = dist.add(self.wte(idx), self.wpe(Tensor(order.astype(np.int64))))  # (B, T, C); Partial over tp
+        x = dist.add(self.wte(idx), self.wpe(Tensor(np.arange(t, dtype=np.int64))))  # (B, T, C); Partial over tp
         if par.distributed:
             x = dist.reshard(x, par.stage_meshes[0], par.activation(par.stage_meshes[0]))
         x = self.drop(x)

@@ -10,7 +10,7 @@ parallel q/k/v and gate/up column-parallel, o/down row-parallel, the embedding
 vocabulary-parallel and the output layer column-parallel over the vocabulary; key/value
 projections split over tp only when tp divides the key/value heads, else replicated (each rank
 reads the heads its query heads use); sequence parallel outside the column/row pairs; context
-parallel (the sequence on ``cp``, keys and values gathered in attention, zigzag order for
+parallel (the sequence on ``cp``, keys and values gathered in attention, split ``ZigzagShard`` for
 causal balance); the pipeline by stage meshes.
 
 ``LLAMA3_CONFIGS`` holds the published shapes (Llama 3 8B, 70B, 405B; Meta's model cards and
@@ -34,11 +34,10 @@ from mpipar.models.gpt import (
     bind_layers,
     causal_mask_buffer,
     check_attention,
+    cp_comm_of,
     gather_sequence,
     gpt_loss,
-    place_mask,
     plain_attention,
-    positions_of,
     row_parallel_out,
     run_blocks,
 )
@@ -165,15 +164,13 @@ class LlamaAttention(Layer):
             self.register_buffer(
                 "causal_mask", causal_mask_buffer(cfg.max_position_embeddings, str(np.dtype(cfg.dtype)))
             )
-        self.ordered_mask: Tensor | None = None
-        self.positions: Tensor | None = None
         self.rope_positions: Tensor | None = None
         self.par: GPTParallel | None = None
         self.mesh: ProcessMesh | None = None
 
     def _core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.fused:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, positions=self.positions)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, cp_comm=cp_comm_of(self.par))
         b, t, h, d = q.shape
         hk = k.shape[2]
         qt = dist.transpose(q, [0, 2, 1, 3])  # (B, H, T, D)
@@ -181,8 +178,7 @@ class LlamaAttention(Layer):
         if hk != h:  # each key/value head serves h/hk query heads: (B, Hkv, g, T, D) -> (B, H, T, D)
             kt = dist.reshape(dist.expand(dist.unsqueeze(kt, 2), [b, hk, h // hk, t, d]), [b, h, t, d])
             vt = dist.reshape(dist.expand(dist.unsqueeze(vt, 2), [b, hk, h // hk, t, d]), [b, h, t, d])
-        mask = self.causal_mask if self.ordered_mask is None else self.ordered_mask
-        return dist.transpose(plain_attention(qt, kt, vt, mask), [0, 2, 1, 3])
+        return dist.transpose(plain_attention(qt, kt, vt, self.causal_mask), [0, 2, 1, 3])
 
     def forward(self, x: Tensor) -> Tensor:
         b, s, _ = x.shape
@@ -253,7 +249,6 @@ class Llama(Layer):
         first, last = par.stage_meshes[0], par.stage_meshes[-1]
         mark = dist.shard_tensor
         mark(self.embed_tokens.weight, first, par.weight(first, Shard(0)))  # vocabulary parallel
-        order = par.sequence_order(cfg.max_position_embeddings)
         for i, layer in enumerate(self.layer_list()):
             mesh = par.mesh_of_layer(i, n)
             attn = layer.self_attn
@@ -268,15 +263,13 @@ class Llama(Layer):
             for norm in (layer.input_layernorm, layer.post_attention_layernorm):
                 mark(norm.weight, mesh, par.weight(mesh, None))
             if not attn.fused:
-                place_mask(
-                    attn, cfg.max_position_embeddings, str(np.dtype(cfg.dtype)), order, mesh, par.weight(mesh, None)
-                )
+                mark(attn.causal_mask, mesh, par.weight(mesh, None))
         mark(self.norm.weight, last, par.weight(last, None))
         mark(self.lm_head.weight, last, par.weight(last, Shard(1)))  # column parallel over the vocabulary
 
     # ------------------------------------------------------------------ forward
     def forward(self, idx: Tensor) -> Tensor:
-        """Token ids (B, T), in ``par.sequence_order(T)`` order -> logits (B, T, V)."""
+        """Token ids (B, T) -> logits (B, T, V)."""
         t = idx.shape[1]
         cfg, par = self.cfg, self.par
         if t > cfg.max_position_embeddings:
@@ -288,10 +281,8 @@ class Llama(Layer):
                 f"Llama: under context parallel the sequence must be max_position_embeddings "
                 f"{cfg.max_position_embeddings} long, got {t}"
             )
-        positions = positions_of(par, t)
-        rope_positions = positions if positions is not None else Tensor(np.arange(t, dtype=np.int64))
+        rope_positions = Tensor(np.arange(t, dtype=np.int64))  # laid out like the sequence by the rule
         for layer in self.layer_list():
-            layer.self_attn.positions = positions
             layer.self_attn.rope_positions = rope_positions
         x = self.embed_tokens(idx)  # (B, T, C); Partial over tp (vocabulary parallel)
         if par.distributed:

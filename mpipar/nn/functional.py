@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 
 from mpipar import random as mrandom
+from mpipar._modes import Mode, execution_mode
+from mpipar.ops.attention import CP_COMM, ring_attention, ring_axis
 from mpipar.ops.dispatch import apply
 from mpipar.ops.linalg import matmul
 from mpipar.ops.manipulation import split, unsqueeze
@@ -253,13 +255,21 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     positions: Any = None,
     block_size: int = 128,
+    cp_comm: str = "allgather",
 ) -> Tensor:
     """Fused attention (Paddle's signature, (B, S, H, D) layout; key/value may have fewer heads).
 
     Computed in key blocks of ``block_size`` with an online softmax: no (S, S) tensor is kept,
     and backward recomputes the probabilities (``mpipar/ops/attention.py``). ``positions`` (S,)
     are the global positions of the held sequence for the causal mask (default 0..S-1), for
-    sequences held in another order. ``attn_mask`` and dropout are not supported."""
+    sequences held in another order. ``attn_mask`` and dropout are not supported.
+
+    ``cp_comm``: with the query sequence split on a mesh axis (context parallelism), how the
+    other ranks' keys and values arrive: ``allgather`` (gathered before the kernel) or ``ring``
+    (passed around the axis's ring, one point-to-point send per step, partial results merged
+    by their log-sum-exps; ``ring_attention`` in ``mpipar/ops/attention.py``)."""
+    if cp_comm not in CP_COMM:
+        raise ValueError(f"scaled_dot_product_attention: cp_comm {cp_comm!r} is not one of {', '.join(CP_COMM)}")
     if attn_mask is not None or dropout_p:
         raise ValueError("scaled_dot_product_attention: attn_mask and dropout_p are not supported; use is_causal")
     if block_size < 1:
@@ -275,5 +285,7 @@ def scaled_dot_product_attention(
         p = _positions(positions, q.shape[1], "scaled_dot_product_attention")
         ins += [p, p]
     attrs = {"is_causal": bool(is_causal), "scale": scale, "block_size": int(block_size)}
+    if cp_comm == "ring" and positions is None and execution_mode(ins) is not Mode.DENSE and ring_axis(q) is not None:
+        return ring_attention(q, k, v, attrs)
     out, _lse = apply("scaled_dot_product_attention", ins, attrs)
     return out

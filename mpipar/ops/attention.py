@@ -10,8 +10,8 @@ one (S, block) tile at a time. It returns the output and the rows' log-sum-exp `
 tile's probabilities from ``lse`` (FlashAttention's recompute) instead of storing them.
 
 Causal masking compares global positions: the query's and the key's positions are either
-given (two int inputs, for sequences held in another order, e.g. load-balanced context
-parallel chunks) or read off the shards' global boxes. A key tile wholly in every query's
+given (two int inputs, for sequences held in another order) or read off the shards' layouts
+(their boxes, or the two chunks of a ``ZigzagShard``: load-balanced context parallelism). A key tile wholly in every query's
 future is skipped, so a rank holding early queries does less work.
 
 The kernels use only their local shards and global boxes: the rule
@@ -28,13 +28,17 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._modes import Mode, execution_mode
+from mpipar._tape import GradContext, Node, is_grad_enabled, no_grad, pack_saved
+from mpipar.backend import current_backend
 from mpipar.comm import comm_context
-from mpipar.distribute import reshard_to
+from mpipar.distribute import dtensor_from_local, reshard_to
 from mpipar.mesh import ProcessMesh
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
-from mpipar.placement import Partial, Replicate, Shard
+from mpipar.placement import Partial, Replicate, Shard, like
 from mpipar.spec import DistSpec, full_box
-from mpipar.tape import GradContext
+from mpipar.spmd import infer_forward as spmd_infer_forward
+from mpipar.tensor import Tensor, reuse_reshards
 
 Array = Any
 
@@ -60,8 +64,7 @@ def _positions(c: KernelContext, arrays: list[Array]) -> tuple[np.ndarray, np.nd
     if arrays:
         qp, kp = arrays
         return np.asarray(qp if c.xp is np else qp.get()), np.asarray(kp if c.xp is np else kp.get())
-    (s0, s1), (k0, k1) = c.in_boxes[0][1], c.in_boxes[1][1]
-    return np.arange(s0, s1), np.arange(k0, k1)
+    return c.positions(0, 1), c.positions(1, 1)
 
 
 def _expand_kv(c: KernelContext, t: Array, kv: np.ndarray) -> Array:
@@ -218,7 +221,7 @@ def _back_to_sequence_split(grad: Any, q_spec: DistSpec | None) -> Any:
     changed = False
     for axis, (pq, pg) in enumerate(zip(q_spec.placements, placements, strict=True)):
         if isinstance(pq, Shard) and pq.dim == 1 and isinstance(pg, Partial):
-            placements[axis] = Shard(1)
+            placements[axis] = like(pq, 1)
             changed = True
     if not changed:
         return grad
@@ -282,3 +285,206 @@ register_op(
         sample=_grad_samples,
     )
 )
+
+
+# ------------------------------------------------------------------------------ ring attention
+CP_COMM = ("allgather", "ring")
+"""How fused attention gets the other context-parallel ranks' keys and values: ``allgather``
+(the rule gathers them before the kernel, as Llama 3 trained) or ``ring`` (blocks passed
+around the ring of the axis, one point-to-point exchange per step, as Ring Attention does)."""
+
+
+def ring_axis(q: Tensor) -> int | None:
+    """The one mesh axis of more than one rank that splits the query sequence (dim 1), or None."""
+    if not q.is_dist:
+        return None
+    spec = q.spec
+    axes = [a for a in spec.shard_axes(1) if spec.mesh.shape[a] > 1]
+    return axes[0] if len(axes) == 1 else None
+
+
+def _rolled(spec: DistSpec, axis: int, step: int) -> DistSpec:
+    """``spec`` with the ranks of ``axis`` rolled ``step`` places: the process at coordinate c
+    holds what coordinate c - step holds in ``spec`` (each step one send to the next rank)."""
+    ids = np.roll(np.asarray(spec.mesh.mesh), -step, axis=axis)
+    return spec.with_mesh(ProcessMesh(ids, dim_names=spec.mesh.dim_names))
+
+
+def _ring_layouts(q: Tensor, k: Tensor, v: Tensor, axis: int) -> tuple[DistSpec, DistSpec, DistSpec, DistSpec]:
+    """The layouts of q, k, v and of the key/value gradients: the rule's (batch, heads) on every
+    axis, and on the ring axis keys and values split as the query is, not gathered."""
+    res = spmd_infer_forward("scaled_dot_product_attention", [q.spec, k.spec, v.spec])
+    qs, ks, vs = res.inputs[:3]
+    dkv = spmd_infer_forward("scaled_dot_product_attention_grad", [qs, ks, vs, qs, res.outputs[1], qs]).outputs[1]
+    split = qs.placements[axis]
+
+    def on_ring(s: DistSpec) -> DistSpec:
+        pls = list(s.placements)
+        pls[axis] = split
+        return s.with_placements(pls)
+
+    return qs, on_ring(ks), on_ring(vs), on_ring(dkv)
+
+
+def _context(qs: DistSpec, ks: DistSpec, rank: int, held: DistSpec) -> KernelContext:
+    """The kernel context of ``rank`` holding the key block ``held`` gives it (heads, boxes)."""
+    return KernelContext([qs, held, held], [], [qs.boxes[rank], held.boxes[rank], held.boxes[rank]], [])
+
+
+def _merge(xp: Any, out: Array, lse: Array, o: Array, l: Array) -> tuple[Array, Array]:  # noqa: E741
+    """Two partial attentions over disjoint key sets, merged by their log-sum-exps."""
+    new = xp.logaddexp(lse, l)
+    shift = xp.where(xp.isfinite(new), new, 0)
+    w_old = xp.where(xp.isfinite(lse), xp.exp(lse - shift), 0)[..., None]
+    w_new = xp.where(xp.isfinite(l), xp.exp(l - shift), 0)[..., None]
+    return out * w_old + o * w_new, new
+
+
+def _send_on(t: Tensor, base: DistSpec, axis: int, step: int) -> Tensor:
+    """Pass ``t`` (laid out as ``base`` rolled ``step`` places) one rank further around the ring.
+    Never a reused reshard: a rank keeps one block at a time (the ring's memory saving), and
+    backward passes the blocks again."""
+    with (
+        comm_context(f"ring attention: blocks one rank on along {base.mesh.dim_names[axis]!r}"),
+        reuse_reshards(False),
+    ):
+        return reshard_to(t, _rolled(base, axis, step + 1))
+
+
+def _ring_forward(q: Tensor, k: Tensor, v: Tensor, axis: int, attrs: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    backend = current_backend()
+    qs, ks = q.spec, k.spec
+    lse_spec = DistSpec(qs.shape[:3], qs.mesh, qs.placements)
+    abstract = execution_mode([q, k, v], backend) is Mode.ABSTRACT
+    ranks = backend.hosted_ranks(qs.mesh)
+    xp = backend.xp
+    outs: dict[int, Array] = {}
+    lses: dict[int, Array] = {}
+    kb, vb = k, v
+    n = qs.mesh.shape[axis]
+    for step in range(n):
+        held = _rolled(ks, axis, step)
+        if not abstract:
+            for r in ranks:
+                c = _context(qs, ks, r, held)
+                qpos, kpos = qs.positions(qs.boxes[r], 1), held.positions(held.boxes[r], 1)
+                o, lse = _sdpa(
+                    c,
+                    q.local_tensor(r),
+                    kb.local_tensor(r),
+                    vb.local_tensor(r),
+                    xp.asarray(qpos),
+                    xp.asarray(kpos),
+                    **attrs,
+                )
+                outs[r], lses[r] = (o, lse) if step == 0 else _merge(xp, outs[r], lses[r], o, lse)
+        if step + 1 < n:
+            kb, vb = _send_on(kb, ks, axis, step), _send_on(vb, ks, axis, step)
+    if abstract:
+        return Tensor.abstract(qs.shape, q.dtype, qs), Tensor.abstract(lse_spec.shape, q.dtype, lse_spec)
+    out = dtensor_from_local(
+        {r: outs[r].astype(q.dtype) for r in ranks}, qs.mesh, list(qs.placements), qs.shape, q.dtype
+    )
+    lse_t = dtensor_from_local({r: lses[r] for r in ranks}, qs.mesh, list(qs.placements), lse_spec.shape, q.dtype)
+    return out, lse_t
+
+
+def _ring_backward(ctx: GradContext, g: list[Any]) -> list[Any]:
+    q, k, v = ctx.inputs
+    out, lse = ctx.outputs
+    axis, dkv_spec = ctx.attrs["axis"], ctx.attrs["dkv_spec"]
+    attrs = _sdpa_attrs(ctx)
+    assert q is not None and k is not None and v is not None and out is not None and lse is not None
+    qs, ks = q.spec, k.spec
+    dout = reshard_to(g[0], qs)
+    backend = current_backend()
+    abstract = execution_mode([q, k, v, dout], backend) is Mode.ABSTRACT
+    ranks = backend.hosted_ranks(qs.mesh)
+    xp = backend.xp
+    dq: dict[int, Array] = {}
+    kb, vb = k, v
+    dk_t: Tensor | None = None
+    dv_t: Tensor | None = None
+    n = qs.mesh.shape[axis]
+    for step in range(n):
+        held = _rolled(ks, axis, step)
+        held_grad = _rolled(dkv_spec, axis, step)
+        dk_l: dict[int, Array] = {}
+        dv_l: dict[int, Array] = {}
+        if not abstract:
+            for r in ranks:
+                c = _context(qs, ks, r, held)
+                qpos, kpos = qs.positions(qs.boxes[r], 1), held.positions(held.boxes[r], 1)
+                a, b, e = _sdpa_grad_kernel(
+                    c,
+                    q.local_tensor(r),
+                    kb.local_tensor(r),
+                    vb.local_tensor(r),
+                    out.local_tensor(r),
+                    lse.local_tensor(r),
+                    dout.local_tensor(r),
+                    xp.asarray(qpos),
+                    xp.asarray(kpos),
+                    **attrs,
+                )
+                dq[r] = a if step == 0 else dq[r] + a
+                dk_l[r] = b if dk_t is None else dk_t.local_tensor(r) + b
+                dv_l[r] = e if dv_t is None else dv_t.local_tensor(r) + e
+            hm = held_grad.mesh
+            dk_t = dtensor_from_local(dk_l, hm, list(held_grad.placements), held_grad.shape, k.dtype)
+            dv_t = dtensor_from_local(dv_l, hm, list(held_grad.placements), held_grad.shape, v.dtype)
+        else:
+            dk_t = Tensor.abstract(held_grad.shape, k.dtype, held_grad)
+            dv_t = Tensor.abstract(held_grad.shape, v.dtype, held_grad)
+        # The gradients travel with their blocks, one rank further each step and home at the end.
+        dk_t, dv_t = _send_on(dk_t, dkv_spec, axis, step), _send_on(dv_t, dkv_spec, axis, step)
+        if step + 1 < n:
+            kb, vb = _send_on(kb, ks, axis, step), _send_on(vb, ks, axis, step)
+    assert dk_t is not None and dv_t is not None
+    home = dkv_spec
+    dk_out, dv_out = reshard_to(dk_t, home), reshard_to(dv_t, home)  # the mesh as the inputs name it
+    dq_t = (
+        Tensor.abstract(qs.shape, q.dtype, qs)
+        if abstract
+        else dtensor_from_local({r: dq[r] for r in ranks}, qs.mesh, list(qs.placements), qs.shape, q.dtype)
+    )
+    return [dq_t, dk_out, dv_out]
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, attrs: dict[str, Any]) -> Tensor:
+    """Fused attention with the query sequence split on one mesh axis and the keys and values
+    passed around that axis's ring instead of gathered: each rank attends to the key block it
+    holds, merges the partial results by their log-sum-exps (the kernel's online softmax, one
+    block per ring step) and sends the block on; backward passes each block's key/value
+    gradients around with it, home after the last step. Same result as the all-gather (to
+    rounding); ``cp - 1`` sends of keys and of values forward, ``cp - 1`` of each and ``cp`` of
+    each gradient backward."""
+    axis = ring_axis(q)
+    assert axis is not None
+    qs, ks, vs, dkv = _ring_layouts(q, k, v, axis)
+    with comm_context("ring attention input"):
+        q, k, v = reshard_to(q, qs), reshard_to(k, ks), reshard_to(v, vs)
+    with no_grad():
+        out, lse = _ring_forward(q, k, v, axis, attrs)
+    needs = [not t.stop_gradient for t in (q, k, v)]
+    if is_grad_enabled() and any(needs):
+        ctx = GradContext(
+            "ring_attention",
+            {**attrs, "axis": axis, "dkv_spec": dkv},
+            [pack_saved(q), pack_saved(k), pack_saved(v)],
+            [pack_saved(out), pack_saved(lse)],
+            [tuple(t.shape) for t in (q, k, v)],
+            [t.dtype for t in (q, k, v)],
+            needs,
+            [qs, ks, vs],
+        )
+        node = Node(
+            "ring_attention",
+            _ring_backward,
+            ctx,
+            [t if need else None for t, need in zip((q, k, v), needs, strict=True)],
+            1,
+        )
+        out._set_history(node, 0)
+        out.stop_gradient = False
+    return out

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import capture_hooks
+from mpipar import _capture_hooks
+from mpipar._modes import Mode, execution_mode
 from mpipar.backend import current_backend
-from mpipar.modes import Mode, execution_mode
 from mpipar.tensor import Tensor
 
 
@@ -55,7 +55,7 @@ def ones_like_global(t: Tensor) -> Tensor:
     if mode is Mode.DENSE:
         return Tensor._from_reference(t.spec, np.ones(t.shape, dtype=t.dtype))
     if (
-        capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None
+        _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None
     ):  # a captured step: made on every run
         ranks = list(t._shards)
         made = tr.create(backend.xp.ones, [spec.local_shape(r) for r in ranks], t.dtype)

@@ -26,13 +26,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mpipar import capture_hooks, hooks, tape
+from mpipar import _capture_hooks, _tape, hooks
+from mpipar._deferred import DeferredShards, Product
+from mpipar._modes import Mode, execution_mode
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
-from mpipar.deferred import DeferredShards, Product
 from mpipar.distribute import _reshard, reshard_to
 from mpipar.mesh import ProcessMesh
-from mpipar.modes import Mode, execution_mode
 from mpipar.placement import Partial, Replicate
 from mpipar.reshard.executor import freeze
 from mpipar.spec import Box, DistSpec, box_shape, full_box
@@ -62,13 +62,18 @@ class KernelContext:
     def out_local_shape(self, i: int = 0) -> tuple[int, ...]:
         return box_shape(self.out_boxes[i])
 
+    def positions(self, i: int, dim: int) -> np.ndarray:
+        """Global positions along ``dim`` of input ``i``'s local elements (its box's range, or
+        the chunks a zigzag split holds)."""
+        return self.in_specs[i].positions(self.in_boxes[i], dim)
+
 
 @dataclass(frozen=True)
 class OpDef:
     name: str
     kernel: Callable[..., Any]
     """``kernel(ctx, *local_arrays, **attrs)`` -> array, or tuple of arrays (several outputs)."""
-    grad: Callable[[tape.GradContext, list[Any]], Sequence[Any]] | None = None
+    grad: Callable[[_tape.GradContext, list[Any]], Sequence[Any]] | None = None
     num_outputs: int | Callable[[dict[str, Any]], int] = 1
     """A count, or a function of the attributes (split)."""
     rule: str | None = None
@@ -99,7 +104,7 @@ class OpDef:
     as a call per rank (matmul: one GEMM on the stacked rows); None to decline."""
     product_sum: Callable[[Sequence[Any]], Any] | None = None
     """``product_sum(products)``: the rank-ordered sum of several ranks' outputs
-    (``mpipar.deferred.Product``: their input arrays and attributes) without writing each,
+    (``mpipar._deferred.Product``: their input arrays and attributes) without writing each,
     bit for bit what summing the written outputs gives, or None to decline. Set on ops whose
     kernel is a product (matmul): a Partial(sum) output is then deferred in a process hosting
     several ranks, and its all-reduce sums the products in cache."""
@@ -312,7 +317,7 @@ def _run_abstract(
     op: OpDef, flat: list[Tensor], nest: list[Any] | None, attrs: dict[str, Any], dist_inputs: list[Tensor]
 ) -> tuple[list[Tensor], list[Tensor], spmd.SpmdResult | None]:
     """Shape-only: the rule gives every layout and shape; no kernel runs, reshards are planned."""
-    if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+    if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
         tr.refuse("the step runs in shape-only mode")
     if op.replicate_only:
         raise ValueError(
@@ -357,7 +362,7 @@ def _run_dense(
     result = op.kernel(ctx, *arrays, **attrs)
     results = list(result) if op.multi_output else [result]
     dtypes = op.out_dtypes([t.dtype for t in flat], attrs)
-    tr = capture_hooks.capture_tracer() if capture_hooks.capture_tracers else None
+    tr = _capture_hooks.capture_tracer() if _capture_hooks.capture_tracers else None
     if tr is not None and dist_inputs:
         tr.refuse("the step runs as one big device (--reference)")
         tr = None
@@ -591,7 +596,7 @@ def _run_dist(
     if len(decision.ranks) > 1 and op.product_sum is not None and _defers(op, decision):
         return [_deferred_output(op, decision, used, attrs)], used, decision.res
     out_specs = decision.out_specs
-    if len(decision.ranks) == 1 and not capture_hooks.capture_tracers:  # one hosted rank (MPI)
+    if len(decision.ranks) == 1 and not _capture_hooks.capture_tracers:  # one hosted rank (MPI)
         if not op.multi_output:  # most ops: ``_one_rank_outputs`` for one output, inline
             r, shapes, ctx = decision.ranks[0]
             arr = op.kernel(ctx, *[u._shards[r] for u in used], **attrs)
@@ -633,7 +638,7 @@ def _kernel_outputs(
 
     Where the op computes several pieces at once (``OpDef.all_pieces``: one stacked GEMM), it
     does, unless a captured step is being traced (it records one instruction per piece)."""
-    if len(decision.ranks) == 1 and not capture_hooks.capture_tracers:
+    if len(decision.ranks) == 1 and not _capture_hooks.capture_tracers:
         return _one_rank_outputs(op, decision, attrs, inputs, used)
     memo: dict[tuple[Any, ...], list[Any]] = {}
     per_rank: dict[int, list[Any]] = {}
@@ -641,7 +646,7 @@ def _kernel_outputs(
     dtypes = decision.dtypes
     alone = len(decision.ranks) == 1  # one hosted rank (MPI): nothing to share, no key to build
     together = calls = None
-    if len(decision.ranks) > 1 and op.all_pieces is not None and not capture_hooks.capture_tracers:
+    if len(decision.ranks) > 1 and op.all_pieces is not None and not _capture_hooks.capture_tracers:
         calls, together = _all_pieces(op, decision, inputs, used, attrs)
     for i, (r, shapes, ctx) in enumerate(decision.ranks):
         if calls is None:
@@ -667,9 +672,9 @@ def _kernel_outputs(
                 got[j] = freeze(arr)
             memo[key] = got
             if (
-                capture_hooks.capture_tracers and inputs is None
+                _capture_hooks.capture_tracers and inputs is None
             ):  # a captured step being traced: this kernel call is an instruction
-                tr = capture_hooks.capture_tracer()
+                tr = _capture_hooks.capture_tracer()
                 if tr is not None:
                     tr.record_kernel(op, ctx, attrs, dtypes, used, r, arrays, got, raw=result)
         per_rank[r] = got
@@ -742,10 +747,10 @@ def _all_pieces(
 
 
 def _defers(op: OpDef, decision: Decision) -> bool:
-    """Defer this call's output (``mpipar.deferred``)? Its one output is a Partial sum, which
+    """Defer this call's output (``mpipar._deferred``)? Its one output is a Partial sum, which
     is usually all-reduced next, large enough to be worth it, and no captured step is being
     traced (it records kernels)."""
-    if op.multi_output or capture_hooks.capture_tracers or decision.out_specs is None:
+    if op.multi_output or _capture_hooks.capture_tracers or decision.out_specs is None:
         return False
     if math.prod(decision.ranks[0][1][0]) < _DEFER_ELEMENTS:
         return False
@@ -773,7 +778,7 @@ def _replicate_only_outputs(
     op: OpDef, used: list[Tensor], attrs: dict[str, Any], decision: Decision, mesh: ProcessMesh
 ) -> list[Tensor]:
     """A replicate-only op's outputs: replicated, with the shapes its kernel returns."""
-    if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+    if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
         tr.refuse(f"{op.name} is replicate-only (its output shapes come from running it)")
     per_rank: dict[int, list[Any]] = {}
     for r, _, ctx in decision.ranks:
@@ -840,7 +845,7 @@ def _reshard_input(t: Tensor, want: DistSpec, backend: Any = None) -> Tensor:
 
 
 def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor], attrs: dict[str, Any]) -> None:
-    if op.grad is None or not tape.is_grad_enabled():
+    if op.grad is None or not _tape.is_grad_enabled():
         needs = None
     elif op.differentiable is None:
         needs = [not t.stop_gradient for t in flat]
@@ -852,7 +857,7 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
             t.stop_gradient = True
         return
     nondiff = op.nondiff_outputs
-    pack = tape.pack_saved
+    pack = _tape.pack_saved
     saved_in = op.save_inputs
     if saved_in is None:  # every input saved
         inputs = [pack(u) for u in used]
@@ -863,7 +868,7 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
         outputs: list[Tensor | None] = [None] * len(outs)
     else:
         outputs = [pack(t) if j in save_out else None for j, t in enumerate(outs)]
-    ctx = tape.GradContext(
+    ctx = _tape.GradContext(
         op.name,
         attrs,
         inputs,
@@ -874,7 +879,7 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
         [u._spec for u in used],  # None for a dense input
     )
     parents = [u if need else None for u, need in zip(used, needs, strict=True)]
-    node = tape.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]
+    node = _tape.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]
     for j, t in enumerate(outs):
         t.stop_gradient = j in nondiff
         t._set_history(node, j)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mpipar.deferred import Product
+from mpipar._deferred import Product
+from mpipar._tape import GradContext
 from mpipar.ops import stacked_gemm
 from mpipar.ops.creation import _pair
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
 from mpipar.ops.manipulation import reduce_to_shape, squeeze, unsqueeze
-from mpipar.tape import GradContext
 from mpipar.tensor import Tensor
 
 Array = Any

@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._tape import GradContext
 from mpipar.ops.creation import as_tensor, zeros_like_global
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
 from mpipar.spmd.rules.common import norm_axis
 from mpipar.spmd.rules.manipulation import resolve_shape, slice_bounds, split_sections
-from mpipar.tape import GradContext
 from mpipar.tensor import Tensor
 
 Array = Any

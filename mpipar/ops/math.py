@@ -13,15 +13,15 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._tape import GradContext
+from mpipar._xp import extreme
 from mpipar.comm import comm_context
 from mpipar.distribute import reshard
 from mpipar.ops.creation import _pair, as_tensor, ones_like_global, zeros_like_global  # noqa: F401  (re-exported)
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
 from mpipar.ops.manipulation import expand, reduce_to_shape, reshape
 from mpipar.spmd.rules.common import norm_axes
-from mpipar.tape import GradContext
 from mpipar.tensor import Tensor
-from mpipar.xp import extreme
 
 Array = Any
 

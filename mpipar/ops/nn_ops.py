@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 
 from mpipar import random as mrandom
+from mpipar._tape import GradContext
+from mpipar._xp import extreme
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
+from mpipar.spec import box_shape
 from mpipar.spmd.rules.common import norm_axis
-from mpipar.tape import GradContext
-from mpipar.xp import extreme
 
 Array = Any
 
@@ -377,12 +378,23 @@ register_op(
 
 
 # ----------------------------------------------------------------------------- dropout
+def _uniform(c: KernelContext, key: int) -> np.ndarray:
+    """The input's elements' uniform draws, by global index (a zigzag box piece by piece)."""
+    spec, box = c.in_specs[0], c.in_boxes[0]
+    if not spec.zigzag:
+        return mrandom.uniform_box(key, spec.shape, box)
+    out = np.empty(box_shape(box))
+    for index, gbox in spec.global_pieces(box):
+        out[index] = mrandom.uniform_box(key, spec.shape, gbox)
+    return out
+
+
 def _dropout(c: KernelContext, x: Array, p: float = 0.5, key: int = 0, **_: Any) -> tuple[Array, Array]:
     # The mask is a function of (key, global index): identical on any mesh and in every mode.
     # It is kept (one byte an element) for backward, as Paddle and Megatron keep it.
     # Drawn on the host (mpipar.random), then moved to the shards' module: CuPy does not mix
     # host and device arrays in one expression.
-    keep = c.xp.asarray(mrandom.uniform_box(key, c.in_shape(0), c.in_boxes[0]) >= p)
+    keep = c.xp.asarray(_uniform(c, key) >= p)
     return x * (keep.astype(x.dtype) * x.dtype.type(1.0 / (1.0 - p))), keep
 
 

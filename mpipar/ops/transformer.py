@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from mpipar._tape import GradContext
 from mpipar.ops.dispatch import KernelContext, OpDef, apply, register_op
 from mpipar.ops.nn_ops import norm_axes
-from mpipar.tape import GradContext
 
 Array = Any
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mpipar import capture_hooks
+from mpipar import _capture_hooks
 
 
 class LRScheduler:
@@ -20,7 +20,7 @@ class LRScheduler:
         raise NotImplementedError
 
     def step(self, epoch: int | None = None) -> None:
-        if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+        if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
             # A Python effect a captured program would not repeat: step the scheduler outside the step.
             tr.refuse("an LRScheduler steps inside the step (step it between calls: the program reads the rate live)")
         self.last_epoch = self.last_epoch + 1 if epoch is None else int(epoch)

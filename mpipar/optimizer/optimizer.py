@@ -21,18 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import autograd, capture_hooks, hooks
+from mpipar import _capture_hooks, autograd, hooks
+from mpipar._modes import Mode, execution_mode, in_static_mode
+from mpipar._xp import array_module
 from mpipar.backend import current_backend
 from mpipar.comm import comm_context
 from mpipar.distribute import reshard_to
-from mpipar.modes import Mode, execution_mode, in_static_mode
 from mpipar.ops import math as M
 from mpipar.optimizer.lr import LRScheduler
 from mpipar.optimizer.offload import OffloadConfig, move_states
 from mpipar.runtime import collector
 from mpipar.spec import DistSpec
 from mpipar.tensor import Tensor
-from mpipar.xp import array_module
 
 Array = Any
 
@@ -189,7 +189,7 @@ class Optimizer:
 
     def step(self) -> None:
         with autograd.no_grad(), hooks.phase("optimizer"):
-            if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+            if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
                 tr.note_optimizer(self)  # a captured step: its parameters' grads and states are results
             params_grads = [(p, p.grad) for p in self._parameter_list if p.grad is not None and not p.stop_gradient]
             if self._grad_clip is not None:
@@ -248,7 +248,7 @@ class Optimizer:
             memo: dict[tuple[int, ...], tuple[Array, dict[str, Array]]] = {}
             shards: dict[int, Array] = {}
             new_state_shards: dict[str, dict[int, Array]] = {n: {} for n in self.state_names}
-            tr = capture_hooks.capture_tracer() if capture_hooks.capture_tracers else None
+            tr = _capture_hooks.capture_tracer() if _capture_hooks.capture_tracers else None
             if tr is not None and (master is not None or self.offload is not None):
                 tr.refuse(f"{p._label()} is updated through a master copy or offloaded states")
             if tr is None and len(pv._shards) == 1:  # one hosted rank (MPI): no replicas to share with
@@ -287,7 +287,7 @@ class Optimizer:
         if self.offload is not None:
             move_states(state, self._state_keys(p), self.offload, "to_host", ranks)
         state["step"] = state.get("step", 0) + 1
-        if capture_hooks.capture_tracers and (tr := capture_hooks.capture_tracer()) is not None:
+        if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
             if layout is None or mode is not Mode.DISTRIBUTED:
                 tr.refuse(f"{p._label()} is updated dense (the capture records distributed updates)")
             tr.bump_step(self, p)

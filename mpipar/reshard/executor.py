@@ -49,9 +49,37 @@ def execute_plan(plan: ReshardPlan, shards: Mapping[int, Array], dtype: Any, bac
     dtype = np.dtype(dtype)
     for step, context in zip(plan.steps, plan.step_contexts, strict=True):
         with comm_context(context):
+            reorder = step.src.zigzag != step.dst.zigzag
+            if reorder:
+                current = _reorder_whole_dims(step, current, backend, before=True)
             current = _RUNNERS[step.kind](step, current, dtype, backend)
+            if reorder:
+                current = _reorder_whole_dims(step, current, backend, before=False)
         for r in current:
             freeze(current[r])
+    return current
+
+
+def _reordered(current: Shards, dim: int, index: np.ndarray, backend: Backend) -> Shards:
+    """Every shard's ``dim`` taken in ``index`` order (replicas sharing one array share the result)."""
+    done: dict[int, Array] = {}
+    out: Shards = {}
+    for r, a in current.items():
+        if id(a) not in done:
+            done[id(a)] = a.take(backend.xp.asarray(index), axis=dim)
+        out[r] = done[id(a)]
+    return out
+
+
+def _reorder_whole_dims(step: ReshardStep, current: Shards, backend: Backend, before: bool) -> Shards:
+    """``before`` a step that makes whole dims zigzag (slice, reduce_scatter): those dims to
+    storage order; after one that makes zigzag dims whole (all_gather): back to natural order."""
+    zig, other = (step.dst, step.src) if before else (step.src, step.dst)
+    for d, k in zig.zigzag.items():
+        if other.zigzag.get(d) != k:
+            order = zig.storage_order(d)
+            assert order is not None and all(b[d] == (0, other.shape[d]) for b in other.boxes.values())
+            current = _reordered(current, d, order if before else np.argsort(order), backend)
     return current
 
 

@@ -43,6 +43,16 @@ resharded on its mesh to a form with no Partial and as little replication as pos
 receives exactly the boxes it lacks by point-to-point ``transfer`` (each element crosses the
 link once), then the destination's replication and Partial are restored on its mesh
 (all_gather, local partial).
+
+Zigzag (load-balanced) splits
+-----------------------------
+``ZigzagShard`` boxes are in the dim's storage order (``spec.py``). A step that turns a zigzag
+dim whole (``all_gather``) reorders the gathered dim to the natural order; one that makes a
+whole dim zigzag (``slice``, ``reduce_scatter``) reorders it to storage order first. So
+``Z -> R`` is one all_gather, ``R -> Z`` a local slice, ``P -> Z`` one reduce_scatter, and
+``Z <-> S`` goes through ``R`` (all_gather, then a slice). No ``all_to_all`` or ``partial``
+step starts or ends on a zigzag axis, and a cross-mesh move between specs of different
+storage orders goes through their plain-``Shard`` forms.
 """
 
 from __future__ import annotations
@@ -54,7 +64,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
 
-from mpipar.placement import Partial, Placement, Replicate, Shard
+from mpipar.placement import Partial, Placement, Replicate, Shard, ZigzagShard
 from mpipar.spec import Box, DistSpec, box_intersect, box_numel, box_relative, box_shape, slabs_in_order
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
@@ -301,7 +311,8 @@ def _moves(
             for a in group:
                 nxt[a] = Replicate()
             yield "all_gather", group, tuple(nxt), None
-            if all(isinstance(dst[a], Shard) and dst[a] != state[a] for a in group):
+            zigzag = any(isinstance(p, ZigzagShard) for p in (*ps, *(dst[a] for a in group)))
+            if not zigzag and all(isinstance(dst[a], Shard) and dst[a] != state[a] for a in group):
                 nxt = list(state)
                 for a in group:
                     nxt[a] = dst[a]
@@ -313,7 +324,11 @@ def _moves(
             yield "slice", group, tuple(nxt), None
     for a in active:
         target = dst[a]
-        if isinstance(target, Partial) and isinstance(state[a], (Replicate, Shard)):
+        if (
+            isinstance(target, Partial)
+            and isinstance(state[a], (Replicate, Shard))
+            and not isinstance(state[a], ZigzagShard)
+        ):
             nxt = list(state)
             nxt[a] = target
             yield "partial", (a,), tuple(nxt), target.reduce_type
@@ -370,7 +385,10 @@ def _plan_same_mesh(src: DistSpec, dst: DistSpec) -> tuple[ReshardStep, ...]:
         for kind, group, nxt, op in _moves(shape, state, goal, active):
             if not _legal(shape, state, nxt, group, trivial) or not _partials_commute(nxt):
                 continue
-            after = DistSpec(shape, mesh, nxt)
+            try:
+                after = DistSpec(shape, mesh, nxt)
+            except ValueError:  # e.g. a zigzag split no longer outermost: not a layout
+                continue
             recv = _recv_elems(kind, before, after, group)
             is_comm = kind in COLLECTIVES
             new_cost = (cost[0] + recv, cost[1] + int(is_comm), cost[2] + 1)
@@ -452,6 +470,11 @@ def _transfer_step(src: DistSpec, dst: DistSpec) -> ReshardStep:
 
 
 def _plan_cross_mesh(src: DistSpec, dst: DistSpec) -> tuple[ReshardStep, ...]:
+    if src.zigzag != dst.zigzag:  # different storage orders: the boxes do not compare; go plain
+        plain_src, plain_dst = src.natural(), dst.natural()
+        return (
+            _plan_same_mesh(src, plain_src) + _plan_cross_mesh(plain_src, plain_dst) + _plan_same_mesh(plain_dst, dst)
+        )
     same_ndim = src.mesh.ndim == dst.mesh.ndim
     send_form = _spread(src, dst.placements if same_ndim else None)
     recv_form = _spread(

@@ -288,7 +288,8 @@ class Watchdog:
         self.completed = 0
         """Waits finished so far: the launcher's heartbeat reads it as progress."""
         self._latest: dict[int, Notice] = {}
-        self._sends: list[tuple[Any, bytes]] = []
+        self._sends: list[tuple[Any, bytes, int]] = []  # (request, payload kept alive, destination)
+        self._said_exited = False
         self._lock = threading.Lock()
         self._can_talk = mpi.Query_thread() == mpi.THREAD_MULTIPLE
         self._thread = threading.Thread(target=self._run, name="mpipar-watchdog", daemon=True)
@@ -309,9 +310,10 @@ class Watchdog:
         """Tell every rank this one has finished the script, and wait until all have.
 
         Called at interpreter exit. Waiting for every other rank's "exited" notice means no
-        notice is left unreceived at ``MPI_Finalize`` (network transports warn about those)
-        and no notice goes to a finished process. A rank that lingers longer than
-        ``MPIPAR_TIMEOUT`` gets a warning, not an abort: the script itself has succeeded.
+        notice is left unreceived at ``MPI_Finalize`` (network transports warn about those):
+        "exited" is each rank's last notice, and notices from one rank arrive in order. A rank
+        that lingers longer than ``MPIPAR_TIMEOUT`` gets a warning, not an abort: the script
+        itself has succeeded.
         """
         if self.comm is None or not self._can_talk or self.size == 1:
             return
@@ -331,12 +333,25 @@ class Watchdog:
                 flush_std_streams()
                 break
             time.sleep(0.005)
-        until = time.monotonic() + 1.0
-        while time.monotonic() < until:  # our own notices: eager, complete at once
+        # Our own notices must be complete before MPI_Finalize: a send still pending there may
+        # never be delivered, and its rank would wait here for our "exited" until the timeout.
+        # Every peer is in this loop or its first one, progressing MPI, so they complete; and
+        # every peer's last message to us, its "exited", has arrived, so nothing is left for us.
+        while True:
             with self._lock:
                 self._reap()
-                if not self._sends:
-                    return
+                pending = sorted({dst for _, _, dst in self._sends})
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                print(
+                    f"mpipar: rank {self.rank} finished, but its exit notices to rank(s) {pending} were not "
+                    f"delivered within MPIPAR_TIMEOUT={self.timeout:g} s; exiting anyway",
+                    file=sys.stderr,
+                )
+                flush_std_streams()
+                return
+            self._drain()
             time.sleep(0.005)
 
     def _has_exited(self, rank: int) -> bool:
@@ -351,14 +366,22 @@ class Watchdog:
             {"kind": kind, "op": waiting.op, "group": list(waiting.group), "seq": waiting.seq}
         ).encode()
         with self._lock:
+            if self._said_exited:
+                # "exited" is the last word: the watchdog thread may still be about to report a
+                # wait that ended just before the exit, and a peer reading that after "exited"
+                # would think this rank still busy and wait for it until the timeout
+                return
+            self._said_exited = kind == "exited"
             self._reap()
             for dst in range(self.size):
-                if dst != self.rank and not self._has_exited(dst):
+                # "exited" goes to every peer, finished ones too: a finished rank is still in
+                # announce_exit, waiting for every peer's "exited" before it may leave
+                if dst != self.rank and (kind == "exited" or not self._has_exited(dst)):
                     req = self.comm.Isend([payload, self._mpi.BYTE], dest=dst, tag=NOTICE_TAG)
-                    self._sends.append((req, payload))
+                    self._sends.append((req, payload, dst))
 
     def _reap(self) -> None:
-        self._sends = [(req, buf) for req, buf in self._sends if not req.Test()]
+        self._sends = [(req, buf, dst) for req, buf, dst in self._sends if not req.Test()]
 
     def _drain(self) -> None:
         if self.comm is None or not self._can_talk:
@@ -371,6 +394,8 @@ class Watchdog:
                 buf = bytearray(count)
                 self.comm.Recv([buf, mpi.BYTE], source=src, tag=NOTICE_TAG)
                 msg = json.loads(buf.decode())
+                if self._has_exited(src):
+                    continue  # nothing a rank says after "exited" (an older sender's race) undoes it
                 self._latest[src] = Notice(msg["kind"], msg["op"], tuple(msg["group"]), msg["seq"], time.monotonic())
 
     # -------------------------------------------------------------- the thread

@@ -33,7 +33,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mpipar.placement import Partial, Placement, Replicate, Shard
+from mpipar.placement import Partial, Placement, Replicate, Shard, ZigzagShard
 from mpipar.reshard.planner import plan_reshard
 from mpipar.spec import DistSpec
 
@@ -63,7 +63,14 @@ class EinsumSpec:
         return EinsumSpec(tuple(lhs.split(",")), tuple(rhs.split(",")), **kwargs)  # type: ignore[arg-type]
 
 
-Decision = tuple  # ("R",) | ("S", letter) | ("P", input_index_or_None, reduce_type)
+Decision = tuple  # ("R",) | ("S", letter, zigzag) | ("P", input_index_or_None, reduce_type)
+
+
+def _split(dec: Decision, dim: int) -> Shard:
+    """The placement of an operand dim that decision ``("S", letter, zigzag)`` splits: a
+    zigzag split stays zigzag in every operand with the letter (each keeps the letter's
+    elements in the same storage order)."""
+    return ZigzagShard(dim) if len(dec) > 2 and dec[2] else Shard(dim)
 
 
 def _letter_sizes(es: EinsumSpec, specs: Sequence[DistSpec]) -> dict[str, int]:
@@ -116,7 +123,7 @@ def _candidates(es: EinsumSpec, specs: Sequence[DistSpec], axis: int) -> list[De
             letter = es.inputs[i][p.dim]
             if letter in es.no_shard or (letter in contracted and es.contraction is None):
                 continue
-            dec: Decision = ("S", letter)
+            dec: Decision = ("S", letter, isinstance(p, ZigzagShard))
         elif isinstance(p, Partial):
             if i not in es.linear_in or p.reduce_type not in es.partial_types:
                 continue
@@ -139,7 +146,7 @@ def _build(
         pls: list[Placement] = []
         for dec in combo:
             if dec[0] == "S" and dec[1] in letters:
-                pls.append(Shard(letters.index(dec[1])))
+                pls.append(_split(dec, letters.index(dec[1])))
             elif dec[0] == "P" and (i == dec[1] or (dec[1] is None and i in es.linear_in)):
                 pls.append(Partial(dec[2]))
             else:
@@ -154,7 +161,7 @@ def _build(
         for dec in combo:
             if dec[0] == "S":
                 if dec[1] in letters:
-                    pls.append(Shard(letters.index(dec[1])))
+                    pls.append(_split(dec, letters.index(dec[1])))
                 elif dec[1] in contracted or any(dec[1] in o for o in es.outputs):
                     if es.contraction is None:
                         return None
@@ -178,7 +185,7 @@ def _describe(es: EinsumSpec, mesh_names: Sequence[str], combo: Sequence[Decisio
         if dec[0] == "R":
             parts.append(f"{name}: replicate")
         elif dec[0] == "S":
-            parts.append(f"{name}: split index {dec[1]}")
+            parts.append(f"{name}: split index {dec[1]}" + (" (zigzag)" if len(dec) > 2 and dec[2] else ""))
         else:
             who = "inputs" if dec[1] is None else f"input {dec[1]}"
             parts.append(f"{name}: keep {who} Partial({dec[2]})")
@@ -297,15 +304,15 @@ def solve_backward(
                     )
                     dec = ("R",)
                 else:
-                    dec = ("S", letter)
+                    dec = ("S", letter, isinstance(p, ZigzagShard))
             elif isinstance(p, Partial):
                 from_inputs = [
-                    es.inputs[i][q.dim]
+                    (es.inputs[i][q.dim], isinstance(q, ZigzagShard))
                     for i, s in enumerate(specs)
                     if isinstance(q := s.placements[a], Shard) and es.inputs[i][q.dim] in contracted
                 ]
                 if p.reduce_type == es.contraction and (from_inputs or contracted):
-                    dec = ("S", (from_inputs or contracted)[0])
+                    dec = ("S", *(from_inputs or [(contracted[0], False)])[0])
                 elif p.reduce_type in es.partial_types and es.linear_in:
                     holder = next(
                         (i for i in es.linear_in if isinstance(specs[i].placements[a], Partial)), es.linear_in[0]
@@ -321,6 +328,9 @@ def solve_backward(
             break
         combo.append(dec or ("R",))
     built = _build(es, specs, sizes, combo)
+    if built is None:  # a zigzag split the combination cannot keep outermost: split plainly
+        combo = [dec[:2] if dec[0] == "S" else dec for dec in combo]
+        built = _build(es, specs, sizes, combo)
     if built is None:
         raise ValueError(f"{es.op or 'op'}: no input layout produces outputs {[str(s) for s in out_specs]}")
     ins, outs = built

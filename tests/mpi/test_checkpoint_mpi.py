@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from typing import Any
 
 import pytest
+from processes import run, run_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -179,29 +179,13 @@ def _env() -> dict[str, str]:
 
 
 def _mpi(script: Any, n: int, *args: str) -> str:
-    proc = subprocess.run(
-        [MPIEXEC, "-n", str(n), sys.executable, str(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=_env(),
-    )
+    proc = run([MPIEXEC, "-n", str(n), sys.executable, str(script), *args], env=_env(), timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
 
 def _sim(script: Any, n: int, *args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "simulator", "-n", str(n), str(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=_env(),
-    )
+    proc = run_python("-m", "simulator", "-n", str(n), str(script), *args, env=_env(), timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 

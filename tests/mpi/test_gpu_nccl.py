@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from mpi_scripts.launch import mpirun
 
-from mpipar.xp import cuda_usable
+from mpipar._xp import cuda_usable
 
 
 def _gpu_count() -> int:

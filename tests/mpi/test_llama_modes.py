@@ -9,28 +9,17 @@ every mesh must print the single device's losses, and mpiexec the simulator's bi
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from mpi_scripts.launch import REPO, mpirun
+from mpi_scripts.launch import mpirun
+from processes import environ, run_python
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("MPIPAR_BACKEND", None)
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_python(*args, env=environ(drop=("MPIPAR_BACKEND",), one_thread=True))
 
 
 LOSS = re.compile(r"(\S+) step (\d+) loss (\S+)")

@@ -7,12 +7,12 @@ misbehaves at step 2 (raises, skips a collective, is killed, hangs, or leaves ea
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 
 import pytest
-from mpi_scripts.launch import MPIEXEC, REPO, mpirun
+from mpi_scripts.launch import MPIEXEC, mpirun
+from processes import run as run_command
 
 pytestmark = pytest.mark.mpi
 
@@ -122,14 +122,8 @@ def test_settings_that_must_agree_are_compared_at_start_up() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
     py = [sys.executable, SCRIPT, "none"]
     start = time.monotonic()
-    proc = subprocess.run(
-        [MPIEXEC, "-n", "1", "-env", "MPIPAR_TIMEOUT", "30", *py, ":", "-n", "1", *py],
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = run_command(
+        [MPIEXEC, "-n", "1", "-env", "MPIPAR_TIMEOUT", "30", *py, ":", "-n", "1", *py], env=env, timeout=60
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output

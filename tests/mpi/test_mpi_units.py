@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +13,14 @@ from hypothesis import strategies as st
 
 import mpipar as dist
 from mpipar.comm import _BLOCK_ELEMS, fold_into, reduce_arrays, reduce_rows
-from mpipar.runtime.faults import check_from_env, compare_signatures, signature, timeout_from_env
+from mpipar.runtime.faults import (
+    Waiting,
+    Watchdog,
+    check_from_env,
+    compare_signatures,
+    signature,
+    timeout_from_env,
+)
 from mpipar.runtime.log import LinePrefixer
 from mpipar.runtime.ordered import ResultCache, cache_bytes_from_env, reduce_mode_from_env
 
@@ -205,3 +214,108 @@ def test_reduce_rows_is_reduce_arrays_bit_for_bit(n: int, size: int, op: str, dt
     lazy = np.empty(size, dtype=rows.dtype)
     fold_into(lazy, (rows[k] for k in range(n)), op, n)
     assert lazy.tobytes() == want.tobytes()
+
+
+class _SlowRequest:
+    """An exit notice that takes ``delay`` seconds to be delivered (a peer slow to progress MPI)."""
+
+    def __init__(self, delay: float) -> None:
+        self.done_at = time.monotonic() + delay
+
+    def Test(self) -> bool:
+        return time.monotonic() >= self.done_at
+
+
+class _Status:
+    source = count = 0
+
+    def Get_source(self) -> int:
+        return self.source
+
+    def Get_count(self, datatype: object) -> int:
+        return self.count
+
+
+class _FakeMPI:
+    THREAD_MULTIPLE = 3
+    BYTE = "byte"
+    ANY_SOURCE = -1
+
+    def Query_thread(self) -> int:
+        return self.THREAD_MULTIPLE
+
+    def Status(self) -> _Status:
+        return _Status()
+
+
+class _FakeComm:
+    """Peers 1 and 2 have exited (their notices wait to be received); ours to them are slow."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.sent: list[int] = []
+        self.inbox = [
+            (peer, json.dumps({"kind": "exited", "op": "exit", "group": [peer], "seq": 0}).encode()) for peer in (1, 2)
+        ]
+
+    def Isend(self, buf: object, dest: int, tag: int) -> _SlowRequest:
+        self.sent.append(dest)
+        return _SlowRequest(self.delay)
+
+    def Iprobe(self, source: int, tag: int, status: _Status) -> bool:
+        if not self.inbox:
+            return False
+        status.source, status.count = self.inbox[0][0], len(self.inbox[0][1])
+        return True
+
+    def Recv(self, buf: list[bytearray], source: int, tag: int) -> None:
+        peer, payload = self.inbox.pop(0)
+        assert peer == source
+        buf[0][:] = payload
+
+
+def test_a_finished_rank_leaves_only_once_its_exit_notices_are_delivered() -> None:
+    """Every peer has said "exited", but our notice to them is still in flight: leaving for
+    MPI_Finalize now could lose it and keep that peer waiting for it until MPIPAR_TIMEOUT."""
+    watchdog = Watchdog(_FakeMPI(), rank=0, size=3, timeout=30.0, abort=lambda: None)
+    comm = _FakeComm(delay=1.5)
+    watchdog.comm = comm
+    start = time.monotonic()
+    watchdog.announce_exit()
+    assert comm.sent == [1, 2] and comm.inbox == []
+    assert time.monotonic() - start >= 1.5 and watchdog._sends == []
+
+
+def test_exited_is_a_ranks_last_word_sent_and_heard() -> None:
+    """The watchdog thread may report a wait that ended just before the exit after the rank said
+    "exited": it must not go out, and a peer must not let it undo "exited"."""
+    watchdog = Watchdog(_FakeMPI(), rank=0, size=3, timeout=30.0, abort=lambda: None)
+    comm = _FakeComm(delay=0.0)
+    comm.inbox = []
+    watchdog.comm = comm
+    watchdog._notify("waiting", Waiting("all_reduce", (0, 1, 2), 7))
+    watchdog._notify("exited", Waiting("exit", (0,), 0))
+    watchdog._notify("waiting", Waiting("all_reduce", (0, 1, 2), 8))  # the thread, late
+    assert comm.sent == [1, 2, 1, 2]
+    late = {"kind": "waiting", "op": "all_reduce", "group": [0, 1, 2], "seq": 9}
+    comm.inbox = [
+        (1, json.dumps({"kind": "exited", "op": "exit", "group": [1], "seq": 0}).encode()),
+        (1, json.dumps(late).encode()),
+        (2, json.dumps(late).encode()),
+    ]
+    watchdog._drain()
+    assert watchdog._has_exited(1) and not watchdog._has_exited(2)
+
+
+def test_exited_goes_to_peers_that_finished_first() -> None:
+    """A peer that finished first waits in announce_exit for every rank's "exited": skipping it
+    because its own "exited" was heard would keep it waiting until MPIPAR_TIMEOUT."""
+    watchdog = Watchdog(_FakeMPI(), rank=0, size=3, timeout=30.0, abort=lambda: None)
+    comm = _FakeComm(delay=0.0)
+    comm.inbox = [(2, json.dumps({"kind": "exited", "op": "exit", "group": [2], "seq": 0}).encode())]
+    watchdog.comm = comm
+    watchdog._drain()
+    watchdog._notify("waiting", Waiting("all_reduce", (0, 1, 2), 7))  # a finished peer needs no "waiting"
+    assert comm.sent == [1]
+    watchdog._notify("exited", Waiting("exit", (0,), 0))
+    assert comm.sent == [1, 1, 2]

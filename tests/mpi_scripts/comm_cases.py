@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 import mpipar as dist
+from mpipar._xp import array_module, to_numpy
 from mpipar.comm import PointToPoint
 from mpipar.runtime.mpi import FOLD_AS_ARRIVING_MIN_BYTES
 from mpipar.runtime.ordered import SMALL_REDUCE_BYTES
-from mpipar.xp import array_module, to_numpy
 from simulator.virtual_comm import VirtualCommunicator
 
 OPS = ["all_reduce", "reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "barrier"]

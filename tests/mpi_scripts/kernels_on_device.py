@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 import mpipar as dist
+from mpipar._xp import to_numpy
 from mpipar.ops import apply, get_op, registered_ops
-from mpipar.xp import to_numpy
 
 
 def nest_inputs(inputs: list[Any], flat: list[Any]) -> list[Any]:

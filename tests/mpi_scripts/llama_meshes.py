@@ -35,6 +35,8 @@ CASES: list[tuple[str, str, dict[str, object]]] = [
     ("cp2", "fused", {"cp": 2}),
     ("cp2-plain", "plain", {"cp": 2}),
     ("dp2-cp2-tp2-sp", "fused", {"dp": 2, "cp": 2, "tp": 2, "sequence_parallel": True}),
+    ("cp4-ring", "fused", {"cp": 4, "cp_comm": "ring"}),
+    ("dp2-cp2-tp2-ring", "fused", {"dp": 2, "cp": 2, "tp": 2, "cp_comm": "ring"}),
     ("gpt-single", "plain", {}),
     ("gpt-cp2-tp2", "fused", {"cp": 2, "tp": 2}),
     ("gpt-dp2-cp2-plain", "plain", {"cp": 2, "dp": 2}),
@@ -80,10 +82,9 @@ def main() -> None:
             if ckpt is not None:
                 load_hf_llama(model, ckpt)
         opt = dist.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters())
-        order = par.sequence_order(16)
         meshes = par.stage_meshes
         for step in range(STEPS):
-            x, y = tokens[step, :, :-1][:, order], tokens[step, :, 1:][:, order]
+            x, y = tokens[step, :, :-1], tokens[step, :, 1:]
             if meshes:
                 pls = par.activation(meshes[0], seq_split=False)
                 xs = dist.shard_tensor(x, meshes[0], [p if p.is_shard(0) else dist.Replicate() for p in pls])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 import mpipar as dist
-from mpipar.xp import to_numpy
+from mpipar._xp import to_numpy
 
 
 def main() -> None:

@@ -12,7 +12,10 @@ values), same-mesh and cross-mesh pairs, float64/float32/int64. For each case it
     the same case in-process under ``use_backend(SimBackend(world))``),
 (c) the ``CommDebugMode`` events this rank records equal the simulator's events of the groups
     this rank belongs to (op, group, reduce op, dtype, reason, and sizes where the simulator
-    reports this rank's buffers).
+    reports this rank's buffers),
+(d) printing the result, on one rank only in some cases, communicates nothing (a print that
+    waited for the other ranks would hang the job), and shows the global value exactly when
+    this rank's shard determines it, else this rank's piece labelled as such.
 
 Rank 0 prints ``ok <n> cases`` at the end; any failure raises (and aborts the job).
 """
@@ -27,6 +30,7 @@ import numpy as np
 import mpipar as dist
 from mpipar.comm import CommEvent
 from mpipar.placement import Partial, Placement, Replicate, Shard
+from mpipar.tensor_text import held_value
 from simulator import SimBackend
 
 REDUCERS = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
@@ -138,6 +142,22 @@ def run_case(index: int, rng: np.random.Generator, world: int, me: int) -> None:
                 f"{label}: rank {me}'s shard differs from the simulator's:\nMPI {mine.dtype}{list(mine.shape)} "
                 f"{mine.tolist()}\nsim {sim_mine.dtype}{list(sim_mine.shape)} {sim_mine.tolist()}"
             )
+    # (d) printing: no communication, so a print on some ranks only cannot hang
+    if me == index % world or index % 3 == 0:
+        with dist.CommDebugMode() as print_log:
+            text = str(out)
+        if print_log.events:
+            raise AssertionError(f"{label}: printing communicated: {print_log.events}")
+        whole = held_value(dst, {me: mine} if mine is not None else {})
+        if whole is not None:
+            np.testing.assert_allclose(whole, full, rtol=0, atol=0, err_msg=label)
+        want_label = (
+            "GlobalDenseTensor=" if whole is not None
+            else "GlobalDenseTensor not on this rank" if mine is None
+            else f"LocalDenseTensor(rank {me}, "
+        )  # fmt: skip
+        if want_label not in text:
+            raise AssertionError(f"{label}: rank {me} printed {text!r}, expected {want_label!r} in it")
     # (c) the recorded communication of this rank's groups
     sim_events = [e for e in sim_log.events if me in e.ranks]
     got = [comparable(e, me) for e in mpi_log.events]

@@ -8,17 +8,15 @@ folder, so no calibration runs and no cache outside the test's folder is touched
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
 from mpi_scripts.launch import mpirun
+from processes import environ, run_python
 
 import mpipar as dist
 from mpipar.nn import Linear
@@ -31,17 +29,7 @@ CHOICE = re.compile(r"^auto: (chose|runner-up) +(.+?)  \(predicted step ([\d.]+)
 
 
 def run(*args: str, home: Path, timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
-    env.update(HOME=str(home), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=env,
-    )
+    return run_python(*args, env=environ(drop_prefix="MPIPAR_", one_thread=True, HOME=str(home)), timeout=timeout)
 
 
 def losses(text: str) -> list[float]:

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi_scripts.launch import mpirun  # the MPI test launches mpiexec, as tests/mpi/test_mpi_runtime.py does
-from tp_mlp_layer import MLP, mse, sharded_mlp  # tests/: the MLP both compiled-step test files train
+from tp_mlp_layer import MLP, comm_events, mlp_loss, mlp_parameters, mse, sharded_mlp  # tests/tp_mlp_layer.py
 
 import mpipar as dist
-from mpipar import capture_hooks
+from mpipar import _capture_hooks
 from mpipar.compile import capture
 from simulator import SimBackend
 
@@ -34,26 +34,13 @@ def _sim4() -> Any:
         yield
 
 
-def _events(comm: dist.CommDebugMode) -> list[tuple[Any, ...]]:
-    return [(e.op, e.ranks, e.input_nbytes, e.output_nbytes, e.dtype, e.reduce_type) for e in comm.events]
-
-
 def mlp(
     layout: str = "tp", opt: str = "sgd", lr: Any = 0.01, numpy_args: bool = False, clear: bool = True
 ) -> tuple[Step, list[dist.Tensor], Any]:
     """Megatron's MLP (``tp``: hidden split) or a data-parallel one (``dp``: batch split), float64."""
     mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
-    rng = np.random.default_rng(0)
     tp = layout == "tp"
-    w1 = dist.shard_tensor(
-        dist.Parameter(rng.standard_normal((6, 16))), mesh, [dist.Shard(1) if tp else dist.Replicate()]
-    )
-    b1 = dist.shard_tensor(dist.Parameter(rng.standard_normal(16)), mesh, [dist.Shard(0) if tp else dist.Replicate()])
-    w2 = dist.shard_tensor(
-        dist.Parameter(rng.standard_normal((16, 6))), mesh, [dist.Shard(0) if tp else dist.Replicate()]
-    )
-    b2 = dist.shard_tensor(dist.Parameter(rng.standard_normal(6)), mesh, [dist.Replicate()])
-    params = [w1, b1, w2, b2]
+    params = mlp_parameters(mesh, tp)
     kinds = {
         "sgd": dist.optimizer.SGD,
         "momentum": dist.optimizer.Momentum,
@@ -66,9 +53,7 @@ def mlp(
     def step(x: Any) -> dist.Tensor:
         if numpy_args:
             x = dist.shard_tensor(x, mesh, x_layout)
-        h = F.relu(dist.add(dist.matmul(x, w1), b1))
-        z = dist.add(dist.matmul(h, w2), b2)
-        loss = dist.mean(dist.multiply(z, z))
+        loss = mlp_loss(x, *params)
         loss.backward()
         optimizer.step()
         if clear:
@@ -127,7 +112,7 @@ def _run(
         with dist.CommDebugMode() as comm:
             out = fn(x)
         outs.append(_value(out))
-        events.append(_events(comm))
+        events.append(comm_events(comm))
         if between is not None:
             between(opt, i)
     return outs, [p.full_tensor() for p in params], events, fn
@@ -504,7 +489,7 @@ def test_default_compile_step_is_unchanged() -> None:
     for x in _batches(3):
         fn(x)
     assert not fn.capture and not fn._captures and fn.captured_calls == 0 and fn.retraces == 1
-    assert not capture_hooks.capture_tracers
+    assert not _capture_hooks.capture_tracers
 
 
 # ------------------------------------------------------------------------------- hypothesis

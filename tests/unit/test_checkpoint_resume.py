@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import REPO
+from processes import run
 
 import mpipar as dist
 from mpipar.checkpoint import (
@@ -69,15 +70,7 @@ def gpt(launch: str, n: int, *args: str) -> list[str]:
         "reference": [sys.executable, "-m", "simulator", "--reference"],
         "mpi": [MPIEXEC, "-n", str(n), sys.executable],
     }[launch]
-    proc = subprocess.run(
-        [*prefix, GPT_PY, "--tiny", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=_env(),
-    )
+    proc = run([*prefix, GPT_PY, "--tiny", *args], env=_env())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return LOSS_LINE.findall(proc.stdout)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import mpipar as dist
-from mpipar import tape
+from mpipar import _tape
 from mpipar.compile.plan import Plan, PlanFormatError, PlanMesh, itemsize, process_mesh
 from mpipar.debug.timeline import TimelineFormatError
 from mpipar.distribute import reshard_to
@@ -73,7 +73,7 @@ def test_methods_installed_from_above_tensor_py_work() -> None:
     assert w.placement is not None and w.placement.mesh == mesh  # installed by mpipar.oneflow
     assert dist.Tensor(np.ones(2)).placement is None
     assert mesh.get_submesh_with_dim("x") == mesh  # installed by mpipar.backend
-    with tape.no_grad():
+    with _tape.no_grad():
         assert not dist.is_grad_enabled()
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from processes import run_python
 
 from mpipar.debug.timeline import Timeline
 from simulator.__main__ import main as simulator_main
@@ -23,14 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.mpi
 def test_calibrate_writes_a_loadable_profile(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "simulator", "calibrate", "--quick", "-o", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    proc = run_python("-m", "simulator", "calibrate", "--quick", "-o", str(out), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "point-to-point: alpha" in proc.stdout and f"wrote {out}" in proc.stdout
     profile = HardwareProfile.load(out)
@@ -112,13 +104,6 @@ def test_schedule_subcommand_with_times(capsys: pytest.CaptureFixture[str]) -> N
 def test_scripts_still_run_next_to_subcommands(tmp_path: Path) -> None:
     script = tmp_path / "hello.py"
     script.write_text("import sys\nprint('args', sys.argv[1:])\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "simulator", "-n", "2", str(script), "schedule", "-x"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    proc = run_python("-m", "simulator", "-n", "2", str(script), "schedule", "-x", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "args ['schedule', '-x']" in proc.stdout

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from processes import run_python
 
 from mpipar import backend
 from mpipar.env import FALSE_WORDS, TRUE_WORDS, VARIABLES, env_flag
@@ -83,13 +82,5 @@ def test_loopback_is_quiet(address: str) -> None:
 
 def test_mpipar_viz_prints_the_warning() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
-    run = subprocess.run(
-        [sys.executable, "-m", "mpipar.cli", "viz", "--address", "", "--prepare-only", "--run"],
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_python("-m", "mpipar.cli", "viz", "--address", "", "--prepare-only", "--run", env=env, timeout=60)
     assert "WARNING: --address '' makes the dashboard listen on every network interface" in run.stderr

@@ -7,18 +7,23 @@ import dataclasses
 
 import pytest
 
-from simulator.cost import PipelineCost, load_profile
+from simulator.cost import PipelineCost, collective_time, load_profile
 from simulator.family import PRESETS, ModelShape, preset, stage_layer_counts, stage_of_layers
 from simulator.family_cost import (
+    OPTIMIZER_STREAM_BYTES,
     FamilyStrategy,
     activation_bytes,
     hardware_flops_per_token,
+    interleaved_peak,
+    layer_costs,
     layer_messages,
     layer_parameters_local,
+    memory,
     price,
     schedule_times,
 )
 from simulator.fast_estimate import pipeline
+from simulator.fast_pipeline import lane_flight_events, peak_in_flight
 from simulator.step_trace import GPTShape
 
 # (layers, hidden, heads, kv heads, ffn) of the Llama 3 model cards; vocabulary 128,256, untied.
@@ -206,3 +211,69 @@ def test_shape_validation() -> None:
         preset("llama9")
     assert set(PRESETS) >= {"gpt3-175b", "llama3-8b", "llama3-70b", "llama3-405b"}
     assert preset("gpt3-175b").attention == "plain" and preset("llama3-405b").attention == "fused"
+
+
+def test_interleaved_peak_by_hand() -> None:
+    # p 2, v 2, m 2, rank 1 warms up with (v - 1) p + 2 (p - 1 - 1) = 2 forwards (chunk 0 twice),
+    # then forward 3 (chunk 1): it holds two of chunk 0 and one of chunk 1, never three of one.
+    assert interleaved_peak(2, 2, 2, 1, (10, 1)) == 2 * 10 + 1
+    assert interleaved_peak(2, 2, 2, 1, (1, 10)) == 2 * 1 + 10
+    # Rank 0's warm-up (4 forwards) is the whole step: everything at once.
+    assert interleaved_peak(2, 2, 2, 0, (10, 1)) == 2 * (10 + 1)
+    # Llama 3 405B, pp 16 x 4 chunks, 32 micro-batches: rank 0's chunks hold 1, 2, 2, 2 layers.
+    # Warm-up 3 * 16 + 2 * 15 = 78 forwards, then the 79th: forwards 0-15 and 64-78 ran chunk 0
+    # (31 of 1 layer), 16-31, 32-47, 48-63 chunks 1-3 (16 each of 2 layers): 127 layers, not the
+    # 79 x 2 = 158 of counting every held chunk at the rank's largest.
+    assert interleaved_peak(16, 4, 32, 0, (1, 2, 2, 2)) == 31 + 3 * 16 * 2
+    # Equal chunks: the warm-up plus one, each the same size.
+    assert interleaved_peak(16, 4, 32, 1, (2, 2, 2, 2)) == (3 * 16 + 2 * 14 + 1) * 2
+    with pytest.raises(ValueError, match="multiple of pp"):
+        interleaved_peak(4, 2, 6, 0, (1, 2))
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 2), (3, 2, 6), (4, 3, 8), (4, 4, 4), (5, 2, 15), (8, 4, 16)])
+def test_interleaved_peak_equals_the_schedule_walk(p: int, v: int, m: int) -> None:
+    """Against the runtime's own interleaved order, walked action by action, on uneven chunks."""
+    act = tuple(7 + (s * 37) % 23 for s in range(p * v))
+    walked = peak_in_flight(lane_flight_events("Interleaved1F1B", p * v, m, v), act)
+    assert tuple(interleaved_peak(p, v, m, k, act[k::p]) for k in range(p)) == walked
+
+
+def test_llama3_405b_interleaved_activations_by_hand() -> None:
+    shape = preset("llama3-405b").sized(1)
+    st = FamilyStrategy(64, 8, 16, 1, True, "none", 1, 32, "Interleaved1F1B", 4, True)
+    layer = activation_bytes(shape, st)
+    held = memory(shape, st).activations
+    assert held[0] == 127 * layer  # chunks of 1, 2, 2, 2 layers (test_interleaved_peak_by_hand)
+    assert held[1] == (3 * 16 + 2 * 14 + 1) * 2 * layer  # 77 chunks of 2 layers: the busiest rank
+
+
+def test_elementwise_and_optimizer_are_the_fused_kernels_bytes() -> None:
+    """The family model lists fused kernels; the traced model's ops-per-kernel does not divide them."""
+    hw = load_profile("a100-sxm")
+    shape = ModelShape(4, 1024, 16, 512, 8192)
+    st = FamilyStrategy()
+    one = price(shape, st, hw)
+    other = price(shape, st, dataclasses.replace(hw, elementwise_fusion=7.0))
+    assert one.step_time_s == other.step_time_s
+    # One rank, no reduction: the tail is the Adam kernel streaming 28 bytes per parameter.
+    assert OPTIMIZER_STREAM_BYTES == 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2
+    assert one.tail_s == [pytest.approx(28 * shape.parameters / hw.memory_Bps + hw.kernel_launch_s, rel=1e-12)]
+
+
+def test_ring_context_parallel_hides_its_sends_behind_the_attention_core() -> None:
+    """cp 4, tp 1, an 8k Llama 3 8B sequence on H100s: the all-gather option pays its gathers
+    exposed; the ring sends one rank's key/value block per step, each hidden behind a quarter of
+    the attention core, and pays only the gradients' last send home in backward."""
+    hw = load_profile("h100-sxm")
+    shape = preset("llama3-8b")
+    gather = layer_costs(shape, FamilyStrategy(cp=4), hw)
+    ring = layer_costs(shape, FamilyStrategy(cp=4, cp_comm="ring"), hw)
+    assert ring.compute_forward == gather.compute_forward and ring.compute_backward == gather.compute_backward
+    assert gather.forward > gather.compute_forward
+    assert ring.forward == pytest.approx(ring.compute_forward, rel=1e-12)
+    block = layer_messages(shape, FamilyStrategy(cp=4))["cp"] / 4  # one rank's keys and values
+    home = collective_time("send", block, 2, hw.intra_node)
+    assert ring.backward - (ring.compute_backward - ring.weight) == pytest.approx(home, rel=1e-12)
+    with pytest.raises(ValueError, match="cp_comm must be allgather or ring"):
+        FamilyStrategy(cp=2, cp_comm="tree")

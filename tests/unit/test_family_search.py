@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -94,9 +95,7 @@ def test_interleaved_needs_micro_batches_multiple_of_pp() -> None:
         price(GPT, FamilyStrategy(pp=4, micro_batches=6, schedule="Interleaved1F1B", chunks=2), A100)
 
 
-def test_a100_sxm_is_the_family_models_fit_of_the_calibration_rows() -> None:
-    """The one fitted constant: the 22B rows through the family model give the preset's value
-    (a model change that moves it must come with a refit: search_vs_published.py --fit)."""
+def _search_vs_published() -> Any:
     import os
     import sys
 
@@ -105,6 +104,13 @@ def test_a100_sxm_is_the_family_models_fit_of_the_calibration_rows() -> None:
     )
     import search_vs_published
 
+    return search_vs_published
+
+
+def test_a100_sxm_is_the_family_models_fit_of_the_calibration_rows() -> None:
+    """The one fitted constant: the 22B rows through the family model give the preset's value
+    (a model change that moves it must come with a refit: search_vs_published.py --fit)."""
+    search_vs_published = _search_vs_published()
     a100 = load_profile("a100-sxm")
     assert search_vs_published.fit_gemm_efficiency(a100) == pytest.approx(a100.gemm_efficiency_max, abs=0.0015)
     assert load_profile("h100-sxm").gemm_efficiency_max == a100.gemm_efficiency_max
@@ -148,3 +154,25 @@ def test_cli_refuses_naming_the_flag(argv: list[str], message: str, capsys: pyte
         estimate_main(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_validation_rows_within_ten_percent_of_the_published_throughput() -> None:
+    """Every published run at its layout within 0.9-1.1 (no row is read by any fit), but one:
+    Llama 3 405B on 8192 GPUs, where the memory model keeps the interleaved schedule Meta ran out
+    of 80 GB (Megatron's order holds 77 chunks of two layers on pipeline rank 1) and the row is
+    priced with 1F1B. Its time model is not what is off: without the memory limit the same layout
+    comes within the band."""
+    svp = _search_vs_published()
+    outside = {}
+    for row in svp.rows():
+        hw = load_profile(row.hardware)
+        est = svp.best_at_layout(row, hw)
+        assert est is not None, row.name
+        ratio = svp.measure(est, row) / row.published
+        if not 0.9 <= ratio <= 1.1:
+            outside[row.name] = (est, svp.best_at_layout(row, hw, fits=False))
+    assert list(outside) == ["Llama 3 405B, 8192 GPUs, seq 8192"]
+    (est, unbound), row = outside["Llama 3 405B, 8192 GPUs, seq 8192"], svp.rows()[11]
+    assert est.strategy.chunks == 1 and unbound.strategy.chunks > 1
+    assert unbound.peak_bytes > H100.memory_bytes
+    assert 0.9 <= svp.measure(unbound, row) / row.published <= 1.1

@@ -14,7 +14,6 @@ import io
 import os
 import re
 import runpy
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from processes import environ, run_python
 
 import mpipar as dist
 from mpipar.compat.fleet import base
@@ -262,6 +262,15 @@ def _grad(t: dist.Tensor) -> np.ndarray:
     return t.grad.numpy()
 
 
+def _square_loss(f: Callable[[dist.Tensor], dist.Tensor], x: np.ndarray) -> tuple[dist.Tensor, dist.Tensor]:
+    """``y = f(x)`` on an input that wants its gradient, then ``sum(y * y)`` backpropagated: ``(x, y)``."""
+    xt = dist.to_tensor(x)
+    xt.stop_gradient = False
+    y = f(xt)
+    dist.sum(dist.multiply(y, y)).backward()
+    return xt, y
+
+
 def _dense_reference(build: Callable[[], Any]) -> Any:
     dist.seed(7)
     with dist.nn.layer.default_dtype("float64"):
@@ -275,10 +284,7 @@ def test_column_parallel_linear_matches_dense(mp: int, gather_output: bool) -> N
 
     def dense() -> tuple[np.ndarray, ...]:
         layer = dist.nn.Linear(6, 8)
-        xt = dist.to_tensor(x)
-        xt.stop_gradient = False
-        y = layer(xt)
-        dist.sum(dist.multiply(y, y)).backward()
+        xt, y = _square_loss(layer, x)
         return y.numpy(), _grad(layer.weight), _grad(layer.bias), _grad(xt)
 
     def program(rank: int) -> tuple[np.ndarray, ...]:
@@ -287,10 +293,8 @@ def test_column_parallel_linear_matches_dense(mp: int, gather_output: bool) -> N
         with dist.nn.layer.default_dtype("float64"):
             layer = ColumnParallelLinear(6, 8, gather_output=gather_output)
         assert layer.weight.is_distributed and layer.weight.shape == [6, 8 // mp]
-        xt = dist.to_tensor(x)
-        xt.stop_gradient = False
-        y = layer(xt)
-        dist.sum(dist.multiply(y, y)).backward()  # per-slice loss when split: the sum over the group is the dense loss
+        # per-slice loss when split: the sum over the group is the dense loss
+        xt, y = _square_loss(layer, x)
         assert hcg.get_model_parallel_rank() == rank
         return y.numpy(), _grad(layer.weight), _grad(layer.bias), _grad(xt)
 
@@ -312,10 +316,7 @@ def test_row_parallel_linear_matches_dense(mp: int, input_is_parallel: bool) -> 
 
     def dense() -> tuple[np.ndarray, ...]:
         layer = dist.nn.Linear(8, 5)
-        xt = dist.to_tensor(x)
-        xt.stop_gradient = False
-        y = layer(xt)
-        dist.sum(dist.multiply(y, y)).backward()
+        xt, y = _square_loss(layer, x)
         return y.numpy(), _grad(layer.weight), _grad(layer.bias), _grad(xt)
 
     def program(rank: int) -> tuple[np.ndarray, ...]:
@@ -324,10 +325,7 @@ def test_row_parallel_linear_matches_dense(mp: int, input_is_parallel: bool) -> 
         with dist.nn.layer.default_dtype("float64"):
             layer = RowParallelLinear(8, 5, input_is_parallel=input_is_parallel)
         rows = np.split(np.arange(8), mp)[rank]
-        xt = dist.to_tensor(x[:, rows] if input_is_parallel else x)
-        xt.stop_gradient = False
-        y = layer(xt)
-        dist.sum(dist.multiply(y, y)).backward()
+        xt, y = _square_loss(layer, x[:, rows] if input_is_parallel else x)
         return y.numpy(), _grad(layer.weight), _grad(layer.bias), _grad(xt)
 
     want = _dense_reference(dense)
@@ -426,10 +424,7 @@ def test_column_then_row_matches_dense_on_any_shape(
         with dist.nn.layer.default_dtype("float64"):
             a = dist.nn.Linear(n_in, hidden, bias_attr=None if has_bias else False)
             b = dist.nn.Linear(hidden, n_out)
-        xt = dist.to_tensor(x)
-        xt.stop_gradient = False
-        y = b(dist.nn.functional.gelu(a(xt)))
-        dist.sum(dist.multiply(y, y)).backward()
+        xt, y = _square_loss(lambda t: b(dist.nn.functional.gelu(a(t))), x)
         return [y.numpy(), _grad(xt), _grad(a.weight), _grad(b.weight), _grad(b.bias)]
 
     def program(rank: int) -> list[np.ndarray]:
@@ -438,10 +433,7 @@ def test_column_then_row_matches_dense_on_any_shape(
         with dist.nn.layer.default_dtype("float64"):
             a = ColumnParallelLinear(n_in, hidden, has_bias=has_bias, gather_output=gather)
             b = RowParallelLinear(hidden, n_out, input_is_parallel=not gather)
-        xt = dist.to_tensor(x)
-        xt.stop_gradient = False
-        y = b(dist.nn.functional.gelu(a(xt)))
-        dist.sum(dist.multiply(y, y)).backward()
+        xt, y = _square_loss(lambda t: b(dist.nn.functional.gelu(a(t))), x)
         return [y.numpy(), _grad(xt), _grad(a.weight), _grad(b.weight), _grad(b.bias)]
 
     want = dense()
@@ -791,17 +783,7 @@ def test_fleet_scripts_run_per_rank(tmp_path: Any, source: str, expected: bool) 
 
 
 def _run(*args: str) -> list[tuple[str, str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
-    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    out = subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=env,
-    )
+    out = run_python(*args, env=environ(drop_prefix="MPIPAR_", one_thread=True), timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     return LOSS.findall(out.stdout)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 from conftest import REPO
+from processes import environ, run_python
 
 import mpipar as dist
 from simulator import ReferenceBackend
@@ -17,16 +17,7 @@ TOUR = os.path.join(REPO, "tests", "scripts", "reshard_tour.py")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "MPIPAR_BACKEND"}
-    return subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=env,
-    )
+    return run_python(*args, env=environ(drop=("MPIPAR_BACKEND",)), timeout=120)
 
 
 def test_plain_python_hosts_every_rank() -> None:

@@ -15,16 +15,14 @@ pinned cp collectives, Hugging Face weights into any mesh, published shapes' par
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from processes import environ, run_python
 
 import mpipar as dist
 from mpipar.comm import CommEvent
@@ -40,6 +38,8 @@ from mpipar.models.llama import (
     load_hf_llama,
 )
 from viz import comm
+from viz.layout import layout_text
+from viz.planinfo import tensor_spec
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -54,15 +54,16 @@ MESHES = {
     "cp2": {"cp": 2},
     "cp4": {"cp": 4},
     "dp2-cp2-tp2-sp": {"dp": 2, "cp": 2, "tp": 2, "sequence_parallel": True},
+    "cp4-ring": {"cp": 4, "cp_comm": "ring"},
+    "cp2-tp4-ring-kv-replicated": {"cp": 2, "tp": 4, "cp_comm": "ring"},
     "cp2-pp2-full-recompute": {"cp": 2, "pp": 2, "recompute": "full"},
 }
 
 
 def _batch(par: GPTParallel, seed: int = 0, length: int = 16) -> tuple[dist.Tensor, dist.Tensor]:
-    """Tokens and targets in the layout's sequence order, batch split on dp."""
+    """Tokens and targets, batch split on dp."""
     rng = np.random.default_rng(seed)
-    order = par.sequence_order(length)
-    x, y = rng.integers(0, 128, (4, length))[:, order], rng.integers(0, 128, (4, length))[:, order]
+    x, y = rng.integers(0, 128, (4, length)), rng.integers(0, 128, (4, length))
     if not par.distributed:
         return dist.Tensor(x), dist.Tensor(y)
     out = []
@@ -126,6 +127,22 @@ def test_context_parallel_gathers_keys_and_values_once_per_layer(monkeypatch: py
     # keys and values are gathered whole: each rank receives the other half of (B, T, Hkv, D)
     kv_bytes = 4 * 16 * CFG.num_key_value_heads * CFG.head_dim * 8
     assert all(e.input_nbytes == kv_bytes // 2 and e.output_nbytes == kv_bytes for e in fwd)
+
+
+def test_ring_context_parallel_sends_blocks_around_the_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cp=4, ``cp_comm="ring"``: no all_gather of keys and values; forward sends each rank's key
+    block and value block on cp-1 times per layer, backward the blocks cp-1 times and their
+    gradients cp times, each send to the next rank of the cp ring."""
+    monkeypatch.setenv("MPIPAR_GRAD_BUCKET_MIB", "off")
+    cp, layers = 4, CFG.num_hidden_layers
+    fwd, bwd = _step_comm(LlamaParallel.from_degrees(cp=cp, cp_comm="ring"))
+    assert Counter(e.op for e in fwd) == Counter({"send": 2 * layers * (cp - 1) * cp})
+    sends = [e for e in (*fwd, *bwd) if e.op == "send"]
+    assert all("ring attention" in e.context and e.ranks[1] == (e.ranks[0] + 1) % cp for e in sends)
+    assert len(sends) - len(fwd) == 2 * layers * ((cp - 1) + cp) * cp
+    assert "all_gather" not in Counter(e.op for e in bwd)
+    block = 4 * (16 // cp) * CFG.num_key_value_heads * CFG.head_dim * 8  # (B, T/cp, Hkv, D) float64
+    assert all(e.input_nbytes == block for e in fwd)
 
 
 def test_context_parallel_with_tensor_parallel_splits_heads_and_sequence() -> None:
@@ -196,7 +213,6 @@ def test_hf_checkpoint_loads_into_any_mesh(tmp_path: Path) -> None:
             assert model.layers[0].self_attn.k_proj.weight.placements == [dist.Replicate(), dist.Replicate()]
         xs, _ = _batch(par)
         out = model(xs).full_tensor()
-        out = out[:, np.argsort(par.sequence_order(16))]  # back to natural order
         if logits is None:
             logits = out
         np.testing.assert_allclose(out, logits, rtol=1e-10, atol=1e-12, err_msg=name)
@@ -246,17 +262,7 @@ def test_gpt_under_context_parallel_equals_one_device() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("MPIPAR_BACKEND", None)
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_python(*args, env=environ(drop=("MPIPAR_BACKEND",), one_thread=True))
 
 
 def test_plan_and_dashboard_show_the_cp_collectives(tmp_path: Path) -> None:
@@ -273,6 +279,13 @@ def test_plan_and_dashboard_show_the_cp_collectives(tmp_path: Path) -> None:
     assert {"phase": "forward", "collective": "all_gather", "axes": "cp", "count": 4, "bytes/rank": 4096.0} in rows
     assert any(r["collective"] == "reduce_scatter" and r["axes"] == "cp" for r in comm.comm_table(plan, "backward"))
     assert json.loads(out.read_text())["meshes"][0]["dim_names"] == ["dp", "cp", "tp"]
+    # The sequence split is the load-balanced placement, in the plan and in the layout view.
+    zig = [t for t in plan.tensors if t.placements == "RZ(1)R" and len(t.shape) == 3]
+    assert zig, "no activation split Z(1) on cp in the plan"
+    spec = tensor_spec(plan, zig[0])
+    assert spec is not None
+    text = layout_text(spec, zig[0].name)
+    assert "Zigzag: Z(1) on cp" in text and "[0,4)+[12,16)" in text
 
 
 def test_llama_example_saves_and_resumes_on_another_mesh(tmp_path: Path) -> None:
@@ -289,14 +302,11 @@ def test_llama_example_saves_and_resumes_on_another_mesh(tmp_path: Path) -> None
 
 
 def test_the_saved_mask_is_in_natural_order_on_a_cp_mesh() -> None:
-    """Plain attention under cp masks by the zigzag order, but the buffer a checkpoint holds is the
-    natural-order mask, so it loads on any mesh."""
+    """Plain attention under cp adds the natural-order mask to zigzag-split scores (the add's rule
+    slices its rows alike), so the buffer a checkpoint holds loads on any mesh."""
     cfg = llama_config("tiny", dtype="float64", attention="plain")
     model = Llama(cfg, LlamaParallel.from_degrees(cp=2))
     state = model.state_dict()
     mask = state["layers.0.self_attn.causal_mask"].full_tensor()
     np.testing.assert_array_equal(mask, np.triu(np.full((16, 16), -1e9), k=1))
-    ordered = model.layer_list()[0].self_attn.ordered_mask
-    assert ordered is not None and "ordered_mask" not in " ".join(state)
-    order = LlamaParallel.from_degrees(cp=2).sequence_order(16)
-    np.testing.assert_array_equal(ordered.full_tensor(), mask[np.ix_(order, order)])
+    assert sorted(k for k in state if "mask" in k) == [f"layers.{i}.self_attn.causal_mask" for i in range(2)]

@@ -23,9 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mpipar as dist
-from mpipar.models.gpt import zigzag_order
 from mpipar.nn import functional as F
 from mpipar.ops import apply
+from mpipar.spec import zigzag_order
 from mpipar.spmd import infer_forward
 
 

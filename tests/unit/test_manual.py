@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 
@@ -21,6 +20,7 @@ from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi_scripts.manual_cases import run_cases
+from processes import environ, run_python
 
 import mpipar as dist
 from mpipar.compat.collective import ManualCallError, c_identity, mp_allreduce
@@ -38,17 +38,9 @@ def per_rank(n: int, program: Callable[[int], object]) -> dict[int, object]:
 
 
 def launch(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
+    env = environ(drop_prefix="MPIPAR_")
     start = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=env,
-    )
+    out = run_python(*args, env=env, timeout=timeout)
     return out, time.monotonic() - start
 
 

@@ -1,4 +1,4 @@
-"""The three execution modes decided in one place (``mpipar.modes``)."""
+"""The three execution modes decided in one place (``mpipar._modes``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import mpipar as dist
+from mpipar._modes import Mode, execution_mode
 from mpipar.backend import Backend
-from mpipar.modes import Mode, execution_mode
 from simulator import ReferenceBackend, ShapeOnlyBackend, SimBackend
 
 

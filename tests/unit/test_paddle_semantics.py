@@ -211,3 +211,71 @@ def test_shard_tensor_takes_the_older_shard_spec() -> None:
             dist.shard_tensor(np.zeros((4, 6)), mesh, ["mp"])
         with pytest.raises(ValueError, match="no axis named 'dp'"):
             dist.shard_tensor(np.zeros((4, 6)), mesh, ["dp", None])
+
+
+def test_print_shows_the_value_as_paddle_prints_it() -> None:
+    """``print(loss)`` shows the value (the seeds print losses so), with Paddle's header; a
+    distributed tensor adds its mesh and placements and shows the global value, made from the
+    shards the simulator holds without communicating; ``repr`` stays the short metadata form."""
+    x = paddle.to_tensor(np.float32(0.123456789))
+    x.stop_gradient = False
+    assert str(x) == "Tensor(shape=[], dtype=float32, place=Place(cpu), stop_gradient=False,\n       0.12345679)"
+    assert f"{x}" == str(x) and f"{x:.3f}" == "0.123"
+    assert str(paddle.to_tensor(np.array([[1.0, 2.0], [3.0, 4.5]]))).endswith(
+        "stop_gradient=True,\n       [[1.00000000, 2.00000000],\n        [3.00000000, 4.50000000]])"
+    )
+    assert str(paddle.to_tensor(np.array([1, 2], dtype="int64"))).endswith(
+        "dtype=int64, place=Place(cpu), stop_gradient=True,\n       [1, 2])"
+    )
+    with paddle.use_backend(SimBackend(4)):
+        mesh = paddle.ProcessMesh([[0, 1], [2, 3]], dim_names=["x", "y"])
+        a = np.arange(12.0).reshape(3, 4) / 8  # uneven shards along x
+        w = paddle.shard_tensor(a, mesh, [paddle.Shard(0), paddle.Shard(1)])
+        loss = paddle.sum(w)  # Partial on both axes
+        with paddle.CommDebugMode() as comm:
+            text = str(loss)
+        assert not comm.events
+        assert text == (
+            "Tensor(shape=[], dtype=float64, place=Place(cpu), stop_gradient=True, "
+            "process_mesh=ProcessMesh([[0, 1], [2, 3]], dim_names=['x', 'y']), "
+            "placements=[Partial(reduce_type='sum'), Partial(reduce_type='sum')], GlobalDenseTensor=\n"
+            "       8.25000000)"
+        )
+        assert repr(loss).startswith("DistTensor(shape=[], dtype=float64, mesh=")
+        assert str(w).endswith(
+            "GlobalDenseTensor=\n       [[0.00000000, 0.12500000, 0.25000000, 0.37500000],\n        [0.50000000, 0.62500000, 0.75000000, 0.87500000],\n        [1.00000000, 1.12500000, 1.25000000, 1.37500000]])"
+        )
+
+
+class GlobalDraws(Dataset):
+    """Seed 000 §4.4's dataset: each sample drawn from NumPy's global generator when loaded."""
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.random.uniform(size=[2, 3]), np.random.uniform(size=[2, 3])
+
+    def __len__(self) -> int:
+        return 8
+
+
+def test_shard_dataloader_reads_a_global_generator_dataset_as_one_device_does() -> None:
+    """A dataset drawing from NumPy's global generator gives the batches a plain ``DataLoader``
+    gives (no extra sample read first); every process reads the whole batch in order, so under
+    ``mpiexec`` each rank's rows are one device's (``tests/mpi/test_mpi_examples.py`` runs seed
+    000 §4.4 so: ``paddle_auto/hybrid.py``)."""
+    np.random.seed(3)
+    plain = [
+        [f.numpy() for f in b]
+        for b in DataLoader(GlobalDraws(), batch_sampler=BatchSampler(GlobalDraws(), batch_size=4))
+    ]
+    with paddle.use_backend(SimBackend(8)):
+        mesh0 = paddle.ProcessMesh([[0, 1], [2, 3]], dim_names=["x", "y"])
+        mesh1 = paddle.ProcessMesh([[4, 5], [6, 7]], dim_names=["x", "y"])
+        np.random.seed(3)
+        loader = DataLoader(GlobalDraws(), batch_sampler=BatchSampler(GlobalDraws(), batch_size=4))
+        sharded = paddle.shard_dataloader(loader, meshes=[mesh0, mesh1], shard_dims="x")
+        got = [[f.full_tensor() for f in b] for b in sharded()]
+        assert [f.placements for f in next(iter(sharded()))] == [[paddle.Shard(0), paddle.Replicate()]] * 2
+    assert len(got) == len(plain) == 2
+    for g, p in zip(got, plain, strict=True):
+        np.testing.assert_array_equal(g[0], p[0])
+        np.testing.assert_array_equal(g[1], p[1])

@@ -7,13 +7,15 @@ ZBH1 really defers weight gradients, 1F1B bounds the micro-batches in flight, th
 
 from __future__ import annotations
 
+import functools
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, VENV_BIN
+from conftest import VENV_BIN
+from processes import environ
+from processes import run as run_command
 from test_examples import losses, run
 
 import mpipar as dist
@@ -28,10 +30,16 @@ EXAMPLES = [
 ]
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize(("script", "extra", "n"), EXAMPLES, ids=[f"{s[:-3]}{''.join(e)}" for s, e, _ in EXAMPLES])
-def test_schedules_match_the_reference(schedule: str, script: str, extra: list[str], n: int) -> None:
-    common = [
+@functools.cache
+def _simulated(n: int, *common: str) -> tuple[float, ...]:
+    """The losses of ``python -m simulator -n n *common``: run once for both tests below, which
+    compare the same simulator run with the reference and with ``mpiexec``."""
+    return tuple(losses(run("-m", "simulator", "-n", str(n), *common)))
+
+
+def _args(script: str, schedule: str, extra: list[str]) -> list[str]:
+    """The example's command line: three float64 steps of its tiny size under ``schedule``."""
+    return [
         os.path.join("examples", script),
         "--tiny",
         "--dtype",
@@ -42,8 +50,14 @@ def test_schedules_match_the_reference(schedule: str, script: str, extra: list[s
         schedule,
         *extra,
     ]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize(("script", "extra", "n"), EXAMPLES, ids=[f"{s[:-3]}{''.join(e)}" for s, e, _ in EXAMPLES])
+def test_schedules_match_the_reference(schedule: str, script: str, extra: list[str], n: int) -> None:
+    common = _args(script, schedule, extra)
     ref = losses(run("-m", "simulator", "--reference", *common))
-    sim = losses(run("-m", "simulator", "-n", str(n), *common))
+    sim = _simulated(n, *common)
     assert len(ref) == 3
     for a, b in zip(ref, sim, strict=True):
         assert abs(a - b) <= 1e-9 * abs(a), (ref, sim)
@@ -53,28 +67,10 @@ def test_schedules_match_the_reference(schedule: str, script: str, extra: list[s
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize(("script", "extra", "n"), EXAMPLES, ids=[f"{s[:-3]}{''.join(e)}" for s, e, _ in EXAMPLES])
 def test_schedules_under_mpi_match_the_simulator(schedule: str, script: str, extra: list[str], n: int) -> None:
-    common = [
-        os.path.join("examples", script),
-        "--tiny",
-        "--dtype",
-        "float64",
-        "--steps",
-        "3",
-        "--schedule",
-        schedule,
-        *extra,
-    ]
-    sim = losses(run("-m", "simulator", "-n", str(n), *common))
-    env = {k: v for k, v in os.environ.items() if k not in ("MPIPAR_BACKEND", "MPIPAR_TRACE")}
-    out = subprocess.run(
-        [os.path.join(VENV_BIN, "mpiexec"), "-n", str(n), sys.executable, *common],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=env,
-    )
+    common = _args(script, schedule, extra)
+    sim = _simulated(n, *common)
+    env = environ(drop=("MPIPAR_BACKEND", "MPIPAR_TRACE"))
+    out = run_command([os.path.join(VENV_BIN, "mpiexec"), "-n", str(n), sys.executable, *common], env=env)
     mpi = losses(out)
     for a, b in zip(sim, mpi, strict=True):
         assert abs(a - b) <= 1e-9 * abs(a), (sim, mpi)

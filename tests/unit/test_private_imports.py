@@ -7,7 +7,7 @@ through a detail neither promises. Each such import is listed (importing module,
 name); a new one fails until it is made public (renamed, documented) or the need for it goes, and
 a line whose import is gone fails until it is removed from the list. Private *modules* (``_threads``)
 are not counted: the underscore there marks a module users never import, not a name another
-module reaches into.
+module reaches into; but no other package (``simulator``, ``viz``) may import one.
 
     .venv/bin/python tests/unit/test_private_imports.py --update
 """
@@ -128,6 +128,51 @@ def test_the_reader_sees_a_private_import(tmp_path: Path) -> None:
     (package / "b.py").write_text("_x = 1\nY = 2\n")
     (package / "a.py").write_text("from mpipar.b import _x, Y\nfrom mpipar import _threads\nfrom numpy import _core\n")
     assert private_imports(str(tmp_path)) == ["mpipar/a.py: mpipar.b._x"]
+
+
+def private_modules_across_packages(root: str = REPO) -> list[str]:
+    """``importer: module`` for every import by one of our packages of another's private module
+    (a module or folder whose name starts with one underscore, such as ``mpipar._tape``): internal
+    modules serve their own package; the others reach it through its public modules."""
+
+    def private(dotted: str) -> bool:
+        return any(p.startswith("_") and not p.startswith("__") for p in dotted.split(".")[1:])
+
+    def is_module(dotted: str) -> bool:
+        path = os.path.join(root, *dotted.split("."))
+        return os.path.isdir(path) or os.path.isfile(path + ".py")
+
+    rows: list[str] = []
+    for rel, tree in _sources(root):
+        own = rel.split("/")[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                names = [node.module] + [m for m in subs if is_module(m)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            rows += [
+                f"{rel}: {n}" for n in names if n.split(".")[0] in PACKAGES and n.split(".")[0] != own and private(n)
+            ]
+    return sorted(set(rows))
+
+
+def test_the_module_check_sees_a_private_module(tmp_path: Path) -> None:
+    (tmp_path / "mpipar").mkdir()
+    (tmp_path / "mpipar" / "_tape.py").write_text("x = 1\n")
+    (tmp_path / "mpipar" / "a.py").write_text("from mpipar import _tape\n")
+    (tmp_path / "simulator").mkdir()
+    (tmp_path / "simulator" / "b.py").write_text(
+        "from mpipar import _tape, a\nimport mpipar._tape\nfrom mpipar.a import _x\n"
+    )
+    assert private_modules_across_packages(str(tmp_path)) == ["simulator/b.py: mpipar._tape"]
+
+
+def test_no_package_imports_anothers_private_module() -> None:
+    bad = private_modules_across_packages()
+    assert not bad, "private modules of another package imported (use a public module):\n" + "\n".join(bad)
 
 
 def test_private_imports_only_shrink() -> None:

@@ -12,24 +12,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tp_mlp_layer import MLP, mse, sharded_mlp  # tests/: the MLP both compiled-step test files train
+from tp_mlp_layer import MLP, comm_events, mlp_loss, mlp_parameters, mse, sharded_mlp  # tests/tp_mlp_layer.py
 
 import mpipar as dist
 from mpipar.models.gpt import GPT, GPTConfig, GPTParallel
 from mpipar.ops import dispatch
 from simulator import SimBackend
 
-F = dist.nn.functional
-
 
 @pytest.fixture(autouse=True)
 def _sim4() -> Any:
     with dist.use_backend(SimBackend(4)):
         yield
-
-
-def _events(comm: dist.CommDebugMode) -> list[tuple[Any, ...]]:
-    return [(e.op, e.ranks, e.input_nbytes, e.output_nbytes, e.dtype, e.reduce_type) for e in comm.events]
 
 
 def _params(ps: list[dist.Tensor]) -> list[np.ndarray]:
@@ -47,7 +41,7 @@ def _run(
     with dist.CommDebugMode() as comm:
         for batch in batches:
             losses.append(float(fn(*batch).full_tensor()))
-    return losses, _params(params), _events(comm), fn
+    return losses, _params(params), comm_events(comm), fn
 
 
 def _assert_same(eager: tuple[Any, ...], replayed: tuple[Any, ...]) -> None:
@@ -65,26 +59,13 @@ def tp_mlp(
 
     def build() -> tuple[Callable[..., dist.Tensor], list[dist.Tensor]]:
         mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["x"])
-        rng = np.random.default_rng(0)
         tp = placements == "tp"
-        w1 = dist.shard_tensor(
-            dist.Parameter(rng.standard_normal((6, 16))), mesh, [dist.Shard(1) if tp else dist.Replicate()]
-        )
-        b1 = dist.shard_tensor(
-            dist.Parameter(rng.standard_normal(16)), mesh, [dist.Shard(0) if tp else dist.Replicate()]
-        )
-        w2 = dist.shard_tensor(
-            dist.Parameter(rng.standard_normal((16, 6))), mesh, [dist.Shard(0) if tp else dist.Replicate()]
-        )
-        b2 = dist.shard_tensor(dist.Parameter(rng.standard_normal(6)), mesh, [dist.Replicate()])
-        params = [w1, b1, w2, b2]
+        params = mlp_parameters(mesh, tp)
         opt = (dist.optimizer.Adam if adam else dist.optimizer.SGD)(learning_rate=0.01, parameters=params)
 
         def step(x: np.ndarray) -> dist.Tensor:
             xt = dist.shard_tensor(x, mesh, [dist.Replicate() if tp else dist.Shard(0)])
-            h = F.relu(dist.add(dist.matmul(xt, w1), b1))
-            z = dist.add(dist.matmul(h, w2), b2)
-            loss = dist.mean(dist.multiply(z, z))
+            loss = mlp_loss(xt, *params)
             loss.backward()
             opt.step()
             opt.clear_grad()

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from strategies import global_value, make_tensor, meshes, placements_for, tensor_shapes
 
 import mpipar as dist
+from mpipar.tensor_text import held_value
 
 
 def _check(src: dist.DistSpec, dst: dist.DistSpec, seed: int) -> None:
@@ -73,3 +74,28 @@ def test_marking_in_place_keeps_identity_and_value() -> None:
     assert w.placements == [dist.Shard(1), dist.Shard(0)]
     np.testing.assert_array_equal(global_value(w), value)
     assert not isinstance(dist.to_tensor(value), dist.DistTensor)
+
+
+@settings(max_examples=150)
+@given(st.data(), tensor_shapes, st.integers(0, 2**31 - 1))
+def test_printing_reassembles_the_held_shards_without_communicating(
+    data: st.DataObject, shape: list[int], seed: int
+) -> None:
+    """``print(t)`` shows the global value made from the shards this process holds: all of them
+    in the simulator; under MPI one rank's, which determine the value only when every mesh axis
+    of more than one rank replicates it (else the rank's piece prints, labelled)."""
+    mesh = data.draw(meshes(max_ranks=8))
+    spec = dist.DistSpec(shape, mesh, data.draw(placements_for(mesh, len(shape))))
+    t, expected = make_tensor(spec, seed)
+    with dist.CommDebugMode() as comm:
+        text = str(t)
+        whole = held_value(spec, {r: t.local_tensor(r) for r in t.hosted_ranks})
+    assert not comm.events
+    assert whole is not None and "GlobalDenseTensor=" in text
+    np.testing.assert_allclose(whole, expected, rtol=1e-12, atol=1e-12)
+    rank = data.draw(st.sampled_from(mesh.process_ids))
+    alone = held_value(spec, {rank: t.local_tensor(rank)})
+    determined = all(p.is_replicated() or n == 1 for p, n in zip(spec.placements, mesh.shape, strict=True))
+    assert (alone is not None) == determined
+    if alone is not None:
+        np.testing.assert_allclose(alone, expected, rtol=1e-12, atol=1e-12)

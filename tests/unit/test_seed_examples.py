@@ -5,8 +5,11 @@ seeding, the sizes the flags shrink and the ``step <n> loss <v>`` line. Here: ev
 seed block is in the example, in order (the only edits: a size literal replaced by the name the
 flags set), and every other line is one of the few kinds an example may add; and the examples run
 (float64, ``--tiny``, 3 steps): seed 003's fleet data-parallel, group-sharded and model-parallel
-programs and its to_static programs print the single-card program's losses (§2.1.1, ``single.py``),
-seed 000 §4.5 prints one device's, seed 000 §3 computes ``relu(A @ B)``. ``tests/mpi`` runs them
+programs, its semi-automatic data, model and pipeline programs (the primer's) and its to_static
+programs print the single-card program's losses (§2.1.1, ``single.py``), seed 000 §4.5 prints one
+device's, seed 000 §3 computes ``relu(A @ B)``. A fragment (seed 000 §4.2, §4.3: a model class)
+sits in the program its text assumes, and the example's other lines are that program's.
+``test_examples.py`` runs seed 000 §4.1-4.4 against ``--reference``. ``tests/mpi`` runs them
 under ``mpiexec``.
 """
 
@@ -14,12 +17,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 from conftest import REPO
 from mpi_scripts import seed_ports
+from processes import environ, run_python
 
 if not seed_ports.SEEDS.is_dir():
     pytest.skip(f"the seed files are not at {seed_ports.SEEDS} (set MPIPAR_SEEDS)", allow_module_level=True)
@@ -31,6 +33,10 @@ FLAGS = ["--tiny", "--dtype", "float64", "--steps", "3"]
 # first block's program up to its training loop)
 SEED_EXAMPLES: dict[str, list[str]] = {
     "basics/principle.py": ["000-02"],
+    "paddle_auto/dp.py": ["000-03"],
+    "paddle_auto/tp.py": ["000-04"],
+    "paddle_auto/pp.py": ["000-05"],
+    "paddle_auto/hybrid.py": ["000-06"],
     "paddle_auto/to_static_hybrid.py": ["000-06", "000-07"],
     "paddle_auto/single.py": ["003-00"],
     "paddle_auto/static_single.py": ["003-01"],
@@ -38,6 +44,9 @@ SEED_EXAMPLES: dict[str, list[str]] = {
     "paddle_manual/sharding.py": ["003-03"],
     "paddle_manual/mp.py": ["003-04"],
     "paddle_manual/pp.py": ["003-05"],
+    "paddle_auto/primer_dp.py": ["003-06"],
+    "paddle_auto/primer_mp.py": ["003-07"],
+    "paddle_auto/primer_pp.py": ["003-08"],
     "paddle_auto/to_static_dp.py": ["003-10"],
     "paddle_auto/to_static_mp.py": ["003-11"],
     "paddle_auto/to_static_pp.py": ["003-12"],
@@ -46,6 +55,9 @@ SEED_EXAMPLES: dict[str, list[str]] = {
     "paddle_auto/engine_mp.py": ["003-16"],
     "paddle_auto/engine_pp.py": ["003-17"],
 }
+# A fragment (seed 000 §4.2 and §4.3: a mesh and a model class) sits in the program its text
+# assumes (§4.1's imports, data and loop): the example's other lines are that program's, in order.
+HOSTS: dict[str, str] = {"000-04": "000-03", "000-05": "000-03"}
 # A size literal the flags shrink, written as the name they set (the line is otherwise the seed's).
 SIZE_NAMES = [
     ("inner_size=inner_size", "inner_size=102400"),
@@ -56,10 +68,10 @@ SIZE_NAMES = [
 # What an example may add around the seed's lines (after its docstring and comment header).
 ADDED = re.compile(
     r"\s*("
-    r"|#.*|import _examples_path.*|from (paddle_common|common) import .*|args = seed_args\(__doc__\)"
+    r"|#.*|import _examples_path.*|from (paddle_common|common) import .*|args = seed_args\(__doc__(, pipeline=True)?\)"
     r"|require_world\(.*\)|log_step = StepLog\(\)|global_step = 0|global global_step|global_step \+= 1"
     r"|epoch, batch_num, inner_size = shrink\(.*\)|SEQ, HIDDEN, INNER = .*|log_step\(.*\)"
-    r"|if args\.steps and step \+ 1 >= args\.steps:|break"
+    r"|if args\.steps and step \+ 1 >= args\.steps:|break|if args\.schedule:|run_scheduled\(.*\)"
     r"|Matmul = paddle\.matmul|relu = paddle\.nn\.functional\.relu"
     r"|for rank in dist_tensorD\.hosted_ranks:|print\(f?\"D:.*\)"
     r")"
@@ -95,15 +107,21 @@ def test_the_example_keeps_the_seeds_lines(example: str) -> None:
         elif ln.strip():
             extra.append(ln)
     assert i == len(want), f"{example}: the seed's line {want[i]!r} is missing or out of order"
+    host = SEED_EXAMPLES[example][-1]
+    if host in HOSTS:  # the fragment's program: its lines, in order, among the rest
+        rest = [ln for ln in seed_lines([HOSTS[host]]) if ln.strip()]
+        j = 0
+        for ln in extra:
+            if ln in rest[j:]:
+                j += rest[j:].index(ln) + 1
+            elif not ADDED.fullmatch(ln):
+                raise AssertionError(f"{example}: {ln!r} is neither {host}'s nor, in order, {HOSTS[host]}'s")
+        return
     assert not [ln for ln in extra if not ADDED.fullmatch(ln)], f"{example}: lines that are not the seed's"
 
 
 def run(*args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MPIPAR_")}
-    out = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, cwd=REPO,
-        env={**env, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    out = run_python(*args, env=environ(drop_prefix="MPIPAR_", one_thread=True))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out.stdout
 
@@ -121,7 +139,12 @@ def single_card() -> list[float]:
 
 
 @pytest.mark.parametrize(
-    "script", ["paddle_manual/dp.py", "paddle_manual/sharding.py", "paddle_manual/mp.py", *[f"paddle_auto/to_static_{k}.py" for k in ("dp", "mp", "pp")]]
+    "script",
+    [
+        "paddle_manual/dp.py", "paddle_manual/sharding.py", "paddle_manual/mp.py",
+        *[f"paddle_auto/primer_{k}.py" for k in ("dp", "mp", "pp")],
+        *[f"paddle_auto/to_static_{k}.py" for k in ("dp", "mp", "pp")],
+    ],
 )  # fmt: skip
 def test_seed_003_programs_print_the_single_card_losses(script: str, single_card: list[float]) -> None:
     """Every rank seeds NumPy alike and draws the same batches, so data parallelism (fleet's,

@@ -1,5 +1,5 @@
 """The simulator's GEMM shortcuts give the per-rank bits (``mpipar.ops.stacked_gemm``,
-``mpipar.deferred``).
+``mpipar._deferred``).
 
 A process hosting every rank multiplies a row-split ``x`` by a shared ``y`` in one stacked
 GEMM, and sums a Partial matmul's per-rank products (data-parallel weight gradients) a tile at
@@ -17,7 +17,7 @@ from mpi_scripts.dp_mlp_digest import digests
 from mpi_scripts.launch import mpirun
 
 import mpipar as dist
-from mpipar import deferred
+from mpipar import _deferred
 from mpipar.comm import reduce_arrays
 from mpipar.ops import dispatch, stacked_gemm
 from simulator import SimBackend
@@ -140,7 +140,7 @@ def _mlp_step(monkeypatch: pytest.MonkeyPatch, stack: bool, hidden: int = 256, t
 def _count_shortcuts(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counters, live: GEMMs stacked, Partial products summed by tiles, deferred products written."""
     calls = {"stacked": 0, "summed": 0, "written": 0}
-    stacked, summed, written = stacked_gemm.stacked_matmul, stacked_gemm.product_sum, deferred.DeferredShards.shards
+    stacked, summed, written = stacked_gemm.stacked_matmul, stacked_gemm.product_sum, _deferred.DeferredShards.shards
 
     def count_stacked(*args: object) -> object:
         out = stacked(*args)  # type: ignore[arg-type]
@@ -152,13 +152,13 @@ def _count_shortcuts(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         calls["summed"] += out is not None
         return out
 
-    def count_written(self: deferred.DeferredShards) -> object:
+    def count_written(self: _deferred.DeferredShards) -> object:
         calls["written"] += not self.computed
         return written(self)
 
     monkeypatch.setattr(stacked_gemm, "stacked_matmul", count_stacked)
     monkeypatch.setattr(stacked_gemm, "product_sum", count_summed)
-    monkeypatch.setattr(deferred.DeferredShards, "shards", count_written)
+    monkeypatch.setattr(_deferred.DeferredShards, "shards", count_written)
     return calls
 
 

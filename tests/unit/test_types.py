@@ -20,7 +20,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASELINE = os.path.join(REPO, "tests", "golden", "mypy_baseline.txt")
-CORE = ("mpipar/mesh.py", "mpipar/placement.py", "mpipar/spec.py", "mpipar/tape.py", "mpipar/autograd.py")
+CORE = ("mpipar/mesh.py", "mpipar/placement.py", "mpipar/spec.py", "mpipar/_tape.py", "mpipar/autograd.py")
 CORE_FOLDERS = ("mpipar/reshard/", "mpipar/spmd/", "mpipar/ops/")
 ERROR = re.compile(r"^(?P<path>[^:]+):\d+: error: (?P<message>.*?)\s+\[(?P<code>[a-z-]+)\]$")
 

@@ -114,38 +114,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def gpt_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``mpipar viz``'s command line on ``mpipar plan``'s GPT plan (dp=2, tp=2, pp=2, 1F1B), traced here."""
+def gpt_server(tmp_path_factory: pytest.TempPathFactory, gpt_plan_path: str) -> Iterator[str]:
+    """``mpipar viz``'s command line on ``mpipar plan``'s GPT plan (dp=2, tp=2, pp=2, 1F1B; the session's)."""
     sys.path.insert(0, REPO)
     from viz.__main__ import streamlit_command
 
     tmp = tmp_path_factory.mktemp("gpt")
-    plan = str(tmp / "plan.json")
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mpipar.cli",
-            "plan",
-            "-o",
-            plan,
-            "-n",
-            "8",
-            "examples/gpt.py",
-            "--mesh",
-            "dp=2,tp=2,pp=2",
-            "--schedule",
-            "1F1B",
-        ],
-        cwd=REPO,
-        env=env,
-        check=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-    )
-    yield from _serve(streamlit_command([plan], port=_free_port()), REPO, tmp / "server.log")
+    yield from _serve(streamlit_command([gpt_plan_path], port=_free_port()), REPO, tmp / "server.log")
 
 
 def _settle(page: object) -> None:

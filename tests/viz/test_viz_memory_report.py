@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plans import plan_command
 
 from mpipar.compile.plan import KEPT_KEY, Plan, PlanFormatError
 from simulator.cost import load_profile
@@ -45,19 +46,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Plan, dict
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     procs = []
     for name, (n, args) in STRATEGIES.items():
-        plan_cmd = [
-            sys.executable,
-            "-m",
-            "mpipar.cli",
-            "plan",
-            "-o",
-            str(tmp / f"{name}.plan.json"),
-            "-n",
-            str(n),
-            "examples/gpt.py",
-            "--tiny",
-            *args,
-        ]
+        plan_cmd = plan_command(str(tmp / f"{name}.plan.json"), n, "examples/gpt.py", "--tiny", *args)
         report_cmd = [
             sys.executable,
             "-m",

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from plans import trace_plan
 from streamlit.testing.v1 import AppTest
 
 from mpipar.compile.plan import Plan
@@ -77,31 +76,7 @@ def test_memory_view_draws_the_gpt_plan(gpt_plan_path: str) -> None:
 
 def _eager_plan(tmp: Path, *extra: str) -> Plan:
     out = str(tmp / f"plan{len(extra)}.json")
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mpipar.cli",
-            "plan",
-            "-o",
-            out,
-            "-n",
-            "4",
-            "examples/gpt.py",
-            "--tiny",
-            "--mesh",
-            "dp=2,tp=2",
-            *extra,
-        ],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-    )
-    return Plan.load(out)
+    return Plan.load(trace_plan(out, 4, "examples/gpt.py", "--tiny", "--mesh", "dp=2,tp=2", *extra))
 
 
 def test_offloaded_optimizer_states_are_host_memory_not_device(tmp_path: Path) -> None:

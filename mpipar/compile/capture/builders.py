@@ -404,41 +404,14 @@ def current_hosted(spec: Any) -> tuple[int, ...]:
 
 
 class StepTracer(Tracer):
-    """The tracer the call sites talk to (``hooks.CaptureTracer``: dispatch, distribute, creation
-    and the optimizer live below this package and reach it through ``capture_hooks``); each
-    entry point records its call with the builder above."""
+    """The tracer the call sites talk to (``_capture_hooks.CaptureTracer``: dispatch, distribute, creation
+    and the optimizer live below this package and reach it through ``mpipar._capture_hooks``); each
+    entry point is the builder of the same name above, bound as a method."""
 
-    def record_kernel(
-        self,
-        op: Any,
-        ctx: Any,
-        attrs: dict[str, Any],
-        dtypes: Sequence[Any],
-        used: Sequence[Any],
-        r: int | None,
-        arrays: Sequence[Array],
-        got: Any,
-        dense: bool = False,
-        raw: Any = None,
-    ) -> None:
-        record_kernel(self, op, ctx, attrs, dtypes, used, r, arrays, got, dense=dense, raw=raw)
-
-    def reshard(self, plan: Any, tensor: Any, backend: Any) -> dict[int, Array]:
-        return reshard(self, plan, tensor, backend)
-
-    def from_global(self, dst: Any, tensor: Any) -> dict[int, Array]:
-        return from_global(self, dst, tensor)
-
-    def shard_array(self, spec: Any, data: Any, dtype: Any) -> dict[int, Array]:
-        return shard_array(self, spec, data, dtype)
-
-    def create(self, make: Callable[..., Array], shapes: Sequence[tuple[int, ...]], dtype: Any) -> tuple[Array, ...]:
-        return create(self, make, shapes, dtype)
-
-    def update(
-        self, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: dict[str, Any], r: int, cdt: Any
-    ) -> tuple[Array, dict[str, Array]]:
-        return update(self, opt, p, lr, src, gv, state, r, cdt)
-
-    def bump_step(self, opt: Any, p: Any) -> None:
-        bump_step(self, opt, p)
+    record_kernel = record_kernel
+    reshard = reshard
+    from_global = from_global
+    shard_array = shard_array
+    create = create
+    update = update
+    bump_step = bump_step

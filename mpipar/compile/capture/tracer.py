@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from mpipar import comm
+from mpipar._xp import to_numpy
 from mpipar.compile.capture.instructions import Array, Instruction, Kind, Planned, Refused, Stale
 from mpipar.compile.capture.results import GradLayout, GradResult, Result, StateResult, TensorOut, TensorResult
 from mpipar.compile.capture.sources import (
@@ -30,7 +31,6 @@ from mpipar.compile.capture.sources import (
 )
 from mpipar.optimizer.optimizer import Optimizer
 from mpipar.tensor import Tensor
-from mpipar.xp import to_numpy
 
 meta_override: dict[tuple[int, int], dict[str, Any]] = {}
 """During a validation run: the optimizer step counts as they were before the traced call (the

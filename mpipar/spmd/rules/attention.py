@@ -9,11 +9,12 @@ Per mesh axis the rule picks one split, from the query's placement there (else t
 | heads | S(2)             | S(2) if H and Hkv divide by the    | S(2), or P(sum)   | R / R           |
 |       |                  | heads split, else R (indexed by    | when replicated   |                 |
 |       |                  | global head: tp > Hkv)             |                   |                 |
-| seq   | S(1)             | R (all-gather: context parallel)   | P(sum) (reduce-   | S(0) / R        |
+| seq   | S(1) or Z(1)     | R (all-gather: context parallel)   | P(sum) (reduce-   | S(0) / R        |
 |       |                  |                                    | scatter after)    |                 |
 | none  | R                | R                                  | R                 | R / R           |
 
-The head dim stays whole (the scores contract it inside the softmax), and no input stays
+A zigzag (load-balanced) query split stays zigzag in the query, output and log-sum-exp (the
+kernel reads each query's global position off the layout). The head dim stays whole (the scores contract it inside the softmax), and no input stays
 Partial (attention is not linear): a Partial or head-dim-split input is reduced or gathered.
 The log-sum-exp (B, S, H) follows the query. Splitting the query sequence while the keys are
 whole is exact because each query row's softmax sees every key; the kernel masks by global
@@ -26,7 +27,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from mpipar.placement import Partial, Placement, Replicate, Shard
+from mpipar.placement import Partial, Placement, Replicate, Shard, ZigzagShard
 from mpipar.spec import DistSpec
 from mpipar.spmd.registry import Rule, SpecArg, SpmdResult, register_rule
 
@@ -34,10 +35,12 @@ _SPLIT_OF_DIM = {0: "batch", 1: "seq", 2: "heads"}
 
 
 def _splits(q: DistSpec, k: DistSpec) -> list[str]:
-    """The split chosen on each mesh axis (see the table)."""
+    """The split chosen on each mesh axis (see the table); ``zigzag`` is the seq split load-balanced."""
     out = []
     for pq, pk in zip(q.placements, k.placements, strict=True):
-        if isinstance(pq, Shard) and pq.dim in _SPLIT_OF_DIM:
+        if isinstance(pq, ZigzagShard) and pq.dim == 1:
+            out.append("zigzag")
+        elif isinstance(pq, Shard) and pq.dim in _SPLIT_OF_DIM:
             out.append(_SPLIT_OF_DIM[pq.dim])
         elif isinstance(pk, Shard) and pk.dim in (0, 2):
             out.append(_SPLIT_OF_DIM[pk.dim])
@@ -83,15 +86,15 @@ class _AttentionRule(Rule):
                 q_pl.append(Shard(2))
                 kv_pl.append(Shard(2) if kv_heads_split else Replicate())
                 dkv_pl.append(Shard(2) if kv_heads_split else Partial("sum"))
-            elif s == "seq":
-                q_pl.append(Shard(1))
+            elif s in ("seq", "zigzag"):
+                q_pl.append(ZigzagShard(1) if s == "zigzag" else Shard(1))
                 kv_pl.append(Replicate())
                 dkv_pl.append(Partial("sum"))
             else:
                 q_pl.append(Replicate())
                 kv_pl.append(Replicate())
                 dkv_pl.append(Replicate())
-            qpos_pl.append(Shard(0) if s == "seq" else Replicate())
+            qpos_pl.append(Shard(0) if s == "seq" else ZigzagShard(0) if s == "zigzag" else Replicate())
         rep = [Replicate()] * mesh.ndim
         lse_pl = list(q_pl)  # (B, S, H): the query's dims 0-2
         qs = DistSpec(q.shape, mesh, q_pl)
@@ -124,7 +127,12 @@ class _AttentionRule(Rule):
         specs = [s for s in inputs if isinstance(s, DistSpec)]
         out = outputs[0]
         splits = [
-            _SPLIT_OF_DIM[p.dim] if isinstance(p, Shard) and p.dim in _SPLIT_OF_DIM else "none" for p in out.placements
+            "zigzag"
+            if isinstance(p, ZigzagShard) and p.dim == 1
+            else _SPLIT_OF_DIM[p.dim]
+            if isinstance(p, Shard) and p.dim in _SPLIT_OF_DIM
+            else "none"
+            for p in out.placements
         ]
         return self._result(specs, splits)
 

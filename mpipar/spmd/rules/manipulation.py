@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mpipar.placement import Partial, Placement, Replicate, Shard
+from mpipar.placement import Partial, Placement, Replicate, Shard, ZigzagShard, like
 from mpipar.spec import DistSpec
 from mpipar.spmd.einsum import ALL_PARTIALS, EinsumSpec
 from mpipar.spmd.registry import Rule, SpmdResult, register_rule
@@ -193,10 +193,10 @@ class ReshapeRule(Rule):
             bad_axis = None
             for a, p in enumerate(pls):
                 if isinstance(p, Shard):
-                    if p.dim not in first_of:
-                        bad_axis = a
+                    if p.dim not in first_of or (isinstance(p, ZigzagShard) and not _one_to_one(x, target, p.dim)):
+                        bad_axis = a  # a zigzag split survives only a dim kept as it is
                         break
-                    out_pls.append(Shard(first_of[p.dim][1][0]))
+                    out_pls.append(like(p, first_of[p.dim][1][0]))
                 else:
                     out_pls.append(p if isinstance(p, Partial) else Replicate())
             if bad_axis is None:
@@ -206,6 +206,14 @@ class ReshapeRule(Rule):
                 if bad_axis is None:
                     return pls, out_pls
             pls[bad_axis] = Replicate()
+
+
+def _one_to_one(x: DistSpec, target: list[int], dim: int) -> bool:
+    """Does ``dim`` map onto one dim of the same size (so its storage order carries over)?"""
+    return any(
+        g_in == [dim] and len(g_out) == 1 and target[g_out[0]] == x.shape[dim]
+        for g_in, g_out in dim_groups(list(x.shape), target)
+    )
 
 
 def _first_mismatch(x: DistSpec, out: DistSpec, groups: list[tuple[list[int], list[int]]]) -> int | None:

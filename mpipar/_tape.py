@@ -25,6 +25,13 @@ def is_grad_enabled() -> bool:
     return _grad_enabled
 
 
+def set_grad_mode(enabled: bool) -> None:
+    """Set grad mode outright, not for a block: for code that saves and restores the process's
+    state around a switch (the simulator's per-rank threads taking turns)."""
+    global _grad_enabled
+    _grad_enabled = enabled
+
+
 class _GradMode(contextlib.ContextDecorator):
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled

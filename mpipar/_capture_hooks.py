@@ -1,7 +1,7 @@
-"""Where a captured step's tracer plugs in (``mpipar.capture``, ``compile_step(capture=True)``).
+"""Where a captured step's tracer plugs in (``mpipar.compile.capture``, ``compile_step(capture=True)``).
 
 The places that run a step's local array work (dispatch's kernels, distribute's reshards, the
-autograd engine, creation, the optimizer, a tensor read in Python) live below ``mpipar.capture``
+autograd engine, creation, the optimizer, a tensor read in Python) live below ``mpipar.compile.capture``
 and report to the active tracer through this module, which imports nothing of ours: ``tensor``
 itself reports here.
 """
