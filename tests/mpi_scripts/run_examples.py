@@ -11,6 +11,8 @@ import os
 import runpy
 import sys
 
+import mpipar
+
 
 def main(argv: list[str]) -> int:
     runs: list[list[str]] = [[]]
@@ -22,6 +24,7 @@ def main(argv: list[str]) -> int:
     runs = [r for r in runs if r]
     if not runs:
         raise SystemExit("usage: run_examples.py SCRIPT [ARGS...] [-- SCRIPT [ARGS...]]...")
+    mpipar.get_rank()  # the backend first: under mpiexec it installs the rank prefix the markers carry
     for script, *args in runs:
         print(f"=== {script}", flush=True)
         folder = os.path.dirname(os.path.abspath(script))
