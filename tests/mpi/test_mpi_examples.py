@@ -1,8 +1,11 @@
 """Every training example under ``mpiexec -n 2/4/8`` prints the simulator's losses.
 
 For each case the example runs twice, unchanged: ``python -m simulator -n N script ...`` and
-``mpiexec -n N python script ...`` (the mpich wheel's launcher, no flags, no environment set
-by hand), both at ``--tiny --dtype float64 --steps 3``. The losses rank 0 prints must agree
+under ``mpiexec -n N`` (the mpich wheel's launcher, no flags, no environment set by hand), both
+at ``--tiny --dtype float64 --steps 3``. The cases of one world size share one launch:
+``tests/mpi_scripts/run_examples.py`` runs their scripts in turn as ``__main__``, each with its
+own arguments, and marks where each begins, so each case is checked on its own lines (a fresh
+``mpiexec -n N python script`` per example is what the NCCL, overlap and trace tests launch). The losses rank 0 prints must agree
 to 1e-9 relative (the README's promise for float64); in practice they are bit-identical,
 because every backend reduces in group order. Only rank 0 may print training lines. A few
 cases run again with ``MPIPAR_REDUCE=native`` (MPI's own float sums), where only the 1e-9
@@ -13,12 +16,13 @@ promise holds.
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
 
 import pytest
-from mpi_scripts.launch import REPO, mpirun
+from mpi_scripts.launch import REPO, Run, mpirun
 
 pytestmark = pytest.mark.mpi
 
@@ -107,20 +111,47 @@ NATIVE_CASES: list[tuple[str, int, tuple[str, ...]]] = [
 
 @pytest.mark.parametrize(("script", "n", "extra"), NATIVE_CASES, ids=[_case_id(c) for c in NATIVE_CASES])
 def test_native_sums_keep_the_losses_within_the_promise(script: str, n: int, extra: tuple[str, ...]) -> None:
-    _compare_with_simulator(script, n, extra, env={"MPIPAR_REDUCE": "native"})
+    _compare_with_simulator(script, n, extra, native=True)
 
 
-def _compare_with_simulator(script: str, n: int, extra: tuple[str, ...], env: dict[str, str] | None = None) -> bool:
+Case = tuple[str, int, tuple[str, ...]]
+
+
+@functools.cache
+def _launch(cases: tuple[Case, ...], native: bool) -> tuple[Run, list[list[list[str]]]]:
+    """One ``mpiexec`` running ``cases`` (all of one world size) in turn; with the run, each
+    case's lines per rank (what rank r printed after the case's ``=== SCRIPT`` marker)."""
+    n = cases[0][1]
+    argv: list[str] = []
+    for script, _, extra in cases:
+        argv += [*(["--"] if argv else []), f"examples/{script}", *extra, *COMMON]
+    env = {"MPIPAR_REDUCE": "native"} if native else None
+    run = mpirun(n, "tests/mpi_scripts/run_examples.py", *argv, env=env, timeout=180 * len(cases))
+    sections: list[list[list[str]]] = [[[] for _ in range(n)] for _ in cases]
+    for rank in range(n):
+        k = -1
+        for line in run.lines_of(rank):
+            if line.startswith("=== examples/"):
+                k += 1
+                assert k < len(cases) and line == f"=== examples/{cases[k][0]}", (rank, line)
+            elif k >= 0:
+                sections[k][rank].append(line)
+    return run, sections
+
+
+def _compare_with_simulator(script: str, n: int, extra: tuple[str, ...], native: bool = False) -> bool:
     """Run both ways, assert losses within RTOL and metrics equal; True when printed identically."""
     path = f"examples/{script}"
     args = (*extra, *COMMON)
     expected = _losses(_simulate(path, n, args), f"python -m simulator -n {n} {path}")
 
-    run = mpirun(n, path, *args, env=env, timeout=180)
+    group = tuple(c for c in (NATIVE_CASES if native else CASES) if c[1] == n)
+    run, sections = _launch(group, native)
     assert run.returncode == 0, run.output[-4000:]
-    others = [line for line in run.output.splitlines() if re.match(r"\[rank [1-9]\d*\] step \d+ loss", line)]
+    lines = sections[group.index((script, n, extra))]
+    others = [f"[rank {r}] {line}" for r in range(1, n) for line in lines[r] if re.match(r"step \d+ loss", line)]
     assert not others, "training lines must come from one rank only:\n" + "\n".join(others)
-    got = _losses(run.lines_of(0), f"mpiexec -n {n} {path}")
+    got = _losses(lines[0], f"mpiexec -n {n} {path}")
 
     for (step, want, want_rest), (_, have, have_rest) in zip(expected, got, strict=True):
         w, h = float(want), float(have)

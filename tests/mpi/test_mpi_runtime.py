@@ -2,26 +2,47 @@
 
 Each test launches ``mpiexec -n 2/4/8`` (the mpich wheel) on a script in ``tests/mpi_scripts``
 that runs many seeded random cases and compares, in-process, every rank's result with the
-simulator's (see the scripts' docstrings). Run just these with ``pytest -m mpi``.
+simulator's (see the scripts' docstrings); the reshard and communicator cases of one world size
+share a launch. Run just these with ``pytest -m mpi``.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
 
 import pytest
-from mpi_scripts.launch import REPO, mpirun
+from mpi_scripts.launch import REPO, Run, mpirun
 
 pytestmark = pytest.mark.mpi
 
+RESHARD_CASES = {2: 150, 4: 150, 8: 120}
+"""Seeded reshard cases per world size (``reshard_cases.py``); 200 communicator cases at each."""
 
-@pytest.mark.parametrize(("n", "cases"), [(2, 150), (4, 150), (8, 120)])
+
+@functools.cache
+def _cases_run(n: int) -> tuple[Run, list[list[str]]]:
+    """``reshard_cases.py`` then ``comm_cases.py`` in one ``mpiexec -n n`` (``run_examples.py``
+    runs them in turn): the run, and rank 0's lines of each script."""
+    run = mpirun(
+        n,
+        "tests/mpi_scripts/run_examples.py",
+        *("tests/mpi_scripts/reshard_cases.py", "--cases", str(RESHARD_CASES[n]), "--seed", "20"),
+        "--",
+        *("tests/mpi_scripts/comm_cases.py", "--cases", "200", "--seed", "22"),
+        timeout=600,
+    )
+    sections = re.split(r"^=== .*$", "\n".join(run.lines_of(0)), flags=re.M)[1:]
+    return run, [section.strip().splitlines() for section in sections]
+
+
+@pytest.mark.parametrize(("n", "cases"), RESHARD_CASES.items())
 def test_reshard_cases_match_simulator(n: int, cases: int) -> None:
-    run = mpirun(n, "tests/mpi_scripts/reshard_cases.py", "--cases", str(cases), "--seed", "20")
+    run, (reshard, _) = _cases_run(n)
     assert run.returncode == 0, run.output[-4000:]
-    assert run.lines_of(0)[-1] == f"ok {cases} cases on {n} ranks"
+    assert reshard[-1] == f"ok {cases} cases on {n} ranks"
 
 
 def test_reshard_cases_under_check_mode() -> None:
@@ -33,11 +54,11 @@ def test_reshard_cases_under_check_mode() -> None:
     assert run.lines_of(0)[-1] == "ok 80 cases on 6 ranks"
 
 
-@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("n", list(RESHARD_CASES))
 def test_communicator_methods_match_simulator(n: int) -> None:
-    run = mpirun(n, "tests/mpi_scripts/comm_cases.py", "--cases", "200", "--seed", "22")
+    run, (_, comm) = _cases_run(n)
     assert run.returncode == 0, run.output[-4000:]
-    assert run.lines_of(0)[-1] == f"ok 200 cases on {n} ranks"
+    assert comm[-1] == f"ok 200 cases on {n} ranks"
 
 
 @pytest.mark.parametrize("n", [3, 8])

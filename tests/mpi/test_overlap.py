@@ -1,16 +1,18 @@
 """Overlapped gradient reduction (``dist.overlap_grad_reduction``): bit-identical losses and
 parameters with and without it, the same all-reduce bytes in as many collectives as buckets,
 and bucket reductions started while backward still runs; in the simulator, under ``mpiexec``
-and through the NCCL stand-in. The training steps live in ``tests/mpi_scripts/overlap_step.py``."""
+(one launch for every layout and size) and through the NCCL stand-in. The training steps live in
+``tests/mpi_scripts/overlap_step.py``."""
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
 
 import pytest
-from mpi_scripts.launch import REPO, mpirun
+from mpi_scripts.launch import REPO, Run, mpirun
 from mpi_scripts.overlap_step import digest, run, started_cases
 from test_nccl_standin import NCCL_ENV
 
@@ -105,22 +107,38 @@ def _check_run(output: str, sim_digest: str) -> None:
     assert m and int(m.group(1)) < int(m.group(2)) and int(m.group(3)) >= 1, facts["first"]
 
 
+MPI_RUNS = [(layout, sizes) for sizes in ((), LARGE) for layout in ("dp", "dp_tp")]
+"""The training steps run under ``mpiexec``: each layout, with small and large gradients."""
+
+
+@functools.cache
+def _under_mpiexec() -> tuple[Run, list[str]]:
+    """``overlap_step.py`` for each of ``MPI_RUNS``, then with ``--cases``, in one ``mpiexec -n 4``
+    (``run_examples.py`` runs them in turn): the run, and rank 0's output of each."""
+    argv: list[str] = []
+    for layout, sizes in MPI_RUNS:
+        argv += ["tests/mpi_scripts/overlap_step.py", "--layout", layout, *sizes, "--"]
+    argv += ["tests/mpi_scripts/overlap_step.py", "--cases"]
+    result = mpirun(4, "tests/mpi_scripts/run_examples.py", *argv, timeout=900)
+    return result, re.split(r"^=== .*$", "\n".join(result.lines_of(0)), flags=re.M)[1:]
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("layout", ["dp", "dp_tp"])
 @pytest.mark.parametrize("sizes", [(), LARGE], ids=["small", "large"])
 def test_overlap_under_mpiexec_is_bit_identical_to_the_simulator(layout: str, sizes: tuple[str, ...]) -> None:
     kw = {"hidden": 67, "inner": 1100, "bucket_mib": 1.0} if sizes else {}
     sim = run(layout, overlap=True, **kw)  # type: ignore[arg-type]
-    result = mpirun(4, "tests/mpi_scripts/overlap_step.py", "--layout", layout, *sizes, timeout=300)
+    result, outputs = _under_mpiexec()
     assert result.returncode == 0, result.output[-4000:]
-    _check_run(result.output, digest(sim))
+    _check_run(outputs[MPI_RUNS.index((layout, sizes))], digest(sim))
 
 
 @pytest.mark.mpi
 def test_started_all_reduces_under_mpiexec_match_blocking_ones() -> None:
-    result = mpirun(4, "tests/mpi_scripts/overlap_step.py", "--cases", timeout=300)
+    result, outputs = _under_mpiexec()
     assert result.returncode == 0, result.output[-4000:]
-    assert result.lines_of(0)[-1] == "ok 110 started all-reduces (_StartedAllReduce)"
+    assert outputs[len(MPI_RUNS)].strip().splitlines()[-1] == "ok 110 started all-reduces (_StartedAllReduce)"
 
 
 @pytest.mark.mpi

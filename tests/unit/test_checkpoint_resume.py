@@ -32,6 +32,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -170,6 +171,25 @@ def uninterrupted(
     return lines, series, final
 
 
+Oracle = Callable[[str, int, list[str]], tuple[list[str], str, str]]
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory: pytest.TempPathFactory) -> Oracle:
+    """``uninterrupted(..., launch, n, mesh)`` (5 steps, a save every 2), each configuration
+    run once for the tests below that start from it; they read its series and final state,
+    never write them."""
+    runs: dict[tuple[str, int, tuple[str, ...]], tuple[list[str], str, str]] = {}
+
+    def get(launch: str, n: int, mesh: list[str]) -> tuple[list[str], str, str]:
+        key = (launch, n, tuple(mesh))
+        if key not in runs:
+            runs[key] = uninterrupted(tmp_path_factory.mktemp("oracle"), launch, n, mesh)
+        return runs[key]
+
+    return get
+
+
 # ====================================================== same mesh: bit-identical
 SAME_MESH = {
     "dp2xtp2": ("sim", 4, ["--mesh", "dp=2,tp=2"]),
@@ -185,9 +205,9 @@ SAME_MESH = {
 
 
 @pytest.mark.parametrize("case", list(SAME_MESH))
-def test_resume_on_the_same_mesh_is_bit_identical(tmp_path: Any, case: str) -> None:
+def test_resume_on_the_same_mesh_is_bit_identical(tmp_path: Any, oracle: Oracle, case: str) -> None:
     launch, n, mesh = SAME_MESH[case]
-    lines, series, final = uninterrupted(tmp_path, launch, n, mesh)
+    lines, series, final = oracle(launch, n, mesh)
     # From step-2 (named), then from the series directory: its latest complete one, step-4.
     resumed = gpt(
         launch, n, "--steps", "5", *mesh, "--resume", f"{series}/step-2", "--save-final", str(tmp_path / "r2")
@@ -221,10 +241,10 @@ KEEPS_REDUCTIONS = {
 
 
 @pytest.mark.parametrize("case", list(KEEPS_REDUCTIONS))
-def test_resume_under_another_zero_stage_is_bit_identical(tmp_path: Any, case: str) -> None:
+def test_resume_under_another_zero_stage_is_bit_identical(tmp_path: Any, oracle: Oracle, case: str) -> None:
     before, after = KEEPS_REDUCTIONS[case]
     n = 8 if "pp=2" in before[1] else 4
-    lines, series, final = uninterrupted(tmp_path, "sim", n, before)
+    lines, series, final = oracle("sim", n, before)
     resumed = gpt("sim", n, "--steps", "5", *after, "--resume", f"{series}/step-2", "--save-final", str(tmp_path / "r"))
     assert resumed == lines[2:]
     assert_bit_identical(tmp_path / "r", final)

@@ -1,7 +1,8 @@
 """Scheduled pipelines through dist.to_static: equal to the reference under all four schedules.
 
 Subprocess tests run the examples (seed_hybrid, primer_pp and gpt.py with
-pp=2 and pp=4); in-process tests pin the executor's behaviour: losses equal eager mode,
+pp=2 and pp=4): each simulator run once, compared with the reference and with ``mpiexec``,
+where one launch per example runs the four schedules in turn; in-process tests pin the executor's behaviour: losses equal eager mode,
 ZBH1 really defers weight gradients, 1F1B bounds the micro-batches in flight, the plan.
 """
 
@@ -9,14 +10,14 @@ from __future__ import annotations
 
 import functools
 import os
+import re
+import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import VENV_BIN
-from processes import environ
-from processes import run as run_command
-from test_examples import losses, run
+from conftest import REPO, VENV_BIN
+from test_examples import LOSS, losses, run
 
 import mpipar as dist
 from mpipar.pipeline import runner as runner_mod
@@ -30,15 +31,8 @@ EXAMPLES = [
 ]
 
 
-@functools.cache
-def _simulated(n: int, *common: str) -> tuple[float, ...]:
-    """The losses of ``python -m simulator -n n *common``: run once for both tests below, which
-    compare the same simulator run with the reference and with ``mpiexec``."""
-    return tuple(losses(run("-m", "simulator", "-n", str(n), *common)))
-
-
-def _args(script: str, schedule: str, extra: list[str]) -> list[str]:
-    """The example's command line: three float64 steps of its tiny size under ``schedule``."""
+def _args(script: str, extra: list[str], schedule: str) -> list[str]:
+    """The example's command line (after ``python``) under ``schedule``."""
     return [
         os.path.join("examples", script),
         "--tiny",
@@ -52,10 +46,41 @@ def _args(script: str, schedule: str, extra: list[str]) -> list[str]:
     ]
 
 
+@functools.cache
+def _simulated(n: int, *common: str) -> tuple[float, ...]:
+    """The losses of ``python -m simulator -n n *common``: run once for both tests below, which
+    compare the same simulator run with the reference and with ``mpiexec``."""
+    return tuple(losses(run("-m", "simulator", "-n", str(n), *common)))
+
+
+@functools.cache
+def _under_mpi(script: str, extra: tuple[str, ...], n: int) -> dict[str, list[float]]:
+    """The losses rank 0 prints under ``mpiexec -n n`` for each schedule: one launch runs the
+    example under the four schedules in turn (``tests/mpi_scripts/run_examples.py``, which
+    marks where each run begins)."""
+    argv: list[str] = []
+    for schedule in SCHEDULES:
+        argv += [*(["--"] if argv else []), *_args(script, list(extra), schedule)]
+    env = {k: v for k, v in os.environ.items() if k not in ("MPIPAR_BACKEND", "MPIPAR_TRACE")}
+    out = subprocess.run(
+        [os.path.join(VENV_BIN, "mpiexec"), "-n", str(n), sys.executable, "tests/mpi_scripts/run_examples.py", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300 * len(SCHEDULES),
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    runs = re.split(r"^=== .*$", out.stdout, flags=re.M)[1:]  # rank 0's lines carry no prefix
+    assert len(runs) == len(SCHEDULES), out.stdout[-4000:]
+    return {schedule: [float(v) for _, v in LOSS.findall(text)] for schedule, text in zip(SCHEDULES, runs, strict=True)}
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize(("script", "extra", "n"), EXAMPLES, ids=[f"{s[:-3]}{''.join(e)}" for s, e, _ in EXAMPLES])
 def test_schedules_match_the_reference(schedule: str, script: str, extra: list[str], n: int) -> None:
-    common = _args(script, schedule, extra)
+    common = _args(script, extra, schedule)
     ref = losses(run("-m", "simulator", "--reference", *common))
     sim = _simulated(n, *common)
     assert len(ref) == 3
@@ -67,11 +92,8 @@ def test_schedules_match_the_reference(schedule: str, script: str, extra: list[s
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize(("script", "extra", "n"), EXAMPLES, ids=[f"{s[:-3]}{''.join(e)}" for s, e, _ in EXAMPLES])
 def test_schedules_under_mpi_match_the_simulator(schedule: str, script: str, extra: list[str], n: int) -> None:
-    common = _args(script, schedule, extra)
-    sim = _simulated(n, *common)
-    env = environ(drop=("MPIPAR_BACKEND", "MPIPAR_TRACE"))
-    out = run_command([os.path.join(VENV_BIN, "mpiexec"), "-n", str(n), sys.executable, *common], env=env)
-    mpi = losses(out)
+    sim = _simulated(n, *_args(script, extra, schedule))
+    mpi = _under_mpi(script, tuple(extra), n)[schedule]
     for a, b in zip(sim, mpi, strict=True):
         assert abs(a - b) <= 1e-9 * abs(a), (sim, mpi)
 
