@@ -319,40 +319,35 @@ class Watchdog:
             return
         self._notify("exited", Waiting("exit", (self.rank,), 0))
         deadline = time.monotonic() + self.timeout
-        while True:
+
+        def peers_not_finished() -> list[int]:
             self._drain()
-            waiting_for = [r for r in range(self.size) if r != self.rank and not self._has_exited(r)]
-            if not waiting_for:
-                break
-            if time.monotonic() > deadline:
-                print(
-                    f"mpipar: rank {self.rank} finished, but rank(s) {waiting_for} did not finish within "
-                    f"MPIPAR_TIMEOUT={self.timeout:g} s; exiting anyway",
-                    file=sys.stderr,
-                )
-                flush_std_streams()
-                break
-            time.sleep(0.005)
-        # Our own notices must be complete before MPI_Finalize: a send still pending there may
-        # never be delivered, and its rank would wait here for our "exited" until the timeout.
-        # Every peer is in this loop or its first one, progressing MPI, so they complete; and
-        # every peer's last message to us, its "exited", has arrived, so nothing is left for us.
-        while True:
+            return [r for r in range(self.size) if r != self.rank and not self._has_exited(r)]
+
+        def notices_in_flight() -> list[int]:
             with self._lock:
                 self._reap()
-                pending = sorted({dst for _, _, dst in self._sends})
-            if not pending:
-                return
-            if time.monotonic() > deadline:
-                print(
-                    f"mpipar: rank {self.rank} finished, but its exit notices to rank(s) {pending} were not "
-                    f"delivered within MPIPAR_TIMEOUT={self.timeout:g} s; exiting anyway",
-                    file=sys.stderr,
-                )
-                flush_std_streams()
-                return
-            self._drain()
-            time.sleep(0.005)
+                return sorted({dst for _, _, dst in self._sends})
+
+        # First every peer's "exited"; then our own notices complete before MPI_Finalize: a send
+        # still pending there may never be delivered, and its rank would wait for our "exited"
+        # until the timeout. Every peer is in one of these loops, progressing MPI, so they
+        # complete; and every peer's last message to us, its "exited", has arrived.
+        for outstanding, problem in (
+            (peers_not_finished, "rank(s) {} did not finish"),
+            (notices_in_flight, "its exit notices to rank(s) {} were not delivered"),
+        ):
+            while waiting_for := outstanding():
+                if time.monotonic() > deadline:
+                    print(
+                        f"mpipar: rank {self.rank} finished, but {problem.format(waiting_for)} within "
+                        f"MPIPAR_TIMEOUT={self.timeout:g} s; exiting anyway",
+                        file=sys.stderr,
+                    )
+                    flush_std_streams()
+                    break
+                self._drain()
+                time.sleep(0.005)
 
     def _has_exited(self, rank: int) -> bool:
         n = self._latest.get(rank)

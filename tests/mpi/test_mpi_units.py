@@ -319,3 +319,18 @@ def test_exited_goes_to_peers_that_finished_first() -> None:
     assert comm.sent == [1]
     watchdog._notify("exited", Waiting("exit", (0,), 0))
     assert comm.sent == [1, 1, 2]
+
+
+def test_a_peer_that_never_finishes_is_named_and_the_rank_leaves_at_the_timeout(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    watchdog = Watchdog(_FakeMPI(), rank=0, size=3, timeout=0.3, abort=lambda: None)
+    comm = _FakeComm(delay=0.0)
+    comm.inbox = comm.inbox[:1]  # rank 1 finished; rank 2 never says so
+    watchdog.comm = comm
+    start = time.monotonic()
+    watchdog.announce_exit()
+    assert 0.3 <= time.monotonic() - start < 5
+    assert (
+        "mpipar: rank 0 finished, but rank(s) [2] did not finish within MPIPAR_TIMEOUT=0.3 s" in capsys.readouterr().err
+    )
