@@ -331,7 +331,25 @@ def split_microbatches(t: Tensor, m: int, what: str = "batch") -> list[Tensor]:
     return out
 
 
-def batch_parts(batch: Sequence[Tensor], m: int) -> list[list[Tensor]]:
-    """``split_microbatches`` on each tensor of a batch; returns one list per micro-batch."""
-    split = [split_microbatches(t, m, f"batch input {i}") for i, t in enumerate(batch)]
+def batch_parts(batch: Sequence[Any], m: int) -> list[list[Any]]:
+    """``split_microbatches`` on each tensor of a batch; returns one list per micro-batch.
+
+    A ``None`` in the batch (no labels) is ``None`` in every micro-batch; a NumPy array or a
+    nested list is a dense tensor, as the model's call would take it."""
+    import numpy as np
+
+    split: list[list[Any]] = []
+    for i, t in enumerate(batch):
+        if t is None:
+            split.append([None] * m)
+            continue
+        if not isinstance(t, Tensor):
+            try:
+                t = Tensor(np.asarray(t))
+            except (TypeError, ValueError) as exc:
+                raise TypeError(
+                    f"batch input {i} is a {type(t).__name__}; a pipeline cuts tensors, arrays or None into "
+                    f"micro-batches ({exc})"
+                ) from None
+        split.append(split_microbatches(t, m, f"batch input {i}"))
     return [[parts[i] for parts in split] for i in range(m)]

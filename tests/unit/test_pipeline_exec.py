@@ -231,3 +231,34 @@ def test_interleaving_needs_stages_on_repeating_meshes() -> None:
     dm = dist.to_static(model, None, lambda out, y: F.cross_entropy(out, y), opt, strategy)
     with pytest.raises(ValueError, match="vpp_degree = 2, but the model places 2 stages on 2 meshes"):
         dm(*_data(0, m0, m1))
+
+
+def test_a_pipeline_batch_may_carry_none_and_plain_arrays() -> None:
+    """A batch with no labels (None) and a plain NumPy input: None reaches the loss in every
+    micro-batch, the array is cut as a dense tensor; the loss equals the same step with the
+    input given as a dense Tensor. Anything else is refused by name."""
+    parts = runner_mod.batch_parts([np.arange(8.0).reshape(4, 2), None], 2)
+    assert [p[1] for p in parts] == [None, None]
+    np.testing.assert_array_equal(parts[1][0].numpy(), np.arange(4.0, 8.0).reshape(2, 2))
+    with pytest.raises(TypeError, match="batch input 0 is a object; a pipeline cuts tensors, arrays or None"):
+        runner_mod.batch_parts([object()], 2)
+
+    def step(x: object) -> float:
+        dist.seed(3)
+        m0, m1 = _meshes()
+        model = TwoStage(m0, m1)
+        opt = dist.optimizer.Momentum(learning_rate=0.1, parameters=model.parameters())
+        strategy = dist.Strategy({"pipeline": {"enable": True, "schedule_mode": "1F1B", "accumulate_steps": 4}})
+        seen: list[object] = []
+
+        def loss(out: dist.Tensor, y: object) -> dist.Tensor:
+            seen.append(y)
+            return dist.mean(dist.multiply(out, out))
+
+        dm = dist.to_static(model, None, loss, opt, strategy)
+        value = float(dm(x, None))
+        assert len(seen) >= 4 and all(y is None for y in seen)  # every micro-batch (and the probe) saw None
+        return value
+
+    x = np.random.default_rng(0).standard_normal((16, 6))
+    assert step(x) == step(dist.Tensor(x))
