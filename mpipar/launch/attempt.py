@@ -240,10 +240,6 @@ class DeathWatch:
             self._fds[fd] = ("pid", rank, None)
             self._ep.register(fd, select.EPOLLIN)  # a waiting epoll sees it at once
 
-    def wait(self, timeout: float) -> None:
-        """Sleep up to ``timeout`` (the watch thread keeps the order of deaths meanwhile)."""
-        time.sleep(timeout)
-
     def _run(self) -> None:
         assert self._ep is not None
         while True:
@@ -481,8 +477,7 @@ def run_attempt(
                 killed_at = time.monotonic()
         if killed_at is not None and time.monotonic() - killed_at > KILL_GRACE_S:
             _terminate(proc, signal.SIGKILL)
-        deaths.wait(POLL_S)
-    deaths.wait(0)
+        time.sleep(POLL_S)  # the death watch's own thread keeps the order of deaths meanwhile
     deaths.close()
     for t in copiers:
         t.join(timeout=5)
