@@ -321,7 +321,6 @@ class Watchdog:
         deadline = time.monotonic() + self.timeout
 
         def peers_not_finished() -> list[int]:
-            self._drain()
             return [r for r in range(self.size) if r != self.rank and not self._has_exited(r)]
 
         def notices_in_flight() -> list[int]:
@@ -333,6 +332,7 @@ class Watchdog:
         # still pending there may never be delivered, and its rank would wait for our "exited"
         # until the timeout. Every peer is in one of these loops, progressing MPI, so they
         # complete; and every peer's last message to us, its "exited", has arrived.
+        self._drain()
         for outstanding, problem in (
             (peers_not_finished, "rank(s) {} did not finish"),
             (notices_in_flight, "its exit notices to rank(s) {} were not delivered"),
