@@ -37,11 +37,13 @@ COMPILED = ("mpipar", "simulator", "viz", "examples", "tests/mpi_scripts", "test
 """What the tests' subprocesses and MPI ranks import, byte-compiled once per session."""
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _byte_compiled() -> None:
-    """Write the ``.pyc`` files of ``COMPILED`` (up-to-date ones are kept). Under
+def pytest_configure(config: pytest.Config) -> None:
+    """Write the ``.pyc`` files of ``COMPILED`` once, in the process that starts the run (an
+    xdist worker finds them written; up-to-date ones are kept). Under
     ``PYTHONDONTWRITEBYTECODE`` (set in some images) no import writes them, so every subprocess
     and every MPI rank compiled mpipar's modules from source again: about half of its start."""
+    if hasattr(config, "workerinput"):
+        return
     for folder in COMPILED:
         compileall.compile_dir(os.path.join(REPO, folder), quiet=2)
 
