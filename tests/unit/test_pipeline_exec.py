@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, VENV_BIN
+from conftest import VENV_BIN
+from processes import environ
+from processes import run as run_command
 from test_examples import LOSS, losses, run
 
 import mpipar as dist
@@ -61,15 +62,10 @@ def _under_mpi(script: str, extra: tuple[str, ...], n: int) -> dict[str, list[fl
     argv: list[str] = []
     for schedule in SCHEDULES:
         argv += [*(["--"] if argv else []), *_args(script, list(extra), schedule)]
-    env = {k: v for k, v in os.environ.items() if k not in ("MPIPAR_BACKEND", "MPIPAR_TRACE")}
-    out = subprocess.run(
+    out = run_command(
         [os.path.join(VENV_BIN, "mpiexec"), "-n", str(n), sys.executable, "tests/mpi_scripts/run_examples.py", *argv],
-        capture_output=True,
-        text=True,
+        env=environ(drop=("MPIPAR_BACKEND", "MPIPAR_TRACE")),
         timeout=300 * len(SCHEDULES),
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        env=env,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     runs = re.split(r"^=== .*$", out.stdout, flags=re.M)[1:]  # rank 0's lines carry no prefix
