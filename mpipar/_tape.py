@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -119,34 +118,65 @@ def _unpacked(values: list[Any]) -> list[Any]:
     return [v.unpack(v.payload) if isinstance(v, Packed) else v for v in values]
 
 
-@dataclass(eq=False)
 class GradContext:
-    """What a gradient function sees: saved forward tensors (detached), attributes, metadata."""
+    """What a gradient function sees: saved forward tensors (detached), attributes, metadata.
 
-    op: str
-    attrs: dict[str, Any]
-    inputs: list[Tensor | None]
-    """Forward inputs as the kernel saw them (after the rule's reshard); None if not saved."""
-    outputs: list[Tensor | None]
-    input_shapes: list[tuple[int, ...]]
-    input_dtypes: list[Any]
-    needs_grad: list[bool]
-    input_specs: list[Any] | None = None
-    """Each input's layout as the kernel saw it (a ``DistSpec``; None for dense); None if not recorded."""
+    A plain slotted class rather than a dataclass: every recorded op makes one, and a slotted
+    instance is built with one small ``__init__`` and no per-instance dict.
+    """
+
+    __slots__ = ("attrs", "input_dtypes", "input_shapes", "input_specs", "inputs", "needs_grad", "op", "outputs")
+
+    def __init__(
+        self,
+        op: str,
+        attrs: dict[str, Any],
+        inputs: list[Tensor | None],
+        outputs: list[Tensor | None],
+        input_shapes: list[tuple[int, ...]],
+        input_dtypes: list[Any],
+        needs_grad: list[bool],
+        input_specs: list[Any] | None = None,
+    ) -> None:
+        self.op = op
+        self.attrs = attrs
+        self.inputs = inputs
+        """Forward inputs as the kernel saw them (after the rule's reshard); None if not saved."""
+        self.outputs = outputs
+        self.input_shapes = input_shapes
+        self.input_dtypes = input_dtypes
+        self.needs_grad = needs_grad
+        self.input_specs = input_specs
+        """Each input's layout as the kernel saw it (a ``DistSpec``; None for dense); None if not recorded."""
+
+    def __repr__(self) -> str:
+        return f"GradContext(op={self.op!r}, attrs={self.attrs!r}, needs_grad={self.needs_grad!r})"
 
 
-@dataclass(eq=False)
 class Node:
-    """One recorded op call."""
+    """One recorded op call (slotted, as ``GradContext``: one per recorded op)."""
 
-    op: str
-    grad_fn: Callable[[GradContext, list[Tensor | None]], Sequence[Tensor | None]]
-    ctx: GradContext
-    parents: list[Tensor | None]
-    """The tensors gradients flow to, one per (flattened) input; None where none is needed."""
-    num_outputs: int = 1
-    name: str = ""
-    meta: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("__weakref__", "ctx", "grad_fn", "name", "num_outputs", "op", "parents")
+
+    def __init__(
+        self,
+        op: str,
+        grad_fn: Callable[[GradContext, list[Tensor | None]], Sequence[Tensor | None]],
+        ctx: GradContext,
+        parents: list[Tensor | None],
+        num_outputs: int = 1,
+        name: str = "",
+    ) -> None:
+        self.op = op
+        self.grad_fn = grad_fn
+        self.ctx = ctx
+        self.parents = parents
+        """The tensors gradients flow to, one per (flattened) input; None where none is needed."""
+        self.num_outputs = num_outputs
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Node(op={self.op!r}, num_outputs={self.num_outputs})"
 
     def release(self) -> None:
         """Drop saved tensors (after backward without retain_graph)."""

@@ -845,8 +845,18 @@ def _reshard_input(t: Tensor, want: DistSpec, backend: Any = None) -> Tensor:
 
 
 def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor], attrs: dict[str, Any]) -> None:
+    """Put the op call on the tape (a ``Node``) when grad mode is on and an input needs a gradient.
+
+    Every op call of an eager training step comes through here, so the usual shapes of call (one
+    or two inputs, every input differentiable, one output) are spelled out without loops."""
+    n = len(flat)
     if op.grad is None or not _tape.is_grad_enabled():
         needs = None
+    elif n == 2 and op.differentiable is None:
+        a, b = flat
+        needs = [not a.stop_gradient, not b.stop_gradient]
+    elif n == 1 and op.differentiable is None:
+        needs = [not flat[0].stop_gradient]
     elif op.differentiable is None:
         needs = [not t.stop_gradient for t in flat]
     else:
@@ -856,30 +866,41 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
         for t in outs:
             t.stop_gradient = True
         return
-    nondiff = op.nondiff_outputs
     pack = _tape.pack_saved
     saved_in = op.save_inputs
-    if saved_in is None:  # every input saved
-        inputs = [pack(u) for u in used]
+    if n == 2:
+        a, b = flat
+        ua, ub = used
+        shapes = [tuple(a._shape), tuple(b._shape)]
+        dtypes = [a._dtype, b._dtype]
+        specs = [ua._spec, ub._spec]  # None for a dense input
+        parents = [ua if needs[0] else None, ub if needs[1] else None]
+        if saved_in is None:  # every input saved
+            inputs = [pack(ua), pack(ub)]
+        else:
+            inputs = [pack(ua) if 0 in saved_in else None, pack(ub) if 1 in saved_in else None]
     else:
-        inputs = [pack(u) if i in saved_in else None for i, u in enumerate(used)]
+        shapes = [tuple(t._shape) for t in flat]
+        dtypes = [t._dtype for t in flat]
+        specs = [u._spec for u in used]
+        parents = [u if need else None for u, need in zip(used, needs, strict=True)]
+        if saved_in is None:
+            inputs = [pack(u) for u in used]
+        else:
+            inputs = [pack(u) if i in saved_in else None for i, u in enumerate(used)]
     save_out = op.save_outputs
     if not save_out:
         outputs: list[Tensor | None] = [None] * len(outs)
     else:
         outputs = [pack(t) if j in save_out else None for j, t in enumerate(outs)]
-    ctx = _tape.GradContext(
-        op.name,
-        attrs,
-        inputs,
-        outputs,
-        [tuple(t._shape) for t in flat],
-        [t._dtype for t in flat],
-        needs,
-        [u._spec for u in used],  # None for a dense input
-    )
-    parents = [u if need else None for u, need in zip(used, needs, strict=True)]
+    ctx = _tape.GradContext(op.name, attrs, inputs, outputs, shapes, dtypes, needs, specs)
     node = _tape.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]
+    if len(outs) == 1:
+        out = outs[0]
+        out.stop_gradient = 0 in op.nondiff_outputs
+        out._set_history(node, 0)
+        return
+    nondiff = op.nondiff_outputs
     for j, t in enumerate(outs):
         t.stop_gradient = j in nondiff
         t._set_history(node, j)
