@@ -183,10 +183,18 @@ def check_placements(placements: object, what: str = "placements") -> list[Place
     return items
 
 
-def placement_problem(text: str, mesh_ndim: int, tensor_ndim: int) -> str | None:
+def placement_problem(
+    text: str,
+    mesh_ndim: int,
+    tensor_ndim: int,
+    shape: Sequence[int] | None = None,
+    mesh_shape: Sequence[int] | None = None,
+) -> str | None:
     """Why ``text`` cannot be the placements of a ``tensor_ndim``-d tensor on a ``mesh_ndim``-d
     mesh (the checks ``DistSpec`` makes), or None when it can. For files read from elsewhere
-    (plans, checkpoints), which must describe only layouts mpipar could have made."""
+    (plans, checkpoints), which must describe only layouts mpipar could have made. With the
+    tensor's ``shape`` and the mesh's ``mesh_shape`` a zigzag split is checked as ``DistSpec``
+    checks it too: the outermost split of its dim, the dim dividing into 2 x (axis size) chunks."""
     try:
         placements = parse_placements(text)
     except (TypeError, ValueError) as exc:
@@ -194,11 +202,22 @@ def placement_problem(text: str, mesh_ndim: int, tensor_ndim: int) -> str | None
     if len(placements) != mesh_ndim:
         return f"has {len(placements)} placement(s) for a mesh of {mesh_ndim} axes"
     kinds = set()
-    for p in placements:
+    for axis, p in enumerate(placements):
         if isinstance(p, Shard) and not -tensor_ndim <= p.dim < tensor_ndim:
             return f"shards dim {p.dim} of a {tensor_ndim}-d tensor"
         if isinstance(p, Partial):
             kinds.add(p.reduce_type)
+        if isinstance(p, ZigzagShard) and shape is not None and mesh_shape is not None:
+            dim = p.dim % tensor_ndim
+            outer = [a for a, q in enumerate(placements[:axis]) if isinstance(q, Shard) and q.dim % tensor_ndim == dim]
+            if outer:
+                return f"splits dim {dim} on mesh axis {outer[0]} outside its zigzag split Z({p.dim}) on axis {axis}"
+            k = mesh_shape[axis]
+            if k > 1 and shape[dim] % (2 * k):
+                return (
+                    f"splits dim {dim} of size {shape[dim]} zigzag over {k} ranks (axis {axis}): "
+                    f"it does not divide into 2 x {k} = {2 * k} equal chunks"
+                )
     if len(kinds) > 1 and not kinds <= {"sum", "avg"}:
         return "mixes Partial reduce types that do not commute"
     return None

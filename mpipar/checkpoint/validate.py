@@ -98,7 +98,7 @@ def _inside(c: _Check, name: Any, field_path: str) -> None:
     c.checked_names.add(name)
 
 
-def _check_layout(c: _Check, at: str, t: dict[str, Any], ndim: int) -> None:
+def _check_layout(c: _Check, at: str, t: dict[str, Any], tensor_shape: list[int]) -> None:
     """The source layout, checked as ``ProcessMesh`` and ``DistSpec`` check theirs: it is only
     described (the values come from the boxes), but a described layout must be a possible one."""
     mesh = t.get("mesh")
@@ -139,7 +139,7 @@ def _check_layout(c: _Check, at: str, t: dict[str, Any], ndim: int) -> None:
                 raise c.fail(f"{at}.placements", text, "is missing though the entry has a mesh")
             continue
         c.of_type(f"{at}.{key}", text, str, "null or a placement string")
-        problem = placement_problem(text, len(shape), ndim)
+        problem = placement_problem(text, len(shape), len(tensor_shape), tensor_shape, shape)
         if problem:
             raise c.fail(f"{at}.{key}", text, problem)
 
@@ -163,7 +163,7 @@ def _check_tensor(c: _Check, name: str, t: Any, seen: dict[tuple[str, str], str]
     numel = math.prod(shape)
     if numel * itemsize > MAX_TENSOR_BYTES:
         raise c.fail(f"{at}.shape", shape, f"makes a tensor of {numel * itemsize} bytes, over {MAX_TENSOR_BYTES}")
-    _check_layout(c, at, t, len(shape))
+    _check_layout(c, at, t, shape)
     chunks = c.of_type(f"{at}.chunks", t.get("chunks"), list, "a list of chunks")
     boxes: list[tuple[tuple[int, int], ...]] = []
     for i, chunk in enumerate(chunks):

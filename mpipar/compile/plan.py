@@ -629,9 +629,10 @@ def _reduce_type(v: _V, path: str, value: Any) -> str | None:
     return text
 
 
-def _check_placements(text: str, mesh: PlanMesh, ndim: int, path: str) -> None:
-    """The checks ``DistSpec`` makes: one placement per mesh axis, shard dims inside the tensor."""
-    problem = placement_problem(text, len(mesh.shape), ndim)
+def _check_placements(text: str, mesh: PlanMesh, shape: Sequence[int], path: str) -> None:
+    """The checks ``DistSpec`` makes: one placement per mesh axis, shard dims inside the tensor,
+    zigzag splits outermost and dividing their dim."""
+    problem = placement_problem(text, len(mesh.shape), len(shape), shape, mesh.shape)
     if problem:
         raise FileFormatError("plan", path, text, problem.replace("for a mesh of", f"for mesh {mesh.id} of"))
 
@@ -679,7 +680,7 @@ def _check_plan(plan: Plan) -> None:
         if t.mesh is None:
             continue
         mesh = meshes[t.mesh]
-        _check_placements(t.placements, mesh, len(t.shape), f"tensors[{i}].placements")
+        _check_placements(t.placements, mesh, t.shape, f"tensors[{i}].placements")
         if t.local_shapes and len(t.local_shapes) != len(mesh.process_ids):
             raise FileFormatError(
                 "plan",
@@ -704,8 +705,8 @@ def _check_plan(plan: Plan) -> None:
             raise FileFormatError("plan", f"reshards[{i}].phase", r.phase, f"is not one of {PHASES}")
         _check_shape(r.shape, f"reshards[{i}].shape")
         src_mesh, dst_mesh = meshes[r.src_mesh], meshes[r.dst_mesh]
-        _check_placements(r.src, src_mesh, len(r.shape), f"reshards[{i}].src.placements")
-        _check_placements(r.dst, dst_mesh, len(r.shape), f"reshards[{i}].dst.placements")
+        _check_placements(r.src, src_mesh, r.shape, f"reshards[{i}].src.placements")
+        _check_placements(r.dst, dst_mesh, r.shape, f"reshards[{i}].dst.placements")
         ranks = set(src_mesh.process_ids) | set(dst_mesh.process_ids)
         for j, s in enumerate(r.steps):
             if len(set(s.axes)) != len(s.axes):

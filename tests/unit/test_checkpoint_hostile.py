@@ -188,6 +188,8 @@ def test_bad_boxes_are_refused(tmp_path: Any, box: list[list[int]], message: str
         ("placements", "S(7)S(1)", r"tensors\['w'\]\.placements: 'S\(7\)S\(1\)' shards dim 7 of a 2-d tensor"),
         ("placements", "S(0)", r"placements: 'S\(0\)' has 1 placement\(s\) for a mesh of 2 axes"),
         ("placements", "P(max)P(sum)", r"mixes Partial reduce types"),
+        ("placements", "RZ(1)", r"placements: 'RZ\(1\)' splits dim 1 of size 6 zigzag over 2 ranks"),
+        ("placements", "S(1)Z(1)", r"splits dim 1 on mesh axis 0 outside its zigzag split"),
         ("stored_placements", "X", r"stored_placements: 'X' is not a placement list"),
         (
             "mesh",

@@ -181,6 +181,28 @@ def test_plan_refuses_a_shard_dim_beyond_the_tensor(docs: tuple) -> None:
     assert "shards dim 9 of a 1-d tensor" in str(err.value) and "p.json" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("placements", "problem"),
+    [
+        ("Z(0)R", "splits dim 0 of size 6 zigzag over 2 ranks (axis 0): it does not divide into 2 x 2 = 4"),
+        ("S(1)Z(1)", "splits dim 1 on mesh axis 0 outside its zigzag split Z(1) on axis 1"),
+    ],
+)
+def test_plan_refuses_a_zigzag_split_dist_spec_would_refuse(docs: tuple, placements: str, problem: str) -> None:
+    """A plan can only describe layouts mpipar makes: ``DistSpec`` refuses these zigzag splits."""
+    doc = copy.deepcopy(docs[0])
+    index, tensor = next((i, t) for i, t in enumerate(doc["tensors"]) if t["mesh"] is not None and len(t["shape"]) == 2)
+    mesh = next(m for m in doc["meshes"] if m["id"] == tensor["mesh"])
+    mesh.update(shape=[2, 2], process_ids=list(range(4)), dim_names=["dp", "tp"])
+    tensor.update(shape=[6, 8], placements=placements, local_shapes=[])
+    with pytest.raises(PlanFormatError) as err:
+        Plan.from_dict(doc, source="p.json")
+    assert err.value.field == f"tensors[{index}].placements"
+    assert problem in str(err.value)
+    tensor["placements"] = "Z(1)R"  # 8 divides into 2 x 2 chunks: the same layout DistSpec makes
+    Plan.from_dict(doc, source="p.json")
+
+
 def test_plan_refuses_a_mesh_that_repeats_a_rank(docs: tuple) -> None:
     doc = copy.deepcopy(docs[0])
     ids = doc["meshes"][0]["process_ids"]
