@@ -162,7 +162,9 @@ def check_layout(shape: ModelShape, st: FamilyStrategy) -> None:
         raise ValueError(
             f"the interleaved schedule needs micro-batches ({st.micro_batches}) to be a multiple of pp ({st.pp})"
         )
-    if shape.layers < st.num_stages:
+    if shape.layers < max(1, st.num_stages - 2):
+        # The first and the last stage may hold only the embedding and the output layer
+        # (``stage_layer_counts``: Llama 3's one-layer chunks); every stage between needs a layer.
         raise ValueError(f"{shape.layers} layers cannot fill pp {st.pp} x chunks {st.chunks} stages")
 
 

@@ -19,14 +19,22 @@ def stage_layer_counts(num_layers: int, pp: int, chunks: int = 1) -> list[int]:
     Llama 3 405B's 126 layers were laid over 16 stages ("The Llama 3 Herd of Models", section
     3.3.2: one layer fewer on the first and the last stage) and what Megatron-LM's
     ``--decoder-first/last-pipeline-num-layers`` express.
+
+    The first and the last stage may hold no layer at all (``num_layers`` down to ``stages -
+    2``): they still hold the embedding and the output layer. That is the paper's own layout
+    with one layer per chunk: "the first model chunk on the first stage has only the
+    embedding, and the last model chunk on the last stage has only output projection and loss
+    calculation" -- 126 layers over 16 ranks of 8 one-layer chunks, ``[0, 1 x 126, 0]``. A
+    stage between them always holds at least one layer.
     """
     for name, value in (("num_layers", num_layers), ("pp", pp), ("chunks", chunks)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"stage_layer_counts: {name} must be a positive int, got {value!r}")
     stages = pp * chunks
-    if num_layers < stages:
+    if num_layers < max(1, stages - 2):
         raise ValueError(
-            f"stage_layer_counts: {num_layers} layers cannot fill {stages} stages (pp {pp} x chunks {chunks})"
+            f"stage_layer_counts: {num_layers} layers cannot fill {stages} stages (pp {pp} x chunks {chunks}): "
+            "every stage but the first and the last needs one"
         )
     base, extra = divmod(num_layers, stages)
     if not extra:

@@ -163,9 +163,16 @@ def test_stage_layer_counts_lighter_ends() -> None:
     assert stage_layer_counts(10, 4) == [2, 3, 3, 2]
     assert stage_layer_counts(11, 4) == [2, 3, 3, 3]
     assert stage_layer_counts(126, 16, 4) == [1] + [2] * 62 + [1]
+    # Llama 3's one-layer chunks: the first chunk holds only the embedding, the last only the
+    # output layer and loss; a stage between them always holds a layer.
+    assert stage_layer_counts(126, 16, 8) == [0] + [1] * 126 + [0]
+    assert stage_layer_counts(3, 4) == [0, 1, 1, 1]
+    assert stage_layer_counts(2, 4) == [0, 1, 1, 0]
     assert stage_of_layers(10, 4) == [0, 0, 1, 1, 1, 2, 2, 2, 3, 3]
     with pytest.raises(ValueError, match="cannot fill"):
-        stage_layer_counts(3, 4)
+        stage_layer_counts(1, 4)
+    with pytest.raises(ValueError, match="cannot fill"):
+        stage_layer_counts(125, 16, 8)
     with pytest.raises(ValueError, match="pp must be a positive int"):
         stage_layer_counts(8, 0)
 
@@ -246,6 +253,31 @@ def test_llama3_405b_interleaved_activations_by_hand() -> None:
     held = memory(shape, st).activations
     assert held[0] == 127 * layer  # chunks of 1, 2, 2, 2 layers (test_interleaved_peak_by_hand)
     assert held[1] == (3 * 16 + 2 * 14 + 1) * 2 * layer  # 77 chunks of 2 layers: the busiest rank
+
+
+def test_llama3_405b_one_layer_chunks_by_hand() -> None:
+    """Llama 3's own layout (section 3.3.2): 8 one-layer chunks per rank, the first holding only
+    the embedding and the last only the output layer, in Megatron-LM's order (``N = pp``)."""
+    shape = preset("llama3-405b").sized(1)
+    st = FamilyStrategy(64, 8, 16, 1, True, "none", 2, 32, "Interleaved1F1B", 8, True)
+    layer = activation_bytes(shape, st)
+    mem = memory(shape, st)
+    # Rank 0 warms up with 7 * 16 + 2 * 15 = 142 forwards, then the 143rd: forwards 0-15 and
+    # 128-142 ran the embedding-only chunk (no activations without dropout), 16-127 the seven
+    # one-layer chunks, 16 each: 112 layers.
+    assert interleaved_peak(16, 8, 32, 0, (0, 1, 1, 1, 1, 1, 1, 1)) == 7 * 16
+    assert mem.activations[0] == 112 * layer
+    # Rank 1: equal chunks, the warm-up 7 * 16 + 2 * 14 forwards plus one: 141 layers, against
+    # the 154 of four two-layer chunks (test_llama3_405b_interleaved_activations_by_hand).
+    assert mem.activations[1] == (7 * 16 + 2 * 14 + 1) * layer
+    # The same counts as the runtime's interleaved order walked action by action.
+    walked = peak_in_flight(lane_flight_events("Interleaved1F1B", 128, 32, 8), mem.stage_activations)
+    assert mem.activations == walked
+    est = price(shape, st, load_profile("h100-sxm"))
+    assert est.layers_per_stage == [0] + [1] * 126 + [0]
+    assert est.peak_bytes == est.peak_bytes_per_lane[1]
+    with pytest.raises(ValueError, match="cannot fill"):
+        memory(dataclasses.replace(shape, layers=125), st)
 
 
 def test_elementwise_and_optimizer_are_the_fused_kernels_bytes() -> None:
