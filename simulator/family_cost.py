@@ -445,8 +445,13 @@ def schedule_times(
     for even stages: ``(m + p - 1)(f + b)``, Narayanan et al. 2021, section 2.2.1). The
     interleaved schedule (``v`` chunks per rank, ``m`` a multiple of ``p``): the busiest rank's
     ``m`` rounds of its chunks plus a bubble of ``p - 1`` chunk times (their ``(p - 1)(t_f +
-    t_b) / v``). Rank ``k`` finishes when the last backward has drained from it to rank 0, so
-    earlier by the backward of the stages before it. In flight: 1F1B's rank ``k`` holds
+    t_b) / v``), plus a send each way per boundary too: the first micro-batch crosses all
+    ``p v - 1`` boundaries between virtual stages before the pipeline is full (chunk ``c`` on
+    the last rank sends to chunk ``c + 1`` on the first), and its gradient all of them back
+    (the simulator's extra time is exactly ``2 (p v - 1)`` sends while a send is short of the
+    schedule's slack; counting ``p - 1`` of them undercharged one-layer chunks by 2%). Rank
+    ``k`` finishes when the last backward has drained from it to rank 0, so earlier by the
+    backward of the stages before it. In flight: 1F1B's rank ``k`` holds
     ``min(m, p - k)`` micro-batches; the interleaved rank ``k`` ``2 (p - k - 1) + (v - 1) p + 1``
     chunk activations (Megatron-LM's warm-up), at most ``m v``.
     ``tests/test_family.py`` checks both against ``simulator.schedule_sim`` on even stages.
@@ -454,12 +459,11 @@ def schedule_times(
     p, v, m = st.pp, st.chunks, st.micro_batches
     n = p * v
     work = [f + b for f, b in zip(fwd, bwd, strict=True)]
-    hop = max(sends, default=0.0)
     if v == 1:
         makespan = sum(fwd) + sum(bwd) + (m - 1) * max(work) + 2 * sum(sends)
     else:
         lane_work = [sum(work[s] for s in range(k, n, p)) for k in range(p)]
-        makespan = m * max(lane_work) + (p - 1) * max(work) + 2 * (p - 1) * hop
+        makespan = m * max(lane_work) + (p - 1) * max(work) + 2 * sum(sends)
     ends = []
     drained = 0.0
     for k in range(p):

@@ -177,7 +177,9 @@ def test_stage_layer_counts_lighter_ends() -> None:
         stage_layer_counts(8, 0)
 
 
-@pytest.mark.parametrize(("pp", "chunks", "m"), [(4, 1, 8), (4, 1, 3), (4, 2, 8), (2, 2, 6), (4, 4, 12)])
+@pytest.mark.parametrize(
+    ("pp", "chunks", "m"), [(4, 1, 8), (4, 1, 3), (4, 2, 8), (2, 2, 6), (4, 4, 12), (8, 4, 16), (16, 8, 32)]
+)
 def test_schedule_closed_form_equals_the_simulator_on_even_stages(pp: int, chunks: int, m: int) -> None:
     st = FamilyStrategy(pp=pp, chunks=chunks, micro_batches=m, schedule="Interleaved1F1B" if chunks > 1 else "1F1B")
     n = pp * chunks
@@ -189,6 +191,24 @@ def test_schedule_closed_form_equals_the_simulator_on_even_stages(pp: int, chunk
     )
     assert closed.makespan == pytest.approx(sim.makespan, rel=1e-9)
     assert closed.in_flight == sim.in_flight
+
+
+@pytest.mark.parametrize(("pp", "chunks", "m"), [(4, 2, 8), (2, 2, 6), (4, 4, 12), (8, 4, 16), (16, 8, 32)])
+def test_interleaved_closed_form_counts_a_send_per_virtual_stage_boundary(pp: int, chunks: int, m: int) -> None:
+    """The first micro-batch crosses all ``pp x chunks - 1`` boundaries forward (chunk ``c`` on
+    the last rank sends to chunk ``c + 1`` on the first) and its gradient all of them back: the
+    simulator's makespan grows by exactly ``2 (pp chunks - 1)`` sends, not ``2 (pp - 1)``, while
+    a send is short of the schedule's slack (here 0.13% of a chunk's work)."""
+    st = FamilyStrategy(pp=pp, chunks=chunks, micro_batches=m, schedule="Interleaved1F1B")
+    n = pp * chunks
+    f, b, send = 1.0 / chunks, 2.0 / chunks, 0.0005 / chunks
+    act = tuple([5] * n)
+    closed = schedule_times(st, [f] * n, [b] * n, [send] * (n - 1), act)
+    sim, _ = pipeline(
+        st.pipeline_strategy(), PipelineCost((f,) * n, (b,) * n, (0.0,) * n, (send,) * (n - 1), (send,) * (n - 1)), act
+    )
+    assert closed.makespan == pytest.approx(sim.makespan, rel=1e-9)
+    assert closed.makespan == pytest.approx(m * 3.0 + (pp - 1) * 3.0 / chunks + 2 * (n - 1) * send, rel=1e-9)
 
 
 def test_price_llama3_8b_is_consistent() -> None:

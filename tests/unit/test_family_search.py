@@ -157,25 +157,24 @@ def test_cli_refuses_naming_the_flag(argv: list[str], message: str, capsys: pyte
 
 
 def test_validation_rows_at_their_published_layouts() -> None:
-    """Every GPT row at its layout within 0.9-1.1 (no row is read by any fit). The Llama 3 405B
-    rows are priced as Meta ran them: one-layer chunks, 8 per pipeline rank (the first holding
-    only the embedding, the last only the output layer), in Megatron-LM's order; that layout
-    fits in 80 GB on 8192 GPUs too (141 layers in flight on rank 1, not four two-layer chunks'
-    154). Their ratios then agree with one another within 3% but lie above the band (1.10-1.14):
-    one factor common to the H100 rows, not the layout (docs/planner.md, "What is still off")."""
+    """Every published run at its layout within 0.9-1.1 (no row is read by any fit), but one.
+    The Llama 3 405B rows are priced as Meta ran them: one-layer chunks, 8 per pipeline rank
+    (the first holding only the embedding, the last only the output layer), in Megatron-LM's
+    order; that layout fits in 80 GB on 8192 GPUs too (141 layers in flight on rank 1, not
+    four two-layer chunks' 154). The 128k-context row comes out above the band, within 3% of
+    the 8k-context row on the same 16,384 GPUs: a factor common to the H100 rows, not its
+    layout (docs/planner.md, "What is still off")."""
     svp = _search_vs_published()
-    llama = []
+    ratios = {}
     for row in svp.rows():
         hw = load_profile(row.hardware)
         est = svp.best_at_layout(row, hw)
         assert est is not None, row.name
-        ratio = svp.measure(est, row) / row.published
+        ratios[row.name] = svp.measure(est, row) / row.published
         if row.name.startswith("Llama"):
             assert est.strategy.schedule == "Interleaved1F1B" and est.strategy.chunks == 8, row.name
             assert est.layers_per_stage == [0] + [1] * 126 + [0]
             assert est.peak_bytes <= H100.memory_bytes
-            llama.append(ratio)
-        else:
-            assert 0.9 <= ratio <= 1.1, (row.name, ratio)
-    assert len(llama) == 3 and min(llama) >= 0.9
-    assert max(llama) / min(llama) <= 1.03
+    long_context = "Llama 3 405B, 16384 GPUs, seq 131072"
+    assert [name for name, r in ratios.items() if not 0.9 <= r <= 1.1] == [long_context]
+    assert ratios[long_context] / ratios["Llama 3 405B, 16384 GPUs, seq 8192"] <= 1.03
