@@ -30,9 +30,9 @@ best of the listed options that fits in memory is taken, as the paper's authors 
   GPUs dp 64 and 16,384 GPUs dp 128 at sequence 8192, 16,384 GPUs cp 16 dp 8 at 131,072; 16M
   tokens per step; fused attention, no activation checkpointing (section 3.3.2), FSDP-style
   sharding; the interleaved schedule as section 3.3.2 lays it out: one layer fewer on the
-  first and last stages, so that "the first model chunk on the first stage has only the
-  embedding, and the last model chunk on the last stage has only output projection and loss
-  calculation" -- chunks of one layer, ``(126 + 2) / 16 = 8`` per rank
+  first and last stages, so that the first model chunk on the first stage holds only the
+  embedding and the last model chunk on the last stage only the output projection and the
+  loss (paraphrased) -- chunks of one layer, ``(126 + 2) / 16 = 8`` per rank
   (``stage_layer_counts``' empty end stages). The micro-batches per chunk (the paper's
   tunable ``N``) are Megatron-LM's ``N = pp``: a larger ``N`` holds more warm-up activations
   and does not fit. The ZeRO stage is the best of 1, 2, 3 (with overlap) that fits at the

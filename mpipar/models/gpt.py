@@ -41,8 +41,16 @@ from mpipar.nn.initializer import Constant, Normal
 from mpipar.nn.layer import Layer, ParamAttr, default_dtype
 from mpipar.nn.layers import Dropout, Embedding, LayerList, LayerNorm, Linear, reshard_axis
 from mpipar.ops.manipulation import getitem
+from mpipar.pipeline.stages import stage_of_layers
 from mpipar.placement import Placement, Replicate, Shard, ZigzagShard
 from mpipar.tensor import Tensor
+
+
+@functools.lru_cache(maxsize=64)
+def _stage_of_layers(n_layer: int, stages: int) -> tuple[int, ...]:
+    """Each layer's (virtual) stage for ``stages`` stages (``stage_of_layers``, kept per shape:
+    every layer of every forward asks for its stage)."""
+    return tuple(stage_of_layers(n_layer, stages))
 
 
 @dataclass(frozen=True)
@@ -109,10 +117,14 @@ class GPTParallel:
         return len(self.stage_meshes) * self.chunks
 
     def stage_of_layer(self, i: int, n_layer: int) -> int:
-        """The (virtual) stage of layer ``i``: layers split evenly, in order."""
+        """The (virtual) stage of layer ``i``: layers in order, split by ``stage_layer_counts``
+        (evenly where they divide, else the first and last stages, which also carry the
+        embedding and the output layer, lighter), the rule the estimator and the search price."""
+        if not self.stage_meshes:
+            return 0
         if n_layer < self.num_stages:
             raise ValueError(f"GPT: {n_layer} layers cannot fill {self.num_stages} pipeline stages (pp x chunks)")
-        return i * self.num_stages // n_layer if self.stage_meshes else 0
+        return _stage_of_layers(n_layer, self.num_stages)[i]
 
     def mesh_of_layer(self, i: int, n_layer: int) -> ProcessMesh:
         return self.stage_meshes[self.stage_of_layer(i, n_layer) % len(self.stage_meshes)]

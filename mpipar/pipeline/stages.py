@@ -22,9 +22,8 @@ def stage_layer_counts(num_layers: int, pp: int, chunks: int = 1) -> list[int]:
 
     The first and the last stage may hold no layer at all (``num_layers`` down to ``stages -
     2``): they still hold the embedding and the output layer. That is the paper's own layout
-    with one layer per chunk: "the first model chunk on the first stage has only the
-    embedding, and the last model chunk on the last stage has only output projection and loss
-    calculation" -- 126 layers over 16 ranks of 8 one-layer chunks, ``[0, 1 x 126, 0]``. A
+    with one layer per chunk (its first model chunk on the first stage holds only the embedding,
+    its last model chunk on the last stage only the output projection and the loss): 126 layers over 16 ranks of 8 one-layer chunks, ``[0, 1 x 126, 0]``. A
     stage between them always holds at least one layer.
     """
     for name, value in (("num_layers", num_layers), ("pp", pp), ("chunks", chunks)):

@@ -92,6 +92,29 @@ def test_every_mesh_computes_the_single_devices_loss_and_gradients(attention: st
             np.testing.assert_allclose(got_g[key], g, rtol=1e-9, atol=1e-13, err_msg=f"{name} {key}")
 
 
+@pytest.mark.parametrize(("layers", "pp", "chunks"), [(5, 2, 1), (7, 4, 1), (5, 2, 2)])
+def test_layers_that_do_not_divide_go_where_the_estimator_prices_them(layers: int, pp: int, chunks: int) -> None:
+    """An uneven split in the runtime is ``stage_layer_counts``' (the first and last stages,
+    which also hold the embedding and the output layer, lighter), the split the estimator and
+    the search price; the losses and gradients stay the single device's."""
+    cfg = llama_config("tiny", dtype="float64", num_hidden_layers=layers)
+    par = LlamaParallel.from_degrees(pp=pp, chunks=chunks)  # type: ignore[arg-type]
+    counts = dist.pipeline.stage_layer_counts(layers, pp, chunks)
+    assert [par.stage_of_layer(i, layers) for i in range(layers)] == dist.pipeline.stage_of_layers(layers, pp, chunks)
+    dist.seed(5)
+    model = Llama(cfg, par)
+    held = Counter(model.layers[i].self_attn.q_proj.weight.process_mesh for i in range(layers))  # type: ignore[attr-defined]
+    want_held = Counter()
+    for stage, n in enumerate(counts):
+        want_held[par.stage_meshes[stage % pp]] += n
+    assert held == want_held and len(set(counts)) > 1
+    want, want_g = _loss_and_grads(cfg, LlamaParallel())
+    got, got_g = _loss_and_grads(cfg, par)
+    assert got == pytest.approx(want, rel=1e-12)
+    for key, g in want_g.items():
+        np.testing.assert_allclose(got_g[key], g, rtol=1e-9, atol=1e-13, err_msg=key)
+
+
 def test_fused_and_plain_attention_train_the_same_llama() -> None:
     fused, fused_g = _loss_and_grads(CFG, LlamaParallel.from_degrees(cp=2, tp=2))
     plain, plain_g = _loss_and_grads(llama_config("tiny", dtype="float64", attention="plain"), LlamaParallel())
