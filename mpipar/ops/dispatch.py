@@ -479,14 +479,30 @@ def _decision_key(
     dtypes, the attributes and what was already resharded; None when the attributes are not
     hashable (such a call is decided afresh). The key is hashed by the cache's lookup
     (``cached_decision``), which also finds an unhashable one."""
-    ins = tuple([t._spec if t._spec is not None else (t._shape, mesh) for t in flat])
     try:
         frozen = freeze_attrs(decision_attrs(op, attrs)) if attrs else ()
     except TypeError:
         return None
+    n = len(flat)
+    if n == 2 and nest is None:  # binary ops, the most common: the same key, built without loops
+        a, b = flat
+        return (
+            op.name,
+            (
+                a._spec if a._spec is not None else (a._shape, mesh),
+                b._spec if b._spec is not None else (b._shape, mesh),
+            ),
+            (a._dtype, b._dtype),
+            frozen,
+            reuse,
+            None,
+        )
+    if n == 1 and nest is None:
+        a = flat[0]
+        return (op.name, (a._spec if a._spec is not None else (a._shape, mesh),), (a._dtype,), frozen, reuse, None)
     return (
         op.name,
-        ins,
+        tuple([t._spec if t._spec is not None else (t._shape, mesh) for t in flat]),
         tuple([t._dtype for t in flat]),
         frozen,
         reuse,
@@ -599,7 +615,13 @@ def _run_dist(
     if len(decision.ranks) == 1 and not _capture_hooks.capture_tracers:  # one hosted rank (MPI)
         if not op.multi_output:  # most ops: ``_one_rank_outputs`` for one output, inline
             r, shapes, ctx = decision.ranks[0]
-            arr = op.kernel(ctx, *[u._shards[r] for u in used], **attrs)
+            n_in = len(used)
+            if n_in == 2:  # spelled out for the usual arities: no list built per call
+                arr = op.kernel(ctx, used[0]._shards[r], used[1]._shards[r], **attrs)
+            elif n_in == 1:
+                arr = op.kernel(ctx, used[0]._shards[r], **attrs)
+            else:
+                arr = op.kernel(ctx, *[u._shards[r] for u in used], **attrs)
             dt = decision.dtypes[0]
             if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d
                 arr = np.asarray(arr)

@@ -210,8 +210,9 @@ class Optimizer:
     def _step_param(self, p: Tensor, g: Tensor, lr: float) -> None:
         layout = self.layout_of(p)
         backend = current_backend()
-        p_in = layout is None or (p._spec is not None and p._spec == layout)
-        g_in = layout is None or (g._spec is not None and g._spec == layout)
+        # identity first: in a training loop the layout is the parameter's own spec object
+        p_in = layout is None or p._spec is layout or (p._spec is not None and p._spec == layout)
+        g_in = layout is None or g._spec is layout or (g._spec is not None and g._spec == layout)
         if p_in and g_in:  # the usual case: nothing to move, so no context to open (and no label to format)
             pv, gv = p, g
         else:
