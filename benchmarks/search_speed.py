@@ -2,7 +2,8 @@
 Table 1 (1.7B on 32 A100s to 1T on 3072) and Llama 3 405B on 16,384 H100s.
 
     python benchmarks/search_speed.py                 # the table
-    python benchmarks/search_speed.py --json
+    python benchmarks/search_speed.py --print-json    # the rows as one JSON object
+    python benchmarks/search_speed.py --json PATH     # the table, also kept as a results record
     python benchmarks/search_speed.py --rows 0,10     # some rows only
     python benchmarks/search_speed.py --traced        # GPT-3 175B on 1024 A100s through the traced search
 
@@ -12,7 +13,8 @@ tp x pp that divides, every micro-batch size, 1F1B and interleaved, recompute, Z
 overlap) and prints wall and CPU seconds, the candidates enumerated and priced, and the best
 layout. On a shared machine the wall clock measures the neighbours as much as the search: the
 load average is printed at the start and the end, and CPU seconds beside the wall.
-``--traced`` times the traced search (``simulator.search``) instead, as before.
+``--traced`` times the traced search (``simulator.search``) instead, as before. ``--json PATH``
+writes what is printed to a results record (``benchmarks/results.py``), as every benchmark does.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import json
 import os
 import sys
 import time
+
+from results import add_json_argument, record
 
 from simulator.cost import load_profile
 from simulator.family import ModelShape, preset
@@ -57,9 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", default=None, help="comma-separated row numbers (default: all 11)")
     p.add_argument("--top", type=int, default=3)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--print-json", action="store_true", help="print the rows as one JSON object instead of the table")
     p.add_argument("--traced", action="store_true", help="time the traced search on GPT-3 175B instead")
+    add_json_argument(p)
     ns = p.parse_args(argv)
+    record(ns.json, __file__)
     if ns.traced:
         return traced(ns)
     todo = rows()
@@ -87,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 "best_mfu": best.mfu if best else None,
             }
         )
-        if not ns.json:
+        if not ns.print_json:
             print(
                 f"{name:>14} {devices:>6} devices batch {batch:>5}: {seconds:6.1f} s wall {cpu:6.1f} s CPU, "
                 f"{result.enumerated:>7} candidates, {result.priced:>5} priced; best "
@@ -95,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     load_end = os.getloadavg()
-    if ns.json:
+    if ns.print_json:
         json.dump({"load_average_start": load_start, "load_average_end": load_end, "rows": out}, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
