@@ -3,7 +3,7 @@
 
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MPIPAR_TRACE=mlp.json \\
         .venv/bin/mpiexec -n 4 .venv/bin/python benchmarks/eager_slow_step.py [--steps 60]
-    .venv/bin/python benchmarks/eager_slow_step.py --read mlp.json [--show 3] [--json]
+    .venv/bin/python benchmarks/eager_slow_step.py --read mlp.json [--show 3] [--print-json] [--json PATH]
 
 The first form runs the public-API step (warm-up, then ``--steps`` steps, a barrier before
 each, as the benchmark times them); ``MPIPAR_TRACE`` writes every rank's op and collective
@@ -13,7 +13,8 @@ from the earliest rank's start to the latest rank's end) prints per rank: when i
 when it reached the all-reduce, how long it waited there, when it finished, its time in op
 spans and its time in none of them (Python dispatch, or the process waiting for a core), and
 its op whose time was furthest above that op's median over all steps. The first ``--skip``
-steps (the warm-up) are left out.
+steps (the warm-up) are left out. ``--print-json`` prints the analysis as JSON instead;
+``--json PATH`` keeps what is printed as a results record (``benchmarks/results.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
+from results import add_json_argument, record
 
 from mpipar.debug.timeline import Timeline
 
@@ -115,13 +117,15 @@ def main() -> None:
     p.add_argument("--read", metavar="TIMELINE", help="analyse a timeline written by the first form")
     p.add_argument("--show", type=int, default=3, help="how many of the slowest steps to print")
     p.add_argument("--skip", type=int, default=3, help="leave out the first steps (the run's warm-up)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--print-json", action="store_true", help="print the analysis as one JSON object")
+    add_json_argument(p)
     args = p.parse_args()
+    record(args.json, __file__)
     if not args.read:
         run(args.steps)
         return
     report = analyse(args.read, args.show, args.skip)
-    if args.json:
+    if args.print_json:
         print(json.dumps(report, indent=1))
         return
     q = report["step_ms"]
