@@ -307,6 +307,19 @@ class HardwareProfile:
         log-bytes between its points, its end values beyond them); ``None`` without a curve."""
         return _interpolate(self.vector_curve, nbytes) / self.kernel_scale if self.vector_curve else None
 
+    @property
+    def prices_eager_runtime(self) -> bool:
+        """Whether this profile prices mpipar's own eager runtime (it carries mpipar's measured
+        host costs per op, reshard call or update: a ``calibrate``d CPU profile), which reduces
+        each micro-batch's gradients over data parallelism as backward accumulates them (a
+        partial gradient added to a replicated one), inside that micro-batch's backward (its
+        weight-gradient part ``W`` when backward is split), not once per step after the last
+        one as Megatron-style runtimes do (the GPU presets); and whose pipeline hand-offs hold
+        both ranks until every message is through (``PipelineCost.blocking_transfers``)."""
+        return not self.gpu_model and (
+            self.op_overhead_s > 0 or self.reshard_overhead_s > 0 or self.update_overhead_s > 0
+        )
+
     # ------------------------------------------------------------------ files
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -585,6 +598,10 @@ class PipelineCost:
     send_backward: tuple[float, ...]
     time_unit: str = "s"
     memory: StageMemory | None = None
+    blocking_transfers: bool = False
+    """Whether a send or receive holds its rank until the transfer is done (a rendezvous, as
+    mpipar's runtime runs a hand-off: both sides wait for all of its messages), instead of
+    being posted and left to complete while the rank goes on (``simulator.schedule_sim``)."""
 
     def __post_init__(self) -> None:
         n = len(self.forward)
