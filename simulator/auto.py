@@ -59,8 +59,13 @@ def calibrate_to(path: str, ranks: int, timeout_s: float = CALIBRATE_TIMEOUT_S) 
 
 def has_cpu_model(profile: HardwareProfile) -> bool:
     """Whether ``profile`` holds the whole measured CPU model ``calibrate`` writes: kernel rates by
-    size and the kernel probe behind ``kernel_scale`` (its scale, or why the probe failed)."""
-    return bool(profile.gemm_curve) and "kernel_probe" in (profile.calibration or {})
+    size, the kernel probe behind ``kernel_scale`` (its scale, or why the probe failed) and the
+    host cost of an optimizer-phase op."""
+    return (
+        bool(profile.gemm_curve)
+        and "kernel_probe" in (profile.calibration or {})
+        and profile.optimizer_op_overhead_s is not None
+    )
 
 
 def resolve_profile(

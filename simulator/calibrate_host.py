@@ -17,8 +17,11 @@ reuses ``host_costs`` in its own worker.
   4-element array taken out, as for GEMMs).
 * ``host_costs``: seconds per mpipar op and per parameter update (a tiny GPT step, compute
   negligible, on each rank's one-rank mesh, divided by the ops and updates a trace of it
-  counts) and per reshard call beyond its MPI collective (an mpipar 1 KiB all-reduce over pairs
-  of ranks against a raw ``Allreduce`` of the same buffer on the same pairs).
+  counts), per optimizer-phase op (the global-norm clip's squares, sums and scales: the
+  clipped update's time over the plain one's, per op the clipped trace counts; they run
+  outside autograd and record no tape) and per reshard call beyond its MPI collective (an mpipar
+  1 KiB all-reduce over pairs of ranks against a raw ``Allreduce`` of the same buffer on the
+  same pairs).
 """
 
 from __future__ import annotations
@@ -197,6 +200,7 @@ def host_costs(comm: Any, steps: int) -> dict[str, float]:
             "fb": statistics.median(t[0] for t in times),
             "update": statistics.median(t[1] for t in times),
             "fb_ops": sum(1 for o in plan.ops if o.phase != "optimizer"),
+            "opt_ops": sum(1 for o in plan.ops if o.phase == "optimizer"),
             "params": len(list(model.parameters())),
         }
 
@@ -232,7 +236,15 @@ def host_costs(comm: Any, steps: int) -> dict[str, float]:
         - per_call(lambda: group.Allreduce(src, dst, op=MPI.SUM))
         for _ in range(3)
     )
-    return {"op": own["fb"] / own["fb_ops"], "update": alone["update"] / alone["params"], "reshard": max(call, 0.0)}
+    # The clip's ops (squares, sums, scales of every gradient) run outside autograd, with no tape
+    # to record: their host cost is the clipped update's extra time over the plain one, per op.
+    clip_op = (own["update"] - alone["update"]) / own["opt_ops"] if own["opt_ops"] else own["fb"] / own["fb_ops"]
+    return {
+        "op": own["fb"] / own["fb_ops"],
+        "update": alone["update"] / alone["params"],
+        "reshard": max(call, 0.0),
+        "optimizer_op": max(clip_op, 0.0),
+    }
 
 
 KERNEL_MODEL: dict[str, Any] = {

@@ -158,6 +158,10 @@ class HardwareProfile:
     """Host seconds each reshard call costs beyond its collectives' link time."""
     update_overhead_s: float = 0.0
     """Host seconds the optimizer spends per parameter beyond its kernels."""
+    optimizer_op_overhead_s: float | None = None
+    """Host seconds each optimizer-phase op (the global-norm clip's) costs beyond its kernel: it
+    runs outside autograd, with no tape to record, for less than a forward or backward op's
+    ``op_overhead_s``; ``None``: ``op_overhead_s``."""
     kernel_scale: float = 1.0
     """Seconds a kernel takes inside a training step per second its rate above prices it at:
     ``calibrate`` measures ``flops_per_s``, ``gemm_curve`` and ``vector_curve`` in tight loops on
@@ -215,8 +219,10 @@ class HardwareProfile:
                     + (" or null" if optional else "")
                     + f", got {value!r}"
                 )
-        for fname in ("op_overhead_s", "reshard_overhead_s", "update_overhead_s"):
+        for fname in ("op_overhead_s", "reshard_overhead_s", "update_overhead_s", "optimizer_op_overhead_s"):
             value = getattr(self, fname)
+            if value is None and fname == "optimizer_op_overhead_s":
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"HardwareProfile {self.name!r}: {fname} must be seconds in [0, 1], got {value!r}")
         ks = self.kernel_scale
@@ -353,6 +359,8 @@ class HardwareProfile:
         for fname in ("op_overhead_s", "reshard_overhead_s", "update_overhead_s"):
             if getattr(self, fname):
                 out[fname] = getattr(self, fname)
+        if self.optimizer_op_overhead_s is not None:
+            out["optimizer_op_overhead_s"] = self.optimizer_op_overhead_s
         if self.kernel_scale != 1.0:
             out["kernel_scale"] = self.kernel_scale
         if self.calibration is not None:
@@ -393,6 +401,7 @@ class HardwareProfile:
             "op_overhead_s",
             "reshard_overhead_s",
             "update_overhead_s",
+            "optimizer_op_overhead_s",
             "kernel_scale",
         }
         for key in data:
@@ -438,6 +447,7 @@ class HardwareProfile:
                 op_overhead_s=data.get("op_overhead_s", 0.0),
                 reshard_overhead_s=data.get("reshard_overhead_s", 0.0),
                 update_overhead_s=data.get("update_overhead_s", 0.0),
+                optimizer_op_overhead_s=data.get("optimizer_op_overhead_s"),
                 kernel_scale=data.get("kernel_scale", 1.0),
             )
         except (TypeError, ValueError) as exc:
