@@ -59,12 +59,13 @@ def calibrate_to(path: str, ranks: int, timeout_s: float = CALIBRATE_TIMEOUT_S) 
 
 def has_cpu_model(profile: HardwareProfile) -> bool:
     """Whether ``profile`` holds the whole measured CPU model ``calibrate`` writes: kernel rates by
-    size, the kernel probe behind ``kernel_scale`` (its scale, or why the probe failed) and the
-    host cost of an optimizer-phase op."""
+    size, the kernel probe behind ``kernel_scale`` (its scale, or why the probe failed), the
+    host cost of an optimizer-phase op and a data-parallel gradient reduction's cost."""
     return (
         bool(profile.gemm_curve)
         and "kernel_probe" in (profile.calibration or {})
         and profile.optimizer_op_overhead_s is not None
+        and profile.grad_sync_s is not None
     )
 
 

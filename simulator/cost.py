@@ -162,6 +162,10 @@ class HardwareProfile:
     """Host seconds each optimizer-phase op (the global-norm clip's) costs beyond its kernel: it
     runs outside autograd, with no tape to record, for less than a forward or backward op's
     ``op_overhead_s``; ``None``: ``op_overhead_s``."""
+    grad_sync_s: float | None = None
+    """Seconds a gradient reduction of a data-parallel backward costs in a step, whole (host and
+    link), as ``calibrate`` measures a dp=2 step paying it (``calibrate_host.grad_sync_cost``);
+    ``None``: a reshard call (``reshard_overhead_s``) plus its collective's link time."""
     kernel_scale: float = 1.0
     """Seconds a kernel takes inside a training step per second its rate above prices it at:
     ``calibrate`` measures ``flops_per_s``, ``gemm_curve`` and ``vector_curve`` in tight loops on
@@ -219,9 +223,15 @@ class HardwareProfile:
                     + (" or null" if optional else "")
                     + f", got {value!r}"
                 )
-        for fname in ("op_overhead_s", "reshard_overhead_s", "update_overhead_s", "optimizer_op_overhead_s"):
+        for fname in (
+            "op_overhead_s",
+            "reshard_overhead_s",
+            "update_overhead_s",
+            "optimizer_op_overhead_s",
+            "grad_sync_s",
+        ):
             value = getattr(self, fname)
-            if value is None and fname == "optimizer_op_overhead_s":
+            if value is None and fname in ("optimizer_op_overhead_s", "grad_sync_s"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"HardwareProfile {self.name!r}: {fname} must be seconds in [0, 1], got {value!r}")
@@ -361,6 +371,8 @@ class HardwareProfile:
                 out[fname] = getattr(self, fname)
         if self.optimizer_op_overhead_s is not None:
             out["optimizer_op_overhead_s"] = self.optimizer_op_overhead_s
+        if self.grad_sync_s is not None:
+            out["grad_sync_s"] = self.grad_sync_s
         if self.kernel_scale != 1.0:
             out["kernel_scale"] = self.kernel_scale
         if self.calibration is not None:
@@ -402,6 +414,7 @@ class HardwareProfile:
             "reshard_overhead_s",
             "update_overhead_s",
             "optimizer_op_overhead_s",
+            "grad_sync_s",
             "kernel_scale",
         }
         for key in data:
@@ -448,6 +461,7 @@ class HardwareProfile:
                 reshard_overhead_s=data.get("reshard_overhead_s", 0.0),
                 update_overhead_s=data.get("update_overhead_s", 0.0),
                 optimizer_op_overhead_s=data.get("optimizer_op_overhead_s"),
+                grad_sync_s=data.get("grad_sync_s"),
                 kernel_scale=data.get("kernel_scale", 1.0),
             )
         except (TypeError, ValueError) as exc:

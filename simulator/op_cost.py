@@ -185,7 +185,9 @@ class PlanCosts:
         # None: the profile's measured host costs (a calibrated CPU profile's; 0 elsewhere). An
         # ``op_overhead`` given alone also stands for the reshard call, as it always has.
         optimizer_overhead: float | None = None
+        self.grad_sync: float | None = None
         if op_overhead is None:
+            self.grad_sync = profile.grad_sync_s
             op_overhead = profile.op_overhead_s
             reshard_overhead = profile.reshard_overhead_s if reshard_overhead is None else reshard_overhead
             optimizer_overhead = profile.optimizer_op_overhead_s
@@ -322,8 +324,18 @@ class PlanCosts:
         return (nbytes / bandwidth + hw.kernel_launch_s) / fusion
 
     # ------------------------------------------------------------------ reshards
+    def grad_sync_price(self, r: PlanReshard) -> float | None:
+        """A data-parallel gradient reduction's whole seconds (``HardwareProfile.grad_sync_s``), for
+        a reshard autograd inserts to bring a gradient to its parameter's layout; else None."""
+        if self.grad_sync is None or r.op is not None or r.phase != "backward":
+            return None
+        return self.grad_sync if r.reason.startswith("gradient of") else None
+
     def reshard_time(self, r: PlanReshard, rank: int) -> float:
         """Seconds ``rank`` spends in reshard ``r``: its steps, plus one call's overhead."""
+        whole = self.grad_sync_price(r)
+        if whole is not None:
+            return whole
         total = self.reshard_overhead
         crossed = False
         for step in r.steps:
@@ -372,6 +384,9 @@ class PlanCosts:
     def reshard_times(self, r: PlanReshard) -> float | dict[int, float]:
         """Seconds reshard ``r`` takes on each rank taking part; one float when all take the same."""
         ranks = self.reshard_ranks(r)
+        whole = self.grad_sync_price(r)
+        if whole is not None:
+            return whole
         if not any(step.kind == "transfer" for step in r.steps):
             mesh = self._meshes[r.src_mesh]
             if all(_uniform(tuple(r.shape), mesh, pls) for step in r.steps for pls in (step.src, step.dst)):

@@ -191,6 +191,7 @@ def test_auto_measures_again_when_the_cached_profile_predates_the_cpu_model(
         CURVED,
         kernel_scale=2.5,
         optimizer_op_overhead_s=5e-5,
+        grad_sync_s=4e-4,
         calibration={"kernel_probe": {"measured_s": {"2": 0.1, "16": 0.5}}},
     )
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -280,3 +281,28 @@ def test_the_clips_ops_pay_the_optimizer_op_cost(tmp_path: Path) -> None:
     assert HardwareProfile.load(tmp_path / "p.json").optimizer_op_overhead_s == 1e-5
     with pytest.raises(ValueError, match="optimizer_op_overhead_s"):
         replace(CURVED, optimizer_op_overhead_s=-1.0)
+
+
+def test_a_gradient_reduction_costs_what_a_data_parallel_step_pays(tmp_path: Path) -> None:
+    """With ``grad_sync_s`` (a dp=2 step over the one-rank one, per gradient reshard) each
+    gradient reshard of backward costs that, whole; every other reshard and an explicit
+    ``op_overhead`` price as before."""
+    strategy = GPTStrategy(dp=2, tp=2)
+    step = trace_gpt_step(SHAPE, strategy, layers_traced=SHAPE.layers)
+    measured = replace(CURVED, grad_sync_s=1e-4)
+    costs, plain = PlanCosts(step.plan, measured), PlanCosts(step.plan, CURVED)
+    grads = [r for r in step.plan.reshards if r.index in step.grad_sync]
+    others = [r for r in step.plan.reshards if r.index not in step.grad_sync]
+    assert grads and others
+    for r in grads:
+        assert costs.reshard_times(r) == 1e-4
+        assert all(costs.reshard_time(r, q) == 1e-4 for q in costs.reshard_ranks(r))
+        assert PlanCosts(step.plan, measured, op_overhead=2e-4).reshard_times(r) == PlanCosts(
+            step.plan, CURVED, op_overhead=2e-4
+        ).reshard_times(r)
+    for r in others:
+        assert costs.reshard_times(r) == plain.reshard_times(r)
+    measured.save(tmp_path / "p.json")
+    assert HardwareProfile.load(tmp_path / "p.json").grad_sync_s == 1e-4
+    with pytest.raises(ValueError, match="grad_sync_s"):
+        replace(CURVED, grad_sync_s=2.0)
