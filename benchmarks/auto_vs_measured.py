@@ -92,7 +92,7 @@ def predicted_layouts(profile_path: str) -> list[Row]:
 
     shape = GPTShape(LAYERS, 128, 4, 64, 128, 1, 0.0)  # gpt.py's default model (its auto_search)
     gpt = gpt_module()
-    result = choose(shape, WORLD, BATCH, load_profile(profile_path), top_k=100_000)
+    result = choose(shape, WORLD, BATCH, load_profile(profile_path), top_k=100_000, grad_clip=gpt.GRAD_CLIP_NORM)
     best: dict[str, Row] = {}
     for cand in result.ranked:  # fastest first: the first of a layout is its best
         st = cand.strategy

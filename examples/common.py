@@ -258,13 +258,17 @@ def check_layout(args: argparse.Namespace, degrees: dict[str, int], layers: int,
         raise SystemExit("--accumulate-steps and --schedule both cut the batch; with a schedule use --micro-batches")
 
 
+GRAD_CLIP_NORM = 1.0
+"""The global norm ``make_optimizer`` clips gradients to (``--auto`` prices the clipping)."""
+
+
 def make_optimizer(args: argparse.Namespace, model: Any, lr: float) -> Any:
     """AdamW with weight decay and global-norm clipping, under ``--zero`` over dp and ``--offload``."""
     opt = dist.optimizer.AdamW(
         learning_rate=lr,
         parameters=model.parameters(),
         weight_decay=0.01,
-        grad_clip=dist.optimizer.ClipGradByGlobalNorm(1.0),
+        grad_clip=dist.optimizer.ClipGradByGlobalNorm(GRAD_CLIP_NORM),
     )
     if args.zero:
         opt = dist.shard_optimizer(

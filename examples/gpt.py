@@ -25,6 +25,7 @@ import argparse
 import sys
 
 from common import (
+    GRAD_CLIP_NORM,
     add_attention_arg,
     add_training_args,
     check_layout,
@@ -161,7 +162,9 @@ def auto_search(args: argparse.Namespace) -> dict[str, object] | str:
 
     try:
         resolved = resolve_profile(args.profile, world or 1, can_calibrate=world is not None, say=say)
-        result = choose(shape, world or 1, batch, resolved.profile, limit_bytes=args.memory_limit)
+        result = choose(
+            shape, world or 1, batch, resolved.profile, limit_bytes=args.memory_limit, grad_clip=GRAD_CLIP_NORM
+        )
     except ValueError as exc:
         return f"--auto: {exc}"
     if not result.ranked:

@@ -59,8 +59,14 @@ def calibrate_to(path: str, ranks: int, timeout_s: float = CALIBRATE_TIMEOUT_S) 
 
 def has_cpu_model(profile: HardwareProfile) -> bool:
     """Whether ``profile`` holds the whole measured CPU model ``calibrate`` writes: kernel rates by
-    size and the kernel probe behind ``kernel_scale`` (its scale, or why the probe failed)."""
-    return bool(profile.gemm_curve) and "kernel_probe" in (profile.calibration or {})
+    size, the kernel probe behind ``kernel_scale`` (its scale, or why the probe failed), the
+    host cost of an optimizer-phase op and a data-parallel gradient reduction's cost."""
+    return (
+        bool(profile.gemm_curve)
+        and "kernel_probe" in (profile.calibration or {})
+        and profile.optimizer_op_overhead_s is not None
+        and profile.grad_sync_s is not None
+    )
 
 
 def resolve_profile(
@@ -124,6 +130,7 @@ def choose(
     profile: HardwareProfile,
     top_k: int = 2,
     limit_bytes: int | None = None,
+    grad_clip: float | None = None,
 ) -> SearchResult:
     """The search over dp x tp x pp of ``world``, sequence parallelism, ZeRO 0-3, recompute none,
     selective and full, every micro-batch count and schedule, in the script's precision (no mixed
@@ -131,6 +138,7 @@ def choose(
     Recompute only trades time for memory, so it wins only where less recompute does not fit: the
     search drops a recomputing candidate unpriced once the same strategy with less recompute was
     priced and fits (``search``'s dominance rule), which keeps the larger space to seconds.
+    ``grad_clip``: the global norm the script's optimizer clips to (its clipping is priced).
 
     Runs under a backend of its own: the traces build meshes of up to ``2 x tp`` ranks, which the
     script's backend (a world fixed at ``world`` ranks, perhaps fewer) would refuse."""
@@ -150,6 +158,7 @@ def choose(
             mixed_precision=False,
             recomputes=RECOMPUTES,
             drop_dominated=True,
+            grad_clip=grad_clip,
         )
 
 

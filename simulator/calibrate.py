@@ -185,6 +185,8 @@ def calibrate(*, quick: bool = False, ranks: int = 2, timeout_s: float = 120.0) 
         op_overhead_s=float(raw["host"]["op"]),
         reshard_overhead_s=float(raw["host"]["reshard"]),
         update_overhead_s=float(raw["host"]["update"]),
+        optimizer_op_overhead_s=float(raw["host"].get("optimizer_op", raw["host"]["op"])),
+        grad_sync_s=float(raw["host"]["grad_sync"]) if "grad_sync" in raw["host"] else None,
     )
     calibration["kernel_probe"] = probe = {"measured_s": raw["kernel_probe"]}
     measured = {int(b): float(t) for b, t in raw["kernel_probe"].items()}
@@ -267,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"host: {profile.op_overhead_s * 1e6:.0f} us per op, {profile.reshard_overhead_s * 1e6:.0f} us per reshard call, "
-        f"{profile.update_overhead_s * 1e6:.0f} us per parameter update"
+        f"{profile.update_overhead_s * 1e6:.0f} us per parameter update, "
+        f"{(profile.optimizer_op_overhead_s or 0.0) * 1e6:.0f} us per optimizer-phase (clip) op, "
+        f"{(profile.grad_sync_s or 0.0) * 1e6:.0f} us per gradient all-reduce of a data-parallel backward"
     )
     probe = cal.get("kernel_probe", {})
     print(

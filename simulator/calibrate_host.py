@@ -17,8 +17,13 @@ reuses ``host_costs`` in its own worker.
   4-element array taken out, as for GEMMs).
 * ``host_costs``: seconds per mpipar op and per parameter update (a tiny GPT step, compute
   negligible, on each rank's one-rank mesh, divided by the ops and updates a trace of it
-  counts) and per reshard call beyond its MPI collective (an mpipar 1 KiB all-reduce over pairs
-  of ranks against a raw ``Allreduce`` of the same buffer on the same pairs).
+  counts), per optimizer-phase op (the global-norm clip's squares, sums and scales: the
+  clipped update's time over the plain one's, per op the clipped trace counts; they run
+  outside autograd and record no tape), per gradient all-reduce of a data-parallel backward
+  (``grad_sync_cost``: a dp=2 step over the one-rank one, per gradient reshard) and per reshard
+  call beyond its MPI collective (an mpipar
+  1 KiB all-reduce over pairs of ranks against a raw ``Allreduce`` of the same buffer on the
+  same pairs).
 """
 
 from __future__ import annotations
@@ -197,6 +202,7 @@ def host_costs(comm: Any, steps: int) -> dict[str, float]:
             "fb": statistics.median(t[0] for t in times),
             "update": statistics.median(t[1] for t in times),
             "fb_ops": sum(1 for o in plan.ops if o.phase != "optimizer"),
+            "opt_ops": sum(1 for o in plan.ops if o.phase == "optimizer"),
             "params": len(list(model.parameters())),
         }
 
@@ -227,12 +233,60 @@ def host_costs(comm: Any, steps: int) -> dict[str, float]:
 
     from mpi4py import MPI
 
+    sync = grad_sync_cost(comm, cfg, pair, max(3, steps // 4))
     call = statistics.median(
         per_call(lambda: dist.reshard(partial, world, [dist.Replicate()]))
         - per_call(lambda: group.Allreduce(src, dst, op=MPI.SUM))
         for _ in range(3)
     )
-    return {"op": own["fb"] / own["fb_ops"], "update": alone["update"] / alone["params"], "reshard": max(call, 0.0)}
+    # The clip's ops (squares, sums, scales of every gradient) run outside autograd, with no tape
+    # to record: their host cost is the clipped update's extra time over the plain one, per op.
+    clip_op = (own["update"] - alone["update"]) / own["opt_ops"] if own["opt_ops"] else own["fb"] / own["fb_ops"]
+    return {
+        "op": own["fb"] / own["fb_ops"],
+        "update": alone["update"] / alone["params"],
+        "reshard": max(call, 0.0),
+        "optimizer_op": max(clip_op, 0.0),
+        "grad_sync": sync,
+    }
+
+
+def grad_sync_cost(comm: Any, cfg: GPTConfig, pair: list[int], steps: int) -> float:
+    """Seconds one gradient all-reduce of a data-parallel backward costs, whole (host and link):
+    the tiny GPT's forward+backward on a dp=2 mesh of this rank's pair (one sequence per rank,
+    each parameter's gradient all-reduced as backward reaches it) less the same on the rank's
+    own one-rank mesh (one sequence), over the gradient reshards a trace of the dp step counts.
+    Both under MPI, every rank at once, in turns (a neighbour's burst spoils one, not both)."""
+    rank = comm.Get_rank()
+    out: dict[str, float] = {}
+    calls = 0
+    for name, ranks in (("own", [rank]), ("dp", pair)):
+        mesh = dist.ProcessMesh([[r] for r in ranks], dim_names=["dp", "tp"])
+        dist.seed(0)
+        par = GPTParallel([mesh])
+        model = GPT(cfg, par)
+        idx = dist.shard_tensor(
+            np.arange(4 * len(ranks), dtype=np.int64).reshape(len(ranks), 4) % cfg.vocab_size,
+            mesh,
+            par.activation(mesh, seq_split=False),
+        )
+
+        def step(model: GPT = model, idx: Any = idx) -> float:
+            start = time.perf_counter()
+            model.loss(idx, idx).backward()
+            seconds = time.perf_counter() - start
+            model.clear_gradients()
+            return seconds
+
+        for _ in range(3):
+            step()
+        if name == "dp":
+            with trace() as rec:
+                step()
+            calls = sum(1 for r in rec.plan().reshards if r.op is None and r.reason.startswith("gradient of"))
+        comm.Barrier()
+        out[name] = statistics.median(step() for _ in range(steps))
+    return max(out["dp"] - out["own"], 0.0) / max(calls, 1)
 
 
 KERNEL_MODEL: dict[str, Any] = {

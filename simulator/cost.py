@@ -158,6 +158,14 @@ class HardwareProfile:
     """Host seconds each reshard call costs beyond its collectives' link time."""
     update_overhead_s: float = 0.0
     """Host seconds the optimizer spends per parameter beyond its kernels."""
+    optimizer_op_overhead_s: float | None = None
+    """Host seconds each optimizer-phase op (the global-norm clip's) costs beyond its kernel: it
+    runs outside autograd, with no tape to record, for less than a forward or backward op's
+    ``op_overhead_s``; ``None``: ``op_overhead_s``."""
+    grad_sync_s: float | None = None
+    """Seconds a gradient reduction of a data-parallel backward costs in a step, whole (host and
+    link), as ``calibrate`` measures a dp=2 step paying it (``calibrate_host.grad_sync_cost``);
+    ``None``: a reshard call (``reshard_overhead_s``) plus its collective's link time."""
     kernel_scale: float = 1.0
     """Seconds a kernel takes inside a training step per second its rate above prices it at:
     ``calibrate`` measures ``flops_per_s``, ``gemm_curve`` and ``vector_curve`` in tight loops on
@@ -215,8 +223,16 @@ class HardwareProfile:
                     + (" or null" if optional else "")
                     + f", got {value!r}"
                 )
-        for fname in ("op_overhead_s", "reshard_overhead_s", "update_overhead_s"):
+        for fname in (
+            "op_overhead_s",
+            "reshard_overhead_s",
+            "update_overhead_s",
+            "optimizer_op_overhead_s",
+            "grad_sync_s",
+        ):
             value = getattr(self, fname)
+            if value is None and fname in ("optimizer_op_overhead_s", "grad_sync_s"):
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"HardwareProfile {self.name!r}: {fname} must be seconds in [0, 1], got {value!r}")
         ks = self.kernel_scale
@@ -307,6 +323,19 @@ class HardwareProfile:
         log-bytes between its points, its end values beyond them); ``None`` without a curve."""
         return _interpolate(self.vector_curve, nbytes) / self.kernel_scale if self.vector_curve else None
 
+    @property
+    def prices_eager_runtime(self) -> bool:
+        """Whether this profile prices mpipar's own eager runtime (it carries mpipar's measured
+        host costs per op, reshard call or update: a ``calibrate``d CPU profile), which reduces
+        each micro-batch's gradients over data parallelism as backward accumulates them (a
+        partial gradient added to a replicated one), inside that micro-batch's backward (its
+        weight-gradient part ``W`` when backward is split), not once per step after the last
+        one as Megatron-style runtimes do (the GPU presets); and whose pipeline hand-offs hold
+        both ranks until every message is through (``PipelineCost.blocking_transfers``)."""
+        return not self.gpu_model and (
+            self.op_overhead_s > 0 or self.reshard_overhead_s > 0 or self.update_overhead_s > 0
+        )
+
     # ------------------------------------------------------------------ files
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -340,6 +369,10 @@ class HardwareProfile:
         for fname in ("op_overhead_s", "reshard_overhead_s", "update_overhead_s"):
             if getattr(self, fname):
                 out[fname] = getattr(self, fname)
+        if self.optimizer_op_overhead_s is not None:
+            out["optimizer_op_overhead_s"] = self.optimizer_op_overhead_s
+        if self.grad_sync_s is not None:
+            out["grad_sync_s"] = self.grad_sync_s
         if self.kernel_scale != 1.0:
             out["kernel_scale"] = self.kernel_scale
         if self.calibration is not None:
@@ -380,6 +413,8 @@ class HardwareProfile:
             "op_overhead_s",
             "reshard_overhead_s",
             "update_overhead_s",
+            "optimizer_op_overhead_s",
+            "grad_sync_s",
             "kernel_scale",
         }
         for key in data:
@@ -425,6 +460,8 @@ class HardwareProfile:
                 op_overhead_s=data.get("op_overhead_s", 0.0),
                 reshard_overhead_s=data.get("reshard_overhead_s", 0.0),
                 update_overhead_s=data.get("update_overhead_s", 0.0),
+                optimizer_op_overhead_s=data.get("optimizer_op_overhead_s"),
+                grad_sync_s=data.get("grad_sync_s"),
                 kernel_scale=data.get("kernel_scale", 1.0),
             )
         except (TypeError, ValueError) as exc:
@@ -585,6 +622,10 @@ class PipelineCost:
     send_backward: tuple[float, ...]
     time_unit: str = "s"
     memory: StageMemory | None = None
+    blocking_transfers: bool = False
+    """Whether a send or receive holds its rank until the transfer is done (a rendezvous, as
+    mpipar's runtime runs a hand-off: both sides wait for all of its messages), instead of
+    being posted and left to complete while the rank goes on (``simulator.schedule_sim``)."""
 
     def __post_init__(self) -> None:
         n = len(self.forward)

@@ -382,7 +382,8 @@ def estimate(
     if memory_bandwidth is None and hw.gpu_model:
         memory_bandwidth = hw.memory_Bps  # the GPU model: an optimizer update streams its states
     prices = price_parts(step, strategy, costs, hw, per_update, memory_bandwidth, layers_per_stage(shape, strategy))
-    times = stage_times(prices)
+    per_micro = hw.prices_eager_runtime and not overlap_grad_reduce
+    times = stage_times(prices, per_micro)
     schedule = build_schedule(strategy.schedule, step.num_stages, strategy.micro_batches, strategy.chunks)
     timeline = simulate_schedule(
         schedule,
@@ -393,9 +394,10 @@ def estimate(
             tuple(times.send_forward),
             tuple(times.send_backward),
             "s",
+            blocking_transfers=hw.prices_eager_runtime,
         ),
     )
-    tails = pipeline_tails(prices, schedule, timeline, overlap_grad_reduce)
+    tails = pipeline_tails(prices, schedule, timeline, overlap_grad_reduce, per_micro)
     memory = memory_per_rank(prices, schedule)
     in_flight = schedule.peak_in_flight()
     stages = [
@@ -557,19 +559,27 @@ class StageTimes:
     send_backward: list[float]
 
 
-def stage_times(prices: PartPrices) -> StageTimes:
+def stage_times(prices: PartPrices, sync_per_microbatch: bool = False) -> StageTimes:
     """Forward ``F``, input-gradient ``B`` and weight-gradient ``W`` seconds per stage, and the
-    hand-offs between stages (the busiest rank of each)."""
+    hand-offs between stages (the busiest rank of each). ``sync_per_microbatch``: every
+    micro-batch's weight gradients are reduced in its own backward (``HardwareProfile.
+    prices_eager_runtime``), so the stage's gradient reductions are part of ``W`` (and of
+    ``B`` when backward is not split)."""
     step = prices.step
     fwd, b_in, b_w = [], [], []
     for s in range(step.num_stages):
         ranks = step.stage_ranks[s]
+
+        def sync(r: int, s: int = s) -> float:
+            return prices.stage_sum(s, "sync", r) if sync_per_microbatch else 0.0
+
         f = max(prices.stage_sum(s, "forward", r) for r in ranks)
-        w = max(prices.stage_sum(s, "weight", r) for r in ranks)
+        w = max(prices.stage_sum(s, "weight", r) + sync(r) for r in ranks)
         # Megatron's sequence-parallel backward runs its all-gather and reduce-scatter alongside the
         # weight-gradient GEMMs; only what those GEMMs cannot hide is paid.
         b = max(
             prices.stage_sum(s, "backward", r)
+            + sync(r)
             + max(0.0, prices.stage_sum(s, "overlap", r) - prices.stage_sum(s, "weight", r))
             for r in ranks
         )
@@ -598,11 +608,16 @@ class PipelineTails:
 
 
 def pipeline_tails(
-    prices: PartPrices, schedule: Schedule, timeline: Timeline, overlap_grad_reduce: bool
+    prices: PartPrices,
+    schedule: Schedule,
+    timeline: Timeline,
+    overlap_grad_reduce: bool,
+    sync_per_microbatch: bool = False,
 ) -> PipelineTails:
     """Each lane's end of compute in ``timeline`` and its tail: every reduction and update paid
     after the last backward, or, with ``overlap_grad_reduce``, only the reduction backward
-    cannot hide (parts in the order backward reaches them) plus the update."""
+    cannot hide (parts in the order backward reaches them) plus the update; with
+    ``sync_per_microbatch`` the reductions ran in each backward (``stage_times``): the update only."""
     step = prices.step
     # Parts in the order backward reaches them: the reverse of the order forward first runs them.
     forward_order: list[Part] = []
@@ -615,9 +630,8 @@ def pipeline_tails(
         lane_ranks = step.stage_ranks[stages[0]]
         out.ends.append(max((sp.end for sp in timeline.lane(k, "compute")), default=0.0))
         if not overlap_grad_reduce:
-            out.tails.append(
-                max(sum(prices.stage_sum(s, b, r) for s in stages for b in ("sync", "optimizer")) for r in lane_ranks)
-            )
+            buckets = ("optimizer",) if sync_per_microbatch else ("sync", "optimizer")
+            out.tails.append(max(sum(prices.stage_sum(s, b, r) for s in stages for b in buckets) for r in lane_ranks))
             continue
         mine = [p for p in reversed(forward_order) if any(p in prices.parts_of_stage[s] for s in stages)]
         lane_tail, lane_exposed = 0.0, 0.0

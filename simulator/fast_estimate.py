@@ -350,7 +350,9 @@ def layer_counts(layers: int, pp: int, chunks: int) -> list[int]:
 def _simulate(strategy: GPTStrategy, micro: int, cost: PipelineCost, act: tuple[int, ...]) -> PipelineTimes:
     # The schedule compiled once per shape (``simulator.fast_pipeline``): candidates that differ
     # in costs only replay it.
-    return compile_schedule(strategy.schedule, strategy.num_stages, micro, strategy.chunks).run(cost, act)
+    return compile_schedule(
+        strategy.schedule, strategy.num_stages, micro, strategy.chunks, cost.blocking_transfers
+    ).run(cost, act)
 
 
 def _close(a: float, b: float) -> bool:
@@ -441,10 +443,12 @@ def assemble(
     def stage_sum(s: int, bucket: str) -> float:
         return sum(k * value(p, bucket) for p, k in parts[s])
 
+    per_micro = hw.prices_eager_runtime  # estimate's stage_times: each backward reduces its gradients
     fwd, b_in, b_w = [], [], []
     for s in range(len(parts)):
-        w = stage_sum(s, "weight")
-        b = stage_sum(s, "backward") + max(0.0, stage_sum(s, "overlap") - w)
+        sync = stage_sum(s, "sync") if per_micro else 0.0
+        w = stage_sum(s, "weight") + sync
+        b = stage_sum(s, "backward") + sync + max(0.0, stage_sum(s, "overlap") - stage_sum(s, "weight"))
         fwd.append(stage_sum(s, "forward"))
         b_w.append(min(w, b))
         b_in.append(max(b - w, 0.0))
@@ -457,11 +461,16 @@ def assemble(
         send_b.append(inv.handoff[link].get("backward", 0.0))
     act = tuple(round(sum(k * inv.activations.get(p, 0) for p, k in parts[s])) for s in range(len(parts)))
     state = [sum(round(k * n) for p, k in parts[s] for n in ctx.state.get(p, {}).values()) for s in range(len(parts))]
-    cost = PipelineCost(tuple(fwd), tuple(b_in), tuple(b_w), tuple(send_f), tuple(send_b), "s")
+    cost = PipelineCost(
+        tuple(fwd), tuple(b_in), tuple(b_w), tuple(send_f), tuple(send_b), "s", blocking_transfers=per_micro
+    )
     pipe, bubble = pipeline(strategy, cost, act)
     lanes = len(pipe.ends)
     stages_of = [[s for s in range(len(parts)) if s % strategy.pp == k] for k in range(lanes)]
-    tails = tuple(sum(stage_sum(s, "sync") + stage_sum(s, "optimizer") for s in stages_of[k]) for k in range(lanes))
+    tails = tuple(
+        sum((0.0 if per_micro else stage_sum(s, "sync")) + stage_sum(s, "optimizer") for s in stages_of[k])
+        for k in range(lanes)
+    )
     step_time = max(e + t for e, t in zip(pipe.ends, tails, strict=True))
     peak = max(sum(state[s] for s in stages_of[k]) + pipe.in_flight[k] for k in range(lanes))
     return FastEstimate(step_time, peak, bubble, pipe.makespan, tails)

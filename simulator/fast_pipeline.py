@@ -52,7 +52,8 @@ class Program:
     slots: tuple[int, ...]
     """Per node: the index of its cost in ``costs(cost)``'s vector."""
     probes: tuple[tuple[str, Action], ...]
-    """Per cost slot: ``("compute" | "transfer", a representative action)``."""
+    """Per cost slot: ``("compute" | "transfer" | "hold", a representative action)`` (a hold costs
+    nothing: a blocked rank's free time, the later of its own and its transfer's end)."""
     lanes: tuple[tuple[int, ...], ...]
     """Per lane: its compute nodes in execution order."""
     transfers: tuple[int, ...]
@@ -61,7 +62,10 @@ class Program:
 
     def costs(self, cost: PipelineCost) -> list[float]:
         split = self.schedule.split_backward
-        return [cost.compute_time(a, split) if kind == "compute" else cost.transfer_time(a) for kind, a in self.probes]
+        return [
+            cost.compute_time(a, split) if kind == "compute" else cost.transfer_time(a) if kind == "transfer" else 0.0
+            for kind, a in self.probes
+        ]
 
     def run(self, cost: PipelineCost, activations: tuple[int, ...]) -> PipelineTimes:
         """The step under ``cost``, equal bit for bit to ``_Run(schedule, cost).timeline()``'s."""
@@ -90,8 +94,9 @@ class Program:
 
 
 @functools.lru_cache(maxsize=64)  # bounded: a long interleaved schedule compiles to tens of thousands of nodes
-def compile_schedule(kind: str, stages: int, micro: int, chunks: int) -> Program:
-    """``build_schedule(kind, stages, micro, chunks)`` compiled by one symbolic run of ``_Run``'s loop."""
+def compile_schedule(kind: str, stages: int, micro: int, chunks: int, blocking: bool = False) -> Program:
+    """``build_schedule(kind, stages, micro, chunks)`` compiled by one symbolic run of ``_Run``'s
+    loop; ``blocking``: its transfers hold both ranks until done (``PipelineCost.blocking_transfers``)."""
     schedule = build_schedule(kind, stages, micro, chunks)
     ranks = schedule.num_ranks
     split = schedule.split_backward
@@ -127,13 +132,19 @@ def compile_schedule(kind: str, stages: int, micro: int, chunks: int) -> Program
             while pos[rank] < len(row):
                 action = row[pos[rank]]
                 if action.is_comm:
-                    posted[action.key] = free[rank]
+                    if action.key not in posted:
+                        posted[action.key] = free[rank]
                     other = matching(action)
-                    if other.key in posted:
-                        send, recv = (action, other) if action.is_send else (other, action)
+                    send, recv = (action, other) if action.is_send else (other, action)
+                    if other.key in posted and recv.key not in arrival:
                         t = node((posted[send.key], posted[recv.key]), slot("transfer", send))
                         arrival[recv.key] = t
                         transfers.append(t)
+                    if blocking:
+                        if recv.key not in arrival:
+                            break  # held until the other side posts its half
+                        # _Run: free = max(free, arrival); a node of zero cost keeps the same max.
+                        free[rank] = node((free[rank], arrival[recv.key]), slot("hold", action))
                 else:
                     ins = [free[rank]]
                     waiting = False

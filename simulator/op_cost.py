@@ -24,7 +24,9 @@ is the profile's FLOP rate for the dtype for a matmul (times ``gemm_efficiency(f
 the profile has a measured ``gemm_curve``) and for every other op ``vector_flops`` if given,
 else the profile's ``vector_rate(bytes)`` (a calibrated CPU profile's ``vector_curve``: the
 rate of an elementwise op of that many bytes), else the GEMM rate, ``bytes`` are the local inputs read and outputs written (0 for ops NumPy
-does as views), and ``memory_bandwidth``/``op_overhead`` are optional (``None``/0: FLOPs only).
+does as views), and ``memory_bandwidth``/``op_overhead`` are optional (``None``/0: FLOPs only);
+an optimizer-phase op (the global-norm clip's) pays the profile's ``optimizer_op_overhead_s``
+instead where it has one and no ``op_overhead`` is given.
 Matmuls are the compute-bound part; elementwise ops run far below a GEMM's rate (NumPy makes
 one pass over memory per operation), which ``vector_flops`` or the bandwidth term price. The
 overhead is host time per call (Python dispatch on CPU, a kernel launch on a GPU); a reshard
@@ -182,9 +184,13 @@ class PlanCosts:
     ) -> None:
         # None: the profile's measured host costs (a calibrated CPU profile's; 0 elsewhere). An
         # ``op_overhead`` given alone also stands for the reshard call, as it always has.
+        optimizer_overhead: float | None = None
+        self.grad_sync: float | None = None
         if op_overhead is None:
+            self.grad_sync = profile.grad_sync_s
             op_overhead = profile.op_overhead_s
             reshard_overhead = profile.reshard_overhead_s if reshard_overhead is None else reshard_overhead
+            optimizer_overhead = profile.optimizer_op_overhead_s
         for name, value in (("memory_bandwidth", memory_bandwidth), ("vector_flops", vector_flops)):
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0 per second or None, got {value!r}")
@@ -197,6 +203,8 @@ class PlanCosts:
         self.vector_flops = vector_flops
         self.op_overhead = float(op_overhead)
         self.reshard_overhead = self.op_overhead if reshard_overhead is None else float(reshard_overhead)
+        # Optimizer-phase ops (the clip's) at the profile's own host cost for them, where it has one.
+        self.optimizer_op_overhead = self.op_overhead if optimizer_overhead is None else float(optimizer_overhead)
         self._tensors = {t.id: t for t in plan.tensors}
         self._meshes = {m.id: m for m in plan.meshes}
         self._representatives: dict[tuple[PlanMesh, tuple[str, ...]], tuple[int, ...]] = {}
@@ -292,7 +300,7 @@ class PlanCosts:
             )
         if self.memory_bandwidth is not None:
             t = max(t, self.op_bytes(op, rank) / self.memory_bandwidth)
-        return t + self.op_overhead
+        return t + (self.optimizer_op_overhead if op.phase == "optimizer" else self.op_overhead)
 
     def _gpu_op_time(self, op: PlanOp, rank: int) -> float:
         """The GPU model (module docstring): GEMMs on a size-dependent share of a roofline, the
@@ -316,8 +324,18 @@ class PlanCosts:
         return (nbytes / bandwidth + hw.kernel_launch_s) / fusion
 
     # ------------------------------------------------------------------ reshards
+    def grad_sync_price(self, r: PlanReshard) -> float | None:
+        """A data-parallel gradient reduction's whole seconds (``HardwareProfile.grad_sync_s``), for
+        a reshard autograd inserts to bring a gradient to its parameter's layout; else None."""
+        if self.grad_sync is None or r.op is not None or r.phase != "backward":
+            return None
+        return self.grad_sync if r.reason.startswith("gradient of") else None
+
     def reshard_time(self, r: PlanReshard, rank: int) -> float:
         """Seconds ``rank`` spends in reshard ``r``: its steps, plus one call's overhead."""
+        whole = self.grad_sync_price(r)
+        if whole is not None:
+            return whole
         total = self.reshard_overhead
         crossed = False
         for step in r.steps:
@@ -366,6 +384,9 @@ class PlanCosts:
     def reshard_times(self, r: PlanReshard) -> float | dict[int, float]:
         """Seconds reshard ``r`` takes on each rank taking part; one float when all take the same."""
         ranks = self.reshard_ranks(r)
+        whole = self.grad_sync_price(r)
+        if whole is not None:
+            return whole
         if not any(step.kind == "transfer" for step in r.steps):
             mesh = self._meshes[r.src_mesh]
             if all(_uniform(tuple(r.shape), mesh, pls) for step in r.steps for pls in (step.src, step.dst)):

@@ -1,7 +1,9 @@
 """Simulating a pipeline schedule in virtual time: ``simulate_schedule(schedule, cost) -> Timeline``.
 
 Every rank runs its action list in order. Sends and receives are posted where they stand and
-never block the rank (``isend``/``irecv``); a transfer starts once both halves are posted and
+never block the rank (``isend``/``irecv``), or, with the cost's ``blocking_transfers``, hold it
+until their transfer is done (a rendezvous: mpipar's runtime waits for every message of a
+hand-off on both sides); a transfer starts once both halves are posted and
 lasts the cost's transfer time; a compute action starts when its rank is free and the transfers
 it consumes have arrived. Transfers do not contend with each other (point-to-point links are
 independent and full duplex). The timeline has each rank's compute spans on its ``compute``
@@ -51,7 +53,8 @@ def simulate_schedule(schedule: Schedule, cost: str | PipelineCost = "unit") -> 
             f"simulate_schedule: the cost describes {cost.num_stages} stages but the schedule has "
             f"{schedule.num_stages}; build the PipelineCost with num_stages={schedule.num_stages}"
         )
-    schedule.validate("nonblocking")  # refuses, naming rank and action, what could never run
+    # Refuses, naming rank and action, what could never run under the cost's semantics.
+    schedule.validate("rendezvous" if cost.blocking_transfers else "nonblocking")
     return _Run(schedule, cost).timeline()
 
 
@@ -98,11 +101,17 @@ class _Run:
         """Run rank's head action if it can run now; False if it waits for another rank."""
         action = self.schedule.actions[rank][self.pos[rank]]
         if action.is_comm:
-            self.posted[action.key] = (rank, self.free[rank])
+            if action.key not in self.posted:
+                self.posted[action.key] = (rank, self.free[rank])
             other = matching(action)
-            if other.key in self.posted:
-                send, recv = (action, other) if action.is_send else (other, action)
+            send, recv = (action, other) if action.is_send else (other, action)
+            if other.key in self.posted and recv.key not in self.arrival:
                 self._transfer(send, recv)
+            if not self.cost.blocking_transfers:
+                return True
+            if recv.key not in self.arrival:
+                return False  # held until the other side posts its half
+            self.free[rank] = max(self.free[rank], self.arrival[recv.key])
             return True
         ready = self.free[rank]
         for dep in local_inputs(

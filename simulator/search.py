@@ -137,10 +137,12 @@ def enumerate_strategies(
     schedules: tuple[str, ...] = SCHEDULES,
     mixed_precision: bool = True,
     micro_batch_sizes: tuple[int, ...] | None = None,
+    grad_clip: float | None = None,
 ) -> Iterator[tuple[GPTStrategy, int]]:
     """Every (strategy, micro-batch size) that divides: heads by tp, layers by pp x chunks,
     batch by dp x micro-batches x micro-batch size. Counts what it drops in ``pruned``.
-    ``micro_batch_sizes``: only these (default: every divisor of the batch per replica)."""
+    ``micro_batch_sizes``: only these (default: every divisor of the batch per replica).
+    ``grad_clip``: every strategy clips gradients to that global norm (the script's optimizer does)."""
 
     def drop(reason: str) -> None:
         pruned[reason] = pruned.get(reason, 0) + 1
@@ -169,7 +171,18 @@ def enumerate_strategies(
                                 for rc in recomputes:
                                     yield (
                                         GPTStrategy(
-                                            dp, tp, pp, sp, rc, zero, mixed_precision, "adamw", micro, schedule, chunks
+                                            dp,
+                                            tp,
+                                            pp,
+                                            sp,
+                                            rc,
+                                            zero,
+                                            mixed_precision,
+                                            "adamw",
+                                            micro,
+                                            schedule,
+                                            chunks,
+                                            grad_clip,
                                         ),
                                         mbs,
                                     )

@@ -22,7 +22,11 @@ own: ``simulator.op_cost.PlanCosts`` gives each op's and each reshard's seconds 
   and the sample price it (a runtime accumulating micro-batches locally): the gradient
   synchronisation (the reshards autograd inserts to bring a parameter's gradient to its layout,
   ``reason`` "gradient of DistTensor 'name' ..." or a tensor of kind gradient; COLL on the comm
-  track), then the optimizer's ops (OPT, compute track) and its reshards (COLL).
+  track), then the optimizer's ops (OPT, compute track) and its reshards (COLL). On a profile
+  that prices mpipar's own eager runtime (``HardwareProfile.prices_eager_runtime``: a
+  calibrated CPU profile) the gradient synchronisation is instead part of every micro-batch's
+  backward weight part, where that runtime runs it, and hand-offs block both ranks
+  (``cost.blocking_transfers``), as ``simulator.estimate`` prices them there.
 
 ``priced(plan, profile)`` returns a copy of the plan whose ``pipeline.cost`` holds these
 seconds (``time_unit: "s"``), so ``viz.simulate`` (pipeline and memory views) draws seconds.
@@ -79,6 +83,10 @@ class StagePrices:
     optimizer_comm: dict[int, float]
     """Per lane: optimizer-phase reshards (a ZeRO all-gather of the updated parameters)."""
     profile: str
+    eager_runtime: bool = False
+    """The profile prices mpipar's eager runtime (``HardwareProfile.prices_eager_runtime``): each
+    micro-batch's gradient sync is in its stage's backward (``W``), ``grad_sync`` is empty, and
+    hand-offs hold both ranks until done (``cost.blocking_transfers``)."""
 
 
 class _Ledger:
@@ -175,6 +183,7 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
     if sorted(stages) != list(range(n)):
         raise ValueError(f"plan field pipeline.stages: stages {sorted(stages)} are not 0..{n - 1}")
     costs = costs or PlanCosts(plan, profile)
+    eager = profile.prices_eager_runtime
     mesh_stages = {m: [s] for s, m in stages.items()} if one_step else _mesh_stages(plan)
     lanes = 1 if one_step else _num_lanes(plan)
     mesh_lane = {mid: ss[0] % lanes for mid, ss in mesh_stages.items()}
@@ -220,7 +229,13 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
         if r.phase not in PHASES:
             continue
         if grad_sync(plan, r, param_names) and r.src_mesh in mesh_lane:
-            sync[mesh_lane[r.src_mesh]].add(costs.reshard_ranks(r), costs.reshard_times(r))
+            if eager:  # reduced in each micro-batch's backward, with its weight gradients
+                owners = list(mesh_stages.get(r.src_mesh, [])) if one_step else _reshard_stages(plan, r, mesh_stages)
+                for s in owners:
+                    for bucket in ("backward", "weight"):
+                        ledgers[(bucket, s)].add(costs.reshard_ranks(r), costs.reshard_times(r), 1.0 / len(owners))
+            else:
+                sync[mesh_lane[r.src_mesh]].add(costs.reshard_ranks(r), costs.reshard_times(r))
             continue
         if r.src_mesh != r.dst_mesh:
             src = mesh_stages.get(r.src_mesh, [])
@@ -255,6 +270,7 @@ def stage_prices(plan: Plan, profile: HardwareProfile, costs: PlanCosts | None =
         {lane: opt[lane].most() for lane in range(lanes)},
         {lane: opt_comm[lane].most() for lane in range(lanes)},
         profile.name or "profile",
+        eager,
     )
 
 
@@ -269,6 +285,7 @@ def cost_section(prices: StagePrices) -> dict[str, Any]:
         "backward_weight": list(prices.backward_weight),
         "send_forward": list(prices.send_forward),
         "send_backward": list(prices.send_backward),
+        "blocking_transfers": prices.eager_runtime,
     }
 
 

@@ -166,6 +166,7 @@ def plan_cost(plan: Plan, memory_rank: int | None = None, stages: int | None = N
         _floats(cost.get("send_backward"), n - 1, 0.0),
         unit if unit in ("s", "unit") else "unit",
         memory,
+        cost.get("blocking_transfers") is True,
     )
 
 

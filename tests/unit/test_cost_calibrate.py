@@ -43,6 +43,8 @@ def test_calibrate_writes_a_loadable_profile(tmp_path: Path) -> None:
     ) == 6
     assert profile.op_overhead_s > 0 and profile.update_overhead_s > 0 and profile.reshard_overhead_s >= 0
     assert cal["host_costs"]["op"] == profile.op_overhead_s
+    assert cal["host_costs"]["optimizer_op"] == profile.optimizer_op_overhead_s >= 0
+    assert cal["host_costs"]["grad_sync"] == profile.grad_sync_s >= 0
     # The kernel probe: measured and priced at both batches, and the scale from them (or why not).
     probe = cal["kernel_probe"]
     assert set(probe["measured_s"]) == set(probe["priced_s"]) == {"2", "16"}

@@ -182,13 +182,17 @@ def test_the_measured_shapes_span_the_model_sizes() -> None:
 def test_auto_measures_again_when_the_cached_profile_predates_the_cpu_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A cache written before the CPU model (no kernel curves, or curves but no kernel probe)
-    would rank on what this machine's steps do not cost: --auto calibrates again (where it
+    """A cache written before the CPU model (no kernel curves, or curves but no kernel probe or
+    optimizer-phase op cost) would rank on what this machine's steps do not cost: --auto calibrates again (where it
     can), and keeps a cache that has the whole model."""
     from simulator import auto
 
     measured_model = replace(
-        CURVED, kernel_scale=2.5, calibration={"kernel_probe": {"measured_s": {"2": 0.1, "16": 0.5}}}
+        CURVED,
+        kernel_scale=2.5,
+        optimizer_op_overhead_s=5e-5,
+        grad_sync_s=4e-4,
+        calibration={"kernel_probe": {"measured_s": {"2": 0.1, "16": 0.5}}},
     )
     monkeypatch.setenv("HOME", str(tmp_path))
     cached = Path(auto.cache_path(8))
@@ -248,3 +252,57 @@ def test_calibrate_prices_the_kernel_probe_growing_with_its_batch() -> None:
     assert 0 < priced[small] < priced[large]
     measured = {small: 1.0 + 2 * priced[small], large: 1.0 + 2 * priced[large]}  # same host cost, 2x kernels
     assert kernel_scale(measured, priced) == pytest.approx(2.0)
+
+
+def test_the_clips_ops_pay_the_optimizer_op_cost(tmp_path: Path) -> None:
+    """Optimizer-phase ops (the global-norm clip's) run outside autograd: the profile's own host
+    cost for them, not a forward or backward op's; an explicit ``op_overhead`` still prices all."""
+    strategy = GPTStrategy(dp=2, grad_clip=1.0)
+    step = trace_gpt_step(SHAPE, strategy, layers_traced=SHAPE.layers)
+    cheap = replace(CURVED, optimizer_op_overhead_s=1e-5)
+    costs, plain = PlanCosts(step.plan, cheap), PlanCosts(step.plan, CURVED)
+    clip = [op for op in step.plan.ops if op.phase == "optimizer"]
+    forward = [op for op in step.plan.ops if op.phase == "forward"]
+    assert clip and forward
+    for op in clip:
+        assert plain.op_time(op, 0) - costs.op_time(op, 0) == pytest.approx(2e-4 - 1e-5, rel=1e-9)
+        assert PlanCosts(step.plan, cheap, op_overhead=2e-4).op_time(op, 0) == pytest.approx(plain.op_time(op, 0))
+    for op in forward:
+        assert costs.op_time(op, 0) == plain.op_time(op, 0)
+    # Every rank runs the same clip, so the step is shorter by its ops' difference on one rank.
+    on_rank0 = sum(
+        1
+        for op, part in zip(step.plan.ops, step.op_parts, strict=True)
+        if op.phase == "optimizer" and part != SETUP and 0 in costs.op_ranks(op)
+    )
+    faster = estimate(SHAPE, strategy, cheap, step=step).step_time_s
+    assert faster == pytest.approx(estimate(SHAPE, strategy, CURVED, step=step).step_time_s - on_rank0 * (2e-4 - 1e-5))
+    cheap.save(tmp_path / "p.json")
+    assert HardwareProfile.load(tmp_path / "p.json").optimizer_op_overhead_s == 1e-5
+    with pytest.raises(ValueError, match="optimizer_op_overhead_s"):
+        replace(CURVED, optimizer_op_overhead_s=-1.0)
+
+
+def test_a_gradient_reduction_costs_what_a_data_parallel_step_pays(tmp_path: Path) -> None:
+    """With ``grad_sync_s`` (a dp=2 step over the one-rank one, per gradient reshard) each
+    gradient reshard of backward costs that, whole; every other reshard and an explicit
+    ``op_overhead`` price as before."""
+    strategy = GPTStrategy(dp=2, tp=2)
+    step = trace_gpt_step(SHAPE, strategy, layers_traced=SHAPE.layers)
+    measured = replace(CURVED, grad_sync_s=1e-4)
+    costs, plain = PlanCosts(step.plan, measured), PlanCosts(step.plan, CURVED)
+    grads = [r for r in step.plan.reshards if r.index in step.grad_sync]
+    others = [r for r in step.plan.reshards if r.index not in step.grad_sync]
+    assert grads and others
+    for r in grads:
+        assert costs.reshard_times(r) == 1e-4
+        assert all(costs.reshard_time(r, q) == 1e-4 for q in costs.reshard_ranks(r))
+        assert PlanCosts(step.plan, measured, op_overhead=2e-4).reshard_times(r) == PlanCosts(
+            step.plan, CURVED, op_overhead=2e-4
+        ).reshard_times(r)
+    for r in others:
+        assert costs.reshard_times(r) == plain.reshard_times(r)
+    measured.save(tmp_path / "p.json")
+    assert HardwareProfile.load(tmp_path / "p.json").grad_sync_s == 1e-4
+    with pytest.raises(ValueError, match="grad_sync_s"):
+        replace(CURVED, grad_sync_s=2.0)

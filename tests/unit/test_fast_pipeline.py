@@ -1,5 +1,6 @@
 """The search's compiled pipeline simulation (``simulator.fast_pipeline``) gives the event
-simulation's numbers bit for bit, for every schedule kind, uneven costs and transfers; the
+simulation's numbers bit for bit, for every schedule kind, uneven costs and transfers, posted
+or blocking (rendezvous) hand-offs; the
 memory bound built on its activation walk never exceeds the priced peak."""
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("blocking", [False, True], ids=["posted", "blocking"])
 @pytest.mark.parametrize("kind,stages,micro,chunks", CASES, ids=lambda c: str(c))
-def test_compiled_pipeline_equals_event_simulation(kind: str, stages: int, micro: int, chunks: int) -> None:
+def test_compiled_pipeline_equals_event_simulation(
+    kind: str, stages: int, micro: int, chunks: int, blocking: bool
+) -> None:
     rng = random.Random(stages * 100 + micro)
     for trial in range(3):
 
@@ -44,11 +48,12 @@ def test_compiled_pipeline_equals_event_simulation(kind: str, stages: int, micro
             (0.0,) * (stages - 1) if zero else times(stages - 1),
             (0.0,) * (stages - 1) if zero else times(stages - 1),
             "s",
+            blocking_transfers=blocking,
         )
         act = tuple(rng.randrange(1, 1 << 30) for _ in range(stages))
         schedule = build_schedule(kind, stages, micro, chunks)
         timeline = _Run(schedule, cost).timeline()
-        got = compile_schedule(kind, stages, micro, chunks).run(cost, act)
+        got = compile_schedule(kind, stages, micro, chunks, blocking).run(cost, act)
         lanes = schedule.num_ranks
         assert got.ends == tuple(max((s.end for s in timeline.lane(k, "compute")), default=0.0) for k in range(lanes))
         assert got.makespan == timeline.makespan

@@ -26,7 +26,7 @@ from mpipar.compile.plan import Plan
 from mpipar.debug.timeline import Span, Timeline
 from mpipar.pipeline import Schedule
 from simulator import simulate_schedule
-from simulator.cost import PipelineCost, load_profile
+from simulator.cost import HardwareProfile, PipelineCost, load_profile
 from simulator.op_cost import PlanCosts
 from viz.__main__ import streamlit_command
 from viz.plan_time import ProfileError, measured_on_lanes, priced, profile_from_bytes, profile_from_path
@@ -65,12 +65,12 @@ def _clean(at: AppTest) -> None:
 
 
 def _expected_parts(
-    plan: Plan, preset: str
+    plan: Plan, preset: str | HardwareProfile
 ) -> tuple[tuple[float, ...], tuple[float, ...], dict[str, list[float]], list[float]]:
     """The cost model's seconds for the plan's ops on ``preset``, recomputed rank by rank
     (PlanCosts.op_time / reshard_time): per stage the busiest rank's forward and backward, the
     hand-offs between stages, and each stage's gradient sync (the parameters' gradient reshards)."""
-    costs = PlanCosts(plan, load_profile(preset))
+    costs = PlanCosts(plan, load_profile(preset) if isinstance(preset, str) else preset)
     stages = stage_meshes(plan)
     n = len(stages)
     ranks = {s: plan.mesh(m).process_ids for s, m in stages.items()}
@@ -124,6 +124,27 @@ def test_gpt_pipeline_total_is_the_cost_models_prediction(gpt_plan_path: str) ->
         assert step == pytest.approx(_expected_step(plan, preset), rel=1e-9), preset
     cpu = _expected_step(plan, "cpu-local")
     assert expected < cpu / 5  # an H100 runs this step far faster than a CPU host
+
+
+def test_an_eager_runtime_profile_reduces_in_every_backward(gpt_plan_path: str) -> None:
+    """On a calibrated CPU profile (mpipar's measured host costs: it prices mpipar's eager
+    runtime) the dashboard prices as ``simulator.estimate`` does there: each micro-batch's
+    gradient sync in its stage's backward, hand-offs holding both ranks, no sync at step end."""
+    plan = Plan.load(gpt_plan_path)
+    eager = dataclasses.replace(load_profile("cpu-local"), op_overhead_s=2e-4, reshard_overhead_s=5e-4)
+    assert eager.prices_eager_runtime
+    pipeline = priced(plan, eager).pipeline
+    assert pipeline["cost"]["blocking_transfers"] is True
+    assert all(item["name"] != "gradient sync" for items in pipeline["step_end"].values() for item in items)
+    fwd, bwd, send, sync = _expected_parts(plan, eager)
+    n = len(fwd)
+    with_sync = tuple(b + y for b, y in zip(bwd, sync, strict=True))
+    cost = PipelineCost(
+        fwd, with_sync, (0.0,) * n, tuple(send["forward"]), tuple(send["backward"]), "s", blocking_transfers=True
+    )
+    expected = simulate_schedule(Schedule.from_dict(plan.pipeline["schedule"]), cost).makespan
+    assert simulate_plan(priced(plan, eager)).makespan == pytest.approx(expected, rel=1e-9)
+    assert min(sync) > 0
 
 
 def test_memory_and_pipeline_are_in_seconds(gpt_plan_path: str) -> None:
