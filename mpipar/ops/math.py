@@ -58,6 +58,19 @@ def _add_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     return [reduce_to_shape(g[0], ctx.input_shapes[0]), reduce_to_shape(g[0], ctx.input_shapes[1])]
 
 
+def _same_value(x: Any, y: Any) -> bool:
+    """Do saved inputs ``x`` and ``y`` hold one value in one layout (an op applied to a tensor
+    and itself)? Then a product with either gives the same bits."""
+    return (
+        x is not None
+        and y is not None
+        and x._sid == y._sid
+        and x._spec == y._spec
+        and x._dtype == y._dtype
+        and x._shape == y._shape
+    )
+
+
 def _sub_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     gy = neg(g[0]) if ctx.needs_grad[1] else None
     return [reduce_to_shape(g[0], ctx.input_shapes[0]), reduce_to_shape(gy, ctx.input_shapes[1])]
@@ -66,7 +79,9 @@ def _sub_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
 def _mul_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     x, y = ctx.inputs
     gx = multiply(g[0], y) if ctx.needs_grad[0] else None
-    gy = multiply(g[0], x) if ctx.needs_grad[1] else None
+    # a square (``z * z``): both gradients are the same product, made once
+    square = gx is not None and _same_value(x, y)
+    gy = gx if square else multiply(g[0], x) if ctx.needs_grad[1] else None
     return [reduce_to_shape(gx, ctx.input_shapes[0]), reduce_to_shape(gy, ctx.input_shapes[1])]
 
 

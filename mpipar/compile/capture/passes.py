@@ -44,8 +44,8 @@ def fold_constants(tr: Tracer, instrs: Indexed, template: list[Any], kept: set[i
 
 def same_once(tr: Tracer, instrs: Indexed, kept: set[int], alias: dict[int, int]) -> Indexed:
     """The instructions less repeats: a pure one-output instruction calling the same function
-    object on the same slots as an earlier one (the backward of ``z * z`` multiplies the same
-    two arrays twice) reads that one's output instead (``alias``: slot -> the slot it reads).
+    object on the same slots as an earlier one (a step that writes the same product twice)
+    reads that one's output instead (``alias``: slot -> the slot it reads).
     Forgotten at every update or effect, which may overwrite a slot in place."""
     seen: dict[tuple[Any, tuple[int, ...]], int] = {}
     out: Indexed = []
