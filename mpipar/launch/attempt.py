@@ -183,8 +183,11 @@ class DeathWatch:
     killed rank's lifeline ends before hydra can even start the cleanup, and the peers' end only
     after hydra's round trip (proxy, mpiexec, proxy) and their own teardown: milliseconds later.
     A thread of its own waits on the lifelines and stamps each wake-up, so the launcher's loop,
-    busy copying logs or reading heartbeats, cannot merge them. Ranks seen dead in one wake-up
-    (a launcher starved of CPU for the whole round trip) are a tie; ``first`` returns them all.
+    busy copying logs or reading heartbeats, cannot merge them. Lifelines seen ending in one
+    wake-up (a launcher starved of CPU for the whole round trip) still keep their order: epoll
+    hands ready descriptors back in the order they became ready, which is the order the
+    kernel closed them, so the first of them is the culprit. A wake-up whose deaths include a
+    pidfd is a tie; ``first`` returns all its ranks.
 
     The end of a process (a pidfd) is weaker evidence: a killed rank's last threads may be
     scheduled after a peer hydra killed later has gone entirely. Pidfds serve only ranks without
@@ -194,6 +197,7 @@ class DeathWatch:
     def __init__(self, nprocs: int, lifelines: bool = True) -> None:
         self.nprocs = nprocs
         self.died: list[tuple[int, int]] = []  # (rank, wake-up number), in the order seen
+        self._by_lifeline: list[bool] = []  # per entry of ``died``: seen by its lifeline's end
         self._lock = threading.Lock()
         self._fds: dict[int, tuple[str, int, Any]] = {}  # fd -> (kind, rank, socket or None)
         self._ranks: set[int] = set()  # ranks with a lifeline or a pidfd
@@ -247,7 +251,7 @@ class DeathWatch:
             with self._lock:
                 if self._closing:
                     return
-                dead: list[int] = []
+                dead: list[tuple[int, bool]] = []  # (rank, by its lifeline), in epoll's (readiness) order
                 for fd, _ in events:
                     if fd == self._wake_r:
                         continue
@@ -259,7 +263,8 @@ class DeathWatch:
                         self._event(fd, dead)
                 if dead:
                     self._wakeups += 1
-                    self.died.extend((r, self._wakeups) for r in dead)
+                    self.died.extend((r, self._wakeups) for r, _ in dead)
+                    self._by_lifeline.extend(lifeline for _, lifeline in dead)
 
     def _accept(self) -> None:
         assert self._server is not None and self._ep is not None
@@ -272,7 +277,7 @@ class DeathWatch:
             self._pending[conn.fileno()] = conn
             self._ep.register(conn.fileno(), select.EPOLLIN)
 
-    def _hello(self, fd: int, dead: list[int]) -> None:
+    def _hello(self, fd: int, dead: list[tuple[int, bool]]) -> None:
         """A connection's first words: its rank (untrusted: a bounded decimal integer, once per rank)."""
         assert self._ep is not None
         conn = self._pending.pop(fd)
@@ -294,7 +299,7 @@ class DeathWatch:
         self._fds[fd] = ("lifeline", rank, conn)
         self._event(fd, dead)  # it may be dead already: then its EOF came with the hello
 
-    def _event(self, fd: int, dead: list[int]) -> None:
+    def _event(self, fd: int, dead: list[tuple[int, bool]]) -> None:
         kind, rank, conn = self._fds[fd]
         if kind == "lifeline":
             try:
@@ -305,7 +310,7 @@ class DeathWatch:
             except OSError:
                 pass
         self._drop(fd)
-        dead.append(rank)
+        dead.append((rank, kind == "lifeline"))
 
     def _drop(self, fd: int) -> None:
         assert self._ep is not None
@@ -316,12 +321,16 @@ class DeathWatch:
             conn.close() if conn is not None else os.close(fd)
 
     def first(self) -> list[int]:
-        """The ranks that died first (together, within one wake-up); empty when none was seen to die."""
+        """The rank that died first, or the ranks tied for first (seen in one wake-up, one of
+        them by its pidfd); empty when none was seen to die."""
         with self._lock:
             if not self.died:
                 return []
             w0 = self.died[0][1]
-            return [r for r, w in self.died if w == w0]
+            batch = [i for i, (_, w) in enumerate(self.died) if w == w0]
+            if all(self._by_lifeline[i] for i in batch):  # the kernel's order of the ends
+                return [self.died[0][0]]
+            return [self.died[i][0] for i in batch]
 
     def close(self) -> None:
         if self._ep is None:

@@ -373,6 +373,46 @@ def test_the_death_watch_names_the_rank_that_died_first_and_ignores_hostile_hell
         deaths.close()
 
 
+def test_lifelines_ending_in_one_wake_up_keep_the_kernels_order() -> None:
+    """A launcher starved of CPU sees the culprit's lifeline end and hydra's cleanup of the others
+    in one wake-up: epoll lists them in the order they ended, so the first is still named alone.
+    (The watch thread is held off the lock while rank 2, then 0, then 1 die.)"""
+    deaths = DeathWatch(3)
+    child = "import sys, time; from mpipar.runtime.heartbeat import connect_lifeline as c; " \
+            "l = c(int(sys.argv[1])); print(l is not None, flush=True); time.sleep(60)"  # fmt: skip
+    env = {**os.environ, "MPIPAR_LIFELINE": deaths.address}
+    procs = {
+        r: subprocess.Popen([sys.executable, "-c", child, str(r)], env=env, stdout=subprocess.PIPE, text=True)
+        for r in range(3)
+    }
+    try:
+        assert all(p.stdout is not None and p.stdout.readline().strip() == "True" for p in procs.values())
+        deadline = time.monotonic() + 10
+        while len(deaths._lifelines) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert deaths._lifelines == {0, 1, 2}
+        with deaths._lock:  # the thread wakes for this connection, then waits here for the lock
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect("\0" + deaths.address[1:])
+            time.sleep(0.2)
+            for r in (2, 0, 1):
+                procs[r].kill()
+                procs[r].wait()
+                time.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while len(deaths.died) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        s.close()
+        assert [r for r, _ in deaths.died] == [2, 0, 1]
+        assert len({w for _, w in deaths.died}) == 1  # one wake-up saw all three
+        assert deaths.first() == [2]
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+        deaths.close()
+
+
 def test_ranks_seen_dead_together_are_told_apart_by_hydras_report_when_it_names_one(tmp_path: Any) -> None:
     attempt_dir = tmp_path / "attempt-0"
     attempt_dir.mkdir()
