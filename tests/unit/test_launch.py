@@ -10,6 +10,7 @@ restarts. The launches under mpiexec are in ``tests/mpi/test_mpi_launch.py``; th
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -332,11 +334,10 @@ def test_a_failure_that_repeats_stops_the_restarts_paddle_spelling_simulated(tmp
     assert "FAILED: 2 ranks" in run.stderr.strip().splitlines()[-1]
 
 
-def test_the_death_watch_names_the_rank_that_died_first_and_ignores_hostile_hellos() -> None:
-    """Rank 2 dies, then ranks 0 and 1 (hydra's cleanup, milliseconds later): the lifelines' ends
-    come in that order, each its own wake-up; connections that say a wrong rank change nothing."""
+@contextlib.contextmanager
+def _three_lifelines() -> Iterator[tuple[DeathWatch, dict[int, subprocess.Popen[str]]]]:
+    """A death watch and three child processes holding lifelines to it as ranks 0-2, connected."""
     deaths = DeathWatch(3)
-    assert deaths.address.startswith("@mpipar-lifeline-")
     child = "import sys, time; from mpipar.runtime.heartbeat import connect_lifeline as c; " \
             "l = c(int(sys.argv[1])); print(l is not None, flush=True); time.sleep(60)"  # fmt: skip
     env = {**os.environ, "MPIPAR_LIFELINE": deaths.address}
@@ -350,6 +351,19 @@ def test_the_death_watch_names_the_rank_that_died_first_and_ignores_hostile_hell
         while len(deaths._lifelines) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert deaths._lifelines == {0, 1, 2}
+        yield deaths, procs
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+        deaths.close()
+
+
+def test_the_death_watch_names_the_rank_that_died_first_and_ignores_hostile_hellos() -> None:
+    """Rank 2 dies, then ranks 0 and 1 (hydra's cleanup, milliseconds later): the lifelines' ends
+    come in that order, each its own wake-up; connections that say a wrong rank change nothing."""
+    with _three_lifelines() as (deaths, procs):
+        assert deaths.address.startswith("@mpipar-lifeline-")
         for hello in (b"7\n", b"x\n", b"1\n", b""):  # out of range, not a number, taken, silent
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect("\0" + deaths.address[1:])
@@ -366,31 +380,13 @@ def test_the_death_watch_names_the_rank_that_died_first_and_ignores_hostile_hell
         while len(deaths.died) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert [r for r, _ in deaths.died] == [2, 0, 1] and deaths.first() == [2]
-    finally:
-        for p in procs.values():
-            p.kill()
-            p.wait()
-        deaths.close()
 
 
 def test_lifelines_ending_in_one_wake_up_keep_the_kernels_order() -> None:
     """A launcher starved of CPU sees the culprit's lifeline end and hydra's cleanup of the others
     in one wake-up: epoll lists them in the order they ended, so the first is still named alone.
     (The watch thread is held off the lock while rank 2, then 0, then 1 die.)"""
-    deaths = DeathWatch(3)
-    child = "import sys, time; from mpipar.runtime.heartbeat import connect_lifeline as c; " \
-            "l = c(int(sys.argv[1])); print(l is not None, flush=True); time.sleep(60)"  # fmt: skip
-    env = {**os.environ, "MPIPAR_LIFELINE": deaths.address}
-    procs = {
-        r: subprocess.Popen([sys.executable, "-c", child, str(r)], env=env, stdout=subprocess.PIPE, text=True)
-        for r in range(3)
-    }
-    try:
-        assert all(p.stdout is not None and p.stdout.readline().strip() == "True" for p in procs.values())
-        deadline = time.monotonic() + 10
-        while len(deaths._lifelines) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert deaths._lifelines == {0, 1, 2}
+    with _three_lifelines() as (deaths, procs):
         with deaths._lock:  # the thread wakes for this connection, then waits here for the lock
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect("\0" + deaths.address[1:])
@@ -406,11 +402,6 @@ def test_lifelines_ending_in_one_wake_up_keep_the_kernels_order() -> None:
         assert [r for r, _ in deaths.died] == [2, 0, 1]
         assert len({w for _, w in deaths.died}) == 1  # one wake-up saw all three
         assert deaths.first() == [2]
-    finally:
-        for p in procs.values():
-            p.kill()
-            p.wait()
-        deaths.close()
 
 
 def test_ranks_seen_dead_together_are_told_apart_by_hydras_report_when_it_names_one(tmp_path: Any) -> None:
