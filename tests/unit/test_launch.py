@@ -359,6 +359,20 @@ def _three_lifelines() -> Iterator[tuple[DeathWatch, dict[int, subprocess.Popen[
         deaths.close()
 
 
+def _kill_in_order(procs: dict[int, subprocess.Popen[str]], order: tuple[int, ...]) -> None:
+    """kill -9 these ranks' processes one after another, 50 ms apart (as hydra's cleanup follows a death)."""
+    for r in order:
+        procs[r].kill()
+        procs[r].wait()
+        time.sleep(0.05)
+
+
+def _wait_for_deaths(deaths: DeathWatch, n: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(deaths.died) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def test_the_death_watch_names_the_rank_that_died_first_and_ignores_hostile_hellos() -> None:
     """Rank 2 dies, then ranks 0 and 1 (hydra's cleanup, milliseconds later): the lifelines' ends
     come in that order, each its own wake-up; connections that say a wrong rank change nothing."""
@@ -372,13 +386,8 @@ def test_the_death_watch_names_the_rank_that_died_first_and_ignores_hostile_hell
             s.close()
         time.sleep(0.1)
         assert deaths.died == [] and deaths.first() == []
-        for r in (2, 0, 1):
-            procs[r].kill()
-            procs[r].wait()
-            time.sleep(0.05)
-        deadline = time.monotonic() + 5
-        while len(deaths.died) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        _kill_in_order(procs, (2, 0, 1))
+        _wait_for_deaths(deaths, 3)
         assert [r for r, _ in deaths.died] == [2, 0, 1] and deaths.first() == [2]
 
 
@@ -391,13 +400,8 @@ def test_lifelines_ending_in_one_wake_up_keep_the_kernels_order() -> None:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect("\0" + deaths.address[1:])
             time.sleep(0.2)
-            for r in (2, 0, 1):
-                procs[r].kill()
-                procs[r].wait()
-                time.sleep(0.05)
-        deadline = time.monotonic() + 5
-        while len(deaths.died) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
+            _kill_in_order(procs, (2, 0, 1))
+        _wait_for_deaths(deaths, 3)
         s.close()
         assert [r for r, _ in deaths.died] == [2, 0, 1]
         assert len({w for _, w in deaths.died}) == 1  # one wake-up saw all three
