@@ -183,6 +183,28 @@ def check_placements(placements: object, what: str = "placements") -> list[Place
     return items
 
 
+def zigzag_fault(
+    placements: Sequence[Placement], shape: Sequence[int], mesh_shape: Sequence[int]
+) -> tuple[int, int, int | None] | None:
+    """The first zigzag split ``DistSpec`` refuses, as ``(axis, dim, outer)``: the mesh axis of the
+    ``Z(dim)`` at fault and, when an earlier mesh axis splits the same dim (a zigzag split must be
+    the outermost), that axis; ``outer`` None: the dim does not divide into 2 x (axis size) equal
+    chunks. None when every zigzag split is one mpipar makes. Shard dims must be in range;
+    negative ones count from the end."""
+    ndim = len(shape)
+    for axis, p in enumerate(placements):
+        if not isinstance(p, ZigzagShard):
+            continue
+        dim = p.dim % ndim
+        outer = next((a for a, q in enumerate(placements[:axis]) if isinstance(q, Shard) and q.dim % ndim == dim), None)
+        if outer is not None:
+            return axis, dim, outer
+        k = mesh_shape[axis]
+        if k > 1 and shape[dim] % (2 * k):
+            return axis, dim, None
+    return None
+
+
 def placement_problem(
     text: str,
     mesh_ndim: int,
@@ -202,22 +224,20 @@ def placement_problem(
     if len(placements) != mesh_ndim:
         return f"has {len(placements)} placement(s) for a mesh of {mesh_ndim} axes"
     kinds = set()
-    for axis, p in enumerate(placements):
+    for p in placements:
         if isinstance(p, Shard) and not -tensor_ndim <= p.dim < tensor_ndim:
             return f"shards dim {p.dim} of a {tensor_ndim}-d tensor"
         if isinstance(p, Partial):
             kinds.add(p.reduce_type)
-        if isinstance(p, ZigzagShard) and shape is not None and mesh_shape is not None:
-            dim = p.dim % tensor_ndim
-            outer = [a for a, q in enumerate(placements[:axis]) if isinstance(q, Shard) and q.dim % tensor_ndim == dim]
-            if outer:
-                return f"splits dim {dim} on mesh axis {outer[0]} outside its zigzag split Z({p.dim}) on axis {axis}"
-            k = mesh_shape[axis]
-            if k > 1 and shape[dim] % (2 * k):
-                return (
-                    f"splits dim {dim} of size {shape[dim]} zigzag over {k} ranks (axis {axis}): "
-                    f"it does not divide into 2 x {k} = {2 * k} equal chunks"
-                )
+    if shape is not None and mesh_shape is not None and (fault := zigzag_fault(placements, shape, mesh_shape)):
+        axis, dim, outer = fault
+        if outer is not None:
+            return f"splits dim {dim} on mesh axis {outer} outside its zigzag split {placements[axis]} on axis {axis}"
+        k = mesh_shape[axis]
+        return (
+            f"splits dim {dim} of size {shape[dim]} zigzag over {k} ranks (axis {axis}): "
+            f"it does not divide into 2 x {k} = {2 * k} equal chunks"
+        )
     if len(kinds) > 1 and not kinds <= {"sum", "avg"}:
         return "mixes Partial reduce types that do not commute"
     return None

@@ -59,6 +59,7 @@ from mpipar.placement import (
     like,
     parse_placements,
     placements_str,
+    zigzag_fault,
 )
 
 Box = tuple[tuple[int, int], ...]
@@ -168,23 +169,23 @@ def full_box(shape: Sequence[int]) -> Box:
 
 
 def _check_zigzag(shape: tuple[int, ...], mesh: ProcessMesh, placements: Sequence[Placement]) -> None:
-    """A zigzag split is the outermost split of its dim, and the dim divides into 2k chunks."""
-    for axis, p in enumerate(placements):
-        if not isinstance(p, ZigzagShard):
-            continue
-        k = mesh.shape[axis]
-        where = f"placement Z({p.dim}) on mesh axis {axis} ({mesh.dim_names[axis]!r}, {k} ranks)"
-        outer = [a for a in range(axis) if isinstance(placements[a], Shard) and placements[a].dim == p.dim]  # type: ignore[attr-defined]
-        if outer:
-            raise ValueError(
-                f"{where}: tensor dim {p.dim} is already split by mesh axis {outer[0]} "
-                f"({mesh.dim_names[outer[0]]!r}); a zigzag split must be the outermost split of its dim"
-            )
-        if k > 1 and shape[p.dim] % (2 * k):
-            raise ValueError(
-                f"{where}: tensor dim {p.dim} of size {shape[p.dim]} (shape {list(shape)}) does not divide into "
-                f"2 x {k} = {2 * k} equal chunks; pad the sequence or use Shard({p.dim})"
-            )
+    """A zigzag split is the outermost split of its dim, and the dim divides into 2k chunks
+    (``zigzag_fault``, which plan and checkpoint readers ask too)."""
+    fault = zigzag_fault(placements, shape, mesh.shape)
+    if fault is None:
+        return
+    axis, dim, outer = fault
+    k = mesh.shape[axis]
+    where = f"placement Z({dim}) on mesh axis {axis} ({mesh.dim_names[axis]!r}, {k} ranks)"
+    if outer is not None:
+        raise ValueError(
+            f"{where}: tensor dim {dim} is already split by mesh axis {outer} "
+            f"({mesh.dim_names[outer]!r}); a zigzag split must be the outermost split of its dim"
+        )
+    raise ValueError(
+        f"{where}: tensor dim {dim} of size {shape[dim]} (shape {list(shape)}) does not divide into "
+        f"2 x {k} = {2 * k} equal chunks; pad the sequence or use Shard({dim})"
+    )
 
 
 @dataclass(frozen=True)

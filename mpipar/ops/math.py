@@ -60,15 +60,9 @@ def _add_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
 
 def _same_value(x: Any, y: Any) -> bool:
     """Do saved inputs ``x`` and ``y`` hold one value in one layout (an op applied to a tensor
-    and itself)? Then a product with either gives the same bits."""
-    return (
-        x is not None
-        and y is not None
-        and x._sid == y._sid
-        and x._spec == y._spec
-        and x._dtype == y._dtype
-        and x._shape == y._shape
-    )
+    and itself)? Then a product with either gives the same bits. (One storage id is one value,
+    so one dtype and shape.)"""
+    return x is not None and y is not None and x._sid == y._sid and x._spec == y._spec
 
 
 def _sub_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
