@@ -9,8 +9,8 @@ best layout on the same devices and batch.
 Validation, not calibration: no row below is read by any fit. The one fitted constant,
 ``gemm_efficiency_max`` of the ``a100-sxm`` preset, comes from Korthikanti et al. 2022's two
 22B rows through this model (``--fit`` redoes it: ``fit_gemm_efficiency``); ``h100-sxm`` takes
-the same share of peak (no H100 row is calibrated); every other constant is a vendor
-specification (``simulator/presets/*.json`` say which).
+the same share of peak (no H100 row is calibrated); every other constant (fused attention's
+``exp_per_s`` too) is a vendor specification (``simulator/presets/*.json`` say which).
 
 Rows, each priced at its published layout (tensor, pipeline, context and data degrees,
 sequence, batch) and with the knobs each paper reports; where a paper leaves a knob out, the

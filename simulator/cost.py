@@ -175,6 +175,11 @@ class HardwareProfile:
     by the growth of its priced kernel seconds (``calibrate_host.kernel_scale``). Every kernel
     priced from those rates (``compute_time``, ``vector_rate``) is multiplied by it."""
 
+    exp_per_s: float | None = None
+    """Exponentials per second one device computes (a GPU's special function units): fused
+    attention's softmax takes one per score it computes, beside its GEMMs' FLOPs; ``None``:
+    not priced (the exponentials are taken as free)."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"HardwareProfile name must be a non-empty string, got {self.name!r}")
@@ -211,6 +216,7 @@ class HardwareProfile:
             ("gemm_efficiency_max", self.gemm_efficiency_max, True, 0.0, 1.0, "a share in (0, 1]"),
             ("gemm_half_flops", self.gemm_half_flops, False, 0.0, 1e18, "FLOPs in [0, 1e18]"),
             ("elementwise_fusion", self.elementwise_fusion, False, 1.0, 1e3, "a factor in [1, 1000]"),
+            ("exp_per_s", self.exp_per_s, True, 0.0, math.inf, "exponentials/s > 0"),
         )
         for fname, value, optional, low, high, what in gpu_fields:
             if value is None and optional:
@@ -360,6 +366,8 @@ class HardwareProfile:
                     "elementwise_fusion": self.elementwise_fusion,
                 }
             )
+        if self.exp_per_s is not None:
+            out["exp_per_s"] = self.exp_per_s
         if self.host_link_Bps is not None:
             out["host_link_Bps"] = self.host_link_Bps
         if self.gemm_curve:
@@ -407,6 +415,7 @@ class HardwareProfile:
             "gemm_efficiency_max",
             "gemm_half_flops",
             "elementwise_fusion",
+            "exp_per_s",
             "host_link_Bps",
             "gemm_curve",
             "vector_curve",
@@ -452,6 +461,7 @@ class HardwareProfile:
                 gemm_efficiency_max=data.get("gemm_efficiency_max"),
                 gemm_half_flops=data.get("gemm_half_flops", 0.0),
                 elementwise_fusion=data.get("elementwise_fusion", 1.0),
+                exp_per_s=data.get("exp_per_s"),
                 description=str(data.get("description", "")),
                 calibration=data.get("calibration"),
                 host_link_Bps=data.get("host_link_Bps"),

@@ -23,7 +23,10 @@ optimizer step. What each term is and where it comes from:
   batched GEMMs, ``4 s h`` FLOPs per token forward, twice that backward) and keeps the scores;
   fused attention computes the causal half only (cp ranks hold mirrored chunks, so each does
   half of its rows' work) and its backward recomputes the scores: 2.5 forwards (Dao 2022:
-  ``QK^T`` again, then ``dV``, ``dP``, ``dQ``, ``dK``).
+  ``QK^T`` again, then ``dV``, ``dP``, ``dQ``, ``dK``). Its softmax's exponentials, one per
+  score computed forward and one again backward, run on the special function units at the
+  profile's ``exp_per_s`` and add to the GEMMs' time (``_exponentials``); plain attention's
+  softmax is a memory-bound kernel, priced by its bytes.
 * **elementwise kernels** (norms, residual adds or Megatron's fused bias-dropout-add, the
   activation, rotary, plain attention's scale-mask-softmax and dropout, the loss): the bytes each
   fused kernel reads and writes at ``memory_Bps``, plus ``kernel_launch_s`` per kernel. They are
@@ -217,6 +220,16 @@ def _stream(hw: HardwareProfile, nbytes: float, kernels: float) -> float:
     return nbytes / bw + kernels * hw.kernel_launch_s
 
 
+def _exponentials(hw: HardwareProfile, count: float) -> float:
+    """Seconds of ``count`` exponentials in fused attention's softmax: on a GPU they run on the
+    special function units (``HardwareProfile.exp_per_s``), 16 per clock per SM against 2048
+    (A100) or 4096 (H100) dense 16-bit tensor FLOPs, so at head dim 128 (512 GEMM FLOPs per
+    score, forward) they take a quarter (A100) or half (H100) of the GEMMs' time at peak.
+    FlashAttention-2 runs a tile's softmax between its two GEMMs, so the time adds; FlashAttention-3
+    overlaps them on Hopper (not priced here). No rate in the profile: taken as free."""
+    return count / hw.exp_per_s if hw.exp_per_s else 0.0
+
+
 def _link(hw: HardwareProfile, span: int) -> Any:
     """The link of a group whose ranks lie in aligned blocks of ``span`` consecutive device ids:
     inside a node only when every block fits in one (``span`` divides the node's devices)."""
@@ -318,8 +331,13 @@ def _layer_costs(shape: ModelShape, st: FamilyStrategy, hw: HardwareProfile) -> 
     core_flops = 4.0 * t * s * hd * heads
     pairs = shape.micro_batch_size * heads
     if shape.attention == "fused":
-        core_f = _gemm(hw, core_flops / 2)  # causal blocks only
-        core_b = 2.5 * core_f  # recompute the scores, then dV, dP, dQ, dK
+        # Causal blocks only. Each score computed takes one exponential on the special function
+        # units, beside the tile's two GEMMs, which wait for it (``_exponentials``); backward
+        # recomputes the scores' exponentials once, then dV, dP, dQ, dK.
+        core_gemm = _gemm(hw, core_flops / 2)
+        exps = _exponentials(hw, core_flops / 2 / (4 * hd))
+        core_f = core_gemm + exps
+        core_b = 2.5 * core_gemm + exps
     else:
         q = s // cp  # the local queries of one sequence
         scores = BYTES * pairs * (q * s)  # one q x s matrix per (sequence, head) written, one read

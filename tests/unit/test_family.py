@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from simulator.cost import PipelineCost, collective_time, load_profile
+from simulator.cost import HardwareProfile, PipelineCost, collective_time, load_profile
 from simulator.family import PRESETS, ModelShape, preset, stage_layer_counts, stage_of_layers
 from simulator.family_cost import (
     OPTIMIZER_STREAM_BYTES,
@@ -329,3 +329,34 @@ def test_ring_context_parallel_hides_its_sends_behind_the_attention_core() -> No
     assert ring.backward - (ring.compute_backward - ring.weight) == pytest.approx(home, rel=1e-12)
     with pytest.raises(ValueError, match="cp_comm must be allgather or ring"):
         FamilyStrategy(cp=2, cp_comm="tree")
+
+
+@pytest.mark.parametrize(("name", "share"), [("a100-sxm", 0.25), ("h100-sxm", 0.5)])
+def test_fused_attention_pays_its_exponentials(name: str, share: float) -> None:
+    """Fused attention takes one exponential per score it computes forward and one again
+    backward, at the special function units' rate: 16 per clock per SM against 2048 (A100) or
+    4096 (H100) tensor FLOPs, so at head dim 128 (512 GEMM FLOPs per score) a quarter or half
+    of the forward GEMMs' time at peak. Plain attention's softmax is priced by its bytes."""
+    hw = load_profile(name)
+    assert hw.exp_per_s is not None
+    per_score_gemm = 512 / hw.flops_per_s["bfloat16"]
+    assert (1 / hw.exp_per_s) / per_score_gemm == pytest.approx(share, rel=1e-12)
+    shape = preset("llama3-8b")  # head dim 4096 / 32 = 128, seq 8192
+    st = FamilyStrategy(tp=2, cp=2)
+    free = dataclasses.replace(hw, exp_per_s=None)
+    with_exps, without = layer_costs(shape, st, hw), layer_costs(shape, st, free)
+    t = shape.seq // st.cp  # local queries, each against the whole sequence, causal half
+    scores = t * shape.seq * (shape.heads // st.tp) / 2
+    assert with_exps.forward - without.forward == pytest.approx(scores / hw.exp_per_s, rel=1e-9)
+    assert with_exps.backward - without.backward == pytest.approx(scores / hw.exp_per_s, rel=1e-9)
+    assert with_exps.weight == without.weight
+    plain = dataclasses.replace(shape, attention="plain")
+    assert layer_costs(plain, st, hw) == layer_costs(plain, st, free)
+
+
+def test_exp_rate_round_trips_and_refuses_nonsense() -> None:
+    hw = load_profile("h100-sxm")
+    assert HardwareProfile.from_dict(hw.to_dict()) == hw
+    for bad in (0, -1.0, float("inf"), "fast", True):
+        with pytest.raises(ValueError, match=f"exp_per_s must be exponentials/s > 0 or null, got {bad!r}"):
+            HardwareProfile.from_dict({**hw.to_dict(), "exp_per_s": bad})

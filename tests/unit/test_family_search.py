@@ -157,13 +157,13 @@ def test_cli_refuses_naming_the_flag(argv: list[str], message: str, capsys: pyte
 
 
 def test_validation_rows_at_their_published_layouts() -> None:
-    """Every published run at its layout within 0.9-1.1 (no row is read by any fit), but one.
+    """Every published run at its layout within 0.9-1.1 (no row is read by any fit).
     The Llama 3 405B rows are priced as Meta ran them: one-layer chunks, 8 per pipeline rank
     (the first holding only the embedding, the last only the output layer), in Megatron-LM's
     order; that layout fits in 80 GB on 8192 GPUs too (141 layers in flight on rank 1, not
-    four two-layer chunks' 154). The 128k-context row comes out above the band, within 3% of
-    the 8k-context row on the same 16,384 GPUs: a factor common to the H100 rows, not its
-    layout (docs/planner.md, "What is still off")."""
+    four two-layer chunks' 154). Fused attention pays its softmax's exponentials at the H100's
+    special-function rate, which is what brought the 128k-context row (attention ~40% of its
+    FLOPs) into the band (docs/planner.md, "What moved the Llama 3 rows")."""
     svp = _search_vs_published()
     ratios = {}
     for row in svp.rows():
@@ -175,6 +175,5 @@ def test_validation_rows_at_their_published_layouts() -> None:
             assert est.strategy.schedule == "Interleaved1F1B" and est.strategy.chunks == 8, row.name
             assert est.layers_per_stage == [0] + [1] * 126 + [0]
             assert est.peak_bytes <= H100.memory_bytes
-    long_context = "Llama 3 405B, 16384 GPUs, seq 131072"
-    assert [name for name, r in ratios.items() if not 0.9 <= r <= 1.1] == [long_context]
-    assert ratios[long_context] / ratios["Llama 3 405B, 16384 GPUs, seq 8192"] <= 1.03
+    assert {name: r for name, r in ratios.items() if not 0.9 <= r <= 1.1} == {}
+    assert sum(name.startswith("Llama") for name in ratios) == 3
