@@ -29,7 +29,13 @@ class OpStartHook(Protocol):
 
 class OpHook(Protocol):
     def on_op(
-        self, op: Any, inputs: Sequence[Tensor], used: Sequence[Tensor], outputs: Sequence[Tensor], result: Any
+        self,
+        op: Any,
+        inputs: Sequence[Tensor],
+        used: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        result: Any,
+        attrs: dict[str, Any],
     ) -> None: ...
 
 

@@ -304,7 +304,7 @@ class _Session:
                 return
             self.done += 1
 
-    def on_op(self, op: Any, inputs: Any, used: Any, outputs: Any, result: Any) -> None:
+    def on_op(self, op: Any, inputs: Any, used: Any, outputs: Any, result: Any, attrs: dict[str, Any]) -> None:
         """The op hook: every op backward runs gives the started reductions a push."""
         if self.setting.record:
             self.setting.events.append(("op", op.name))

@@ -118,6 +118,13 @@ NORM_OPS = frozenset(
 """Normalisation, softmax and loss kernels (a family of their own in ``estimate --breakdown``)."""
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 GATHER_OPS = frozenset({"embedding"})
+ATTENTION_GEMMS = {"scaled_dot_product_attention": 2, "scaled_dot_product_attention_grad": 5}
+"""Fused attention (``mpipar.ops.attention``): GEMMs per key tile, each ``2 b h q blk d`` FLOPs
+(forward: the scores and their weighted sum; backward: the scores again, dV, dP, dQ, dK)."""
+ATTENTION_PASSES = 6
+"""Elementwise passes over each key tile's ``b x h x q x blk`` scores, forward or backward (scale,
+causal mask, row max or ``- lse``, shift, exponential, row sum or ``dS``): what the kernel runs
+between its GEMMs, one exponential per score among them."""
 """Ops that read only the rows they gather: their table is not streamed through memory."""
 
 
@@ -208,6 +215,7 @@ class PlanCosts:
         self._tensors = {t.id: t for t in plan.tensors}
         self._meshes = {m.id: m for m in plan.meshes}
         self._representatives: dict[tuple[PlanMesh, tuple[str, ...]], tuple[int, ...]] = {}
+        self._specs: dict[tuple[int, str], DistSpec] = {}
 
     # ------------------------------------------------------------------ shapes
     def local_shape(self, tid: int, placements: str | None, rank: int) -> tuple[int, ...]:
@@ -226,9 +234,93 @@ class PlanCosts:
         return self._meshes[t.mesh].process_ids
 
     # ------------------------------------------------------------------ ops
+    def attention_work(self, op: PlanOp, rank: int) -> tuple[int, int, int]:
+        """Fused attention on ``rank``: ``(scores, tiles, head_dim)``, the scores it computes
+        (``b x heads x local queries x keys in the tiles it runs``), the key tiles it runs and
+        the head dim. As the kernel does, a key tile wholly in every local query's future is
+        skipped under the causal mask; positions are read off the layouts (zigzag chunks too)."""
+        attrs = dict(op.attrs)
+        causal, block = bool(attrs.get("is_causal", True)), int(attrs.get("block_size", 128))
+        (b, sq, heads, head_dim), (_, sk, _, _) = (
+            self.local_shape(op.inputs[i], op.required_placements[i], rank) for i in (0, 1)
+        )
+        tiles = [(j, min(j + block, sk)) for j in range(0, sk, block)]
+        if causal and tiles:
+            qpos, kpos = (self._positions(op.inputs[i], op.required_placements[i], rank) for i in (0, 1))
+            qmax = int(qpos.max()) if qpos.size else -1
+            tiles = [(j0, j1) for j0, j1 in tiles if not int(kpos[j0:j1].min()) > qmax]
+        keys = sum(j1 - j0 for j0, j1 in tiles)
+        return b * heads * sq * keys, len(tiles), head_dim
+
+    def _spec(self, tid: int, placements: str) -> DistSpec | None:
+        """Tensor ``tid`` laid out as ``placements`` (None for a dense tensor)."""
+        t = self._tensors[tid]
+        if t.mesh is None:
+            return None
+        pls = t.placements if placements in (None, "dense") else placements
+        key = (tid, pls)
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = self._specs[key] = DistSpec(tuple(t.shape), plan_mesh(self._meshes[t.mesh]), parse_placements(pls))
+        return spec
+
+    def _positions(self, tid: int, placements: str, rank: int) -> np.ndarray:
+        """Global positions along dim 1 (the sequence) of ``tid``'s elements on ``rank``."""
+        spec = self._spec(tid, placements)
+        if spec is None or rank not in spec.boxes:
+            return np.arange(self._tensors[tid].shape[1])
+        return spec.positions(spec.boxes[rank], 1)
+
+    def _attention_times(self, op: PlanOp) -> float | dict[int, float]:
+        """``op_times`` of fused attention: under a causal mask ranks of even shards differ (a
+        rank holding the sequence's start skips more key tiles), so each layout of the query and
+        key boxes is priced once and every rank gets its own."""
+        specs = [self._spec(op.inputs[i], op.required_placements[i]) for i in (0, 1)]
+        memo: dict[tuple[object, ...], float] = {}
+        out: dict[int, float] = {}
+        for r in self.op_ranks(op):
+            key = tuple(s.boxes.get(r) if s is not None else None for s in specs)
+            if key not in memo:
+                memo[key] = self.op_time(op, r)
+            out[r] = memo[key]
+        distinct = set(out.values())
+        return next(iter(distinct), 0.0) if len(distinct) <= 1 else out
+
+    def _attention_time(self, op: PlanOp, rank: int) -> float:
+        """Fused attention: per key tile its GEMMs (at the size of one) and its elementwise
+        passes over the scores (``ATTENTION_PASSES``); on the GPU model the passes stream the
+        scores through memory, the exponentials run at ``exp_per_s`` and every kernel launches."""
+        hw = self.profile
+        scores, tiles, head_dim = self.attention_work(op, rank)
+        if not tiles:
+            return 0.0
+        gemms = ATTENTION_GEMMS[op.op]
+        flops = 2.0 * scores * head_dim * gemms
+        per_gemm = flops / (gemms * tiles)
+        dtype = self.op_dtype(op)
+        pass_bytes = 2 * itemsize(dtype) * scores / tiles  # one tile's scores read and written
+        if hw.gpu_model:
+            bandwidth = self.memory_bandwidth if self.memory_bandwidth is not None else hw.memory_Bps
+            assert bandwidth is not None  # HardwareProfile refuses the GPU model without memory_Bps
+            peak = self.compute_time(flops, dtype) * hw.compute_efficiency  # seconds at the flat rate
+            t = peak / hw.gemm_efficiency(per_gemm)
+            t += ATTENTION_PASSES * tiles * pass_bytes / bandwidth
+            t += scores / hw.exp_per_s if hw.exp_per_s else 0.0
+            return t + tiles * (gemms + ATTENTION_PASSES) * hw.kernel_launch_s
+        t = self.compute_time(flops, dtype)
+        if hw.gemm_curve:
+            t *= hw.compute_efficiency / hw.gemm_efficiency(per_gemm)
+        t += self.vector_time(ATTENTION_PASSES * float(scores), pass_bytes if hw.vector_curve else 0.0, dtype)
+        if self.memory_bandwidth is not None:
+            t = max(t, ATTENTION_PASSES * tiles * pass_bytes / self.memory_bandwidth)
+        return t + (self.optimizer_op_overhead if op.phase == "optimizer" else self.op_overhead)
+
     def op_flops(self, op: PlanOp, rank: int) -> float:
         if not op.outputs:
             return 0.0
+        if op.op in ATTENTION_GEMMS:
+            scores, _, head_dim = self.attention_work(op, rank)
+            return 2.0 * scores * head_dim * ATTENTION_GEMMS[op.op]
         out = self.local_shape(op.outputs[0], op.output_placements[0], rank)
         if op.op == "matmul":
             x = self.local_shape(op.inputs[0], op.required_placements[0], rank)
@@ -286,6 +378,8 @@ class PlanCosts:
         return flops / rate if rate is not None else self.compute_time(flops, dtype)
 
     def op_time(self, op: PlanOp, rank: int) -> float:
+        if op.op in ATTENTION_GEMMS and op.outputs:
+            return self._attention_time(op, rank)
         if self.profile.gpu_model:
             return self._gpu_op_time(op, rank)
         flops = self.op_flops(op, rank)
@@ -372,6 +466,8 @@ class PlanCosts:
 
     def op_times(self, op: PlanOp) -> float | dict[int, float]:
         """Seconds ``op`` takes on each rank that runs it; one float when all take the same (even shards)."""
+        if op.op in ATTENTION_GEMMS and op.outputs:
+            return self._attention_times(op)
         ranks = self.op_ranks(op)
         pairs = [
             *zip(op.inputs, op.required_placements, strict=False),

@@ -288,8 +288,16 @@ class _Recorder(PlanRecorder):
         self.reshard_parts.append(self.current)
         self.reshard_outs.append((len(self.reshard_parts) - 1, out))
 
-    def on_op(self, op: Any, inputs: list[Tensor], used: list[Tensor], outputs: list[Tensor], result: Any) -> None:
-        super().on_op(op, inputs, used, outputs, result)
+    def on_op(
+        self,
+        op: Any,
+        inputs: list[Tensor],
+        used: list[Tensor],
+        outputs: list[Tensor],
+        result: Any,
+        attrs: dict[str, Any],
+    ) -> None:
+        super().on_op(op, inputs, used, outputs, result, attrs)
         index = len(self.op_parts)
         part = self.current
         if self.tensor_parts and hooks.current_phase() == "optimizer":

@@ -53,6 +53,9 @@ from mpipar.untrusted import FileFormatError, load_json
 FORMAT = "mpipar.plan"
 VERSION = 1
 PHASES = ("forward", "backward", "optimizer", "other")
+OP_ATTRS = {"is_causal": "a boolean", "block_size": "a positive integer"}
+"""The op attributes a plan records (``OpDef.cost_attrs``: what the cost model reads beside the
+shapes, e.g. fused attention's causal mask and tile size), with what each must be."""
 TENSOR_KINDS = ("parameter", "input", "activation", "gradient", "optimizer_state", "other")
 STEP_KINDS = ("slice", "partial", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "transfer")
 MAX_PLAN_INT = 1 << 62
@@ -172,6 +175,8 @@ class PlanOp:
     required_placements: tuple[str, ...]
     output_placements: tuple[str, ...]
     reshards: tuple[int, ...] = ()
+    attrs: tuple[tuple[str, Any], ...] = ()
+    """``(name, value)`` of the op's attributes the cost model reads (``OP_ATTRS``); JSON: an object."""
 
 
 @dataclass
@@ -235,7 +240,7 @@ class Plan:
             "meta": plain(self.meta),
             "meshes": [plain(asdict(m)) for m in self.meshes],
             "tensors": [plain(asdict(t)) for t in self.tensors],
-            "ops": [plain(asdict(o)) for o in self.ops],
+            "ops": [_op_to_dict(o, plain) for o in self.ops],
             "reshards": [_reshard_to_dict(r) for r in self.reshards],
             "pipeline": plain(self.pipeline),
             "memory": plain(self.memory),
@@ -340,6 +345,7 @@ class Plan:
                     v.strs(f"ops[{i}].required_placements", o.get("required_placements", [])),
                     v.strs(f"ops[{i}].output_placements", o.get("output_placements", [])),
                     v.ints(f"ops[{i}].reshards", o.get("reshards", [])),
+                    _op_attrs(v, f"ops[{i}].attrs", o.get("attrs", {})),
                 )
             )
         reshards = [
@@ -611,6 +617,34 @@ class _V:
 
     def strs(self, path: str, value: Any) -> tuple[str, ...]:
         return tuple(self.str(f"{path}[{i}]", x) for i, x in enumerate(self.list(path, value)))
+
+
+def _op_to_dict(op: PlanOp, plain: Any) -> dict[str, Any]:
+    out = plain(asdict(op))
+    del out["attrs"]
+    if op.attrs:  # only where an op records some: other ops' JSON stays as it was
+        out["attrs"] = dict(op.attrs)
+    return out
+
+
+def _op_attrs(v: _V, path: str, value: Any) -> tuple[tuple[str, Any], ...]:
+    v.require_object(path, value)
+    out = []
+    for name, x in value.items():
+        kind = OP_ATTRS.get(name)
+        if kind is None:
+            raise FileFormatError(
+                "plan", f"{path}.{name}", x, f"is not an op attribute a plan records ({', '.join(OP_ATTRS)})"
+            )
+        ok = (
+            isinstance(x, bool)
+            if name == "is_causal"
+            else (not isinstance(x, bool) and isinstance(x, int) and 0 < x < MAX_PLAN_INT)
+        )
+        if not ok:
+            raise FileFormatError("plan", f"{path}.{name}", x, f"is not {kind}")
+        out.append((name, x))
+    return tuple(out)
 
 
 def _dtype(v: _V, path: str, value: Any) -> str:

@@ -165,9 +165,17 @@ class _StaticRecorder(PlanRecorder):
     """The program's plan: a ``PlanRecorder`` that keeps only the program's own (shape-only)
     work, not eager work done meanwhile (a data loader, a parameter's initialisation)."""
 
-    def on_op(self, op: Any, inputs: list[Tensor], used: list[Tensor], outputs: list[Tensor], result: Any) -> None:
+    def on_op(
+        self,
+        op: Any,
+        inputs: list[Tensor],
+        used: list[Tensor],
+        outputs: list[Tensor],
+        result: Any,
+        attrs: dict[str, Any],
+    ) -> None:
         if any(t.is_abstract for t in itertools.chain(inputs, outputs)):
-            super().on_op(op, inputs, used, outputs, result)
+            super().on_op(op, inputs, used, outputs, result, attrs)
 
     def on_reshard(self, src: Tensor, out: Tensor, plan: Any, reason: str) -> None:
         if src.is_abstract or out.is_abstract:

@@ -183,7 +183,15 @@ class PlanRecorder:
         if hooks.resharding_for() is not None:
             self._pending.append(index)
 
-    def on_op(self, op: Any, inputs: list[Tensor], used: list[Tensor], outputs: list[Tensor], result: Any) -> None:
+    def on_op(
+        self,
+        op: Any,
+        inputs: list[Tensor],
+        used: list[Tensor],
+        outputs: list[Tensor],
+        result: Any,
+        attrs: dict[str, Any],
+    ) -> None:
         if self._foreign():
             return
         index = len(self._ops)
@@ -210,6 +218,7 @@ class PlanRecorder:
                 tuple(_pls(t) for t in used),
                 tuple(_pls(t) for t in outputs),
                 tuple(self._pending),
+                tuple((k, attrs[k]) for k in op.cost_attrs if k in attrs),
             )
         )
         self._pending = []

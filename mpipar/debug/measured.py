@@ -111,7 +111,15 @@ class MeasuredTrace:
     def on_op_start(self, name: str) -> None:
         self._open.append((name, self.clock()))
 
-    def on_op(self, op: Any, inputs: Sequence[Any], used: Sequence[Any], outputs: Sequence[Any], result: Any) -> None:
+    def on_op(
+        self,
+        op: Any,
+        inputs: Sequence[Any],
+        used: Sequence[Any],
+        outputs: Sequence[Any],
+        result: Any,
+        attrs: dict[str, Any],
+    ) -> None:
         end = self.clock()
         start = None
         while self._open:  # an op that raised never reached here: drop its entry

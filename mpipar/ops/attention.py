@@ -272,6 +272,7 @@ register_op(
         rule_attrs=(),
         dtype=lambda dt, a: [dt[0], dt[0]],
         sample=_samples,
+        cost_attrs=("is_causal", "block_size"),
     )
 )
 register_op(
@@ -283,6 +284,7 @@ register_op(
         rule_attrs=(),
         dtype=lambda dt, a: [dt[0], dt[1], dt[2]],
         sample=_grad_samples,
+        cost_attrs=("is_causal", "block_size"),
     )
 )
 

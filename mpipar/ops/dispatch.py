@@ -108,6 +108,9 @@ class OpDef:
     bit for bit what summing the written outputs gives, or None to decline. Set on ops whose
     kernel is a product (matmul): a Partial(sum) output is then deferred in a process hosting
     several ranks, and its all-reduce sums the products in cache."""
+    cost_attrs: tuple[str, ...] = ()
+    """Attributes the cost model reads beside the shapes, recorded into plans (each one of
+    ``mpipar.compile.plan.OP_ATTRS``): fused attention's ``is_causal`` and ``block_size``."""
 
     @cached_property
     def rule_name(self) -> str:
@@ -304,7 +307,7 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
         outs, used, result = _run_dist(op, flat, nest, attrs, dist_inputs, backend)
     _record(op, flat, used, outs, attrs)
     for hook in hooks.op_hooks:
-        hook.on_op(op, original, used, outs, result)
+        hook.on_op(op, original, used, outs, result, attrs)
     for g in gathered:  # ZeRO-3: the gathered copy is freed after use; backward gathers again
         g._drop_shards()
     result_value = tuple(outs) if op.multi_output else outs[0]
