@@ -233,7 +233,7 @@ def host_costs(comm: Any, steps: int) -> dict[str, float]:
 
     from mpi4py import MPI
 
-    sync = grad_sync_cost(comm, cfg, pair, max(3, steps // 4))
+    sync = grad_sync_cost(comm, cfg, pair, max(9, steps))
     call = statistics.median(
         per_call(lambda: dist.reshard(partial, world, [dist.Replicate()]))
         - per_call(lambda: group.Allreduce(src, dst, op=MPI.SUM))
@@ -256,9 +256,11 @@ def grad_sync_cost(comm: Any, cfg: GPTConfig, pair: list[int], steps: int) -> fl
     the tiny GPT's forward+backward on a dp=2 mesh of this rank's pair (one sequence per rank,
     each parameter's gradient all-reduced as backward reaches it) less the same on the rank's
     own one-rank mesh (one sequence), over the gradient reshards a trace of the dp step counts.
-    Both under MPI, every rank at once, in turns (a neighbour's burst spoils one, not both)."""
+    Both under MPI, every rank at once, in turns step by step: the estimate is the median of the
+    paired differences, so a change of the machine's load falls on both of a pair (medians of two
+    separate runs, differenced, came out anywhere from 0 to twice the cost here)."""
     rank = comm.Get_rank()
-    out: dict[str, float] = {}
+    runs: dict[str, Callable[[], float]] = {}
     calls = 0
     for name, ranks in (("own", [rank]), ("dp", pair)):
         mesh = dist.ProcessMesh([[r] for r in ranks], dim_names=["dp", "tp"])
@@ -284,9 +286,10 @@ def grad_sync_cost(comm: Any, cfg: GPTConfig, pair: list[int], steps: int) -> fl
             with trace() as rec:
                 step()
             calls = sum(1 for r in rec.plan().reshards if r.op is None and r.reason.startswith("gradient of"))
-        comm.Barrier()
-        out[name] = statistics.median(step() for _ in range(steps))
-    return max(out["dp"] - out["own"], 0.0) / max(calls, 1)
+        runs[name] = step
+    comm.Barrier()
+    gaps = [runs["dp"]() - runs["own"]() for _ in range(steps)]
+    return max(statistics.median(gaps), 0.0) / max(calls, 1)
 
 
 KERNEL_MODEL: dict[str, Any] = {
