@@ -48,6 +48,7 @@ import numpy as np
 
 from mpipar.compile.plan import Plan, PlanMesh, PlanOp, PlanReshard, PlanStep
 from mpipar.compile.plan import process_mesh as plan_mesh
+from mpipar.ops.attention import key_tiles
 from mpipar.placement import parse_placements
 from mpipar.spec import DistSpec
 from simulator.cost import HardwareProfile
@@ -118,6 +119,7 @@ NORM_OPS = frozenset(
 """Normalisation, softmax and loss kernels (a family of their own in ``estimate --breakdown``)."""
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 GATHER_OPS = frozenset({"embedding"})
+"""Ops that read only the rows they gather: their table is not streamed through memory."""
 ATTENTION_GEMMS = {"scaled_dot_product_attention": 2, "scaled_dot_product_attention_grad": 5}
 """Fused attention (``mpipar.ops.attention``): GEMMs per key tile, each ``2 b h q blk d`` FLOPs
 (forward: the scores and their weighted sum; backward: the scores again, dV, dP, dQ, dK)."""
@@ -125,7 +127,6 @@ ATTENTION_PASSES = 6
 """Elementwise passes over each key tile's ``b x h x q x blk`` scores, forward or backward (scale,
 causal mask, row max or ``- lse``, shift, exponential, row sum or ``dS``): what the kernel runs
 between its GEMMs, one exponential per score among them."""
-"""Ops that read only the rows they gather: their table is not streamed through memory."""
 
 
 def op_family(name: str) -> str:
@@ -142,8 +143,13 @@ def op_family(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=65536)
+def _plan_spec(shape: tuple[int, ...], m: PlanMesh, placements: str) -> DistSpec:
+    return DistSpec(shape, plan_mesh(m), parse_placements(placements))
+
+
+@functools.lru_cache(maxsize=65536)
 def _local_shapes(shape: tuple[int, ...], m: PlanMesh, placements: str) -> dict[int, tuple[int, ...]]:
-    spec = DistSpec(shape, plan_mesh(m), parse_placements(placements))
+    spec = _plan_spec(shape, m, placements)
     return dict(zip(m.process_ids, spec.local_shapes, strict=True))  # shapes in process_ids order, shared per layout
 
 
@@ -215,7 +221,6 @@ class PlanCosts:
         self._tensors = {t.id: t for t in plan.tensors}
         self._meshes = {m.id: m for m in plan.meshes}
         self._representatives: dict[tuple[PlanMesh, tuple[str, ...]], tuple[int, ...]] = {}
-        self._specs: dict[tuple[int, str], DistSpec] = {}
 
     # ------------------------------------------------------------------ shapes
     def local_shape(self, tid: int, placements: str | None, rank: int) -> tuple[int, ...]:
@@ -244,11 +249,10 @@ class PlanCosts:
         (b, sq, heads, head_dim), (_, sk, _, _) = (
             self.local_shape(op.inputs[i], op.required_placements[i], rank) for i in (0, 1)
         )
-        tiles = [(j, min(j + block, sk)) for j in range(0, sk, block)]
-        if causal and tiles:
-            qpos, kpos = (self._positions(op.inputs[i], op.required_placements[i], rank) for i in (0, 1))
-            qmax = int(qpos.max()) if qpos.size else -1
-            tiles = [(j0, j1) for j0, j1 in tiles if not int(kpos[j0:j1].min()) > qmax]
+        qpos, kpos = (
+            self._positions(op.inputs[i], op.required_placements[i], rank) if causal else None for i in (0, 1)
+        )
+        tiles = key_tiles(sk, block, qpos, kpos)
         keys = sum(j1 - j0 for j0, j1 in tiles)
         return b * heads * sq * keys, len(tiles), head_dim
 
@@ -258,11 +262,7 @@ class PlanCosts:
         if t.mesh is None:
             return None
         pls = t.placements if placements in (None, "dense") else placements
-        key = (tid, pls)
-        spec = self._specs.get(key)
-        if spec is None:
-            spec = self._specs[key] = DistSpec(tuple(t.shape), plan_mesh(self._meshes[t.mesh]), parse_placements(pls))
-        return spec
+        return _plan_spec(tuple(t.shape), self._meshes[t.mesh], pls)
 
     def _positions(self, tid: int, placements: str, rank: int) -> np.ndarray:
         """Global positions along dim 1 (the sequence) of ``tid``'s elements on ``rank``."""

@@ -39,7 +39,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -53,9 +53,6 @@ from mpipar.untrusted import FileFormatError, load_json
 FORMAT = "mpipar.plan"
 VERSION = 1
 PHASES = ("forward", "backward", "optimizer", "other")
-OP_ATTRS = {"is_causal": "a boolean", "block_size": "a positive integer"}
-"""The op attributes a plan records (``OpDef.cost_attrs``: what the cost model reads beside the
-shapes, e.g. fused attention's causal mask and tile size), with what each must be."""
 TENSOR_KINDS = ("parameter", "input", "activation", "gradient", "optimizer_state", "other")
 STEP_KINDS = ("slice", "partial", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "transfer")
 MAX_PLAN_INT = 1 << 62
@@ -64,6 +61,22 @@ MAX_PLAN_FLOAT = 1e30
 """Byte counts beyond this are refused (a 2^40 x 2^40 float64 tensor is about 1e25 bytes)."""
 MAX_PLAN_STR = 1 << 16
 """Longer strings (names, decisions, placements) are refused: they are a flood, not a label."""
+
+
+def _is_bool(x: Any) -> bool:
+    return isinstance(x, bool)
+
+
+def _is_positive_int(x: Any) -> bool:
+    return not isinstance(x, bool) and isinstance(x, int) and 0 < x < MAX_PLAN_INT
+
+
+OP_ATTRS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "is_causal": ("a boolean", _is_bool),
+    "block_size": ("a positive integer", _is_positive_int),
+}
+"""The op attributes a plan records (``OpDef.cost_attrs``: what the cost model reads beside the
+shapes, e.g. fused attention's causal mask and tile size): what each must be, and its check."""
 
 
 DTYPE_ITEMSIZE = {
@@ -631,17 +644,13 @@ def _op_attrs(v: _V, path: str, value: Any) -> tuple[tuple[str, Any], ...]:
     v.require_object(path, value)
     out = []
     for name, x in value.items():
-        kind = OP_ATTRS.get(name)
-        if kind is None:
+        rule = OP_ATTRS.get(name)
+        if rule is None:
             raise FileFormatError(
                 "plan", f"{path}.{name}", x, f"is not an op attribute a plan records ({', '.join(OP_ATTRS)})"
             )
-        ok = (
-            isinstance(x, bool)
-            if name == "is_causal"
-            else (not isinstance(x, bool) and isinstance(x, int) and 0 < x < MAX_PLAN_INT)
-        )
-        if not ok:
+        kind, check = rule
+        if not check(x):
             raise FileFormatError("plan", f"{path}.{name}", x, f"is not {kind}")
         out.append((name, x))
     return tuple(out)

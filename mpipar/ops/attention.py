@@ -78,8 +78,18 @@ def _scale(c: KernelContext, scale: float | None) -> float:
     return 1.0 / math.sqrt(c.in_shape(0)[3]) if scale is None else float(scale)
 
 
-def _tiles(sk: int, block: int) -> list[tuple[int, int]]:
-    return [(j, min(j + block, sk)) for j in range(0, sk, max(1, block))]
+def key_tiles(
+    sk: int, block: int, qpos: np.ndarray | None = None, kpos: np.ndarray | None = None
+) -> list[tuple[int, int]]:
+    """The key tiles ``[j0, j1)`` of ``block`` keys the kernels run over ``sk`` keys; with the
+    local queries' and keys' global positions (a causal mask), less those wholly in every
+    query's future, which contribute nothing (the causal saving). The cost model
+    (``simulator.op_cost``) counts the same tiles."""
+    tiles = [(j, min(j + block, sk)) for j in range(0, sk, max(1, block))]
+    if qpos is None or kpos is None:
+        return tiles
+    qmax = qpos.max() if qpos.size else -1
+    return [(j0, j1) for j0, j1 in tiles if not kpos[j0:j1].min() > qmax]
 
 
 def _visible(qpos: np.ndarray, kpos: np.ndarray, causal: bool) -> np.ndarray | None:
@@ -115,9 +125,7 @@ def _heads(
     kv = _kv_of_query_heads(c)
     qpos, kpos = _positions(c, list(positions))
     kt, vt = _expand_kv(c, k, kv), _expand_kv(c, v, kv)  # (B, H, Sk, D)
-    qmax = qpos.max() if qpos.size else -1
-    # A tile wholly in every query's future contributes nothing: skipped (the causal saving).
-    tiles = [(j0, j1) for j0, j1 in _tiles(kt.shape[2], block) if not (causal and kpos[j0:j1].min() > qmax)]
+    tiles = key_tiles(kt.shape[2], block, qpos if causal else None, kpos if causal else None)
     return _Heads(q.transpose(0, 2, 1, 3), kt, vt, kv, qpos, kpos, q.dtype.type(_scale(c, scale)), tiles)
 
 
