@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -476,3 +477,31 @@ class DistSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DistSpec:
         return cls(data["shape"], ProcessMesh.from_dict(data["mesh"]), parse_placements(data["placements"]))
+
+
+_INTERNED: dict[int, weakref.ref[DistSpec]] = {}
+"""The kept spec per hash, held weakly: a spec caches its boxes, which on a large mesh are not
+small, so the table never keeps one alive by itself."""
+
+
+def _forget(ref: weakref.ref[DistSpec], key: int) -> None:
+    if _INTERNED.get(key) is ref:
+        del _INTERNED[key]
+
+
+def interned(spec: DistSpec) -> DistSpec:
+    """The one ``DistSpec`` object kept for every spec equal to ``spec`` (while one is held).
+
+    Specs are values (frozen), so equal ones are interchangeable. Dispatch's decisions and the
+    tensors holding shards use the kept object, so the comparisons a step makes over and over
+    (a gradient's layout against its parameter's, a decision key's specs) are identity checks
+    instead of field-by-field ones. Only a speed-up: two equal specs that are not one object
+    (two unequal ones sharing a hash keep the later) still compare equal."""
+    key = spec._hash
+    ref = _INTERNED.get(key)
+    if ref is not None:
+        kept = ref()
+        if kept is not None and (kept is spec or kept == spec):
+            return kept
+    _INTERNED[key] = weakref.ref(spec, functools.partial(_forget, key=key))
+    return spec

@@ -35,7 +35,7 @@ from mpipar.mesh import ProcessMesh
 from mpipar.placement import Placement
 from mpipar.reshard.executor import execute_plan, freeze
 from mpipar.reshard.planner import plan_reshard
-from mpipar.spec import DistSpec
+from mpipar.spec import DistSpec, interned
 from mpipar.tensor_text import held_value, tensor_text
 
 Array = Any
@@ -260,13 +260,15 @@ class Tensor:
         copied; the caller owns nothing else that refers to them), a fresh storage id and no
         history. A computed value: it may be resharded once per layout (``_reshards``)."""
         t = Tensor.__new__(Tensor)
-        t._spec = spec
-        t._shards = {} if shards is None else shards
-        t._sid = next(_storage_ids)
-        t._dtype = dtype
-        t._shape = Shape(spec.shape)
-        t.stop_gradient = True
-        t._reshards = {}  # a computed value: reshard it once (``mpipar.distribute.reshard``)
+        t.__dict__ = {  # the fields as one dict: every op call makes one
+            "_spec": spec,
+            "_shards": {} if shards is None else shards,
+            "_sid": next(_storage_ids),
+            "_dtype": dtype,
+            "_shape": Shape(spec.shape),
+            "stop_gradient": True,
+            "_reshards": {},  # a computed value: reshard it once (``mpipar.distribute.reshard``)
+        }
         return t
 
     @classmethod
@@ -351,7 +353,7 @@ class Tensor:
 
     def _hold_shards(self, spec: DistSpec, shards: Mapping[int, Array], dtype: np.dtype) -> None:
         """Become the distributed tensor ``spec`` with these (frozen) local shards."""
-        self._spec = spec
+        self._spec = interned(spec)
         self._shards = {r: freeze(a) for r, a in shards.items()}
         self._dtype = dtype
         self._shape = Shape(spec.shape)
@@ -364,17 +366,22 @@ class Tensor:
             t._take_storage(self)
         else:
             # Every op saves its inputs detached (``tape.pack_saved``): the fields
-            # ``__init__`` and ``_take_storage`` would set, set once, without their calls.
-            t._spec = self._spec
-            t._shards = self._shards
-            t._sid = self._sid
-            t._dtype = self._dtype
-            t._shape = self._shape
-            t.stop_gradient = True
-            t._abstract = self._abstract
-            t._init = self._init
-            t._dense = self._dense
-        t._reshards = self._reshards  # the same value: the same reshards already made
+            # ``__init__`` and ``_take_storage`` would set, set once as one dict, without their calls.
+            t.__dict__ = {
+                "_spec": self._spec,
+                "_shards": self._shards,
+                "_sid": self._sid,
+                "_dtype": self._dtype,
+                "_shape": self._shape,
+                "stop_gradient": True,
+                "_abstract": self._abstract,
+                "_init": self._init,
+                "_dense": self._dense,
+                "_reshards": self._reshards,  # the same value: the same reshards already made
+                "name": self.name,
+            }
+            return t
+        t._reshards = self._reshards
         t.name = self.name
         return t
 
@@ -467,8 +474,10 @@ class Tensor:
 
     def grad_spec(self) -> DistSpec:
         """The layout this leaf's gradient is kept in: its own (Partial read as Replicate)."""
-        spec = self.spec
-        return DistSpec(spec.shape, spec.mesh, self.grad_placements) if self.grad_placements else spec.without_partial()
+        spec = self._spec
+        if spec is None:
+            spec = self.spec  # raises: a dense tensor has no layout
+        return DistSpec(spec.shape, spec.mesh, self.grad_placements) if self.grad_placements else spec._without_partial
 
     def clear_grad(self, set_to_zero: bool = False) -> None:
         self.grad = None

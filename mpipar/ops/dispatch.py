@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mpipar import _capture_hooks, _tape, hooks
+from mpipar import backend as _backend
 from mpipar._deferred import DeferredShards, Product
 from mpipar._modes import Mode, execution_mode
 from mpipar.backend import current_backend
@@ -35,7 +36,7 @@ from mpipar.distribute import _reshard, reshard_to
 from mpipar.mesh import ProcessMesh
 from mpipar.placement import Partial, Replicate
 from mpipar.reshard.executor import freeze
-from mpipar.spec import Box, DistSpec, box_shape, full_box
+from mpipar.spec import Box, DistSpec, box_shape, full_box, interned
 from mpipar.spmd import registry as spmd
 from mpipar.tensor import Tensor, reshards_made, reuse_enabled
 
@@ -121,6 +122,19 @@ class OpDef:
         """Returns a tuple (even of one tensor, for split into one section)."""
         # Cached: dispatch asks twice per op call, and the op definition never changes.
         return callable(self.num_outputs) or self.num_outputs > 1
+
+    @cached_property
+    def attrs_in_key(self) -> int:
+        """What of a call's attributes its decision key holds (``decision_attrs``): 0 none,
+        1 all of them, 2 some (computed per call)."""
+        if self.dtype is None and self.rule_attrs is not None:
+            return 2 if self.rule_attrs else 0
+        return 2 if self.volatile_attrs else 1
+
+    @cached_property
+    def simple(self) -> bool:
+        """One output from a rule, no list input: the calls ``apply``'s short path may take."""
+        return not self.list_input and not self.multi_output and not self.replicate_only
 
     def n_out(self, attrs: dict[str, Any]) -> int:
         return self.num_outputs(attrs) if callable(self.num_outputs) else self.num_outputs
@@ -252,11 +266,144 @@ def _infer(
 
 def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None) -> Any:
     """Run op ``name`` on ``inputs`` (Tensors, or a list of Tensors for list ops)."""
+    if attrs is None:
+        attrs = {}
+    op = _OPS.get(name)
+    # The short path: what every op call of an eager step under MPI is, once its layouts were
+    # decided. One or two distributed inputs already in the layout the cached decision wants
+    # (neither stored split by ZeRO-3), this process hosting one rank of the mesh, one output,
+    # and nothing listening (no hooks, pipeline stage, captured step or replay). The same
+    # kernel, checks, output and tape node as the general path below, without its per-call
+    # lists and branches (``docs/performance.md``, "Eager step steadiness"). Anything else
+    # takes the general path.
+    if (
+        op is not None
+        and op.simple
+        and not hooks.op_start_hooks
+        and not hooks.op_hooks
+        and not hooks.program_hooks
+        and not hooks.stage_runs
+        and not _capture_hooks.capture_tracers
+        and not _replaying
+    ):
+        n = len(inputs)
+        backend = _backend._current
+        if n == 2:
+            a, b = inputs
+            if (
+                isinstance(a, Tensor)
+                and isinstance(b, Tensor)
+                and (sa := a._spec) is not None
+                and (sb := b._spec) is not None
+                and not a._reshards
+                and not b._reshards
+                and not a._abstract
+                and not b._abstract
+                and a._compute_spec is None  # neither stored split (ZeRO-3: gathered first)
+                and b._compute_spec is None
+                and backend is _decisions_backend[0]
+                and not backend.shape_only  # type: ignore[union-attr]
+                and not backend.reference  # type: ignore[union-attr]
+            ):
+                # ``_decision_key`` for two distributed inputs, nothing resharded yet: ``_reuse_info``
+                # is None for two values, and for one value twice (``x * x``) the same constant.
+                try:
+                    decision = _DECISIONS.get(
+                        (
+                            name,
+                            (sa, sb),
+                            (a._dtype, b._dtype),
+                            ()
+                            if not attrs or (kind := op.attrs_in_key) == 0
+                            else freeze_attrs(attrs)
+                            if kind == 1
+                            else freeze_attrs(decision_attrs(op, attrs)),
+                            None if a._sid != b._sid or not reuse_enabled() else _ONE_VALUE_TWICE,
+                            None,
+                        )
+                    )
+                except TypeError:  # an attribute that cannot be hashed: the general path decides
+                    decision = None
+                if decision is not None and (one := decision.one_rank) is not None:
+                    r, shape, ctx, dt, spec = one
+                    arr = op.kernel(ctx, a._shards[r], b._shards[r], **attrs)
+                    if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d
+                        arr = np.asarray(arr)
+                    if arr.dtype is not dt and arr.dtype != dt:
+                        arr = arr.astype(dt)
+                    if arr.shape != shape:
+                        _wrong_outputs(op, decision, r, [arr])
+                    out = Tensor._op_output(spec, dt, {r: freeze(arr)})
+                    if op.grad is not None and _tape._grad_enabled:
+                        diff = op.differentiable
+                        if diff is None:
+                            needs = [not a.stop_gradient, not b.stop_gradient]
+                        else:
+                            needs = [0 in diff and not a.stop_gradient, 1 in diff and not b.stop_gradient]
+                        if True in needs:
+                            flat = [a, b]
+                            _record_node(op, flat, flat, [out], attrs, needs)
+                    return out
+        elif n == 1:
+            a = inputs[0]
+            if (
+                isinstance(a, Tensor)
+                and (sa := a._spec) is not None
+                and not a._reshards
+                and not a._abstract
+                and a._compute_spec is None
+                and backend is _decisions_backend[0]
+                and not backend.shape_only  # type: ignore[union-attr]
+                and not backend.reference  # type: ignore[union-attr]
+            ):
+                try:
+                    decision = _DECISIONS.get(
+                        (
+                            name,
+                            (sa,),
+                            (a._dtype,),
+                            ()
+                            if not attrs or (kind := op.attrs_in_key) == 0
+                            else freeze_attrs(attrs)
+                            if kind == 1
+                            else freeze_attrs(decision_attrs(op, attrs)),
+                            None,
+                            None,
+                        )
+                    )
+                except TypeError:
+                    decision = None
+                if decision is not None and (one := decision.one_rank) is not None:
+                    r, shape, ctx, dt, spec = one
+                    arr = op.kernel(ctx, a._shards[r], **attrs)
+                    if type(arr) is not np.ndarray and isinstance(arr, np.generic):
+                        arr = np.asarray(arr)
+                    if arr.dtype is not dt and arr.dtype != dt:
+                        arr = arr.astype(dt)
+                    if arr.shape != shape:
+                        _wrong_outputs(op, decision, r, [arr])
+                    out = Tensor._op_output(spec, dt, {r: freeze(arr)})
+                    if (
+                        op.grad is not None
+                        and _tape._grad_enabled
+                        and not a.stop_gradient
+                        and (op.differentiable is None or 0 in op.differentiable)
+                    ):
+                        flat = [a]
+                        _record_node(op, flat, flat, [out], attrs, [True])
+                    return out
+    return _apply(name, inputs, attrs)
+
+
+_ONE_VALUE_TWICE: tuple[tuple[int, frozenset[DistSpec]], ...] = ((0, frozenset()), (0, frozenset()))
+"""``_reuse_info`` of a binary op whose two inputs are one value not resharded yet."""
+
+
+def _apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> Any:
+    """``apply``'s general path: every kind of call."""
     for start_hook in hooks.op_start_hooks:
         start_hook.on_op_start(name)
     op = _OPS.get(name) or get_op(name)
-    if attrs is None:
-        attrs = {}
     if op.list_input:
         flat, nest = _flatten(op, inputs)
     else:
@@ -412,6 +559,10 @@ class Decision:
     ranks: tuple[tuple[int, tuple[tuple[int, ...], ...], KernelContext], ...]
     """Per hosted rank: its id, its outputs' local shapes and its kernel context (one object for
     ranks with the same boxes, so that replicas holding the same arrays compute once)."""
+    one_rank: tuple[int, tuple[int, ...], KernelContext, np.dtype, DistSpec] | None = None
+    """For ``apply``'s short path, when this process hosts one rank of the op's mesh, no input
+    moves and the op has one output: the rank, its output's local shape, the kernel context,
+    the output's dtype and spec; else None."""
 
 
 _DECISIONS: dict[tuple[Any, ...], Decision] = {}
@@ -433,7 +584,9 @@ class StepPlayer(Protocol):
 _replaying: list[StepPlayer] = []
 """The step being replayed or recorded, innermost last."""
 _DECISIONS_MAX = 8192
-_decisions_backend: list[Any] = [None]
+_decisions_backend: list[Any] = [object()]
+"""The backend the cached decisions were made on (at first a stand-in no backend is, so that
+``apply``'s short path never takes "no backend yet" for "decided on this one")."""
 
 
 _SCALAR_TYPES = frozenset({int, float, bool, str, type(None)})
@@ -466,7 +619,12 @@ def decision_attrs(op: OpDef, attrs: dict[str, Any]) -> dict[str, Any]:
 def freeze_attrs(attrs: dict[str, Any]) -> tuple[Any, ...]:
     if not attrs:
         return ()
-    # ``_frozen`` inline for the scalars most attributes are (one call less per attribute)
+    # Scalars only (most calls): the items as they are beside their types, made by C calls
+    # alone. (Never equal to the general form below: its first item is a pair of a name and a
+    # value, this one's a tuple of pairs.)
+    types = tuple(map(type, attrs.values()))
+    if _SCALAR_TYPES.issuperset(types):
+        return (tuple(attrs.items()), types)
     return tuple([(k, (kind, v) if (kind := type(v)) in _SCALAR_TYPES else _frozen(v)) for k, v in attrs.items()])
 
 
@@ -543,8 +701,8 @@ def _decide(
         rule_label = "replicate-only"
     else:
         res = _infer(op, specs, nest, attrs, flat, reuse=True)
-        need = res.flat_inputs()
-        out_specs = list(res.outputs)
+        need = [interned(s) for s in res.flat_inputs()]
+        out_specs = [interned(s) for s in res.outputs]
         rule_label = f"rule {res.rule}: {res.reason}"
     reshard_flags = tuple(not (t.is_dist and have == want) for t, have, want in zip(flat, specs, need, strict=True))
     ranks = []
@@ -559,7 +717,11 @@ def _decide(
             )
         ranks.append((r, tuple(box_shape(b) for b in out_boxes), ctx))
     dtypes = op.out_dtypes([t.dtype for t in flat], attrs)
-    return Decision(res, need, out_specs, rule_label, dtypes, reshard_flags, tuple(ranks))
+    one_rank = None
+    if len(ranks) == 1 and out_specs is not None and len(out_specs) == 1 and True not in reshard_flags:
+        r, shapes, ctx = ranks[0]
+        one_rank = (r, shapes[0], ctx, dtypes[0], out_specs[0])
+    return Decision(res, need, out_specs, rule_label, dtypes, reshard_flags, tuple(ranks), one_rank)
 
 
 def _run_dist(
@@ -891,8 +1053,19 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
         for t in outs:
             t.stop_gradient = True
         return
+    _record_node(op, flat, used, outs, attrs, needs)
+
+
+def _record_node(
+    op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor], attrs: dict[str, Any], needs: list[bool]
+) -> None:
+    """The tape node of an op call some input of which needs a gradient (``needs``, per input)."""
+    n = len(flat)
     pack = _tape.pack_saved
     saved_in = op.save_inputs
+    # ``pack_saved``'s usual case (no pack hook, no ZeRO-3 note) inline: the input detached.
+    plain = not _tape._saved_hooks
+    inputs: list[Any]
     if n == 2:
         a, b = flat
         ua, ub = used
@@ -901,9 +1074,25 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
         specs = [ua._spec, ub._spec]  # None for a dense input
         parents = [ua if needs[0] else None, ub if needs[1] else None]
         if saved_in is None:  # every input saved
-            inputs = [pack(ua), pack(ub)]
+            if plain and ua._regather is None and ub._regather is None:
+                inputs = [ua.detach(), ub.detach()]
+            else:
+                inputs = [pack(ua), pack(ub)]
         else:
             inputs = [pack(ua) if 0 in saved_in else None, pack(ub) if 1 in saved_in else None]
+    elif n == 1:
+        a = flat[0]
+        ua = used[0]
+        shapes = [tuple(a._shape)]
+        dtypes = [a._dtype]
+        specs = [ua._spec]
+        parents = [ua if needs[0] else None]
+        if saved_in is not None and 0 not in saved_in:
+            inputs = [None]
+        elif plain and ua._regather is None:
+            inputs = [ua.detach()]
+        else:
+            inputs = [pack(ua)]
     else:
         shapes = [tuple(t._shape) for t in flat]
         dtypes = [t._dtype for t in flat]

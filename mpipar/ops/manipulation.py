@@ -30,7 +30,7 @@ def reduce_to_shape(g: Tensor | None, shape: Sequence[int]) -> Tensor | None:
     if g is None:
         return None
     shape = tuple(shape)
-    if tuple(g.shape) == shape:
+    if tuple(g._shape) == shape:  # (plain tuples: ``Shape``'s own ``==`` is Python code)
         return g
     lead = g.ndim - len(shape)
     kept = [lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1]

@@ -314,7 +314,9 @@ def _mean_kernel(ctx: KernelContext, x: Array, axis: Any = None, keepdim: bool =
     # The global count, so a split reduced dim gives the right Partial(sum) contribution.
     count = math.prod(ctx.in_shape(0)[a] for a in axes)
     s = ctx.xp.sum(x, axis=axes, keepdims=keepdim)
-    return s / s.dtype.type(count) if np.issubdtype(s.dtype, np.floating) else s / count
+    kind = s.dtype.kind  # "f": NumPy's floating types, asked first (``issubdtype`` costs more than the sum here)
+    floating = kind == "f" or (kind not in "biucmMOSU" and np.issubdtype(s.dtype, np.floating))
+    return s / s.dtype.type(count) if floating else s / count
 
 
 def _extreme_kernel(op: str) -> Any:
@@ -415,18 +417,26 @@ register_op(
 
 # ----------------------------------------------------------------------------- eager API
 def add(x: Any, y: Any, name: str | None = None) -> Tensor:
+    if isinstance(x, Tensor) and isinstance(y, Tensor):  # the usual call: nothing to convert
+        return apply("add", [x, y])
     return apply("add", _pair(x, y))
 
 
 def subtract(x: Any, y: Any, name: str | None = None) -> Tensor:
+    if isinstance(x, Tensor) and isinstance(y, Tensor):  # the usual call: nothing to convert
+        return apply("subtract", [x, y])
     return apply("subtract", _pair(x, y))
 
 
 def multiply(x: Any, y: Any, name: str | None = None) -> Tensor:
+    if isinstance(x, Tensor) and isinstance(y, Tensor):  # the usual call: nothing to convert
+        return apply("multiply", [x, y])
     return apply("multiply", _pair(x, y))
 
 
 def divide(x: Any, y: Any, name: str | None = None) -> Tensor:
+    if isinstance(x, Tensor) and isinstance(y, Tensor):  # the usual call: nothing to convert
+        return apply("divide", [x, y])
     return apply("divide", _pair(x, y))
 
 

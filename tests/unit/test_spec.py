@@ -88,3 +88,40 @@ def test_bad_specs(shape: list[int], pls: list[object], message: str) -> None:
     mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["x", "y"])
     with pytest.raises((ValueError, TypeError), match=message):
         dist.DistSpec(shape, mesh, pls)  # type: ignore[arg-type]
+
+
+def test_interned_specs_are_one_object_per_value() -> None:
+    """``interned``: equal specs give one object (so hot paths compare by identity), unequal
+    ones their own; the table keeps none alive by itself (a large mesh's boxes are big)."""
+    from mpipar.spec import interned
+
+    mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["x", "y"])
+    a = dist.DistSpec([4, 6], mesh, [dist.Shard(0), dist.Replicate()])
+    b = dist.DistSpec([4, 6], mesh, [dist.Shard(0), dist.Replicate()])
+    c = dist.DistSpec([4, 6], mesh, [dist.Shard(1), dist.Replicate()])
+    other_names = dist.DistSpec([4, 6], dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["p", "q"]), a.placements)
+    assert a is not b and a == b
+    kept = interned(a)
+    assert interned(b) is kept is a
+    assert interned(c) is c
+    assert interned(other_names) is other_names  # the mesh's names are part of the value
+
+
+def test_interned_specs_are_held_weakly() -> None:
+    import gc
+    import weakref
+
+    from mpipar.spec import interned
+
+    mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["x", "y"])
+
+    def kept_once() -> weakref.ref[dist.DistSpec]:
+        spec = dist.DistSpec([4, 6], mesh, [dist.Shard(0), dist.Replicate()])
+        return weakref.ref(interned(spec))
+
+    first = kept_once()
+    gc.collect()
+    assert first() is None  # let go with its last holder
+    again = dist.DistSpec([4, 6], mesh, [dist.Shard(0), dist.Replicate()])
+    same = interned(again) is again
+    assert same

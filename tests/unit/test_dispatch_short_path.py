@@ -1,0 +1,171 @@
+"""``apply``'s short path (``mpipar.ops.dispatch``): an op call in a process hosting one rank of
+its mesh (every op under MPI) whose layouts were decided before runs the cached decision's
+kernel and tape record directly. It must compute exactly what the general path computes.
+
+Each case trains the same model for a few steps twice on a backend hosting one rank: once as
+is (the short path taken wherever it applies), once with a do-nothing op-start hook installed
+(any listener sends every call down the general path). Losses, gradients, parameters and
+optimizer states must agree bit for bit, the tapes must hold the same ops, and the first run
+must actually have taken the short path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import mpipar as dist
+from mpipar import _capture_hooks, hooks
+from mpipar.mesh import ProcessMesh
+from mpipar.ops import dispatch
+from simulator import SimBackend
+
+
+class _Listening:
+    """An op-start hook that does nothing: its presence alone routes calls to the general path."""
+
+    def on_op_start(self, name: str) -> None:
+        pass
+
+
+def _train(seed: int, dtype: type, trans_y: bool, optimizer: str, general: bool) -> tuple[list[bytes], list[str]]:
+    """Three steps of a small MLP on a one-rank mesh; every value as bytes, and the backward ops."""
+    rng = np.random.default_rng(seed)
+    b, n_in, hidden = 3, 4, 6
+    x_v = rng.standard_normal((b, n_in)).astype(dtype)
+    w1_v = rng.standard_normal((n_in, hidden)).astype(dtype)
+    b1_v = rng.standard_normal(hidden).astype(dtype)
+    w2_v = rng.standard_normal((n_in, hidden) if trans_y else (hidden, n_in)).astype(dtype)
+    b2_v = rng.standard_normal(n_in).astype(dtype)
+    out: list[bytes] = []
+    ops: list[str] = []
+    listener = _Listening()
+    with dist.use_backend(SimBackend(1)):
+        mesh = ProcessMesh([0], dim_names=["mp"])
+        x = dist.shard_tensor(x_v, mesh, [dist.Replicate()])
+        w1 = dist.shard_tensor(dist.Parameter(w1_v), mesh, [dist.Shard(1)])
+        b1 = dist.shard_tensor(dist.Parameter(b1_v), mesh, [dist.Shard(0)])
+        w2 = dist.shard_tensor(dist.Parameter(w2_v), mesh, [dist.Shard(1 if trans_y else 0)])
+        b2 = dist.shard_tensor(dist.Parameter(b2_v), mesh, [dist.Replicate()])
+        params = [w1, b1, w2, b2]
+        if optimizer == "sgd":
+            opt: Any = dist.optimizer.SGD(learning_rate=0.05, parameters=params)
+        else:
+            opt = dist.optimizer.Momentum(learning_rate=0.05, momentum=0.9, parameters=params)
+        if general:
+            hooks.op_start_hooks.append(listener)
+        try:
+            for _ in range(3):
+                h = dist.nn.functional.relu(dist.add(dist.matmul(x, w1), b1))
+                z = dist.add(dist.matmul(h, w2, transpose_y=trans_y), b2)
+                loss = dist.add(dist.mean(dist.multiply(z, z)), dist.sum(dist.scale(h, 0.5)))
+                ops.append(loss._grad_fn.op)
+                loss.backward()
+                out.append(loss.full_tensor().tobytes())
+                out += [p.grad.full_tensor().tobytes() for p in params]
+                opt.step()
+                opt.clear_grad()
+                out += [p.full_tensor().tobytes() for p in params]
+            for state in opt._states.values():
+                out += [v.full_tensor().tobytes() for k, v in sorted(state.items()) if isinstance(v, dist.Tensor)]
+        finally:
+            if general:
+                hooks.op_start_hooks.remove(listener)
+    return out, ops
+
+
+@contextlib.contextmanager
+def _counting_general() -> Iterator[list[str]]:
+    """The op calls that take the general path inside the block, in order."""
+    calls: list[str] = []
+    inner: Callable[..., Any] = dispatch._apply
+
+    def counting(name: str, inputs: Any, attrs: Any) -> Any:
+        calls.append(name)
+        return inner(name, inputs, attrs)
+
+    dispatch._apply = counting  # type: ignore[assignment]
+    try:
+        yield calls
+    finally:
+        dispatch._apply = inner  # type: ignore[assignment]
+
+
+@pytest.fixture
+def general_calls() -> Iterator[list[str]]:
+    with _counting_general() as calls:
+        yield calls
+
+
+def _listening() -> list[str]:
+    """What would send every call down the general path in this process."""
+    found = {
+        "op start hooks": hooks.op_start_hooks,
+        "op hooks": hooks.op_hooks,
+        "program hooks": hooks.program_hooks,
+        "pipeline stage runs": hooks.stage_runs,
+        "capture tracers": _capture_hooks.capture_tracers,
+        "replays": dispatch._replaying,
+    }
+    return [f"{name}: {items!r}" for name, items in found.items() if items]
+
+
+@given(
+    seed=st.integers(0, 2**16),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    trans_y=st.booleans(),
+    optimizer=st.sampled_from(["sgd", "momentum"]),
+)
+def test_short_path_matches_the_general_path(seed: int, dtype: type, trans_y: bool, optimizer: str) -> None:
+    assert not _listening(), f"an earlier test left listeners installed: {_listening()}"
+    with _counting_general() as calls:
+        short, short_ops = _train(seed, dtype, trans_y, optimizer, general=False)
+    taken_general = len(calls)
+    with _counting_general() as calls:
+        long, long_ops = _train(seed, dtype, trans_y, optimizer, general=True)
+    every_call = len(calls)
+    assert short_ops == long_ops
+    assert len(short) == len(long)
+    for i, (a, b) in enumerate(zip(short, long, strict=True)):
+        assert a == b, f"value {i} differs between the short and the general path"
+    # The general run sends every call down the general path; the first run decided each layout
+    # once (its first step) and took the short path for most calls after that.
+    assert taken_general < every_call / 2, (taken_general, every_call)
+
+
+def test_a_new_layout_is_decided_on_the_general_path(general_calls: list[str]) -> None:
+    """A call whose key was never decided goes to the general path, then the short path."""
+    with dist.use_backend(SimBackend(1)):
+        mesh = ProcessMesh([0], dim_names=["mp"])
+        a = dist.shard_tensor(np.arange(6.0).reshape(2, 3), mesh, [dist.Shard(0)])
+        b = dist.shard_tensor(np.ones((2, 3)), mesh, [dist.Shard(0)])
+        general_calls.clear()
+        first = dist.add(a, b)
+        assert general_calls == ["add"]
+        again = dist.add(a, b)
+        assert general_calls == ["add"]  # the same key: decided once, then the short path
+        assert np.array_equal(first.full_tensor(), again.full_tensor())
+        c = dist.shard_tensor(np.ones((2, 3), dtype=np.float32), mesh, [dist.Shard(0)])
+        mixed = dist.add(a, c)  # another dtype: another key, decided afresh
+        assert general_calls == ["add", "add"]
+        assert mixed.dtype == np.float64
+        assert np.array_equal(mixed.full_tensor(), np.arange(6.0).reshape(2, 3) + 1)
+
+
+def test_an_attribute_of_another_type_is_decided_afresh(general_calls: list[str]) -> None:
+    """The short path's key holds each attribute's type, as the general path's does: ``[1]``
+    and ``(1,)`` are equal values to Python's ``==`` on their items, not the same key."""
+    with dist.use_backend(SimBackend(1)):
+        mesh = ProcessMesh([0], dim_names=["mp"])
+        a = dist.shard_tensor(np.arange(6.0).reshape(2, 3), mesh, [dist.Shard(0)])
+        general_calls.clear()
+        for axis in ([1], [1], (1,), (1,)):
+            got = dispatch.apply("sum", [a], {"axis": axis, "keepdim": False})
+            assert np.array_equal(got.full_tensor(), np.arange(6.0).reshape(2, 3).sum(1))
+        assert general_calls == ["sum", "sum"]  # each type decided once, then the short path
