@@ -33,6 +33,7 @@ rank starts its buckets in the same order, because every rank runs the same back
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -141,16 +142,25 @@ each gradient is reduced on its own as soon as backward produces it."""
 def default_setting() -> GradReduceOverlap | None:
     """The setting of a backward pass outside any ``overlap_grad_reduction``: buckets of
     ``DEFAULT_ON_BUCKET_MIB`` unless ``$MPIPAR_GRAD_BUCKET_MIB`` says otherwise."""
+    given = os.environ.get(BUCKETS_ENV)
+    if _default_cache.get("given", _UNSEEN) == given:  # every backward pass asks: parse a new value only
+        return _default_cache["setting"]  # type: ignore[no-any-return]
+    setting = _parse_default_setting()
+    _default_cache["given"], _default_cache["setting"] = given, setting
+    return setting
+
+
+_UNSEEN = object()
+
+
+def _parse_default_setting() -> GradReduceOverlap | None:
     raw = (env_text(BUCKETS_ENV) or "").lower()
     if raw in ("off", "none", "no", "false"):
         return None
     mib = env_number(
         BUCKETS_ENV, DEFAULT_ON_BUCKET_MIB, minimum=0.0, strict=False, unit="MiB per gradient bucket (or off)"
     )
-    key = mib
-    if _default_cache.get("key") != key:
-        _default_cache["key"], _default_cache["setting"] = key, GradReduceOverlap(mib)
-    return _default_cache["setting"]
+    return GradReduceOverlap(mib)
 
 
 _default_cache: dict[str, Any] = {}
@@ -242,13 +252,16 @@ class _Session:
 
     def _bucketable(self, leaf: Tensor, g: Tensor) -> Any | None:
         """The reshard's one all-reduce step when ``g`` may be bucketed, else None."""
+        gs = g._spec
+        if gs is None or leaf._spec is None or leaf._grad_any_layout:
+            return None
+        target = leaf.grad_spec()
+        if gs is target or gs == target:  # already in its layout (the usual tensor-parallel case): nothing to reduce
+            return None
         backend = self.backend
         if execution_mode([g], backend) is not Mode.DISTRIBUTED or hooks.reshard_hooks or _span_recorders:
             return None
-        if not (leaf.is_dist and g.is_dist) or leaf._grad_any_layout:
-            return None
-        target = leaf.grad_spec()
-        if g.spec == target or not g._shards:
+        if not g._shards:
             return None
         plan = plan_reshard(g.spec, target)
         if len(plan.steps) != 1 or plan.steps[0].kind != "all_reduce":

@@ -208,6 +208,45 @@ class Optimizer:
         return p.grad_spec() if p.is_dist else None
 
     def _step_param(self, p: Tensor, g: Tensor, lr: float) -> None:
+        spec = p._spec
+        if (
+            spec is not None
+            and g._spec is spec  # the gradient arrived in p's own layout (specs are interned)
+            and self._update_layout is None
+            and self.offload is None
+            and not self._multi_precision
+            and not p.grad_placements
+            and spec._without_partial is spec  # so ``layout_of(p)`` is p's own spec
+            and not _capture_hooks.capture_tracers
+            and not p._abstract
+            and not g._abstract
+            and p._init is None
+            and (state := self._states.get(id(p))) is not None
+            and len(p.__dict__.get("_shards", ())) == 1
+        ):
+            backend = current_backend()
+            if not backend.shape_only and not backend.reference:
+                self._step_one_shard(p, g, lr, spec, state)
+                return
+        self._step_param_general(p, g, lr)
+
+    def _step_one_shard(self, p: Tensor, g: Tensor, lr: float, layout: DistSpec, state: dict[str, Any]) -> None:
+        """``_step_param`` where this process holds p's one shard (MPI), the gradient is in p's
+        own layout, and nothing else applies (no master copy, offload, update layout or captured
+        step; not the first step): the same update, without the general path's checks."""
+        if self.updates_in_place:
+            _unfreeze_if_alone(p)  # (before any local here refers to p's shard dict or array)
+        (r,) = p._shards
+        src = p._shards[r]
+        grad = g._shards[r].astype(p._dtype, copy=False)
+        names = self.state_names
+        new_value, new_states = self._update(src, grad, {n: state[n]._shards[r] for n in names}, lr, state)
+        for n in names:
+            state[n] = Tensor._from_shards(layout, {r: new_states[n]}, state[n].dtype)
+        state["step"] = state.get("step", 0) + 1
+        p._set_dist(layout, {r: new_value}, p._dtype)
+
+    def _step_param_general(self, p: Tensor, g: Tensor, lr: float) -> None:
         layout = self.layout_of(p)
         backend = current_backend()
         # identity first: in a training loop the layout is the parameter's own spec object
