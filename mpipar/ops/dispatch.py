@@ -276,6 +276,7 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
     # kernel, checks, output and tape node as the general path below, without its per-call
     # lists and branches (``docs/performance.md``, "Eager step steadiness"). Anything else
     # takes the general path.
+    backend = _backend._current
     if (
         op is not None
         and op.simple
@@ -285,9 +286,19 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
         and not hooks.stage_runs
         and not _capture_hooks.capture_tracers
         and not _replaying
+        and backend is _decisions_backend[0]
+        and not backend.shape_only  # type: ignore[union-attr]
+        and not backend.reference  # type: ignore[union-attr]
     ):
         n = len(inputs)
-        backend = _backend._current
+        key: tuple[Any, ...] | None = None
+        b = None
+        # the attributes' part of the key: ``freeze_attrs(decision_attrs(op, attrs))`` without
+        # its calls where the op's kind says the answer (``OpDef.attrs_in_key``)
+        if not attrs or (kind := op.attrs_in_key) == 0:
+            attrs_key: tuple[Any, ...] = ()
+        else:
+            attrs_key = freeze_attrs(attrs) if kind == 1 else freeze_attrs(decision_attrs(op, attrs))
         if n == 2:
             a, b = inputs
             if (
@@ -301,49 +312,11 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                 and not b._abstract
                 and a._compute_spec is None  # neither stored split (ZeRO-3: gathered first)
                 and b._compute_spec is None
-                and backend is _decisions_backend[0]
-                and not backend.shape_only  # type: ignore[union-attr]
-                and not backend.reference  # type: ignore[union-attr]
             ):
                 # ``_decision_key`` for two distributed inputs, nothing resharded yet: ``_reuse_info``
                 # is None for two values, and for one value twice (``x * x``) the same constant.
-                try:
-                    decision = _DECISIONS.get(
-                        (
-                            name,
-                            (sa, sb),
-                            (a._dtype, b._dtype),
-                            ()
-                            if not attrs or (kind := op.attrs_in_key) == 0
-                            else freeze_attrs(attrs)
-                            if kind == 1
-                            else freeze_attrs(decision_attrs(op, attrs)),
-                            None if a._sid != b._sid or not reuse_enabled() else _ONE_VALUE_TWICE,
-                            None,
-                        )
-                    )
-                except TypeError:  # an attribute that cannot be hashed: the general path decides
-                    decision = None
-                if decision is not None and (one := decision.one_rank) is not None:
-                    r, shape, ctx, dt, spec = one
-                    arr = op.kernel(ctx, a._shards[r], b._shards[r], **attrs)
-                    if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d
-                        arr = np.asarray(arr)
-                    if arr.dtype is not dt and arr.dtype != dt:
-                        arr = arr.astype(dt)
-                    if arr.shape != shape:
-                        _wrong_outputs(op, decision, r, [arr])
-                    out = Tensor._op_output(spec, dt, {r: freeze(arr)})
-                    if op.grad is not None and _tape._grad_enabled:
-                        diff = op.differentiable
-                        if diff is None:
-                            needs = [not a.stop_gradient, not b.stop_gradient]
-                        else:
-                            needs = [0 in diff and not a.stop_gradient, 1 in diff and not b.stop_gradient]
-                        if True in needs:
-                            flat = [a, b]
-                            _record_node(op, flat, flat, [out], attrs, needs)
-                    return out
+                reuse = None if a._sid != b._sid or not reuse_enabled() else _ONE_VALUE_TWICE
+                key = (name, (sa, sb), (a._dtype, b._dtype), attrs_key, reuse, None)
         elif n == 1:
             a = inputs[0]
             if (
@@ -352,46 +325,40 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                 and not a._reshards
                 and not a._abstract
                 and a._compute_spec is None
-                and backend is _decisions_backend[0]
-                and not backend.shape_only  # type: ignore[union-attr]
-                and not backend.reference  # type: ignore[union-attr]
             ):
-                try:
-                    decision = _DECISIONS.get(
-                        (
-                            name,
-                            (sa,),
-                            (a._dtype,),
-                            ()
-                            if not attrs or (kind := op.attrs_in_key) == 0
-                            else freeze_attrs(attrs)
-                            if kind == 1
-                            else freeze_attrs(decision_attrs(op, attrs)),
-                            None,
-                            None,
-                        )
-                    )
-                except TypeError:
-                    decision = None
-                if decision is not None and (one := decision.one_rank) is not None:
-                    r, shape, ctx, dt, spec = one
+                key = (name, (sa,), (a._dtype,), attrs_key, None, None)
+        if key is not None:
+            try:
+                decision = _DECISIONS.get(key)
+            except TypeError:  # an attribute that cannot be hashed: the general path decides
+                decision = None
+            if decision is not None and (one := decision.one_rank) is not None:
+                r, shape, ctx, dt, spec = one
+                if b is None:
                     arr = op.kernel(ctx, a._shards[r], **attrs)
-                    if type(arr) is not np.ndarray and isinstance(arr, np.generic):
-                        arr = np.asarray(arr)
-                    if arr.dtype is not dt and arr.dtype != dt:
-                        arr = arr.astype(dt)
-                    if arr.shape != shape:
-                        _wrong_outputs(op, decision, r, [arr])
-                    out = Tensor._op_output(spec, dt, {r: freeze(arr)})
-                    if (
-                        op.grad is not None
-                        and _tape._grad_enabled
-                        and not a.stop_gradient
-                        and (op.differentiable is None or 0 in op.differentiable)
-                    ):
+                else:
+                    arr = op.kernel(ctx, a._shards[r], b._shards[r], **attrs)
+                if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d
+                    arr = np.asarray(arr)
+                if arr.dtype is not dt and arr.dtype != dt:
+                    arr = arr.astype(dt)
+                if arr.shape != shape:
+                    _wrong_outputs(op, decision, r, [arr])
+                out = Tensor._op_output(spec, dt, {r: freeze(arr)})
+                if op.grad is not None and _tape._grad_enabled:
+                    diff = op.differentiable
+                    if b is None:
                         flat = [a]
-                        _record_node(op, flat, flat, [out], attrs, [True])
-                    return out
+                        needs = [not a.stop_gradient and (diff is None or 0 in diff)]
+                    else:
+                        flat = [a, b]
+                        if diff is None:
+                            needs = [not a.stop_gradient, not b.stop_gradient]
+                        else:
+                            needs = [0 in diff and not a.stop_gradient, 1 in diff and not b.stop_gradient]
+                    if True in needs:
+                        _record_node(op, flat, flat, [out], attrs, needs)
+                return out
     return _apply(name, inputs, attrs)
 
 
