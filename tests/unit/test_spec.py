@@ -95,11 +95,15 @@ def test_interned_specs_are_one_object_per_value() -> None:
     ones their own; the table keeps none alive by itself (a large mesh's boxes are big)."""
     from mpipar.spec import interned
 
-    mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["x", "y"])
+    # mesh names no other test uses: the table is process-wide, and other tests' decisions
+    # keep their specs alive
+    mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["interned_x", "interned_y"])
     a = dist.DistSpec([4, 6], mesh, [dist.Shard(0), dist.Replicate()])
     b = dist.DistSpec([4, 6], mesh, [dist.Shard(0), dist.Replicate()])
     c = dist.DistSpec([4, 6], mesh, [dist.Shard(1), dist.Replicate()])
-    other_names = dist.DistSpec([4, 6], dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["p", "q"]), a.placements)
+    other_names = dist.DistSpec(
+        [4, 6], dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["interned_p", "interned_q"]), a.placements
+    )
     assert a is not b and a == b
     kept = interned(a)
     assert interned(b) is kept is a
@@ -113,7 +117,7 @@ def test_interned_specs_are_held_weakly() -> None:
 
     from mpipar.spec import interned
 
-    mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["x", "y"])
+    mesh = dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["weak_x", "weak_y"])  # (no other test's)
 
     def kept_once() -> weakref.ref[dist.DistSpec]:
         spec = dist.DistSpec([4, 6], mesh, [dist.Shard(0), dist.Replicate()])
