@@ -19,8 +19,9 @@ round runs falls on every variant alike instead of on whichever ran its steps th
 Reported per variant over every timed step of every round: p10, p50 and p90 of the step time
 (the slowest rank's), p90 / p50 (the spread), and both as ratios to the hand-written step
 (aims: p50 at most 1.2x, spread at most 1.2x); ``--per-rank`` adds each rank's own
-distribution, ``--print-json`` prints it all as JSON instead, and ``--json PATH`` writes what is
-printed to a results record (``benchmarks/results.py``). The load average is printed before and after,
+distribution, ``--cpu`` each rank's CPU time per step (median), ``--print-json`` prints it all
+as JSON instead, and ``--json PATH`` writes what is printed to a results record
+(``benchmarks/results.py``). The load average is printed before and after,
 with the collector runs per rank during timing. ``--gc disabled`` turns Python's garbage
 collector off on every rank while timing; ``MPIPAR_REDUCE=native`` times MPI's own sums;
 ``MPIPAR_GC=off`` times without mpipar's collector policy (``docs/performance.md``).
@@ -120,12 +121,17 @@ def ours(world: MPI.Comm, captured: bool = False) -> tuple[Callable[[], float], 
 
 
 def steps_in_turns(
-    world: MPI.Comm, steps: dict[str, Callable[[], object]], iters: int, warmup: int = 3
+    world: MPI.Comm,
+    steps: dict[str, Callable[[], object]],
+    iters: int,
+    warmup: int = 3,
+    cpu: dict[str, list[float]] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Each step's time over ``iters`` turns: the slowest rank's (between barriers), and this
     rank's own (from the barrier to its return, its waits for the others included). Every turn
     runs each step once, in an order drawn afresh (the same seed on every rank, so all ranks
-    call alike), after ``warmup`` untimed turns."""
+    call alike), after ``warmup`` untimed turns. ``cpu``: also this rank's CPU time per step
+    (``time.thread_time``: waiting for a core is not counted; polling inside MPI is)."""
     names = list(steps)
     for _ in range(warmup):
         for name in names:
@@ -137,9 +143,12 @@ def steps_in_turns(
     for _ in range(iters):
         for i in order.permutation(len(names)):
             world.Barrier()
+            c0 = time.thread_time()
             t0 = time.perf_counter()
             steps[names[i]]()
             elapsed[0] = time.perf_counter() - t0
+            if cpu is not None:
+                cpu[names[i]].append(time.thread_time() - c0)
             world.Allreduce(elapsed, slowest, op=MPI.MAX)
             slowest_times[names[i]].append(float(slowest[0]))
             own_times[names[i]].append(float(elapsed[0]))
@@ -203,6 +212,11 @@ def main() -> None:
         help="time this variant besides the hand-written one (repeatable; default: all), e.g. --only mpipar",
     )
     p.add_argument("--per-rank", action="store_true", help="also print each rank's own p10 / p50 / p90")
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="also print each rank's CPU time per step (median; time.thread_time, so waiting for a core is not counted)",
+    )
     p.add_argument("--print-json", action="store_true", help="print the results as one JSON object instead")
     add_json_argument(p)
     args = p.parse_args()
@@ -268,8 +282,9 @@ def main() -> None:
     load_before = load_average()
     slowest: dict[str, list[float]] = {k: [] for k in variants}
     own: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(args.rounds):
-        round_slowest, round_own = steps_in_turns(world, variants, args.iters)
+        round_slowest, round_own = steps_in_turns(world, variants, args.iters, cpu=cpu)
         for label in variants:
             slowest[label] += round_slowest[label]
             own[label] += round_own[label]
@@ -281,9 +296,12 @@ def main() -> None:
     world.Gather(mine, every_rank, root=0)
     every_gc = np.empty((world.Get_size(), 6)) if me == 0 else None
     world.Gather(collections, every_gc, root=0)
+    my_cpu = np.array([np.median(cpu[label]) for label in variants], dtype=np.float64)
+    every_cpu = np.empty((world.Get_size(), len(variants))) if me == 0 else None
+    world.Gather(my_cpu, every_cpu, root=0)
     if me != 0:
         return
-    assert every_rank is not None and every_gc is not None
+    assert every_rank is not None and every_gc is not None and every_cpu is not None
     base = spread(slowest["hand-written mpi4py"])
     report: dict[str, object] = {
         "ranks": world.Get_size(),
@@ -303,6 +321,7 @@ def main() -> None:
         s["p50 vs hand-written"] = s["p50"] / base["p50"]
         s["spread vs hand-written"] = s["p90/p50"] / base["p90/p50"]
         s["per_rank"] = [spread(list(every_rank[r, v])) for r in range(world.Get_size())]
+        s["cpu_ms_per_rank"] = (every_cpu[:, v] * 1e3).round(3).tolist()
         report["variants"][label] = s  # type: ignore[index]
     if args.print_json:
         print(json.dumps(report, indent=1), flush=True)
@@ -326,6 +345,13 @@ def main() -> None:
             f"{s['p50 vs hand-written']:5.2f}x {s['spread vs hand-written']:7.2f}x",
             flush=True,
         )
+    if args.cpu:
+        print("each rank's CPU per step, ms (median; waiting for a core not counted, polling in MPI counted)")
+        hand_cpu = float(np.median(every_cpu[:, 0]))
+        for label, s in report["variants"].items():  # type: ignore[attr-defined]
+            ranks_cpu = s["cpu_ms_per_rank"]
+            cells = "  ".join(f"r{r} {c:.2f}" for r, c in enumerate(ranks_cpu))
+            print(f"{label:22s} {cells}  ({float(np.median(ranks_cpu)) / (hand_cpu * 1e3):.2f}x)", flush=True)
     if args.per_rank:
         print("each rank's own step (its waits for the others included), ms: p10 / p50 / p90")
         for label, s in report["variants"].items():  # type: ignore[attr-defined]
