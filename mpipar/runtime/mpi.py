@@ -435,6 +435,12 @@ class _BoundAllReduce:
         return reduce_rows(self.data, self.op, np).reshape(self.shape)
 
 
+EAGER_BOUND_MAX = 16
+"""Eager all-reduce signatures kept bound (``MPICommunicator._all_reduce``): a step makes a few;
+a program with more pays the general path for the rest."""
+_UNBOUND: Any = object()
+
+
 class MPICommunicator(OrderedCommunicator):
     """mpi4py transport for the ordered collectives, plus point-to-point (module docstring)."""
 
@@ -450,6 +456,13 @@ class MPICommunicator(OrderedCommunicator):
         self._exchanges = 0
         self.native_sums = rt.reduce_mode == "native"
         self.fold_min_bytes = FOLD_AS_ARRIVING_MIN_BYTES
+        self.bind_eager_all_reduces = True
+        """Whether eager all-reduces take the bound path (``_all_reduce``); off, every call takes
+        the general one (tests compare the two)."""
+        self._eager_bound: dict[tuple[Any, ...], Callable[[Array], Array] | None] = {}
+        """Eager all-reduces that take a captured program's bound path, per (group, shape,
+        dtype, op and the settings that choose the path); None where that path does not apply
+        (``_all_reduce``)."""
 
     # ------------------------------------------------------------------ MPIPAR_REDUCE=native
     def _native_type(self, dtype: np.dtype, op: str, group: Group) -> Any | None:
@@ -465,6 +478,23 @@ class MPICommunicator(OrderedCommunicator):
 
     def _all_reduce(self, group: Group, bufs: Any, op: str) -> dict[int, Array]:
         a = self._mine("all_reduce", group, bufs)
+        # A small all-reduce (one gather, then the fold) made again and again, as every eager
+        # step's are: the bound path captured programs use, which does the same call (numbered,
+        # watched, its signature as the trailer, folded in group order: the same bits) with
+        # the receive buffer and signature words kept from call to call. Anything it does not
+        # cover goes on below: ``bound_all_reduce`` says None, or the bound call itself falls
+        # back to the checked path (observers, check mode), so neither is taken here: that
+        # fallback calls ``all_reduce``, which would come back to this line.
+        if type(a) is np.ndarray and self.bind_eager_all_reduces and not self.check_collectives and not recording():
+            # (with the settings that choose the path, which a program may change between calls)
+            key = (group, a.shape, a.dtype, op, self.native_sums, self.small_reduce_bytes, self.agree)
+            bound = self._eager_bound.get(key, _UNBOUND)
+            if bound is _UNBOUND:
+                bound = self.bound_all_reduce(group, a.shape, a.dtype, op)
+                if len(self._eager_bound) < EAGER_BOUND_MAX:  # (each holds gather buffers up to 256 KiB)
+                    self._eager_bound[key] = bound
+            if bound is not None:
+                return {self.rank: bound(a)}
         mpi_type = self._native_type(a.dtype, op, group)
         if mpi_type is None:
             return super()._all_reduce(group, bufs, op)
