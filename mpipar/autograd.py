@@ -208,71 +208,28 @@ def _run_backward(
                         seen.add(id(node))
                         order.append(node)
             order = _merge_order(order)
-        # Each node's output gradients, made when the first one arrives: a node none reaches is skipped.
-        pending: dict[int, list[Tensor | None]] = {}
+        pending: dict[int, list[Tensor | None]] = {id(n): [None] * n.num_outputs for n in order}
         for root, grad in seeds:
-            fn = root._grad_fn
-            if fn is None:
+            if root._grad_fn is None:
                 _accumulate_leaf(root, grad)
                 continue
-            slot = pending.get(id(fn))
-            if slot is None:
-                slot = pending[id(fn)] = [None] * fn.num_outputs
+            slot = pending[id(root._grad_fn)]
             i = root._out_index
             slot[i] = grad if slot[i] is None else M.add(slot[i], grad)
-        packed = _tape.packed_made[0]
-        if defer is None:  # the usual pass: every gradient now (written without the deferral's checks)
-            # The gradient of a one-output node (nearly all) is kept as it is, not in a list.
-            one: dict[int, Tensor] = {}
-            for key in [k for k, slot in pending.items() if len(slot) == 1]:
-                one[key] = pending.pop(key)[0]  # type: ignore[assignment]
-            for node in reversed(order):
-                if node.num_outputs == 1:
-                    g0 = one.pop(id(node), None)
-                    if g0 is None:  # no gradient reached it
-                        continue
-                    out_grads: list[Tensor | None] = [g0]
-                else:
-                    out_grads = pending.pop(id(node), _NONE_ARRIVED)
-                    if out_grads is _NONE_ARRIVED or out_grads.count(None) == len(out_grads):
-                        continue
-                ctx = node.ctx
-                if packed and any(isinstance(v, Packed) for v in (*ctx.inputs, *ctx.outputs)):
-                    ctx.inputs = _unpacked(ctx.inputs)
-                    ctx.outputs = _unpacked(ctx.outputs)
-                in_grads = node.grad_fn(ctx, out_grads)
-                for parent, g in zip(node.parents, in_grads, strict=False):
-                    if parent is None or g is None or parent.stop_gradient:
-                        continue
-                    fn = parent._grad_fn
-                    if fn is None:
-                        _accumulate_leaf(parent, g)
-                    elif fn.num_outputs == 1:
-                        key = id(fn)
-                        prev = one.get(key)
-                        one[key] = g if prev is None else M.add(prev, g)
-                    else:
-                        slot = pending.get(id(fn))
-                        if slot is None:
-                            slot = pending[id(fn)] = [None] * fn.num_outputs
-                        j = parent._out_index
-                        slot[j] = g if slot[j] is None else M.add(slot[j], g)
-                if not retain_graph:  # ``node.release()``, inline
-                    ctx.inputs = [None] * len(ctx.inputs)
-                    ctx.outputs = [None] * len(ctx.outputs)
-            return deferred
         for node in reversed(order):
-            out_grads = pending.pop(id(node), _NONE_ARRIVED)
-            if out_grads is _NONE_ARRIVED or out_grads.count(None) == len(out_grads):  # no gradient reached this node
+            out_grads = pending.pop(id(node))
+            if out_grads.count(None) == len(out_grads):  # no gradient reached this node
                 continue
-            if packed and any(isinstance(v, Packed) for v in (*node.ctx.inputs, *node.ctx.outputs)):
+            if _tape.packed_made[0] and any(isinstance(v, Packed) for v in (*node.ctx.inputs, *node.ctx.outputs)):
                 node.ctx.inputs = _unpacked(node.ctx.inputs)
                 node.ctx.outputs = _unpacked(node.ctx.outputs)
-            weights = [
-                i
-                for i, p in enumerate(node.parents)
-                if p is not None and p._grad_fn is None and not p.stop_gradient and defer(p)
-            ]
+            weights = []
+            if defer is not None:
+                weights = [
+                    i
+                    for i, p in enumerate(node.parents)
+                    if p is not None and p._grad_fn is None and not p.stop_gradient and defer(p)
+                ]
             if weights:
                 saved = list(node.ctx.needs_grad)
                 node.ctx.needs_grad = [n and i not in weights for i, n in enumerate(saved)]
@@ -287,9 +244,7 @@ def _run_backward(
                 if parent is None or g is None or parent.stop_gradient or i in weights:
                     continue
                 if parent._grad_fn is not None:
-                    slot = pending.get(id(parent._grad_fn))
-                    if slot is None:
-                        slot = pending[id(parent._grad_fn)] = [None] * parent._grad_fn.num_outputs
+                    slot = pending[id(parent._grad_fn)]
                     j = parent._out_index
                     slot[j] = g if slot[j] is None else M.add(slot[j], g)
                 else:
@@ -297,10 +252,6 @@ def _run_backward(
             if not retain_graph and not weights:
                 node.release()
     return deferred
-
-
-_NONE_ARRIVED: list[Tensor | None] = []
-"""``pending``'s answer for a node no gradient reached (never a node's own list)."""
 
 
 def _accumulate_leaf(leaf: Tensor, g: Tensor) -> None:

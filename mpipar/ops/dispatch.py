@@ -293,12 +293,7 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
         n = len(inputs)
         key: tuple[Any, ...] | None = None
         b = None
-        # the attributes' part of the key: ``freeze_attrs(decision_attrs(op, attrs))`` without
-        # its calls where the op's kind says the answer (``OpDef.attrs_in_key``)
-        if not attrs or (kind := op.attrs_in_key) == 0:
-            attrs_key: tuple[Any, ...] = ()
-        else:
-            attrs_key = freeze_attrs(attrs) if kind == 1 else freeze_attrs(decision_attrs(op, attrs))
+        attrs_key = _attrs_key(op, attrs)
         if n == 2:
             a, b = inputs
             if (
@@ -335,29 +330,14 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
             if decision is not None and (one := decision.one_rank) is not None:
                 r, shape, ctx, dt, spec = one
                 if b is None:
-                    arr = op.kernel(ctx, a._shards[r], **attrs)
+                    out = _one_output(op, decision, r, op.kernel(ctx, a._shards[r], **attrs), dt, shape, spec)
                 else:
-                    arr = op.kernel(ctx, a._shards[r], b._shards[r], **attrs)
-                if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d
-                    arr = np.asarray(arr)
-                if arr.dtype is not dt and arr.dtype != dt:
-                    arr = arr.astype(dt)
-                if arr.shape != shape:
-                    _wrong_outputs(op, decision, r, [arr])
-                out = Tensor._op_output(spec, dt, {r: freeze(arr)})
-                if op.grad is not None and _tape._grad_enabled:
-                    diff = op.differentiable
-                    if b is None:
-                        flat = [a]
-                        needs = [not a.stop_gradient and (diff is None or 0 in diff)]
-                    else:
-                        flat = [a, b]
-                        if diff is None:
-                            needs = [not a.stop_gradient, not b.stop_gradient]
-                        else:
-                            needs = [0 in diff and not a.stop_gradient, 1 in diff and not b.stop_gradient]
-                    if True in needs:
-                        _record_node(op, flat, flat, [out], attrs, needs)
+                    out = _one_output(
+                        op, decision, r, op.kernel(ctx, a._shards[r], b._shards[r], **attrs), dt, shape, spec
+                    )
+                if op.grad is not None and _tape._grad_enabled:  # (no lists to build under no_grad)
+                    flat = [a] if b is None else [a, b]
+                    _record(op, flat, flat, [out], attrs)
                 return out
     return _apply(name, inputs, attrs)
 
@@ -583,6 +563,14 @@ def decision_attrs(op: OpDef, attrs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in attrs.items() if k not in op.volatile_attrs}
 
 
+def _attrs_key(op: OpDef, attrs: dict[str, Any]) -> tuple[Any, ...]:
+    """The attributes' part of a decision key: ``freeze_attrs(decision_attrs(op, attrs))``,
+    without the selection where the op's kind already says the answer (``OpDef.attrs_in_key``)."""
+    if not attrs or (kind := op.attrs_in_key) == 0:
+        return ()
+    return freeze_attrs(attrs) if kind == 1 else freeze_attrs(decision_attrs(op, attrs))
+
+
 def freeze_attrs(attrs: dict[str, Any]) -> tuple[Any, ...]:
     if not attrs:
         return ()
@@ -608,7 +596,7 @@ def _decision_key(
     hashable (such a call is decided afresh). The key is hashed by the cache's lookup
     (``cached_decision``), which also finds an unhashable one."""
     try:
-        frozen = freeze_attrs(decision_attrs(op, attrs)) if attrs else ()
+        frozen = _attrs_key(op, attrs)
     except TypeError:
         return None
     n = len(flat)
@@ -754,14 +742,9 @@ def _run_dist(
                 arr = op.kernel(ctx, used[0]._shards[r], **attrs)
             else:
                 arr = op.kernel(ctx, *[u._shards[r] for u in used], **attrs)
-            dt = decision.dtypes[0]
-            if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d
-                arr = np.asarray(arr)
-            if arr.dtype is not dt and arr.dtype != dt:
-                arr = arr.astype(dt)
-            if len(shapes) != 1 or arr.shape != shapes[0]:
+            if len(shapes) != 1:
                 _wrong_outputs(op, decision, r, [arr])
-            return [Tensor._op_output(out_specs[0], dt, {r: freeze(arr)})], used, decision.res
+            return [_one_output(op, decision, r, arr, decision.dtypes[0], shapes[0], out_specs[0])], used, decision.res
         per_rank = _one_rank_outputs(op, decision, attrs, None, used)
     else:
         per_rank = _kernel_outputs(op, decision, attrs, None, used)
@@ -833,6 +816,21 @@ def _kernel_outputs(
                     tr.record_kernel(op, ctx, attrs, dtypes, used, r, arrays, got, raw=result)
         per_rank[r] = got
     return per_rank
+
+
+def _one_output(
+    op: OpDef, decision: Decision, r: int, arr: Any, dt: np.dtype, shape: tuple[int, ...], spec: DistSpec
+) -> Tensor:
+    """A one-output op's result on the one hosted rank ``r`` as its output tensor: a NumPy 0-d
+    scalar made an array, cast to the decision's dtype, its shape checked against the rule's
+    (``_wrong_outputs``), frozen."""
+    if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d
+        arr = np.asarray(arr)
+    if arr.dtype is not dt and arr.dtype != dt:
+        arr = arr.astype(dt)
+    if arr.shape != shape:
+        _wrong_outputs(op, decision, r, [arr])
+    return Tensor._op_output(spec, dt, {r: freeze(arr)})
 
 
 def _wrong_outputs(op: OpDef, decision: Decision, r: int, got: list[Any]) -> None:
