@@ -208,17 +208,22 @@ def _run_backward(
                         seen.add(id(node))
                         order.append(node)
             order = _merge_order(order)
-        pending: dict[int, list[Tensor | None]] = {id(n): [None] * n.num_outputs for n in order}
+        # Each node's output gradients, made when the first one reaches it: a node none reaches
+        # has no entry (and is skipped), and no list is made for it.
+        pending: dict[int, list[Tensor | None]] = {}
         for root, grad in seeds:
-            if root._grad_fn is None:
+            fn = root._grad_fn
+            if fn is None:
                 _accumulate_leaf(root, grad)
                 continue
-            slot = pending[id(root._grad_fn)]
+            slot = pending.get(id(fn))
+            if slot is None:
+                slot = pending[id(fn)] = [None] * fn.num_outputs
             i = root._out_index
             slot[i] = grad if slot[i] is None else M.add(slot[i], grad)
         for node in reversed(order):
-            out_grads = pending.pop(id(node))
-            if out_grads.count(None) == len(out_grads):  # no gradient reached this node
+            out_grads = pending.pop(id(node), None)
+            if out_grads is None:  # no gradient reached this node
                 continue
             if _tape.packed_made[0] and any(isinstance(v, Packed) for v in (*node.ctx.inputs, *node.ctx.outputs)):
                 node.ctx.inputs = _unpacked(node.ctx.inputs)
@@ -243,8 +248,11 @@ def _run_backward(
             for i, (parent, g) in enumerate(zip(node.parents, in_grads, strict=False)):
                 if parent is None or g is None or parent.stop_gradient or i in weights:
                     continue
-                if parent._grad_fn is not None:
-                    slot = pending[id(parent._grad_fn)]
+                fn = parent._grad_fn
+                if fn is not None:
+                    slot = pending.get(id(fn))
+                    if slot is None:
+                        slot = pending[id(fn)] = [None] * fn.num_outputs
                     j = parent._out_index
                     slot[j] = g if slot[j] is None else M.add(slot[j], g)
                 else:

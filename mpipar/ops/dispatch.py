@@ -329,6 +329,11 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                 decision = None
             if decision is not None and (one := decision.one_rank) is not None:
                 r, shape, ctx, dt, spec = one
+                flat = used = None
+                if decision.moves:  # an input to reshard first, as ``_run_dist`` does (reused where made)
+                    flat = [a] if b is None else [a, b]
+                    used = _moved_inputs(op, decision, flat, backend)
+                    a, b = used[0], (None if b is None else used[1])
                 if b is None:
                     out = _one_output(op, decision, r, op.kernel(ctx, a._shards[r], **attrs), dt, shape, spec)
                 else:
@@ -336,8 +341,9 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                         op, decision, r, op.kernel(ctx, a._shards[r], b._shards[r], **attrs), dt, shape, spec
                     )
                 if op.grad is not None and _tape._grad_enabled:  # (no lists to build under no_grad)
-                    flat = [a] if b is None else [a, b]
-                    _record(op, flat, flat, [out], attrs)
+                    if flat is None:
+                        flat = used = [a] if b is None else [a, b]
+                    _record(op, flat, used, [out], attrs)  # type: ignore[arg-type]
                 return out
     return _apply(name, inputs, attrs)
 
@@ -507,9 +513,11 @@ class Decision:
     """Per hosted rank: its id, its outputs' local shapes and its kernel context (one object for
     ranks with the same boxes, so that replicas holding the same arrays compute once)."""
     one_rank: tuple[int, tuple[int, ...], KernelContext, np.dtype, DistSpec] | None = None
-    """For ``apply``'s short path, when this process hosts one rank of the op's mesh, no input
-    moves and the op has one output: the rank, its output's local shape, the kernel context,
-    the output's dtype and spec; else None."""
+    """For ``apply``'s short path, when this process hosts one rank of the op's mesh and the op
+    has one output: the rank, its output's local shape, the kernel context, the output's dtype
+    and spec; else None."""
+    moves: bool = False
+    """Whether some input is resharded first (``True in reshard``, asked once)."""
 
 
 _DECISIONS: dict[tuple[Any, ...], Decision] = {}
@@ -537,6 +545,7 @@ _decisions_backend: list[Any] = [object()]
 
 
 _SCALAR_TYPES = frozenset({int, float, bool, str, type(None)})
+_INT_ONLY = frozenset({int})
 
 
 def _frozen(value: Any) -> Any:
@@ -545,6 +554,10 @@ def _frozen(value: Any) -> Any:
     kind = type(value)
     if kind in _SCALAR_TYPES:  # most attributes: decided without an isinstance chain
         return (kind, value)
+    if (kind is tuple or kind is list) and _INT_ONLY.issuperset(map(type, value)):
+        # Axes and shapes: ints only, kept as they are (the third item marks this form: the
+        # general one below holds a pair per item, so the two never compare equal).
+        return (kind, tuple(value), int)
     if isinstance(value, (list, tuple)):
         return (type(value), tuple(_frozen(v) for v in value))
     if isinstance(value, dict):
@@ -673,10 +686,11 @@ def _decide(
         ranks.append((r, tuple(box_shape(b) for b in out_boxes), ctx))
     dtypes = op.out_dtypes([t.dtype for t in flat], attrs)
     one_rank = None
-    if len(ranks) == 1 and out_specs is not None and len(out_specs) == 1 and True not in reshard_flags:
+    if len(ranks) == 1 and out_specs is not None and len(out_specs) == 1:
         r, shapes, ctx = ranks[0]
         one_rank = (r, shapes[0], ctx, dtypes[0], out_specs[0])
-    return Decision(res, need, out_specs, rule_label, dtypes, reshard_flags, tuple(ranks), one_rank)
+    moves = True in reshard_flags
+    return Decision(res, need, out_specs, rule_label, dtypes, reshard_flags, tuple(ranks), one_rank, moves)
 
 
 def _run_dist(
@@ -715,16 +729,8 @@ def _run_dist(
                 _DECISIONS[key] = decision
         if player is not None:
             player.record(op, flat, attrs, reuse, decision, backend)
-    need = decision.need
-    used: list[Tensor] = flat  # the usual case: every input already in the layout the rule wants
-    if True in decision.reshard:
-        used = []
-        for i, (t, move) in enumerate(zip(flat, decision.reshard, strict=True)):
-            if not move:
-                used.append(t)
-                continue
-            with comm_context(f"{op.name} input {i}: {decision.rule_label}"), hooks.op_inputs(op.name):
-                used.append(_reshard_input(t, need[i], backend))
+    # the usual case: every input already in the layout the rule wants
+    used = _moved_inputs(op, decision, flat, backend) if decision.moves else flat
     if decision.out_specs is None:
         return _replicate_only_outputs(op, used, attrs, decision, mesh), used, decision.res
     # Several hosted ranks (the simulator): a product's Partial output may be deferred. (Under
@@ -758,6 +764,20 @@ def _run_dist(
     for j, (spec, dt) in enumerate(zip(out_specs, decision.dtypes, strict=True)):
         outs.append(Tensor._op_output(spec, dt, {r: got[j] for r, got in per_rank.items()}))
     return outs, used, decision.res
+
+
+def _moved_inputs(op: OpDef, decision: Decision, flat: list[Tensor], backend: Any) -> list[Tensor]:
+    """The inputs as the op's kernel takes them: each one the decision moves resharded to the
+    layout it needs (a value resharded before is reused: ``distribute._reshard``)."""
+    need = decision.need
+    used = []
+    for i, (t, move) in enumerate(zip(flat, decision.reshard, strict=True)):
+        if not move:
+            used.append(t)
+            continue
+        with comm_context(f"{op.name} input {i}: {decision.rule_label}"), hooks.op_inputs(op.name):
+            used.append(_reshard_input(t, need[i], backend))
+    return used
 
 
 def _kernel_outputs(
@@ -824,7 +844,14 @@ def _one_output(
     """A one-output op's result on the one hosted rank ``r`` as its output tensor: a NumPy 0-d
     scalar made an array, cast to the decision's dtype, its shape checked against the rule's
     (``_wrong_outputs``), frozen."""
-    if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d
+    if type(arr) is np.ndarray:  # the usual case: ``freeze`` inline
+        if arr.dtype is not dt and arr.dtype != dt:
+            arr = arr.astype(dt)
+        if arr.shape != shape:
+            _wrong_outputs(op, decision, r, [arr])
+        arr.setflags(write=False)
+        return Tensor._op_output(spec, dt, {r: arr})
+    if isinstance(arr, np.generic):  # NumPy reductions to 0-d
         arr = np.asarray(arr)
     if arr.dtype is not dt and arr.dtype != dt:
         arr = arr.astype(dt)

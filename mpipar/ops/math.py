@@ -305,15 +305,24 @@ def _red_axes(ctx: KernelContext, axis: Any) -> tuple[int, ...]:
     return norm_axes(axis, len(ctx.in_shape(0)), "reduction")
 
 
+def _summed(ctx: KernelContext, x: Array, axes: tuple[int, ...], keepdim: bool) -> Array:
+    """``xp.sum(x, axis=axes, keepdims=keepdim)``. For a plain NumPy array, the reduction
+    ``np.sum`` itself makes for one (``np.add.reduce``, the same call and the same bits), without
+    its Python wrapper: every step's bias gradients and loss run it."""
+    if type(x) is np.ndarray:
+        return np.add.reduce(x, axis=axes, keepdims=True) if keepdim else np.add.reduce(x, axis=axes)
+    return ctx.xp.sum(x, axis=axes, keepdims=keepdim)
+
+
 def _sum_kernel(ctx: KernelContext, x: Array, axis: Any = None, keepdim: bool = False, **_: Any) -> Array:
-    return ctx.xp.sum(x, axis=_red_axes(ctx, axis), keepdims=keepdim)
+    return _summed(ctx, x, _red_axes(ctx, axis), keepdim)
 
 
 def _mean_kernel(ctx: KernelContext, x: Array, axis: Any = None, keepdim: bool = False, **_: Any) -> Array:
     axes = _red_axes(ctx, axis)
     # The global count, so a split reduced dim gives the right Partial(sum) contribution.
     count = math.prod(ctx.in_shape(0)[a] for a in axes)
-    s = ctx.xp.sum(x, axis=axes, keepdims=keepdim)
+    s = _summed(ctx, x, axes, keepdim)
     kind = s.dtype.kind  # "f": NumPy's floating types, asked first (``issubdtype`` costs more than the sum here)
     floating = kind == "f" or (kind not in "biucmMOSU" and np.issubdtype(s.dtype, np.floating))
     return s / s.dtype.type(count) if floating else s / count

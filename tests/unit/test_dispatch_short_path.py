@@ -12,7 +12,7 @@ must actually have taken the short path.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from mpipar import _capture_hooks, hooks
 from mpipar.mesh import ProcessMesh
 from mpipar.ops import dispatch
 from simulator import SimBackend
+from simulator.virtual_comm import VirtualCommunicator
 
 
 class _Listening:
@@ -169,3 +170,83 @@ def test_an_attribute_of_another_type_is_decided_afresh(general_calls: list[str]
             got = dispatch.apply("sum", [a], {"axis": axis, "keepdim": False})
             assert np.array_equal(got.full_tensor(), np.arange(6.0).reshape(2, 3).sum(1))
         assert general_calls == ["sum", "sum"]  # each type decided once, then the short path
+
+
+
+class _StandInComm(VirtualCommunicator):
+    """The all-reduce of a process hosting one member: every member is taken to hold this buffer
+    (what the other members hold does not matter here: both paths get the same answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.all_reduces = 0
+
+    def _all_reduce(self, group: tuple[int, ...], bufs: Mapping[int, Any], op: str) -> dict[int, Any]:
+        assert op == "sum"
+        self.all_reduces += 1
+        return {r: a * len(group) for r, a in bufs.items()}
+
+
+class _RankZeroOfTwo(SimBackend):
+    """Hosts rank 0 of a two-rank mesh only, as an MPI process does: a Partial sum is real."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.stand_in = self._comm = _StandInComm()
+
+    def hosted_ranks(self, mesh: ProcessMesh) -> tuple[int, ...]:
+        return (0,) if 0 in mesh.process_ids else ()
+
+
+def _row_parallel_steps(general: bool) -> tuple[list[list[str]], list[bytes], list[int]]:
+    """Three steps of a row-parallel matmul's Partial sum plus a replicated bias, squared and
+    summed, on rank 0 of two: the bias is resharded to Partial (a local step), the sum
+    all-reduced once and reused for the second operand. Per step: the calls that took the
+    general path, then every value as bytes, and the all-reduces made."""
+    rng = np.random.default_rng(7)
+    h_v, w_v, b_v = rng.standard_normal((3, 4)), rng.standard_normal((4, 5)), rng.standard_normal(5)
+    backend = _RankZeroOfTwo()
+    listener = _Listening()
+    calls_per_step: list[list[str]] = []
+    values: list[bytes] = []
+    all_reduces: list[int] = []
+    with dist.use_backend(backend), _counting_general() as calls:
+        mesh = ProcessMesh([0, 1], dim_names=["mp"])
+        h = dist.shard_tensor(h_v, mesh, [dist.Shard(1)])
+        w = dist.shard_tensor(dist.Parameter(w_v), mesh, [dist.Shard(0)])
+        b = dist.shard_tensor(dist.Parameter(b_v), mesh, [dist.Replicate()])
+        if general:
+            hooks.op_start_hooks.append(listener)
+        try:
+            for _ in range(3):
+                calls.clear()
+                before = backend.stand_in.all_reduces
+                z = dist.add(dist.matmul(h, w), b)
+                assert z.spec.placements[0].is_partial()  # the bias went to the sum's layout
+                zz = dist.multiply(z, z)
+                assert not zz.spec.placements[0].is_partial()
+                dist.sum(zz).backward()
+                all_reduces.append(backend.stand_in.all_reduces - before)
+                values += [t.local_tensor(0).tobytes() for t in (zz, w.grad, b.grad)]
+                calls_per_step.append(list(calls))
+                w.clear_grad()
+                b.clear_grad()
+        finally:
+            if general:
+                hooks.op_start_hooks.remove(listener)
+    return calls_per_step, values, all_reduces
+
+
+def test_a_call_that_reshards_an_input_takes_the_short_path_once_decided() -> None:
+    """A decided call whose inputs must move first takes the short path from its second step
+    on, with the same reshards (reused where made) and bit for bit the general path's values."""
+    assert not _listening(), f"an earlier test left listeners installed: {_listening()}"
+    short_calls, short_values, short_reduces = _row_parallel_steps(general=False)
+    long_calls, long_values, long_reduces = _row_parallel_steps(general=True)
+    assert "add" in short_calls[0] and "multiply" in short_calls[0]  # decided on the general path
+    for later in short_calls[1:]:
+        assert "add" not in later and "multiply" not in later, later
+    assert all("multiply" in step for step in long_calls)
+    assert short_reduces == long_reduces
+    assert short_reduces[0] >= 1 and len(set(short_reduces)) == 1  # the same collectives every step
+    assert short_values == long_values
