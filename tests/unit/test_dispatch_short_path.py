@@ -172,7 +172,6 @@ def test_an_attribute_of_another_type_is_decided_afresh(general_calls: list[str]
         assert general_calls == ["sum", "sum"]  # each type decided once, then the short path
 
 
-
 class _StandInComm(VirtualCommunicator):
     """The all-reduce of a process hosting one member: every member is taken to hold this buffer
     (what the other members hold does not matter here: both paths get the same answer)."""
