@@ -335,11 +335,10 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                     used = _moved_inputs(op, decision, flat, backend)
                     a, b = used[0], (None if b is None else used[1])
                 if b is None:
-                    out = _one_output(op, decision, r, op.kernel(ctx, a._shards[r], **attrs), dt, shape, spec)
+                    arr = op.kernel(ctx, a._shards[r], **attrs)
                 else:
-                    out = _one_output(
-                        op, decision, r, op.kernel(ctx, a._shards[r], b._shards[r], **attrs), dt, shape, spec
-                    )
+                    arr = op.kernel(ctx, a._shards[r], b._shards[r], **attrs)
+                out = Tensor._op_output(spec, dt, {r: _output_array(op, decision, r, 0, arr, dt, shape)})
                 if op.grad is not None and _tape._grad_enabled:  # (no lists to build under no_grad)
                     if flat is None:
                         flat = used = [a] if b is None else [a, b]
@@ -512,12 +511,21 @@ class Decision:
     ranks: tuple[tuple[int, tuple[tuple[int, ...], ...], KernelContext], ...]
     """Per hosted rank: its id, its outputs' local shapes and its kernel context (one object for
     ranks with the same boxes, so that replicas holding the same arrays compute once)."""
-    one_rank: tuple[int, tuple[int, ...], KernelContext, np.dtype, DistSpec] | None = None
-    """For ``apply``'s short path, when this process hosts one rank of the op's mesh and the op
-    has one output: the rank, its output's local shape, the kernel context, the output's dtype
-    and spec; else None."""
-    moves: bool = False
-    """Whether some input is resharded first (``True in reshard``, asked once)."""
+
+    @cached_property
+    def one_rank(self) -> tuple[int, tuple[int, ...], KernelContext, np.dtype, DistSpec] | None:
+        """For ``apply``'s short path, when this process hosts one rank of the op's mesh and the
+        op has one output: the rank, its output's local shape, the kernel context, the output's
+        dtype and spec; else None (asked on every call: worked out once)."""
+        if len(self.ranks) != 1 or self.out_specs is None or len(self.out_specs) != 1:
+            return None
+        r, shapes, ctx = self.ranks[0]
+        return (r, shapes[0], ctx, self.dtypes[0], self.out_specs[0])
+
+    @cached_property
+    def moves(self) -> bool:
+        """Whether some input is resharded first (``True in reshard``, worked out once)."""
+        return True in self.reshard
 
 
 _DECISIONS: dict[tuple[Any, ...], Decision] = {}
@@ -685,12 +693,7 @@ def _decide(
             )
         ranks.append((r, tuple(box_shape(b) for b in out_boxes), ctx))
     dtypes = op.out_dtypes([t.dtype for t in flat], attrs)
-    one_rank = None
-    if len(ranks) == 1 and out_specs is not None and len(out_specs) == 1:
-        r, shapes, ctx = ranks[0]
-        one_rank = (r, shapes[0], ctx, dtypes[0], out_specs[0])
-    moves = True in reshard_flags
-    return Decision(res, need, out_specs, rule_label, dtypes, reshard_flags, tuple(ranks), one_rank, moves)
+    return Decision(res, need, out_specs, rule_label, dtypes, reshard_flags, tuple(ranks))
 
 
 def _run_dist(
@@ -748,9 +751,10 @@ def _run_dist(
                 arr = op.kernel(ctx, used[0]._shards[r], **attrs)
             else:
                 arr = op.kernel(ctx, *[u._shards[r] for u in used], **attrs)
-            if len(shapes) != 1:
-                _wrong_outputs(op, decision, r, [arr])
-            return [_one_output(op, decision, r, arr, decision.dtypes[0], shapes[0], out_specs[0])], used, decision.res
+            _wrong_count(op, decision, [arr])
+            dt = decision.dtypes[0]
+            out = Tensor._op_output(out_specs[0], dt, {r: _output_array(op, decision, r, 0, arr, dt, shapes[0])})
+            return [out], used, decision.res
         per_rank = _one_rank_outputs(op, decision, attrs, None, used)
     else:
         per_rank = _kernel_outputs(op, decision, attrs, None, used)
@@ -816,17 +820,7 @@ def _kernel_outputs(
             result = op.kernel(ctx, *arrays, **attrs) if together is None else together[key]
             got = list(result) if multi else [result]
             for j, (arr, dt, shape) in enumerate(zip(got, dtypes, shapes, strict=True)):
-                if isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
-                    arr = np.asarray(arr)
-                if arr.dtype != dt:
-                    arr = arr.astype(dt)
-                if arr.shape != shape:
-                    spec = decision.out_specs[j]  # type: ignore[index]
-                    raise AssertionError(
-                        f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
-                        f"{op.rule_name} says {list(shape)} ({spec})"
-                    )
-                got[j] = freeze(arr)
+                got[j] = _output_array(op, decision, r, j, arr, dt, shape)
             memo[key] = got
             if (
                 _capture_hooks.capture_tracers and inputs is None
@@ -838,40 +832,27 @@ def _kernel_outputs(
     return per_rank
 
 
-def _one_output(
-    op: OpDef, decision: Decision, r: int, arr: Any, dt: np.dtype, shape: tuple[int, ...], spec: DistSpec
-) -> Tensor:
-    """A one-output op's result on the one hosted rank ``r`` as its output tensor: a NumPy 0-d
-    scalar made an array, cast to the decision's dtype, its shape checked against the rule's
-    (``_wrong_outputs``), frozen."""
-    if type(arr) is np.ndarray:  # the usual case: ``freeze`` inline
-        if arr.dtype is not dt and arr.dtype != dt:
-            arr = arr.astype(dt)
-        if arr.shape != shape:
-            _wrong_outputs(op, decision, r, [arr])
-        arr.setflags(write=False)
-        return Tensor._op_output(spec, dt, {r: arr})
-    if isinstance(arr, np.generic):  # NumPy reductions to 0-d
+def _output_array(op: OpDef, decision: Decision, r: int, j: int, arr: Any, dt: np.dtype, shape: tuple[int, ...]) -> Any:
+    """Output ``j`` of the kernel on rank ``r`` as an op output holds it: a NumPy 0-d scalar
+    made an array, cast to the decision's dtype, its shape checked against the rule's, frozen."""
+    if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
         arr = np.asarray(arr)
     if arr.dtype is not dt and arr.dtype != dt:
         arr = arr.astype(dt)
     if arr.shape != shape:
-        _wrong_outputs(op, decision, r, [arr])
-    return Tensor._op_output(spec, dt, {r: freeze(arr)})
+        spec = decision.out_specs[j]  # type: ignore[index]
+        raise AssertionError(
+            f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
+            f"{op.rule_name} says {list(shape)} ({spec})"
+        )
+    return freeze(arr)
 
 
-def _wrong_outputs(op: OpDef, decision: Decision, r: int, got: list[Any]) -> None:
-    """Raise for a kernel whose outputs are not those its rule names (count, then shape)."""
+def _wrong_count(op: OpDef, decision: Decision, got: list[Any]) -> None:
+    """Raise for a kernel that returned another number of outputs than its rule names."""
     shapes = decision.ranks[0][1]
     if len(got) != len(shapes):
         raise ValueError(f"kernel of {op.name} returned {len(got)} outputs; the rule says {len(shapes)}")
-    for j, arr in enumerate(got):
-        if arr.shape != shapes[j]:
-            spec = decision.out_specs[j]  # type: ignore[index]
-            raise AssertionError(
-                f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
-                f"{op.rule_name} says {list(shapes[j])} ({spec})"
-            )
 
 
 def _one_rank_outputs(
@@ -883,21 +864,9 @@ def _one_rank_outputs(
     arrays = [u._shards[r] for u in used] if inputs is None else inputs[r]
     result = op.kernel(ctx, *arrays, **attrs)
     got = list(result) if op.multi_output else [result]
-    if len(got) != len(shapes):
-        _wrong_outputs(op, decision, r, got)
+    _wrong_count(op, decision, got)
     for j, dt in enumerate(decision.dtypes):
-        arr = got[j]
-        if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
-            arr = np.asarray(arr)
-        if arr.dtype is not dt and arr.dtype != dt:
-            arr = arr.astype(dt)
-        if arr.shape != shapes[j]:
-            spec = decision.out_specs[j]  # type: ignore[index]
-            raise AssertionError(
-                f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
-                f"{op.rule_name} says {list(shapes[j])} ({spec})"
-            )
-        got[j] = freeze(arr)
+        got[j] = _output_array(op, decision, r, j, got[j], dt, shapes[j])
     return {r: got}
 
 

@@ -426,26 +426,18 @@ register_op(
 
 # ----------------------------------------------------------------------------- eager API
 def add(x: Any, y: Any, name: str | None = None) -> Tensor:
-    if isinstance(x, Tensor) and isinstance(y, Tensor):  # the usual call: nothing to convert
-        return apply("add", [x, y])
     return apply("add", _pair(x, y))
 
 
 def subtract(x: Any, y: Any, name: str | None = None) -> Tensor:
-    if isinstance(x, Tensor) and isinstance(y, Tensor):  # the usual call: nothing to convert
-        return apply("subtract", [x, y])
     return apply("subtract", _pair(x, y))
 
 
 def multiply(x: Any, y: Any, name: str | None = None) -> Tensor:
-    if isinstance(x, Tensor) and isinstance(y, Tensor):  # the usual call: nothing to convert
-        return apply("multiply", [x, y])
     return apply("multiply", _pair(x, y))
 
 
 def divide(x: Any, y: Any, name: str | None = None) -> Tensor:
-    if isinstance(x, Tensor) and isinstance(y, Tensor):  # the usual call: nothing to convert
-        return apply("divide", [x, y])
     return apply("divide", _pair(x, y))
 
 

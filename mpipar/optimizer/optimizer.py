@@ -237,14 +237,19 @@ class Optimizer:
         if self.updates_in_place:
             _unfreeze_if_alone(p)  # (before any local here refers to p's shard dict or array)
         (r,) = p._shards
-        src = p._shards[r]
-        grad = g._shards[r].astype(p._dtype, copy=False)
-        names = self.state_names
-        new_value, new_states = self._update(src, grad, {n: state[n]._shards[r] for n in names}, lr, state)
-        for n in names:
+        new_value, new_states = self._update_shard(p, g, r, p._dtype, state, lr)
+        for n in self.state_names:
             state[n] = Tensor._from_shards(layout, {r: new_states[n]}, state[n].dtype)
         state["step"] = state.get("step", 0) + 1
         p._set_dist(layout, {r: new_value}, p._dtype)
+
+    def _update_shard(
+        self, src: Tensor, g: Tensor, r: int, dtype: Any, state: dict[str, Any], lr: float
+    ) -> tuple[Array, dict[str, Array]]:
+        """``_update`` of rank ``r``'s shard: of ``src`` (the parameter or its master copy), of
+        ``g`` cast to ``dtype`` (the one the update computes in) and of each state."""
+        grad = g._shards[r].astype(dtype, copy=False)
+        return self._update(src._shards[r], grad, {n: state[n]._shards[r] for n in self.state_names}, lr, state)
 
     def _step_param_general(self, p: Tensor, g: Tensor, lr: float) -> None:
         layout = self.layout_of(p)
@@ -293,10 +298,7 @@ class Optimizer:
                 tr.refuse(f"{p._label()} is updated through a master copy or offloaded states")
             if tr is None and len(pv._shards) == 1:  # one hosted rank (MPI): no replicas to share with
                 (r,) = pv._shards
-                grad = gv._shards[r].astype(cdt, copy=False)
-                new_value, new_states = self._update(
-                    src._shards[r], grad, {n: state[n]._shards[r] for n in self.state_names}, lr, state
-                )
+                new_value, new_states = self._update_shard(src, gv, r, cdt, state, lr)
                 shards[r] = new_value
                 for n in self.state_names:
                     new_state_shards[n][r] = new_states[n]
@@ -307,10 +309,7 @@ class Optimizer:
                         if tr is not None:  # a captured step being traced: the update is an instruction
                             memo[key] = tr.update(self, p, lr, src, gv, state, r, cdt)
                         else:
-                            grad = gv._shards[r].astype(cdt, copy=False)
-                            memo[key] = self._update(
-                                src._shards[r], grad, {n: state[n]._shards[r] for n in self.state_names}, lr, state
-                            )
+                            memo[key] = self._update_shard(src, gv, r, cdt, state, lr)
                     shards[r] = memo[key][0]
                     for n in self.state_names:
                         new_state_shards[n][r] = memo[key][1][n]
