@@ -29,6 +29,13 @@ prints their time per step, op by op, against the step's CPU: what is left is th
 Python at these shapes (with ``--hidden 4096``, the Python running between kernels with the
 caches the GEMMs filled).
 
+``--ranks N`` gives rank 0 of ``mpiexec -n N`` its shapes (default 4). ``--copies K`` runs K
+copies of this measurement at once, as independent processes (no MPI, nothing shared), and
+prints each one's figures: K copies on a machine with fewer cores than K share cores and
+caches as the ranks of ``mpiexec -n K`` do, without any communication between them, so the
+eager step's extra CPU with ``--copies 4`` against ``--copies 1`` is what sharing the machine
+alone costs it (``docs/performance.md``, "What remains").
+
 Not counted: the MPI communicator's own Python around the all-reduce (``OrderedCommunicator``;
 the stand-in replaces it) and waiting for other ranks.
 """
@@ -37,7 +44,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -195,15 +204,11 @@ def kernel_split(step: Callable[[], object], steps: int, rounds: int) -> None:
     )
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--hidden", type=int, default=16, help="hidden width over all 4 ranks (16: tiny data)")
-    p.add_argument("--kernels", action="store_true", help="also split the eager step's CPU into kernels and the rest")
-    add_json_argument(p)
-    args = p.parse_args()
-    record(args.json, __file__)
+def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Callable[[], object]]]:
+    """This process's figures (per variant the fastest round's CPU per step and its bytecodes)
+    and the variants measured."""
+    global RANKS
+    RANKS = args.ranks
     if args.hidden != 4096:  # tiny data: the framework's work alone
         tp.BATCH, tp.IN = 4, 8
     tp.HIDDEN = args.hidden
@@ -221,18 +226,85 @@ def main() -> None:
             for _ in range(args.steps):
                 fn()
             best[name] = min(best[name], (time.process_time() - t0) / args.steps)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(
-        f"TP MLP step as rank 0 of {RANKS} (batch {tp.BATCH}, {tp.IN} -> {tp.HIDDEN} -> {tp.IN}), one process; "
-        f"fastest of {args.rounds} rounds of {args.steps} steps; load average {load:.2f}"
-    )
+    return {"cpu_s": best, "bytecodes": counted}, variants
+
+
+def report(figures: dict[str, Any], heading: str) -> None:
+    best, counted = figures["cpu_s"], figures["bytecodes"]
+    print(heading)
     print(f"{'':22s} {'CPU us/step':>12s} {'bytecodes/step':>15s}")
-    for name in variants:
+    for name in best:
         print(f"{name:22s} {best[name] * 1e6:12.0f} {counted[name]:15.0f}")
     dispatch = best["eager step"] - best["hand-written"]
     print(
         f"eager step minus hand-written: {dispatch * 1e6:.0f} us CPU per step "
-        f"({best['eager step'] / best['hand-written']:.1f}x the hand-written step)"
+        f"({best['eager step'] / best['hand-written']:.2f}x the hand-written step)"
+    )
+
+
+def run_copies(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``args.copies`` copies of this measurement, started together as separate processes."""
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        *("--steps", str(args.steps), "--rounds", str(args.rounds)),
+        *("--hidden", str(args.hidden), "--ranks", str(args.ranks), "--print-json"),
+    ]
+    children = [
+        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        for _ in range(args.copies)
+    ]
+    outputs = [child.communicate()[0] for child in children]
+    failed = [i for i, child in enumerate(children) if child.returncode != 0]
+    if failed:
+        raise SystemExit(f"copies {failed} failed (their errors are above)")
+    return [json.loads(out) for out in outputs]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--hidden", type=int, default=16, help="hidden width over all ranks (16: tiny data)")
+    p.add_argument("--ranks", type=int, default=RANKS, help="the step of rank 0 of this many ranks (4)")
+    p.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        help="run this many copies at once, as independent processes sharing the machine (1)",
+    )
+    p.add_argument("--kernels", action="store_true", help="also split the eager step's CPU into kernels and the rest")
+    p.add_argument("--print-json", action="store_true", help="print the figures as one JSON object instead")
+    add_json_argument(p)
+    args = p.parse_args()
+    if args.ranks < 1 or args.copies < 1:
+        p.error(f"--ranks and --copies take a positive count (got {args.ranks} and {args.copies})")
+    if args.copies > 1 and (args.kernels or args.print_json):
+        p.error("--copies prints each copy's table: it takes neither --kernels nor --print-json")
+    record(args.json, __file__)
+    shapes = f"rank 0 of {args.ranks}"
+    if args.copies > 1:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        results = run_copies(args)
+        for i, figures in enumerate(results):
+            report(figures, f"copy {i + 1} of {args.copies}:")
+        extra = [(f["cpu_s"]["eager step"] - f["cpu_s"]["hand-written"]) * 1e6 for f in results]
+        ratio = [f["cpu_s"]["eager step"] / f["cpu_s"]["hand-written"] for f in results]
+        print(
+            f"TP MLP step as {shapes}, {args.copies} copies at once on {os.cpu_count()} cores (load average "
+            f"{load:.2f} before): eager step minus hand-written {min(extra):.0f}-{max(extra):.0f} us CPU per step, "
+            f"{min(ratio):.2f}x-{max(ratio):.2f}x the hand-written step"
+        )
+        return
+    figures, variants = measure(args)
+    if args.print_json:
+        print(json.dumps(figures), flush=True)
+        return
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    report(
+        figures,
+        f"TP MLP step as {shapes} (batch {tp.BATCH}, {tp.IN} -> {tp.HIDDEN} -> {tp.IN}), one process; "
+        f"fastest of {args.rounds} rounds of {args.steps} steps; load average {load:.2f}",
     )
     if args.kernels:
         kernel_split(variants["eager step"], args.steps, args.rounds)
