@@ -246,17 +246,21 @@ def _run_backward(
             else:
                 in_grads = node.grad_fn(node.ctx, out_grads)
             for i, (parent, g) in enumerate(zip(node.parents, in_grads, strict=False)):
-                if parent is None or g is None or parent.stop_gradient or i in weights:
+                if parent is None or g is None or parent.stop_gradient or (weights and i in weights):
                     continue
                 fn = parent._grad_fn
-                if fn is not None:
-                    slot = pending.get(id(fn))
-                    if slot is None:
-                        slot = pending[id(fn)] = [None] * fn.num_outputs
-                    j = parent._out_index
-                    slot[j] = g if slot[j] is None else M.add(slot[j], g)
-                else:
+                if fn is None:
                     _accumulate_leaf(parent, g)
+                    continue
+                key = id(fn)
+                slot = pending.get(key)
+                if slot is None:  # the first gradient to reach ``fn``
+                    if fn.num_outputs == 1:
+                        pending[key] = [g]
+                        continue
+                    slot = pending[key] = [None] * fn.num_outputs
+                j = parent._out_index
+                slot[j] = g if slot[j] is None else M.add(slot[j], g)
             if not retain_graph and not weights:
                 node.release()
     return deferred
@@ -264,6 +268,17 @@ def _run_backward(
 
 def _accumulate_leaf(leaf: Tensor, g: Tensor) -> None:
     session = overlap.current_session()
+    spec = leaf._spec
+    if (
+        spec is not None
+        and g._spec is spec._without_partial  # already in the leaf's gradient layout (specs are interned) ...
+        and not leaf.grad_placements  # ... which is that one
+        and (session is None or id(leaf) not in session.waiting)  # (else it goes in behind a bucketed one)
+    ):
+        # Nothing to reduce or bucket (the usual tensor-parallel case): what the session and
+        # ``_grad_to_layout`` would both decide, without asking them.
+        _finish_leaf(leaf, g)
+        return
     if session is not None and session.offer(leaf, g, _grad_to_layout):
         return  # its reduction is bucketed; the session finishes the leaf when it completes
     _finish_leaf(leaf, _grad_to_layout(leaf, g))

@@ -321,6 +321,14 @@ class Tensor:
         self._value = None
         self._hold_shards(spec, shards, dtype)
 
+    def _set_own_shard(self, rank: int, array: Array) -> None:
+        """``_set_dist(self.spec, {rank: array}, self.dtype)`` for a distributed tensor whose one
+        shard is rank ``rank``'s and whose new value keeps its layout, dtype and shape (an
+        optimizer update): the layout is already interned and the shape already set."""
+        self._sid = next(_storage_ids)
+        self._dense = None
+        self._shards = {rank: freeze(array)}
+
     def __getattr__(self, name: str) -> Any:
         # Reached only when ordinary lookup fails: the shards of a tensor whose op deferred them
         # (``mpipar._deferred``, a process hosting every rank) are computed on first use.

@@ -86,7 +86,7 @@ register_op(
 
 def matmul(x: Any, y: Any, transpose_x: bool = False, transpose_y: bool = False, name: str | None = None) -> Tensor:
     """``x @ y`` with optional transposes of the last two dims; 1-d operands as in NumPy."""
-    if isinstance(x, Tensor) and isinstance(y, Tensor) and len(x.shape) > 1 and len(y.shape) > 1:
+    if isinstance(x, Tensor) and isinstance(y, Tensor) and len(x._shape) > 1 and len(y._shape) > 1:
         # the usual call (two tensors of two or more dims): nothing to convert or squeeze
         return apply("matmul", [x, y], {"trans_x": bool(transpose_x), "trans_y": bool(transpose_y)})
     xt, yt = _pair(x, y)

@@ -110,7 +110,15 @@ register_op(
 
 
 def _expand_kernel(ctx: KernelContext, x: Array, shape: Sequence[int] = (), **_: Any) -> Array:
-    return ctx.xp.broadcast_to(x, ctx.out_local_shape(0))
+    out_shape = ctx.out_local_shape(0)
+    if type(x) is np.ndarray and x.ndim == 0:
+        # A 0-d value (a loss's gradient) broadcast to the input's shape: the read-only view
+        # ``np.broadcast_to`` makes (every stride 0 over x's one element), made by the array
+        # constructor alone, without broadcast_to's Python layers.
+        view = np.ndarray(out_shape, x.dtype, x, 0, (0,) * len(out_shape))
+        view.flags.writeable = False  # (a view of a writeable x would be writeable)
+        return view
+    return ctx.xp.broadcast_to(x, out_shape)
 
 
 def _expand_grad(ctx: GradContext, g: list[Any]) -> list[Any]:

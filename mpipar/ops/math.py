@@ -381,9 +381,10 @@ def _sum_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
 
 def _mean_grad(ctx: GradContext, g: list[Any]) -> list[Any]:
     shape = ctx.input_shapes[0]
-    axes = norm_axes(ctx.attrs.get("axis"), len(shape), "mean")
-    count = math.prod(shape[a] for a in axes)
-    gk = _kept_dims(scale(g[0], 1.0 / count), shape, ctx.attrs.get("axis"))
+    axis = ctx.attrs.get("axis")
+    # Every dim reduced (a loss): the count is every element, and the 0-d gradient expands as it is.
+    count = math.prod(shape) if axis is None else math.prod(shape[a] for a in norm_axes(axis, len(shape), "mean"))
+    gk = _kept_dims(scale(g[0], 1.0 / count), shape, axis)
     return [_split_like_input(ctx, expand(gk, list(shape)))]
 
 

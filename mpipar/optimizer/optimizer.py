@@ -241,7 +241,7 @@ class Optimizer:
         for n in self.state_names:
             state[n] = Tensor._from_shards(layout, {r: new_states[n]}, state[n].dtype)
         state["step"] = state.get("step", 0) + 1
-        p._set_dist(layout, {r: new_value}, p._dtype)
+        p._set_own_shard(r, new_value)  # ``layout`` is p's own spec (``_step_param`` checked it)
 
     def _update_shard(
         self, src: Tensor, g: Tensor, r: int, dtype: Any, state: dict[str, Any], lr: float
@@ -249,7 +249,8 @@ class Optimizer:
         """``_update`` of rank ``r``'s shard: of ``src`` (the parameter or its master copy), of
         ``g`` cast to ``dtype`` (the one the update computes in) and of each state."""
         grad = g._shards[r].astype(dtype, copy=False)
-        return self._update(src._shards[r], grad, {n: state[n]._shards[r] for n in self.state_names}, lr, state)
+        names = self.state_names
+        return self._update(src._shards[r], grad, {n: state[n]._shards[r] for n in names} if names else {}, lr, state)
 
     def _step_param_general(self, p: Tensor, g: Tensor, lr: float) -> None:
         layout = self.layout_of(p)

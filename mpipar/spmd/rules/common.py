@@ -21,7 +21,11 @@ def norm_axes(axis: int | Sequence[int] | None, ndim: int, op: str) -> tuple[int
     if axis is None:
         return tuple(range(ndim))
     if isinstance(axis, int):
+        if type(axis) is int and 0 <= axis < ndim:  # already normal (most calls): one dim, nothing to sort
+            return (axis,)
         axis = [axis]
+    elif type(axis) is tuple and len(axis) == 1 and type(a := axis[0]) is int and 0 <= a < ndim:
+        return axis  # one normal dim in a tuple (a bias gradient's batch sum)
     out = sorted({norm_axis(int(a), ndim, op) for a in axis})
     return tuple(out)
 
