@@ -180,8 +180,9 @@ class Node:
 
     def release(self) -> None:
         """Drop saved tensors (after backward without retain_graph)."""
-        self.ctx.inputs = [None] * len(self.ctx.inputs)
-        self.ctx.outputs = [None] * len(self.ctx.outputs)
+        ctx = self.ctx
+        ctx.inputs = [None] * len(ctx.inputs)
+        ctx.outputs = [None] * len(ctx.outputs)
 
     def saved_tensors(self) -> list[Tensor]:
         return [t for t in (*self.ctx.inputs, *self.ctx.outputs) if t is not None]

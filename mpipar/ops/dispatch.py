@@ -845,6 +845,9 @@ def _output_array(op: OpDef, decision: Decision, r: int, j: int, arr: Any, dt: n
             f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
             f"{op.rule_name} says {list(shape)} ({spec})"
         )
+    if type(arr) is np.ndarray:  # ``freeze`` for the usual NumPy output, without its call
+        arr.setflags(write=False)
+        return arr
     return freeze(arr)
 
 
