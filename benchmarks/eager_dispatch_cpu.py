@@ -284,7 +284,7 @@ def main() -> None:
     record(args.json, __file__)
     shapes = f"rank 0 of {args.ranks}"
     if args.copies > 1:
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        load = tp.load_average()[0]
         results = run_copies(args)
         for i, figures in enumerate(results):
             report(figures, f"copy {i + 1} of {args.copies}:")
@@ -300,7 +300,7 @@ def main() -> None:
     if args.print_json:
         print(json.dumps(figures), flush=True)
         return
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    load = tp.load_average()[0]
     report(
         figures,
         f"TP MLP step as {shapes} (batch {tp.BATCH}, {tp.IN} -> {tp.HIDDEN} -> {tp.IN}), one process; "
