@@ -156,7 +156,7 @@ class GradContext:
 class Node:
     """One recorded op call (slotted, as ``GradContext``: one per recorded op)."""
 
-    __slots__ = ("__weakref__", "ctx", "grad_fn", "name", "num_outputs", "op", "parents")
+    __slots__ = ("__weakref__", "ctx", "grad_fn", "name", "num_outputs", "op", "parents", "sig")
 
     def __init__(
         self,
@@ -166,6 +166,7 @@ class Node:
         parents: list[Tensor | None],
         num_outputs: int = 1,
         name: str = "",
+        sig: Any = None,
     ) -> None:
         self.op = op
         self.grad_fn = grad_fn
@@ -174,6 +175,9 @@ class Node:
         """The tensors gradients flow to, one per (flattened) input; None where none is needed."""
         self.num_outputs = num_outputs
         self.name = name
+        self.sig = sig
+        """What a backward replay's graph key holds of this node (``mpipar.backward_replay``);
+        None: its gradient function is never replayed."""
 
     def __repr__(self) -> str:
         return f"Node(op={self.op!r}, num_outputs={self.num_outputs})"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpipar import _capture_hooks, _tape, hooks, overlap
+from mpipar import _capture_hooks, _tape, backward_replay, hooks, overlap
 from mpipar._tape import (  # noqa: F401  (re-exported: the tape's names are importable from here as before)
     GradContext,
     Node,
@@ -184,6 +184,30 @@ def _run_backward(
     retain_graph: bool,
     defer: Callable[[Tensor], bool] | None,
 ) -> DeferredWeights:
+    r = backward_replay.eligible(roots, grads, defer)
+    if r is None:
+        return _run_backward_eager(roots, grads, retain_graph, defer, None, None)
+
+    # A pass that may be replayed (``mpipar.backward_replay``): its order is worked out once,
+    # for the graph's key and for the eager pass that records it when there is no program yet.
+    def eager(order: list[Node] | None, rec: backward_replay.Recorder | None) -> None:
+        _run_backward_eager(roots, grads, retain_graph, None, order, rec)
+
+    with no_grad():
+        backward_replay.run(roots[0], r, retain_graph, eager, _accumulate_leaf)
+    return DeferredWeights()
+
+
+def _run_backward_eager(
+    roots: Sequence[Tensor],
+    grads: Sequence[Tensor | None],
+    retain_graph: bool,
+    defer: Callable[[Tensor], bool] | None,
+    order_given: list[Node] | None,
+    rec: backward_replay.Recorder | None,
+) -> DeferredWeights:
+    """The pass through the gradient functions; ``rec`` (with ``order_given``, one root's order)
+    hears each leaf's gradient and each node released, for a replay's recording."""
     deferred = DeferredWeights()
     with no_grad():
         seeds: list[tuple[Tensor, Tensor]] = []
@@ -197,7 +221,9 @@ def _run_backward(
             if tuple(grad.shape) != tuple(root.shape):
                 raise ValueError(f"backward: grad of shape {list(grad.shape)} does not match {root._label()}")
             seeds.append((root, grad))
-        if len(seeds) == 1:  # one root's order is already topological (merging would keep it)
+        if order_given is not None:
+            order = order_given
+        elif len(seeds) == 1:  # one root's order is already topological (merging would keep it)
             order = _topo_order(seeds[0][0])
         else:
             order = []
@@ -250,7 +276,15 @@ def _run_backward(
                     continue
                 fn = parent._grad_fn
                 if fn is None:
-                    _accumulate_leaf(parent, g)
+                    if rec is None:
+                        _accumulate_leaf(parent, g)
+                        continue
+                    rec.leaf(node, i, g)
+                    rec.pause()  # the leaf's reduction, cast and hooks are not the recording's
+                    try:
+                        _accumulate_leaf(parent, g)
+                    finally:
+                        rec.resume()
                     continue
                 key = id(fn)
                 slot = pending.get(key)
@@ -261,6 +295,8 @@ def _run_backward(
                     slot = pending[key] = [None] * fn.num_outputs
                 j = parent._out_index
                 slot[j] = g if slot[j] is None else M.add(slot[j], g)
+            if rec is not None:  # where a replay releases it (unless its caller retains the graph)
+                rec.released(node)
             if not retain_graph and not weights:
                 node.release()
     return deferred

@@ -376,9 +376,12 @@ def _reshard_grad(ctx: _tape.GradContext, grads: list[Tensor | None]) -> list[Te
 def reshard_node(source: Tensor) -> _tape.Node:
     """The node of a reshard: its backward passes the gradient through (back to the source's
     mesh when the reshard crossed meshes)."""
-    attrs = {"source_spec": source.spec if source.is_dist else None}
+    spec = source._spec
+    attrs = {"source_spec": spec}
     ctx = _tape.GradContext("reshard", attrs, [None], [None], [tuple(source.shape)], [source.dtype], [True])
-    return _tape.Node("reshard", _reshard_grad, ctx, [source])
+    # (the backward replay's key: the gradient passes through, or goes back to ``spec``'s mesh)
+    sig = None if spec is None else (_reshard_grad, spec, source._dtype)
+    return _tape.Node("reshard", _reshard_grad, ctx, [source], 1, "", sig)
 
 
 def _regather(payload: tuple[Tensor, DistSpec]) -> Tensor:

@@ -80,6 +80,12 @@ VARIABLES: tuple[Variable, ...] = (
         "data-parallel gradients are all-reduced in buckets of this size, overlapped with backward; off: one all-reduce per gradient",
     ),
     Variable(
+        "MPIPAR_BACKWARD_REPLAY",
+        "flag",
+        "1",
+        "replay a backward pass seen twice alike as its list of kernels (bit-identical); off: every pass through the gradient functions",
+    ),
+    Variable(
         "MPIPAR_GC",
         "choice: freeze, off",
         "freeze",

@@ -132,6 +132,14 @@ class OpDef:
         return 2 if self.volatile_attrs else 1
 
     @cached_property
+    def replayable_grad(self) -> bool:
+        """Is the gradient one of mpipar's own (``mpipar.ops``, ``mpipar.nn``), running no code of
+        the user's, so that a backward replay may run its kernels without it
+        (``mpipar.backward_replay``)? A user-registered op's gradient is always called."""
+        module = getattr(self.grad, "__module__", None) or ""
+        return module.startswith(("mpipar.ops.", "mpipar.nn."))
+
+    @cached_property
     def simple(self) -> bool:
         """One output from a rule, no list input: the calls ``apply``'s short path may take."""
         return not self.list_input and not self.multi_output and not self.replicate_only
@@ -342,7 +350,7 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                 if op.grad is not None and _tape._grad_enabled:  # (no lists to build under no_grad)
                     if flat is None:
                         flat = used = [a] if b is None else [a, b]
-                    _record(op, flat, used, [out], attrs)  # type: ignore[arg-type]
+                    _record(op, flat, used, [out], attrs, decision)  # type: ignore[arg-type]
                 return out
     return _apply(name, inputs, attrs)
 
@@ -397,14 +405,16 @@ def _apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any]) -> Any:
     else:
         mode = Mode.DENSE if backend.reference else Mode.DISTRIBUTED
     result: spmd.SpmdResult | None = None
+    decided: Decision | None = None
     if mode is Mode.ABSTRACT:
         outs, used, result = _run_abstract(op, flat, nest, attrs, dist_inputs)
     elif mode is Mode.DENSE or not dist_inputs:  # one device, or a dense op: whole values
         outs = _run_dense(op, flat, nest, attrs, dist_inputs)
         used = flat
     else:
-        outs, used, result = _run_dist(op, flat, nest, attrs, dist_inputs, backend)
-    _record(op, flat, used, outs, attrs)
+        outs, used, decided = _run_dist(op, flat, nest, attrs, dist_inputs, backend)
+        result = decided.res
+    _record(op, flat, used, outs, attrs, decided)
     for hook in hooks.op_hooks:
         hook.on_op(op, original, used, outs, result, attrs)
     for g in gathered:  # ZeRO-3: the gathered copy is freed after use; backward gathers again
@@ -703,7 +713,7 @@ def _run_dist(
     attrs: dict[str, Any],
     dist_inputs: list[Tensor],
     backend: Any,
-) -> tuple[list[Tensor], list[Tensor], spmd.SpmdResult | None]:
+) -> tuple[list[Tensor], list[Tensor], Decision]:
     mesh = dist_inputs[0]._spec.mesh  # type: ignore[union-attr]
     reuse = _reuse_info(flat) if reuse_enabled() else None
     player = _replaying[-1] if _replaying else None
@@ -735,11 +745,11 @@ def _run_dist(
     # the usual case: every input already in the layout the rule wants
     used = _moved_inputs(op, decision, flat, backend) if decision.moves else flat
     if decision.out_specs is None:
-        return _replicate_only_outputs(op, used, attrs, decision, mesh), used, decision.res
+        return _replicate_only_outputs(op, used, attrs, decision, mesh), used, decision
     # Several hosted ranks (the simulator): a product's Partial output may be deferred. (Under
     # MPI a process hosts one rank of the mesh, or none when the op is another stage's.)
     if len(decision.ranks) > 1 and op.product_sum is not None and _defers(op, decision):
-        return [_deferred_output(op, decision, used, attrs)], used, decision.res
+        return [_deferred_output(op, decision, used, attrs)], used, decision
     out_specs = decision.out_specs
     if len(decision.ranks) == 1 and not _capture_hooks.capture_tracers:  # one hosted rank (MPI)
         if not op.multi_output:  # most ops: ``_one_rank_outputs`` for one output, inline
@@ -754,7 +764,7 @@ def _run_dist(
             _wrong_count(op, decision, [arr])
             dt = decision.dtypes[0]
             out = Tensor._op_output(out_specs[0], dt, {r: _output_array(op, decision, r, 0, arr, dt, shapes[0])})
-            return [out], used, decision.res
+            return [out], used, decision
         per_rank = _one_rank_outputs(op, decision, attrs, None, used)
     else:
         per_rank = _kernel_outputs(op, decision, attrs, None, used)
@@ -762,12 +772,12 @@ def _run_dist(
         return (
             [Tensor._op_output(out_specs[0], decision.dtypes[0], {r: got[0] for r, got in per_rank.items()})],
             used,
-            decision.res,
+            decision,
         )
     outs = []
     for j, (spec, dt) in enumerate(zip(out_specs, decision.dtypes, strict=True)):
         outs.append(Tensor._op_output(spec, dt, {r: got[j] for r, got in per_rank.items()}))
-    return outs, used, decision.res
+    return outs, used, decision
 
 
 def _moved_inputs(op: OpDef, decision: Decision, flat: list[Tensor], backend: Any) -> list[Tensor]:
@@ -995,7 +1005,14 @@ def _reshard_input(t: Tensor, want: DistSpec, backend: Any = None) -> Tensor:
     return _reshard(t, want, backend)
 
 
-def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor], attrs: dict[str, Any]) -> None:
+def _record(
+    op: OpDef,
+    flat: list[Tensor],
+    used: list[Tensor],
+    outs: list[Tensor],
+    attrs: dict[str, Any],
+    decision: Decision | None = None,
+) -> None:
     """Put the op call on the tape (a ``Node``) when grad mode is on and an input needs a gradient.
 
     Every op call of an eager training step comes through here, so the usual shapes of call (one
@@ -1017,11 +1034,33 @@ def _record(op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor
         for t in outs:
             t.stop_gradient = True
         return
-    _record_node(op, flat, used, outs, attrs, needs)
+    _record_node(op, flat, used, outs, attrs, needs, decision)
+
+
+def _node_sig(op: OpDef, attrs: dict[str, Any], needs: list[bool], decision: Decision | None) -> Any:
+    """What a backward replay's graph key holds of this node (``mpipar.backward_replay``): the
+    cached decision (one object per op, layouts, dtypes and decided attributes), which inputs
+    need a gradient and the attributes the decision leaves out; None when not replayable."""
+    if decision is None or not op.replayable_grad:
+        return None
+    if op.attrs_in_key == 1 or not attrs:
+        return (decision, *needs)
+    try:
+        frozen = freeze_attrs(attrs)
+        hash(frozen)
+    except TypeError:
+        return None
+    return (decision, *needs, frozen)
 
 
 def _record_node(
-    op: OpDef, flat: list[Tensor], used: list[Tensor], outs: list[Tensor], attrs: dict[str, Any], needs: list[bool]
+    op: OpDef,
+    flat: list[Tensor],
+    used: list[Tensor],
+    outs: list[Tensor],
+    attrs: dict[str, Any],
+    needs: list[bool],
+    decision: Decision | None = None,
 ) -> None:
     """The tape node of an op call some input of which needs a gradient (``needs``, per input)."""
     n = len(flat)
@@ -1072,7 +1111,7 @@ def _record_node(
     else:
         outputs = [pack(t) if j in save_out else None for j, t in enumerate(outs)]
     ctx = _tape.GradContext(op.name, attrs, inputs, outputs, shapes, dtypes, needs, specs)
-    node = _tape.Node(op.name, op.grad, ctx, parents, len(outs))  # type: ignore[arg-type]
+    node = _tape.Node(op.name, op.grad, ctx, parents, len(outs), "", _node_sig(op, attrs, needs, decision))  # type: ignore[arg-type]
     if len(outs) == 1:
         out = outs[0]
         out.stop_gradient = 0 in op.nondiff_outputs

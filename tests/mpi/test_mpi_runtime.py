@@ -128,3 +128,15 @@ def test_results_stay_intact_while_their_buffers_are_reused(n: int) -> None:
     run = mpirun(n, "tests/mpi_scripts/result_reuse.py", "--rounds", "12")
     assert run.returncode == 0, run.output[-4000:]
     assert re.fullmatch(r"ok 12 rounds, [1-9]\d* reuses", run.lines_of(0)[-1]), run.output[-2000:]
+
+
+def test_backward_replay_is_bit_identical_under_mpi() -> None:
+    """A replayed backward pass (``mpipar.backward_replay``) gives every loss, parameter, state and
+    collective of the eager pass, bit for bit, with tensor, data (bucketed reductions) and 2-D
+    parallelism; every pass after the two recordings is replayed."""
+    run = mpirun(4, "tests/mpi_scripts/backward_replay.py", "--steps", "6")
+    assert run.returncode == 0, run.output[-4000:]
+    for rank in range(4):
+        assert run.lines_of(rank)[-3:] == ["ok tp replayed 4", "ok dp replayed 4", "ok block replayed 4"], run.output[
+            -2000:
+        ]

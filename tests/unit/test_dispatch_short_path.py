@@ -21,11 +21,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mpipar as dist
-from mpipar import _capture_hooks, hooks
+from mpipar import _capture_hooks, backward_replay, hooks
 from mpipar.mesh import ProcessMesh
 from mpipar.ops import dispatch
 from simulator import SimBackend
 from simulator.virtual_comm import VirtualCommunicator
+
+
+@pytest.fixture(autouse=True)
+def _every_backward_op_dispatched() -> Iterator[None]:
+    """Backward ops through dispatch (a replayed pass runs its kernels without it, and one being
+    recorded takes the general path): the paths compared here are the op calls'."""
+    before = backward_replay.backward_replay_enabled()
+    backward_replay.set_backward_replay(False)
+    try:
+        yield
+    finally:
+        backward_replay.set_backward_replay(before)
 
 
 class _Listening:

@@ -1,0 +1,628 @@
+"""Backward passes replayed: a training step's backward, once seen twice alike, runs as a flat
+list of its kernels instead of through its gradient functions.
+
+Every step of a training loop records the same tape (the same ops on the same layouts, shapes
+and dtypes), and every backward pass over it asks the same gradient functions the same
+questions: the same rules, decisions and output layouts, answered from the caches, around the
+same kernels. This module keeps, per *graph key* (each node's op, gradient function, attributes,
+input layouts, shapes, dtypes and which inputs need a gradient; how the nodes connect; which
+saved arrays are one array), the kernels that backward ran, in order, with where each took its
+arrays from (a node's saved inputs and outputs, the seed, an earlier kernel's output) and where
+each leaf's gradient came from. A later pass with the same key runs those kernels on its own
+saved arrays and hands each leaf its gradient through the engine's usual accumulation
+(``autograd._accumulate_leaf``: the cast, the leaf's hooks, the data-parallel reduction and its
+buckets all run as before). The kernels, their arguments and their order are the ones the
+gradient functions would run, so every gradient is bit for bit what the eager pass computes.
+
+A pass is recorded by running it eagerly with a recorder listening where a captured step's
+tracer does (``mpipar._capture_hooks``): each kernel call, each array made, each reshard, each
+value read in Python. The recording is kept only if the pass did nothing it cannot replay:
+
+* no collective inside a gradient function but a reshard's (a reshard is an instruction: its
+  plan runs again at replay, its collectives where the eager pass runs them; the leaves' own
+  reductions run outside the recording, at replay too);
+* no tensor value read in Python (control flow could depend on the data), no array that does
+  not come from a saved array, the seed or a recorded kernel;
+* only gradient functions of mpipar's own ops and reshards (a user-registered op's gradient or
+  a recomputed block's runs Python of the user's, which replay would skip);
+* kernel attributes that are plain values (never an array, whose values could change).
+
+A key is replayed once two recordings of it agree instruction for instruction (as
+``compile_step(capture=True)`` traces twice). Passes that cannot be replayed run eagerly as
+before; a loop whose graphs never repeat (a fresh dropout key on the tape every step) stops
+recording after a few misses and then records only now and then.
+
+Replay runs only where nothing else listens: a process hosting one rank of the mesh (under
+MPI), the main thread, no op, program or pipeline hooks, no captured step being traced or
+replayed, no saved-tensor hooks (ZeRO-3's regather notes), one root whose seed gradient is
+ones (``loss.backward()``). ``MPIPAR_BACKWARD_REPLAY=off`` (or ``set_backward_replay(False)``)
+runs every pass eagerly (``docs/performance.md``, "Backward replay").
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mpipar import _capture_hooks, _tape, comm, distribute, hooks
+from mpipar.backend import current_backend
+from mpipar.env import env_flag
+from mpipar.ops import dispatch
+from mpipar.reshard.executor import execute_plan, freeze
+from mpipar.tensor import Tensor
+
+if TYPE_CHECKING:
+    from mpipar._tape import Node
+
+_enabled = [env_flag("MPIPAR_BACKWARD_REPLAY", True)]
+
+RECORDINGS_TO_AGREE = 2
+"""Recordings of one key that must agree before it is replayed."""
+MAX_PROGRAMS = 256
+"""Keys kept (programs and candidates); the cache starts afresh past this."""
+MISSES_BEFORE_BACKOFF = 4
+"""Passes in a row that could not be replayed before recording only every ``BACKOFF_EVERY``th."""
+BACKOFF_EVERY = 64
+
+KERNEL, CREATE, LEAF, RELEASE, RESHARD = 0, 1, 2, 3, 4
+
+
+def set_backward_replay(enabled: bool) -> None:
+    """Turn backward replay on or off for this process (``MPIPAR_BACKWARD_REPLAY``); programs
+    recorded so far stay (their keys still say when each applies)."""
+    _enabled[0] = bool(enabled)
+
+
+def backward_replay_enabled() -> bool:
+    return _enabled[0]
+
+
+@dataclass
+class ReplayStats:
+    """What backward replay did in this process (``backward_replay_stats()``)."""
+
+    replayed: int = 0
+    """Passes run from a program."""
+    recorded: int = 0
+    """Passes run eagerly while recording."""
+    refused: dict[str, int] = field(default_factory=dict)
+    """Why recordings were not kept: reason -> count."""
+    eager: int = 0
+    """Passes run eagerly without recording (not eligible, backing off, or nothing to replay)."""
+
+
+_stats = ReplayStats()
+
+
+def backward_replay_stats(reset: bool = False) -> ReplayStats:
+    """This process's replay counts (a copy); ``reset`` starts them afresh (and ends a back-off)."""
+    got = ReplayStats(_stats.replayed, _stats.recorded, dict(_stats.refused), _stats.eager)
+    if reset:
+        _stats.replayed = _stats.recorded = _stats.eager = 0
+        _stats.refused.clear()
+        _misses[0] = _misses[1] = 0
+    return got
+
+
+@dataclass(eq=False)
+class _Entry:
+    """A key's recordings: the program once ``RECORDINGS_TO_AGREE`` of them agreed."""
+
+    candidate: list[tuple[Any, ...]] | None = None
+    """The first recording's comparable form."""
+    agreed: int = 0
+    program: Program | None = None
+    dead: str | None = None
+    """Why this key is never replayed (a refused recording, or two that disagreed)."""
+
+
+_programs: dict[Any, _Entry] = {}
+_misses = [0, 0]
+"""[passes in a row not replayed, passes since the last recording while backing off]."""
+
+
+def walk(root: Tensor) -> tuple[list[Node], Any, list[Any]] | None:
+    """``root``'s nodes in the engine's order (``autograd._topo_order``: parents first), the
+    graph key and every node's saved tensors in slot order (each node's inputs, then outputs),
+    in one pass; None when some node cannot be replayed."""
+    order: list[Node] = []
+    index: dict[Node, int] = {}
+    parts: list[Any] = []
+    saved: list[Any] = []
+    seen: set[Node] = set()
+    stack: list[tuple[Node, bool]] = [(root._grad_fn, False)]  # type: ignore[list-item]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            sig = node.sig
+            if sig is None:  # (set only for the gradient functions of mpipar's ops and reshards)
+                return None
+            index[node] = len(order)
+            order.append(node)
+            parents: list[Any] = [sig]
+            for p in node.parents:
+                if p is None:
+                    parents.append(None)
+                elif (fn := p._grad_fn) is None:
+                    parents.append(p.stop_gradient)
+                else:
+                    parents.append((index[fn], p._out_index, p.stop_gradient))
+            parts.append(tuple(parents))
+            ctx = node.ctx
+            saved += ctx.inputs
+            saved += ctx.outputs
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        for p in node.parents:
+            if p is not None:
+                fn = p._grad_fn
+                if fn is not None and fn not in seen:
+                    stack.append((fn, False))
+    return order, (tuple(parts), root._spec, root._out_index, current_backend()), saved
+
+
+def eligible(roots: Sequence[Tensor], grads: Sequence[Tensor | None], defer: Any) -> int | None:
+    """The rank this process hosts, when this backward pass may be replayed or recorded."""
+    if (
+        not _enabled[0]
+        or defer is not None
+        or len(roots) != 1
+        or grads[0] is not None
+        or hooks.op_hooks
+        or hooks.op_start_hooks
+        or hooks.reshard_hooks
+        or hooks.program_hooks
+        or hooks.stage_runs
+        or _capture_hooks.capture_tracers
+        or dispatch._replaying
+        or _tape._saved_hooks
+        or dispatch.stored_split_seen[0]
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        return None
+    root = roots[0]
+    if root._spec is None or root._abstract or root._grad_fn is None or root.stop_gradient:
+        return None
+    shards = root.__dict__.get("_shards")
+    if shards is None or len(shards) != 1:
+        return None
+    backend = current_backend()
+    if backend.shape_only or backend.reference:
+        return None
+    (r,) = shards
+    return r
+
+
+def run(
+    root: Tensor,
+    r: int,
+    retain_graph: bool,
+    eager: Callable[[list[Node] | None, Recorder | None], None],
+    accumulate: Callable[[Tensor, Tensor], None],
+) -> None:
+    """Backpropagate from ``root``: replayed, recorded (``eager(order, recorder)``: the engine
+    over ``walk``'s order) or plainly eager (``eager(order or None, None)``);
+    ``accumulate(leaf, grad)`` is the engine's accumulation of a leaf's gradient (both handed
+    in: the engine imports this module)."""
+    walked = walk(root)
+    if walked is None:  # some node is never replayed
+        _stats.eager += 1
+        eager(None, None)
+        return
+    order, key, saved = walked
+    try:
+        entry = _programs.get(key)
+    except TypeError:  # an attribute that cannot be hashed
+        entry = _Entry(dead="an attribute cannot be hashed")
+    if entry is not None and (program := entry.program) is not None:
+        arrays = program.arrays(saved, r)
+        if arrays is not None:
+            _misses[0] = 0
+            _stats.replayed += 1
+            _replay(program.instructions, order, arrays, r, retain_graph, accumulate)
+            return
+    if entry is not None and entry.dead is not None:
+        _stats.eager += 1
+        eager(order, None)
+        return
+    _misses[0] += 1
+    if _misses[0] > MISSES_BEFORE_BACKOFF:
+        _misses[1] += 1
+        if _misses[1] % BACKOFF_EVERY:
+            _stats.eager += 1
+            eager(order, None)
+            return
+    rec = Recorder(order, saved, r)
+    _stats.recorded += 1
+    tripwire = _Tripwire(rec)
+    comm._recorders.append(tripwire)
+    _capture_hooks.capture_tracers.append(rec)
+    try:
+        eager(order, rec)
+    finally:
+        if rec in _capture_hooks.capture_tracers:
+            _capture_hooks.capture_tracers.remove(rec)
+        comm._recorders.remove(tripwire)
+    if entry is None:
+        if len(_programs) >= MAX_PROGRAMS:
+            _programs.clear()
+        entry = _programs[key] = _Entry()
+    if rec.refused is not None:
+        entry.dead = rec.refused
+        _stats.refused[rec.refused] = _stats.refused.get(rec.refused, 0) + 1
+        return
+    seen = rec.seen
+    if entry.candidate is None:
+        entry.candidate, entry.agreed = seen, 1
+    elif seen != entry.candidate:
+        entry.dead = "two recordings of one graph ran other kernels"
+        _stats.refused[entry.dead] = _stats.refused.get(entry.dead, 0) + 1
+        return
+    else:
+        entry.agreed += 1
+    if entry.agreed >= RECORDINGS_TO_AGREE:
+        entry.program = Program(rec.program, tuple(sorted(rec.saved_read)), rec.n_saved, tuple(sorted(rec.same)))
+        entry.candidate = None
+
+
+@dataclass(eq=False)
+class Program:
+    """A recorded backward pass: its instructions over slots (the saved tensors' arrays first,
+    then each kernel's and each creation's outputs in order)."""
+
+    instructions: list[tuple[Any, ...]]
+    reads: tuple[int, ...]
+    """The saved tensors (by slot) whose arrays some instruction reads."""
+    n_saved: int
+    same: tuple[tuple[int, int], ...]
+    """Pairs of saved slots the recording found holding one array and read as either: the
+    program applies only where they do again (the graph key does not say which values are one)."""
+
+    def arrays(self, saved: list[Any], r: int) -> list[Any] | None:
+        """The slots a replay starts from: the arrays of the saved tensors it reads (None when
+        one is missing, which the key rules out, or two it read as one are not: then the pass
+        runs eagerly)."""
+        slots: list[Any] = [None] * self.n_saved
+        try:
+            for i in self.reads:
+                slots[i] = saved[i]._shards[r]
+            for a, b in self.same:
+                if saved[a]._shards[r] is not saved[b]._shards[r]:
+                    return None
+        except (AttributeError, KeyError, TypeError, IndexError):
+            return None
+        return slots
+
+
+def _normal(op: Any, arr: Any, dt: np.dtype, shape: tuple[int, ...]) -> Any:
+    """A kernel's output as dispatch keeps it (``dispatch._output_array``, its checks included)."""
+    if type(arr) is not np.ndarray and isinstance(arr, np.generic):
+        arr = np.asarray(arr)
+    if arr.dtype is not dt and arr.dtype != dt:
+        arr = arr.astype(dt)
+    if arr.shape != shape:
+        raise AssertionError(
+            f"kernel of {op.name} returned an output of shape {list(arr.shape)} in a replayed backward "
+            f"pass; its recording had {list(shape)}"
+        )
+    if type(arr) is np.ndarray:
+        arr.setflags(write=False)
+        return arr
+    return freeze(arr)
+
+
+def _replay(
+    program: list[tuple[Any, ...]],
+    order: list[Node],
+    slots: list[Any],
+    r: int,
+    retain_graph: bool,
+    accumulate: Callable[[Tensor, Tensor], None],
+) -> None:
+    wrapped: dict[int, Tensor] = {}
+    op_hooks = hooks.op_hooks
+    ndarray = np.ndarray
+    for ins in program:
+        kind = ins[0]
+        if kind == KERNEL:
+            _, op, kernel, ctx, attrs, args, outs, dt, shape = ins
+            if len(args) == 2:
+                result = kernel(ctx, slots[args[0]], slots[args[1]], **attrs)
+            elif len(args) == 1:
+                result = kernel(ctx, slots[args[0]], **attrs)
+            else:
+                result = kernel(ctx, *[slots[i] for i in args], **attrs)
+            if outs is not None:
+                for arr, (dt_j, shape_j) in zip(result, outs, strict=True):
+                    slots.append(_normal(op, arr, dt_j, shape_j))
+            elif type(result) is ndarray and result.dtype is dt and result.shape == shape:  # the usual output
+                result.setflags(write=False)
+                slots.append(result)
+            else:
+                slots.append(_normal(op, result, dt, shape))
+            if op_hooks:  # the gradient buckets' session joined once a reduction started: give it a push
+                for hook in list(op_hooks):
+                    hook.on_op(op, (), (), (), None, attrs)
+        elif kind == RELEASE:
+            if not retain_graph:
+                order[ins[1]].release()
+        elif kind == LEAF:
+            _, k, i, slot, spec, dt, same_as = ins
+            g = wrapped.get(same_as)
+            if g is None:
+                g = wrapped[same_as] = Tensor._op_output(spec, dt, {r: slots[slot]})
+            accumulate(order[k].parents[i], g)  # type: ignore[arg-type]
+        elif kind == CREATE:
+            _, make, shape, dtype = ins
+            slots.append(make(shape, dtype=dtype))
+        else:  # RESHARD
+            _, plan, dtype, backend, slot, context = ins
+            outer = comm._context[:]
+            comm._context[:] = context
+            try:
+                slots.append(execute_plan(plan, {r: slots[slot]}, dtype, backend)[r])
+            finally:
+                comm._context[:] = outer
+
+
+class _Tripwire:
+    """Any collective while recording (outside a leaf's accumulation) makes the recording refuse."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+
+    def record(self, event: Any) -> None:
+        if self.rec.listening:
+            self.rec.refuse(f"a {event.op} runs inside a gradient function")
+
+
+class Recorder:
+    """A backward pass being recorded: a captured step's tracer (``_capture_hooks.CaptureTracer``)
+    for the places that run array work, and the engine's notes of leaves and released nodes."""
+
+    def __init__(self, order: list[Node], saved: list[Any], r: int) -> None:
+        self.thread = threading.get_ident()
+        self.order = order
+        self.index = {node: k for k, node in enumerate(order)}
+        self.r = r
+        self.refused: str | None = None
+        self.listening = True
+        self.keep: list[Any] = list(saved)  # alive until the end: ids stay unique
+        self.n_saved = self.n_slots = len(saved)
+        self.by_tensor: dict[int, int] = {}
+        """A saved tensor (the node's own detached object) -> its slot."""
+        self.by_array: dict[int, int] = {}
+        """An array -> its (first) slot."""
+        self.holders: dict[int, list[int]] = {}
+        """A saved array -> every saved slot holding it (several: one value saved twice)."""
+        for i, t in enumerate(saved):
+            if t is None or type(t) is not Tensor or t._spec is None:
+                continue
+            arr = t._shards.get(r)
+            if arr is None:
+                continue
+            self.keep.append(arr)
+            self.by_tensor[id(t)] = i
+            self.by_array.setdefault(id(arr), i)
+            self.holders.setdefault(id(arr), []).append(i)
+        self.same: set[tuple[int, int]] = set()
+        """Saved slots a kernel read as one array without saying through which tensor: the
+        program holds only where they are one array again (``Program.arrays`` checks)."""
+        self.saved_read: set[int] = set()
+        self.program: list[tuple[Any, ...]] = []
+        self.seen: list[tuple[Any, ...]] = []
+        self.grad_ids: dict[int, int] = {}
+
+    def _slot_of(self, t: Any, arr: Any) -> int | None:
+        """The slot of ``arr``, read through tensor ``t`` (None: not known, or ambiguous)."""
+        s = self.by_tensor.get(id(t))
+        if s is None:
+            s = self.by_array.get(id(arr))
+            held = self.holders.get(id(arr))
+            if s is not None and held is not None and len(held) > 1:
+                self.same.update((s, other) for other in held[1:])
+        if s is not None and s < self.n_saved:
+            self.saved_read.add(s)
+        return s
+
+    # ------------------------------------------------------------------ the engine's notes
+    def leaf(self, node: Node, i: int, g: Tensor) -> None:
+        """Node ``node``'s input ``i`` is a leaf receiving ``g``: noted, then accumulated unheard."""
+        if self.refused is not None:
+            return
+        arr = g.__dict__.get("_shards", {}).get(self.r) if g._spec is not None else None
+        slot = None if arr is None else self._slot_of(g, arr)
+        if slot is None:
+            self.refuse("a leaf's gradient comes from work the recording did not see")
+            return
+        same_as = self.grad_ids.setdefault(id(g), len(self.grad_ids))
+        self.keep.append(g)
+        ins = (LEAF, self.index[node], i, slot, g._spec, g._dtype, same_as)
+        self.program.append(ins)
+        self.seen.append(ins)
+
+    def pause(self) -> None:
+        """A leaf's accumulation runs now (its reduction, cast and hooks run at replay too)."""
+        self.listening = False
+        if self in _capture_hooks.capture_tracers:
+            _capture_hooks.capture_tracers.remove(self)
+
+    def resume(self) -> None:
+        self.listening = True
+        _capture_hooks.capture_tracers.append(self)
+
+    def released(self, node: Node) -> None:
+        ins = (RELEASE, self.index[node])
+        self.program.append(ins)
+        self.seen.append(ins)
+
+    # ------------------------------------------------------------------ CaptureTracer
+    def refuse(self, reason: str) -> None:
+        if self.refused is None:
+            self.refused = reason
+
+    def escape(self, what: str) -> None:
+        if threading.get_ident() == self.thread:
+            self.refuse(f"a gradient function reads a tensor's value in Python ({what})")
+
+    def note_leaf(self, leaf: Any) -> None:
+        pass  # (leaves are accumulated with the recorder paused; see ``leaf``)
+
+    def note_optimizer(self, opt: Any) -> None:
+        self.refuse("an optimizer steps inside backward")
+
+    def _arg_slots(self, used: Sequence[Any], arrays: Sequence[Any]) -> tuple[int, ...] | None:
+        slots = []
+        for t, a in zip(used, arrays, strict=True):
+            s = self._slot_of(t, a)
+            if s is None:
+                return None
+            slots.append(s)
+        return tuple(slots)
+
+    def _new_slot(self, arr: Any) -> None:
+        self.keep.append(arr)
+        self.by_array[id(arr)] = self.n_slots
+        self.n_slots += 1
+
+    def record_kernel(
+        self,
+        op: Any,
+        ctx: Any,
+        attrs: dict[str, Any],
+        dtypes: Sequence[Any],
+        used: Sequence[Any],
+        r: int | None,
+        arrays: Sequence[Any],
+        got: Any,
+        dense: bool = False,
+        raw: Any = None,
+    ) -> None:
+        if self.refused is not None:
+            return
+        if dense or r != self.r:
+            self.refuse(f"{op.name} runs outside this rank's distributed kernels")
+            return
+        args = self._arg_slots(used, arrays) if len(used) == len(arrays) else None
+        if args is None:
+            self.refuse(f"{op.name} reads an array the recording did not see made")
+            return
+        try:
+            frozen_attrs = dispatch.freeze_attrs(attrs)
+            hash(frozen_attrs)
+        except TypeError:
+            self.refuse(f"{op.name} has an attribute that is not a plain value")
+            return
+        if not _plain_attrs(attrs):
+            self.refuse(f"{op.name} has an attribute that is not a plain value")
+            return
+        outs = list(got)
+        shapes = tuple(tuple(a.shape) for a in outs)
+        out_dtypes = tuple(np.dtype(d) for d in dtypes)
+        ins: tuple[Any, ...]
+        if op.multi_output:
+            ins = (
+                KERNEL,
+                op,
+                op.kernel,
+                ctx,
+                dict(attrs),
+                args,
+                tuple(zip(out_dtypes, shapes, strict=True)),
+                None,
+                None,
+            )
+        else:
+            ins = (KERNEL, op, op.kernel, ctx, dict(attrs), args, None, out_dtypes[0], shapes[0])
+        self.program.append(ins)
+        self.seen.append((KERNEL, op.name, id(ctx), frozen_attrs, args, out_dtypes, shapes))
+        for a in outs:
+            self._new_slot(a)
+
+    def create(self, make: Any, shapes: Sequence[tuple[int, ...]], dtype: Any) -> tuple[Any, ...]:
+        made = tuple(make(s, dtype=dtype) for s in shapes)
+        if self.refused is None:
+            for s, a in zip(shapes, made, strict=True):
+                ins = (CREATE, make, tuple(s), np.dtype(dtype))
+                self.program.append(ins)
+                self.seen.append(ins)
+                self._new_slot(a)
+        return made
+
+    def reshard(self, plan: Any, tensor: Any, backend: Any) -> dict[int, Any]:
+        """A reshard inside a gradient function: an instruction (its collectives, if any, run at
+        replay where the eager pass runs them, under the same context)."""
+        shards = tensor.__dict__.get("_shards")
+        arr = None if shards is None or len(shards) != 1 else shards.get(self.r)
+        slot = None if arr is None or self.refused is not None else self._slot_of(tensor, arr)
+        if slot is None:
+            self.refuse("a gradient function reshards a value the recording did not see made")
+            return execute_plan(plan, tensor._plan_input(plan, backend), tensor.dtype, backend)
+        context = tuple(comm._context)
+        self.listening = False  # (its collectives are the instruction's)
+        try:
+            out = execute_plan(plan, {self.r: arr}, tensor.dtype, backend)
+        finally:
+            self.listening = True
+        if list(out) != [self.r]:
+            self.refuse("a reshard inside a gradient function left other ranks' shards")
+            return out
+        ins = (RESHARD, plan, np.dtype(tensor.dtype), backend, slot, context)
+        self.program.append(ins)
+        self.seen.append((RESHARD, plan, np.dtype(tensor.dtype), slot, context))
+        self._new_slot(out[self.r])
+        return out
+
+    def _unheard(self, make: Callable[[], Any]) -> Any:
+        """``make()`` with this recorder out of the way (what runs when no tracer listens)."""
+        listening = self in _capture_hooks.capture_tracers
+        if listening:
+            _capture_hooks.capture_tracers.remove(self)
+        try:
+            return make()
+        finally:
+            if listening:
+                _capture_hooks.capture_tracers.append(self)
+
+    def from_global(self, dst: Any, tensor: Any) -> dict[int, Any]:
+        self.refuse("a gradient function distributes a dense tensor")
+        return self._unheard(lambda: distribute.reshard_to(tensor, dst)._shards)  # type: ignore[no-any-return]
+
+    def shard_array(self, spec: Any, data: Any, dtype: Any) -> dict[int, Any]:
+        self.refuse("a gradient function distributes an array")
+        return self._unheard(  # type: ignore[no-any-return]
+            lambda: distribute.shard_tensor(data, spec.mesh, list(spec.placements), dtype=dtype)._shards
+        )
+
+    def update(
+        self, opt: Any, p: Any, lr: float, src: Any, gv: Any, state: dict[str, Any], r: int, cdt: Any
+    ) -> tuple[Any, dict[str, Any]]:
+        self.refuse("an optimizer updates inside backward")
+        return opt._update_shard(src, gv, r, cdt, state, lr)  # type: ignore[no-any-return]
+
+    def bump_step(self, opt: Any, p: Any) -> None:
+        self.refuse("an optimizer steps inside backward")
+
+
+_PLAIN_TYPES = (bool, int, float, str, type(None), np.dtype, np.generic)
+
+
+def _plain_attrs(attrs: dict[str, Any]) -> bool:
+    """Attributes made only of scalars, dtypes and tuples or lists of them (never an array or
+    an object whose value could change between passes)."""
+
+    def plain(v: Any) -> bool:
+        if isinstance(v, (*_PLAIN_TYPES, type)):
+            return True
+        if isinstance(v, (tuple, list)):
+            return all(plain(x) for x in v)
+        return False
+
+    return all(plain(v) for v in attrs.values())
