@@ -121,6 +121,8 @@ class _Entry:
 
 
 _programs: dict[Any, _Entry] = {}
+_by_root: dict[Any, list[Program]] = {}
+"""The programs by their root node's key part: the first thing a pass looks up."""
 _misses = [0, 0]
 """[passes in a row not replayed, passes since the last recording while backing off]."""
 
@@ -211,6 +213,18 @@ def run(
     over ``walk``'s order) or plainly eager (``eager(order or None, None)``);
     ``accumulate(leaf, grad)`` is the engine's accumulation of a leaf's gradient (both handed
     in: the engine imports this module)."""
+    sig = root._grad_fn.sig  # type: ignore[union-attr]
+    if sig is not None:
+        try:
+            programs = _by_root.get(sig)
+        except TypeError:  # an attribute that cannot be hashed
+            programs = None
+        if programs:
+            for program in programs:
+                if program.rank == r and program.run(root, retain_graph, accumulate):
+                    _misses[0] = 0
+                    _stats.replayed += 1
+                    return
     walked = walk(root)
     if walked is None:  # some node is never replayed
         _stats.eager += 1
@@ -221,14 +235,8 @@ def run(
         entry = _programs.get(key)
     except TypeError:  # an attribute that cannot be hashed
         entry = _Entry(dead="an attribute cannot be hashed")
-    if entry is not None and (program := entry.program) is not None:
-        arrays = program.arrays(saved, r)
-        if arrays is not None:
-            _misses[0] = 0
-            _stats.replayed += 1
-            _replay(program.instructions, order, arrays, r, retain_graph, accumulate)
-            return
-    if entry is not None and entry.dead is not None:
+    if entry is not None and (entry.dead is not None or entry.program is not None):
+        # (a program that did not take this graph: its saved arrays are not one where it needs them)
         _stats.eager += 1
         eager(order, None)
         return
@@ -253,6 +261,7 @@ def run(
     if entry is None:
         if len(_programs) >= MAX_PROGRAMS:
             _programs.clear()
+            _by_root.clear()
         entry = _programs[key] = _Entry()
     if rec.refused is not None:
         entry.dead = rec.refused
@@ -268,37 +277,24 @@ def run(
     else:
         entry.agreed += 1
     if entry.agreed >= RECORDINGS_TO_AGREE:
-        entry.program = Program(rec.program, tuple(sorted(rec.saved_read)), rec.n_saved, tuple(sorted(rec.same)))
+        entry.program = _compile(rec, root, current_backend())
         entry.candidate = None
+        programs = _by_root.setdefault(entry.program.root_sig, [])
+        programs.append(entry.program)
 
 
 @dataclass(eq=False)
 class Program:
-    """A recorded backward pass: its instructions over slots (the saved tensors' arrays first,
-    then each kernel's and each creation's outputs in order)."""
+    """A recorded backward pass compiled into one Python function (``_compile``): it checks that
+    a graph is the recorded one, node for node, and runs the recorded instructions on it."""
 
-    instructions: list[tuple[Any, ...]]
-    reads: tuple[int, ...]
-    """The saved tensors (by slot) whose arrays some instruction reads."""
-    n_saved: int
-    same: tuple[tuple[int, int], ...]
-    """Pairs of saved slots the recording found holding one array and read as either: the
-    program applies only where they do again (the graph key does not say which values are one)."""
-
-    def arrays(self, saved: list[Any], r: int) -> list[Any] | None:
-        """The slots a replay starts from: the arrays of the saved tensors it reads (None when
-        one is missing, which the key rules out, or two it read as one are not: then the pass
-        runs eagerly)."""
-        slots: list[Any] = [None] * self.n_saved
-        try:
-            for i in self.reads:
-                slots[i] = saved[i]._shards[r]
-            for a, b in self.same:
-                if saved[a]._shards[r] is not saved[b]._shards[r]:
-                    return None
-        except (AttributeError, KeyError, TypeError, IndexError):
-            return None
-        return slots
+    root_sig: Any
+    rank: int
+    run: Callable[[Tensor, bool, Callable[[Tensor, Tensor], None]], bool]
+    """``run(root, retain_graph, accumulate)``: False (having done nothing) when ``root``'s graph
+    is not the recorded one, else True once the pass is done."""
+    source: str
+    """The function's text (for a reader: ``backward_replay_programs()``)."""
 
 
 def _normal(op: Any, arr: Any, dt: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -318,58 +314,182 @@ def _normal(op: Any, arr: Any, dt: np.dtype, shape: tuple[int, ...]) -> Any:
     return freeze(arr)
 
 
-def _replay(
-    program: list[tuple[Any, ...]],
-    order: list[Node],
-    slots: list[Any],
-    r: int,
-    retain_graph: bool,
-    accumulate: Callable[[Tensor, Tensor], None],
-) -> None:
-    wrapped: dict[int, Tensor] = {}
-    op_hooks = hooks.op_hooks
-    ndarray = np.ndarray
-    for ins in program:
+def _push(op: Any, attrs: dict[str, Any]) -> None:
+    """The op hooks that joined during the pass (the gradient buckets' session, once a reduction
+    started) hear each replayed kernel as they would its op."""
+    for hook in list(hooks.op_hooks):
+        hook.on_op(op, (), (), (), None, attrs)
+
+
+def _reshard_run(plan: Any, arr: Any, dtype: np.dtype, backend: Any, context: tuple[str, ...], r: int) -> Any:
+    """A recorded reshard, under the communication context it ran in."""
+    outer = comm._context[:]
+    comm._context[:] = context
+    try:
+        return execute_plan(plan, {r: arr}, dtype, backend)[r]
+    finally:
+        comm._context[:] = outer
+
+
+def _compile(rec: Recorder, root: Tensor, backend: Any) -> Program:
+    """The recorded pass as one function of straight-line Python: first every check that the
+    graph is the recorded one (each node's key part, each parent edge, which nodes are one node,
+    which saved arrays are one array), then each instruction, every array let go after its last
+    use, so a pass holds no more than the eager one does."""
+    order, r = rec.order, rec.r
+    index = rec.index
+    consts: dict[str, Any] = {
+        "Tensor": Tensor,
+        "ndarray": np.ndarray,
+        "normal": _normal,
+        "push": _push,
+        "reshard_run": _reshard_run,
+        "op_output": Tensor._op_output,
+        "OP_HOOKS": hooks.op_hooks,
+        "current_backend": current_backend,
+        "BACKEND": backend,
+    }
+    names = iter(range(1 << 30))
+
+    def const(value: Any) -> str:
+        name = f"c{next(names)}"
+        consts[name] = value
+        return name
+
+    last = len(order) - 1
+    lines = [
+        "def replay(root, retain_graph, accumulate):",
+        f"    n{last} = root._grad_fn",
+        f"    if n{last}.sig != {const(order[last].sig)} or root._out_index != {root._out_index}:",
+        "        return False",
+        "    if current_backend() is not BACKEND:",
+        "        return False",
+    ]
+    bound = {last}
+    by_sig: dict[Any, list[int]] = {}
+    for k in range(last, -1, -1):
+        node = order[k]
+        by_sig.setdefault(node.sig, []).append(k)
+        lines.append(f"    ps = n{k}.parents")
+        lines.append(f"    if len(ps) != {len(node.parents)}:")
+        lines.append("        return False")
+        for i, p in enumerate(node.parents):
+            lines.append(f"    p = ps[{i}]")
+            if p is None:
+                lines.append("    if p is not None:")
+            elif (fn := p._grad_fn) is None:
+                lines.append(
+                    f"    if p is None or p._grad_fn is not None or p.stop_gradient != {bool(p.stop_gradient)}:"
+                )
+            else:
+                lines.append(
+                    f"    if p is None or p._out_index != {p._out_index} or p.stop_gradient != {bool(p.stop_gradient)}:"
+                )
+                lines.append("        return False")
+                j = index[fn]
+                if j in bound:
+                    lines.append(f"    if p._grad_fn is not n{j}:")
+                else:
+                    bound.add(j)
+                    lines.append(f"    n{j} = p._grad_fn")
+                    lines.append(f"    if n{j}.sig != {const(fn.sig)}:")
+            lines.append("        return False")
+    for same in by_sig.values():  # nodes with one key part are other nodes where recorded so
+        for a in range(len(same)):
+            for b in range(a + 1, len(same)):
+                lines.append(f"    if n{same[a]} is n{same[b]}:")
+                lines.append("        return False")
+    # The saved arrays the instructions read (each node's inputs, then outputs, in slot order).
+    where: list[tuple[int, str, int]] = []
+    for k, node in enumerate(order):
+        where += [(k, "inputs", j) for j in range(len(node.ctx.inputs))]
+        where += [(k, "outputs", j) for j in range(len(node.ctx.outputs))]
+    reads = sorted(rec.saved_read | {i for pair in rec.same for i in pair})
+    if reads:
+        lines.append("    try:")
+        for i in reads:
+            k, kind, j = where[i]
+            lines.append(f"        s{i} = n{k}.ctx.{kind}[{j}]._shards[{r}]")
+        lines.append("    except (AttributeError, KeyError, IndexError, TypeError):")
+        lines.append("        return False")
+    for a, b in sorted(rec.same):
+        lines.append(f"    if s{a} is not s{b}:")
+        lines.append("        return False")
+    # When each array is read last: let go of it there.
+    slot_out = rec.n_saved
+    uses: dict[int, int] = {}
+    made: list[list[int]] = []
+    for pos, ins in enumerate(rec.program):
         kind = ins[0]
+        outs: list[int] = []
         if kind == KERNEL:
-            _, op, kernel, ctx, attrs, args, outs, dt, shape = ins
-            if len(args) == 2:
-                result = kernel(ctx, slots[args[0]], slots[args[1]], **attrs)
-            elif len(args) == 1:
-                result = kernel(ctx, slots[args[0]], **attrs)
-            else:
-                result = kernel(ctx, *[slots[i] for i in args], **attrs)
-            if outs is not None:
-                for arr, (dt_j, shape_j) in zip(result, outs, strict=True):
-                    slots.append(_normal(op, arr, dt_j, shape_j))
-            elif type(result) is ndarray and result.dtype is dt and result.shape == shape:  # the usual output
-                result.setflags(write=False)
-                slots.append(result)
-            else:
-                slots.append(_normal(op, result, dt, shape))
-            if op_hooks:  # the gradient buckets' session joined once a reduction started: give it a push
-                for hook in list(op_hooks):
-                    hook.on_op(op, (), (), (), None, attrs)
-        elif kind == RELEASE:
-            if not retain_graph:
-                order[ins[1]].release()
+            for a in ins[5]:
+                uses[a] = pos
+            n_out = 1 if ins[6] is None else len(ins[6])
+            outs = list(range(slot_out, slot_out + n_out))
+        elif kind == CREATE:
+            outs = [slot_out]
+        elif kind == RESHARD:
+            uses[ins[4]] = pos
+            outs = [slot_out]
         elif kind == LEAF:
-            _, k, i, slot, spec, dt, same_as = ins
-            g = wrapped.get(same_as)
-            if g is None:
-                g = wrapped[same_as] = Tensor._op_output(spec, dt, {r: slots[slot]})
-            accumulate(order[k].parents[i], g)  # type: ignore[arg-type]
+            uses[ins[3]] = pos
+        slot_out += len(outs)
+        made.append(outs)
+    for s_ in range(rec.n_saved, slot_out):
+        uses.setdefault(s_, -1)  # made, never read: let go at once
+    drop: dict[int, list[int]] = {}
+    for s_, pos in uses.items():
+        if pos < 0:
+            continue
+        drop.setdefault(pos, []).append(s_)
+    wrapped: set[int] = set()
+    for pos, ins in enumerate(rec.program):
+        kind = ins[0]
+        outs = made[pos]
+        if kind == KERNEL:
+            _, op, kernel, ctx, attrs, args, multi, dt, shape = ins
+            call = f"{const(kernel)}({const(ctx)}, " + ", ".join(f"s{a}" for a in args)
+            call += f", **{const(attrs)})" if attrs else ")"
+            if multi is None:
+                o = outs[0]
+                lines.append(f"    s{o} = {call}")
+                d, sh = const(dt), const(shape)
+                lines.append(f"    if s{o}.__class__ is ndarray and s{o}.dtype is {d} and s{o}.shape == {sh}:")
+                lines.append(f"        s{o}.setflags(write=False)")
+                lines.append("    else:")
+                lines.append(f"        s{o} = normal({const(op)}, s{o}, {d}, {sh})")
+            else:
+                lines.append(f"    t = {call}")
+                for j, (o, (dt_j, shape_j)) in enumerate(zip(outs, multi, strict=True)):
+                    lines.append(f"    s{o} = normal({const(op)}, t[{j}], {const(dt_j)}, {const(shape_j)})")
+                lines.append("    del t")
+            lines.append("    if OP_HOOKS:")
+            lines.append(f"        push({const(op)}, {const(attrs)})")
         elif kind == CREATE:
             _, make, shape, dtype = ins
-            slots.append(make(shape, dtype=dtype))
-        else:  # RESHARD
-            _, plan, dtype, backend, slot, context = ins
-            outer = comm._context[:]
-            comm._context[:] = context
-            try:
-                slots.append(execute_plan(plan, {r: slots[slot]}, dtype, backend)[r])
-            finally:
-                comm._context[:] = outer
+            lines.append(f"    s{outs[0]} = {const(make)}({const(shape)}, dtype={const(dtype)})")
+        elif kind == RESHARD:
+            _, plan, dtype, bk, slot, context = ins
+            lines.append(
+                f"    s{outs[0]} = reshard_run({const(plan)}, s{slot}, {const(dtype)}, {const(bk)}, {const(context)}, {r})"
+            )
+        elif kind == LEAF:
+            _, k, i, slot, spec, dt, same_as = ins
+            if same_as not in wrapped:
+                wrapped.add(same_as)
+                lines.append(f"    w{same_as} = op_output({const(spec)}, {const(dt)}, {{{r}: s{slot}}})")
+            lines.append(f"    accumulate(n{k}.parents[{i}], w{same_as})")
+        else:  # RELEASE
+            lines.append("    if not retain_graph:")
+            lines.append(f"        n{ins[1]}.release()")
+        for s_ in sorted(drop.get(pos, ())) + [o for o in outs if uses.get(o) == -1]:
+            lines.append(f"    del s{s_}")
+    lines.append("    return True")
+    source = "\n".join(lines) + "\n"
+    namespace = dict(consts)
+    exec(compile(source, "<mpipar backward replay>", "exec"), namespace)
+    return Program(order[last].sig, r, namespace["replay"], source)
 
 
 class _Tripwire:
