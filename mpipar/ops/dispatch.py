@@ -521,6 +521,8 @@ class Decision:
     ranks: tuple[tuple[int, tuple[tuple[int, ...], ...], KernelContext], ...]
     """Per hosted rank: its id, its outputs' local shapes and its kernel context (one object for
     ranks with the same boxes, so that replicas holding the same arrays compute once)."""
+    move_labels: list[str] | None = None
+    """Per input, the communication context of its reshard (made on the first call that moves one)."""
 
     @cached_property
     def one_rank(self) -> tuple[int, tuple[int, ...], KernelContext, np.dtype, DistSpec] | None:
@@ -784,12 +786,15 @@ def _moved_inputs(op: OpDef, decision: Decision, flat: list[Tensor], backend: An
     """The inputs as the op's kernel takes them: each one the decision moves resharded to the
     layout it needs (a value resharded before is reused: ``distribute._reshard``)."""
     need = decision.need
+    labels = decision.move_labels
+    if labels is None:
+        labels = decision.move_labels = [f"{op.name} input {i}: {decision.rule_label}" for i in range(len(need))]
     used = []
     for i, (t, move) in enumerate(zip(flat, decision.reshard, strict=True)):
         if not move:
             used.append(t)
             continue
-        with comm_context(f"{op.name} input {i}: {decision.rule_label}"), hooks.op_inputs(op.name):
+        with comm_context(labels[i]), hooks.op_inputs(op.name):
             used.append(_reshard_input(t, need[i], backend))
     return used
 
