@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mpipar import _capture_hooks, _tape, hooks
+from mpipar import _capture_hooks, _tape, comm, hooks
 from mpipar._modes import Mode, execution_mode
 from mpipar.backend import check_mesh, current_backend
 from mpipar.comm import comm_context, current_context, note_reused_reshard
@@ -222,9 +222,10 @@ def _reused(tensor: Tensor, dst: DistSpec) -> Tensor | None:
     if entry is None or entry[0] != tensor._sid:
         return None
     out = entry[1].detach()
-    plan = plan_reshard(tensor.spec, dst)
-    if plan.steps:
-        note_reused_reshard(plan.src.placements_str, plan.dst.placements_str, tensor.dtype)
+    if comm._recorders:  # (only a recorder hears of it: no plan looked up for nobody)
+        plan = plan_reshard(tensor.spec, dst)
+        if plan.steps:
+            note_reused_reshard(plan.src.placements_str, plan.dst.placements_str, tensor.dtype)
     return out
 
 
@@ -234,12 +235,13 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     Each reshard once: a computed value (an op's output) already resharded to ``dst`` is not
     resharded again while it is unchanged; the earlier result is used (and reported as reused).
     """
-    # One big device moves nothing, so there is nothing to reuse.
+    # One big device (``execution_mode`` DENSE: the reference backend, not shape-only) moves
+    # nothing, so there is nothing to reuse.
     cacheable = (
         tensor._reshards is not None
-        and tensor.is_dist
+        and tensor._spec is not None
         and _reuse_enabled[-1]
-        and execution_mode((), backend) is not Mode.DENSE
+        and (backend.shape_only or not backend.reference)
     )
     out: Tensor | None = _reused(tensor, dst) if cacheable else None
     if out is not None:
