@@ -81,6 +81,14 @@ def backward_replay_enabled() -> bool:
     return _enabled[0]
 
 
+def forget_programs() -> None:
+    """Drop every recording and program: the next passes are recorded afresh (a program calls
+    the kernel functions it recorded, so code that swaps an op's kernel forgets them)."""
+    _programs.clear()
+    _by_root.clear()
+    _misses[0] = _misses[1] = 0
+
+
 @dataclass
 class ReplayStats:
     """What backward replay did in this process (``backward_replay_stats()``)."""
