@@ -190,3 +190,28 @@ class Node:
 
     def saved_tensors(self) -> list[Tensor]:
         return [t for t in (*self.ctx.inputs, *self.ctx.outputs) if t is not None]
+
+
+def topo_order(root: Tensor) -> list[Node]:
+    """The nodes ``root`` depends on, parents before children: the order the backward engine
+    walks in reverse (a depth-first post-order from ``root``'s node, parents in input order)."""
+    order: list[Node] = []
+    seen: set[Node] = set()  # nodes compare and hash by identity
+    stack: list[tuple[Node, bool]] = []
+    if root._grad_fn is not None:
+        stack.append((root._grad_fn, False))
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        for p in node.parents:
+            if p is not None:
+                fn = p._grad_fn
+                if fn is not None and fn not in seen:
+                    stack.append((fn, False))
+    return order

@@ -33,6 +33,7 @@ from mpipar._tape import (  # noqa: F401  (re-exported: the tape's names are imp
     saved_tensors_hooks,
     set_grad_enabled,
     set_grad_mode,
+    topo_order,
 )
 from mpipar.comm import comm_context
 from mpipar.distribute import reshard, reshard_to
@@ -71,27 +72,8 @@ def _merge_order(nodes: list[Node]) -> list[Node]:
     return order
 
 
-def _topo_order(root: Tensor) -> list[Node]:
-    order: list[Node] = []
-    seen: set[Node] = set()  # nodes compare and hash by identity (``eq=False``)
-    stack: list[tuple[Node, bool]] = []
-    if root._grad_fn is not None:
-        stack.append((root._grad_fn, False))
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if node in seen:
-            continue
-        seen.add(node)
-        stack.append((node, True))
-        for p in node.parents:
-            if p is not None:
-                fn = p._grad_fn
-                if fn is not None and fn not in seen:
-                    stack.append((fn, False))
-    return order  # parents before children
+_topo_order = topo_order
+"""(the engine's order, by its older name: ``mpipar.debug.memory`` and the simulator read it)"""
 
 
 def backward(root: Tensor, grad: Tensor | None = None, retain_graph: bool = False) -> None:

@@ -136,45 +136,30 @@ _misses = [0, 0]
 
 
 def walk(root: Tensor) -> tuple[list[Node], Any, list[Any]] | None:
-    """``root``'s nodes in the engine's order (``autograd._topo_order``: parents first), the
-    graph key and every node's saved tensors in slot order (each node's inputs, then outputs),
-    in one pass; None when some node cannot be replayed."""
-    order: list[Node] = []
+    """``root``'s nodes in the engine's order (``_tape.topo_order``: parents first), the graph
+    key and every node's saved tensors in slot order (each node's inputs, then outputs); None
+    when some node cannot be replayed. (Only passes no program took come here.)"""
+    order = _tape.topo_order(root)
     index: dict[Node, int] = {}
     parts: list[Any] = []
     saved: list[Any] = []
-    seen: set[Node] = set()
-    stack: list[tuple[Node, bool]] = [(root._grad_fn, False)]  # type: ignore[list-item]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            sig = node.sig
-            if sig is None:  # (set only for the gradient functions of mpipar's ops and reshards)
-                return None
-            index[node] = len(order)
-            order.append(node)
-            parents: list[Any] = [sig]
-            for p in node.parents:
-                if p is None:
-                    parents.append(None)
-                elif (fn := p._grad_fn) is None:
-                    parents.append(p.stop_gradient)
-                else:
-                    parents.append((index[fn], p._out_index, p.stop_gradient))
-            parts.append(tuple(parents))
-            ctx = node.ctx
-            saved += ctx.inputs
-            saved += ctx.outputs
-            continue
-        if node in seen:
-            continue
-        seen.add(node)
-        stack.append((node, True))
+    for k, node in enumerate(order):
+        sig = node.sig
+        if sig is None:  # (set only for the gradient functions of mpipar's ops and reshards)
+            return None
+        index[node] = k
+        part: list[Any] = [sig]
         for p in node.parents:
-            if p is not None:
-                fn = p._grad_fn
-                if fn is not None and fn not in seen:
-                    stack.append((fn, False))
+            if p is None:
+                part.append(None)
+            elif (fn := p._grad_fn) is None:
+                part.append(p.stop_gradient)
+            else:
+                part.append((index[fn], p._out_index, p.stop_gradient))
+        parts.append(tuple(part))
+        ctx = node.ctx
+        saved += ctx.inputs
+        saved += ctx.outputs
     return order, (tuple(parts), root._spec, root._out_index, current_backend()), saved
 
 

@@ -81,6 +81,17 @@ def events(comm: dist.CommDebugMode) -> list[tuple[Any, ...]]:
     return [(e.op, e.ranks, e.input_nbytes, e.output_nbytes, e.dtype, e.reduce_type) for e in comm.events]
 
 
+def step(loss_fn: Callable[[dist.Tensor], dist.Tensor], opt: Any, x: dist.Tensor, replay: bool) -> tuple[Any, Any]:
+    """One training step with backward replay on or off: its loss and the collectives it made."""
+    backward_replay.set_backward_replay(replay)
+    with dist.CommDebugMode() as comm:
+        loss = loss_fn(x)
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+    return loss, comm
+
+
 def run_case(n: int, case: str, steps: int) -> int:
     build = (lambda: block(n)) if case == "block" else (lambda: mlp(n, case))
     eager_loss, eager_params, eager_opt, batch = build()
@@ -89,18 +100,10 @@ def run_case(n: int, case: str, steps: int) -> int:
     backward_replay.backward_replay_stats(reset=True)
     for i in range(steps):
         x = batch(rng)
-        backward_replay.set_backward_replay(False)
-        with dist.CommDebugMode() as want_comm:
-            want = eager_loss(x)
-            want.backward()
-            eager_opt.step()
-            eager_opt.clear_grad()
-        backward_replay.set_backward_replay(True)
-        with dist.CommDebugMode() as got_comm:
-            got = loss_fn(x)
-            got.backward()
-            opt.step()
-            opt.clear_grad()
+        (want, want_comm), (got, got_comm) = (
+            step(model_loss, model_opt, x, replay)
+            for model_loss, model_opt, replay in ((eager_loss, eager_opt, False), (loss_fn, opt, True))
+        )
         assert events(got_comm) == events(want_comm), (case, i, got_comm.table(), want_comm.table())
         assert np.array_equal(got.full_tensor(), want.full_tensor()), (case, i)
     for a, b in zip(params, eager_params, strict=True):
