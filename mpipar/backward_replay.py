@@ -33,10 +33,12 @@ before; a loop whose graphs never repeat (a fresh dropout key on the tape every 
 recording after a few misses and then records only now and then.
 
 Replay runs only where nothing else listens: a process hosting one rank of the mesh (under
-MPI), the main thread, no op, program or pipeline hooks, no captured step being traced or
-replayed, no saved-tensor hooks (ZeRO-3's regather notes), one root whose seed gradient is
-ones (``loss.backward()``). ``MPIPAR_BACKWARD_REPLAY=off`` (or ``set_backward_replay(False)``)
-runs every pass eagerly (``docs/performance.md``, "Backward replay").
+MPI), the main thread, no op, reshard, program or pipeline hooks, no captured step being traced
+or replayed, no saved-tensor hooks and no ZeRO-3 parameter made in the process (its regather
+notes), one root whose seed gradient is ones (``loss.backward()``). A recorded pass is compiled
+into one function (``_compile``) that checks a graph is the recorded one and runs the
+instructions. ``MPIPAR_BACKWARD_REPLAY=off`` (or ``set_backward_replay(False)``) runs every pass
+eagerly (``docs/performance.md``, "Backward replay").
 """
 
 from __future__ import annotations
