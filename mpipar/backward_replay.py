@@ -29,8 +29,9 @@ value read in Python. The recording is kept only if the pass did nothing it cann
 
 A key is replayed once two recordings of it agree instruction for instruction (as
 ``compile_step(capture=True)`` traces twice). Passes that cannot be replayed run eagerly as
-before; a loop whose graphs never repeat (a fresh dropout key on the tape every step) stops
-recording after a few misses and then records only now and then.
+before; a loop whose graphs never repeat (a new shape every step) stops recording after a few
+misses and then records only now and then. (A node's key holds only the attributes its gradient
+reads, ``OpDef.grad_attrs``: dropout's fresh key every step is not one of them.)
 
 Replay runs only where nothing else listens: a process hosting one rank of the mesh (under
 MPI), the main thread, no op, reshard, program or pipeline hooks, no captured step being traced

@@ -99,6 +99,10 @@ class OpDef:
     volatile_attrs: tuple[str, ...] = ()
     """Attributes that change on every call and decide neither the rule nor the dtypes (dropout's
     random key): left out of the decision cache's key and the replay's check."""
+    grad_attrs: tuple[str, ...] | None = None
+    """The attributes the gradient function reads (None: any of them). A backward replay's key
+    holds only these beside the decision (``_node_sig``): dropout's gradient reads ``p`` and the
+    mask it saved, never the key, so its graphs repeat from step to step."""
     all_pieces: Callable[[list[list[Any]], dict[str, Any]], list[Any] | None] | None = None
     """``all_pieces(pieces, attrs)``: the kernel's results for several ranks' inputs at once, in
     one process hosting them (the simulator), where one call is faster and gives the same bits
@@ -1045,11 +1049,14 @@ def _record(
 def _node_sig(op: OpDef, attrs: dict[str, Any], needs: list[bool], decision: Decision | None) -> Any:
     """What a backward replay's graph key holds of this node (``mpipar.backward_replay``): the
     cached decision (one object per op, layouts, dtypes and decided attributes), which inputs
-    need a gradient and the attributes the decision leaves out; None when not replayable."""
+    need a gradient and the attributes the decision leaves out that the gradient reads
+    (``OpDef.grad_attrs``); None when not replayable."""
     if decision is None or not op.replayable_grad:
         return None
     if op.attrs_in_key == 1 or not attrs:
         return (decision, *needs)
+    if op.grad_attrs is not None:
+        attrs = {k: attrs[k] for k in op.grad_attrs if k in attrs}
     try:
         frozen = freeze_attrs(attrs)
         hash(frozen)

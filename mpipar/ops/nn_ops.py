@@ -414,6 +414,7 @@ register_op(
         rule_attrs=(),
         dtype=lambda dt, a: [dt[0], np.bool_],
         volatile_attrs=("key",),  # a new random key every call
+        grad_attrs=("p",),  # (backward multiplies by the saved mask: the key is not read)
         sample=lambda r: [
             ([r.standard_normal((6, 8))], {"p": 0.3, "key": 12345}),
             ([r.standard_normal((3, 4, 5))], {"p": 0.5, "key": 7}),

@@ -48,6 +48,7 @@ def _replay(enabled: bool) -> Iterator[None]:
 
 def _model(seed: int, dtype: type, optimizer: str) -> tuple[Callable[[str], dist.Tensor], list[dist.Tensor], Any]:
     rng = np.random.default_rng(seed)
+    dist.seed(seed)  # (dropout's keys: the same in the runs with replay on and off)
     b, n_in, hidden = 3, 4, 6
     mesh = ProcessMesh([0], dim_names=["mp"])
     x = dist.shard_tensor(rng.standard_normal((b, n_in)).astype(dtype), mesh, [dist.Replicate()])
@@ -75,6 +76,9 @@ def _model(seed: int, dtype: type, optimizer: str) -> tuple[Callable[[str], dist
         if shape == "shared weight":  # a leaf reached twice, a node output consumed twice
             y = dist.matmul(dist.tanh(dist.add(dist.matmul(h, w2), b2)), dist.transpose(w2, [1, 0]))
             return dist.add(dist.sum(dist.scale(y, 0.25)), dist.mean(dist.multiply(h, h)))
+        if shape == "dropout":  # a fresh key on the tape every step
+            y = dist.matmul(dist.nn.functional.dropout(h, p=0.3), w2)
+            return dist.mean(dist.add(y, b2))
         if shape == "split and join":  # a node of two outputs, a node of a list of inputs
             left, right = dist.split(h, 2, axis=1)
             y = dist.concat([dist.nn.functional.softmax(left, axis=-1), dist.multiply(right, right)], axis=1)
@@ -101,12 +105,12 @@ def _train(seed: int, dtype: type, optimizer: str, shape: str, enabled: bool) ->
         return out, backward_replay.backward_replay_stats()
 
 
-@settings(max_examples=16, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     seed=st.integers(0, 2**16),
     dtype=st.sampled_from([np.float32, np.float64]),
     optimizer=st.sampled_from(["sgd", "momentum", "adamw"]),
-    shape=st.sampled_from(["square", "two values", "shared weight", "split and join"]),
+    shape=st.sampled_from(["square", "two values", "shared weight", "split and join", "dropout"]),
 )
 def test_replayed_backward_is_bit_identical(seed: int, dtype: type, optimizer: str, shape: str) -> None:
     on, stats_on = _train(seed, dtype, optimizer, shape, enabled=True)
@@ -164,9 +168,9 @@ def test_user_gradient_is_never_replayed() -> None:
     assert (stats.recorded, stats.replayed, stats.eager) == (0, 0, 4)
 
 
-def test_fresh_random_key_each_step_backs_off() -> None:
-    """Dropout's key is on the tape: no two graphs are alike. Recording stops after a few misses,
-    and every step is still exact."""
+def test_dropout_replays_with_each_steps_mask() -> None:
+    """Dropout's key changes every step, but its gradient reads only the mask it saved
+    (``OpDef.grad_attrs``): its graphs repeat, and each replayed pass uses that step's mask."""
     with dist.use_backend(SimBackend(1)):
         grads = {}
         for enabled in (True, False):
@@ -175,16 +179,35 @@ def test_fresh_random_key_each_step_backs_off() -> None:
                 mesh = ProcessMesh([0], dim_names=["mp"])
                 w = dist.shard_tensor(dist.Parameter(np.linspace(0.0, 1.0, 8)), mesh, [dist.Replicate()])
                 got = []
-                for _ in range(backward_replay.MISSES_BEFORE_BACKOFF + 4):
+                for _ in range(6):
                     loss = dist.sum(dist.nn.functional.dropout(dist.multiply(w, w), p=0.5))
                     loss.backward()
                     got.append(w.grad.full_tensor().tobytes())
                     w.clear_grad()
                 grads[enabled] = got
+                if enabled:
+                    assert backward_replay.backward_replay_stats().replayed == 4
+        assert grads[True] == grads[False]
+        assert len(set(grads[True])) == 6  # a new mask every step
+
+
+def test_graphs_that_never_repeat_back_off() -> None:
+    """A new shape every step gives a new graph every step: recording stops after a few misses
+    (then one pass in ``BACKOFF_EVERY``), and every step is still exact."""
+    with dist.use_backend(SimBackend(1)):
+        grads = {}
+        for enabled in (True, False):
+            with _replay(enabled):
+                mesh = ProcessMesh([0], dim_names=["mp"])
+                got = []
+                for k in range(backward_replay.MISSES_BEFORE_BACKOFF + 4):
+                    w = dist.shard_tensor(dist.Parameter(np.linspace(0.0, 1.0, k + 2)), mesh, [dist.Replicate()])
+                    dist.sum(dist.tanh(dist.multiply(w, w))).backward()
+                    got.append(w.grad.full_tensor().tobytes())
+                grads[enabled] = got
                 stats = backward_replay.backward_replay_stats()
                 if enabled:
-                    assert stats.replayed == 0
-                    assert stats.recorded == backward_replay.MISSES_BEFORE_BACKOFF
+                    assert (stats.replayed, stats.recorded) == (0, backward_replay.MISSES_BEFORE_BACKOFF)
         assert grads[True] == grads[False]
 
 
