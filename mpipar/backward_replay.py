@@ -1,14 +1,15 @@
-"""Backward passes replayed: a training step's backward, once seen twice alike, runs as a flat
-list of its kernels instead of through its gradient functions.
+"""Backward passes replayed: a training step's backward, once seen twice alike, runs as the
+kernels it recorded instead of through its gradient functions.
 
 Every step of a training loop records the same tape (the same ops on the same layouts, shapes
 and dtypes), and every backward pass over it asks the same gradient functions the same
 questions: the same rules, decisions and output layouts, answered from the caches, around the
-same kernels. This module keeps, per *graph key* (each node's op, gradient function, attributes,
-input layouts, shapes, dtypes and which inputs need a gradient; how the nodes connect; which
-saved arrays are one array), the kernels that backward ran, in order, with where each took its
-arrays from (a node's saved inputs and outputs, the seed, an earlier kernel's output) and where
-each leaf's gradient came from. A later pass with the same key runs those kernels on its own
+same kernels. This module keeps, per *graph key* (each node's cached decision: op, input
+layouts, shapes, dtypes and decided attributes; the attributes its gradient reads beyond
+those; which inputs need a gradient; how the nodes connect), the kernels that backward ran, in
+order, with where each took its arrays from (a node's saved inputs and outputs, the seed, an
+earlier kernel's output) and where each leaf's gradient came from. A later pass with the same
+key (checked node for node, and which saved arrays are one array) runs those kernels on its own
 saved arrays and hands each leaf its gradient through the engine's usual accumulation
 (``autograd._accumulate_leaf``: the cast, the leaf's hooks, the data-parallel reduction and its
 buckets all run as before). The kernels, their arguments and their order are the ones the
@@ -55,7 +56,7 @@ from mpipar import _capture_hooks, _tape, comm, distribute, hooks
 from mpipar.backend import current_backend
 from mpipar.env import env_flag
 from mpipar.ops import dispatch
-from mpipar.reshard.executor import execute_plan, freeze
+from mpipar.reshard.executor import execute_plan
 from mpipar.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -210,11 +211,8 @@ def run(
     ``accumulate(leaf, grad)`` is the engine's accumulation of a leaf's gradient (both handed
     in: the engine imports this module)."""
     sig = root._grad_fn.sig  # type: ignore[union-attr]
-    if sig is not None:
-        try:
-            programs = _by_root.get(sig)
-        except TypeError:  # an attribute that cannot be hashed
-            programs = None
+    if sig is not None:  # (a node's key part is hashable: ``dispatch._node_sig`` checks)
+        programs = _by_root.get(sig)
         if programs:
             for program in programs:
                 if program.rank == r and program.run(root, retain_graph, accumulate):
@@ -227,10 +225,7 @@ def run(
         eager(None, None)
         return
     order, key, saved = walked
-    try:
-        entry = _programs.get(key)
-    except TypeError:  # an attribute that cannot be hashed
-        entry = _Entry(dead="an attribute cannot be hashed")
+    entry = _programs.get(key)
     if entry is not None and (entry.dead is not None or entry.program is not None):
         # (a program that did not take this graph: its saved arrays are not one where it needs them)
         _stats.eager += 1
@@ -290,24 +285,7 @@ class Program:
     """``run(root, retain_graph, accumulate)``: False (having done nothing) when ``root``'s graph
     is not the recorded one, else True once the pass is done."""
     source: str
-    """The function's text (for a reader: ``backward_replay_programs()``)."""
-
-
-def _normal(op: Any, arr: Any, dt: np.dtype, shape: tuple[int, ...]) -> Any:
-    """A kernel's output as dispatch keeps it (``dispatch._output_array``, its checks included)."""
-    if type(arr) is not np.ndarray and isinstance(arr, np.generic):
-        arr = np.asarray(arr)
-    if arr.dtype is not dt and arr.dtype != dt:
-        arr = arr.astype(dt)
-    if arr.shape != shape:
-        raise AssertionError(
-            f"kernel of {op.name} returned an output of shape {list(arr.shape)} in a replayed backward "
-            f"pass; its recording had {list(shape)}"
-        )
-    if type(arr) is np.ndarray:
-        arr.setflags(write=False)
-        return arr
-    return freeze(arr)
+    """The function's text (kept for a reader debugging a replayed pass)."""
 
 
 def _push(op: Any, attrs: dict[str, Any]) -> None:
@@ -337,7 +315,7 @@ def _compile(rec: Recorder, root: Tensor, backend: Any) -> Program:
     consts: dict[str, Any] = {
         "Tensor": Tensor,
         "ndarray": np.ndarray,
-        "normal": _normal,
+        "output_array": dispatch.output_array,
         "push": _push,
         "reshard_run": _reshard_run,
         "op_output": Tensor._op_output,
@@ -454,11 +432,13 @@ def _compile(rec: Recorder, root: Tensor, backend: Any) -> Program:
                 lines.append(f"    if s{o}.__class__ is ndarray and s{o}.dtype is {d} and s{o}.shape == {sh}:")
                 lines.append(f"        s{o}.setflags(write=False)")
                 lines.append("    else:")
-                lines.append(f"        s{o} = normal({const(op)}, s{o}, {d}, {sh})")
+                lines.append(f"        s{o} = output_array({const(op)}, None, {r}, 0, s{o}, {d}, {sh})")
             else:
                 lines.append(f"    t = {call}")
                 for j, (o, (dt_j, shape_j)) in enumerate(zip(outs, multi, strict=True)):
-                    lines.append(f"    s{o} = normal({const(op)}, t[{j}], {const(dt_j)}, {const(shape_j)})")
+                    lines.append(
+                        f"    s{o} = output_array({const(op)}, None, {r}, {j}, t[{j}], {const(dt_j)}, {const(shape_j)})"
+                    )
                 lines.append("    del t")
             lines.append("    if OP_HOOKS:")
             lines.append(f"        push({const(op)}, {const(attrs)})")

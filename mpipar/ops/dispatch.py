@@ -350,7 +350,7 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                     arr = op.kernel(ctx, a._shards[r], **attrs)
                 else:
                     arr = op.kernel(ctx, a._shards[r], b._shards[r], **attrs)
-                out = Tensor._op_output(spec, dt, {r: _output_array(op, decision, r, 0, arr, dt, shape)})
+                out = Tensor._op_output(spec, dt, {r: output_array(op, decision, r, 0, arr, dt, shape)})
                 if op.grad is not None and _tape._grad_enabled:  # (no lists to build under no_grad)
                     if flat is None:
                         flat = used = [a] if b is None else [a, b]
@@ -769,7 +769,7 @@ def _run_dist(
                 arr = op.kernel(ctx, *[u._shards[r] for u in used], **attrs)
             _wrong_count(op, decision, [arr])
             dt = decision.dtypes[0]
-            out = Tensor._op_output(out_specs[0], dt, {r: _output_array(op, decision, r, 0, arr, dt, shapes[0])})
+            out = Tensor._op_output(out_specs[0], dt, {r: output_array(op, decision, r, 0, arr, dt, shapes[0])})
             return [out], used, decision
         per_rank = _one_rank_outputs(op, decision, attrs, None, used)
     else:
@@ -839,7 +839,7 @@ def _kernel_outputs(
             result = op.kernel(ctx, *arrays, **attrs) if together is None else together[key]
             got = list(result) if multi else [result]
             for j, (arr, dt, shape) in enumerate(zip(got, dtypes, shapes, strict=True)):
-                got[j] = _output_array(op, decision, r, j, arr, dt, shape)
+                got[j] = output_array(op, decision, r, j, arr, dt, shape)
             memo[key] = got
             if (
                 _capture_hooks.capture_tracers and inputs is None
@@ -851,18 +851,22 @@ def _kernel_outputs(
     return per_rank
 
 
-def _output_array(op: OpDef, decision: Decision, r: int, j: int, arr: Any, dt: np.dtype, shape: tuple[int, ...]) -> Any:
+def output_array(
+    op: OpDef, decision: Decision | None, r: int, j: int, arr: Any, dt: np.dtype, shape: tuple[int, ...]
+) -> Any:
     """Output ``j`` of the kernel on rank ``r`` as an op output holds it: a NumPy 0-d scalar
-    made an array, cast to the decision's dtype, its shape checked against the rule's, frozen."""
+    made an array, cast to the decision's dtype, its shape checked against the rule's, frozen.
+    (A replayed backward pass, ``mpipar.backward_replay``, keeps its kernels' outputs so too,
+    with no decision at hand: its error then names no layout.)"""
     if type(arr) is not np.ndarray and isinstance(arr, np.generic):  # NumPy reductions to 0-d return scalars
         arr = np.asarray(arr)
     if arr.dtype is not dt and arr.dtype != dt:
         arr = arr.astype(dt)
     if arr.shape != shape:
-        spec = decision.out_specs[j]  # type: ignore[index]
+        layout = "" if decision is None else f" ({decision.out_specs[j]})"  # type: ignore[index]
         raise AssertionError(
             f"kernel of {op.name} returned output {j} of shape {list(arr.shape)} on rank {r}; the rule "
-            f"{op.rule_name} says {list(shape)} ({spec})"
+            f"{op.rule_name} says {list(shape)}{layout}"
         )
     if type(arr) is np.ndarray:  # ``freeze`` for the usual NumPy output, without its call
         arr.setflags(write=False)
@@ -888,7 +892,7 @@ def _one_rank_outputs(
     got = list(result) if op.multi_output else [result]
     _wrong_count(op, decision, got)
     for j, dt in enumerate(decision.dtypes):
-        got[j] = _output_array(op, decision, r, j, got[j], dt, shapes[j])
+        got[j] = output_array(op, decision, r, j, got[j], dt, shapes[j])
     return {r: got}
 
 
