@@ -522,7 +522,9 @@ class Recorder:
         if s is None:
             s = self.by_array.get(id(arr))
             held = self.holders.get(id(arr))
-            if s is not None and held is not None and len(held) > 1:
+            # (only a saved slot: an instruction that returned a saved array as it is, such as a
+            # reshard's local step, made that array a slot of its own, which the program holds)
+            if s is not None and s < self.n_saved and held is not None and len(held) > 1:
                 self.same.update((s, other) for other in held[1:])
         if s is not None and s < self.n_saved:
             self.saved_read.add(s)
