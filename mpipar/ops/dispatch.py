@@ -350,11 +350,16 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                     arr = op.kernel(ctx, a._shards[r], **attrs)
                 else:
                     arr = op.kernel(ctx, a._shards[r], b._shards[r], **attrs)
-                out = Tensor._op_output(spec, dt, {r: output_array(op, decision, r, 0, arr, dt, shape)})
+                if type(arr) is np.ndarray and arr.dtype is dt and arr.shape == shape:  # ``output_array``'s usual case
+                    arr.setflags(write=False)
+                else:
+                    arr = output_array(op, decision, r, 0, arr, dt, shape)
+                out = Tensor._op_output(spec, dt, {r: arr})
                 if op.grad is not None and _tape._grad_enabled:  # (no lists to build under no_grad)
                     if flat is None:
-                        flat = used = [a] if b is None else [a, b]
-                    _record(op, flat, used, [out], attrs, decision)  # type: ignore[arg-type]
+                        _record_short(op, decision, attrs, a, b, a, b, out)
+                    else:
+                        _record_short(op, decision, attrs, flat[0], b if b is None else flat[1], a, b, out)  # type: ignore[arg-type]
                 return out
     return _apply(name, inputs, attrs)
 
@@ -527,6 +532,9 @@ class Decision:
     ranks with the same boxes, so that replicas holding the same arrays compute once)."""
     move_labels: list[str] | None = None
     """Per input, the communication context of its reshard (made on the first call that moves one)."""
+    tapes: dict[Any, Any] | None = None
+    """``apply``'s short path: per pattern of the inputs' ``stop_gradient``, what the tape node of
+    a call with this decision holds that does not depend on the call's values (``_record_short``)."""
 
     @cached_property
     def one_rank(self) -> tuple[int, tuple[int, ...], KernelContext, np.dtype, DistSpec] | None:
@@ -1048,6 +1056,82 @@ def _record(
             t.stop_gradient = True
         return
     _record_node(op, flat, used, outs, attrs, needs, decision)
+
+
+def _record_short(
+    op: OpDef,
+    decision: Decision,
+    attrs: dict[str, Any],
+    a: Tensor,
+    b: Tensor | None,
+    ua: Tensor,
+    ub: Tensor | None,
+    out: Tensor,
+) -> None:
+    """``_record`` for ``apply``'s short path (inputs ``a`` and ``b``, or ``a`` alone, as the
+    kernel took them ``ua`` and ``ub``; one output ``out``).
+
+    Which inputs need a gradient, their shapes, dtypes and layouts, what is saved and the
+    node's replay key follow from the decision, the op and the inputs' ``stop_gradient``, so
+    the first such call records as ``_record`` does and keeps what its node holds of them
+    (``Decision.tapes``); later calls build their node from that, with their own saved tensors,
+    parents and attributes. Not where saved-tensor hooks are set, an input is a ZeRO-3 gathered
+    copy, or the node's key would hold attributes the decision leaves out."""
+    sg = a.stop_gradient if b is None else (a.stop_gradient, b.stop_gradient)
+    tapes = decision.tapes
+    plain = not _tape._saved_hooks and ua._regather is None and (ub is None or ub._regather is None)
+    tape = tapes.get(sg) if tapes is not None and plain and (not attrs or op.attrs_in_key == 1) else None
+    if tape is None or tape[0] is not op:
+        flat = [a] if b is None else [a, b]
+        used = [ua] if ub is None else [ua, ub]
+        _record(op, flat, used, [out], attrs, decision)
+        if plain and (not attrs or op.attrs_in_key == 1):
+            if decision.tapes is None:
+                decision.tapes = {}
+            decision.tapes[sg] = _tape_of(op, out)
+        return
+    if len(tape) == 1:  # no input needs a gradient: no node (the output's stop_gradient stays True)
+        return
+    _, name, grad, shapes, dtypes, needs, specs, sig, save_a, save_b, save_out, parent_a, parent_b, out_stop = tape
+    if ub is None:
+        inputs = [ua.detach() if save_a else None]
+        parents = [ua if parent_a else None]
+    else:
+        inputs = [ua.detach() if save_a else None, ub.detach() if save_b else None]
+        parents = [ua if parent_a else None, ub if parent_b else None]
+    ctx = _tape.GradContext(name, attrs, inputs, [out.detach() if save_out else None], shapes, dtypes, needs, specs)
+    out.stop_gradient = out_stop
+    out._grad_fn = _tape.Node(name, grad, ctx, parents, 1, "", sig)
+    out._out_index = 0
+
+
+def _tape_of(op: OpDef, out: Tensor) -> tuple[Any, ...]:
+    """What ``_record_short`` keeps of the node ``_record`` just made for ``out`` (one output,
+    one or two inputs, no saved-tensor hook): all but its saved tensors, parents and attributes.
+    Its shape, dtype, layout and need lists are shared by every later node made from it: the
+    engine reassigns such a list, never changes one."""
+    node = out._grad_fn
+    if node is None:
+        return (op,)
+    ctx = node.ctx
+    saved = [t is not None for t in ctx.inputs] + [False]
+    parents = [p is not None for p in node.parents] + [False]
+    return (
+        op,
+        node.op,
+        node.grad_fn,
+        ctx.input_shapes,
+        ctx.input_dtypes,
+        ctx.needs_grad,
+        ctx.input_specs,
+        node.sig,
+        saved[0],
+        saved[1],
+        ctx.outputs[0] is not None,
+        parents[0],
+        parents[1],
+        out.stop_gradient,
+    )
 
 
 def _node_sig(op: OpDef, attrs: dict[str, Any], needs: list[bool], decision: Decision | None) -> Any:

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mpipar as dist
-from mpipar import _capture_hooks, backward_replay, hooks
+from mpipar import _capture_hooks, _tape, backward_replay, hooks
 from mpipar.mesh import ProcessMesh
 from mpipar.ops import dispatch
 from simulator import SimBackend
@@ -261,3 +261,97 @@ def test_a_call_that_reshards_an_input_takes_the_short_path_once_decided() -> No
     assert short_reduces == long_reduces
     assert short_reduces[0] >= 1 and len(set(short_reduces)) == 1  # the same collectives every step
     assert short_values == long_values
+
+
+def _plain_sig(sig: Any) -> Any:
+    """A replay key with each decision as what it holds (each run's backend makes its own)."""
+    if not isinstance(sig, tuple):
+        return sig
+    return tuple(
+        (d.res, d.need, d.out_specs, d.rule_label, d.dtypes, d.reshard) if isinstance(d, dispatch.Decision) else d
+        for d in sig
+    )
+
+
+def _node_fields(loss: dist.Tensor) -> list[tuple[Any, ...]]:
+    """Every node behind ``loss``, parents first: what it records, with parents as positions."""
+    order = _tape.topo_order(loss)
+    position = {id(node): i for i, node in enumerate(order)}
+    fields = []
+    for node in order:
+        ctx = node.ctx
+        fields.append(
+            (
+                node.op,
+                node.grad_fn,
+                node.num_outputs,
+                _plain_sig(node.sig),
+                [
+                    None if p is None else (position.get(id(p._grad_fn)), p._out_index, p.stop_gradient)
+                    for p in node.parents
+                ],
+                dict(ctx.attrs),
+                [None if t is None else (t.spec, t.dtype, t.local_tensor(0).tobytes()) for t in ctx.inputs],
+                [None if t is None else (t.spec, t.dtype, t.local_tensor(0).tobytes()) for t in ctx.outputs],
+                list(ctx.input_shapes),
+                list(ctx.input_dtypes),
+                list(ctx.needs_grad),
+                ctx.input_specs,
+            )
+        )
+    return fields
+
+
+def _same(t: dist.Tensor) -> dist.Tensor:
+    return t
+
+
+def _tapes(needs: tuple[bool, bool, bool], general: bool, saved_hook: bool) -> tuple[list[list[tuple[Any, ...]]], int]:
+    """Three forward passes of a small model on a one-rank mesh with ``needs`` saying which of
+    its three leaves want a gradient; each pass's tape (``_node_fields``), then its backward.
+    With them, how many op calls of the later passes' forwards took the general path."""
+    rng = np.random.default_rng(3)
+    listener = _Listening()
+    tapes = []
+    later_general = 0
+    with dist.use_backend(SimBackend(1)), _counting_general() as calls:
+        mesh = ProcessMesh([0], dim_names=["mp"])
+        x = dist.shard_tensor(rng.standard_normal((3, 4)), mesh, [dist.Replicate()])
+        w = dist.shard_tensor(rng.standard_normal((4, 5)), mesh, [dist.Shard(1)])
+        b = dist.shard_tensor(rng.standard_normal(5), mesh, [dist.Shard(0)])
+        for t, need in zip((x, w, b), needs, strict=True):
+            t.stop_gradient = not need
+        if general:
+            hooks.op_start_hooks.append(listener)
+        try:
+            for step in range(3):
+                hooked = dist.autograd.saved_tensors_hooks(_same, _same) if saved_hook else contextlib.nullcontext()
+                calls.clear()
+                with hooked:
+                    h = dist.nn.functional.relu(dist.add(dist.matmul(x, w), b))
+                    loss = dist.add(dist.mean(dist.multiply(h, h)), dist.sum(dist.scale(h, 0.5)))
+                later_general += len(calls) if step else 0
+                tapes.append(_node_fields(loss))
+                if not loss.stop_gradient:
+                    loss.backward()
+                for t in (x, w, b):
+                    t.clear_grad()
+        finally:
+            if general:
+                hooks.op_start_hooks.remove(listener)
+    return tapes, later_general
+
+
+@given(needs=st.tuples(st.booleans(), st.booleans(), st.booleans()), saved_hook=st.booleans())
+def test_the_short_paths_tape_nodes_are_the_general_paths(needs: tuple[bool, bool, bool], saved_hook: bool) -> None:
+    """From its second call with a decision, the short path builds each tape node from what the
+    first call's node held (``Decision.tapes``): every node must hold what the general path's
+    holds (op, gradient function, replay key, parents, attributes, saved values, shapes,
+    dtypes, needs and layouts), whichever inputs want a gradient, with or without a
+    saved-tensor hook (under which it records as the general path does)."""
+    assert not _listening(), f"an earlier test left listeners installed: {_listening()}"
+    short, short_general = _tapes(needs, general=False, saved_hook=saved_hook)
+    long, long_general = _tapes(needs, general=True, saved_hook=saved_hook)
+    assert short_general == 0 and long_general > 0  # (the later forwards took the short path, or not at all)
+    assert short == long
+    assert all(bool(tape) == any(needs) for tape in short)  # nodes exactly when a leaf wants a gradient
