@@ -14,7 +14,7 @@ first thing that happens to it is its all-reduce, the communicator gets the per-
 product is in cache (the op's ``product_sum``); the products themselves are never written.
 The result is the same bytes as summing the written products in rank order, which the op's
 ``product_sum`` checks before it relies on it. Anything else that reads the tensor's
-``_shards`` computes them exactly as the op would have (``Tensor.__getattr__``).
+``_shards`` computes them exactly as the op would have (``tensor._ShardsOnFirstUse``).
 
 The operands are captured when the op runs: arrays are read-only values, and an optimizer
 updates a parameter's array in place only when nothing else references it (a deferred
