@@ -442,9 +442,12 @@ def _compile(rec: Recorder, root: Tensor, backend: Any) -> Program:
                 lines.append("    del t")
             lines.append("    if OP_HOOKS:")
             lines.append(f"        push({const(op)}, {const(attrs)})")
-        elif kind == CREATE:
+        elif kind == CREATE:  # (the seed of ones: made once, read-only, as every pass's seed is)
             _, make, shape, dtype = ins
-            lines.append(f"    s{outs[0]} = {const(make)}({const(shape)}, dtype={const(dtype)})")
+            seed = make(shape, dtype=dtype)
+            if isinstance(seed, np.ndarray):
+                seed.setflags(write=False)
+            lines.append(f"    s{outs[0]} = {const(seed)}")
         elif kind == RESHARD:
             _, plan, dtype, bk, slot, context = ins
             lines.append(

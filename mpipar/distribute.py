@@ -262,6 +262,24 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
 
 def _reshard_now(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     """Move the data (or, shape-only, plan the move)."""
+    spec = tensor._spec
+    if (
+        spec is not None
+        and not tensor._abstract
+        and not backend.shape_only
+        and not backend.reference
+        and not _capture_hooks.capture_tracers
+    ):
+        # The usual case, first: a distributed value with data (``execution_mode``
+        # DISTRIBUTED), nothing tracing a captured step. What the last branch below does.
+        plan = plan_reshard(spec, dst)
+        dtype = tensor._dtype
+        shards = execute_plan(plan, tensor._plan_input(plan, backend), dtype, backend)  # (frozen)
+        out = Tensor._from_frozen_shards(dst, shards, dtype)
+        if plan.steps and hooks.reshard_hooks:
+            for hook in hooks.reshard_hooks:
+                hook.on_reshard(tensor, out, plan, current_context())
+        return out
     mode = execution_mode([tensor], backend)
     if mode is Mode.ABSTRACT:
         out = Tensor.abstract(tensor.shape, tensor.dtype, dst)

@@ -204,6 +204,21 @@ class Tensor:
             t.stop_gradient = like.stop_gradient
         return t
 
+    @classmethod
+    def _from_frozen_shards(cls, spec: DistSpec, shards: dict[int, Array], dtype: np.dtype) -> Tensor:
+        """``_from_shards`` of shards already frozen (a reshard plan's result), taken as they
+        are, and a NumPy ``dtype``: no second pass over them."""
+        t = cls.__new__(cls)
+        t.__dict__ = {
+            "_spec": interned(spec),
+            "_shards": shards,
+            "_sid": next(_storage_ids),
+            "_dtype": dtype,
+            "_shape": Shape(spec.shape),
+            "stop_gradient": True,
+        }
+        return t
+
     @property
     def _value(self) -> Array | None:
         """The whole value of a dense tensor (materialising a lazy one), else None."""
