@@ -323,7 +323,7 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                 # ``_decision_key`` for two distributed inputs, nothing resharded yet: ``_reuse_info``
                 # is None for two values, and for one value twice (``x * x``) the same constant.
                 reuse = None if a._sid != b._sid or not reuse_enabled() else _ONE_VALUE_TWICE
-                key = (name, (sa, sb), (a._dtype, b._dtype), attrs_key, reuse, None)
+                key = (name, id(sa), id(sb), a._dtype, b._dtype, attrs_key, reuse)
         elif n == 1:
             a = inputs[0]
             if (
@@ -333,10 +333,23 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                 and not a._abstract
                 and a._compute_spec is None
             ):
-                key = (name, (sa,), (a._dtype,), attrs_key, None, None)
+                key = (name, id(sa), a._dtype, attrs_key)
         if key is not None:
+            # ``key`` names the specs by identity: hashing it calls no spec's ``__hash__``
+            # (Python code; the two specs of a binary op cost more than the rest of the key).
+            # Its entry holds the specs themselves, so no other spec can take their ids while
+            # it lasts; in ``_DECISIONS``, so that it goes whenever the decisions go.
             try:
-                decision = _DECISIONS.get(key)
+                known: Any = _DECISIONS.get(key)  # type: ignore[call-overload]
+                if known is not None and known[0] is sa and (b is None or known[1] is sb):
+                    decision = known[-1]
+                else:  # (an identity key not seen yet: the key the general path caches under)
+                    if b is None:
+                        decision = _DECISIONS.get((name, (sa,), (a._dtype,), attrs_key, None, None))
+                    else:
+                        decision = _DECISIONS.get((name, (sa, sb), (a._dtype, b._dtype), attrs_key, reuse, None))
+                    if decision is not None:
+                        _DECISIONS[key] = (sa, decision) if b is None else (sa, sb, decision)  # type: ignore[index]
             except TypeError:  # an attribute that cannot be hashed: the general path decides
                 decision = None
             if decision is not None and (one := decision.one_rank) is not None:
