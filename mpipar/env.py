@@ -86,6 +86,12 @@ VARIABLES: tuple[Variable, ...] = (
         "replay a backward pass seen twice alike as its list of kernels (bit-identical); off: every pass through the gradient functions",
     ),
     Variable(
+        "MPIPAR_BIND_CORES",
+        "flag",
+        "1",
+        "on a host running more ranks than it has cores, each rank is kept on one core (local rank modulo the cores), unless the launcher bound it",
+    ),
+    Variable(
         "MPIPAR_GC",
         "choice: freeze, off",
         "freeze",

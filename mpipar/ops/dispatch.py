@@ -1114,8 +1114,7 @@ def _record_short(
         parents = [ua if parent_a else None, ub if parent_b else None]
     ctx = _tape.GradContext(name, attrs, inputs, [out.detach() if save_out else None], shapes, dtypes, needs, specs)
     out.stop_gradient = out_stop
-    out._grad_fn = _tape.Node(name, grad, ctx, parents, 1, "", sig)
-    out._out_index = 0
+    out._set_history(_tape.Node(name, grad, ctx, parents, 1, "", sig), 0)
 
 
 def _tape_of(op: OpDef, out: Tensor) -> tuple[Any, ...]:

@@ -13,8 +13,8 @@
 * ``mpipar.runtime.heartbeat``: the rank side of the launcher's heartbeat (``mark_step``).
 
 * ``mpipar.runtime.waits``: how ranks wait inside MPI on a host with fewer cores than ranks
-  (``MPIR_CVAR_ENABLE_HEAVY_YIELD``), set here, at package import, so that it is in place
-  before MPI starts (``import mpipar`` loads this package: the optimizers import
+  (``MPIR_CVAR_ENABLE_HEAVY_YIELD``) and the one core each rank runs on there, set here, at
+  package import, so that it is in place before MPI starts (``import mpipar`` loads this package: the optimizers import
   ``mpipar.runtime.collector``).
 * ``mpipar.runtime.collector``: the garbage collector's one-time freeze after the warm-up
   steps (``MPIPAR_GC``).
@@ -25,6 +25,9 @@ Nothing here imports mpi4py or cupy at package import: the backends are loaded b
     mpiexec -n 8 python examples/basics/reshard.py
 """
 
-from mpipar.runtime.waits import prefer_sleeping_waits
+from mpipar.runtime.waits import bind_to_one_core, prefer_sleeping_waits
 
+# Where a host runs more ranks than it has cores: each rank stays on one core, and MPICH's
+# waits sleep instead of spin (both before MPI starts).
+bind_to_one_core()
 prefer_sleeping_waits()
