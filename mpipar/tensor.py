@@ -147,6 +147,9 @@ class Tensor:
     """Layout of this leaf's gradient when it should differ from its own (ZeRO-2)."""
     _grad_fn: Any = None
     _out_index: int = 0
+    backward: Callable[..., None]
+    """``backward(grad_tensor=None, retain_graph=False)``, set on the class by ``mpipar.autograd``
+    (which is above this module)."""
     _grad_hooks: Sequence[Callable[[Tensor], Tensor | None]] = ()
     """This leaf's gradient hooks (``register_hook`` makes the instance's own list)."""
 

@@ -349,7 +349,7 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                     else:
                         decision = _DECISIONS.get((name, (sa, sb), (a._dtype, b._dtype), attrs_key, reuse, None))
                     if decision is not None:
-                        _DECISIONS[key] = (sa, decision) if b is None else (sa, sb, decision)  # type: ignore[index]
+                        _DECISIONS[key] = (sa, decision) if b is None else (sa, sb, decision)  # type: ignore[assignment]
             except TypeError:  # an attribute that cannot be hashed: the general path decides
                 decision = None
             if decision is not None and (one := decision.one_rank) is not None:
