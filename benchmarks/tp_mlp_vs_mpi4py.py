@@ -21,8 +21,9 @@ Reported per variant over every timed step of every round: p10, p50 and p90 of t
 (aims: p50 at most 1.2x, spread at most 1.2x); ``--per-rank`` adds each rank's own
 distribution, ``--cpu`` each rank's CPU time per step (median), ``--print-json`` prints it all
 as JSON instead, and ``--json PATH`` writes what is printed to a results record
-(``benchmarks/results.py``). The load average is printed before and after,
-with the collector runs per rank during timing. ``--gc disabled`` turns Python's garbage
+(``benchmarks/results.py``). The load average is printed before and after, with the cores
+rank 0 runs on (one where mpipar bound it: ``MPIPAR_BIND_CORES``) and the collector runs per
+rank during timing. ``--gc disabled`` turns Python's garbage
 collector off on every rank while timing; ``MPIPAR_REDUCE=native`` times MPI's own sums;
 ``MPIPAR_GC=off`` times without mpipar's collector policy (``docs/performance.md``).
 """
@@ -308,6 +309,7 @@ def main() -> None:
         "reduce": reduce_mode_from_env(),
         "gc": args.gc,
         "heavy_yield": os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD", "unset"),
+        "rank0_cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "mpipar_gc": os.environ.get("MPIPAR_GC", ""),
         "steps_per_variant": args.rounds * args.iters,
         "load_average_before": load_before,
@@ -327,7 +329,8 @@ def main() -> None:
         print(json.dumps(report, indent=1), flush=True)
         return
     print(
-        f"{world.Get_size()} ranks, sums {report['reduce']}, MPICH heavy yield {report['heavy_yield']}, collector {args.gc}"
+        f"{world.Get_size()} ranks, sums {report['reduce']}, MPICH heavy yield {report['heavy_yield']}, "
+        f"rank 0 on cores {report['rank0_cores']} (MPIPAR_BIND_CORES={os.environ.get('MPIPAR_BIND_CORES', 'unset')}), collector {args.gc}"
         f" (MPIPAR_GC={report['mpipar_gc'] or 'unset'}), {report['steps_per_variant']} steps per variant, load average "
         f"{' '.join(f'{x:.2f}' for x in load_before)} before, {' '.join(f'{x:.2f}' for x in report['load_average_after'])} after",  # type: ignore[union-attr]
         flush=True,
