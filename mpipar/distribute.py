@@ -397,11 +397,30 @@ def reshard_node(source: Tensor) -> _tape.Node:
     """The node of a reshard: its backward passes the gradient through (back to the source's
     mesh when the reshard crossed meshes)."""
     spec = source._spec
-    attrs = {"source_spec": spec}
-    ctx = _tape.GradContext("reshard", attrs, [None], [None], [tuple(source.shape)], [source.dtype], [True])
-    # (the backward replay's key: the gradient passes through, or goes back to ``spec``'s mesh)
-    sig = None if spec is None else (_reshard_grad, spec, source._dtype)
+    if spec is None:
+        ctx = _tape.GradContext(
+            "reshard", {"source_spec": None}, [None], [None], [tuple(source.shape)], [source.dtype], [True]
+        )
+        return _tape.Node("reshard", _reshard_grad, ctx, [source], 1, "", None)
+    key = (id(spec), source._dtype)
+    parts = _RESHARD_NODE_PARTS.get(key)
+    if parts is None or parts[0] is not spec:
+        # (the backward replay's key: the gradient passes through, or goes back to ``spec``'s mesh)
+        sig = (_reshard_grad, spec, source._dtype)
+        parts = (spec, {"source_spec": spec}, [tuple(spec.shape)], [source._dtype], [True], sig)
+        if len(_RESHARD_NODE_PARTS) >= 4096:
+            _RESHARD_NODE_PARTS.clear()
+        _RESHARD_NODE_PARTS[key] = parts
+    _, attrs, shapes, dtypes, needs, sig = parts
+    ctx = _tape.GradContext("reshard", attrs, [None], [None], shapes, dtypes, needs)
     return _tape.Node("reshard", _reshard_grad, ctx, [source], 1, "", sig)
+
+
+_RESHARD_NODE_PARTS: dict[tuple[int, Any], tuple[Any, ...]] = {}
+"""Per source layout (by identity; the entry holds it) and dtype, what every reshard node of
+such a source holds alike: its attributes, shape, dtype and need lists and its replay key. The
+engine reassigns such a list, never changes one, and no gradient function writes its
+attributes."""
 
 
 def _regather(payload: tuple[Tensor, DistSpec]) -> Tensor:

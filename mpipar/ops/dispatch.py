@@ -543,8 +543,10 @@ class Decision:
     ranks: tuple[tuple[int, tuple[tuple[int, ...], ...], KernelContext], ...]
     """Per hosted rank: its id, its outputs' local shapes and its kernel context (one object for
     ranks with the same boxes, so that replicas holding the same arrays compute once)."""
-    move_labels: list[str] | None = None
-    """Per input, the communication context of its reshard (made on the first call that moves one)."""
+    move_contexts: list[tuple[comm_context, Any]] | None = None
+    """Per input, what its reshard runs inside: its communication context and the op's
+    ``hooks.op_inputs`` (made on the first call that moves one; both hold no state of a use,
+    so one pair serves every call)."""
     tapes: dict[Any, Any] | None = None
     """``apply``'s short path: per pattern of the inputs' ``stop_gradient``, what the tape node of
     a call with this decision holds that does not depend on the call's values (``_record_short``)."""
@@ -811,15 +813,19 @@ def _moved_inputs(op: OpDef, decision: Decision, flat: list[Tensor], backend: An
     """The inputs as the op's kernel takes them: each one the decision moves resharded to the
     layout it needs (a value resharded before is reused: ``distribute._reshard``)."""
     need = decision.need
-    labels = decision.move_labels
-    if labels is None:
-        labels = decision.move_labels = [f"{op.name} input {i}: {decision.rule_label}" for i in range(len(need))]
+    contexts = decision.move_contexts
+    if contexts is None:
+        contexts = decision.move_contexts = [
+            (comm_context(f"{op.name} input {i}: {decision.rule_label}"), hooks.op_inputs(op.name))
+            for i in range(len(need))
+        ]
     used = []
     for i, (t, move) in enumerate(zip(flat, decision.reshard, strict=True)):
         if not move:
             used.append(t)
             continue
-        with comm_context(labels[i]), hooks.op_inputs(op.name):
+        label, inputs_of = contexts[i]
+        with label, inputs_of:
             used.append(_reshard_input(t, need[i], backend))
     return used
 

@@ -50,7 +50,7 @@ def execute_plan(plan: ReshardPlan, shards: Mapping[int, Array], dtype: Any, bac
     runs = _plain_runs(plan)
     if runs is not None:  # no step reorders a zigzag dim: the loop below, without its checks
         for step, run, context in runs:
-            with comm_context(context):
+            with context:
                 current = run(step, current, dtype, backend)
         for a in current.values():
             if type(a) is np.ndarray:
@@ -71,15 +71,17 @@ def execute_plan(plan: ReshardPlan, shards: Mapping[int, Array], dtype: Any, bac
     return current
 
 
-def _plain_runs(plan: ReshardPlan) -> tuple[tuple[ReshardStep, Any, str], ...] | None:
-    """Each step of ``plan`` with its runner and communication context, when no step reorders
-    a zigzag dim; else None. Worked out on first use and kept on the plan (plans are made once
-    per pair of specs: ``planner._plan_cached``)."""
+def _plain_runs(plan: ReshardPlan) -> tuple[tuple[ReshardStep, Any, comm_context], ...] | None:
+    """Each step of ``plan`` with its runner and communication context (one object for every
+    use: it holds no state of one), when no step reorders a zigzag dim; else None. Worked out
+    on first use and kept on the plan (plans are made once per pair of specs:
+    ``planner._plan_cached``)."""
     runs = plan.__dict__.get("_plain_runs", _UNSET)
     if runs is not _UNSET:
         return runs  # type: ignore[no-any-return]
     runs = tuple(
-        (step, _RUNNERS[step.kind], context) for step, context in zip(plan.steps, plan.step_contexts, strict=True)
+        (step, _RUNNERS[step.kind], comm_context(context))
+        for step, context in zip(plan.steps, plan.step_contexts, strict=True)
     )
     if any(step.src.zigzag != step.dst.zigzag for step in plan.steps):
         runs = None
