@@ -259,7 +259,7 @@ def _embedding_grad_kernel(
     xp = c.xp  # the shards' module: CuPy's scatter-add needs a device output and device indices
     out = xp.zeros((v1 - v0, h1 - h0), dtype=dout.dtype)
     flat_ids = ids.reshape(-1) - v0
-    flat_d = dout.reshape(-1, h1 - h0)
+    flat_d = dout.reshape(flat_ids.shape[0], h1 - h0)  # (not -1: a shard with no columns has none to infer from)
     keep = (flat_ids >= 0) & (flat_ids < v1 - v0)
     if padding_idx is not None:
         keep &= flat_ids + v0 != padding_idx

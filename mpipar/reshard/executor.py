@@ -49,8 +49,8 @@ def execute_plan(plan: ReshardPlan, shards: Mapping[int, Array], dtype: Any, bac
     dtype = np.dtype(dtype)
     runs = _plain_runs(plan)
     if runs is not None:  # no step reorders a zigzag dim: the loop below, without its checks
-        for step, run, context in runs:
-            with context:
+        for step, run, scope in runs:
+            with scope:
                 current = run(step, current, dtype, backend)
         for a in current.values():
             if type(a) is np.ndarray:
