@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import small_graph
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -307,20 +308,14 @@ def _same(t: dist.Tensor) -> dist.Tensor:
 
 
 def _tapes(needs: tuple[bool, bool, bool], general: bool, saved_hook: bool) -> tuple[list[list[tuple[Any, ...]]], int]:
-    """Three forward passes of a small model on a one-rank mesh with ``needs`` saying which of
-    its three leaves want a gradient; each pass's tape (``_node_fields``), then its backward.
+    """Three forward passes of ``small_graph.loss`` with ``needs`` saying which of its three
+    leaves want a gradient; each pass's tape (``_node_fields``), then its backward.
     With them, how many op calls of the later passes' forwards took the general path."""
-    rng = np.random.default_rng(3)
     listener = _Listening()
     tapes = []
     later_general = 0
     with dist.use_backend(SimBackend(1)), _counting_general() as calls:
-        mesh = ProcessMesh([0], dim_names=["mp"])
-        x = dist.shard_tensor(rng.standard_normal((3, 4)), mesh, [dist.Replicate()])
-        w = dist.shard_tensor(rng.standard_normal((4, 5)), mesh, [dist.Shard(1)])
-        b = dist.shard_tensor(rng.standard_normal(5), mesh, [dist.Shard(0)])
-        for t, need in zip((x, w, b), needs, strict=True):
-            t.stop_gradient = not need
+        x, w, b = small_graph.leaves(needs)
         if general:
             hooks.op_start_hooks.append(listener)
         try:
@@ -328,8 +323,7 @@ def _tapes(needs: tuple[bool, bool, bool], general: bool, saved_hook: bool) -> t
                 hooked = dist.autograd.saved_tensors_hooks(_same, _same) if saved_hook else contextlib.nullcontext()
                 calls.clear()
                 with hooked:
-                    h = dist.nn.functional.relu(dist.add(dist.matmul(x, w), b))
-                    loss = dist.add(dist.mean(dist.multiply(h, h)), dist.sum(dist.scale(h, 0.5)))
+                    loss = small_graph.loss(x, w, b)
                 later_general += len(calls) if step else 0
                 tapes.append(_node_fields(loss))
                 if not loss.stop_gradient:
