@@ -263,19 +263,16 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
 def _reshard_now(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     """Move the data (or, shape-only, plan the move)."""
     spec = tensor._spec
-    if (
-        spec is not None
-        and not tensor._abstract
-        and not backend.shape_only
-        and not backend.reference
-        and not _capture_hooks.capture_tracers
-    ):
-        # The usual case, first: a distributed value with data (``execution_mode``
-        # DISTRIBUTED), nothing tracing a captured step. What the last branch below does.
+    if spec is not None and not tensor._abstract and not backend.shape_only and not backend.reference:
+        # A distributed value with data (``execution_mode`` DISTRIBUTED), asked first: the
+        # usual case, and without building the list ``execution_mode`` takes.
         plan = plan_reshard(spec, dst)
-        dtype = tensor._dtype
-        shards = execute_plan(plan, tensor._plan_input(plan, backend), dtype, backend)  # (frozen)
-        out = Tensor._from_frozen_shards(dst, shards, dtype)
+        tr = _capture_hooks.capture_tracer() if _capture_hooks.capture_tracers else None
+        if tr is not None:  # a captured step being traced: the plan's execution is an instruction
+            out = Tensor._from_shards(dst, tr.reshard(plan, tensor, backend), tensor._dtype)
+        else:  # (the plan's shards come frozen)
+            shards = execute_plan(plan, tensor._plan_input(plan, backend), tensor._dtype, backend)
+            out = Tensor._from_frozen_shards(dst, shards, tensor._dtype)
         if plan.steps and hooks.reshard_hooks:
             for hook in hooks.reshard_hooks:
                 hook.on_reshard(tensor, out, plan, current_context())
@@ -291,23 +288,12 @@ def _reshard_now(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     elif mode is Mode.DENSE:
         assert tensor._value is not None
         out = Tensor._from_reference(dst, tensor._value)
-    elif not tensor.is_dist:
+    else:  # a dense value cut into shards
         tr = _capture_hooks.capture_tracer() if _capture_hooks.capture_tracers else None
         if tr is not None:  # a captured step being traced: the cut is an instruction
             out = Tensor._from_shards(dst, tr.from_global(dst, tensor), tensor.dtype)
         else:
             out = Tensor._from_shards(dst, _shards_from_global(dst, np.asarray(tensor._value)), tensor.dtype)
-    else:
-        plan = plan_reshard(tensor.spec, dst)
-        tr = _capture_hooks.capture_tracer() if _capture_hooks.capture_tracers else None
-        if tr is not None:  # a captured step being traced: the plan's execution is an instruction
-            shards = tr.reshard(plan, tensor, backend)
-        else:
-            shards = execute_plan(plan, tensor._plan_input(plan, backend), tensor.dtype, backend)
-        out = Tensor._from_shards(dst, shards, tensor.dtype)
-        if plan.steps:
-            for hook in hooks.reshard_hooks:
-                hook.on_reshard(tensor, out, plan, current_context())
     return out
 
 

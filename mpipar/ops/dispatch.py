@@ -354,25 +354,21 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                 decision = None
             if decision is not None and (one := decision.one_rank) is not None:
                 r, shape, ctx, dt, spec = one
-                flat = used = None
+                ua, ub = a, b  # the inputs as the kernel takes them
                 if decision.moves:  # an input to reshard first, as ``_run_dist`` does (reused where made)
-                    flat = [a] if b is None else [a, b]
-                    used = _moved_inputs(op, decision, flat, backend)
-                    a, b = used[0], (None if b is None else used[1])
-                if b is None:
-                    arr = op.kernel(ctx, a._shards[r], **attrs)
+                    used = _moved_inputs(op, decision, [a] if b is None else [a, b], backend)
+                    ua, ub = used[0], (None if b is None else used[1])
+                if ub is None:
+                    arr = op.kernel(ctx, ua._shards[r], **attrs)
                 else:
-                    arr = op.kernel(ctx, a._shards[r], b._shards[r], **attrs)
+                    arr = op.kernel(ctx, ua._shards[r], ub._shards[r], **attrs)
                 if type(arr) is np.ndarray and arr.dtype is dt and arr.shape == shape:  # ``output_array``'s usual case
                     arr.setflags(write=False)
                 else:
                     arr = output_array(op, decision, r, 0, arr, dt, shape)
                 out = Tensor._op_output(spec, dt, {r: arr})
                 if op.grad is not None and _tape._grad_enabled:  # (no lists to build under no_grad)
-                    if flat is None:
-                        _record_short(op, decision, attrs, a, b, a, b, out)
-                    else:
-                        _record_short(op, decision, attrs, flat[0], b if b is None else flat[1], a, b, out)  # type: ignore[arg-type]
+                    _record_short(op, decision, attrs, a, b, ua, ub, out)
                 return out
     return _apply(name, inputs, attrs)
 

@@ -195,39 +195,8 @@ class Optimizer:
             if self._grad_clip is not None:
                 params_grads = self._grad_clip(params_grads)
             lr = self.get_lr()
-            backend = current_backend()
-            # What ``_step_param`` asks of the optimizer and the backend before its one-shard
-            # path (``_step_one_shard``), asked once per step rather than once per parameter;
-            # only where no subclass or instance replaced the methods that path skips.
-            quick = (
-                self._update_layout is None
-                and self.offload is None
-                and not self._multi_precision
-                and not _capture_hooks.capture_tracers
-                and not backend.shape_only
-                and not backend.reference
-                and "_step_param" not in self.__dict__
-                and type(self)._step_param is Optimizer._step_param
-                and type(self)._update_shard is Optimizer._update_shard
-            )
-            states = self._states
             for p, g in params_grads:
-                if (
-                    quick
-                    and (spec := p._spec) is not None
-                    and g._spec is spec
-                    and not p.grad_placements
-                    and spec._without_partial is spec
-                    and not p._abstract
-                    and not g._abstract
-                    and p._init is None
-                    and (state := states.get(id(p))) is not None
-                    and len(p.__dict__.get("_shards", ())) == 1
-                ):
-                    self._begin_param(p)
-                    self._step_one_shard(p, g, _param_lr(p, lr), spec, state)
-                else:
-                    self._step_param(p, g, _param_lr(p, lr))
+                self._step_param(p, g, _param_lr(p, lr))
         collector.step_done()  # a step boundary: the collector's one-time freeze after the warm-up
 
     def layout_of(self, p: Tensor) -> DistSpec | None:
@@ -238,11 +207,7 @@ class Optimizer:
                 return spec
         return p.grad_spec() if p.is_dist else None
 
-    def _begin_param(self, p: Tensor) -> None:
-        """Called before each parameter's update (AdamW decides there whether ``p`` decays)."""
-
     def _step_param(self, p: Tensor, g: Tensor, lr: float) -> None:
-        self._begin_param(p)
         spec = p._spec
         if (
             spec is not None
@@ -272,13 +237,9 @@ class Optimizer:
         if self.updates_in_place:
             _unfreeze_if_alone(p)  # (before any local here refers to p's shard dict or array)
         (r,) = p._shards
-        names = self.state_names
-        if names:
-            new_value, new_states = self._update_shard(p, g, r, p._dtype, state, lr)
-            for n in names:
-                state[n] = Tensor._from_shards(layout, {r: new_states[n]}, state[n].dtype)
-        else:  # (SGD: ``_update_shard`` with no state to read or keep, inline)
-            new_value = self._update(p._shards[r], g._shards[r].astype(p._dtype, copy=False), {}, lr, state)[0]
+        new_value, new_states = self._update_shard(p, g, r, p._dtype, state, lr)
+        for n in self.state_names:
+            state[n] = Tensor._from_shards(layout, {r: new_states[n]}, state[n].dtype)
         state["step"] = state.get("step", 0) + 1
         p._set_own_shard(r, new_value)  # ``layout`` is p's own spec (``_step_param`` checked it)
 

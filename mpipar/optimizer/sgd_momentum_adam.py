@@ -129,11 +129,12 @@ class AdamW(Adam):
         self.coeff = float(weight_decay.coeff if isinstance(weight_decay, L2Decay) else weight_decay)
         self.apply_decay_param_fun = apply_decay_param_fun
         self._decay_this = True
-        """Whether the parameter being updated decays: ``_begin_param`` sets it per parameter
+        """Whether the parameter being updated decays: ``_step_param`` sets it per parameter
         (``apply_decay_param_fun``), ``_decoupled`` reads it inside the same update."""
 
-    def _begin_param(self, p: Tensor) -> None:
+    def _step_param(self, p: Tensor, g: Tensor, lr: float) -> None:
         self._decay_this = self.apply_decay_param_fun is None or self.apply_decay_param_fun(p.name or "")
+        super()._step_param(p, g, lr)
 
     def _decoupled(self, p: Array, lr: float, meta: dict[str, Any]) -> Array:
         if not self.coeff or not self._decay_this:

@@ -47,49 +47,30 @@ def execute_plan(plan: ReshardPlan, shards: Mapping[int, Array], dtype: Any, bac
     """Apply ``plan`` to the hosted ``shards`` (keyed by rank) and return the new ones."""
     current: Shards = dict(shards)
     dtype = np.dtype(dtype)
-    runs = _plain_runs(plan)
-    if runs is not None:  # no step reorders a zigzag dim: the loop below, without its checks
-        for step, run, scope in runs:
-            with scope:
-                current = run(step, current, dtype, backend)
-        for a in current.values():
-            if type(a) is np.ndarray:
-                a.setflags(write=False)
-            else:
-                freeze(a)
-        return current
-    for step, context in zip(plan.steps, plan.step_contexts, strict=True):
-        with comm_context(context):
-            reorder = step.src.zigzag != step.dst.zigzag
+    for step, run, scope, reorder in _runs(plan):
+        with scope:
             if reorder:
                 current = _reorder_whole_dims(step, current, backend, before=True)
-            current = _RUNNERS[step.kind](step, current, dtype, backend)
+            current = run(step, current, dtype, backend)
             if reorder:
                 current = _reorder_whole_dims(step, current, backend, before=False)
-        for r in current:
-            freeze(current[r])
+        for a in current.values():
+            freeze(a)
     return current
 
 
-def _plain_runs(plan: ReshardPlan) -> tuple[tuple[ReshardStep, Any, comm_context], ...] | None:
-    """Each step of ``plan`` with its runner and communication context (one object for every
-    use: it holds no state of one), when no step reorders a zigzag dim; else None. Worked out
-    on first use and kept on the plan (plans are made once per pair of specs:
-    ``planner._plan_cached``)."""
-    runs = plan.__dict__.get("_plain_runs", _UNSET)
-    if runs is not _UNSET:
-        return runs  # type: ignore[no-any-return]
-    runs = tuple(
-        (step, _RUNNERS[step.kind], comm_context(context))
-        for step, context in zip(plan.steps, plan.step_contexts, strict=True)
-    )
-    if any(step.src.zigzag != step.dst.zigzag for step in plan.steps):
-        runs = None
-    object.__setattr__(plan, "_plain_runs", runs)  # (a frozen dataclass: a cache, not a field)
-    return runs
-
-
-_UNSET = object()
+def _runs(plan: ReshardPlan) -> tuple[tuple[ReshardStep, Any, comm_context, bool], ...]:
+    """Each step of ``plan`` with its runner, its communication context (one object for every
+    use: it holds no state of one) and whether it reorders a zigzag dim. Worked out on first use
+    and kept on the plan (plans are made once per pair of specs: ``planner._plan_cached``)."""
+    runs = plan.__dict__.get("_runs")
+    if runs is None:
+        runs = tuple(
+            (step, _RUNNERS[step.kind], comm_context(context), step.src.zigzag != step.dst.zigzag)
+            for step, context in zip(plan.steps, plan.step_contexts, strict=True)
+        )
+        object.__setattr__(plan, "_runs", runs)  # (a frozen dataclass: a cache, not a field)
+    return runs  # type: ignore[no-any-return]
 
 
 def _reordered(current: Shards, dim: int, index: np.ndarray, backend: Backend) -> Shards:
