@@ -248,7 +248,9 @@ class Optimizer:
     ) -> tuple[Array, dict[str, Array]]:
         """``_update`` of rank ``r``'s shard: of ``src`` (the parameter or its master copy), of
         ``g`` cast to ``dtype`` (the one the update computes in) and of each state."""
-        grad = g._shards[r].astype(dtype, copy=False)
+        grad = g._shards[r]
+        if grad.dtype != dtype:  # (``astype(copy=False)`` costs a call even when nothing changes)
+            grad = grad.astype(dtype)
         names = self.state_names
         return self._update(src._shards[r], grad, {n: state[n]._shards[r] for n in names} if names else {}, lr, state)
 

@@ -384,6 +384,7 @@ class _BoundAllReduce:
         "label",
         "mpi_comm",
         "op",
+        "parts",
         "recv",
         "rows",
         "send",
@@ -408,6 +409,7 @@ class _BoundAllReduce:
         self.words = signature_words("all_reduce", dtype, op, {"shape": shape}, group, 0) if extra else None
         self.group_word = int(self.words[3]) & ~0xFFFFFFFF if self.words is not None else 0
         self.label = f"all_reduce({op})"
+        self.parts = {"shape": shape}  # (a mismatch report's facts: made once, read only)
         self.mpi_comm = comm._rt.comm_for(group)
 
     def __call__(self, a: Array) -> Array:
@@ -429,9 +431,7 @@ class _BoundAllReduce:
                 c._reap()
             self.mpi_comm.Allgather([flat, self.kind], self.recv)
         if words is not None:
-            c._check_rows(
-                group, self.rows, self.size, words, ("all_reduce", self.dtype, self.op, {"shape": self.shape}, seq)
-            )
+            c._check_rows(group, self.rows, self.size, words, ("all_reduce", self.dtype, self.op, self.parts, seq))
         return reduce_rows(self.data, self.op, np).reshape(self.shape)
 
 

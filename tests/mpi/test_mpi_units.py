@@ -198,6 +198,10 @@ def test_reduce_rows_is_reduce_arrays_bit_for_bit(n: int, size: int, op: str, dt
     got = reduce_rows(rows, op)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert got.tobytes() == want.tobytes()
+    # The data columns of rows that carry a trailer (the agreement check's gathered buffers).
+    with_trailer = np.zeros((n, size + 4), dtype=rows.dtype)
+    with_trailer[:, :size] = rows
+    assert reduce_rows(with_trailer[:, :size], op).tobytes() == want.tobytes()
     # Both share fold_into; the definition itself, written out, is the independent oracle.
     combine = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}[op]
     chain = rows[0].copy()
