@@ -246,7 +246,7 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     out: Tensor | None = _reused(tensor, dst) if cacheable else None
     if out is not None:
         out.stop_gradient = tensor.stop_gradient
-        if not tensor.stop_gradient and _tape.is_grad_enabled():
+        if not tensor.stop_gradient and _tape._grad_enabled:
             out._set_history(reshard_node(tensor))
         return out
     out = _reshard_now(tensor, dst, backend)
@@ -255,7 +255,7 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
         assert tensor._reshards is not None
         tensor._reshards[dst] = (tensor._sid, out.detach())
     out.stop_gradient = tensor.stop_gradient
-    if not tensor.stop_gradient and _tape.is_grad_enabled():
+    if not tensor.stop_gradient and _tape._grad_enabled:
         out._set_history(reshard_node(tensor))
     return out
 

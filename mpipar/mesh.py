@@ -96,6 +96,12 @@ class ProcessMesh:
         return tuple(self.process_ids)
 
     @cached_property
+    def _id_set(self) -> frozenset[int]:
+        """The mesh's process ids as a set (made once: ``full_tensor`` asks on every call
+        whether the mesh holds every rank)."""
+        return frozenset(self._id_tuple)
+
+    @cached_property
     def _coords(self) -> dict[int, tuple[int, ...]]:
         return {int(pid): tuple(int(c) for c in idx) for idx, pid in np.ndenumerate(self._ids)}
 

@@ -594,7 +594,7 @@ class Tensor:
             shards = execute_plan(plan, self._plan_input(plan, backend), self._dtype, backend)
         value = next(iter(shards.values())) if shards else None
         world = backend.world_group()
-        if not set(world) <= set(spec.mesh.process_ids):
+        if not spec.mesh._id_set.issuperset(world):
             root = spec.mesh.process_ids[0]
             hosted = {r: (value if r in shards else None) for r in world if backend.hosts(r)}
             got = backend.comm.broadcast(world, hosted, root, spec.shape, self._dtype)

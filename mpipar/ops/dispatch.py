@@ -1054,7 +1054,7 @@ def _record(
     Every op call of an eager training step comes through here, so the usual shapes of call (one
     or two inputs, every input differentiable, one output) are spelled out without loops."""
     n = len(flat)
-    if op.grad is None or not _tape.is_grad_enabled():
+    if op.grad is None or not _tape._grad_enabled:
         needs = None
     elif n == 2 and op.differentiable is None:
         a, b = flat

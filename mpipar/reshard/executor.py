@@ -117,8 +117,9 @@ def _run_partial(step: ReshardStep, current: Shards, dtype: np.dtype, backend: B
     for r, a in current.items():
         coord = mesh.coordinate(r)
         if isinstance(before, Replicate):
-            # sum: one rank of the axis keeps the value so the sum is exact; others hold zero.
-            out[r] = xp.zeros_like(a) if op == "sum" and coord[axis] != 0 else a
+            # sum: one rank of the axis keeps the value so the sum is exact; others hold zero
+            # (``zeros``, not ``zeros_like``: the same zeros without NumPy's Python wrapper).
+            out[r] = xp.zeros(a.shape, dtype=a.dtype) if op == "sum" and coord[axis] != 0 else a
         else:
             assert isinstance(before, Shard)
             dst_box, src_box = step.dst.boxes[r], step.src.boxes[r]
