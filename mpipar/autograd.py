@@ -323,7 +323,7 @@ def _grad_to_layout(leaf: Tensor, g: Tensor) -> Tensor:
 def _finish_leaf(leaf: Tensor, g: Tensor) -> None:
     """Cast ``g`` (already in the leaf's gradient layout), run the leaf's hooks, accumulate."""
     # Cast after the reshard: a Partial gradient is reduced in its own precision first.
-    if g.dtype != leaf.dtype:
+    if g._dtype != leaf._dtype:  # (the fields, not the ``dtype`` properties: every leaf of every pass)
         g = M.cast(g, leaf.dtype)
     for hook in leaf._grad_hooks:
         out = hook(g)
