@@ -405,8 +405,13 @@ class _BoundAllReduce:
         self.recv = [self.rows, self.kind]
         # With the agreement check, each step's buffer goes out with the call's signature as
         # its trailer (``agreement``): the first three words are fixed, the last numbers the call.
+        # ``words`` is that trailer itself (a view of the send buffer): each call writes its
+        # number there, and nothing else.
         self.send = np.empty(width, dtype=dtype) if extra else None
-        self.words = signature_words("all_reduce", dtype, op, {"shape": shape}, group, 0) if extra else None
+        self.words = None
+        if self.send is not None:
+            self.words = self.send[size:].view(np.uint64)
+            self.words[:] = signature_words("all_reduce", dtype, op, {"shape": shape}, group, 0)
         self.group_word = int(self.words[3]) & ~0xFFFFFFFF if self.words is not None else 0
         self.label = f"all_reduce({op})"
         self.parts = {"shape": shape}  # (a mismatch report's facts: made once, read only)
@@ -423,8 +428,7 @@ class _BoundAllReduce:
         send, words = self.send, self.words
         if send is not None and words is not None:
             send[: self.size] = flat
-            words[3] = self.group_word | (seq & 0xFFFFFFFF)
-            send[self.size :].view(np.uint64)[:] = words
+            words[3] = self.group_word | (seq & 0xFFFFFFFF)  # (in the send buffer's trailer)
             flat = send
         with c._watch(self.label, group, seq):
             if c._pending:
