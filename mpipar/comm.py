@@ -548,12 +548,6 @@ def reduce_rows(rows: Array, op: str, xp: Any = np, out: Array | None = None) ->
             block = slice(start, start + _BLOCK_ELEMS)
             fold_into(out[block], rows[:, block], op, n, xp)
         return out
-    if op == "sum" and n > 1:  # (every eager all-reduce): ``fold_into``'s chain, row by row, no iterator
-        add = xp.add
-        add(rows[0], rows[1], out=out)
-        for j in range(2, n):
-            add(out, rows[j], out=out)
-        return out
     fold_into(out, rows, op, n, xp)
     return out
 

@@ -260,33 +260,13 @@ def _reshard(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     return out
 
 
-def _plan_by_identity(src: DistSpec, dst: DistSpec) -> Any:
-    """``plan_reshard(src, dst)``, found by the two specs' identity: an eager step reshards the
-    same spec objects every step (interned, and a decision's), and the planner's cache hashes
-    both and may compare them field by field."""
-    key = (id(src), id(dst))
-    entry = _PLANS_BY_IDENTITY.get(key)
-    if entry is not None and entry[0] is src and entry[1] is dst:
-        return entry[2]
-    plan = plan_reshard(src, dst)
-    if len(_PLANS_BY_IDENTITY) >= 4096:
-        _PLANS_BY_IDENTITY.clear()
-    _PLANS_BY_IDENTITY[key] = (src, dst, plan)
-    return plan
-
-
-_PLANS_BY_IDENTITY: dict[tuple[int, int], tuple[DistSpec, DistSpec, Any]] = {}
-"""Per (source, destination) spec by identity (the entry holds both, so neither id is reused
-while it lasts), the plan ``plan_reshard`` gave for them."""
-
-
 def _reshard_now(tensor: Tensor, dst: DistSpec, backend: Any) -> Tensor:
     """Move the data (or, shape-only, plan the move)."""
     spec = tensor._spec
     if spec is not None and not tensor._abstract and not backend.shape_only and not backend.reference:
         # A distributed value with data (``execution_mode`` DISTRIBUTED), asked first: the
         # usual case, and without building the list ``execution_mode`` takes.
-        plan = _plan_by_identity(spec, dst)
+        plan = plan_reshard(spec, dst)
         tr = _capture_hooks.capture_tracer() if _capture_hooks.capture_tracers else None
         if tr is not None:  # a captured step being traced: the plan's execution is an instruction
             out = Tensor._from_shards(dst, tr.reshard(plan, tensor, backend), tensor._dtype)
