@@ -430,7 +430,7 @@ def _compile(rec: Recorder, root: Tensor, backend: Any) -> Program:
                 lines.append(f"    s{o} = {call}")
                 d, sh = const(dt), const(shape)
                 lines.append(f"    if s{o}.__class__ is ndarray and s{o}.dtype is {d} and s{o}.shape == {sh}:")
-                lines.append(f"        s{o}.setflags(write=False)")
+                lines.append(f"        s{o}.setflags(False)")
                 lines.append("    else:")
                 lines.append(f"        s{o} = output_array({const(op)}, None, {r}, 0, s{o}, {d}, {sh})")
             else:
@@ -446,7 +446,7 @@ def _compile(rec: Recorder, root: Tensor, backend: Any) -> Program:
             _, make, shape, dtype = ins
             seed = make(shape, dtype=dtype)
             if isinstance(seed, np.ndarray):
-                seed.setflags(write=False)
+                seed.setflags(False)  # type: ignore[call-arg]  # positional: ``executor.freeze``
             lines.append(f"    s{outs[0]} = {const(seed)}")
         elif kind == RESHARD:
             _, plan, dtype, bk, slot, context = ins
@@ -459,9 +459,12 @@ def _compile(rec: Recorder, root: Tensor, backend: Any) -> Program:
                 wrapped.add(same_as)
                 lines.append(f"    w{same_as} = op_output({const(spec)}, {const(dt)}, {{{r}: s{slot}}})")
             lines.append(f"    accumulate(n{k}.parents[{i}], w{same_as})")
-        else:  # RELEASE
+        else:  # RELEASE: ``Node.release`` written out (the saved tensors' counts are the recorded graph's)
+            node = order[ins[1]]
             lines.append("    if not retain_graph:")
-            lines.append(f"        n{ins[1]}.release()")
+            lines.append(f"        c = n{ins[1]}.ctx")
+            lines.append(f"        c.inputs = [{', '.join(['None'] * len(node.ctx.inputs))}]")
+            lines.append(f"        c.outputs = [{', '.join(['None'] * len(node.ctx.outputs))}]")
         for s_ in sorted(drop.get(pos, ())) + [o for o in outs if uses.get(o) == -1]:
             lines.append(f"    del s{s_}")
     lines.append("    return True")

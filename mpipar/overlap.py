@@ -165,6 +165,11 @@ def _parse_default_setting() -> GradReduceOverlap | None:
 
 _default_cache: dict[str, Any] = {}
 
+_DEFAULT_LATER = GradReduceOverlap(DEFAULT_ON_BUCKET_MIB)
+"""A session's setting until its first reduction reads the default one (``begin_backward``)."""
+_NO_BUCKETS = GradReduceOverlap(None)
+"""The setting read when the default buckets are off."""
+
 
 def begin_backward() -> _Session | None:
     """A session for the backward pass starting now (no pass running: a nested pass, as recompute
@@ -179,7 +184,10 @@ def begin_backward() -> _Session | None:
         # program replays; the default buckets stay out of it (an explicit setting refuses the capture).
         setting = None
     else:
-        setting = default_setting()
+        # The default buckets, their setting read when a gradient first needs a reduction
+        # (``_Session.offer``): a pass with none (tensor parallelism alone) never reads the
+        # environment, whose lookup of an unset variable raises and catches a ``KeyError``.
+        setting = _DEFAULT_LATER
     if setting is None or setting.off:
         return None
     session = _Session(setting)
@@ -221,6 +229,10 @@ class _Session:
         """Take ``g`` (a contribution to ``leaf``'s gradient) into a bucket, or take it in order
         behind the leaf's bucketed ones; False: the caller handles it as usual. ``to_layout``
         is the engine's reshard of a gradient to its leaf's layout (handed in by autograd)."""
+        if self.setting is _DEFAULT_LATER:  # the default buckets' first offer: their setting now
+            self.setting = default_setting() or _NO_BUCKETS
+        if self.setting.off:  # (``MPIPAR_GRAD_BUCKET_MIB=off``: each gradient is reduced on its own)
+            return False
         step = self._bucketable(leaf, g)
         if step is None:
             if id(leaf) not in self.waiting:

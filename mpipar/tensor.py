@@ -73,6 +73,10 @@ class DistTensor(metaclass=_DistTensorMeta):
 
 _storage_ids = itertools.count(1)
 
+_new_object = object.__new__
+"""What ``Tensor.__new__(cls)`` calls (Tensor defines no ``__new__``), called directly: the
+constructors every op output and saved view go through skip the ``__new__`` wrapper's checks."""
+
 
 def _exact_dims(shape: Sequence[int], what: str) -> tuple[int, ...]:
     """``shape`` as Python ints, refusing what ``int()`` would silently truncate or wrap."""
@@ -197,7 +201,7 @@ class Tensor:
     def _from_shards(
         cls, spec: DistSpec, shards: Mapping[int, Array], dtype: Any, like: Tensor | None = None
     ) -> Tensor:
-        t = cls.__new__(cls)
+        t = _new_object(cls)
         # What ``Tensor.__init__(t, None, dtype)`` sets and ``_hold_shards`` does not: a fresh
         # storage id, no history (every reshard and optimizer update makes one of these).
         t._sid = next(_storage_ids)
@@ -211,7 +215,7 @@ class Tensor:
     def _from_frozen_shards(cls, spec: DistSpec, shards: dict[int, Array], dtype: np.dtype) -> Tensor:
         """``_from_shards`` of shards already frozen (a reshard plan's result), taken as they
         are, and a NumPy ``dtype``: no second pass over them."""
-        t = cls.__new__(cls)
+        t = _new_object(cls)
         t.__dict__ = {
             "_spec": interned(spec),
             "_shards": shards,
@@ -297,7 +301,7 @@ class Tensor:
         """An op's output with this layout and (NumPy) dtype, ``shards`` (taken as they are, not
         copied; the caller owns nothing else that refers to them), a fresh storage id and no
         history. A computed value: it may be resharded once per layout (``_reshards``)."""
-        t = Tensor.__new__(Tensor)
+        t = _new_object(Tensor)
         t.__dict__ = {  # the fields as one dict: every op call makes one
             "_spec": spec,
             "_shards": {} if shards is None else shards,
@@ -396,29 +400,37 @@ class Tensor:
 
     def detach(self) -> Tensor:
         """The same value with no history (shares the read-only storage)."""
-        t = Tensor.__new__(Tensor)
-        if "_shards" not in self.__dict__:  # shards deferred (or a lazy value): the general path
+        t = _new_object(Tensor)
+        fields = self.__dict__
+        if "_shards" not in fields:  # shards deferred (or a lazy value): the general path
             Tensor.__init__(t, None, dtype=self._dtype)
             t._take_storage(self)
-        else:
-            # Every op saves its inputs detached (``tape.pack_saved``): the fields
-            # ``__init__`` and ``_take_storage`` would set, set once as one dict, without their calls.
-            t.__dict__ = {
-                "_spec": self._spec,
-                "_shards": self._shards,
-                "_sid": self._sid,
-                "_dtype": self._dtype,
-                "_shape": self._shape,
-                "stop_gradient": True,
-                "_abstract": self._abstract,
-                "_init": self._init,
-                "_dense": self._dense,
-                "_reshards": self._reshards,  # the same value: the same reshards already made
-                "name": self.name,
-            }
+            t._reshards = self._reshards
+            t.name = self.name
             return t
-        t._reshards = self._reshards
-        t.name = self.name
+        # Every op saves its inputs detached (``tape.pack_saved``): the fields ``__init__`` and
+        # ``_take_storage`` would set, as one dict read from this one's, without their calls.
+        # Fields this one leaves at the class's default stay so (an attribute a tensor lacks is
+        # looked up on the class, the slow way: the tape makes several views per op).
+        view = {
+            "_spec": fields["_spec"],
+            "_shards": fields["_shards"],
+            "_sid": fields["_sid"],
+            "_dtype": fields["_dtype"],
+            "_shape": fields["_shape"],
+            "stop_gradient": True,
+        }
+        if "_reshards" in fields:  # (the same value: the same reshards already made)
+            view["_reshards"] = fields["_reshards"]
+        if "_dense" in fields:
+            view["_dense"] = fields["_dense"]
+        if "name" in fields:
+            view["name"] = fields["name"]
+        if "_abstract" in fields:
+            view["_abstract"] = fields["_abstract"]
+        if "_init" in fields:
+            view["_init"] = fields["_init"]
+        t.__dict__ = view
         return t
 
     def _take_storage(self, other: Tensor) -> None:

@@ -363,7 +363,7 @@ def apply(name: str, inputs: Sequence[Any], attrs: dict[str, Any] | None = None)
                 else:
                     arr = op.kernel(ctx, ua._shards[r], ub._shards[r], **attrs)
                 if type(arr) is np.ndarray and arr.dtype is dt and arr.shape == shape:  # ``output_array``'s usual case
-                    arr.setflags(write=False)
+                    arr.setflags(False)  # type: ignore[call-arg]  # positional: ``executor.freeze``
                 else:
                     arr = output_array(op, decision, r, 0, arr, dt, shape)
                 out = Tensor._op_output(spec, dt, {r: arr})
@@ -892,7 +892,7 @@ def output_array(
             f"{op.rule_name} says {list(shape)}{layout}"
         )
     if type(arr) is np.ndarray:  # ``freeze`` for the usual NumPy output, without its call
-        arr.setflags(write=False)
+        arr.setflags(False)  # type: ignore[call-arg]  # positional: ``executor.freeze``
         return arr
     return freeze(arr)
 

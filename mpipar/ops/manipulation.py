@@ -116,7 +116,8 @@ def _expand_kernel(ctx: KernelContext, x: Array, shape: Sequence[int] = (), **_:
         # ``np.broadcast_to`` makes (every stride 0 over x's one element), made by the array
         # constructor alone, without broadcast_to's Python layers.
         view = np.ndarray(out_shape, x.dtype, x, 0, (0,) * len(out_shape))
-        view.flags.writeable = False  # (a view of a writeable x would be writeable)
+        # (a view of a writeable x would be writeable; positional: ``executor.freeze``)
+        view.setflags(False)  # type: ignore[call-arg]
         return view
     return ctx.xp.broadcast_to(x, out_shape)
 

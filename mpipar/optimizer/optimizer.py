@@ -188,16 +188,65 @@ class Optimizer:
         self.step()
 
     def step(self) -> None:
-        with autograd.no_grad(), hooks.phase("optimizer"):
-            if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
-                tr.note_optimizer(self)  # a captured step: its parameters' grads and states are results
-            params_grads = [(p, p.grad) for p in self._parameter_list if p.grad is not None and not p.stop_gradient]
-            if self._grad_clip is not None:
-                params_grads = self._grad_clip(params_grads)
-            lr = self.get_lr()
-            for p, g in params_grads:
-                self._step_param(p, g, _param_lr(p, lr))
+        backend = current_backend()
+        if (  # the usual eager step: ``_step_each``
+            self._grad_clip is None  # (a clip reads every gradient first)
+            and type(self)._step_param is _BASE_STEP_PARAM  # (AdamW decides per parameter first)
+            and self._update_layout is None
+            and self.offload is None
+            and not self._multi_precision
+            and not _capture_hooks.capture_tracers
+            and not hooks.op_hooks
+            and not hooks.op_start_hooks
+            and not hooks.reshard_hooks
+            and not hooks.program_hooks
+            and not hooks.stage_runs
+            and not backend.shape_only
+            and not backend.reference
+        ):
+            self._step_each()
+        else:
+            with autograd.no_grad(), hooks.phase("optimizer"):
+                if _capture_hooks.capture_tracers and (tr := _capture_hooks.capture_tracer()) is not None:
+                    tr.note_optimizer(self)  # a captured step: its parameters' grads and states are results
+                params_grads = [(p, p.grad) for p in self._parameter_list if p.grad is not None and not p.stop_gradient]
+                if self._grad_clip is not None:
+                    params_grads = self._grad_clip(params_grads)
+                lr = self.get_lr()
+                for p, g in params_grads:
+                    self._step_param(p, g, _param_lr(p, lr))
         collector.step_done()  # a step boundary: the collector's one-time freeze after the warm-up
+
+    def _step_each(self) -> None:
+        """``step`` where nothing listens (no op, reshard or program hooks, pipeline stage run or
+        captured step: none would see the phase) and no clip, master copy, offload or update
+        layout applies: each parameter in turn, those whose one shard this process holds in
+        its own layout (``_step_one_shard``: an eager step under MPI) updated with NumPy alone,
+        without the grad-mode and phase contexts only ops and reshards read; any other (the
+        first step, a gradient in another layout) through the general path, inside them."""
+        lr = self.get_lr()
+        states = self._states
+        for p in self._parameter_list:
+            g = p.grad
+            if g is None or p.stop_gradient:
+                continue
+            lr_p = lr * float(p.optimize_attr.get("learning_rate", 1.0))  # (``_param_lr``)
+            spec = p._spec
+            if (  # ``_step_param``'s test for its short path
+                spec is not None
+                and g._spec is spec
+                and not p.grad_placements
+                and spec._without_partial is spec
+                and not p._abstract
+                and not g._abstract
+                and p._init is None
+                and (state := states.get(id(p))) is not None
+                and len(p.__dict__.get("_shards", ())) == 1
+            ):
+                self._step_one_shard(p, g, lr_p, spec, state)
+            else:
+                with autograd.no_grad(), hooks.phase("optimizer"):
+                    self._step_param_general(p, g, lr_p)
 
     def layout_of(self, p: Tensor) -> DistSpec | None:
         """The layout ``p`` is updated and its states are kept in (None: dense)."""
@@ -237,8 +286,13 @@ class Optimizer:
         if self.updates_in_place:
             _unfreeze_if_alone(p)  # (before any local here refers to p's shard dict or array)
         (r,) = p._shards
-        new_value, new_states = self._update_shard(p, g, r, p._dtype, state, lr)
-        for n in self.state_names:
+        grad = g._shards[r]  # (``_update_shard`` written out: one call less per parameter and step)
+        if grad.dtype != p._dtype:
+            grad = grad.astype(p._dtype)
+        names = self.state_names
+        shard_states = {n: state[n]._shards[r] for n in names} if names else {}
+        new_value, new_states = self._update(p._shards[r], grad, shard_states, lr, state)
+        for n in names:
             state[n] = Tensor._from_shards(layout, {r: new_states[n]}, state[n].dtype)
         state["step"] = state.get("step", 0) + 1
         p._set_own_shard(r, new_value)  # ``layout`` is p's own spec (``_step_param`` checked it)
@@ -544,3 +598,8 @@ def _like(t: Tensor, value: Array) -> Tensor:
     if t.is_dist:
         return Tensor._from_reference(t.spec, value)
     return Tensor(value) if not isinstance(value, Tensor) else value
+
+
+_BASE_STEP_PARAM = Optimizer._step_param
+"""``Optimizer._step_param`` itself: a subclass that overrides it (AdamW decides per parameter
+whether it decays) is stepped through it, never through ``_step_each``'s short path."""

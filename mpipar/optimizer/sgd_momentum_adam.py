@@ -26,7 +26,8 @@ class SGD(Optimizer):
         self, p: Array, g: Array, states: dict[str, Array], lr: float, meta: dict[str, Any]
     ) -> tuple[Array, dict[str, Array]]:
         t = p.dtype.type
-        g = regularized(self.regularization, p, g)
+        if self.regularization is not None:
+            g = regularized(self.regularization, p, g)
         if type(p) is np.ndarray and p.flags.writeable:  # only the parameter holds it (``_unfreeze_if_alone``)
             step = t(lr) * g
             return np.subtract(p, step, out=p), {}  # the same rounding as p - t(lr) * g

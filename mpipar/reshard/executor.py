@@ -27,7 +27,10 @@ Shards = dict[int, Array]
 def freeze(array: Array) -> Array:
     """Mark a NumPy array read-only (local shards are values, never mutated in place)."""
     if isinstance(array, np.ndarray):
-        array.setflags(write=False)  # (no-op when already read-only; cheaper than reading ``flags`` first)
+        # (a no-op when already read-only; cheaper than reading ``flags`` first). Positional, which
+        # NumPy accepts though its stubs declare the flags keyword-only: the keyword form makes a
+        # string of each parameter name it looks up, on every call, and every op output is frozen.
+        array.setflags(False)  # type: ignore[call-arg]
     return array
 
 

@@ -36,7 +36,7 @@ def _kernel1_fn(kernel: Callable[..., Any], ctx: Any, attrs: dict[str, Any], dt:
         arr = np.asarray(arr)
     if arr.dtype != dt:
         arr = arr.astype(dt)
-    arr.flags.writeable = False
+    arr.setflags(False)
     return arr
 
 
@@ -163,7 +163,7 @@ def _mean_fn(axes: tuple[int, ...], keep: bool, count: Any, dt: Any, x: Array) -
         arr = np.asarray(arr)
     if arr.dtype != dt:
         arr = arr.astype(dt)
-    arr.flags.writeable = False
+    arr.setflags(False)
     return arr
 
 

@@ -99,7 +99,7 @@ def apply_rebind(entries: list[Result], slots: list[Any]) -> None:
                 # ``_set_dist`` gives (reshards of the old value are not reused), and read-only again.
                 obj._renew_storage()
                 for _, s in where:
-                    slots[s].flags.writeable = False
+                    slots[s].setflags(False)
             else:
                 obj._set_dist(spec, {r: slots[s] for r, s in where}, dtype)
         elif isinstance(e, GradResult):
