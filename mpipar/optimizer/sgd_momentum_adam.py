@@ -30,7 +30,8 @@ class SGD(Optimizer):
             g = regularized(self.regularization, p, g)
         if type(p) is np.ndarray and p.flags.writeable:  # only the parameter holds it (``_unfreeze_if_alone``)
             step = t(lr) * g
-            return np.subtract(p, step, out=p), {}  # the same rounding as p - t(lr) * g
+            p -= step  # the same rounding as p - t(lr) * g (the operator: no keyword to parse)
+            return p, {}
         return p - t(lr) * g, {}
 
 
