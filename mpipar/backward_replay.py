@@ -418,6 +418,9 @@ def _compile(rec: Recorder, root: Tensor, backend: Any) -> Program:
             continue
         drop.setdefault(pos, []).append(s_)
     wrapped: set[int] = set()
+    settle_later = _settled_at_the_end(rec, order)
+    if settle_later:
+        lines.append("    later = []")
     for pos, ins in enumerate(rec.program):
         kind = ins[0]
         outs = made[pos]
@@ -455,10 +458,13 @@ def _compile(rec: Recorder, root: Tensor, backend: Any) -> Program:
             )
         elif kind == LEAF:
             _, k, i, slot, spec, dt, same_as = ins
-            if same_as not in wrapped:
-                wrapped.add(same_as)
-                lines.append(f"    w{same_as} = op_output({const(spec)}, {const(dt)}, {{{r}: s{slot}}})")
-            lines.append(f"    accumulate(n{k}.parents[{i}], w{same_as})")
+            if (k, i) in settle_later:  # (its tensor made at the end too: no other leaf shares it)
+                lines.append(f"    later.append((n{k}.parents[{i}], {const(spec)}, {const(dt)}, s{slot}))")
+            else:
+                if same_as not in wrapped:
+                    wrapped.add(same_as)
+                    lines.append(f"    w{same_as} = op_output({const(spec)}, {const(dt)}, {{{r}: s{slot}}})")
+                lines.append(f"    accumulate(n{k}.parents[{i}], w{same_as})")
         else:  # RELEASE: ``Node.release`` written out (the saved tensors' counts are the recorded graph's)
             node = order[ins[1]]
             lines.append("    if not retain_graph:")
@@ -467,11 +473,38 @@ def _compile(rec: Recorder, root: Tensor, backend: Any) -> Program:
             lines.append(f"        c.outputs = [{', '.join(['None'] * len(node.ctx.outputs))}]")
         for s_ in sorted(drop.get(pos, ())) + [o for o in outs if uses.get(o) == -1]:
             lines.append(f"    del s{s_}")
+    if settle_later:
+        lines.append("    for leaf, spec, dt, arr in later:")
+        lines.append(f"        accumulate(leaf, op_output(spec, dt, {{{r}: arr}}))")
     lines.append("    return True")
     source = "\n".join(lines) + "\n"
     namespace = dict(consts)
     exec(compile(source, "<mpipar backward replay>", "exec"), namespace)
     return Program(order[last].sig, r, namespace["replay"], source)
+
+
+def _settled_at_the_end(rec: Recorder, order: list[Node]) -> set[tuple[int, int]]:
+    """The leaf gradients (node, input) a replay hands to the engine after its last kernel
+    rather than where the pass made them: those already in their leaf's layout (nothing to
+    reduce, so no reduction to start early) of leaves that get one gradient in the pass (the
+    order of a leaf's contributions stays). The engine's work for them (the cast, the hooks,
+    the accumulation) then runs in one stretch, not between kernels, each of which empties the
+    caches it would run with."""
+    counts: dict[int, int] = {}
+    shared: dict[int, int] = {}  # leaves per gradient tensor (``same_as``): one tensor, one leaf
+    leaves: dict[tuple[int, int], tuple[Tensor, int]] = {}
+    for ins in rec.program:
+        if ins[0] == LEAF:
+            _, k, i, _slot, spec, _dt, same_as = ins
+            shared[same_as] = shared.get(same_as, 0) + 1
+            leaf = order[k].parents[i]
+            if leaf is None:
+                continue
+            counts[id(leaf)] = counts.get(id(leaf), 0) + 1
+            own = leaf._spec
+            if own is not None and spec is own._without_partial and not leaf.grad_placements:
+                leaves[(k, i)] = (leaf, same_as)
+    return {key for key, (leaf, same_as) in leaves.items() if counts[id(leaf)] == 1 and shared[same_as] == 1}
 
 
 class _Tripwire:

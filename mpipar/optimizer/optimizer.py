@@ -226,6 +226,10 @@ class Optimizer:
         first step, a gradient in another layout) through the general path, inside them."""
         lr = self.get_lr()
         states = self._states
+        # The short path's parameters are made writable first, then updated back to back:
+        # each update's kernels empty the caches the next parameter's Python would run with.
+        batch: list[tuple[Tensor, Tensor, float, DistSpec, dict[str, Any]]] = []
+        batched: set[int] = set()
         for p in self._parameter_list:
             g = p.grad
             if g is None or p.stop_gradient:
@@ -245,10 +249,18 @@ class Optimizer:
                 and (state := states.get(id(p))) is not None
                 and len(p.__dict__.get("_shards", ())) == 1
             ):
-                self._step_one_shard(p, g, lr_p, spec, state)
+                if id(p) in batched:  # (one parameter listed twice: its updates one after the other)
+                    self._update_one_shards(batch)
+                    batch, batched = [], set()
+                if self.updates_in_place:
+                    _unfreeze_if_alone(p)  # (no local here refers to p's shard dict or array)
+                batch.append((p, g, lr_p, spec, state))
+                batched.add(id(p))
             else:
                 with autograd.no_grad(), hooks.phase("optimizer"):
                     self._step_param_general(p, g, lr_p)
+        if batch:
+            self._update_one_shards(batch)
 
     def layout_of(self, p: Tensor) -> DistSpec | None:
         """The layout ``p`` is updated and its states are kept in (None: dense)."""
@@ -287,17 +299,32 @@ class Optimizer:
         step; not the first step): the same update, without the general path's checks."""
         if self.updates_in_place:
             _unfreeze_if_alone(p)  # (before any local here refers to p's shard dict or array)
-        (r,) = p._shards
-        grad = g._shards[r]  # (``_update_shard`` written out: one call less per parameter and step)
-        if grad.dtype != p._dtype:
-            grad = grad.astype(p._dtype)
+        self._update_one_shards([(p, g, lr, layout, state)])
+
+    def _update_one_shards(self, batch: list[tuple[Tensor, Tensor, float, DistSpec, dict[str, Any]]]) -> None:
+        """``_step_one_shard``'s update of each ``(p, g, lr, layout, state)`` (made writable
+        already where it may be), one after the other. A parameter updated in place and with no
+        state to set takes its new value after the last update; any other at once, so that no
+        two of its old and new arrays are held beyond its own update."""
         names = self.state_names
-        shard_states = {n: state[n]._shards[r] for n in names} if names else {}
-        new_value, new_states = self._update(p._shards[r], grad, shard_states, lr, state)
-        for n in names:
-            state[n] = Tensor._from_shards(layout, {r: new_states[n]}, state[n].dtype)
-        state["step"] = state.get("step", 0) + 1
-        p._set_own_shard(r, new_value)  # ``layout`` is p's own spec (``_step_param`` checked it)
+        settle: list[tuple[Tensor, int, Array, dict[str, Any]]] = []
+        for p, g, lr, layout, state in batch:
+            (r,) = p._shards
+            grad = g._shards[r]  # (``_update_shard`` written out: one call less per parameter and step)
+            if grad.dtype != p._dtype:
+                grad = grad.astype(p._dtype)
+            shard_states = {n: state[n]._shards[r] for n in names} if names else {}
+            new_value, new_states = self._update(p._shards[r], grad, shard_states, lr, state)
+            if not names and new_value is p._shards[r]:
+                settle.append((p, r, new_value, state))
+                continue
+            for n in names:
+                state[n] = Tensor._from_shards(layout, {r: new_states[n]}, state[n].dtype)
+            state["step"] = state.get("step", 0) + 1
+            p._set_own_shard(r, new_value)  # ``layout`` is p's own spec (``_step_param`` checked it)
+        for p, r, new_value, state in settle:
+            state["step"] = state.get("step", 0) + 1
+            p._set_own_shard(r, new_value)
 
     def _update_shard(
         self, src: Tensor, g: Tensor, r: int, dtype: Any, state: dict[str, Any], lr: float
