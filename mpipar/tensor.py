@@ -369,11 +369,7 @@ class Tensor:
         optimizer update): the layout is already interned and the shape already set."""
         self._sid = next(_storage_ids)
         self._dense = None
-        if type(array) is np.ndarray:  # ``freeze``, without its call
-            array.setflags(False)  # type: ignore[call-arg]  # positional: ``executor.freeze``
-        else:
-            freeze(array)
-        self._shards = {rank: array}
+        self._shards = {rank: freeze(array)}
 
     def _deferred_shards(self) -> Any:
         """The ``DeferredShards`` standing in for this tensor's shards while they are not yet

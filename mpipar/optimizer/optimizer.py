@@ -225,36 +225,23 @@ class Optimizer:
         without the grad-mode and phase contexts only ops and reshards read; any other (the
         first step, a gradient in another layout) through the general path, inside them."""
         lr = self.get_lr()
-        states = self._states
         # The short path's parameters are made writable first, then updated back to back:
         # each update's kernels empty the caches the next parameter's Python would run with.
-        batch: list[tuple[Tensor, Tensor, float, DistSpec, dict[str, Any]]] = []
+        batch: list[tuple[Tensor, Tensor, float, dict[str, Any]]] = []
         batched: set[int] = set()
         for p in self._parameter_list:
             g = p.grad
             if g is None or p.stop_gradient:
                 continue
-            # (``_param_lr``; a tensor with no options of its own has the class's, rate 1)
-            options = p.__dict__.get("optimize_attr")
-            lr_p = lr if options is None else lr * float(options.get("learning_rate", 1.0))
-            spec = p._spec
-            if (  # ``_step_param``'s test for its short path
-                spec is not None
-                and g._spec is spec
-                and not p.grad_placements
-                and spec._without_partial is spec
-                and not p._abstract
-                and not g._abstract
-                and p._init is None
-                and (state := states.get(id(p))) is not None
-                and len(p.__dict__.get("_shards", ())) == 1
-            ):
+            lr_p = _param_lr(p, lr)
+            state = self._own_shard_state(p, g)
+            if state is not None:
                 if id(p) in batched:  # (one parameter listed twice: its updates one after the other)
                     self._update_one_shards(batch)
                     batch, batched = [], set()
                 if self.updates_in_place:
                     _unfreeze_if_alone(p)  # (no local here refers to p's shard dict or array)
-                batch.append((p, g, lr_p, spec, state))
+                batch.append((p, g, lr_p, state))
                 batched.add(id(p))
             else:
                 with autograd.no_grad(), hooks.phase("optimizer"):
@@ -271,57 +258,63 @@ class Optimizer:
         return p.grad_spec() if p.is_dist else None
 
     def _step_param(self, p: Tensor, g: Tensor, lr: float) -> None:
-        spec = p._spec
         if (
-            spec is not None
-            and g._spec is spec  # the gradient arrived in p's own layout (specs are interned)
-            and self._update_layout is None
+            self._update_layout is None
             and self.offload is None
             and not self._multi_precision
-            and not p.grad_placements
-            and spec._without_partial is spec  # so ``layout_of(p)`` is p's own spec
             and not _capture_hooks.capture_tracers
-            and not p._abstract
-            and not g._abstract
-            and p._init is None
-            and (state := self._states.get(id(p))) is not None
-            and len(p.__dict__.get("_shards", ())) == 1
+            and (state := self._own_shard_state(p, g)) is not None
         ):
             backend = current_backend()
             if not backend.shape_only and not backend.reference:
-                self._step_one_shard(p, g, lr, spec, state)
+                self._step_one_shard(p, g, lr, state)
                 return
         self._step_param_general(p, g, lr)
 
-    def _step_one_shard(self, p: Tensor, g: Tensor, lr: float, layout: DistSpec, state: dict[str, Any]) -> None:
+    def _own_shard_state(self, p: Tensor, g: Tensor) -> dict[str, Any] | None:
+        """p's states when ``_step_one_shard`` may update it: this process holds p's one shard,
+        the gradient arrived in p's own layout (specs are interned), which is its update layout
+        (no Partial, no ``grad_placements``), and p has values and states (not its first step).
+        Else None. (The optimizer-wide conditions are its callers'.)"""
+        spec = p._spec
+        if (
+            spec is not None
+            and g._spec is spec
+            and not p.grad_placements
+            and spec._without_partial is spec  # so ``layout_of(p)`` is p's own spec
+            and not p._abstract
+            and not g._abstract
+            and p._init is None
+            and len(p.__dict__.get("_shards", ())) == 1
+        ):
+            return self._states.get(id(p))
+        return None
+
+    def _step_one_shard(self, p: Tensor, g: Tensor, lr: float, state: dict[str, Any]) -> None:
         """``_step_param`` where this process holds p's one shard (MPI), the gradient is in p's
         own layout, and nothing else applies (no master copy, offload, update layout or captured
         step; not the first step): the same update, without the general path's checks."""
         if self.updates_in_place:
             _unfreeze_if_alone(p)  # (before any local here refers to p's shard dict or array)
-        self._update_one_shards([(p, g, lr, layout, state)])
+        self._update_one_shards([(p, g, lr, state)])
 
-    def _update_one_shards(self, batch: list[tuple[Tensor, Tensor, float, DistSpec, dict[str, Any]]]) -> None:
-        """``_step_one_shard``'s update of each ``(p, g, lr, layout, state)`` (made writable
+    def _update_one_shards(self, batch: list[tuple[Tensor, Tensor, float, dict[str, Any]]]) -> None:
+        """``_step_one_shard``'s update of each ``(p, g, lr, state)`` (made writable
         already where it may be), one after the other. A parameter updated in place and with no
         state to set takes its new value after the last update; any other at once, so that no
         two of its old and new arrays are held beyond its own update."""
         names = self.state_names
         settle: list[tuple[Tensor, int, Array, dict[str, Any]]] = []
-        for p, g, lr, layout, state in batch:
+        for p, g, lr, state in batch:
             (r,) = p._shards
-            grad = g._shards[r]  # (``_update_shard`` written out: one call less per parameter and step)
-            if grad.dtype != p._dtype:
-                grad = grad.astype(p._dtype)
-            shard_states = {n: state[n]._shards[r] for n in names} if names else {}
-            new_value, new_states = self._update(p._shards[r], grad, shard_states, lr, state)
+            new_value, new_states = self._update_shard(p, g, r, p._dtype, state, lr)
             if not names and new_value is p._shards[r]:
                 settle.append((p, r, new_value, state))
                 continue
             for n in names:
-                state[n] = Tensor._from_shards(layout, {r: new_states[n]}, state[n].dtype)
+                state[n] = Tensor._from_shards(p.spec, {r: new_states[n]}, state[n].dtype)
             state["step"] = state.get("step", 0) + 1
-            p._set_own_shard(r, new_value)  # ``layout`` is p's own spec (``_step_param`` checked it)
+            p._set_own_shard(r, new_value)  # (p's own spec is its update layout: ``_own_shard_state``)
         for p, r, new_value, state in settle:
             state["step"] = state.get("step", 0) + 1
             p._set_own_shard(r, new_value)
@@ -599,7 +592,7 @@ _ALONE_REFS = _shard_refs(_Alone())[:2]  # type: ignore[arg-type]
 """What ``_shard_refs`` counts when the tensor alone holds its shards (interpreters differ)."""
 
 
-def _unfreeze_if_alone(t: Tensor, _probe: list[tuple[int, int]] | None = None) -> None:
+def _unfreeze_if_alone(t: Tensor) -> None:
     """Make ``t``'s one shard writable when nothing but ``t`` can see it, so the update may
     overwrite it instead of allocating a new parameter (one pass and one allocation less, as a
     hand-written ``w -= lr * g``).
@@ -611,28 +604,15 @@ def _unfreeze_if_alone(t: Tensor, _probe: list[tuple[int, int]] | None = None) -
     loop this holds from the second step on (the first step's shards may be views of the
     array the parameter was made from).
     """
-    shards = t._shards
-    if len(shards) != 1:  # replicas in one process share arrays
+    if len(t._shards) != 1:  # replicas in one process share arrays
         return
-    a = next(iter(shards.values()))
-    # (``_shard_refs`` written out: one call less per parameter and step; the count is compared
-    # with what this same code counts for a tensor alone, ``_ALONE_HERE``)
-    refs = (sys.getrefcount(shards), sys.getrefcount(a))
-    if _probe is not None:
-        _probe.append(refs)
-        return
-    if refs != _ALONE_HERE:
+    dict_refs, array_refs, a = _shard_refs(t)  # (no local here may hold the dict or the array)
+    if (dict_refs, array_refs) != _ALONE_REFS:
         return
     if type(a) is np.ndarray and a.base is None:
         flags = a.flags  # (each ``a.flags`` makes a new object)
         if flags.c_contiguous and flags.owndata:
             flags.writeable = True
-
-
-_probe_refs: list[tuple[int, int]] = []
-_unfreeze_if_alone(_Alone(), _probe_refs)  # type: ignore[arg-type]
-_ALONE_HERE = _probe_refs[0]
-"""What ``_unfreeze_if_alone`` counts when the tensor alone holds its shards (interpreters differ)."""
 
 
 def _like(t: Tensor, value: Array) -> Tensor:
